@@ -1,0 +1,50 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Trellis",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "Trellis", targets: ["Trellis"]),
+        .library(name: "TrellisCore", targets: ["TrellisCore"]),
+        .executable(name: "trellis", targets: ["trellis"]),
+        .executable(name: "trellis-bench", targets: ["trellis-bench"]),
+    ],
+    targets: [
+        // C libraries from Debian packages.
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
+
+        // Pure: values, CRDT, HLC, query, wire codec, session state machines.
+        .target(name: "TrellisCore"),
+        // SQLite document store.
+        .target(name: "TrellisStore", dependencies: ["TrellisCore", "CSQLite"]),
+        // Noise_XXpsk3_25519_ChaChaPoly_SHA256 over libsodium.
+        .target(name: "TrellisCrypto", dependencies: ["CSodium"]),
+        // TCP listener/dialer, framing, secure channel.
+        .target(name: "TrellisNet", dependencies: ["TrellisCore", "TrellisCrypto"]),
+        // Sync engine shell driving TrellisCore sessions.
+        .target(name: "TrellisSync", dependencies: ["TrellisCore", "TrellisStore", "TrellisNet", "TrellisCrypto"]),
+        // Public, Ditto-shaped API.
+        .target(name: "Trellis", dependencies: ["TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet", "TrellisCrypto"]),
+        // Shared test helpers.
+        .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
+
+        .executableTarget(name: "trellis", dependencies: ["Trellis"]),
+        .executableTarget(name: "trellis-bench", dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite"]),
+
+        .testTarget(name: "TrellisCoreTests", dependencies: ["TrellisCore", "TrellisTestKit"]),
+        .testTarget(name: "TrellisStoreTests", dependencies: ["TrellisStore", "Trellis", "TrellisTestKit"]),
+        .testTarget(name: "TrellisCryptoTests", dependencies: ["TrellisCrypto", "TrellisTestKit"]),
+        .testTarget(name: "TrellisSyncTests", dependencies: ["Trellis", "TrellisSync", "TrellisTestKit"]),
+        .testTarget(name: "TrellisCLITests", dependencies: ["TrellisTestKit"]),
+    ],
+    swiftLanguageModes: [.v6]
+)
+
+for target in package.targets where target.type != .system {
+    var settings = target.swiftSettings ?? []
+    settings.append(.enableUpcomingFeature("ExistentialAny"))
+    settings.append(.enableUpcomingFeature("InternalImportsByDefault"))
+    target.swiftSettings = settings
+}

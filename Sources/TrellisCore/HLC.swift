@@ -1,0 +1,66 @@
+/// A hybrid logical clock timestamp: 48-bit physical milliseconds and a 16-bit logical counter,
+/// packed into one `UInt64` so that numeric order is timestamp order.
+///
+/// Source: Kulkarni et al., "Logical Physical Clocks and Consistent Snapshots in Globally
+/// Distributed Databases" (2014), Algorithm 2.
+public struct HLCTimestamp: Hashable, Comparable, Sendable, CustomStringConvertible {
+    /// `millis << 16 | logical`.
+    public var rawValue: UInt64
+
+    public init(rawValue: UInt64) { self.rawValue = rawValue }
+
+    public init(millis: UInt64, logical: UInt16) {
+        rawValue = (millis & 0xFFFF_FFFF_FFFF) << 16 | UInt64(logical)
+    }
+
+    /// Physical component, milliseconds since the Unix epoch.
+    public var millis: UInt64 { rawValue >> 16 }
+    /// Logical counter within one millisecond.
+    public var logical: UInt16 { UInt16(truncatingIfNeeded: rawValue) }
+
+    public static let zero = HLCTimestamp(rawValue: 0)
+
+    public static func < (lhs: HLCTimestamp, rhs: HLCTimestamp) -> Bool { lhs.rawValue < rhs.rawValue }
+
+    public var description: String { "\(millis).\(logical)" }
+}
+
+/// The state machine of a hybrid logical clock. Reads no clock: the caller passes physical time.
+///
+/// Rule for remote stamps far in the future: a stamp more than ``maxForwardDrift`` milliseconds
+/// ahead of local physical time is *not* adopted (the clock would otherwise be dragged forward for
+/// every later write); ``receive(_:physicalMillis:)`` returns `false` and the caller logs it. The
+/// remote value is still merged by its stamp, so it wins last-writer-wins comparisons exactly as
+/// its writer intended; only this node's clock does not jump.
+public struct HybridLogicalClock: Sendable {
+    public private(set) var last: HLCTimestamp
+    /// Milliseconds a remote stamp may lead local physical time and still be adopted.
+    public var maxForwardDrift: UInt64
+
+    public init(last: HLCTimestamp = .zero, maxForwardDrift: UInt64 = 60_000) {
+        self.last = last
+        self.maxForwardDrift = maxForwardDrift
+    }
+
+    /// A new timestamp for a local event, strictly greater than every stamp issued or adopted.
+    public mutating func now(physicalMillis: UInt64) -> HLCTimestamp {
+        if physicalMillis > last.millis {
+            last = HLCTimestamp(millis: physicalMillis, logical: 0)
+        } else if last.logical == UInt16.max {
+            last = HLCTimestamp(millis: last.millis + 1, logical: 0)
+        } else {
+            last = HLCTimestamp(rawValue: last.rawValue + 1)
+        }
+        return last
+    }
+
+    /// Advances past a remote stamp so later local stamps order after it.
+    ///
+    /// - Returns: `false` when the stamp was further ahead than ``maxForwardDrift`` and not adopted.
+    @discardableResult
+    public mutating func receive(_ remote: HLCTimestamp, physicalMillis: UInt64) -> Bool {
+        guard remote.millis <= physicalMillis &+ maxForwardDrift else { return false }
+        if remote > last { last = remote }
+        return true
+    }
+}

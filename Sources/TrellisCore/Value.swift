@@ -1,0 +1,177 @@
+/// A document value: the types Trellis stores and replicates.
+///
+/// Types survive every round trip bit-exactly: `.int` stays `Int64`, `.double` stays `Double`
+/// (including the sign of `-0.0`), strings are kept as given (never Unicode-normalised).
+/// Doubles are finite: ``Value/validate()`` rejects NaN and ±Infinity.
+///
+/// Equality is structural; doubles compare by bit pattern so `-0.0 != 0.0` here, which is what
+/// replication needs (a change of sign is a change). Query comparisons use numeric order instead,
+/// see ``Value/compare(_:_:)``.
+public enum Value: Sendable {
+    case null
+    case bool(Bool)
+    case int(Int64)
+    case double(Double)
+    case string(String)
+    case bytes([UInt8])
+    case array([Value])
+    case map([String: Value])
+}
+
+extension Value: Hashable {
+    public static func == (lhs: Value, rhs: Value) -> Bool {
+        switch (lhs, rhs) {
+        case (.null, .null): return true
+        case (.bool(let a), .bool(let b)): return a == b
+        case (.int(let a), .int(let b)): return a == b
+        case (.double(let a), .double(let b)): return a.bitPattern == b.bitPattern
+        case (.string(let a), .string(let b)): return a.utf8.elementsEqual(b.utf8)
+        case (.bytes(let a), .bytes(let b)): return a == b
+        case (.array(let a), .array(let b)): return a == b
+        case (.map(let a), .map(let b)):
+            guard a.count == b.count else { return false }
+            for (key, value) in a {
+                guard let other = b[key], other == value else { return false }
+            }
+            return true
+        default: return false
+        }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        switch self {
+        case .null: hasher.combine(0)
+        case .bool(let b): hasher.combine(1); hasher.combine(b)
+        case .int(let i): hasher.combine(2); hasher.combine(i)
+        case .double(let d): hasher.combine(3); hasher.combine(d.bitPattern)
+        case .string(let s): hasher.combine(4); hasher.combine(s)
+        case .bytes(let b): hasher.combine(5); hasher.combine(b)
+        case .array(let a): hasher.combine(6); hasher.combine(a)
+        case .map(let m):
+            hasher.combine(7)
+            hasher.combine(m.count)
+            // Order-independent: combine per-entry hashes commutatively.
+            var sum = 0
+            for (key, value) in m {
+                var entry = Hasher()
+                entry.combine(key)
+                entry.combine(value)
+                sum &+= entry.finalize()
+            }
+            hasher.combine(sum)
+        }
+    }
+}
+
+extension Value {
+    /// The map entries, or `nil` when this is not a map.
+    public var mapValue: [String: Value]? {
+        if case .map(let m) = self { return m }
+        return nil
+    }
+
+    /// The string, or `nil` when this is not a string.
+    public var stringValue: String? {
+        if case .string(let s) = self { return s }
+        return nil
+    }
+
+    /// The integer, or `nil` when this is not an `.int`.
+    public var intValue: Int64? {
+        if case .int(let i) = self { return i }
+        return nil
+    }
+
+    /// The number as a `Double` for `.int` and `.double`, otherwise `nil`.
+    public var numberValue: Double? {
+        switch self {
+        case .int(let i): return Double(i)
+        case .double(let d): return d
+        default: return nil
+        }
+    }
+
+    /// Member of a map by key; `nil` when absent or when this is not a map.
+    public subscript(key: String) -> Value? {
+        mapValue?[key]
+    }
+
+    /// The value at a field path, `nil` when any step is missing.
+    ///
+    /// - Complexity: O(path length).
+    public func value(at path: FieldPath) -> Value? {
+        var current = self
+        for component in path.components {
+            switch (component, current) {
+            case (.key(let k), .map(let m)):
+                guard let next = m[k] else { return nil }
+                current = next
+            case (.index(let i), .array(let a)):
+                guard i >= 0, i < a.count else { return nil }
+                current = a[i]
+            default:
+                return nil
+            }
+        }
+        return current
+    }
+
+    /// A short name of the type, used in error messages.
+    public var typeName: String {
+        switch self {
+        case .null: return "null"
+        case .bool: return "bool"
+        case .int: return "int"
+        case .double: return "double"
+        case .string: return "string"
+        case .bytes: return "bytes"
+        case .array: return "array"
+        case .map: return "map"
+        }
+    }
+
+    /// Checks that every double in the value is finite.
+    ///
+    /// - Throws: ``ValueError/nonFiniteNumber(path:)`` naming the first offending path.
+    /// - Complexity: O(size of the value).
+    public func validate(path: String = "") throws(ValueError) {
+        switch self {
+        case .double(let d) where !d.isFinite:
+            throw .nonFiniteNumber(path: path.isEmpty ? "<root>" : path)
+        case .array(let a):
+            for (i, element) in a.enumerated() { try element.validate(path: "\(path)[\(i)]") }
+        case .map(let m):
+            for (k, v) in m { try v.validate(path: path.isEmpty ? k : "\(path).\(k)") }
+        default:
+            break
+        }
+    }
+}
+
+/// Errors about values themselves.
+public enum ValueError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// A double that is NaN or ±Infinity; Trellis stores finite numbers only.
+    case nonFiniteNumber(path: String)
+
+    public var description: String {
+        switch self {
+        case .nonFiniteNumber(let path):
+            return "field '\(path)' is NaN or infinite; only finite numbers can be stored"
+        }
+    }
+}
+
+extension Value: ExpressibleByNilLiteral, ExpressibleByBooleanLiteral, ExpressibleByIntegerLiteral,
+    ExpressibleByFloatLiteral, ExpressibleByStringLiteral, ExpressibleByArrayLiteral,
+    ExpressibleByDictionaryLiteral
+{
+    public init(nilLiteral: ()) { self = .null }
+    public init(booleanLiteral value: Bool) { self = .bool(value) }
+    public init(integerLiteral value: Int64) { self = .int(value) }
+    public init(floatLiteral value: Double) { self = .double(value) }
+    public init(stringLiteral value: String) { self = .string(value) }
+    public init(arrayLiteral elements: Value...) { self = .array(elements) }
+    public init(dictionaryLiteral elements: (String, Value)...) {
+        self = .map(Dictionary(elements, uniquingKeysWith: { _, last in last }))
+    }
+}

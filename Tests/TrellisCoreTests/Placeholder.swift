@@ -1,0 +1,3 @@
+import Testing
+
+@Test func placeholderTrellisCoreTests() { #expect(Bool(true)) }
