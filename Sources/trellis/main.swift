@@ -1,1 +1,39 @@
-print("trellis")
+import Foundation
+import Trellis
+
+
+let usage = """
+    trellis — a peer-to-peer mesh replication node
+
+    Usage:
+      trellis node   --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE [--subscribe 'COLLECTION [QUERY]']...
+      trellis shell  --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE
+      trellis import --data DIR COLLECTION FILE
+      trellis find   --data DIR COLLECTION [QUERY] [--count]
+      trellis get    --data DIR COLLECTION ID
+      trellis keygen FILE
+
+    Run `trellis COMMAND --help` for a command's details.
+    """
+
+let arguments = Array(CommandLine.arguments.dropFirst())
+guard let command = arguments.first else {
+    print(usage)
+    exit(2)
+}
+let rest = Array(arguments.dropFirst())
+
+do {
+    switch command {
+    case "node": try NodeCommand.run(rest, interactive: false)
+    case "shell": try NodeCommand.run(rest, interactive: true)
+    case "import": try ImportCommand.run(rest)
+    case "find", "get": try InspectCommand.run(command, rest)
+    case "keygen": try KeygenCommand.run(rest)
+    case "--help", "-h", "help": print(usage)
+    default: throw UsageError("unknown command '\(command)'; run `trellis --help`")
+    }
+} catch {
+    FileHandle.standardError.write(Data("trellis: error: \(error)\n".utf8))
+    exit(error is UsageError ? 2 : 1)
+}

@@ -1,0 +1,161 @@
+public import TrellisStore
+public import TrellisSync
+public import TrellisNet
+public import TrellisCrypto
+public import Foundation
+
+/// Options for a ``TrellisNode``.
+public struct NodeOptions: Sendable {
+    /// Store options (size limits, clock).
+    public var store = StoreOptions()
+    /// Where node events (sessions, refusals) are reported.
+    public var log: @Sendable (String) -> Void = { _ in }
+
+    public init() {}
+}
+
+/// One Trellis node: a local store in a data directory, its identity, and, once started, sync
+/// with peers over encrypted TCP. (The counterpart of a `Ditto` instance.)
+///
+/// The data directory holds `store.sqlite` (with its WAL) and `identity.key` (the node's static
+/// X25519 private key, mode 0600).
+public final class TrellisNode: Sendable {
+    public let store: Store
+    public let identity: KeyPair
+    public let directory: URL
+    let engine: SyncEngine
+    let network: MeshNetwork
+
+    /// Opens (creating if needed) a node in `directory`.
+    ///
+    /// - Throws: ``StoreError``, ``MeshKeyError`` (unreadable identity), or file-system errors.
+    public init(directory: URL, meshKey: MeshKey, options: NodeOptions = NodeOptions()) throws {
+        Sodium.initialize()
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        self.directory = directory
+        let identityFile = directory.appendingPathComponent("identity.key")
+        identity = try Self.loadOrCreateIdentity(identityFile)
+        let documents = try DocumentStore(
+            path: directory.appendingPathComponent("store.sqlite").path, options: options.store)
+        engine = SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
+        network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
+        store = Store(documents: documents, engine: engine)
+    }
+
+    static func loadOrCreateIdentity(_ file: URL) throws -> KeyPair {
+        if FileManager.default.fileExists(atPath: file.path) {
+            let data = try Data(contentsOf: file)
+            guard data.count == KeyPair.privateKeyLength else {
+                throw MeshKeyError("\(file.path) holds \(data.count) bytes, not a \(KeyPair.privateKeyLength)-byte identity key")
+            }
+            return try KeyPair(privateKey: [UInt8](data))
+        }
+        let pair = KeyPair.generate()
+        try writeSecret(pair.privateKey.copyBytes(), to: file)
+        return pair
+    }
+
+    /// This node's peer key (static public key), hex.
+    public var peerKeyHex: String { identity.publicKey.map { String(format: "%02x", $0) }.joined() }
+
+    /// Starts accepting connections on `endpoint`.
+    ///
+    /// - Returns: the bound port.
+    @discardableResult
+    public func listen(on endpoint: Endpoint) throws -> UInt16 {
+        try network.listen(on: endpoint)
+    }
+
+    /// Keeps a connection to a static peer.
+    public func connect(to endpoint: Endpoint) {
+        network.dial(endpoint)
+    }
+
+    /// Stops all networking.
+    public func stop() {
+        network.stop()
+    }
+
+    /// The directly connected peers.
+    public var peers: [PeerInfo] { engine.peers }
+
+    /// This node's own subscriptions.
+    public var subscriptions: [SubscriptionSpec] { engine.subscriptions }
+}
+
+/// The 32-byte secret shared by all nodes of one mesh (the Noise psk).
+public struct MeshKey: Sendable {
+    public let secret: SecretBytes
+
+    /// Generates a random mesh key.
+    public static func generate() -> MeshKey {
+        Sodium.initialize()
+        return MeshKey(secret: SecretBytes.random(count: 32))
+    }
+
+    init(secret: SecretBytes) { self.secret = secret }
+
+    /// Reads a key file: 64 hex digits (whitespace ignored) or 32 raw bytes.
+    ///
+    /// - Throws: ``MeshKeyError`` naming the file and what is wrong with it.
+    public init(contentsOf file: URL) throws {
+        let data: Data
+        do { data = try Data(contentsOf: file) } catch {
+            throw MeshKeyError("cannot read mesh key file \(file.path): \(error.localizedDescription)")
+        }
+        if let text = String(data: data, encoding: .utf8)?.trimmingCharacters(in: .whitespacesAndNewlines),
+            text.count == 64, let bytes = Self.hexBytes(text)
+        {
+            secret = SecretBytes(count: 32) { buffer in buffer.copyBytes(from: bytes) }
+        } else if data.count == 32 {
+            secret = SecretBytes(count: 32) { buffer in buffer.copyBytes(from: data) }
+        } else {
+            throw MeshKeyError("mesh key file \(file.path) must hold 64 hex digits (see `trellis keygen`)")
+        }
+    }
+
+    /// Writes the key as hex to `file` with mode 0600.
+    public func write(to file: URL) throws {
+        let hex = secret.copyBytes().map { String(format: "%02x", $0) }.joined() + "\n"
+        try writeSecret(Array(hex.utf8), to: file)
+    }
+
+    static func hexBytes(_ text: String) -> [UInt8]? {
+        var out: [UInt8] = []
+        var iterator = text.utf8.makeIterator()
+        while let hi = iterator.next() {
+            guard let lo = iterator.next(), let h = hexValue(hi), let l = hexValue(lo) else { return nil }
+            out.append(h << 4 | l)
+        }
+        return out
+    }
+
+    private static func hexValue(_ c: UInt8) -> UInt8? {
+        switch c {
+        case 48...57: return c - 48
+        case 97...102: return c - 87
+        case 65...70: return c - 55
+        default: return nil
+        }
+    }
+}
+
+/// A key file that cannot be used.
+public struct MeshKeyError: Error, Sendable, CustomStringConvertible {
+    public var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Creates `file` with mode 0600 and writes `bytes` (never readable by others, even briefly).
+func writeSecret(_ bytes: [UInt8], to file: URL) throws {
+    let fd = open(file.path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    guard fd >= 0 else {
+        throw MeshKeyError("cannot create \(file.path): \(String(cString: strerror(errno)))")
+    }
+    defer { close(fd) }
+    fchmod(fd, 0o600)
+    let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+    guard written == bytes.count else {
+        throw MeshKeyError("cannot write \(file.path): \(String(cString: strerror(errno)))")
+    }
+}

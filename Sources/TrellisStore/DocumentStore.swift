@@ -1,0 +1,526 @@
+public import TrellisCore
+import Foundation
+internal import CSQLite
+import Synchronization
+
+/// Options for opening a ``DocumentStore``.
+public struct StoreOptions: Sendable {
+    /// Documents whose stored size (value and CRDT metadata) exceeds this are rejected. Bytes.
+    public var maxDocumentBytes: Int = 5 * 1024 * 1024
+    /// Documents above this size are accepted with a warning. Bytes.
+    public var warnDocumentBytes: Int = 256 * 1024
+    /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
+    public var now: @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1000) }
+    /// Where warnings go (oversized documents, far-future remote stamps).
+    public var log: @Sendable (String) -> Void = { message in
+        FileHandle.standardError.write(Data("trellis: warning: \(message)\n".utf8))
+    }
+
+    public init() {}
+}
+
+/// Errors from the document store.
+public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
+    case notAMap(String)
+    case invalidID(String)
+    case idChanged
+    case documentTooLarge(id: String, bytes: Int, limit: Int)
+    case invalidValue(String)
+    case corrupt(String)
+    case sqlite(String)
+
+    public var description: String {
+        switch self {
+        case .notAMap(let what): return "a document must be a JSON object, got \(what)"
+        case .invalidID(let why): return "invalid _id: \(why)"
+        case .idChanged: return "_id cannot change"
+        case .documentTooLarge(let id, let bytes, let limit):
+            return "document \(id) is \(bytes) bytes with metadata, above the limit of \(limit) bytes"
+        case .invalidValue(let why): return why
+        case .corrupt(let why): return "corrupt store: \(why)"
+        case .sqlite(let why): return why
+        }
+    }
+}
+
+/// One entry of the change log: a document's latest state at its `seq`.
+public struct ChangeRecord: Sendable {
+    public var seq: Int64
+    public var collection: String
+    /// The document's `_id`.
+    public var id: Value
+    /// The CRDT state, CBOR-encoded as stored (sent to peers unchanged).
+    public var state: [UInt8]
+    /// The materialised document, `nil` for a tombstone.
+    public var value: Value?
+    /// The peer whose state this is exactly (it need not be sent back to it), if any.
+    public var source: [UInt8]?
+}
+
+/// A document received from a peer, to be merged.
+public struct RemoteDocument: Sendable {
+    public var collection: String
+    public var id: Value
+    public var state: [UInt8]
+
+    public init(collection: String, id: Value, state: [UInt8]) {
+        self.collection = collection
+        self.id = id
+        self.state = state
+    }
+}
+
+/// How far this store has durably applied one peer's log for one subscription.
+public struct Checkpoint: Sendable, Equatable {
+    /// The epoch of the peer's log the `seq` belongs to.
+    public var epoch: [UInt8]
+    public var seq: Int64
+
+    public init(epoch: [UInt8], seq: Int64) {
+        self.epoch = epoch
+        self.seq = seq
+    }
+}
+
+/// What a commit changed, delivered to observers after the transaction commits.
+public struct StoreEvent: Sendable {
+    /// Collections with at least one changed document.
+    public var collections: Set<String>
+    /// The peer whose batch caused the change; `nil` for local writes.
+    public var origin: [UInt8]?
+}
+
+/// A per-document outcome of merging a remote batch.
+public struct MergeOutcome: Sendable {
+    /// Documents whose local state changed.
+    public var applied: Int
+    /// Documents refused, with the reason (they do not block the rest of the batch).
+    public var rejected: [(id: String, reason: String)]
+}
+
+/// The local document store: SQLite in WAL mode holding every document's CRDT state, its
+/// materialised JSON value (so SQLite's JSON functions can serve queries), and the per-store
+/// change log ordered by `seq`.
+///
+/// All access goes through one lock that owns the connection (the single writer). Observers are
+/// called after commit, outside the lock.
+public final class DocumentStore: Sendable {
+    private struct State {
+        let db: Connection
+        var clock: HybridLogicalClock
+        var nextSeq: Int64
+    }
+
+    private let state: Mutex<State>
+    private let observers = Mutex<[UInt64: @Sendable (StoreEvent) -> Void]>([:])
+    private let nextObserver = Atomic<UInt64>(0)
+    public let options: StoreOptions
+    /// The site ID stamping this store's writes (random, persistent).
+    public let siteID: SiteID
+    /// The random ID of this life of the store's log.
+    public let epoch: [UInt8]
+    /// The path of the SQLite database file.
+    public let path: String
+
+    static let schema = """
+        PRAGMA journal_mode=WAL;
+        PRAGMA synchronous=NORMAL;
+        CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value BLOB) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS documents(
+            collection TEXT NOT NULL,
+            id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            deleted INTEGER NOT NULL,
+            state BLOB NOT NULL,
+            value TEXT,
+            source BLOB,
+            PRIMARY KEY(collection, id)
+        ) WITHOUT ROWID;
+        CREATE UNIQUE INDEX IF NOT EXISTS documents_by_seq ON documents(seq);
+        CREATE TABLE IF NOT EXISTS checkpoints(
+            peer BLOB NOT NULL,
+            subscription TEXT NOT NULL,
+            epoch BLOB NOT NULL,
+            seq INTEGER NOT NULL,
+            PRIMARY KEY(peer, subscription)
+        ) WITHOUT ROWID;
+        """
+
+    /// Opens (creating if needed) the store at `path`.
+    ///
+    /// - Throws: ``StoreError/sqlite(_:)`` when the file cannot be opened or is not a Trellis store.
+    public init(path: String, options: StoreOptions = StoreOptions()) throws(StoreError) {
+        self.path = path
+        self.options = options
+        do {
+            let db = try Connection(path: path)
+            try db.execute(Self.schema)
+            let (site, epoch, hlc) = try db.transaction { () throws -> (SiteID, [UInt8], UInt64) in
+                let site = try Self.meta(db, "site") ?? {
+                    let fresh = Array(withUnsafeBytes(of: UInt64.random(in: 1...UInt64.max)) { Array($0) })
+                    try Self.setMeta(db, "site", fresh)
+                    return fresh
+                }()
+                let epoch = try Self.meta(db, "epoch") ?? {
+                    let fresh = (0..<16).map { _ in UInt8.random(in: 0...255) }
+                    try Self.setMeta(db, "epoch", fresh)
+                    return fresh
+                }()
+                let hlc = try Self.meta(db, "hlc").map { Self.uint64($0) } ?? 0
+                guard site.count == 8 else { throw StoreError.corrupt("site ID is \(site.count) bytes") }
+                return (Self.uint64(site), epoch, hlc)
+            }
+            let maxSeq = try db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
+            _ = try maxSeq.step()
+            let next = maxSeq.int64(0) + 1
+            maxSeq.reset()
+            self.siteID = site
+            self.epoch = epoch
+            self.state = Mutex(State(db: db, clock: HybridLogicalClock(last: HLCTimestamp(rawValue: hlc)), nextSeq: next))
+        } catch let error as StoreError {
+            throw error
+        } catch {
+            throw .sqlite("\(error)")
+        }
+    }
+
+    private static func uint64(_ bytes: [UInt8]) -> UInt64 {
+        var v: UInt64 = 0
+        for b in bytes.prefix(8) { v = v << 8 | UInt64(b) }
+        return v
+    }
+
+    private static func bytes(_ v: UInt64) -> [UInt8] {
+        (0..<8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * $0)) }
+    }
+
+    private static func meta(_ db: Connection, _ key: String) throws -> [UInt8]? {
+        let s = try db.prepare("SELECT value FROM meta WHERE key = ?")
+        s.bind(1, key)
+        defer { s.reset() }
+        return try s.step() ? s.bytes(0) : nil
+    }
+
+    private static func setMeta(_ db: Connection, _ key: String, _ value: [UInt8]) throws {
+        let s = try db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)")
+        s.bind(1, key)
+        s.bind(2, value)
+        try s.run()
+    }
+
+    // MARK: Observers
+
+    /// Registers a callback run after every commit that changed documents, outside the store lock.
+    ///
+    /// - Returns: a token for ``removeObserver(_:)``.
+    @discardableResult
+    public func addObserver(_ callback: @escaping @Sendable (StoreEvent) -> Void) -> UInt64 {
+        let token = nextObserver.add(1, ordering: .relaxed).newValue
+        observers.withLock { $0[token] = callback }
+        return token
+    }
+
+    public func removeObserver(_ token: UInt64) {
+        _ = observers.withLock { $0.removeValue(forKey: token) }
+    }
+
+    private func notify(_ event: StoreEvent) {
+        guard !event.collections.isEmpty else { return }
+        let callbacks = observers.withLock { Array($0.values) }
+        for callback in callbacks { callback(event) }
+    }
+
+    // MARK: IDs
+
+    /// The canonical key of an `_id` (its deterministic JSON text).
+    ///
+    /// - Throws: ``StoreError/invalidID(_:)`` unless the ID is a non-empty string or a map.
+    public static func key(for id: Value) throws(StoreError) -> String {
+        switch id {
+        case .string(let s) where !s.isEmpty: return JSON.string(id)
+        case .map(let m) where !m.isEmpty: return JSON.string(id)
+        case .string: throw .invalidID("it is an empty string")
+        case .map: throw .invalidID("it is an empty map")
+        default: throw .invalidID("it must be a string or a map, not \(id.typeName)")
+        }
+    }
+
+    // MARK: Local writes
+
+    private func withState<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
+        do {
+            return try state.withLock { (s: inout State) throws -> R in try body(&s) }
+        } catch let error as StoreError {
+            throw error
+        } catch let error as SQLiteError {
+            throw .sqlite(error.description)
+        } catch {
+            throw .sqlite("\(error)")
+        }
+    }
+
+    private func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
+        let s = try db.prepare("SELECT state FROM documents WHERE collection = ? AND id = ?")
+        s.bind(1, collection)
+        s.bind(2, key)
+        defer { s.reset() }
+        guard try s.step(), let bytes = s.bytes(0) else { return nil }
+        do {
+            return try DocumentState(encoded: CBOR.decode(bytes))
+        } catch {
+            throw StoreError.corrupt("document \(key) in \(collection): \(error)")
+        }
+    }
+
+    /// Writes a document state with the next `seq`. Checks the size limit.
+    private func persist(
+        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
+        source: [UInt8]?
+    ) throws {
+        let bytes = CBOR.encode(doc.encoded)
+        let value = doc.materialize(id: id).map { JSON.string($0) }
+        let size = bytes.count + (value?.utf8.count ?? 0)
+        if size > options.maxDocumentBytes {
+            throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
+        }
+        if size > options.warnDocumentBytes {
+            options.log("document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
+        }
+        let st = try s.db.prepare(
+            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, source) VALUES (?,?,?,?,?,?,?)")
+        st.bind(1, collection)
+        st.bind(2, key)
+        st.bind(3, s.nextSeq)
+        st.bind(4, value == nil ? 1 : 0)
+        st.bind(5, bytes)
+        st.bind(6, value)
+        st.bind(7, source)
+        try st.run()
+        s.nextSeq += 1
+    }
+
+    private func saveClock(_ s: State) throws {
+        try Self.setMeta(s.db, "hlc", Self.bytes(s.clock.last.rawValue))
+    }
+
+    /// Inserts or merges a document (Ditto's `upsert` with the `merge` strategy): every given
+    /// top-level field is written as a last-writer-wins register; fields not given are kept.
+    ///
+    /// - Parameter document: a map; `_id` is a non-empty string or map, a new UUID string when absent.
+    /// - Returns: the document's `_id`.
+    /// - Throws: ``StoreError`` for a non-map, a bad `_id`, a non-finite number, or a document
+    ///   above the size limit; nothing is written then.
+    @discardableResult
+    public func upsert(_ document: Value, in collection: String) throws(StoreError) -> Value {
+        try upsert([document], in: collection)[0]
+    }
+
+    /// Upserts several documents in one transaction (one `seq` each, one commit event).
+    ///
+    /// - Complexity: O(total size) plus one indexed lookup per document.
+    @discardableResult
+    public func upsert(_ documents: [Value], in collection: String) throws(StoreError) -> [Value] {
+        var prepared: [(Value, String, [String: Value])] = []
+        prepared.reserveCapacity(documents.count)
+        for document in documents {
+            guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
+            do { try document.validate() } catch { throw .invalidValue(error.description) }
+            let id = fields.removeValue(forKey: "_id") ?? .string(UUID().uuidString)
+            prepared.append((id, try Self.key(for: id), fields))
+        }
+        let now = options.now()
+        try withState { s in
+            try s.db.transaction {
+                for (id, key, fields) in prepared {
+                    var doc = try load(s.db, collection, key) ?? DocumentState()
+                    let stamp = Stamp(time: s.clock.now(physicalMillis: now), site: siteID)
+                    for (k, v) in fields { doc.set(k, to: v, stamp: stamp) }
+                    doc.noteWrite(stamp)
+                    try persist(&s, collection, key, id, doc, source: nil)
+                }
+                try saveClock(s)
+            }
+        }
+        notify(StoreEvent(collections: [collection], origin: nil))
+        return prepared.map(\.0)
+    }
+
+    /// Removes a document (a tombstone that replicates).
+    ///
+    /// - Returns: `true` when the document existed and was removed.
+    @discardableResult
+    public func remove(id: Value, in collection: String) throws(StoreError) -> Bool {
+        let key = try Self.key(for: id)
+        let removed = try withState { s -> Bool in
+            try s.db.transaction {
+                guard var doc = try load(s.db, collection, key), !doc.isDeleted else { return false }
+                // The remove itself is an event on this node's clock, so later local writes order after it.
+                _ = s.clock.now(physicalMillis: options.now())
+                doc.remove()
+                try persist(&s, collection, key, id, doc, source: nil)
+                try saveClock(s)
+                return true
+            }
+        }
+        if removed { notify(StoreEvent(collections: [collection], origin: nil)) }
+        return removed
+    }
+
+    // MARK: Reads
+
+    /// The live document with this `_id`, or `nil`.
+    public func document(id: Value, in collection: String) throws(StoreError) -> Value? {
+        let key = try Self.key(for: id)
+        return try withState { s -> Value? in
+            let st = try s.db.prepare("SELECT value FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
+            st.bind(1, collection)
+            st.bind(2, key)
+            defer { st.reset() }
+            guard try st.step(), let text = st.string(0) else { return nil }
+            return try JSON.parse(text)
+        }
+    }
+
+    /// Every live document of a collection, ordered by `_id` key, optionally filtered.
+    ///
+    /// - Complexity: O(n) in the collection's documents.
+    public func documents(in collection: String, where filter: (Value) throws -> Bool = { _ in true }) throws(StoreError) -> [Value] {
+        try withState { s -> [Value] in
+            let st = try s.db.prepare("SELECT value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
+            st.bind(1, collection)
+            defer { st.reset() }
+            var out: [Value] = []
+            while try st.step() {
+                guard let text = st.string(0) else { continue }
+                let value = try JSON.parse(text)
+                if try filter(value) { out.append(value) }
+            }
+            return out
+        }
+    }
+
+    /// Number of live documents in a collection.
+    public func count(in collection: String) throws(StoreError) -> Int {
+        try withState { s -> Int in
+            let st = try s.db.prepare("SELECT count(*) FROM documents WHERE collection = ? AND deleted = 0")
+            st.bind(1, collection)
+            defer { st.reset() }
+            _ = try st.step()
+            return Int(st.int64(0))
+        }
+    }
+
+    /// The current CRDT state of a document (tombstones included), or `nil` when never seen.
+    public func state(id: Value, in collection: String) throws(StoreError) -> DocumentState? {
+        let key = try Self.key(for: id)
+        return try withState { s in try load(s.db, collection, key) }
+    }
+
+    // MARK: Change log
+
+    /// The highest `seq` committed so far (0 for an empty store).
+    public var lastSeq: Int64 {
+        state.withLock { $0.nextSeq - 1 }
+    }
+
+    /// Change-log entries of one collection with `seq` greater than `after`, in `seq` order.
+    ///
+    /// - Parameters:
+    ///   - collection: the collection, or `nil` for every collection.
+    ///   - limit: at most this many entries.
+    /// - Complexity: O(limit · log n) through the `seq` index.
+    public func changes(in collection: String?, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
+        try withState { s -> [ChangeRecord] in
+            let st = try s.db.prepare(
+                "SELECT seq, collection, id, state, value, source FROM documents WHERE seq > ? ORDER BY seq LIMIT ?")
+            st.bind(1, after)
+            st.bind(2, Int64(limit))
+            defer { st.reset() }
+            var out: [ChangeRecord] = []
+            while try st.step() {
+                let c = st.string(1) ?? ""
+                if let collection, c != collection { continue }
+                let id = try JSON.parse(st.string(2) ?? "null")
+                let value = try st.string(4).map { text throws -> Value in try JSON.parse(text) }
+                out.append(
+                    ChangeRecord(
+                        seq: st.int64(0), collection: c, id: id, state: st.bytes(3) ?? [], value: value,
+                        source: st.bytes(5)))
+            }
+            return out
+        }
+    }
+
+    // MARK: Remote merge
+
+    /// Merges documents from a peer and stores the checkpoint in the same transaction, so after
+    /// a crash neither is applied without the other.
+    ///
+    /// A document that fails to decode or is above the size limit is skipped and reported; the rest
+    /// of the batch is applied.
+    ///
+    /// - Parameters:
+    ///   - documents: the peer's document states.
+    ///   - peer: the peer key of the sender.
+    ///   - checkpoint: `(subscription key, checkpoint)` to store, or `nil`.
+    /// - Complexity: O(total size of the batch) plus one indexed lookup per document.
+    public func merge(
+        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (String, Checkpoint)?
+    ) throws(StoreError) -> MergeOutcome {
+        var outcome = MergeOutcome(applied: 0, rejected: [])
+        var touched: Set<String> = []
+        let now = options.now()
+        try withState { s in
+            try s.db.transaction {
+                for remote in documents {
+                    let key: String
+                    let incoming: DocumentState
+                    do {
+                        key = try Self.key(for: remote.id)
+                        incoming = try DocumentState(encoded: CBOR.decode(remote.state))
+                    } catch {
+                        outcome.rejected.append((JSON.string(remote.id), "\(error)"))
+                        continue
+                    }
+                    if !s.clock.receive(incoming.maxTime, physicalMillis: now) {
+                        options.log("document \(key) from a peer carries stamp \(incoming.maxTime), beyond the allowed clock drift; merged without advancing the local clock")
+                    }
+                    var doc = try load(s.db, remote.collection, key) ?? DocumentState()
+                    guard doc.merge(incoming) else { continue }
+                    do {
+                        try persist(&s, remote.collection, key, remote.id, doc, source: doc == incoming ? peer : nil)
+                    } catch let error as StoreError {
+                        outcome.rejected.append((key, error.description))
+                        continue
+                    }
+                    outcome.applied += 1
+                    touched.insert(remote.collection)
+                }
+                if let (subscription, cp) = checkpoint {
+                    let st = try s.db.prepare(
+                        "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq) VALUES (?,?,?,?)")
+                    st.bind(1, peer)
+                    st.bind(2, subscription)
+                    st.bind(3, cp.epoch)
+                    st.bind(4, cp.seq)
+                    try st.run()
+                }
+                try saveClock(s)
+            }
+        }
+        notify(StoreEvent(collections: touched, origin: peer))
+        return outcome
+    }
+
+    /// The checkpoint stored for a peer and subscription, if any.
+    public func checkpoint(peer: [UInt8], subscription: String) throws(StoreError) -> Checkpoint? {
+        try withState { s -> Checkpoint? in
+            let st = try s.db.prepare("SELECT epoch, seq FROM checkpoints WHERE peer = ? AND subscription = ?")
+            st.bind(1, peer)
+            st.bind(2, subscription)
+            defer { st.reset() }
+            guard try st.step() else { return nil }
+            return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
+        }
+    }
+}

@@ -1,0 +1,151 @@
+internal import CSQLite
+
+/// An SQLite error: the result code, SQLite's message and what Trellis was doing.
+public struct SQLiteError: Error, Sendable, CustomStringConvertible {
+    public var code: Int32
+    public var message: String
+    public var context: String
+
+    public var description: String { "SQLite error \(code) (\(message)) while \(context)" }
+}
+
+/// One SQLite connection. Not `Sendable`: it is owned by one serial owner (``DocumentStore``).
+final class Connection {
+    let handle: OpaquePointer
+    private var cache: [String: Statement] = [:]
+
+    init(path: String) throws(SQLiteError) {
+        var db: OpaquePointer?
+        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK, let db else {
+            let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            sqlite3_close(db)
+            throw SQLiteError(code: rc, message: message, context: "opening \(path)")
+        }
+        handle = db
+        sqlite3_busy_timeout(db, 5_000)
+    }
+
+    deinit {
+        cache.removeAll()
+        sqlite3_close_v2(handle)
+    }
+
+    func error(_ rc: Int32, _ context: String) -> SQLiteError {
+        SQLiteError(code: rc, message: String(cString: sqlite3_errmsg(handle)), context: context)
+    }
+
+    /// Runs one or more statements without results.
+    func execute(_ sql: String) throws(SQLiteError) {
+        var errmsg: UnsafeMutablePointer<CChar>?
+        let rc = sqlite3_exec(handle, sql, nil, nil, &errmsg)
+        if rc != SQLITE_OK {
+            let message = errmsg.map { String(cString: $0) } ?? "unknown"
+            sqlite3_free(errmsg)
+            throw SQLiteError(code: rc, message: message, context: "executing \(sql.prefix(60))")
+        }
+    }
+
+    /// A cached prepared statement, reset and with bindings cleared.
+    func prepare(_ sql: String) throws(SQLiteError) -> Statement {
+        if let statement = cache[sql] {
+            statement.reset()
+            return statement
+        }
+        var stmt: OpaquePointer?
+        let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil)
+        guard rc == SQLITE_OK, let stmt else { throw error(rc, "preparing \(sql.prefix(60))") }
+        let statement = Statement(stmt, connection: self)
+        cache[sql] = statement
+        return statement
+    }
+
+    /// Runs `body` inside `BEGIN IMMEDIATE … COMMIT`, rolling back when it throws.
+    func transaction<R>(_ body: () throws -> R) throws -> R {
+        try execute("BEGIN IMMEDIATE")
+        do {
+            let result = try body()
+            try execute("COMMIT")
+            return result
+        } catch {
+            try? execute("ROLLBACK")
+            throw error
+        }
+    }
+
+    var changes: Int { Int(sqlite3_changes(handle)) }
+}
+
+/// A prepared statement owned by one ``Connection``; finalized in `deinit`.
+final class Statement {
+    let stmt: OpaquePointer
+    unowned let connection: Connection
+
+    init(_ stmt: OpaquePointer, connection: Connection) {
+        self.stmt = stmt
+        self.connection = connection
+    }
+
+    deinit { sqlite3_finalize(stmt) }
+
+    func reset() {
+        sqlite3_reset(stmt)
+        sqlite3_clear_bindings(stmt)
+    }
+
+    func bind(_ index: Int32, _ value: Int64) { sqlite3_bind_int64(stmt, index, value) }
+
+    func bind(_ index: Int32, _ value: String) {
+        var value = value
+        value.withUTF8 { buffer in
+            buffer.withMemoryRebound(to: CChar.self) {
+                trellis_sqlite3_bind_text_transient(stmt, index, $0.baseAddress, Int32($0.count))
+            }
+        }
+    }
+
+    func bind(_ index: Int32, _ value: String?) {
+        if let value { bind(index, value) } else { sqlite3_bind_null(stmt, index) }
+    }
+
+    func bind(_ index: Int32, _ bytes: [UInt8]?) {
+        guard let bytes else {
+            sqlite3_bind_null(stmt, index)
+            return
+        }
+        bytes.withUnsafeBytes { trellis_sqlite3_bind_blob_transient(stmt, index, $0.baseAddress, Int32($0.count)) }
+    }
+
+    /// Steps once. - Returns: `true` when a row is available.
+    func step() throws(SQLiteError) -> Bool {
+        let rc = sqlite3_step(stmt)
+        switch rc {
+        case SQLITE_ROW: return true
+        case SQLITE_DONE: return false
+        default: throw connection.error(rc, "running \(String(cString: sqlite3_sql(stmt)).prefix(60))")
+        }
+    }
+
+    /// Steps to completion, ignoring rows.
+    func run() throws(SQLiteError) {
+        while try step() {}
+    }
+
+    func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(stmt, column) }
+
+    func isNull(_ column: Int32) -> Bool { sqlite3_column_type(stmt, column) == SQLITE_NULL }
+
+    func string(_ column: Int32) -> String? {
+        guard let p = sqlite3_column_text(stmt, column) else { return nil }
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
+    }
+
+    func bytes(_ column: Int32) -> [UInt8]? {
+        guard sqlite3_column_type(stmt, column) != SQLITE_NULL else { return nil }
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        guard n > 0, let p = sqlite3_column_blob(stmt, column) else { return [] }
+        return [UInt8](UnsafeRawBufferPointer(start: p, count: n))
+    }
+}

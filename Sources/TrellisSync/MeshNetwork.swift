@@ -1,0 +1,140 @@
+public import TrellisNet
+public import TrellisCrypto
+import Foundation
+import Synchronization
+
+/// The TCP side of a node: a listener and one dialer per static peer, each completed connection
+/// handed to the ``SyncEngine``.
+///
+/// Dialers reconnect with jittered exponential backoff (0.25 s doubling up to ``maxBackoff``;
+/// the delay resets after a session that lasted at least 10 s).
+public final class MeshNetwork: Sendable {
+    public let engine: SyncEngine
+    private let identity: KeyPair
+    private let meshKey: SecretBytes
+    private let log: @Sendable (String) -> Void
+    private let running = Atomic<Bool>(true)
+    private let listener: Mutex<TCPListener?> = Mutex(nil)
+    private let wakeups = Mutex<[Endpoint: DispatchSemaphore]>([:])
+    /// Longest wait between reconnect attempts, seconds.
+    public let maxBackoff: Double
+
+    public init(
+        engine: SyncEngine, identity: KeyPair, meshKey: SecretBytes, maxBackoff: Double = 30,
+        log: @escaping @Sendable (String) -> Void = { _ in }
+    ) {
+        ignoreSIGPIPE()
+        self.engine = engine
+        self.identity = identity
+        self.meshKey = meshKey
+        self.maxBackoff = maxBackoff
+        self.log = log
+    }
+
+    /// Starts listening.
+    ///
+    /// - Returns: the bound port (useful with port 0).
+    /// - Throws: ``SocketError`` when the address cannot be bound.
+    @discardableResult
+    public func listen(on endpoint: Endpoint) throws -> UInt16 {
+        let socketListener = try TCPListener(endpoint: endpoint)
+        listener.withLock { $0 = socketListener }
+        let thread = Thread { [self] in
+            while running.load(ordering: .acquiring) {
+                let socket: TCPSocket
+                do {
+                    socket = try socketListener.accept()
+                } catch {
+                    if running.load(ordering: .acquiring) { log("accept failed: \(error)") }
+                    return
+                }
+                // Handshake off the accept thread so a slow or silent client cannot block others.
+                let handshakeThread = Thread { [self] in
+                    do {
+                        let link = try SecureLink.handshake(
+                            socket: socket, initiator: false, identity: identity, meshKey: meshKey,
+                            address: "inbound")
+                        engine.attach(link)
+                    } catch {
+                        log("refused an inbound connection: \(error)")
+                    }
+                }
+                handshakeThread.start()
+            }
+        }
+        thread.name = "trellis.listen"
+        thread.start()
+        return socketListener.port
+    }
+
+    /// Keeps a connection to `endpoint`, reconnecting after failures.
+    public func dial(_ endpoint: Endpoint) {
+        let wake = DispatchSemaphore(value: 0)
+        wakeups.withLock { $0[endpoint] = wake }
+        let thread = Thread { [self] in
+            var backoff = 0.25
+            while running.load(ordering: .acquiring) {
+                let started = Date()
+                do {
+                    let socket = try TCPSocket.connect(to: endpoint)
+                    let link = try SecureLink.handshake(
+                        socket: socket, initiator: true, identity: identity, meshKey: meshKey,
+                        address: endpoint.description)
+                    let done = DispatchSemaphore(value: 0)
+                    let closed = ClosedSignal(done)
+                    engine.attach(ObservedLink(link, onClose: closed.fire))
+                    done.wait()
+                } catch {
+                    log("cannot connect to \(endpoint): \(error)")
+                }
+                guard running.load(ordering: .acquiring) else { return }
+                if Date().timeIntervalSince(started) >= 10 { backoff = 0.25 }
+                let delay = backoff * Double.random(in: 0.5...1.5)
+                backoff = min(maxBackoff, backoff * 2)
+                _ = wake.wait(timeout: .now() + delay)
+            }
+        }
+        thread.name = "trellis.dial.\(endpoint)"
+        thread.start()
+    }
+
+    /// Stops listening and dialing and closes every session.
+    public func stop() {
+        running.store(false, ordering: .releasing)
+        listener.withLock { $0?.close() }
+        wakeups.withLock { for semaphore in $0.values { semaphore.signal() } }
+        engine.close()
+    }
+}
+
+private final class ClosedSignal: Sendable {
+    let semaphore: DispatchSemaphore
+    init(_ semaphore: DispatchSemaphore) { self.semaphore = semaphore }
+    @Sendable func fire() { semaphore.signal() }
+}
+
+/// Wraps a link to learn when it closes (the dialer waits on it before reconnecting).
+private final class ObservedLink: MessageLink {
+    let base: any MessageLink
+    let onClose: @Sendable () -> Void
+
+    init(_ base: any MessageLink, onClose: @escaping @Sendable () -> Void) {
+        self.base = base
+        self.onClose = onClose
+    }
+
+    var remotePeerKey: [UInt8] { base.remotePeerKey }
+    var isInitiator: Bool { base.isInitiator }
+    var remoteAddress: String { base.remoteAddress }
+
+    func start(onMessage: @escaping @Sendable ([UInt8]) -> Void, onClose close: @escaping @Sendable (String) -> Void) {
+        let notify = onClose
+        base.start(onMessage: onMessage) { reason in
+            close(reason)
+            notify()
+        }
+    }
+
+    func send(_ message: [UInt8]) throws { try base.send(message) }
+    func close() { base.close() }
+}

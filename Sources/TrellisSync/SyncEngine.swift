@@ -1,0 +1,329 @@
+public import TrellisCore
+public import TrellisStore
+public import TrellisNet
+import Dispatch
+import Foundation
+
+/// What this node knows about one connected peer.
+public struct PeerInfo: Sendable, CustomStringConvertible {
+    public var peerKey: [UInt8]
+    public var address: String
+    public var isInitiator: Bool
+    public var siteID: SiteID?
+    /// The peer's subscriptions this node serves.
+    public var servedSubscriptions: [SubscriptionSpec]
+
+    public var keyHex: String { peerKey.map { String(format: "%02x", $0) }.joined() }
+
+    public var description: String {
+        "\(keyHex.prefix(16)) \(address) \(isInitiator ? "outbound" : "inbound"), serving \(servedSubscriptions.count) subscription(s)"
+    }
+}
+
+/// The sync engine shell: owns one ``SyncSession`` per connected peer and carries out its
+/// directives against the ``DocumentStore`` and the ``MessageLink``.
+///
+/// All mutable state lives on one serial queue. Store I/O for sync runs on that queue too, so
+/// merges are applied in the order batches arrive.
+public final class SyncEngine: @unchecked Sendable {
+    // Invariant: every `var` below is read and written only on `queue`.
+    private let queue = DispatchQueue(label: "trellis.sync")
+    public let store: DocumentStore
+    public let peerKey: [UInt8]
+    /// Subscriptions forwarded to other peers travel at most this many hops.
+    public let maxHops: Int
+    private let log: @Sendable (String) -> Void
+
+    private final class Entry {
+        let link: any MessageLink
+        var session: SyncSession
+        var remoteSubscriptions: [WireSubscription] = []
+        var lastSent: [WireSubscription]?
+        init(link: any MessageLink, session: SyncSession) {
+            self.link = link
+            self.session = session
+        }
+    }
+
+    private var entries: [ObjectIdentifier: Entry] = [:]
+    private var local: [String: SubscriptionSpec] = [:]
+    private var queries: [String: Query?] = [:]
+    private var observerToken: UInt64 = 0
+    private var closing = false
+
+    /// - Parameters:
+    ///   - store: the local store.
+    ///   - peerKey: this node's static public key.
+    ///   - maxHops: hop limit for forwarded subscriptions.
+    ///   - log: where session events go.
+    public init(
+        store: DocumentStore, peerKey: [UInt8], maxHops: Int = 4,
+        log: @escaping @Sendable (String) -> Void = { _ in }
+    ) {
+        self.store = store
+        self.peerKey = peerKey
+        self.maxHops = maxHops
+        self.log = log
+        let token = store.addObserver { [weak self] _ in
+            guard let self else { return }
+            self.queue.async { self.localChanged() }
+        }
+        queue.sync { observerToken = token }
+    }
+
+    deinit { store.removeObserver(observerToken) }
+
+    // MARK: Subscriptions
+
+    /// Asks peers for the documents matching `spec` (replicated to this store while connected).
+    ///
+    /// - Throws: ``QueryParseError`` when the query does not parse.
+    public func subscribe(_ spec: SubscriptionSpec) throws {
+        _ = try Query(spec.query)
+        queue.sync {
+            local[spec.key] = spec
+            updateSubscriptions()
+        }
+    }
+
+    /// Stops asking peers for `spec`.
+    public func unsubscribe(_ spec: SubscriptionSpec) {
+        queue.sync {
+            local.removeValue(forKey: spec.key)
+            updateSubscriptions()
+        }
+    }
+
+    /// This node's own subscriptions.
+    public var subscriptions: [SubscriptionSpec] {
+        queue.sync { local.values.sorted { $0.key < $1.key } }
+    }
+
+    /// The peers with an established session.
+    public var peers: [PeerInfo] {
+        queue.sync {
+            entries.values.compactMap { entry in
+                guard let hello = entry.session.remote else { return nil }
+                return PeerInfo(
+                    peerKey: hello.peerKey, address: entry.link.remoteAddress, isInitiator: entry.link.isInitiator,
+                    siteID: hello.site, servedSubscriptions: entry.session.servedSubscriptions)
+            }
+        }
+    }
+
+    /// Runs `body` on the engine queue after everything queued before it (for tests and tools).
+    public func sync<R: Sendable>(_ body: @Sendable () -> R) -> R { queue.sync(execute: body) }
+
+    // MARK: Links
+
+    /// Starts a session over a new link.
+    public func attach(_ link: any MessageLink) {
+        let hello = Hello(
+            version: WireMessage.protocolVersion, peerKey: peerKey, site: store.siteID, epoch: store.epoch)
+        let id = ObjectIdentifier(link)
+        queue.async { [self] in
+            guard !closing else {
+                link.start(onMessage: { _ in }, onClose: { _ in })
+                link.close()
+                return
+            }
+            let entry = Entry(
+                link: link, session: SyncSession(configuration: .init(hello: hello, remotePeerKey: link.remotePeerKey)))
+            entries[id] = entry
+            link.start(
+                onMessage: { [weak self] bytes in
+                    guard let self else { return }
+                    let message: WireMessage
+                    do {
+                        message = try WireMessage(serialized: bytes)
+                    } catch {
+                        self.queue.async { self.fail(id, "\(error)") }
+                        return
+                    }
+                    self.queue.async { self.receive(message, on: id) }
+                },
+                onClose: { [weak self] reason in
+                    guard let self else { return }
+                    self.queue.async { self.detach(id, reason: reason) }
+                })
+            perform(entry.session.start(), on: id)
+        }
+    }
+
+    /// Closes every link and stops accepting new ones.
+    public func close() {
+        let links = queue.sync { () -> [any MessageLink] in
+            closing = true
+            return entries.values.map(\.link)
+        }
+        for link in links { link.close() }
+    }
+
+    private func fail(_ id: ObjectIdentifier, _ reason: String) {
+        guard let entry = entries[id] else { return }
+        log("closing session with \(entry.link.remoteAddress): \(reason)")
+        try? entry.link.send(WireMessage.error(code: "protocol", message: reason).serialized())
+        entry.link.close()
+    }
+
+    private func detach(_ id: ObjectIdentifier, reason: String) {
+        guard let entry = entries.removeValue(forKey: id) else { return }
+        entry.session.closed()
+        log("session with \(entry.link.remoteAddress) ended: \(reason)")
+        if !entry.remoteSubscriptions.isEmpty { updateSubscriptions() }
+    }
+
+    private func receive(_ message: WireMessage, on id: ObjectIdentifier) {
+        guard let entry = entries[id] else { return }
+        perform(entry.session.receive(message), on: id)
+    }
+
+    private func localChanged() {
+        for (id, entry) in entries where entry.session.isEstablished {
+            perform(entry.session.localChanged(), on: id)
+        }
+    }
+
+    // MARK: Directives
+
+    private func perform(_ directives: [SyncSession.Directive], on id: ObjectIdentifier) {
+        for directive in directives {
+            guard let entry = entries[id] else { return }
+            switch directive {
+            case .send(let message):
+                do {
+                    try entry.link.send(message.serialized())
+                } catch {
+                    log("send to \(entry.link.remoteAddress) failed: \(error)")
+                    entry.link.close()
+                    return
+                }
+            case .established(let hello):
+                if !admit(hello, id: id) { return }
+                log("session established with \(entry.link.remoteAddress) (peer \(hex(hello.peerKey).prefix(16)))")
+                sendSubscriptions(to: entry)
+            case .scan(let key, let spec, let after, let limit):
+                scan(entry, key: key, spec: spec, after: after, limit: limit, id: id)
+            case .apply(let key, let documents, let upTo):
+                apply(entry, key: key, documents: documents, upTo: upTo, id: id)
+            case .remoteSubscriptionsChanged(let subs):
+                entry.remoteSubscriptions = subs
+                updateSubscriptions(except: id)
+            case .close(let reason):
+                log("closing session with \(entry.link.remoteAddress): \(reason)")
+                entry.link.close()
+            }
+        }
+    }
+
+    /// One session per peer pair: of two links to the same peer keep the one dialed by the node
+    /// with the smaller peer key (both sides decide the same); a link to ourselves is refused.
+    private func admit(_ hello: Hello, id: ObjectIdentifier) -> Bool {
+        guard let entry = entries[id] else { return false }
+        if hello.peerKey == peerKey {
+            perform([.close(reason: "connected to itself")], on: id)
+            return false
+        }
+        func dialer(_ e: Entry) -> [UInt8] { e.link.isInitiator ? peerKey : e.link.remotePeerKey }
+        for (otherID, other) in entries where otherID != id && other.session.remote?.peerKey == hello.peerKey {
+            let keepNew = dialer(entry).lexicographicallyPrecedes(dialer(other))
+                || (dialer(entry) == dialer(other))
+            if keepNew {
+                other.link.close()
+            } else {
+                entry.link.close()
+                return false
+            }
+        }
+        return true
+    }
+
+    private func query(for spec: SubscriptionSpec) -> Query? {
+        if let cached = queries[spec.key] { return cached }
+        let parsed: Query?
+        do {
+            parsed = try Query(spec.query)
+        } catch {
+            log("a peer's subscription query '\(spec.query)' does not parse (\(error)); it matches nothing")
+            parsed = nil
+        }
+        queries[spec.key] = parsed
+        return parsed
+    }
+
+    private func scan(_ entry: Entry, key: String, spec: SubscriptionSpec, after: Int64, limit: Int, id: ObjectIdentifier) {
+        let records: [ChangeRecord]
+        do {
+            records = try store.changes(in: spec.collection, after: after, limit: limit)
+        } catch {
+            perform([.close(reason: "reading the change log failed: \(error)")], on: id)
+            return
+        }
+        let q = query(for: spec)
+        let remote = entry.link.remotePeerKey
+        var documents: [WireDocument] = []
+        for record in records where record.source != remote {
+            if let value = record.value {
+                guard let q, (try? q.matches(value, args: spec.args)) == true else { continue }
+            }
+            documents.append(WireDocument(collection: record.collection, id: record.id, state: record.state))
+        }
+        let upTo = records.last?.seq ?? after
+        perform(
+            entry.session.scanned(subscription: key, documents: documents, upTo: upTo, exhausted: records.count < limit),
+            on: id)
+    }
+
+    private func apply(_ entry: Entry, key: String, documents: [WireDocument], upTo: Int64, id: ObjectIdentifier) {
+        guard let remote = entry.session.remote else { return }
+        do {
+            let outcome = try store.merge(
+                documents.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) },
+                from: remote.peerKey, checkpoint: (key, Checkpoint(epoch: remote.epoch, seq: upTo)))
+            for (doc, reason) in outcome.rejected {
+                log("refused document \(doc) from \(entry.link.remoteAddress): \(reason)")
+            }
+        } catch {
+            perform([.close(reason: "merging a batch failed: \(error)")], on: id)
+            return
+        }
+        perform(entry.session.applied(subscription: key, upTo: upTo), on: id)
+    }
+
+    /// Recomputes what each peer is asked for: this node's subscriptions plus those of its other
+    /// peers (forwarded, one hop more, up to ``maxHops``), each with the checkpoint held for that peer.
+    private func updateSubscriptions(except skip: ObjectIdentifier? = nil) {
+        for (id, entry) in entries where id != skip && entry.session.isEstablished {
+            sendSubscriptions(to: entry)
+        }
+    }
+
+    private func sendSubscriptions(to entry: Entry) {
+        guard let remote = entry.session.remote else { return }
+        var wanted: [String: (SubscriptionSpec, Int)] = [:]
+        for spec in local.values { wanted[spec.key] = (spec, 0) }
+        for other in entries.values where other !== entry {
+            for sub in other.remoteSubscriptions where sub.hops + 1 <= maxHops {
+                let key = sub.spec.key
+                if let existing = wanted[key], existing.1 <= sub.hops + 1 { continue }
+                wanted[key] = (sub.spec, sub.hops + 1)
+            }
+        }
+        var list: [WireSubscription] = []
+        for (key, (spec, hops)) in wanted.sorted(by: { $0.key < $1.key }) {
+            var since: Int64 = 0
+            if let cp = try? store.checkpoint(peer: remote.peerKey, subscription: key), cp.epoch == remote.epoch {
+                since = cp.seq
+            }
+            list.append(WireSubscription(spec: spec, since: since, hops: hops))
+        }
+        // Resend only when the set (ignoring checkpoints, which the peer tracks itself) changed.
+        let shape = list.map { WireSubscription(spec: $0.spec, since: 0, hops: $0.hops) }
+        if let last = entry.lastSent, last == shape { return }
+        entry.lastSent = shape
+        guard let id = entries.first(where: { $0.value === entry })?.key else { return }
+        perform(entry.session.subscribe(list), on: id)
+    }
+}
+
+func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }

@@ -1,0 +1,115 @@
+public import Foundation
+import Synchronization
+
+/// A running `trellis` process for multi-process tests: its output is collected, and it is
+/// terminated when dropped.
+public final class TrellisProcess: Sendable {
+    public let process: Process
+    private let output = Mutex<String>("")
+    private let errors = Mutex<String>("")
+    private let input: Pipe
+
+    /// Starts `trellis ARGS…` (the binary from ``Repository/trellisBinary``).
+    public init(_ arguments: [String]) throws {
+        let binary = Repository.trellisBinary
+        guard FileManager.default.isExecutableFile(atPath: binary.path) else {
+            throw ProcessError("no trellis binary at \(binary.path); run `swift build` (scripts/test.sh does)")
+        }
+        process = Process()
+        process.executableURL = binary
+        process.arguments = arguments
+        let out = Pipe()
+        let err = Pipe()
+        input = Pipe()
+        process.standardOutput = out
+        process.standardError = err
+        process.standardInput = input
+        let output = self.output
+        let errors = self.errors
+        out.fileHandleForReading.readabilityHandler = { handle in
+            let data = handle.availableData
+            output.withLock { $0 += String(decoding: data, as: UTF8.self) }
+        }
+        err.fileHandleForReading.readabilityHandler = { handle in
+            let data = handle.availableData
+            errors.withLock { $0 += String(decoding: data, as: UTF8.self) }
+        }
+        try process.run()
+    }
+
+    /// Everything written to standard output so far.
+    public var stdout: String { output.withLock { $0 } }
+    /// Everything written to standard error so far.
+    public var stderr: String { errors.withLock { $0 } }
+
+    /// Writes a line to standard input.
+    public func send(_ line: String) {
+        input.fileHandleForWriting.write(Data((line + "\n").utf8))
+    }
+
+    /// Closes standard input (a shell then quits).
+    public func closeInput() {
+        try? input.fileHandleForWriting.close()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    @discardableResult
+    public func terminate() -> Int32 {
+        if process.isRunning { process.terminate() }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// Waits for the process to exit by itself (up to `timeout` seconds, then SIGKILL).
+    @discardableResult
+    public func wait(timeout: Double = 30) -> Int32 {
+        let deadline = Date().addingTimeInterval(timeout)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    /// The port from the node's "listening on HOST:PORT" log line, once it appears.
+    public func listeningPort(timeout: Double = 20) -> UInt16? {
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            let text = stderr
+            if let range = text.range(of: "listening on ") {
+                let rest = text[range.upperBound...]
+                if let colon = rest.firstIndex(of: ","), let lastColon = rest[..<colon].lastIndex(of: ":") {
+                    return UInt16(rest[rest.index(after: lastColon)..<colon])
+                }
+            }
+            usleep(10_000)
+        }
+        return nil
+    }
+
+    /// Runs `trellis ARGS…` to completion.
+    ///
+    /// - Returns: exit status, standard output and standard error.
+    public static func run(_ arguments: [String], input: String? = nil, timeout: Double = 60) throws -> (
+        status: Int32, stdout: String, stderr: String
+    ) {
+        let p = try TrellisProcess(arguments)
+        if let input { p.send(input) }
+        p.closeInput()
+        let status = p.wait(timeout: timeout)
+        usleep(20_000)  // let the pipe handlers drain
+        return (status, p.stdout, p.stderr)
+    }
+
+    deinit {
+        if process.isRunning {
+            process.terminate()
+            process.waitUntilExit()
+        }
+    }
+}
+
+/// A test-harness failure (not a product error).
+public struct ProcessError: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}

@@ -1,0 +1,190 @@
+import Foundation
+import Trellis
+import TrellisNet
+import TrellisStore
+
+enum NodeCommand {
+    static let help = """
+        trellis node  — run a headless node
+        trellis shell — run an interactive node; one command per line (from a terminal or a pipe)
+
+        Flags:
+          --data DIR            the node's data directory (created if missing)
+          --listen HOST:PORT    accept peers here (e.g. 127.0.0.1:4040)
+          --peer HOST:PORT      keep a connection to this peer (repeatable)
+          --mesh-key FILE       the mesh key file (`trellis keygen FILE`)
+          --subscribe 'COLLECTION [QUERY]'
+                                subscribe at start (repeatable; node only, the shell has `subscribe`)
+          --quiet               do not log session events to standard error
+        """
+
+    static func run(_ args: [String], interactive: Bool) throws {
+        let parsed = try Arguments(
+            args, valueFlags: ["data", "listen", "peer", "mesh-key", "subscribe"], switchFlags: ["quiet"])
+        if parsed.switches.contains("help") {
+            print(help)
+            return
+        }
+        guard parsed.positional.isEmpty else {
+            throw UsageError("unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
+        }
+        let data = try parsed.require("data")
+        let meshKey = try MeshKey(contentsOf: URL(fileURLWithPath: try parsed.require("mesh-key")))
+        let listen = try parsed.value("listen").map { try Endpoint(parsing: $0) }
+        let peers = try parsed.all("peer").map { try Endpoint(parsing: $0) }
+        let subscriptions = try parsed.all("subscribe").map { try parseSubscription($0) }
+
+        var options = NodeOptions()
+        if !parsed.switches.contains("quiet") {
+            let name = URL(fileURLWithPath: data).lastPathComponent
+            options.log = { message in
+                FileHandle.standardError.write(Data("[\(name)] \(message)\n".utf8))
+            }
+        }
+        let node = try TrellisNode(directory: URL(fileURLWithPath: data), meshKey: meshKey, options: options)
+        var kept: [Subscription] = []
+        for (collection, query) in subscriptions {
+            kept.append(try node.store.collection(collection).find(query).subscribe())
+        }
+        if let listen {
+            let port = try node.listen(on: listen)
+            options.log("listening on \(listen.host):\(port), peer key \(node.peerKeyHex)")
+        }
+        for peer in peers { node.connect(to: peer) }
+
+        if interactive {
+            Shell(node: node, interactive: isatty(0) != 0).run()
+            node.stop()
+            withExtendedLifetime(kept) {}
+            return
+        }
+        // Headless: run until SIGINT or SIGTERM.
+        let done = DispatchSemaphore(value: 0)
+        var sources: [any DispatchSourceSignal] = []
+        for sig in [SIGINT, SIGTERM] {
+            signal(sig, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
+            source.setEventHandler { done.signal() }
+            source.resume()
+            sources.append(source)
+        }
+        done.wait()
+        options.log("stopping")
+        node.stop()
+        withExtendedLifetime((kept, sources)) {}
+    }
+
+    /// `COLLECTION [QUERY]` → (collection, query).
+    static func parseSubscription(_ text: String) throws -> (String, String) {
+        let trimmed = text.trimmingCharacters(in: .whitespaces)
+        guard !trimmed.isEmpty else { throw UsageError("--subscribe needs 'COLLECTION [QUERY]'") }
+        let parts = trimmed.split(separator: " ", maxSplits: 1)
+        return (String(parts[0]), parts.count > 1 ? String(parts[1]) : "true")
+    }
+}
+
+enum ImportCommand {
+    static let help = """
+        trellis import --data DIR COLLECTION FILE
+          Upserts every document of FILE (a JSON array of objects, or JSON lines) into COLLECTION,
+          in one transaction. Documents without `_id` get a new UUID.
+        """
+
+    static func run(_ args: [String]) throws {
+        let parsed = try Arguments(args, valueFlags: ["data"])
+        if parsed.switches.contains("help") {
+            print(help)
+            return
+        }
+        guard parsed.positional.count == 2 else { throw UsageError("usage: trellis import --data DIR COLLECTION FILE") }
+        let data = try parsed.require("data")
+        let (collection, file) = (parsed.positional[0], parsed.positional[1])
+        let documents = try DocumentFile.read(URL(fileURLWithPath: file))
+        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
+        let ids = try store.upsert(documents, in: collection)
+        print("imported \(ids.count) documents into \(collection)")
+    }
+}
+
+/// Reads documents from a JSON array or JSON-lines file.
+enum DocumentFile {
+    static func read(_ url: URL) throws -> [Value] {
+        let data: Data
+        do { data = try Data(contentsOf: url) } catch {
+            throw UsageError("cannot read \(url.path): \(error.localizedDescription)")
+        }
+        let text = String(decoding: data, as: UTF8.self)
+        let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        if trimmed.hasPrefix("[") {
+            guard case .array(let items) = try JSON.parse(trimmed) else { throw UsageError("\(url.path) is not a JSON array") }
+            return items
+        }
+        var out: [Value] = []
+        for (n, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let l = line.trimmingCharacters(in: .whitespaces)
+            if l.isEmpty { continue }
+            do { out.append(try JSON.parse(l)) } catch {
+                throw UsageError("\(url.path) line \(n + 1): \(error)")
+            }
+        }
+        return out
+    }
+}
+
+enum InspectCommand {
+    static let help = """
+        trellis find --data DIR COLLECTION [QUERY] [--count]
+        trellis get  --data DIR COLLECTION ID
+          Read a node's store (also while the node runs) and print documents as JSON lines.
+        """
+
+    static func run(_ command: String, _ args: [String]) throws {
+        let parsed = try Arguments(args, valueFlags: ["data"], switchFlags: ["count"])
+        if parsed.switches.contains("help") {
+            print(help)
+            return
+        }
+        let data = try parsed.require("data")
+        let path = URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path
+        guard FileManager.default.fileExists(atPath: path) else { throw UsageError("no Trellis store in \(data)") }
+        let store = try DocumentStore(path: path)
+        switch command {
+        case "get":
+            guard parsed.positional.count == 2 else { throw UsageError("usage: trellis get --data DIR COLLECTION ID") }
+            let id = try Shell.parseID(parsed.positional[1])
+            if let doc = try store.document(id: id, in: parsed.positional[0]) {
+                print(JSON.string(doc))
+            } else {
+                throw UsageError("no document \(JSON.string(id)) in \(parsed.positional[0])")
+            }
+        default:
+            guard let collection = parsed.positional.first else { throw UsageError("usage: trellis find --data DIR COLLECTION [QUERY]") }
+            let query = try Query(parsed.positional.dropFirst().joined(separator: " ").isEmpty
+                ? "true" : parsed.positional.dropFirst().joined(separator: " "))
+            let docs = try store.documents(in: collection) { try query.matches($0) }
+            if parsed.switches.contains("count") {
+                print(docs.count)
+            } else {
+                for doc in docs { print(JSON.string(doc)) }
+            }
+        }
+    }
+}
+
+enum KeygenCommand {
+    static func run(_ args: [String]) throws {
+        let parsed = try Arguments(args, valueFlags: [], switchFlags: ["force"])
+        if parsed.switches.contains("help") {
+            print("trellis keygen FILE [--force]\n  Writes a new random 32-byte mesh key (hex) to FILE with mode 0600.")
+            return
+        }
+        guard parsed.positional.count == 1 else { throw UsageError("usage: trellis keygen FILE") }
+        let url = URL(fileURLWithPath: parsed.positional[0])
+        if FileManager.default.fileExists(atPath: url.path), !parsed.switches.contains("force") {
+            throw UsageError("\(url.path) exists; pass --force to replace it")
+        }
+        try MeshKey.generate().write(to: url)
+        print("wrote mesh key to \(url.path)")
+    }
+}

@@ -1,3 +1,0 @@
-import Testing
-
-@Test func placeholderTrellisCLITests() { #expect(Bool(true)) }

@@ -1,0 +1,97 @@
+import Foundation
+import Testing
+import TrellisTestKit
+
+/// Runs real `trellis` processes on loopback.
+@Suite(.serialized) struct TwoProcessTests {
+    let dir = TemporaryDirectory("trellis-cli")
+
+    func writeCars(_ n: Int) throws -> String {
+        let origins = ["USA", "Europe", "Japan"]
+        let lines = (0..<n).map { i in
+            #"{"Name":"car \#(i)","Origin":"\#(origins[i % 3])","Cylinders":\#(4 + i % 3),"Miles_per_Gallon":\#(Double(i) + 0.5)}"#
+        }
+        let path = dir.path("cars.jsonl")
+        try lines.joined(separator: "\n").write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    func count(_ data: String, _ query: String = "true") -> Int? {
+        guard let r = try? TrellisProcess.run(["find", "--data", data, "cars", query, "--count"]), r.status == 0 else {
+            return nil
+        }
+        return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    @Test func twoNodesReplicateOverEncryptedLoopback() throws {
+        let key = dir.path("mesh.key")
+        #expect(try TrellisProcess.run(["keygen", key]).status == 0)
+        let mode = try FileManager.default.attributesOfItem(atPath: key)[.posixPermissions] as? Int
+        #expect(mode == 0o600)
+        let a = dir.path("A")
+        let b = dir.path("B")
+        let imported = try TrellisProcess.run(["import", "--data", a, "cars", try writeCars(90)])
+        #expect(imported.status == 0 && imported.stdout.contains("imported 90"))
+
+        let nodeA = try TrellisProcess(["node", "--data", a, "--listen", "127.0.0.1:0", "--mesh-key", key])
+        let port = try #require(nodeA.listeningPort(), "node A did not report its port: \(nodeA.stderr)")
+        let nodeB = try TrellisProcess([
+            "node", "--data", b, "--peer", "127.0.0.1:\(port)", "--mesh-key", key, "--subscribe",
+            "cars Origin == 'Japan'",
+        ])
+        #expect(eventually(timeout: 30) { count(b) == 30 }, "B: \(nodeB.stderr)")
+        #expect(count(b, "Origin != 'Japan'") == 0)
+
+        // A node with another mesh key cannot connect and gets nothing.
+        let otherKey = dir.path("other.key")
+        #expect(try TrellisProcess.run(["keygen", otherKey]).status == 0)
+        let c = dir.path("C")
+        let nodeC = try TrellisProcess([
+            "node", "--data", c, "--peer", "127.0.0.1:\(port)", "--mesh-key", otherKey, "--subscribe", "cars",
+        ])
+        #expect(eventually { nodeA.stderr.contains("refused an inbound connection") })
+        #expect(count(c) == 0)
+        #expect(nodeC.terminate() == 0)
+        #expect(nodeB.terminate() == 0)
+        #expect(nodeA.terminate() == 0)
+    }
+
+    @Test func aShellPeerReplicatesAndIsDrivenFromAPipe() throws {
+        let key = dir.path("mesh.key")
+        _ = try TrellisProcess.run(["keygen", key])
+        let a = dir.path("A")
+        _ = try TrellisProcess.run(["import", "--data", a, "cars", try writeCars(12)])
+        let nodeA = try TrellisProcess([
+            "node", "--data", a, "--listen", "127.0.0.1:0", "--mesh-key", key, "--subscribe", "cars",
+        ])
+        let port = try #require(nodeA.listeningPort())
+        let shell = try TrellisProcess(["shell", "--data", dir.path("S"), "--peer", "127.0.0.1:\(port)", "--mesh-key", key])
+        shell.send("subscribe cars Cylinders == 4")
+        shell.send("upsert cars {\"_id\": \"mine\", \"Cylinders\": 4, \"Origin\": \"Mars\"}")
+        shell.send("upsert cars {not json")
+        shell.send("frobnicate")
+        #expect(eventually(timeout: 30) { count(a, "Origin == 'Mars'") == 1 })
+        shell.send("count cars Cylinders == 4")
+        #expect(eventually { shell.stdout.contains("\n5\n") })  // 4 imported + mine
+        #expect(shell.stderr.contains("error: invalid JSON"))
+        #expect(shell.stderr.contains("error: unknown command 'frobnicate'"))
+        shell.closeInput()
+        #expect(shell.wait() == 0)
+        nodeA.terminate()
+    }
+
+    @Test func badCommandLinesGetOneLineErrors() throws {
+        let cases: [[String]] = [
+            ["frob"], ["node", "--bogus"], ["node", "--data"], ["node", "--data", dir.path("x"), "--mesh-key", "/nonexistent"],
+            ["import", "--data", dir.path("x"), "cars"], ["find", "--data", dir.path("empty"), "cars"],
+        ]
+        for args in cases {
+            let r = try TrellisProcess.run(args)
+            #expect(r.status != 0, "\(args)")
+            let lines = r.stderr.split(separator: "\n")
+            #expect(lines.count == 1 && lines[0].hasPrefix("trellis: error: "), "\(args): \(r.stderr)")
+        }
+        let help = try TrellisProcess.run(["node", "--help"])
+        #expect(help.status == 0 && help.stdout.contains("--mesh-key FILE"))
+    }
+}

@@ -1,3 +1,0 @@
-import Testing
-
-@Test func placeholderTrellisCoreTests() { #expect(Bool(true)) }

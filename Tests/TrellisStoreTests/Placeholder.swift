@@ -1,3 +1,0 @@
-import Testing
-
-@Test func placeholderTrellisStoreTests() { #expect(Bool(true)) }

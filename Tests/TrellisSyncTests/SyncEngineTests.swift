@@ -1,0 +1,118 @@
+import Foundation
+import Testing
+import TrellisCore
+import TrellisStore
+import TrellisSync
+import TrellisTestKit
+
+/// One in-process node: a store and its sync engine.
+final class TestNode: Sendable {
+    let store: DocumentStore
+    let engine: SyncEngine
+    let key: [UInt8]
+
+    init(_ dir: TemporaryDirectory, _ name: String) throws {
+        store = try DocumentStore(path: dir.path("\(name).sqlite"))
+        key = Array(name.utf8) + Array(repeating: 0, count: 32 - name.utf8.count)
+        engine = SyncEngine(store: store, peerKey: key)
+    }
+
+    /// Connects two nodes with an in-memory link; `self` dials.
+    func connect(_ other: TestNode) -> (MemoryLink, MemoryLink) {
+        let (a, b) = MemoryLink.pair(initiatorKey: key, responderKey: other.key)
+        engine.attach(a)
+        other.engine.attach(b)
+        return (a, b)
+    }
+
+    func ids(_ collection: String) throws -> Set<Value> {
+        Set(try store.documents(in: collection).compactMap { $0["_id"] })
+    }
+}
+
+func cars(_ n: Int) -> [Value] {
+    let origins = ["USA", "Europe", "Japan"]
+    return (0..<n).map { i in
+        ["_id": .string("car\(i)"), "Origin": .string(origins[i % 3]), "Cylinders": .int(Int64(4 + i % 5)), "mpg": .double(Double(i) / 3)]
+    }
+}
+
+@Suite struct SyncEngineTests {
+    let dir = TemporaryDirectory()
+
+    @Test func aSubscriberReceivesExactlyWhatItsQueryMatches() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        try a.store.upsert(cars(600), in: "cars")  // more than one batch
+        try b.engine.subscribe(SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'"))
+        _ = b.connect(a)
+        let expected = Set(cars(600).filter { $0["Origin"] == "Japan" }.compactMap { $0["_id"] })
+        #expect(eventually { (try? b.ids("cars")) == expected })
+        #expect(try b.store.count(in: "cars") == 200)
+    }
+
+    @Test func liveChangesAndRemovesFlowWhileConnected() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        try a.store.upsert(cars(9), in: "cars")
+        try b.engine.subscribe(SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'"))
+        try a.engine.subscribe(SubscriptionSpec(collection: "cars"))
+        _ = b.connect(a)
+        #expect(eventually { (try? b.store.count(in: "cars")) == 3 })
+        // A change on B reaches A; a remove on A reaches B even though a tombstone matches no query.
+        try b.store.upsert(["_id": "car2", "Cylinders": 12], in: "cars")
+        #expect(eventually { (try? a.store.document(id: "car2", in: "cars"))??["Cylinders"] == 12 })
+        try a.store.remove(id: "car5", in: "cars")
+        #expect(eventually { (try? b.store.document(id: "car5", in: "cars")) == .some(nil) })
+        try a.store.upsert(["_id": "new", "Origin": "Japan"], in: "cars")
+        #expect(eventually { (try? b.ids("cars")) == ["car2", "car8", "new"] })
+        // A's value of car2 is B's: the change came back once, not echoed again and again.
+        let seq = a.store.lastSeq
+        usleep(200_000)
+        #expect(a.store.lastSeq == seq)
+    }
+
+    @Test func subscriptionsAreForwardedAcrossAMiddleNode() throws {
+        // C — A — B: C subscribes to all cars; data written on B reaches C through A, which stores it.
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        let c = try TestNode(dir, "c")
+        try b.store.upsert(cars(30), in: "cars")
+        try c.engine.subscribe(SubscriptionSpec(collection: "cars"))
+        _ = b.connect(a)
+        _ = c.connect(a)
+        #expect(eventually { (try? c.store.count(in: "cars")) == 30 })
+        #expect(try a.store.count(in: "cars") == 30)
+        try b.store.upsert(["_id": "car1", "mpg": 99.5], in: "cars")
+        #expect(eventually { (try? c.store.document(id: "car1", in: "cars"))??["mpg"] == 99.5 })
+    }
+
+    @Test func reconnectingResumesFromTheCheckpoint() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        try a.store.upsert(cars(50), in: "cars")
+        let spec = SubscriptionSpec(collection: "cars")
+        try b.engine.subscribe(spec)
+        let (link, _) = b.connect(a)
+        #expect(eventually { (try? b.store.count(in: "cars")) == 50 })
+        link.close()
+        #expect(eventually { b.engine.peers.isEmpty && a.engine.peers.isEmpty })
+        let checkpoint = try #require(try b.store.checkpoint(peer: a.key, subscription: spec.key))
+        #expect(checkpoint.seq == 50 && checkpoint.epoch == a.store.epoch)
+        try a.store.upsert(["_id": "late", "Origin": "USA"], in: "cars")
+        let before = b.store.lastSeq
+        _ = b.connect(a)
+        #expect(eventually { (try? b.store.count(in: "cars")) == 51 })
+        #expect(b.store.lastSeq == before + 1)  // only the new document was applied
+    }
+
+    @Test func aSecondLinkBetweenTheSamePeersIsClosed() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        _ = b.connect(a)
+        _ = a.connect(b)
+        #expect(eventually { a.engine.peers.count == 1 && b.engine.peers.count == 1 })
+        usleep(100_000)
+        #expect(a.engine.peers.count == 1 && b.engine.peers.count == 1)
+    }
+}

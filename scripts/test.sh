@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every Trellis test: installs what is missing (apt: libsodium-dev, libsqlite3-dev,
+# pkg-config; PyPI into .venv: noiseprotocol for the interoperability test), checks formatting,
+# builds, and runs the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh noiseprotocol
+export TRELLIS_PYTHON="$PWD/.venv/bin/python"
+
+echo "== swift format lint"
+swift format lint --strict -r Sources Tests Package.swift
+
+echo "== swift build (with tests)"
+mkdir -p .build
+if ! swift build --build-tests >.build/build.log 2>&1; then
+    grep -E 'error|warning' .build/build.log | head -50 || tail -50 .build/build.log
+    echo "build failed; full log in .build/build.log"
+    exit 1
+fi
+
+echo "== swift test"
+swift test --skip-build
