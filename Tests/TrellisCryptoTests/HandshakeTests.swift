@@ -52,7 +52,10 @@ struct HandshakeTests {
         #expect(try bob.decrypt(try alice.encrypt([1, 2, 3])) == [1, 2, 3])
         bob.rekeySend()
         let afterRekey = try bob.encrypt([4, 5, 6])
-        #expect(throws: NoiseError.self) { var copy = alice; _ = try copy.decrypt(afterRekey) }
+        #expect(throws: NoiseError.self) {
+            var copy = alice
+            _ = try copy.decrypt(afterRekey)
+        }
         alice.rekeyReceive()
         #expect(try alice.decrypt(afterRekey) == [4, 5, 6])
         // Largest plaintext fits exactly in 65535 bytes.
@@ -311,7 +314,9 @@ struct PrimitiveTests {
         #expect(zero?.code == .invalidKey)
         let short = #expect(throws: NoiseError.self) { _ = try alice.dh(with: [1, 2, 3]) }
         #expect(short?.code == .invalidKey)
-        let badPrivate = #expect(throws: NoiseError.self) { _ = try KeyPair(privateKey: [UInt8](repeating: 1, count: 31)) }
+        let badPrivate = #expect(throws: NoiseError.self) {
+            _ = try KeyPair(privateKey: [UInt8](repeating: 1, count: 31))
+        }
         #expect(badPrivate?.code == .invalidKey)
         #expect(KeyPair.generate().publicKey != KeyPair.generate().publicKey)
         #expect(KeyPair.publicKeyLength == 32 && KeyPair.privateKeyLength == 32)
@@ -385,6 +390,8 @@ struct PrimitiveTests {
         let short = SymmetricState(protocolName: "Noise")
         #expect(short.handshakeHash == Array("Noise".utf8) + [UInt8](repeating: 0, count: 27))
         let long = SymmetricState(protocolName: NoisePattern.xxpsk3.protocolName)
-        #expect(long.handshakeHash.count == 32 && long.handshakeHash != Array(NoisePattern.xxpsk3.protocolName.utf8.prefix(32)))
+        #expect(
+            long.handshakeHash.count == 32
+                && long.handshakeHash != Array(NoisePattern.xxpsk3.protocolName.utf8.prefix(32)))
     }
 }
