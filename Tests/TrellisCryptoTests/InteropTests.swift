@@ -183,6 +183,26 @@ struct InteropTests {
         #expect(report["remote_static"] == local.publicKey)
     }
 
+    @Test("plain XX (no psk) against Python too")
+    func plainXX() throws {
+        let peer = try Peer(arguments: [
+            "--role", "responder", "--pattern", "XX", "--prologue", Hex.encode(Self.prologue),
+        ])
+        var handshake = try HandshakeState(
+            pattern: .xx, role: .initiator, prologue: Self.prologue, staticKeyPair: .generate())
+        peer.send(try handshake.writeMessage(payload: Array("hi".utf8)))
+        guard let message2 = try peer.receive() else { return try peer.recordEarlyExit("the handshake") }
+        _ = try handshake.readMessage(message2)
+        peer.send(try handshake.writeMessage(payload: []))
+        var transport = try handshake.split()
+        try Self.exchange(&transport, with: peer, plaintexts: [Array("abc".utf8)], rekey: false) {
+            Array($0.reversed())
+        }
+        let (status, stderr) = try peer.finish()
+        #expect(status == 0, "noise_peer.py exited with \(status): \(stderr)")
+        #expect(Self.report(stderr)["handshake_hash"] == transport.handshakeHash)
+    }
+
     @Test("a Python peer with a different psk cannot complete the handshake")
     func pythonWrongPSK() throws {
         let other = SecretBytes([UInt8](repeating: 0xEE, count: 32))
