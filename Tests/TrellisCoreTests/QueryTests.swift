@@ -38,25 +38,7 @@ private func matches(_ query: String, _ document: Value, args: [String: Value] =
     try Query(query).matches(document, args: args)
 }
 
-/// SplitMix64 (Steele, Lea, Flood 2014): small, seedable, good enough for test inputs.
-private struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
-/// The seed from `TRELLIS_SEED`, or a fresh one; printed either way so a failure can be replayed.
-private func testSeed(_ name: String) -> UInt64 {
-    let seed = ProcessInfo.processInfo.environment["TRELLIS_SEED"].flatMap { UInt64($0) }
-        ?? UInt64.random(in: 0...UInt64.max)
-    print("\(name): seed \(seed) (replay with TRELLIS_SEED=\(seed))")
-    return seed
-}
+private typealias SplitMix64 = QueryTests.SplitMix64
 
 private let car: Value = [
     "_id": "c1", "Name": "toyota corolla", "Origin": "Japan", "Cylinders": 4, "Horsepower": nil,
@@ -290,7 +272,7 @@ struct QueryTests {
 
     @Test func exactIntDoubleComparisonAgreesWithFloat80() throws {
         #if arch(x86_64) && os(Linux)
-        var rng = SplitMix64(state: testSeed("exactIntDoubleComparisonAgreesWithFloat80"))
+        var rng = SplitMix64(state: QueryTests.seed("exactIntDoubleComparisonAgreesWithFloat80"))
         for _ in 0..<20_000 {
             let i: Int64
             switch rng.next() % 3 {
@@ -504,7 +486,7 @@ struct QueryTests {
     /// a trap; whatever parses prints canonical text that parses back to the same predicate, and
     /// evaluates on a document without trapping.
     @Test func fuzzedInputNeverTraps() throws {
-        var rng = SplitMix64(state: testSeed("fuzzedInputNeverTraps"))
+        var rng = SplitMix64(state: QueryTests.seed("fuzzedInputNeverTraps"))
         let pieces = [
             "a", "b.c", "a[0]", "x[12].y", "_id", "`q.k`", "$args.v", "$args", "$args.", "true", "false", "null",
             "IN", "in", "contains", "contains(", "(", ")", "[", "]", "{", "}", ",", ":", "!", "==", "!=", "<",
@@ -548,13 +530,37 @@ struct QueryTests {
 
     /// Random predicate trees print canonical text that parses back to the same tree.
     @Test func randomPredicatesRoundTripThroughText() throws {
-        var rng = SplitMix64(state: testSeed("randomPredicatesRoundTripThroughText"))
+        var rng = SplitMix64(state: QueryTests.seed("randomPredicatesRoundTripThroughText"))
         for _ in 0..<2_000 {
             let predicate = randomPredicate(depth: 4, using: &rng)
             let text = predicate.description
             let parsed = try #require(try? Query(text), "\(text)")
             #expect(parsed.predicate == predicate, "\(text)")
         }
+    }
+}
+
+// MARK: - Seeded randomness
+
+extension QueryTests {
+    /// SplitMix64 (Steele, Lea, Flood 2014): small, seedable, good enough for test inputs.
+    struct SplitMix64: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    /// The seed from `TRELLIS_SEED`, or a fresh one; printed either way so a failure can be replayed.
+    static func seed(_ name: String) -> UInt64 {
+        let seed = ProcessInfo.processInfo.environment["TRELLIS_SEED"].flatMap { UInt64($0) }
+            ?? UInt64.random(in: 0...UInt64.max)
+        print("\(name): seed \(seed) (replay with TRELLIS_SEED=\(seed))")
+        return seed
     }
 }
 
