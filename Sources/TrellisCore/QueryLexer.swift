@@ -84,7 +84,7 @@ struct QueryLexer: Sendable {
             if Self.isIdentifierStart(c) || c == UInt8(ascii: "`") {
                 kind = try lexPath()
             } else {
-                position += Self.scalarLength(c)
+                position = min(bytes.count, position + Self.scalarLength(c))
                 kind = .unknown
             }
         }

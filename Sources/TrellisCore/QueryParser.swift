@@ -157,9 +157,8 @@ struct QueryParser {
             default: throw error(expected: "a list like [1, 2] or an $args reference after IN")
             }
         default:
-            if case .literal(.bool(let b)) = lhs, lhsToken.kind == .word(b ? "true" : "false") {
-                return .constant(b)
-            }
+            // `true` / `false` alone are conditions; any other lone operand is not.
+            if case .literal(.bool(let b)) = lhs { return .constant(b) }
             let bareField = token.kind == .end || token.kind == .and || token.kind == .or
                 || token.kind == .rightParen
             throw error(expected: "a comparison operator (==, !=, <, <=, >, >=) or IN after \(describe(lhsToken))",

@@ -2,8 +2,9 @@
 ///
 /// It is public so that a store can translate it (see ``sqlWhere(column:)``) and so that code can
 /// build queries without writing text. Walk it by switching over the cases, or with ``children``,
-/// ``operands`` and ``forEach(_:)``. ``description`` prints the canonical query text, which parses
-/// back to an equal predicate.
+/// ``operands`` and ``forEach(_:)``. ``description`` prints the canonical query text.
+///
+/// Foundation also declares a `Predicate`; where both are imported, write `Query.Predicate`.
 ///
 /// A tree built by the parser nests at most ``Query/maximumDepth`` levels, and `&&` / `||` chains
 /// are flat lists, so recursive walks stay shallow however long the query is.
@@ -167,8 +168,9 @@ extension Predicate.Operand {
 
 extension Predicate: CustomStringConvertible {
     /// The canonical query text: single-quoted strings, one space around binary operators,
-    /// parentheses only where needed. Parsing it gives back an equal predicate (a one-element
-    /// `&&` or `||` list prints as its element).
+    /// parentheses only where needed. For every tree the parser produces, parsing it gives back an
+    /// equal predicate. Hand-built trees print their meaning, not always their shape: a
+    /// one-element `&&` or `||` list prints as its element, an empty one as `true` / `false`.
     public var description: String {
         var out = ""
         write(into: &out)
