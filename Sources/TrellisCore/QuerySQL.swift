@@ -1,0 +1,221 @@
+// Translation of predicates to SQLite WHERE expressions over a JSON text column, for stores that
+// keep each document's materialised value as JSON (DESIGN.md, "Store"). Pure string building:
+// nothing here links SQLite.
+
+extension Predicate {
+    /// A SQLite expression selecting exactly the documents this predicate matches, or `nil` when
+    /// the predicate cannot be expressed (the caller then evaluates ``matches(_:)`` in memory).
+    ///
+    /// The column must hold each document as JSON text in the shape ``JSON/string(_:sortedKeys:)``
+    /// writes. Every comparison checks the JSON type with `json_type` before comparing the value
+    /// from `json_extract`, so the SQL keeps the query semantics: type classes never mix, `true` is
+    /// not `1`, a missing field is not `null`, `!=` is `NOT (==)`. Each sub-expression yields 0 or
+    /// 1, never SQL NULL, so `NOT`, `AND` and `OR` behave two-valued. Paths are inlined as SQL
+    /// string literals (`json_extract(doc, '$.a.b[2]')`), so expression indexes on the same
+    /// `json_extract` can serve the query; values go into `bindings`, one per `?` in order.
+    ///
+    /// Returns `nil` for: unbound `$args` (bind first); comparisons or `contains` between two
+    /// fields; equality, `contains` or `IN` with an array, map or bytes literal; ordering against
+    /// bytes; paths through a key named `$bytes` (the JSON form of bytes), or with an empty key or
+    /// a key holding `"`, `\` or a control character (SQLite's JSON path syntax cannot name them).
+    ///
+    /// - Parameter column: the SQL expression naming the JSON column, inserted verbatim (quote it
+    ///   yourself if needed).
+    /// - Returns: the expression and the values to bind to its `?` parameters, in order. Bound
+    ///   values are `.int`, `.double` or `.string` only (booleans become `.int` 0 or 1).
+    /// - Complexity: O(size of the predicate).
+    public func sqlWhere(column: String) -> (sql: String, bindings: [Value])? {
+        var writer = QuerySQLWriter(column: column)
+        guard writer.write(self) else { return nil }
+        return (writer.sql, writer.bindings)
+    }
+}
+
+extension Query {
+    /// ``Predicate/sqlWhere(column:)`` of this query; `nil` when it holds `$args` (use
+    /// ``bind(args:)`` first) or cannot be expressed in SQL.
+    public func sqlWhere(column: String) -> (sql: String, bindings: [Value])? {
+        predicate.sqlWhere(column: column)
+    }
+}
+
+/// Appends SQL for one predicate; every `write` returns `false` when the predicate has no
+/// translation (the partial text is then discarded).
+struct QuerySQLWriter {
+    let column: String
+    var sql = ""
+    var bindings: [Value] = []
+
+    private static let eachAlias = "trellis_each"
+
+    mutating func write(_ predicate: Predicate) -> Bool {
+        switch predicate {
+        case .constant(let b):
+            sql += b ? "1" : "0"
+            return true
+        case .not(let p):
+            sql += "(NOT "
+            guard write(p) else { return false }
+            sql += ")"
+            return true
+        case .and(let ps):
+            return writeList(ps, separator: " AND ", empty: "1")
+        case .or(let ps):
+            return writeList(ps, separator: " OR ", empty: "0")
+        case .compare(let l, let op, let r):
+            switch (l, r) {
+            case (.literal, .literal): return writeConstant(predicate)
+            case (.field(let path), .literal(let value)): return writeCompare(path, op, value)
+            case (.literal(let value), .field(let path)): return writeCompare(path, op.flipped, value)
+            default: return false
+            }
+        case .contains(let l, let r):
+            switch (l, r) {
+            case (.literal, .literal): return writeConstant(predicate)
+            case (.field(let path), .literal(let value)): return writeContains(path, value, substrings: true)
+            case (.literal(.array(let elements)), .field(let path)): return writeIn(path, elements)
+            default: return false
+            }
+        case .isIn(let l, let r):
+            switch (l, r) {
+            case (.literal, .literal): return writeConstant(predicate)
+            case (.field(let path), .literal(.array(let elements))): return writeIn(path, elements)
+            case (.field, .literal): sql += "0"; return true  // not a list: matches nothing
+            case (.literal(let value), .field(let path)): return writeContains(path, value, substrings: false)
+            default: return false
+            }
+        }
+    }
+
+    private mutating func writeList(_ ps: [Predicate], separator: String, empty: String) -> Bool {
+        guard !ps.isEmpty else { sql += empty; return true }
+        sql += "("
+        for (i, p) in ps.enumerated() {
+            if i > 0 { sql += separator }
+            guard write(p) else { return false }
+        }
+        sql += ")"
+        return true
+    }
+
+    /// A predicate on literals only: its value is the same for every document.
+    private mutating func writeConstant(_ predicate: Predicate) -> Bool {
+        sql += predicate.matches(.null) ? "1" : "0"
+        return true
+    }
+
+    private mutating func writeCompare(_ path: FieldPath, _ op: Predicate.ComparisonOperator, _ value: Value) -> Bool {
+        if op == .notEqual {
+            sql += "(NOT "
+            guard writeCompare(path, .equal, value) else { return false }
+            sql += ")"
+            return true
+        }
+        guard let jsonPath = Self.jsonPath(path) else { return false }
+        let type = "json_type(\(column), '\(jsonPath)')"
+        let extract = "json_extract(\(column), '\(jsonPath)')"
+        let sqlOp = op == .equal ? "=" : op.rawValue
+        switch value {
+        case .null:
+            sql += op == .equal ? "(\(type) IS 'null')" : "0"
+        case .bool(let b):
+            if op == .equal {
+                sql += "(\(type) IS '\(b)')"
+            } else {
+                sql += "(COALESCE(\(type) IN ('true', 'false'), 0) AND \(extract) \(sqlOp) ?)"
+                bindings.append(.int(b ? 1 : 0))
+            }
+        case .int, .double:
+            sql += "(COALESCE(\(type) IN ('integer', 'real'), 0) AND \(extract) \(sqlOp) ?)"
+            bindings.append(value)
+        case .string:
+            sql += "(\(type) IS 'text' AND \(extract) \(sqlOp) ?)"
+            bindings.append(value)
+        case .array, .map:
+            guard op != .equal else { return false }
+            sql += "0"  // arrays and maps are unordered
+        case .bytes:
+            return false
+        }
+        return true
+    }
+
+    /// An array at `path` holding an element equal to `value`, or (with `substrings`, as
+    /// `contains` does and `IN` does not) a string at `path` holding `value` as a substring.
+    private mutating func writeContains(_ path: FieldPath, _ value: Value, substrings: Bool) -> Bool {
+        guard let jsonPath = Self.jsonPath(path) else { return false }
+        let alias = Self.eachAlias
+        let element: String
+        var elementBinding: Value?
+        switch value {
+        case .null: element = "\(alias).type = 'null'"
+        case .bool(let b): element = "\(alias).type = '\(b)'"
+        case .int, .double:
+            element = "\(alias).type IN ('integer', 'real') AND \(alias).value = ?"
+            elementBinding = value
+        case .string:
+            element = "\(alias).type = 'text' AND \(alias).value = ?"
+            elementBinding = value
+        case .array, .map, .bytes:
+            return false
+        }
+        sql += "(CASE json_type(\(column), '\(jsonPath)') WHEN 'array' THEN EXISTS (SELECT 1 FROM "
+            + "json_each(\(column), '\(jsonPath)') AS \(alias) WHERE \(element))"
+        if let elementBinding { bindings.append(elementBinding) }
+        if substrings, case .string = value {
+            sql += " WHEN 'text' THEN instr(json_extract(\(column), '\(jsonPath)'), ?) > 0"
+            bindings.append(value)
+        }
+        sql += " ELSE 0 END)"
+        return true
+    }
+
+    /// `path IN [elements]`: an equality per element.
+    private mutating func writeIn(_ path: FieldPath, _ elements: [Value]) -> Bool {
+        writeList(elements.map { .compare(.field(path), .equal, .literal($0)) }, separator: " OR ", empty: "0")
+    }
+
+    /// SQLite JSON path for a field path, escaped for use inside a single-quoted SQL literal, or
+    /// `nil` when SQLite's path syntax cannot name a key exactly as JSON writes it.
+    static func jsonPath(_ path: FieldPath) -> String? {
+        var out = "$"
+        for component in path.components {
+            switch component {
+            case .index(let i):
+                out += "[\(i)]"
+            case .key(let key):
+                // `$bytes` is how JSON spells bytes: in a query, a bytes value has no keys.
+                guard key != "$bytes", !key.isEmpty else { return nil }
+                if QueryText.isIdentifier(key) {
+                    out += "." + key
+                } else {
+                    // Quoted keys end at the next `"` and are compared with the raw JSON text of
+                    // the label, so anything JSON escapes cannot be named.
+                    let unnameable = key.unicodeScalars.contains { $0 == "\"" || $0 == "\\" || $0.value < 0x20 }
+                    guard !unnameable else { return nil }
+                    out += ".\"" + key + "\""
+                }
+            }
+        }
+        // Escape per scalar: a `'` followed by a combining mark is one Character, which a
+        // Character-based replace would miss.
+        var escaped = ""
+        for scalar in out.unicodeScalars {
+            if scalar == "'" { escaped += "''" } else { escaped.unicodeScalars.append(scalar) }
+        }
+        return escaped
+    }
+}
+
+extension Predicate.ComparisonOperator {
+    /// The operator with its sides swapped: `a < b` is `b > a`.
+    public var flipped: Predicate.ComparisonOperator {
+        switch self {
+        case .equal, .notEqual: return self
+        case .less: return .greater
+        case .lessOrEqual: return .greaterOrEqual
+        case .greater: return .less
+        case .greaterOrEqual: return .lessOrEqual
+        }
+    }
+}
