@@ -5,8 +5,8 @@ import Synchronization
 /// terminated when dropped.
 public final class TrellisProcess: Sendable {
     public let process: Process
-    private let output = Mutex<String>("")
-    private let errors = Mutex<String>("")
+    private let output = TextBuffer()
+    private let errors = TextBuffer()
     private let input: Pipe
 
     /// Starts `trellis ARGS…` (the binary from ``Repository/trellisBinary``).
@@ -28,19 +28,19 @@ public final class TrellisProcess: Sendable {
         let errors = self.errors
         out.fileHandleForReading.readabilityHandler = { handle in
             let data = handle.availableData
-            output.withLock { $0 += String(decoding: data, as: UTF8.self) }
+            output.append(data)
         }
         err.fileHandleForReading.readabilityHandler = { handle in
             let data = handle.availableData
-            errors.withLock { $0 += String(decoding: data, as: UTF8.self) }
+            errors.append(data)
         }
         try process.run()
     }
 
     /// Everything written to standard output so far.
-    public var stdout: String { output.withLock { $0 } }
+    public var stdout: String { output.text }
     /// Everything written to standard error so far.
-    public var stderr: String { errors.withLock { $0 } }
+    public var stderr: String { errors.text }
 
     /// Writes a line to standard input.
     public func send(_ line: String) {
@@ -112,4 +112,11 @@ public final class TrellisProcess: Sendable {
 public struct ProcessError: Error, CustomStringConvertible {
     public var description: String
     public init(_ description: String) { self.description = description }
+}
+
+/// Text collected from a pipe on another thread.
+final class TextBuffer: Sendable {
+    private let storage = Mutex<String>("")
+    func append(_ data: Data) { storage.withLock { $0 += String(decoding: data, as: UTF8.self) } }
+    var text: String { storage.withLock { $0 } }
 }

@@ -29,15 +29,18 @@ import TrellisCore
     @Test func receiveAdvancesPastRemoteStamps() {
         var clock = HybridLogicalClock()
         _ = clock.now(physicalMillis: 1000)
-        #expect(clock.receive(HLCTimestamp(millis: 5000, logical: 3), physicalMillis: 1000))
+        let adopted = clock.receive(HLCTimestamp(millis: 5000, logical: 3), physicalMillis: 1000)
+        #expect(adopted)
         #expect(clock.now(physicalMillis: 1000) == HLCTimestamp(millis: 5000, logical: 4))
     }
 
     @Test func remoteStampsBeyondTheDriftBoundAreNotAdopted() {
         var clock = HybridLogicalClock(maxForwardDrift: 60_000)
         _ = clock.now(physicalMillis: 1000)
-        #expect(!clock.receive(HLCTimestamp(millis: 1000 + 60_001, logical: 0), physicalMillis: 1000))
+        let tooFar = clock.receive(HLCTimestamp(millis: 1000 + 60_001, logical: 0), physicalMillis: 1000)
+        #expect(!tooFar)
         #expect(clock.now(physicalMillis: 1000) == HLCTimestamp(millis: 1000, logical: 1))
-        #expect(clock.receive(HLCTimestamp(millis: 1000 + 60_000, logical: 0), physicalMillis: 1000))
+        let atBound = clock.receive(HLCTimestamp(millis: 1000 + 60_000, logical: 0), physicalMillis: 1000)
+        #expect(atBound)
     }
 }

@@ -32,8 +32,10 @@ struct InteropTests {
             guard FileManager.default.fileExists(atPath: script) else {
                 throw PeerError(message: "interop peer script missing at \(script)")
             }
-            process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            process.arguments = ["python3", script] + arguments
+            // scripts/test.sh sets TRELLIS_PYTHON to its virtual environment's interpreter.
+            let python = ProcessInfo.processInfo.environment["TRELLIS_PYTHON"]
+            process.executableURL = URL(fileURLWithPath: python ?? "/usr/bin/env")
+            process.arguments = (python == nil ? ["python3", script] : [script]) + arguments
             process.standardInput = input
             process.standardOutput = output
             process.standardError = errors
