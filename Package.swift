@@ -26,7 +26,9 @@ let package = Package(
         // Sync engine shell driving TrellisCore sessions.
         .target(name: "TrellisSync", dependencies: ["TrellisCore", "TrellisStore", "TrellisNet", "TrellisCrypto"]),
         // Public, Ditto-shaped API.
-        .target(name: "Trellis", dependencies: ["TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet", "TrellisCrypto"]),
+        .target(
+            name: "Trellis",
+            dependencies: ["TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet", "TrellisCrypto"]),
         // Shared test helpers.
         .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
 

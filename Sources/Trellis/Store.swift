@@ -1,8 +1,9 @@
+public import Dispatch
+import Foundation
+import Synchronization
 @_exported public import TrellisCore
 public import TrellisStore
 import TrellisSync
-import Foundation
-public import Dispatch
 
 /// A document as returned by queries: its `_id` and its value (a map including `_id`).
 public struct Document: Sendable, Hashable, CustomStringConvertible {
@@ -220,8 +221,6 @@ public final class Subscription: Sendable {
 
     deinit { cancel() }
 }
-
-import Synchronization
 
 final class LockedFlag: Sendable {
     private let flag = Atomic<Bool>(false)

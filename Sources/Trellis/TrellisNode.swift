@@ -1,8 +1,8 @@
+public import Foundation
+public import TrellisCrypto
+public import TrellisNet
 public import TrellisStore
 public import TrellisSync
-public import TrellisNet
-public import TrellisCrypto
-public import Foundation
 
 /// Options for a ``TrellisNode``.
 public struct NodeOptions: Sendable {
@@ -46,7 +46,8 @@ public final class TrellisNode: Sendable {
         if FileManager.default.fileExists(atPath: file.path) {
             let data = try Data(contentsOf: file)
             guard data.count == KeyPair.privateKeyLength else {
-                throw MeshKeyError("\(file.path) holds \(data.count) bytes, not a \(KeyPair.privateKeyLength)-byte identity key")
+                throw MeshKeyError(
+                    "\(file.path) holds \(data.count) bytes, not a \(KeyPair.privateKeyLength)-byte identity key")
             }
             return try KeyPair(privateKey: [UInt8](data))
         }

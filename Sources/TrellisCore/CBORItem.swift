@@ -84,24 +84,45 @@ extension CBORItem: Hashable {
 
     public func hash(into hasher: inout Hasher) {
         switch self {
-        case .unsigned(let n): hasher.combine(0); hasher.combine(n)
-        case .negative(let n): hasher.combine(1); hasher.combine(n)
-        case .byteString(let b): hasher.combine(2); hasher.combine(b)
+        case .unsigned(let n):
+            hasher.combine(0)
+            hasher.combine(n)
+        case .negative(let n):
+            hasher.combine(1)
+            hasher.combine(n)
+        case .byteString(let b):
+            hasher.combine(2)
+            hasher.combine(b)
         case .textString(let s):
             hasher.combine(3)
             hasher.combine(s.utf8.count)
             for byte in s.utf8 { hasher.combine(byte) }
-        case .array(let a): hasher.combine(4); hasher.combine(a)
+        case .array(let a):
+            hasher.combine(4)
+            hasher.combine(a)
         case .map(let pairs):
             hasher.combine(5)
             hasher.combine(pairs.count)
-            for pair in pairs { hasher.combine(pair.key); hasher.combine(pair.value) }
-        case .tagged(let tag, let item): hasher.combine(6); hasher.combine(tag); hasher.combine(item)
-        case .simple(let n): hasher.combine(7); hasher.combine(n)
-        case .bool(let b): hasher.combine(8); hasher.combine(b)
+            for pair in pairs {
+                hasher.combine(pair.key)
+                hasher.combine(pair.value)
+            }
+        case .tagged(let tag, let item):
+            hasher.combine(6)
+            hasher.combine(tag)
+            hasher.combine(item)
+        case .simple(let n):
+            hasher.combine(7)
+            hasher.combine(n)
+        case .bool(let b):
+            hasher.combine(8)
+            hasher.combine(b)
         case .null: hasher.combine(9)
         case .undefined: hasher.combine(10)
-        case .float(let d, let width): hasher.combine(11); hasher.combine(d.bitPattern); hasher.combine(width)
+        case .float(let d, let width):
+            hasher.combine(11)
+            hasher.combine(d.bitPattern)
+            hasher.combine(width)
         }
     }
 }

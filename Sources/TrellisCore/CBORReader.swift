@@ -179,12 +179,20 @@ struct CBORReader {
                 var high: UInt8 = 0xbf
                 switch lead {
                 case 0xc2...0xdf: trailing = 1
-                case 0xe0: trailing = 2; low = 0xa0
+                case 0xe0:
+                    trailing = 2
+                    low = 0xa0
                 case 0xe1...0xec, 0xee...0xef: trailing = 2
-                case 0xed: trailing = 2; high = 0x9f
-                case 0xf0: trailing = 3; low = 0x90
+                case 0xed:
+                    trailing = 2
+                    high = 0x9f
+                case 0xf0:
+                    trailing = 3
+                    low = 0x90
                 case 0xf1...0xf3: trailing = 3
-                case 0xf4: trailing = 3; high = 0x8f
+                case 0xf4:
+                    trailing = 3
+                    high = 0x8f
                 default: return i
                 }
                 guard count - i > trailing else { return i }

@@ -156,10 +156,15 @@ extension DocumentState {
         var f: [String: Value] = [:]
         f.reserveCapacity(fields.count)
         for (key, r) in fields {
-            f[key] = .array([r.value, .int(Int64(bitPattern: r.stamp.time.rawValue)), .int(Int64(bitPattern: r.stamp.site))])
+            f[key] = .array([
+                r.value, .int(Int64(bitPattern: r.stamp.time.rawValue)), .int(Int64(bitPattern: r.stamp.site)),
+            ])
         }
         func vv(_ v: VersionVector) -> Value {
-            .array(v.sorted { $0.key < $1.key }.map { .array([.int(Int64(bitPattern: $0.key)), .int(Int64(bitPattern: $0.value.rawValue))]) })
+            .array(
+                v.sorted { $0.key < $1.key }.map {
+                    .array([.int(Int64(bitPattern: $0.key)), .int(Int64(bitPattern: $0.value.rawValue))])
+                })
         }
         return .map(["f": .map(f), "w": vv(writes), "r": vv(removed)])
     }

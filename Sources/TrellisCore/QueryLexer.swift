@@ -47,32 +47,66 @@ struct QueryLexer: Sendable {
         let c = bytes[position]
         let kind: QueryToken.Kind
         switch c {
-        case UInt8(ascii: "("): position += 1; kind = .leftParen
-        case UInt8(ascii: ")"): position += 1; kind = .rightParen
-        case UInt8(ascii: "["): position += 1; kind = .leftBracket
-        case UInt8(ascii: "]"): position += 1; kind = .rightBracket
-        case UInt8(ascii: "{"): position += 1; kind = .leftBrace
-        case UInt8(ascii: "}"): position += 1; kind = .rightBrace
-        case UInt8(ascii: ","): position += 1; kind = .comma
-        case UInt8(ascii: ":"): position += 1; kind = .colon
+        case UInt8(ascii: "("):
+            position += 1
+            kind = .leftParen
+        case UInt8(ascii: ")"):
+            position += 1
+            kind = .rightParen
+        case UInt8(ascii: "["):
+            position += 1
+            kind = .leftBracket
+        case UInt8(ascii: "]"):
+            position += 1
+            kind = .rightBracket
+        case UInt8(ascii: "{"):
+            position += 1
+            kind = .leftBrace
+        case UInt8(ascii: "}"):
+            position += 1
+            kind = .rightBrace
+        case UInt8(ascii: ","):
+            position += 1
+            kind = .comma
+        case UInt8(ascii: ":"):
+            position += 1
+            kind = .colon
         case UInt8(ascii: "="):
             guard peek(1) == UInt8(ascii: "=") else { throw error(at: start, expected: "'=='") }
-            position += 2; kind = .compare(.equal)
+            position += 2
+            kind = .compare(.equal)
         case UInt8(ascii: "!"):
-            if peek(1) == UInt8(ascii: "=") { position += 2; kind = .compare(.notEqual) }
-            else { position += 1; kind = .not }
+            if peek(1) == UInt8(ascii: "=") {
+                position += 2
+                kind = .compare(.notEqual)
+            } else {
+                position += 1
+                kind = .not
+            }
         case UInt8(ascii: "<"):
-            if peek(1) == UInt8(ascii: "=") { position += 2; kind = .compare(.lessOrEqual) }
-            else { position += 1; kind = .compare(.less) }
+            if peek(1) == UInt8(ascii: "=") {
+                position += 2
+                kind = .compare(.lessOrEqual)
+            } else {
+                position += 1
+                kind = .compare(.less)
+            }
         case UInt8(ascii: ">"):
-            if peek(1) == UInt8(ascii: "=") { position += 2; kind = .compare(.greaterOrEqual) }
-            else { position += 1; kind = .compare(.greater) }
+            if peek(1) == UInt8(ascii: "=") {
+                position += 2
+                kind = .compare(.greaterOrEqual)
+            } else {
+                position += 1
+                kind = .compare(.greater)
+            }
         case UInt8(ascii: "&"):
             guard peek(1) == UInt8(ascii: "&") else { throw error(at: start, expected: "'&&'") }
-            position += 2; kind = .and
+            position += 2
+            kind = .and
         case UInt8(ascii: "|"):
             guard peek(1) == UInt8(ascii: "|") else { throw error(at: start, expected: "'||'") }
-            position += 2; kind = .or
+            position += 2
+            kind = .or
         case UInt8(ascii: "'"), UInt8(ascii: "\""):
             kind = .string(try lexQuoted())
         case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
@@ -123,8 +157,9 @@ struct QueryLexer: Sendable {
 
     /// An error at `offset` whose "found" part is the character there (or the end of the query).
     func error(at offset: Int, expected: String, hint: String? = nil) -> QueryParseError {
-        QueryParseError(text: text, bytes: bytes, offset: offset, found: describeCharacter(at: offset),
-                        expected: expected, hint: hint)
+        QueryParseError(
+            text: text, bytes: bytes, offset: offset, found: describeCharacter(at: offset),
+            expected: expected, hint: hint)
     }
 
     func describeCharacter(at offset: Int) -> String {
@@ -175,8 +210,9 @@ struct QueryLexer: Sendable {
         let spelling = String(decoding: bytes[start..<position], as: UTF8.self)
         if isInteger, let i = Int64(spelling) { return .int(i) }
         guard let d = Double(spelling), d.isFinite else {
-            throw QueryParseError(text: text, bytes: bytes, offset: start, found: "number \(spelling)",
-                                  expected: "a finite number (at most about 1.8e308)")
+            throw QueryParseError(
+                text: text, bytes: bytes, offset: start, found: "number \(spelling)",
+                expected: "a finite number (at most about 1.8e308)")
         }
         return .double(d)
     }
@@ -192,12 +228,16 @@ struct QueryLexer: Sendable {
             guard position < bytes.count else {
                 let what = quote == UInt8(ascii: "`") ? "quoted name" : "string"
                 let column = QueryParseError.location(of: start, in: bytes).column
-                throw error(at: position,
-                            expected: "a closing \(Character(Unicode.Scalar(quote))) (the \(what) opened at column "
-                                + "\(column))")
+                throw error(
+                    at: position,
+                    expected: "a closing \(Character(Unicode.Scalar(quote))) (the \(what) opened at column "
+                        + "\(column))")
             }
             let c = bytes[position]
-            if c == quote { position += 1; break }
+            if c == quote {
+                position += 1
+                break
+            }
             if c != UInt8(ascii: "\\") {
                 out.append(c)
                 position += 1
@@ -235,9 +275,10 @@ struct QueryLexer: Sendable {
                 UTF8.encode(decoded) { out.append($0) }
             default:
                 let end = min(bytes.count, position - 1 + Self.scalarLength(e))
-                throw QueryParseError(text: text, bytes: bytes, offset: escapeStart,
-                                      found: "'" + String(decoding: bytes[escapeStart..<end], as: UTF8.self) + "'",
-                                      expected: "an escape \\\\, \\', \\\", \\`, \\/, \\n, \\r, \\t or \\uXXXX")
+                throw QueryParseError(
+                    text: text, bytes: bytes, offset: escapeStart,
+                    found: "'" + String(decoding: bytes[escapeStart..<end], as: UTF8.self) + "'",
+                    expected: "an escape \\\\, \\', \\\", \\`, \\/, \\n, \\r, \\t or \\uXXXX")
             }
         }
         return String(decoding: out, as: UTF8.self)
@@ -274,7 +315,10 @@ struct QueryLexer: Sendable {
                 let column = QueryParseError.location(of: start, in: bytes).column
                 throw error(at: position, expected: "a closing ' (the bytes literal opened at column \(column))")
             }
-            if c == UInt8(ascii: "'") { position += 1; return out }
+            if c == UInt8(ascii: "'") {
+                position += 1
+                return out
+            }
             guard let high = Self.hexValue(c), let next = peek(1), let low = Self.hexValue(next) else {
                 let at = Self.hexValue(c) == nil ? position : position + 1
                 throw error(at: at, expected: "pairs of hex digits in a bytes literal like x'00ff'")
@@ -299,8 +343,9 @@ struct QueryLexer: Sendable {
                 quotedAny = true
             } else {
                 guard let c = peek(0), Self.isIdentifierStart(c) else {
-                    throw error(at: position, expected: "a field name after '.'",
-                                hint: "quote names that are not identifiers in backticks: a.`odd name`")
+                    throw error(
+                        at: position, expected: "a field name after '.'",
+                        hint: "quote names that are not identifiers in backticks: a.`odd name`")
                 }
                 let start = position
                 while let c = peek(0), Self.isIdentifierPart(c) { position += 1 }
@@ -329,9 +374,10 @@ struct QueryLexer: Sendable {
                 guard let index = Int(String(decoding: bytes[digitsStart..<position], as: UTF8.self)),
                     index <= Int(Int32.max)
                 else {
-                    throw QueryParseError(text: text, bytes: bytes, offset: digitsStart,
-                                          found: "'" + String(decoding: bytes[open...position], as: UTF8.self) + "'",
-                                          expected: "an array index of at most \(Int32.max)")
+                    throw QueryParseError(
+                        text: text, bytes: bytes, offset: digitsStart,
+                        found: "'" + String(decoding: bytes[open...position], as: UTF8.self) + "'",
+                        expected: "an array index of at most \(Int32.max)")
                 }
                 components.append(.index(index))
                 position += 1

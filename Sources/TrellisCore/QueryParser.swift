@@ -41,8 +41,9 @@ struct QueryParser {
     private mutating func enter() throws(QueryParseError) {
         depth += 1
         if depth > Query.maximumDepth {
-            throw error(expected: "at most \(Query.maximumDepth) levels of nesting",
-                        hint: "split the query or flatten its parentheses")
+            throw error(
+                expected: "at most \(Query.maximumDepth) levels of nesting",
+                hint: "split the query or flatten its parentheses")
         }
     }
 
@@ -50,8 +51,9 @@ struct QueryParser {
 
     /// An error at the current token.
     private func error(expected: String, hint: String? = nil) -> QueryParseError {
-        QueryParseError(text: lexer.text, bytes: lexer.bytes, offset: token.offset, found: describe(token),
-                        expected: expected, hint: hint)
+        QueryParseError(
+            text: lexer.text, bytes: lexer.bytes, offset: token.offset, found: describe(token),
+            expected: expected, hint: hint)
     }
 
     private func describe(_ token: QueryToken) -> String {
@@ -118,8 +120,9 @@ struct QueryParser {
             try advance()
             return .not(.constant(value))
         default:
-            throw error(expected: "'(', 'contains(', 'true', 'false' or '!' after '!'",
-                        hint: "to negate a comparison write !(a == 1)")
+            throw error(
+                expected: "'(', 'contains(', 'true', 'false' or '!' after '!'",
+                hint: "to negate a comparison write !(a == 1)")
         }
     }
 
@@ -159,10 +162,12 @@ struct QueryParser {
         default:
             // `true` / `false` alone are conditions; any other lone operand is not.
             if case .literal(.bool(let b)) = lhs { return .constant(b) }
-            let bareField = token.kind == .end || token.kind == .and || token.kind == .or
+            let bareField =
+                token.kind == .end || token.kind == .and || token.kind == .or
                 || token.kind == .rightParen
-            throw error(expected: "a comparison operator (==, !=, <, <=, >, >=) or IN after \(describe(lhsToken))",
-                        hint: bareField ? "compare booleans explicitly, e.g. isDeleted == true" : nil)
+            throw error(
+                expected: "a comparison operator (==, !=, <, <=, >, >=) or IN after \(describe(lhsToken))",
+                hint: bareField ? "compare booleans explicitly, e.g. isDeleted == true" : nil)
         }
     }
 
@@ -217,8 +222,10 @@ struct QueryParser {
         case .leftBracket: return try parseList()
         case .leftBrace: return try parseMap()
         case .path, .argument, .word:
-            throw error(expected: expected, hint: "list and map literals hold constants only; pass a whole "
-                            + "list as one argument: x IN $args.list")
+            throw error(
+                expected: expected,
+                hint: "list and map literals hold constants only; pass a whole "
+                    + "list as one argument: x IN $args.list")
         default:
             throw error(expected: expected)
         }

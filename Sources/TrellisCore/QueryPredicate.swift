@@ -185,7 +185,10 @@ extension Predicate: CustomStringConvertible {
             out += "!"
             switch p {
             case .constant, .not, .contains: p.write(into: &out)
-            default: out += "("; p.write(into: &out); out += ")"
+            default:
+                out += "("
+                p.write(into: &out)
+                out += ")"
             }
         case .and(let ps):
             writeList(ps, separator: " && ", empty: "true", into: &out) { child in
@@ -208,13 +211,20 @@ extension Predicate: CustomStringConvertible {
         }
     }
 
-    private func writeList(_ ps: [Predicate], separator: String, empty: String, into out: inout String,
-                           needsParentheses: (Predicate) -> Bool) {
-        guard !ps.isEmpty else { out += empty; return }
+    private func writeList(
+        _ ps: [Predicate], separator: String, empty: String, into out: inout String,
+        needsParentheses: (Predicate) -> Bool
+    ) {
+        guard !ps.isEmpty else {
+            out += empty
+            return
+        }
         for (i, p) in ps.enumerated() {
             if i > 0 { out += separator }
             if ps.count > 1, needsParentheses(p) {
-                out += "("; p.write(into: &out); out += ")"
+                out += "("
+                p.write(into: &out)
+                out += ")"
             } else {
                 p.write(into: &out)
             }
@@ -312,7 +322,9 @@ enum QueryText {
         out.unicodeScalars.append(quote)
         for scalar in s.unicodeScalars {
             switch scalar {
-            case quote, "\\": out += "\\"; out.unicodeScalars.append(scalar)
+            case quote, "\\":
+                out += "\\"
+                out.unicodeScalars.append(scalar)
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"

@@ -80,7 +80,9 @@ struct QuerySQLWriter {
             switch (l, r) {
             case (.literal, .literal): return writeConstant(predicate)
             case (.field(let path), .literal(.array(let elements))): return writeIn(path, elements)
-            case (.field, .literal): sql += "0"; return true  // not a list: matches nothing
+            case (.field, .literal):
+                sql += "0"
+                return true  // not a list: matches nothing
             case (.literal(let value), .field(let path)): return writeContains(path, value, substrings: false)
             default: return false
             }
@@ -88,7 +90,10 @@ struct QuerySQLWriter {
     }
 
     private mutating func writeList(_ ps: [Predicate], separator: String, empty: String) -> Bool {
-        guard !ps.isEmpty else { sql += empty; return true }
+        guard !ps.isEmpty else {
+            sql += empty
+            return true
+        }
         sql += "("
         for (i, p) in ps.enumerated() {
             if i > 0 { sql += separator }
@@ -159,7 +164,8 @@ struct QuerySQLWriter {
         case .array, .map, .bytes:
             return false
         }
-        sql += "(CASE json_type(\(column), '\(jsonPath)') WHEN 'array' THEN EXISTS (SELECT 1 FROM "
+        sql +=
+            "(CASE json_type(\(column), '\(jsonPath)') WHEN 'array' THEN EXISTS (SELECT 1 FROM "
             + "json_each(\(column), '\(jsonPath)') AS \(alias) WHERE \(element))"
         if let elementBinding { bindings.append(elementBinding) }
         if substrings, case .string = value {

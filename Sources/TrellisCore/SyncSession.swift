@@ -97,7 +97,8 @@ public struct SyncSession: Sendable {
             guard hello.version == WireMessage.protocolVersion else {
                 return fail(
                     "version",
-                    "protocol version \(hello.version) is not supported; this node speaks \(WireMessage.protocolVersion)")
+                    "protocol version \(hello.version) is not supported; this node speaks \(WireMessage.protocolVersion)"
+                )
             }
             guard hello.peerKey == configuration.remotePeerKey else {
                 return fail("identity", "hello names a peer key other than the one the channel authenticated")

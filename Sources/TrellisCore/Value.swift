@@ -41,12 +41,24 @@ extension Value: Hashable {
     public func hash(into hasher: inout Hasher) {
         switch self {
         case .null: hasher.combine(0)
-        case .bool(let b): hasher.combine(1); hasher.combine(b)
-        case .int(let i): hasher.combine(2); hasher.combine(i)
-        case .double(let d): hasher.combine(3); hasher.combine(d.bitPattern)
-        case .string(let s): hasher.combine(4); hasher.combine(s)
-        case .bytes(let b): hasher.combine(5); hasher.combine(b)
-        case .array(let a): hasher.combine(6); hasher.combine(a)
+        case .bool(let b):
+            hasher.combine(1)
+            hasher.combine(b)
+        case .int(let i):
+            hasher.combine(2)
+            hasher.combine(i)
+        case .double(let d):
+            hasher.combine(3)
+            hasher.combine(d.bitPattern)
+        case .string(let s):
+            hasher.combine(4)
+            hasher.combine(s)
+        case .bytes(let b):
+            hasher.combine(5)
+            hasher.combine(b)
+        case .array(let a):
+            hasher.combine(6)
+            hasher.combine(a)
         case .map(let m):
             hasher.combine(7)
             hasher.combine(m.count)

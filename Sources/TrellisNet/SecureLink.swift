@@ -1,6 +1,6 @@
-public import TrellisCrypto
 import Foundation
 import Synchronization
+public import TrellisCrypto
 
 /// A ``MessageLink`` over TCP, encrypted with `Noise_XXpsk3_25519_ChaChaPoly_SHA256`.
 ///
@@ -151,8 +151,10 @@ public final class SecureLink: MessageLink {
     /// - Throws: ``LinkError/closed`` after close, ``LinkError/messageTooLarge(_:)``, or I/O errors.
     public func send(_ message: [UInt8]) throws {
         guard message.count <= Self.maxMessageBytes else { throw LinkError.messageTooLarge(message.count) }
-        var stream = [UInt8(truncatingIfNeeded: message.count >> 24), UInt8(truncatingIfNeeded: message.count >> 16),
-                      UInt8(truncatingIfNeeded: message.count >> 8), UInt8(truncatingIfNeeded: message.count)]
+        var stream = [
+            UInt8(truncatingIfNeeded: message.count >> 24), UInt8(truncatingIfNeeded: message.count >> 16),
+            UInt8(truncatingIfNeeded: message.count >> 8), UInt8(truncatingIfNeeded: message.count),
+        ]
         stream += message
         try sender.withLock { s in
             guard !s.closed else { throw LinkError.closed }
@@ -195,7 +197,8 @@ public enum LinkError: Error, Sendable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .closed: return "the link is closed"
-        case .messageTooLarge(let n): return "message of \(n) bytes is above the \(SecureLink.maxMessageBytes)-byte limit"
+        case .messageTooLarge(let n):
+            return "message of \(n) bytes is above the \(SecureLink.maxMessageBytes)-byte limit"
         case .notAdmitted: return "the peer's key is not on the allowlist"
         }
     }

@@ -88,7 +88,8 @@ public final class TCPSocket: Sendable {
         var result: UnsafeMutablePointer<addrinfo>?
         let rc = getaddrinfo(endpoint.host, String(endpoint.port), &hints, &result)
         guard rc == 0, let first = result else {
-            throw SocketError("getaddrinfo", message: "cannot resolve '\(endpoint.host)': \(String(cString: gai_strerror(rc)))")
+            throw SocketError(
+                "getaddrinfo", message: "cannot resolve '\(endpoint.host)': \(String(cString: gai_strerror(rc)))")
         }
         defer { freeaddrinfo(result) }
         var lastError = SocketError("connect", message: "no address for \(endpoint)")
@@ -179,7 +180,8 @@ public final class TCPListener: Sendable {
         var result: UnsafeMutablePointer<addrinfo>?
         let rc = getaddrinfo(endpoint.host, String(endpoint.port), &hints, &result)
         guard rc == 0, let ai = result else {
-            throw SocketError("getaddrinfo", message: "cannot resolve '\(endpoint.host)': \(String(cString: gai_strerror(rc)))")
+            throw SocketError(
+                "getaddrinfo", message: "cannot resolve '\(endpoint.host)': \(String(cString: gai_strerror(rc)))")
         }
         defer { freeaddrinfo(result) }
         let fd = socket(ai.pointee.ai_family, Int32(SOCK_STREAM.rawValue), 0)

@@ -1,7 +1,7 @@
-public import TrellisCore
-import Foundation
 internal import CSQLite
+import Foundation
 import Synchronization
+public import TrellisCore
 
 /// Options for opening a ``DocumentStore``.
 public struct StoreOptions: Sendable {
@@ -156,16 +156,20 @@ public final class DocumentStore: Sendable {
             let db = try Connection(path: path)
             try db.execute(Self.schema)
             let (site, epoch, hlc) = try db.transaction { () throws -> (SiteID, [UInt8], UInt64) in
-                let site = try Self.meta(db, "site") ?? {
-                    let fresh = Array(withUnsafeBytes(of: UInt64.random(in: 1...UInt64.max)) { Array($0) })
-                    try Self.setMeta(db, "site", fresh)
-                    return fresh
-                }()
-                let epoch = try Self.meta(db, "epoch") ?? {
-                    let fresh = (0..<16).map { _ in UInt8.random(in: 0...255) }
-                    try Self.setMeta(db, "epoch", fresh)
-                    return fresh
-                }()
+                let site =
+                    try Self.meta(db, "site")
+                    ?? {
+                        let fresh = Array(withUnsafeBytes(of: UInt64.random(in: 1...UInt64.max)) { Array($0) })
+                        try Self.setMeta(db, "site", fresh)
+                        return fresh
+                    }()
+                let epoch =
+                    try Self.meta(db, "epoch")
+                    ?? {
+                        let fresh = (0..<16).map { _ in UInt8.random(in: 0...255) }
+                        try Self.setMeta(db, "epoch", fresh)
+                        return fresh
+                    }()
                 let hlc = try Self.meta(db, "hlc").map { Self.uint64($0) } ?? 0
                 guard site.count == 8 else { throw StoreError.corrupt("site ID is \(site.count) bytes") }
                 return (Self.uint64(site), epoch, hlc)
@@ -176,7 +180,8 @@ public final class DocumentStore: Sendable {
             maxSeq.reset()
             self.siteID = site
             self.epoch = epoch
-            self.state = Mutex(State(db: db, clock: HybridLogicalClock(last: HLCTimestamp(rawValue: hlc)), nextSeq: next))
+            self.state = Mutex(
+                State(db: db, clock: HybridLogicalClock(last: HLCTimestamp(rawValue: hlc)), nextSeq: next))
         } catch let error as StoreError {
             throw error
         } catch {
@@ -284,10 +289,12 @@ public final class DocumentStore: Sendable {
             throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
         }
         if size > options.warnDocumentBytes {
-            options.log("document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
+            options.log(
+                "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
         let st = try s.db.prepare(
-            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, source) VALUES (?,?,?,?,?,?,?)")
+            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, source) VALUES (?,?,?,?,?,?,?)"
+        )
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
@@ -384,7 +391,9 @@ public final class DocumentStore: Sendable {
     /// Every live document of a collection, ordered by `_id` key, optionally filtered.
     ///
     /// - Complexity: O(n) in the collection's documents.
-    public func documents(in collection: String, where filter: (Value) throws -> Bool = { _ in true }) throws(StoreError) -> [Value] {
+    public func documents(in collection: String, where filter: (Value) throws -> Bool = { _ in true })
+        throws(StoreError) -> [Value]
+    {
         try withState { s -> [Value] in
             let st = try s.db.prepare("SELECT value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
             st.bind(1, collection)
@@ -483,7 +492,9 @@ public final class DocumentStore: Sendable {
                         continue
                     }
                     if !s.clock.receive(incoming.maxTime, physicalMillis: now) {
-                        options.log("document \(key) from a peer carries stamp \(incoming.maxTime), beyond the allowed clock drift; merged without advancing the local clock")
+                        options.log(
+                            "document \(key) from a peer carries stamp \(incoming.maxTime), beyond the allowed clock drift; merged without advancing the local clock"
+                        )
                     }
                     var doc = try load(s.db, remote.collection, key) ?? DocumentState()
                     guard doc.merge(incoming) else { continue }

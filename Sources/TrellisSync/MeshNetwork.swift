@@ -1,7 +1,7 @@
-public import TrellisNet
-public import TrellisCrypto
 import Foundation
 import Synchronization
+public import TrellisCrypto
+public import TrellisNet
 
 /// The TCP side of a node: a listener and one dialer per static peer, each completed connection
 /// handed to the ``SyncEngine``.

@@ -1,8 +1,8 @@
-public import TrellisCore
-public import TrellisStore
-public import TrellisNet
 import Dispatch
 import Foundation
+public import TrellisCore
+public import TrellisNet
+public import TrellisStore
 
 /// What this node knows about one connected peer.
 public struct PeerInfo: Sendable, CustomStringConvertible {
@@ -226,7 +226,8 @@ public final class SyncEngine: @unchecked Sendable {
         }
         func dialer(_ e: Entry) -> [UInt8] { e.link.isInitiator ? peerKey : e.link.remotePeerKey }
         for (otherID, other) in entries where otherID != id && other.session.remote?.peerKey == hello.peerKey {
-            let keepNew = dialer(entry).lexicographicallyPrecedes(dialer(other))
+            let keepNew =
+                dialer(entry).lexicographicallyPrecedes(dialer(other))
                 || (dialer(entry) == dialer(other))
             if keepNew {
                 other.link.close()
@@ -251,7 +252,9 @@ public final class SyncEngine: @unchecked Sendable {
         return parsed
     }
 
-    private func scan(_ entry: Entry, key: String, spec: SubscriptionSpec, after: Int64, limit: Int, id: ObjectIdentifier) {
+    private func scan(
+        _ entry: Entry, key: String, spec: SubscriptionSpec, after: Int64, limit: Int, id: ObjectIdentifier
+    ) {
         let records: [ChangeRecord]
         do {
             records = try store.changes(in: spec.collection, after: after, limit: limit)
@@ -270,7 +273,8 @@ public final class SyncEngine: @unchecked Sendable {
         }
         let upTo = records.last?.seq ?? after
         perform(
-            entry.session.scanned(subscription: key, documents: documents, upTo: upTo, exhausted: records.count < limit),
+            entry.session.scanned(
+                subscription: key, documents: documents, upTo: upTo, exhausted: records.count < limit),
             on: id)
     }
 

@@ -1,6 +1,6 @@
-public import TrellisNet
 import Dispatch
 import Synchronization
+public import TrellisNet
 
 /// An in-memory ``MessageLink``: two ends that deliver each other's messages in order on a
 /// private queue. For tests that run sync engines in one process without sockets.
@@ -68,7 +68,10 @@ public final class MemoryLink: MessageLink {
         let (peer, handler) = state.withLock { s -> (MemoryLink?, (@Sendable (String) -> Void)?) in
             guard !s.closed else { return (nil, nil) }
             s.closed = true
-            defer { s.onClose = nil; s.peer = nil }
+            defer {
+                s.onClose = nil
+                s.peer = nil
+            }
             return (s.peer, s.onClose)
         }
         if let handler { queue.async { handler("closed") } }

@@ -26,7 +26,8 @@ enum NodeCommand {
             return
         }
         guard parsed.positional.isEmpty else {
-            throw UsageError("unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
+            throw UsageError(
+                "unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
         }
         let data = try parsed.require("data")
         let meshKey = try MeshKey(contentsOf: URL(fileURLWithPath: try parsed.require("mesh-key")))
@@ -117,7 +118,9 @@ enum DocumentFile {
         let text = String(decoding: data, as: UTF8.self)
         let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
         if trimmed.hasPrefix("[") {
-            guard case .array(let items) = try JSON.parse(trimmed) else { throw UsageError("\(url.path) is not a JSON array") }
+            guard case .array(let items) = try JSON.parse(trimmed) else {
+                throw UsageError("\(url.path) is not a JSON array")
+            }
             return items
         }
         var out: [Value] = []
@@ -159,9 +162,12 @@ enum InspectCommand {
                 throw UsageError("no document \(JSON.string(id)) in \(parsed.positional[0])")
             }
         default:
-            guard let collection = parsed.positional.first else { throw UsageError("usage: trellis find --data DIR COLLECTION [QUERY]") }
-            let query = try Query(parsed.positional.dropFirst().joined(separator: " ").isEmpty
-                ? "true" : parsed.positional.dropFirst().joined(separator: " "))
+            guard let collection = parsed.positional.first else {
+                throw UsageError("usage: trellis find --data DIR COLLECTION [QUERY]")
+            }
+            let query = try Query(
+                parsed.positional.dropFirst().joined(separator: " ").isEmpty
+                    ? "true" : parsed.positional.dropFirst().joined(separator: " "))
             let docs = try store.documents(in: collection) { try query.matches($0) }
             if parsed.switches.contains("count") {
                 print(docs.count)

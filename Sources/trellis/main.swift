@@ -1,7 +1,6 @@
 import Foundation
 import Trellis
 
-
 let usage = """
     trellis — a peer-to-peer mesh replication node
 

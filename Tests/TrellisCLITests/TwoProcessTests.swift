@@ -65,7 +65,9 @@ import TrellisTestKit
             "node", "--data", a, "--listen", "127.0.0.1:0", "--mesh-key", key, "--subscribe", "cars",
         ])
         let port = try #require(nodeA.listeningPort())
-        let shell = try TrellisProcess(["shell", "--data", dir.path("S"), "--peer", "127.0.0.1:\(port)", "--mesh-key", key])
+        let shell = try TrellisProcess([
+            "shell", "--data", dir.path("S"), "--peer", "127.0.0.1:\(port)", "--mesh-key", key,
+        ])
         shell.send("subscribe cars Cylinders == 4")
         shell.send("upsert cars {\"_id\": \"mine\", \"Cylinders\": 4, \"Origin\": \"Mars\"}")
         shell.send("upsert cars {not json")
@@ -82,7 +84,8 @@ import TrellisTestKit
 
     @Test func badCommandLinesGetOneLineErrors() throws {
         let cases: [[String]] = [
-            ["frob"], ["node", "--bogus"], ["node", "--data"], ["node", "--data", dir.path("x"), "--mesh-key", "/nonexistent"],
+            ["frob"], ["node", "--bogus"], ["node", "--data"],
+            ["node", "--data", dir.path("x"), "--mesh-key", "/nonexistent"],
             ["import", "--data", dir.path("x"), "cars"], ["find", "--data", dir.path("empty"), "cars"],
         ]
         for args in cases {

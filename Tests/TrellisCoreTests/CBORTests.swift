@@ -46,7 +46,8 @@ private func expectValueError(
     _ input: [UInt8], _ code: CBORError.Code, options: CBOR.DecodingOptions = CBOR.DecodingOptions(),
     sourceLocation: SourceLocation = #_sourceLocation
 ) {
-    #expect(decodeError(input, options: options).value?.code == code, "decode(\(hex(input)))",
+    #expect(
+        decodeError(input, options: options).value?.code == code, "decode(\(hex(input)))",
         sourceLocation: sourceLocation)
 }
 
@@ -301,8 +302,8 @@ private func expectRoundTrip(
                 continue
             }
             #if !(os(macOS) && arch(x86_64))
-            let reference = Double(Float16(bitPattern: bits))
-            if !reference.isNaN { #expect(d.bitPattern == reference.bitPattern, "\(hex(input))") }
+                let reference = Double(Float16(bitPattern: bits))
+                if !reference.isNaN { #expect(d.bitPattern == reference.bitPattern, "\(hex(input))") }
             #endif
             #expect(CBOR.encodeItem(item) == input, "\(hex(input))")
         }
@@ -312,8 +313,10 @@ private func expectRoundTrip(
         var rng = SeededRandom(seed: 0x5EED_F32)
         for _ in 0..<20_000 {
             let bits = UInt32(truncatingIfNeeded: rng.next())
-            let input: [UInt8] = [0xfa, UInt8(bits >> 24), UInt8(bits >> 16 & 0xff), UInt8(bits >> 8 & 0xff),
-                UInt8(bits & 0xff)]
+            let input: [UInt8] = [
+                0xfa, UInt8(bits >> 24), UInt8(bits >> 16 & 0xff), UInt8(bits >> 8 & 0xff),
+                UInt8(bits & 0xff),
+            ]
             let item = try CBOR.decodeItem(input)
             guard case .float(let d, .single) = item else {
                 Issue.record("\(hex(input)) decoded to \(item)")
@@ -385,7 +388,8 @@ private func expectRoundTrip(
         var rng = SeededRandom(seed: 0x07F8)
         for _ in 0..<100_000 {
             let content = (0..<Int.random(in: 3...6, using: &rng)).map { _ in
-                Bool.random(using: &rng) ? UInt8.random(in: 0x80...0xff, using: &rng)
+                Bool.random(using: &rng)
+                    ? UInt8.random(in: 0x80...0xff, using: &rng)
                     : [0xe0, 0xed, 0xf0, 0xf4, 0x80, 0x9f, 0xa0, 0xbf, 0x8f, 0x90][Int.random(in: 0..<10, using: &rng)]
             }
             check(content)
@@ -503,8 +507,10 @@ private func expectRoundTrip(
         var rng = SeededRandom(seed: 0xC0FFEE)
         var encodings = Self.samples.map { CBOR.encode($0) }
         encodings += (0..<200).map { _ in CBOR.encode(randomValue(depth: 4, using: &rng)) }
-        encodings += ["7f657374726561646d696e67ff", "9f018202039f0405ffff", "bf6346756ef563416d7421ff",
-            "5f42010243030405ff", "c249010000000000000000", "f8ff"].map(bytes)
+        encodings += [
+            "7f657374726561646d696e67ff", "9f018202039f0405ffff", "bf6346756ef563416d7421ff",
+            "5f42010243030405ff", "c249010000000000000000", "f8ff",
+        ].map(bytes)
         var prefixes = 0
         for encoding in encodings {
             for length in 0..<encoding.count {

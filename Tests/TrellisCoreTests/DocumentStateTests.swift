@@ -104,11 +104,12 @@ import TrellisTestKit
             for s in (history + history).shuffled(using: &random) { shuffled.merge(s) }
             // Associativity: merge pairs first, then the results.
             var grouped = DocumentState()
-            stride(from: 0, to: history.count, by: 2).map { i -> DocumentState in
+            let pairs = stride(from: 0, to: history.count, by: 2).map { i -> DocumentState in
                 var pair = history[i]
                 if i + 1 < history.count { pair.merge(history[i + 1]) }
                 return pair
-            }.reversed().forEach { grouped.merge($0) }
+            }
+            for pair in pairs.reversed() { grouped.merge(pair) }
             #expect(forward == shuffled, "seed \(seed)")
             #expect(forward == grouped, "seed \(seed)")
             #expect(forward.materialize(id: id) == shuffled.materialize(id: id), "seed \(seed)")

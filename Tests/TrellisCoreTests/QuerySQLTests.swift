@@ -182,7 +182,8 @@ extension QueryTests {
                 let id = try #require(selected.symmetricDifference(expected).first)
                 let culprit = try smallestDisagreement(predicate, documents[id], id: id, table: table)
                 let (culpritSQL, culpritBindings) = try #require(culprit.sqlWhere(column: "doc"))
-                Issue.record("""
+                Issue.record(
+                    """
                     SQL and memory disagree on \(culprit) (memory: \(culprit.matches(documents[id])))
                     document: \(JSON.string(documents[id]))
                     SQL: \(culpritSQL)
@@ -226,8 +227,10 @@ extension QueryTests {
         #expect(mismatches.isEmpty, "\(mismatches.count) numbers: \(mismatches.prefix(5))")
     }
 
-    private func smallestDisagreement(_ predicate: Query.Predicate, _ document: Value, id: Int,
-                                      table: DocumentTable) throws -> Query.Predicate {
+    private func smallestDisagreement(
+        _ predicate: Query.Predicate, _ document: Value, id: Int,
+        table: DocumentTable
+    ) throws -> Query.Predicate {
         for child in predicate.children {
             guard let (sql, bindings) = child.sqlWhere(column: "doc") else { continue }
             if try table.ids(where: sql, bindings).contains(id) != child.matches(document) {
@@ -240,16 +243,20 @@ extension QueryTests {
     @Test func sqlWhereShapes() throws {
         let query = try Query("color == 'red' && mileage > $args.min").bind(args: ["min": 10_000])
         let (sql, bindings) = try #require(query.sqlWhere(column: "doc"))
-        #expect(sql == "((json_type(doc, '$.color') IS 'text' AND json_extract(doc, '$.color') = ?) AND "
-            + "(COALESCE(json_type(doc, '$.mileage') IN ('integer', 'real'), 0) "
-            + "AND json_extract(doc, '$.mileage') > ?))")
+        #expect(
+            sql == "((json_type(doc, '$.color') IS 'text' AND json_extract(doc, '$.color') = ?) AND "
+                + "(COALESCE(json_type(doc, '$.mileage') IN ('integer', 'real'), 0) "
+                + "AND json_extract(doc, '$.mileage') > ?))")
         #expect(bindings == ["red", 10_000])
-        #expect(try Query("`it's`.`a b` == null").sqlWhere(column: "doc")?.sql
-            == "(json_type(doc, '$.\"it''s\".\"a b\"') IS 'null')")
+        #expect(
+            try Query("`it's`.`a b` == null").sqlWhere(column: "doc")?.sql
+                == "(json_type(doc, '$.\"it''s\".\"a b\"') IS 'null')")
         #expect(try Query("1 < 2 && !('a' IN [])").sqlWhere(column: "doc")?.sql == "(1 AND (NOT 0))")
         // No translation: unbound arguments, two fields, container literals, unnameable keys.
-        for text in ["a == $args.x", "a == b", "a == [1]", "contains(a, {})", "a IN [[1]]", "a == x'00'",
-                     "`` == 1", "`a\\\"b` == 1", "b.`$bytes` == 'x'"] {
+        for text in [
+            "a == $args.x", "a == b", "a == [1]", "contains(a, {})", "a IN [[1]]", "a == x'00'",
+            "`` == 1", "`a\\\"b` == 1", "b.`$bytes` == 'x'",
+        ] {
             #expect(try Query(text).sqlWhere(column: "doc") == nil, "\(text)")
         }
     }

@@ -57,7 +57,9 @@ struct QueryTests {
     }
 
     @Test func parsesLogicalOperatorsWithPrecedence() throws {
-        let a = compare("a", .equal, 1), b = compare("b", .equal, 2), c = compare("c", .equal, 3)
+        let a = compare("a", .equal, 1)
+        let b = compare("b", .equal, 2)
+        let c = compare("c", .equal, 3)
         #expect(try parse("a == 1 && b == 2") == .and([a, b]))
         #expect(try parse("a == 1 || b == 2") == .or([a, b]))
         #expect(try parse("a == 1 || b == 2 && c == 3") == .or([a, .and([b, c])]))
@@ -87,45 +89,55 @@ struct QueryTests {
     }
 
     @Test func parsesFieldPaths() throws {
-        #expect(try parse("a.b[2].c == 1")
-            == .compare(fieldAt(.key("a"), .key("b"), .index(2), .key("c")), .equal, .literal(1)))
-        #expect(try parse("m[0][1] == 1")
-            == .compare(fieldAt(.key("m"), .index(0), .index(1)), .equal, .literal(1)))
+        #expect(
+            try parse("a.b[2].c == 1")
+                == .compare(fieldAt(.key("a"), .key("b"), .index(2), .key("c")), .equal, .literal(1)))
+        #expect(
+            try parse("m[0][1] == 1")
+                == .compare(fieldAt(.key("m"), .index(0), .index(1)), .equal, .literal(1)))
         #expect(try parse("_id == 'x'") == compare("_id", .equal, "x"))
         #expect(try parse("_id.part == 1") == compare("_id.part", .equal, 1))
         #expect(try parse("$price == 1") == compare("$price", .equal, 1))
         #expect(try parse("`a.b` == 1") == .compare(fieldAt(.key("a.b")), .equal, .literal(1)))
-        #expect(try parse("x.`odd key`[1].`` == 1")
-            == .compare(fieldAt(.key("x"), .key("odd key"), .index(1), .key("")), .equal, .literal(1)))
+        #expect(
+            try parse("x.`odd key`[1].`` == 1")
+                == .compare(fieldAt(.key("x"), .key("odd key"), .index(1), .key("")), .equal, .literal(1)))
         #expect(try parse("`a\\`b` == 1") == .compare(fieldAt(.key("a`b")), .equal, .literal(1)))
         // Keywords are fields when quoted or when part of a longer path.
         #expect(try parse("`true` == 1") == .compare(fieldAt(.key("true")), .equal, .literal(1)))
         #expect(try parse("null.x == 1") == compare("null.x", .equal, 1))
         #expect(try parse("contains == 1") == compare("contains", .equal, 1))
-        #expect(try parse("`$args`.x == 1")
-            == .compare(fieldAt(.key("$args"), .key("x")), .equal, .literal(1)))
+        #expect(
+            try parse("`$args`.x == 1")
+                == .compare(fieldAt(.key("$args"), .key("x")), .equal, .literal(1)))
     }
 
     @Test func parsesArguments() throws {
-        #expect(try parse("mileage > $args.min")
-            == .compare(field("mileage"), .greater, .argument(FieldPath(components: [.key("min")]))))
-        #expect(try parse("$args.a.b[1] == x")
-            == .compare(.argument(FieldPath(components: [.key("a"), .key("b"), .index(1)])), .equal, field("x")))
-        #expect(try Query("a == $args.x && b IN $args.ys && c > $args.x").predicate.argumentPaths
-            == [FieldPath(components: [.key("x")]), FieldPath(components: [.key("ys")])])
+        #expect(
+            try parse("mileage > $args.min")
+                == .compare(field("mileage"), .greater, .argument(FieldPath(components: [.key("min")]))))
+        #expect(
+            try parse("$args.a.b[1] == x")
+                == .compare(.argument(FieldPath(components: [.key("a"), .key("b"), .index(1)])), .equal, field("x")))
+        #expect(
+            try Query("a == $args.x && b IN $args.ys && c > $args.x").predicate.argumentPaths
+                == [FieldPath(components: [.key("x")]), FieldPath(components: [.key("ys")])])
     }
 
     @Test func parsesInAndContains() throws {
         #expect(try parse("color IN ['red', 'blue']") == .isIn(field("color"), .literal(["red", "blue"])))
         #expect(try parse("color in []") == .isIn(field("color"), .literal([])))
         #expect(try parse("color IN[1]") == .isIn(field("color"), .literal([1])))
-        #expect(try parse("color IN $args.colors")
-            == .isIn(field("color"), .argument(FieldPath(components: [.key("colors")]))))
+        #expect(
+            try parse("color IN $args.colors")
+                == .isIn(field("color"), .argument(FieldPath(components: [.key("colors")]))))
         #expect(try parse("contains(tags, 'x')") == .contains(field("tags"), .literal("x")))
-        #expect(try parse("contains ( a.b , $args.t )")
-            == .contains(field("a.b"), .argument(FieldPath(components: [.key("t")]))))
-        #expect(try parse("contains(a, 1) && IN IN [1]")
-            == .and([.contains(field("a"), .literal(1)), .isIn(field("IN"), .literal([1]))]))
+        #expect(
+            try parse("contains ( a.b , $args.t )")
+                == .contains(field("a.b"), .argument(FieldPath(components: [.key("t")]))))
+        #expect(
+            try parse("contains(a, 1) && IN IN [1]")
+                == .and([.contains(field("a"), .literal(1)), .isIn(field("IN"), .literal([1]))]))
     }
 
     @Test func parsesLiterals() throws {
@@ -200,10 +212,11 @@ struct QueryTests {
             }
         }
         #expect(kinds == ["and", "compare", "or", "contains", "not", "in"])
-        #expect(predicate.fieldPaths == [
-            FieldPath(components: [.key("a")]), FieldPath(components: [.key("b"), .key("c")]),
-            FieldPath(components: [.key("d")]),
-        ])
+        #expect(
+            predicate.fieldPaths == [
+                FieldPath(components: [.key("a")]), FieldPath(components: [.key("b"), .key("c")]),
+                FieldPath(components: [.key("d")]),
+            ])
         #expect(predicate.children.count == 2)
         #expect(predicate.hasArguments)
         #expect(try !predicate.bound(to: ["x": 1]).hasArguments)
@@ -272,28 +285,28 @@ struct QueryTests {
 
     @Test func exactIntDoubleComparisonAgreesWithFloat80() throws {
         #if arch(x86_64) && os(Linux)
-        var rng = SplitMix64(state: QueryTests.seed("exactIntDoubleComparisonAgreesWithFloat80"))
-        for _ in 0..<20_000 {
-            let i: Int64
-            switch rng.next() % 3 {
-            case 0: i = Int64(bitPattern: rng.next())
-            case 1: i = Int64.random(in: -(1 << 54)...(1 << 54), using: &rng)
-            default: i = [Int64.min, .max, 1 << 53, (1 << 53) + 1, -(1 << 53) - 1, 0].randomElement(using: &rng)!
+            var rng = SplitMix64(state: QueryTests.seed("exactIntDoubleComparisonAgreesWithFloat80"))
+            for _ in 0..<20_000 {
+                let i: Int64
+                switch rng.next() % 3 {
+                case 0: i = Int64(bitPattern: rng.next())
+                case 1: i = Int64.random(in: -(1 << 54)...(1 << 54), using: &rng)
+                default: i = [Int64.min, .max, 1 << 53, (1 << 53) + 1, -(1 << 53) - 1, 0].randomElement(using: &rng)!
+                }
+                let d: Double
+                switch rng.next() % 4 {
+                case 0: d = Double(i)  // rounded neighbour
+                case 1: d = Double(i).nextUp
+                case 2: d = Double(bitPattern: rng.next())
+                default: d = Double(i) + Double.random(in: -2...2, using: &rng)
+                }
+                let (x, y) = (Float80(i), Float80(d))
+                let expected: Value.Ordering? = d.isNaN ? nil : x < y ? .less : x > y ? .greater : .equal
+                #expect(Value.compare(.int(i), .double(d)) == expected, "\(i) vs \(d)")
+                #expect(Value.compare(.double(d), .int(i)) == expected?.reversed, "\(d) vs \(i)")
             }
-            let d: Double
-            switch rng.next() % 4 {
-            case 0: d = Double(i)  // rounded neighbour
-            case 1: d = Double(i).nextUp
-            case 2: d = Double(bitPattern: rng.next())
-            default: d = Double(i) + Double.random(in: -2...2, using: &rng)
-            }
-            let (x, y) = (Float80(i), Float80(d))
-            let expected: Value.Ordering? = d.isNaN ? nil : x < y ? .less : x > y ? .greater : .equal
-            #expect(Value.compare(.int(i), .double(d)) == expected, "\(i) vs \(d)")
-            #expect(Value.compare(.double(d), .int(i)) == expected?.reversed, "\(d) vs \(i)")
-        }
         #else
-        #expect(Value.compare(.int(9_007_199_254_740_993), .double(9_007_199_254_740_992)) == .greater)
+            #expect(Value.compare(.int(9_007_199_254_740_993), .double(9_007_199_254_740_992)) == .greater)
         #endif
     }
 
@@ -388,26 +401,34 @@ struct QueryTests {
         ("a == 1 | b == 2", "expected '||' at column 8, found '|'"),
         ("a == 'red", "expected a closing ' (the string opened at column 6) at column 10, found end of query"),
         ("`a == 1", "expected a closing ` (the quoted name opened at column 1) at column 8, found end of query"),
-        ("!a == 1",
-         "expected '(', 'contains(', 'true', 'false' or '!' after '!' at column 2, found field 'a'; "
-            + "to negate a comparison write !(a == 1)"),
-        ("isDeleted && a == 1",
-         "expected a comparison operator (==, !=, <, <=, >, >=) or IN after field 'isDeleted' at column 11, "
-            + "found '&&'; compare booleans explicitly, e.g. isDeleted == true"),
+        (
+            "!a == 1",
+            "expected '(', 'contains(', 'true', 'false' or '!' after '!' at column 2, found field 'a'; "
+                + "to negate a comparison write !(a == 1)"
+        ),
+        (
+            "isDeleted && a == 1",
+            "expected a comparison operator (==, !=, <, <=, >, >=) or IN after field 'isDeleted' at column 11, "
+                + "found '&&'; compare booleans explicitly, e.g. isDeleted == true"
+        ),
         ("a == 1 b == 2", "expected '&&', '||' or the end of the query at column 8, found field 'b'"),
         ("a < b < c", "expected '&&', '||' or the end of the query at column 7, found '<'"),
         ("a == 1)", "expected '&&', '||' or the end of the query at column 7, found ')'"),
         ("a IN 5", "expected a list like [1, 2] or an $args reference after IN at column 6, found number 5"),
         ("a IN b", "expected a list like [1, 2] or an $args reference after IN at column 6, found field 'b'"),
         ("a == $args", "expected '.' and an argument name after '$args' at column 11, found end of query"),
-        ("a. == 1",
-         "expected a field name after '.' at column 3, found ' '; quote names that are not identifiers "
-            + "in backticks: a.`odd name`"),
+        (
+            "a. == 1",
+            "expected a field name after '.' at column 3, found ' '; quote names that are not identifiers "
+                + "in backticks: a.`odd name`"
+        ),
         ("a[x] == 1", "expected an array index like [0] at column 3, found 'x'"),
         ("a[-1] == 1", "expected an array index like [0] at column 3, found '-'"),
         ("a[99999999999] == 1", "expected an array index of at most 2147483647 at column 3, found '[99999999999]'"),
-        ("a == 'x\\q'",
-         "expected an escape \\\\, \\', \\\", \\`, \\/, \\n, \\r, \\t or \\uXXXX at column 8, found '\\q'"),
+        (
+            "a == 'x\\q'",
+            "expected an escape \\\\, \\', \\\", \\`, \\/, \\n, \\r, \\t or \\uXXXX at column 8, found '\\q'"
+        ),
         ("a == '\\u12'", "expected four hex digits after \\u at column 11, found '''"),
         ("a == '\\ud800'", "expected a low surrogate \\uDC00-\\uDFFF after a high surrogate at column 13, found '''"),
         ("a == '\\udc00'", "expected a high surrogate before a low surrogate at column 7, found '\\'"),
@@ -419,9 +440,11 @@ struct QueryTests {
         ("a == x'abc'", "expected pairs of hex digits in a bytes literal like x'00ff' at column 11, found '''"),
         ("contains(tags 'x')", "expected ',' between the arguments of contains at column 15, found string 'x'"),
         ("contains(tags, 'x'", "expected ')' after the second argument of contains at column 19, found end of query"),
-        ("a == [1, b]",
-         "expected a constant value in the list at column 10, found field 'b'; list and map literals hold "
-            + "constants only; pass a whole list as one argument: x IN $args.list"),
+        (
+            "a == [1, b]",
+            "expected a constant value in the list at column 10, found field 'b'; list and map literals hold "
+                + "constants only; pass a whole list as one argument: x IN $args.list"
+        ),
         ("a == [1 2]", "expected ',' or ']' in the list at column 9, found number 2"),
         ("a == {'k' 1}", "expected ':' after the key at column 11, found number 1"),
         ("a == {k: 1, k: 2}", "expected each key once in a map literal at column 13, found field 'k'"),
@@ -430,8 +453,10 @@ struct QueryTests {
         ("()", "expected a condition at column 2, found ')'"),
         ("a == 1 && \u{7}", "expected a condition at column 11, found control character U+0007"),
         ("'ééé' == x )", "expected '&&', '||' or the end of the query at column 12, found ')'"),
-        ("a == 1 &&\n  b ==",
-         "expected a value, a field or an $args reference at line 2, column 7, found end of query"),
+        (
+            "a == 1 &&\n  b ==",
+            "expected a value, a field or an $args reference at line 2, column 7, found end of query"
+        ),
     ])
     func parseErrorsNameColumnAndExpectation(text: String, message: String) {
         #expect(parseErrorMessage(text) == message)
@@ -456,9 +481,10 @@ struct QueryTests {
         let ok = String(repeating: "(", count: depth) + "a == 1" + String(repeating: ")", count: depth)
         #expect(try Query(ok).matches(["a": 1]))
         let tooDeep = String(repeating: "(", count: depth + 1) + "a == 1" + String(repeating: ")", count: depth + 1)
-        #expect(parseErrorMessage(tooDeep)
-            == "expected at most 200 levels of nesting at column 201, found '('; "
-            + "split the query or flatten its parentheses")
+        #expect(
+            parseErrorMessage(tooDeep)
+                == "expected at most 200 levels of nesting at column 201, found '('; "
+                + "split the query or flatten its parentheses")
         #expect(try Query(String(repeating: "!", count: depth) + "true").matches(nil))
         #expect(throws: QueryParseError.self) { try Query(String(repeating: "!", count: depth + 1) + "true") }
         let deepList = "a == " + String(repeating: "[", count: depth + 1) + String(repeating: "]", count: depth + 1)
@@ -557,7 +583,8 @@ extension QueryTests {
 
     /// The seed from `TRELLIS_SEED`, or a fresh one; printed either way so a failure can be replayed.
     static func seed(_ name: String) -> UInt64 {
-        let seed = ProcessInfo.processInfo.environment["TRELLIS_SEED"].flatMap { UInt64($0) }
+        let seed =
+            ProcessInfo.processInfo.environment["TRELLIS_SEED"].flatMap { UInt64($0) }
             ?? UInt64.random(in: 0...UInt64.max)
         print("\(name): seed \(seed) (replay with TRELLIS_SEED=\(seed))")
         return seed
@@ -620,7 +647,8 @@ private func randomPredicate(depth: Int, using rng: inout SplitMix64) -> Predica
         case 0: return .constant(Bool.random(using: &rng))
         case 1: return .contains(randomOperand(using: &rng), randomOperand(using: &rng))
         case 2:
-            let list: Predicate.Operand = Bool.random(using: &rng)
+            let list: Predicate.Operand =
+                Bool.random(using: &rng)
                 ? .literal(.array([randomValue(depth: 1, using: &rng)])) : .argument(randomPath(using: &rng))
             return .isIn(randomOperand(using: &rng), list)
         default:

@@ -47,7 +47,9 @@ import TrellisCore
         var s = session()
         _ = s.start()
         let directives = s.receive(.hello(hello(Array(repeating: 3, count: 32))))
-        #expect(directives.contains(.close(reason: "identity: hello names a peer key other than the one the channel authenticated")))
+        #expect(
+            directives.contains(
+                .close(reason: "identity: hello names a peer key other than the one the channel authenticated")))
     }
 
     @Test func messagesBeforeHelloAreAProtocolError() {
@@ -96,7 +98,9 @@ import TrellisCore
         let messages: [WireMessage] = [
             .hello(hello(keyA)),
             .subscriptions([WireSubscription(spec: spec, since: 42, hops: 2)]),
-            .batch(subscription: spec.key, documents: [WireDocument(collection: "c", id: ["k": 1], state: [1, 2])], upTo: 9),
+            .batch(
+                subscription: spec.key, documents: [WireDocument(collection: "c", id: ["k": 1], state: [1, 2])], upTo: 9
+            ),
             .ack(subscription: "k", upTo: 9),
             .error(code: "version", message: "no"),
         ]

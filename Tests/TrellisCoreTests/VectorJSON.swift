@@ -62,15 +62,24 @@ enum VectorJSON: Equatable {
             skipWhitespace()
             guard index < bytes.count else { throw fail("unexpected end") }
             switch bytes[index] {
-            case UInt8(ascii: "n"): try expect("null"); return .null
-            case UInt8(ascii: "t"): try expect("true"); return .bool(true)
-            case UInt8(ascii: "f"): try expect("false"); return .bool(false)
+            case UInt8(ascii: "n"):
+                try expect("null")
+                return .null
+            case UInt8(ascii: "t"):
+                try expect("true")
+                return .bool(true)
+            case UInt8(ascii: "f"):
+                try expect("false")
+                return .bool(false)
             case UInt8(ascii: "\""): return .string(try string())
             case UInt8(ascii: "["):
                 index += 1
                 var items: [VectorJSON] = []
                 skipWhitespace()
-                if index < bytes.count, bytes[index] == UInt8(ascii: "]") { index += 1; return .array(items) }
+                if index < bytes.count, bytes[index] == UInt8(ascii: "]") {
+                    index += 1
+                    return .array(items)
+                }
                 while true {
                     items.append(try value())
                     skipWhitespace()
@@ -83,7 +92,10 @@ enum VectorJSON: Equatable {
                 index += 1
                 var members: [(String, VectorJSON)] = []
                 skipWhitespace()
-                if index < bytes.count, bytes[index] == UInt8(ascii: "}") { index += 1; return .object(members) }
+                if index < bytes.count, bytes[index] == UInt8(ascii: "}") {
+                    index += 1
+                    return .object(members)
+                }
                 while true {
                     skipWhitespace()
                     let key = try string()

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import TrellisCore
 import TrellisStore
@@ -124,5 +125,3 @@ import TrellisTestKit
         #expect(heard.withLock { $0 } == [["one"], ["two"]])
     }
 }
-
-import Synchronization

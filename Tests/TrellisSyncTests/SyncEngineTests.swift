@@ -33,7 +33,10 @@ final class TestNode: Sendable {
 func cars(_ n: Int) -> [Value] {
     let origins = ["USA", "Europe", "Japan"]
     return (0..<n).map { i in
-        ["_id": .string("car\(i)"), "Origin": .string(origins[i % 3]), "Cylinders": .int(Int64(4 + i % 5)), "mpg": .double(Double(i) / 3)]
+        [
+            "_id": .string("car\(i)"), "Origin": .string(origins[i % 3]), "Cylinders": .int(Int64(4 + i % 5)),
+            "mpg": .double(Double(i) / 3),
+        ]
     }
 }
 
