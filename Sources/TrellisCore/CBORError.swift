@@ -58,6 +58,7 @@ public struct CBORError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What was wrong, for people.
     public var message: String
 
+    /// An error of kind `code` found at byte `offset`, explained by `message`.
     public init(_ code: Code, offset: Int, _ message: String) {
         self.code = code
         self.offset = offset
