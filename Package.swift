@@ -34,6 +34,9 @@ let package = Package(
 
         .executableTarget(name: "trellis", dependencies: ["Trellis"]),
         .executableTarget(name: "trellis-bench", dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite"]),
+        // libFuzzer entry point; see Fuzz/README.md for the build command.
+        .executableTarget(
+            name: "FuzzCBOR", dependencies: ["TrellisCore"], path: "Fuzz/FuzzCBOR", exclude: ["Regressions"]),
 
         .testTarget(name: "TrellisCoreTests", dependencies: ["TrellisCore", "TrellisTestKit"]),
         .testTarget(name: "TrellisStoreTests", dependencies: ["TrellisStore", "Trellis", "TrellisTestKit"]),

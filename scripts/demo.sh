@@ -67,18 +67,24 @@ pids+=($!)
 exec 3>"$WORK/B.in"
 echo "subscribe cars Origin == 'Japan'" >&3
 
-wait_for 60 test "$(count B)" = "$JAPAN"
-wait_for 60 test "$(count C)" = "$TOTAL"
+has_count() { [ "$(count "$1")" = "$2" ]; }
+wait_for 60 has_count B "$JAPAN" || { echo "B did not reach $JAPAN cars (has $(count B))"; exit 1; }
+wait_for 60 has_count C "$TOTAL" || { echo "C did not reach $TOTAL cars (has $(count C))"; exit 1; }
 converged=$(now)
 
 # B changes one Japanese car; the change must reach A and C.
-ID=$("$T" find --data "$WORK/B" cars "Origin == 'Japan'" | head -n 1 | "$PY" -c 'import json, sys; print(json.dumps(json.loads(sys.stdin.read())["_id"]))')
-NAME=$("$T" get --data "$WORK/B" cars "$ID" | "$PY" -c 'import json, sys; print(json.loads(sys.stdin.read())["Name"])')
+"$T" find --data "$WORK/B" cars "Origin == 'Japan'" >"$WORK/B.japan"
+ID=$("$PY" -c 'import json, sys; print(json.dumps(json.loads(open(sys.argv[1]).readline())["_id"]))' "$WORK/B.japan")
+NAME=$("$PY" -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["Name"])' "$WORK/B.japan")
 changed_at=$(now)
 echo "upsert cars {\"_id\": $ID, \"Horsepower\": 999, \"Name\": \"$NAME (tuned on B)\"}" >&3
-has_change() { "$T" get --data "$WORK/$1" cars "$ID" 2>/dev/null | grep -q '"Horsepower":999'; }
-wait_for 30 has_change A
-wait_for 30 has_change C
+has_change() {
+    local doc
+    doc=$("$T" get --data "$WORK/$1" cars "$ID" 2>/dev/null) || return 1
+    [[ "$doc" == *'"Horsepower":999'* ]]
+}
+wait_for 30 has_change A || { echo "the change did not reach A"; exit 1; }
+wait_for 30 has_change C || { echo "the change did not reach C"; exit 1; }
 propagated=$(now)
 
 # Every node holds exactly what its subscription asks: same documents, same content.
