@@ -34,6 +34,7 @@ let package = Package(
 
         .executableTarget(name: "trellis", dependencies: ["Trellis"]),
         .executableTarget(name: "trellis-bench", dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite"]),
+        .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // libFuzzer entry point; see Fuzz/README.md for the build command.
         .executableTarget(
             name: "FuzzCBOR", dependencies: ["TrellisCore"], path: "Fuzz/FuzzCBOR", exclude: ["Regressions"]),

@@ -9,7 +9,7 @@ scripts/setup.sh noiseprotocol
 export TRELLIS_PYTHON="$PWD/.venv/bin/python"
 
 echo "== swift format lint"
-swift format lint --strict -r Sources Tests Fuzz Package.swift
+swift format lint --strict -r Sources Tests Fuzz Examples Package.swift
 
 echo "== swift build (with tests)"
 mkdir -p .build

@@ -160,3 +160,8 @@ func writeSecret(_ bytes: [UInt8], to file: URL) throws {
         throw MeshKeyError("cannot write \(file.path): \(String(cString: strerror(errno)))")
     }
 }
+
+/// A `host:port` address to listen on or dial.
+public typealias Endpoint = TrellisNet.Endpoint
+/// What a node knows about a connected peer.
+public typealias PeerInfo = TrellisSync.PeerInfo

@@ -187,3 +187,8 @@ extension Value: ExpressibleByNilLiteral, ExpressibleByBooleanLiteral, Expressib
         self = .map(Dictionary(elements, uniquingKeysWith: { _, last in last }))
     }
 }
+
+extension Value: CustomStringConvertible {
+    /// The value as compact JSON with sorted keys.
+    public var description: String { JSON.string(self) }
+}

@@ -425,6 +425,12 @@ public final class DocumentStore: Sendable {
         return try withState { s in try load(s.db, collection, key) }
     }
 
+    /// Copies the write-ahead log into the database file and truncates it
+    /// (`PRAGMA wal_checkpoint(TRUNCATE)`), e.g. before measuring the file size or a backup.
+    public func checkpointWAL() throws(StoreError) {
+        try withState { s in try s.db.execute("PRAGMA wal_checkpoint(TRUNCATE)") }
+    }
+
     // MARK: Change log
 
     /// The highest `seq` committed so far (0 for an empty store).

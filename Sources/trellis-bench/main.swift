@@ -1,1 +1,239 @@
-print("bench")
+// trellis-bench: measures Trellis figures against baselines measured in the same run.
+//
+//   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE]
+//
+// Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
+// rates). With --json, each figure is one JSON object per line:
+//   {"name": ..., "value": ..., "unit": ..., "baseline": ..., "ratio": ...}
+import CSQLite
+import Foundation
+import TrellisCore
+import TrellisStore
+
+struct Figure {
+    var name: String
+    var value: Double
+    var unit: String
+    var baseline: Double?
+    var baselineName: String?
+
+    var ratio: Double? { baseline.map { value / $0 } }
+}
+
+let args = Array(CommandLine.arguments.dropFirst())
+var jsonOutput = false
+var documentCount = 50_000
+var carsPath: String?
+var i = 0
+while i < args.count {
+    switch args[i] {
+    case "--json": jsonOutput = true
+    case "--documents":
+        i += 1
+        guard i < args.count, let n = Int(args[i]), n > 0 else {
+            FileHandle.standardError.write(Data("trellis-bench: --documents needs a positive number\n".utf8))
+            exit(2)
+        }
+        documentCount = n
+    case "--cars":
+        i += 1
+        guard i < args.count else {
+            FileHandle.standardError.write(Data("trellis-bench: --cars needs a file\n".utf8))
+            exit(2)
+        }
+        carsPath = args[i]
+    case "--help", "-h":
+        print("usage: trellis-bench [--json] [--documents N] [--cars FILE]")
+        exit(0)
+    default:
+        FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
+        exit(2)
+    }
+    i += 1
+}
+
+/// The cars of vega_datasets (from --cars, or the demo's virtualenv), else synthetic cars-shaped rows.
+func loadCars(_ carsPath: String?) -> [Value] {
+    let candidates = [carsPath, ".venv/lib/python3.11/site-packages/vega_datasets/_data/cars.json"].compactMap { $0 }
+    for path in candidates {
+        if let data = FileManager.default.contents(atPath: path), case .array(let cars)? = try? JSON.parse(data) {
+            return cars
+        }
+    }
+    let origins = ["USA", "Europe", "Japan"]
+    return (0..<406).map { (n: Int) -> Value in
+        var car: [String: Value] = [:]
+        car["Name"] = .string("car \(n)")
+        car["Miles_per_Gallon"] = .double(Double(n % 40) + 0.5)
+        car["Cylinders"] = .int(Int64(4 + n % 5))
+        car["Displacement"] = .int(Int64(100 + n))
+        car["Horsepower"] = .int(Int64(60 + n % 150))
+        car["Weight_in_lbs"] = .int(Int64(2000 + n * 3))
+        car["Acceleration"] = .double(12 + Double(n % 10) / 2)
+        car["Year"] = .string("1970-01-01")
+        car["Origin"] = .string(origins[n % 3])
+        return .map(car)
+    }
+}
+
+let cars = loadCars(carsPath)
+/// N documents: the cars repeated, each with a distinct `_id`.
+let documents: [Value] = (0..<documentCount).map { n in
+    guard case .map(var m) = cars[n % cars.count] else { return cars[0] }
+    m["_id"] = .string(String(format: "car-%08d", n))
+    return .map(m)
+}
+let jsonRows = documents.map { JSON.string($0) }
+
+func seconds(_ body: () throws -> Void) rethrows -> Double {
+    let start = DispatchTime.now().uptimeNanoseconds
+    try body()
+    return Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
+}
+
+let scratch = FileManager.default.temporaryDirectory.appendingPathComponent("trellis-bench-\(UUID().uuidString)")
+try FileManager.default.createDirectory(at: scratch, withIntermediateDirectories: true)
+defer { try? FileManager.default.removeItem(at: scratch) }
+func path(_ name: String) -> String { scratch.appendingPathComponent(name).path }
+
+// MARK: Baseline: raw SQLite batched inserts of the same JSON rows (WAL, one transaction, prepared).
+
+func rawInsert(_ file: String, rows: [String]) -> Double {
+    var db: OpaquePointer?
+    sqlite3_open(file, &db)
+    defer { sqlite3_close(db) }
+    sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", nil, nil, nil)
+    sqlite3_exec(db, "CREATE TABLE docs(id TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID", nil, nil, nil)
+    var stmt: OpaquePointer?
+    sqlite3_prepare_v2(db, "INSERT INTO docs(id, body) VALUES (?, ?)", -1, &stmt, nil)
+    defer { sqlite3_finalize(stmt) }
+    return seconds {
+        sqlite3_exec(db, "BEGIN", nil, nil, nil)
+        for (n, row) in rows.enumerated() {
+            let id = String(format: "car-%08d", n)
+            sqlite3_bind_text(
+                stmt, 1, id, -1, unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self))
+            sqlite3_bind_text(
+                stmt, 2, row, -1, unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self))
+            sqlite3_step(stmt)
+            sqlite3_reset(stmt)
+        }
+        sqlite3_exec(db, "COMMIT", nil, nil, nil)
+    }
+}
+
+func fileSize(_ file: String) -> Double {
+    var total = 0.0
+    for suffix in ["", "-wal"] {
+        if let attrs = try? FileManager.default.attributesOfItem(atPath: file + suffix), let n = attrs[.size] as? Int {
+            total += Double(n)
+        }
+    }
+    return total
+}
+
+var figures: [Figure] = []
+let baselineTime = rawInsert(path("raw.sqlite"), rows: jsonRows)
+let baselineRate = Double(documentCount) / baselineTime
+figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: baselineRate, unit: "rows/s"))
+
+// MARK: Trellis local upserts, batched in one transaction.
+
+let batchedStore = try DocumentStore(path: path("batched.sqlite"))
+let batchedTime = try seconds { try batchedStore.upsert(documents, in: "cars") }
+figures.append(
+    Figure(
+        name: "local_upserts_batched_per_s", value: Double(documentCount) / batchedTime, unit: "docs/s",
+        baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
+
+// MARK: Trellis local upserts, one transaction each (as Ditto's upsert).
+
+let singleCount = min(documentCount, 5_000)
+let singleStore = try DocumentStore(path: path("single.sqlite"))
+let singleTime = try seconds {
+    for document in documents.prefix(singleCount) { try singleStore.upsert(document, in: "cars") }
+}
+figures.append(
+    Figure(
+        name: "local_upserts_single_per_s", value: Double(singleCount) / singleTime, unit: "docs/s",
+        baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
+
+// MARK: Remote merges: apply the batched store's log into an empty store, 256 per transaction.
+
+let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount)
+let remote = log.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
+let mergeStore = try DocumentStore(path: path("merge.sqlite"))
+let peer: [UInt8] = Array(repeating: 1, count: 32)
+let mergeTime = try seconds {
+    var start = 0
+    while start < remote.count {
+        let end = min(remote.count, start + 256)
+        _ = try mergeStore.merge(
+            Array(remote[start..<end]), from: peer,
+            checkpoint: ("bench", Checkpoint(epoch: batchedStore.epoch, seq: Int64(end))))
+        start = end
+    }
+}
+figures.append(
+    Figure(
+        name: "remote_merges_per_s", value: Double(documentCount) / mergeTime, unit: "docs/s",
+        baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
+
+// MARK: Query: equality on one field over the whole collection.
+
+let query = try Query("Origin == 'Japan'")
+var matched = 0
+let queryTime = try seconds { matched = try batchedStore.documents(in: "cars") { try query.matches($0) }.count }
+var rawDB: OpaquePointer?
+sqlite3_open(path("raw.sqlite"), &rawDB)
+var rawMatched = 0
+let rawQueryTime = seconds {
+    var stmt: OpaquePointer?
+    sqlite3_prepare_v2(rawDB, "SELECT body FROM docs WHERE json_extract(body, '$.Origin') = 'Japan'", -1, &stmt, nil)
+    while sqlite3_step(stmt) == SQLITE_ROW { rawMatched += 1 }
+    sqlite3_finalize(stmt)
+}
+sqlite3_close(rawDB)
+precondition(matched == rawMatched, "query results differ: \(matched) vs \(rawMatched)")
+figures.append(
+    Figure(name: "sql_json_extract_query_per_s", value: 1 / rawQueryTime, unit: "queries/s"))
+figures.append(
+    Figure(
+        name: "find_equality_unindexed_per_s", value: 1 / queryTime, unit: "queries/s", baseline: 1 / rawQueryTime,
+        baselineName: "sql_json_extract_query_per_s"))
+
+// MARK: Storage: bytes per document against raw JSON.
+
+let rawJSONBytes = Double(jsonRows.reduce(0) { $0 + $1.utf8.count }) / Double(documentCount)
+try? batchedStore.checkpointWAL()
+figures.append(Figure(name: "raw_json_bytes_per_doc", value: rawJSONBytes, unit: "bytes"))
+figures.append(
+    Figure(
+        name: "stored_bytes_per_doc", value: fileSize(path("batched.sqlite")) / Double(documentCount), unit: "bytes",
+        baseline: rawJSONBytes, baselineName: "raw_json_bytes_per_doc"))
+
+// MARK: Output
+
+if jsonOutput {
+    for f in figures {
+        var object: [String: Value] = ["name": .string(f.name), "value": .double(f.value), "unit": .string(f.unit)]
+        if let b = f.baseline, let r = f.ratio {
+            object["baseline"] = .double(b)
+            object["ratio"] = .double(r)
+            object["baseline_name"] = .string(f.baselineName ?? "")
+        }
+        print(JSON.string(.map(object)))
+    }
+} else {
+    print("trellis-bench: \(documentCount) cars-shaped documents (\(cars.count) distinct cars), release build expected")
+    for f in figures {
+        let value = String(format: "%14.1f %-10@", f.value, f.unit)
+        if let r = f.ratio, let name = f.baselineName {
+            print(
+                "  \(f.name.padding(toLength: 34, withPad: " ", startingAt: 0)) \(value)  ratio \(String(format: "%.3f", r)) vs \(name)"
+            )
+        } else {
+            print("  \(f.name.padding(toLength: 34, withPad: " ", startingAt: 0)) \(value)")
+        }
+    }
+}

@@ -98,3 +98,25 @@ import TrellisTestKit
         #expect(help.status == 0 && help.stdout.contains("--mesh-key FILE"))
     }
 }
+
+@Suite struct ExampleTests {
+    /// Examples/QuickStart (the README's library example) builds and replicates.
+    @Test func quickStartReplicatesBetweenTwoNodes() throws {
+        let binary = Repository.trellisBinary.deletingLastPathComponent().appendingPathComponent("QuickStart")
+        let process = Process()
+        process.executableURL = binary
+        let out = Pipe()
+        process.standardOutput = out
+        try process.run()
+        let data = out.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let text = String(decoding: data, as: UTF8.self)
+        #expect(process.terminationStatus == 0)
+        #expect(text.contains("north: 1 car(s) with 8 or more cylinders: [\"mustang\"]"))
+        #expect(
+            text.contains(
+                "south: {\"Cylinders\":4,\"Name\":\"toyota corolla\",\"Origin\":\"Japan\",\"_id\":\"corolla\"}"))
+        #expect(!text.contains("mustang\",\"Name\""))  // the American car was not replicated
+        #expect(text.contains("south: civic now has 6 cylinders"))
+    }
+}
