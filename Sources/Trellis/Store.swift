@@ -122,11 +122,8 @@ public struct PendingCursorOperation: Sendable {
     ///   (a missing `$args` value).
     /// - Complexity: O(n) in the collection's documents.
     public func exec() throws -> [Document] {
-        let parsed = try Query(query)
-        let args = self.args
-        return try collection.store.documents.documents(in: collection.name) { value in
-            try parsed.matches(value, args: args)
-        }.map(Document.init(value:))
+        try collection.store.documents.documents(in: collection.name, matching: Query(query), args: args)
+            .map(Document.init(value:))
     }
 
     /// Removes every matching document.

@@ -20,7 +20,10 @@ extension Predicate {
     /// a key holding `"`, `\` or a control character (SQLite's JSON path syntax cannot name them).
     ///
     /// - Parameter column: the SQL expression naming the JSON column, inserted verbatim (quote it
-    ///   yourself if needed).
+    ///   yourself if needed). Qualify it with its table (`documents.value`) when its name is also a
+    ///   column of `json_each` (`key`, `value`, `type`, `atom`, `id`, `parent`, `fullkey`, `path`):
+    ///   inside the `json_each` subquery of `contains` and `IN` an unqualified name would resolve
+    ///   to `json_each`'s column.
     /// - Returns: the expression and the values to bind to its `?` parameters, in order. Bound
     ///   values are `.int`, `.double` or `.string` only (booleans become `.int` 0 or 1).
     /// - Complexity: O(size of the predicate).

@@ -51,10 +51,20 @@ public struct ChangeRecord: Sendable {
     public var id: Value
     /// The CRDT state, CBOR-encoded as stored (sent to peers unchanged).
     public var state: [UInt8]
-    /// The materialised document, `nil` for a tombstone.
-    public var value: Value?
+    /// `true` for a tombstone.
+    public var isDeleted: Bool
     /// The peer whose state this is exactly (it need not be sent back to it), if any.
     public var source: [UInt8]?
+}
+
+/// A page of the change log.
+public struct ChangePage: Sendable {
+    /// The entries that match (plus every tombstone), in `seq` order.
+    public var records: [ChangeRecord]
+    /// The last `seq` examined: the cursor for the next page.
+    public var scannedUpTo: Int64
+    /// `true` when the page reached the end of the log.
+    public var exhausted: Bool
 }
 
 /// A document received from a peer, to be merged.
@@ -136,7 +146,7 @@ public final class DocumentStore: Sendable {
             source BLOB,
             PRIMARY KEY(collection, id)
         ) WITHOUT ROWID;
-        CREATE UNIQUE INDEX IF NOT EXISTS documents_by_seq ON documents(seq);
+        CREATE INDEX IF NOT EXISTS documents_by_collection_seq ON documents(collection, seq);
         CREATE TABLE IF NOT EXISTS checkpoints(
             peer BLOB NOT NULL,
             subscription TEXT NOT NULL,
@@ -298,7 +308,7 @@ public final class DocumentStore: Sendable {
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
-        st.bind(4, value == nil ? 1 : 0)
+        st.bind(4, Int64(value == nil ? 1 : 0))
         st.bind(5, bytes)
         st.bind(6, value)
         st.bind(7, source)
@@ -438,29 +448,88 @@ public final class DocumentStore: Sendable {
         state.withLock { $0.nextSeq - 1 }
     }
 
-    /// Change-log entries of one collection with `seq` greater than `after`, in `seq` order.
+    /// One page of a collection's change log after `after`, in `seq` order: the entries whose
+    /// document matches `query` with `args`, and every tombstone (a removed document matches no
+    /// query, but whoever holds it must learn of the remove).
+    ///
+    /// The query runs inside SQLite (``Query/sqlWhere(column:)`` over the materialised JSON) when
+    /// it translates; otherwise each entry's state is decoded and the query evaluated in memory.
     ///
     /// - Parameters:
-    ///   - collection: the collection, or `nil` for every collection.
-    ///   - limit: at most this many entries.
-    /// - Complexity: O(limit · log n) through the `seq` index.
-    public func changes(in collection: String?, after: Int64, limit: Int) throws(StoreError) -> [ChangeRecord] {
-        try withState { s -> [ChangeRecord] in
+    ///   - limit: at most this many log entries are examined (matching or not).
+    /// - Throws: ``StoreError`` for SQLite errors, a corrupt state, or a query whose `$args` are missing.
+    /// - Complexity: O(limit · log n) through the `(collection, seq)` index.
+    public func changes(
+        in collection: String, after: Int64, limit: Int, matching query: Query = .all, args: [String: Value] = [:]
+    ) throws(StoreError) -> ChangePage {
+        let bound: Query
+        do { bound = try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
+        let pushed = bound.sqlWhere(column: "documents.value")
+        return try withState { s -> ChangePage in
+            let matchSQL = pushed.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
             let st = try s.db.prepare(
-                "SELECT seq, collection, id, state, value, source FROM documents WHERE seq > ? ORDER BY seq LIMIT ?")
-            st.bind(1, after)
-            st.bind(2, Int64(limit))
+                "SELECT seq, id, state, deleted, source, \(matchSQL) FROM documents "
+                    + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
+            var index: Int32 = 1
+            for binding in pushed?.bindings ?? [] {
+                st.bind(index, value: binding)
+                index += 1
+            }
+            st.bind(index, collection)
+            st.bind(index + 1, after)
+            st.bind(index + 2, Int64(limit))
             defer { st.reset() }
-            var out: [ChangeRecord] = []
+            var records: [ChangeRecord] = []
+            var scanned = 0
+            var last = after
             while try st.step() {
-                let c = st.string(1) ?? ""
-                if let collection, c != collection { continue }
-                let id = try JSON.parse(st.string(2) ?? "null")
-                let value = try st.string(4).map { text throws -> Value in try JSON.parse(text) }
-                out.append(
+                scanned += 1
+                last = st.int64(0)
+                guard st.int64(5) != 0 else { continue }
+                let id = try JSON.parse(st.string(1) ?? "null")
+                let state = st.bytes(2) ?? []
+                let deleted = st.int64(3) != 0
+                if pushed == nil, !deleted {
+                    let doc = try DocumentState(encoded: CBOR.decode(state))
+                    guard let value = doc.materialize(id: id), try bound.matches(value) else { continue }
+                }
+                records.append(
                     ChangeRecord(
-                        seq: st.int64(0), collection: c, id: id, state: st.bytes(3) ?? [], value: value,
-                        source: st.bytes(5)))
+                        seq: last, collection: collection, id: id, state: state, isDeleted: deleted,
+                        source: st.bytes(4)))
+            }
+            return ChangePage(records: records, scannedUpTo: last, exhausted: scanned < limit)
+        }
+    }
+
+    /// The live documents of a collection matching `query`, ordered by `_id` key.
+    ///
+    /// The query runs inside SQLite when it translates (served by an expression index on the same
+    /// `json_extract` where one exists), otherwise in memory.
+    ///
+    /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
+    /// - Complexity: O(n) in the collection's documents without an index.
+    public func documents(
+        in collection: String, matching query: Query, args: [String: Value] = [:]
+    ) throws(StoreError) -> [Value] {
+        let bound: Query
+        do { bound = try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
+        guard let pushed = bound.sqlWhere(column: "documents.value") else {
+            return try documents(in: collection) { try bound.matches($0) }
+        }
+        return try withState { s -> [Value] in
+            let st = try s.db.prepare(
+                "SELECT value FROM documents WHERE collection = ? AND deleted = 0 AND (\(pushed.sql)) ORDER BY id")
+            st.bind(1, collection)
+            var index: Int32 = 2
+            for binding in pushed.bindings {
+                st.bind(index, value: binding)
+                index += 1
+            }
+            defer { st.reset() }
+            var out: [Value] = []
+            while try st.step() {
+                if let text = st.string(0) { out.append(try JSON.parse(text)) }
             }
             return out
         }

@@ -1,4 +1,5 @@
 internal import CSQLite
+import TrellisCore
 
 /// An SQLite error: the result code, SQLite's message and what Trellis was doing.
 public struct SQLiteError: Error, Sendable, CustomStringConvertible {
@@ -102,6 +103,17 @@ final class Statement {
             buffer.withMemoryRebound(to: CChar.self) {
                 trellis_sqlite3_bind_text_transient(stmt, index, $0.baseAddress, Int32($0.count))
             }
+        }
+    }
+
+    /// Binds a scalar query value (`.int`, `.double`, `.string`; booleans as 0/1, anything else NULL).
+    func bind(_ index: Int32, value: Value) {
+        switch value {
+        case .int(let i): sqlite3_bind_int64(stmt, index, i)
+        case .double(let d): sqlite3_bind_double(stmt, index, d)
+        case .string(let s): bind(index, s)
+        case .bool(let b): sqlite3_bind_int64(stmt, index, b ? 1 : 0)
+        default: sqlite3_bind_null(stmt, index)
         }
     }
 

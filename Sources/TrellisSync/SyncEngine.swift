@@ -255,26 +255,27 @@ public final class SyncEngine: @unchecked Sendable {
     private func scan(
         _ entry: Entry, key: String, spec: SubscriptionSpec, after: Int64, limit: Int, id: ObjectIdentifier
     ) {
-        let records: [ChangeRecord]
+        guard let query = query(for: spec) else {
+            // A subscription that does not parse matches nothing; move its cursor to the end.
+            perform(
+                entry.session.scanned(subscription: key, documents: [], upTo: store.lastSeq, exhausted: true), on: id)
+            return
+        }
+        let page: ChangePage
         do {
-            records = try store.changes(in: spec.collection, after: after, limit: limit)
+            page = try store.changes(
+                in: spec.collection, after: after, limit: limit, matching: query, args: spec.args)
         } catch {
             perform([.close(reason: "reading the change log failed: \(error)")], on: id)
             return
         }
-        let q = query(for: spec)
         let remote = entry.link.remotePeerKey
-        var documents: [WireDocument] = []
-        for record in records where record.source != remote {
-            if let value = record.value {
-                guard let q, (try? q.matches(value, args: spec.args)) == true else { continue }
-            }
-            documents.append(WireDocument(collection: record.collection, id: record.id, state: record.state))
+        let documents = page.records.filter { $0.source != remote }.map {
+            WireDocument(collection: $0.collection, id: $0.id, state: $0.state)
         }
-        let upTo = records.last?.seq ?? after
         perform(
             entry.session.scanned(
-                subscription: key, documents: documents, upTo: upTo, exhausted: records.count < limit),
+                subscription: key, documents: documents, upTo: page.scannedUpTo, exhausted: page.exhausted),
             on: id)
     }
 

@@ -160,7 +160,7 @@ figures.append(
 
 // MARK: Remote merges: apply the batched store's log into an empty store, 256 per transaction.
 
-let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount)
+let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount).records
 let remote = log.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
 let mergeStore = try DocumentStore(path: path("merge.sqlite"))
 let peer: [UInt8] = Array(repeating: 1, count: 32)
@@ -183,7 +183,7 @@ figures.append(
 
 let query = try Query("Origin == 'Japan'")
 var matched = 0
-let queryTime = try seconds { matched = try batchedStore.documents(in: "cars") { try query.matches($0) }.count }
+let queryTime = try seconds { matched = try batchedStore.documents(in: "cars", matching: query).count }
 var rawDB: OpaquePointer?
 sqlite3_open(path("raw.sqlite"), &rawDB)
 var rawMatched = 0
@@ -199,7 +199,7 @@ figures.append(
     Figure(name: "sql_json_extract_query_per_s", value: 1 / rawQueryTime, unit: "queries/s"))
 figures.append(
     Figure(
-        name: "find_equality_unindexed_per_s", value: 1 / queryTime, unit: "queries/s", baseline: 1 / rawQueryTime,
+        name: "find_equality_per_s", value: 1 / queryTime, unit: "queries/s", baseline: 1 / rawQueryTime,
         baselineName: "sql_json_extract_query_per_s"))
 
 // MARK: Storage: bytes per document against raw JSON.

@@ -168,7 +168,7 @@ enum InspectCommand {
             let query = try Query(
                 parsed.positional.dropFirst().joined(separator: " ").isEmpty
                     ? "true" : parsed.positional.dropFirst().joined(separator: " "))
-            let docs = try store.documents(in: collection) { try query.matches($0) }
+            let docs = try store.documents(in: collection, matching: query)
             if parsed.switches.contains("count") {
                 print(docs.count)
             } else {
