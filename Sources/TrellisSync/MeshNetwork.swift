@@ -53,10 +53,10 @@ public final class MeshNetwork: Sendable {
                     do {
                         let link = try SecureLink.handshake(
                             socket: socket, initiator: false, identity: identity, meshKey: meshKey,
-                            address: "inbound")
+                            address: socket.peerAddress)
                         engine.attach(link)
                     } catch {
-                        log("refused an inbound connection: \(error)")
+                        log("refused an inbound connection from \(socket.peerAddress): \(error)")
                     }
                 }
                 handshakeThread.start()

@@ -47,6 +47,8 @@ public final class SyncEngine: @unchecked Sendable {
 
     private var entries: [ObjectIdentifier: Entry] = [:]
     private var local: [String: SubscriptionSpec] = [:]
+    /// How many `subscribe` calls hold each local subscription (two apps may subscribe alike).
+    private var localCounts: [String: Int] = [:]
     private var queries: [String: Query?] = [:]
     private var observerToken: UInt64 = 0
     private var closing = false
@@ -81,14 +83,22 @@ public final class SyncEngine: @unchecked Sendable {
     public func subscribe(_ spec: SubscriptionSpec) throws {
         _ = try Query(spec.query)
         queue.sync {
+            localCounts[spec.key, default: 0] += 1
+            guard local[spec.key] == nil else { return }
             local[spec.key] = spec
             updateSubscriptions()
         }
     }
 
-    /// Stops asking peers for `spec`.
+    /// Releases one ``subscribe(_:)`` of `spec`; peers stop being asked for it when none is left.
     public func unsubscribe(_ spec: SubscriptionSpec) {
         queue.sync {
+            guard let count = localCounts[spec.key] else { return }
+            if count > 1 {
+                localCounts[spec.key] = count - 1
+                return
+            }
+            localCounts.removeValue(forKey: spec.key)
             local.removeValue(forKey: spec.key)
             updateSubscriptions()
         }

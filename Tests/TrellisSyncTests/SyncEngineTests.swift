@@ -110,6 +110,22 @@ func cars(_ n: Int) -> [Value] {
         #expect(b.store.lastSeq == before + 1)  // only the new document was applied
     }
 
+    @Test func aSubscriptionLastsWhileAnyHolderKeepsIt() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        let spec = SubscriptionSpec(collection: "cars", query: "Cylinders > 5")
+        try b.engine.subscribe(spec)
+        try b.engine.subscribe(spec)
+        _ = b.connect(a)
+        func served() -> [SubscriptionSpec] { a.engine.peers.first?.servedSubscriptions ?? [] }
+        #expect(eventually { served() == [spec] })
+        b.engine.unsubscribe(spec)
+        usleep(100_000)
+        #expect(served() == [spec])
+        b.engine.unsubscribe(spec)
+        #expect(eventually { a.engine.peers.count == 1 && served().isEmpty })
+    }
+
     @Test func aSecondLinkBetweenTheSamePeersIsClosed() throws {
         let a = try TestNode(dir, "a")
         let b = try TestNode(dir, "b")
