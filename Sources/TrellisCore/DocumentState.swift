@@ -18,6 +18,34 @@ public struct Stamp: Hashable, Comparable, Sendable, CustomStringConvertible {
     public var description: String { "\(time)@\(String(site, radix: 16))" }
 }
 
+/// A version vector: for each site, the highest HLC timestamp of its writes that something covers.
+public typealias VersionVector = [SiteID: HLCTimestamp]
+
+extension Dictionary where Key == SiteID, Value == HLCTimestamp {
+    /// Raises this vector to cover `stamp`.
+    mutating func include(_ stamp: Stamp) {
+        if let t = self[stamp.site], t >= stamp.time { return }
+        self[stamp.site] = stamp.time
+    }
+
+    /// Pointwise maximum. - Returns: whether this vector changed.
+    @discardableResult
+    mutating func join(_ other: VersionVector) -> Bool {
+        var changed = false
+        for (site, time) in other where (self[site].map { $0 < time } ?? true) {
+            self[site] = time
+            changed = true
+        }
+        return changed
+    }
+
+    /// Whether a write with this stamp is covered (seen by a remover).
+    func covers(_ stamp: Stamp) -> Bool {
+        guard let t = self[stamp.site] else { return false }
+        return stamp.time <= t
+    }
+}
+
 /// A last-writer-wins register: a value and the stamp of the write that set it.
 public struct Register: Hashable, Sendable {
     public var value: Value
@@ -27,41 +55,217 @@ public struct Register: Hashable, Sendable {
         self.value = value
         self.stamp = stamp
     }
+
+    mutating func join(_ other: Register) -> Bool {
+        // Equal stamps name the same write, so the same value.
+        guard other.stamp > stamp else { return false }
+        self = other
+        return true
+    }
 }
 
-/// A version vector: for each site, the highest HLC timestamp of its writes that a state covers.
-public typealias VersionVector = [SiteID: HLCTimestamp]
+/// A PN-counter: each site's running total of its increments, and the latest restart.
+///
+/// Value = restart value + Σ over sites (site total − that site's total the restart had seen).
+/// A restart is a last-writer-wins write; increments concurrent with it (not seen by it) survive.
+public struct Counter: Hashable, Sendable {
+    /// Running total of each site's increments, stamped by its latest increment.
+    public var totals: [SiteID: CounterTotal] = [:]
+    /// The latest restart: its value (a number) and stamp.
+    public var restart: Register?
+    /// Per site, the latest of its totals any restart or remove had seen (that much is not counted
+    /// again). Compared by stamp, not amount: totals fall with negative increments.
+    public var restartSeen: [SiteID: CounterTotal] = [:]
 
-/// The replicated (CRDT) state of one document.
-///
-/// - `fields`: one last-writer-wins register per top-level field (the document's `_id` is the
-///   key of the document, not a field). A later write is decided by (HLC, site ID).
-/// - `writes`: the version vector of every write the state holds.
-/// - `removed`: the causal context of removes: a register whose stamp is at or below
-///   `removed[stamp.site]` was seen by a remover and is gone. This is the observed-remove
-///   (add-wins) rule of DESIGN.md: a write the remover had not seen is above its context and survives,
-///   and writing to a removed `_id` brings the document back.
-///
-/// The document is live when some write is not covered by the remove context.
-///
-/// ``merge(_:)`` is a join: commutative, associative and idempotent (registers join by maximum stamp,
-/// version vectors by pointwise maximum; visibility is derived from the joined state).
-public struct DocumentState: Hashable, Sendable {
-    public var fields: [String: Register]
-    public var writes: VersionVector
-    public var removed: VersionVector
+    public init() {}
 
-    public init(fields: [String: Register] = [:], writes: VersionVector = [:], removed: VersionVector = [:]) {
-        self.fields = fields
-        self.writes = writes
-        self.removed = removed
+    /// Records every current total as seen by a restart.
+    mutating func seeAllTotals() {
+        for (site, total) in totals where (restartSeen[site].map { $0.stamp < total.stamp } ?? true) {
+            restartSeen[site] = total
+        }
     }
 
-    /// Whether a register survives the remove context.
-    @inline(__always)
-    func isVisible(_ stamp: Stamp) -> Bool {
-        guard let context = removed[stamp.site] else { return true }
-        return stamp.time > context
+    /// The stamp of the latest restart or increment.
+    var latestStamp: Stamp? {
+        var latest = restart?.stamp
+        for total in totals.values where latest.map({ $0 < total.stamp }) ?? true { latest = total.stamp }
+        return latest
+    }
+
+    mutating func join(_ other: Counter) -> Bool {
+        var changed = false
+        for (site, total) in other.totals where (totals[site].map { $0.stamp < total.stamp } ?? true) {
+            totals[site] = total
+            changed = true
+        }
+        if let r = other.restart, restart.map({ $0.stamp < r.stamp }) ?? true {
+            restart = r
+            changed = true
+        }
+        // Each restart (or remove) saw some of each site's total; none of that counts again.
+        for (site, seen) in other.restartSeen where (restartSeen[site].map { $0.stamp < seen.stamp } ?? true) {
+            restartSeen[site] = seen
+            changed = true
+        }
+        return changed
+    }
+}
+
+/// One site's running counter total.
+public struct CounterTotal: Hashable, Sendable {
+    public var total: Double
+    public var stamp: Stamp
+}
+
+/// The replicated state of one field: whichever of register, map or counter was written last
+/// (and is not removed) is what the field shows.
+///
+/// `removed` is the field's observed-remove context: everything under the field at or below it
+/// was seen by an unset (or by a write that replaced the field) and is gone.
+public struct FieldNode: Hashable, Sendable {
+    public var register: Register?
+    public var map: MapNode?
+    /// The latest write that made this field a map.
+    public var mapStamp: Stamp?
+    public var counter: Counter?
+    public var removed: VersionVector = [:]
+
+    public init() {}
+
+    /// Every write under this field, per site (the context an unset or replacement records).
+    func versionVector(into vv: inout VersionVector) {
+        if let r = register { vv.include(r.stamp) }
+        if let s = mapStamp { vv.include(s) }
+        if let map { for node in map.entries.values { node.versionVector(into: &vv) } }
+        if let counter {
+            if let r = counter.restart { vv.include(r.stamp) }
+            for total in counter.totals.values { vv.include(total.stamp) }
+        }
+    }
+
+    mutating func join(_ other: FieldNode) -> Bool {
+        var changed = false
+        if let r = other.register {
+            if register == nil {
+                register = r
+                changed = true
+            } else if register!.join(r) {
+                changed = true
+            }
+        }
+        if let s = other.mapStamp, mapStamp.map({ $0 < s }) ?? true {
+            mapStamp = s
+            changed = true
+        }
+        if let m = other.map {
+            if map == nil {
+                map = m
+                changed = true
+            } else if map!.join(m) {
+                changed = true
+            }
+        }
+        if let c = other.counter {
+            if counter == nil {
+                counter = c
+                changed = true
+            } else if counter!.join(c) {
+                changed = true
+            }
+        }
+        if removed.join(other.removed) { changed = true }
+        return changed
+    }
+
+    /// The field as applications see it under the inherited remove context, with the stamp of its
+    /// latest visible write (which decides between register, map and counter); `nil` when nothing
+    /// under it is visible.
+    func materialize(_ inherited: VersionVector) -> (value: Value, stamp: Stamp)? {
+        visible(inherited).map { ($0.value, $0.stamp) }
+    }
+
+    /// Which part of the field shows.
+    enum Kind { case register, map, counter }
+
+    /// The visible value, the stamp deciding it, and which part it comes from. On equal stamps
+    /// (one write that both set a register and restarted a counter) the register shows.
+    func visible(_ inherited: VersionVector) -> (value: Value, stamp: Stamp, kind: Kind)? {
+        var context = inherited
+        if !removed.isEmpty { context.join(removed) }
+        var best: (value: Value, stamp: Stamp, kind: Kind)?
+        func offer(_ value: Value, _ stamp: Stamp, _ kind: Kind) {
+            if best.map({ $0.stamp < stamp }) ?? true { best = (value, stamp, kind) }
+        }
+        if let r = register, !context.covers(r.stamp) { offer(r.value, r.stamp, .register) }
+        if let map {
+            var latest = mapStamp.flatMap { context.covers($0) ? nil : $0 }
+            var out: [String: Value] = [:]
+            for (key, node) in map.entries {
+                guard let (value, stamp) = node.materialize(context) else { continue }
+                out[key] = value
+                if latest.map({ $0 < stamp }) ?? true { latest = stamp }
+            }
+            if let latest { offer(.map(out), latest, .map) }
+        }
+        if let counter {
+            var latest: Stamp?
+            var sum = 0.0
+            if let r = counter.restart, !context.covers(r.stamp) {
+                sum = r.value.numberValue ?? 0
+                latest = r.stamp
+            }
+            for (site, total) in counter.totals where !context.covers(total.stamp) {
+                sum += total.total - (counter.restartSeen[site]?.total ?? 0)
+                if latest.map({ $0 < total.stamp }) ?? true { latest = total.stamp }
+            }
+            if let latest { offer(.double(sum), latest, .counter) }
+        }
+        return best
+    }
+}
+
+/// A map merged per key.
+public struct MapNode: Hashable, Sendable {
+    public var entries: [String: FieldNode] = [:]
+
+    public init() {}
+
+    mutating func join(_ other: MapNode) -> Bool {
+        var changed = false
+        for (key, node) in other.entries {
+            if entries[key] == nil {
+                entries[key] = node
+                changed = true
+            } else if entries[key]!.join(node) {
+                changed = true
+            }
+        }
+        return changed
+    }
+}
+
+/// The replicated (CRDT) state of one document (docs/DATA-MODEL.md).
+///
+/// - Maps, the document root included, merge per key; leaves and arrays are last-writer-wins
+///   registers decided by (HLC, site ID); counters sum each site's increments.
+/// - Removes are **add-wins (observed-remove)**: removing the document, or unsetting a field, takes
+///   away exactly the writes the remover had seen (recorded as a version vector, the remove
+///   context); a concurrent write it had not seen survives, and writing to a removed `_id` brings the
+///   document back with only the new writes.
+/// - ``merge(_:)`` is a join (commutative, associative, idempotent): every part merges by maximum
+///   stamp or pointwise maximum, and what applications see is derived from the joined state.
+public struct DocumentState: Hashable, Sendable {
+    public var root: MapNode
+    /// Every write the state holds, per site.
+    public var writes: VersionVector
+    /// The document's remove context.
+    public var removed: VersionVector
+
+    public init(root: MapNode = MapNode(), writes: VersionVector = [:], removed: VersionVector = [:]) {
+        self.root = root
+        self.writes = writes
+        self.removed = removed
     }
 
     /// `true` when every write this state holds was seen by a remove (or it holds none).
@@ -73,65 +277,194 @@ public struct DocumentState: Hashable, Sendable {
         return true
     }
 
-    /// Records a local write of `value` to top-level field `key`.
-    ///
-    /// The register changes only if `stamp` is later than the one it holds.
-    public mutating func set(_ key: String, to value: Value, stamp: Stamp) {
-        if let current = fields[key], current.stamp >= stamp { return }
-        fields[key] = Register(value: value, stamp: stamp)
-        noteWrite(stamp)
+    /// Records a write at `stamp` even if no field changes (an upsert of only `_id` creates the document).
+    public mutating func noteWrite(_ stamp: Stamp) {
+        writes.include(stamp)
     }
 
-    /// Records that the document was written at `stamp` even if no field changed (an upsert of
-    /// only `_id` creates the document).
-    public mutating func noteWrite(_ stamp: Stamp) {
-        if let t = writes[stamp.site], t >= stamp.time { return }
-        writes[stamp.site] = stamp.time
+    // MARK: Local operations
+
+    /// Navigates to the field at `path` and runs `body` on it. With `create`, missing maps on the
+    /// way are created (and every map on the way records the write); without, a missing step
+    /// skips `body` and returns `nil`.
+    @discardableResult
+    private mutating func withField<R>(
+        _ path: FieldPath, stamp: Stamp, create: Bool = true, _ body: (inout FieldNode) throws(DocumentStateError) -> R
+    ) throws(DocumentStateError) -> R? {
+        guard case .key(let first)? = path.components.first else {
+            throw DocumentStateError(message: "a path must start with a field name, not '\(path)'")
+        }
+        return try Self.withField(in: &root, first, path.components.dropFirst(), stamp: stamp, create: create, body)
+    }
+
+    private static func withField<R>(
+        in map: inout MapNode, _ key: String, _ rest: ArraySlice<FieldPath.Component>, stamp: Stamp, create: Bool,
+        _ body: (inout FieldNode) throws(DocumentStateError) -> R
+    ) throws(DocumentStateError) -> R? {
+        guard create || map.entries[key] != nil else { return nil }
+        var node = map.entries.removeValue(forKey: key) ?? FieldNode()
+        defer { map.entries[key] = node }
+        guard let next = rest.first else { return try body(&node) }
+        guard case .key(let childKey) = next else {
+            throw DocumentStateError(
+                message: "'\(key)' holds an array, which is one register: set the whole array, not an element")
+        }
+        guard create || node.map != nil else { return nil }
+        if create, node.mapStamp.map({ $0 < stamp }) ?? true { node.mapStamp = stamp }
+        var child = node.map ?? MapNode()
+        defer { node.map = child }
+        return try withField(in: &child, childKey, rest.dropFirst(), stamp: stamp, create: create, body)
+    }
+
+    /// Sets the field at `path` to `value`, replacing whatever it held (a map value replaces the
+    /// map: keys not in it are removed).
+    ///
+    /// - Throws: ``DocumentStateError`` for a path through an array index.
+    public mutating func set(_ path: FieldPath, to value: Value, stamp: Stamp) throws(DocumentStateError) {
+        try withField(path, stamp: stamp) { node in
+            Self.kill(&node, stamp: stamp, includingOwnStamp: false)
+            Self.write(value, into: &node, stamp: stamp, replace: true)
+        }
+        writes.include(stamp)
+    }
+
+    /// Removes everything under a field that this replica has seen: its writes join the field's
+    /// remove context, and counters restart at 0 having seen their current totals (so a concurrent
+    /// increment from elsewhere counts only itself when it arrives).
+    ///
+    /// - Parameter includingOwnStamp: the operation's own stamp joins the context too (unset,
+    ///   remove), hiding the counter restarts it writes.
+    static func kill(_ node: inout FieldNode, stamp: Stamp, includingOwnStamp: Bool) {
+        var seen = VersionVector()
+        node.versionVector(into: &seen)
+        if includingOwnStamp { seen.include(stamp) }
+        node.removed.join(seen)
+        restartCounters(&node, stamp: stamp)
+    }
+
+    static func restartCounters(_ node: inout FieldNode, stamp: Stamp) {
+        if var counter = node.counter, counter.restart.map({ $0.stamp < stamp }) ?? true {
+            counter.restart = Register(value: .double(0), stamp: stamp)
+            counter.seeAllTotals()
+            node.counter = counter
+        }
+        if var map = node.map {
+            for key in Array(map.entries.keys) {
+                restartCounters(&map.entries[key]!, stamp: stamp)
+            }
+            node.map = map
+        }
+    }
+
+    /// Writes top-level fields as Ditto's `merge` upsert does: nested maps merge per key, every
+    /// other value replaces the field.
+    public mutating func merge(fields: [String: Value], stamp: Stamp) {
+        for (key, value) in fields {
+            var node = root.entries[key] ?? FieldNode()
+            Self.write(value, into: &node, stamp: stamp, replace: false)
+            root.entries[key] = node
+        }
+        writes.include(stamp)
+    }
+
+    private static func write(_ value: Value, into node: inout FieldNode, stamp: Stamp, replace: Bool) {
+        if case .map(let entries) = value {
+            if node.mapStamp.map({ $0 < stamp }) ?? true { node.mapStamp = stamp }
+            var map = node.map ?? MapNode()
+            for (key, child) in entries {
+                var childNode = map.entries[key] ?? FieldNode()
+                write(child, into: &childNode, stamp: stamp, replace: replace)
+                map.entries[key] = childNode
+            }
+            node.map = map
+        } else {
+            if !replace {
+                // A leaf replaces whatever was there (a map, a counter): it is seen and removed.
+                kill(&node, stamp: stamp, includingOwnStamp: false)
+            }
+            node.register = Register(value: value, stamp: stamp)
+        }
+    }
+
+    /// Removes the field at `path` (observed-remove: concurrent writes not seen here survive).
+    ///
+    /// - Returns: whether the field was visible before.
+    @discardableResult
+    public mutating func unset(_ path: FieldPath, stamp: Stamp) throws(DocumentStateError) -> Bool {
+        let existed = value(at: path) != nil
+        try withField(path, stamp: stamp, create: false) { node in
+            Self.kill(&node, stamp: stamp, includingOwnStamp: true)
+        }
+        return existed
+    }
+
+    /// Adds `amount` to the counter at `path` (Ditto's `increment(by:)`). A field holding a number
+    /// becomes a counter starting from that number; a missing field, a counter starting from 0.
+    ///
+    /// - Throws: ``DocumentStateError`` when the field holds something other than a number, or the
+    ///   amount is not finite.
+    public mutating func increment(_ path: FieldPath, by amount: Double, stamp: Stamp) throws(DocumentStateError) {
+        guard amount.isFinite else { throw DocumentStateError(message: "cannot increment '\(path)' by \(amount)") }
+        let current = value(at: path)
+        switch current {
+        case nil, .int?, .double?: break
+        case let other?: throw DocumentStateError(message: "cannot increment '\(path)': it holds \(other.typeName)")
+        }
+        try withField(path, stamp: stamp) { node in
+            var counter = node.counter ?? Counter()
+            let counterIsCurrent = current != nil && node.visible([:])?.kind == .counter
+            if !counterIsCurrent {
+                // Start (again) from what the field shows; earlier totals are not counted twice.
+                counter.restart = Register(value: .double(current?.numberValue ?? 0), stamp: stamp)
+                counter.seeAllTotals()
+            }
+            let previous = counter.totals[stamp.site]?.total ?? 0
+            counter.totals[stamp.site] = CounterTotal(total: previous + amount, stamp: stamp)
+            node.counter = counter
+        }
+        writes.include(stamp)
     }
 
     /// Removes the document as the local node sees it: every write this state holds becomes
-    /// covered by the remove context. Concurrent writes not yet seen will survive the merge.
-    public mutating func remove() {
-        for (site, time) in writes {
-            if let t = removed[site], t >= time { continue }
-            removed[site] = time
+    /// covered by the remove context (a tombstone); counters restart having seen their totals.
+    public mutating func remove(stamp: Stamp) {
+        removed.join(writes)
+        removed.include(stamp)
+        for key in Array(root.entries.keys) {
+            Self.restartCounters(&root.entries[key]!, stamp: stamp)
         }
     }
 
     /// Joins another replica's state of the same document into this one.
     ///
     /// - Returns: `true` when this state changed.
-    /// - Complexity: O(fields + sites) of `other`.
+    /// - Complexity: O(size of `other`).
     @discardableResult
     public mutating func merge(_ other: DocumentState) -> Bool {
-        var changed = false
-        for (key, register) in other.fields {
-            if let current = fields[key], current.stamp >= register.stamp {
-                // LWW: equal stamps name the same write, so the same value.
-                continue
-            }
-            fields[key] = register
-            changed = true
-        }
-        for (site, time) in other.writes where (writes[site].map { $0 < time } ?? true) {
-            writes[site] = time
-            changed = true
-        }
-        for (site, time) in other.removed where (removed[site].map { $0 < time } ?? true) {
-            removed[site] = time
-            changed = true
-        }
+        var changed = root.join(other.root)
+        if writes.join(other.writes) { changed = true }
+        if removed.join(other.removed) { changed = true }
         return changed
+    }
+
+    /// The visible value at a field path (array indexes look inside arrays), `nil` when absent.
+    public func value(at path: FieldPath) -> Value? {
+        guard !isDeleted, case .key(let first)? = path.components.first,
+            let (value, _) = root.entries[first]?.materialize(removed)
+        else { return nil }
+        return value.value(at: FieldPath(components: Array(path.components.dropFirst())))
     }
 
     /// The document as applications see it: a map of the visible fields plus `_id`, or `nil` when
     /// the document is removed.
+    ///
+    /// - Complexity: O(size of the state).
     public func materialize(id: Value) -> Value? {
         guard !isDeleted else { return nil }
         var out: [String: Value] = [:]
-        out.reserveCapacity(fields.count + 1)
-        for (key, register) in fields where isVisible(register.stamp) {
-            out[key] = register.value
+        out.reserveCapacity(root.entries.count + 1)
+        for (key, node) in root.entries {
+            if let (value, _) = node.materialize(removed) { out[key] = value }
         }
         out["_id"] = id
         return .map(out)
@@ -146,74 +479,9 @@ public struct DocumentState: Hashable, Sendable {
     }
 }
 
-// MARK: - Encoding as a Value (stored and sent as CBOR)
-
-extension DocumentState {
-    /// The state as a ``Value`` for CBOR: `{"f": {key: [value, time, site]}, "w": [[site, time]...],
-    /// "r": [[site, time]...]}` with times and sites as 64-bit integers (bit-cast from unsigned).
-    /// Version vectors are sorted by site so the encoding is deterministic.
-    public var encoded: Value {
-        var f: [String: Value] = [:]
-        f.reserveCapacity(fields.count)
-        for (key, r) in fields {
-            f[key] = .array([
-                r.value, .int(Int64(bitPattern: r.stamp.time.rawValue)), .int(Int64(bitPattern: r.stamp.site)),
-            ])
-        }
-        func vv(_ v: VersionVector) -> Value {
-            .array(
-                v.sorted { $0.key < $1.key }.map {
-                    .array([.int(Int64(bitPattern: $0.key)), .int(Int64(bitPattern: $0.value.rawValue))])
-                })
-        }
-        return .map(["f": .map(f), "w": vv(writes), "r": vv(removed)])
-    }
-
-    /// Decodes ``encoded``.
-    ///
-    /// - Throws: ``DocumentStateError`` naming the malformed part; input from peers is untrusted.
-    public init(encoded value: Value) throws(DocumentStateError) {
-        guard case .map(let m) = value, case .map(let f)? = m["f"] else {
-            throw DocumentStateError(message: "document state is not a map with 'f'")
-        }
-        var fields: [String: Register] = [:]
-        fields.reserveCapacity(f.count)
-        for (key, entry) in f {
-            guard case .array(let parts) = entry, parts.count == 3,
-                case .int(let time) = parts[1], case .int(let site) = parts[2]
-            else { throw DocumentStateError(message: "field '\(key)' is not [value, time, site]") }
-            try parts[0].validateFinite(key)
-            fields[key] = Register(
-                value: parts[0],
-                stamp: Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site)))
-        }
-        func vv(_ name: String) throws(DocumentStateError) -> VersionVector {
-            guard let v = m[name] else { return [:] }
-            guard case .array(let entries) = v else { throw DocumentStateError(message: "'\(name)' is not an array") }
-            var out: VersionVector = [:]
-            for entry in entries {
-                guard case .array(let pair) = entry, pair.count == 2, case .int(let site) = pair[0],
-                    case .int(let time) = pair[1]
-                else { throw DocumentStateError(message: "'\(name)' entry is not [site, time]") }
-                let s = SiteID(bitPattern: site)
-                let t = HLCTimestamp(rawValue: UInt64(bitPattern: time))
-                if let existing = out[s], existing >= t { continue }
-                out[s] = t
-            }
-            return out
-        }
-        self.init(fields: fields, writes: try vv("w"), removed: try vv("r"))
-    }
-}
-
-extension Value {
-    fileprivate func validateFinite(_ key: String) throws(DocumentStateError) {
-        do { try validate(path: key) } catch { throw DocumentStateError(message: error.description) }
-    }
-}
-
-/// A document state that does not decode.
+/// A document state that does not decode, or an operation it cannot take.
 public struct DocumentStateError: Error, Equatable, Sendable, CustomStringConvertible {
     public var message: String
-    public var description: String { "malformed document state: \(message)" }
+    public init(message: String) { self.message = message }
+    public var description: String { message }
 }

@@ -16,6 +16,9 @@ public struct FieldPath: Hashable, Sendable, CustomStringConvertible {
         self.components = components
     }
 
+    /// The path of one top-level field (any key, including ones that are not identifiers).
+    public static func key(_ name: String) -> FieldPath { FieldPath(components: [.key(name)]) }
+
     /// Parses `a.b[2].c`.
     ///
     /// - Throws: ``FieldPathError`` naming the offset of the first bad character.

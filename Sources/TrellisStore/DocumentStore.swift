@@ -351,8 +351,7 @@ public final class DocumentStore: Sendable {
                 for (id, key, fields) in prepared {
                     var doc = try load(s.db, collection, key) ?? DocumentState()
                     let stamp = Stamp(time: s.clock.now(physicalMillis: now), site: siteID)
-                    for (k, v) in fields { doc.set(k, to: v, stamp: stamp) }
-                    doc.noteWrite(stamp)
+                    doc.merge(fields: fields, stamp: stamp)
                     try persist(&s, collection, key, id, doc, source: nil)
                 }
                 try saveClock(s)
@@ -371,9 +370,8 @@ public final class DocumentStore: Sendable {
         let removed = try withState { s -> Bool in
             try s.db.transaction {
                 guard var doc = try load(s.db, collection, key), !doc.isDeleted else { return false }
-                // The remove itself is an event on this node's clock, so later local writes order after it.
-                _ = s.clock.now(physicalMillis: options.now())
-                doc.remove()
+                // The remove is an event on this node's clock, so later local writes order after it.
+                doc.remove(stamp: Stamp(time: s.clock.now(physicalMillis: options.now()), site: siteID))
                 try persist(&s, collection, key, id, doc, source: nil)
                 try saveClock(s)
                 return true
