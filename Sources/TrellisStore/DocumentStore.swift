@@ -115,13 +115,13 @@ public struct MergeOutcome: Sendable {
 /// All access goes through one lock that owns the connection (the single writer). Observers are
 /// called after commit, outside the lock.
 public final class DocumentStore: Sendable {
-    private struct State {
+    struct State {
         let db: Connection
         var clock: HybridLogicalClock
         var nextSeq: Int64
     }
 
-    private let state: Mutex<State>
+    let state: Mutex<State>
     private let observers = Mutex<[UInt64: @Sendable (StoreEvent) -> Void]>([:])
     private let nextObserver = Atomic<UInt64>(0)
     public let options: StoreOptions
@@ -239,7 +239,7 @@ public final class DocumentStore: Sendable {
         _ = observers.withLock { $0.removeValue(forKey: token) }
     }
 
-    private func notify(_ event: StoreEvent) {
+    func notify(_ event: StoreEvent) {
         guard !event.collections.isEmpty else { return }
         let callbacks = observers.withLock { Array($0.values) }
         for callback in callbacks { callback(event) }
@@ -262,7 +262,7 @@ public final class DocumentStore: Sendable {
 
     // MARK: Local writes
 
-    private func withState<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
+    func withState<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
         do {
             return try state.withLock { (s: inout State) throws -> R in try body(&s) }
         } catch let error as StoreError {
@@ -274,7 +274,7 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    private func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
+    func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
         let s = try db.prepare("SELECT state FROM documents WHERE collection = ? AND id = ?")
         s.bind(1, collection)
         s.bind(2, key)
@@ -288,7 +288,7 @@ public final class DocumentStore: Sendable {
     }
 
     /// Writes a document state with the next `seq`. Checks the size limit.
-    private func persist(
+    func persist(
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
         source: [UInt8]?
     ) throws {
@@ -316,7 +316,7 @@ public final class DocumentStore: Sendable {
         s.nextSeq += 1
     }
 
-    private func saveClock(_ s: State) throws {
+    func saveClock(_ s: State) throws {
         try Self.setMeta(s.db, "hlc", Self.bytes(s.clock.last.rawValue))
     }
 
