@@ -142,9 +142,10 @@ extension Value {
         }
     }
 
-    /// Checks that every double in the value is finite.
+    /// Checks that the value can be stored: every double is finite, and no map uses the key
+    /// `$bytes`, which is how JSON spells a byte string (`{"$bytes": "<base64>"}`).
     ///
-    /// - Throws: ``ValueError/nonFiniteNumber(path:)`` naming the first offending path.
+    /// - Throws: ``ValueError`` naming the first offending path.
     /// - Complexity: O(size of the value).
     public func validate(path: String = "") throws(ValueError) {
         switch self {
@@ -153,7 +154,10 @@ extension Value {
         case .array(let a):
             for (i, element) in a.enumerated() { try element.validate(path: "\(path)[\(i)]") }
         case .map(let m):
-            for (k, v) in m { try v.validate(path: path.isEmpty ? k : "\(path).\(k)") }
+            for (k, v) in m {
+                if k == "$bytes" { throw .reservedKey(path: path.isEmpty ? k : "\(path).\(k)") }
+                try v.validate(path: path.isEmpty ? k : "\(path).\(k)")
+            }
         default:
             break
         }
@@ -164,11 +168,15 @@ extension Value {
 public enum ValueError: Error, Equatable, Sendable, CustomStringConvertible {
     /// A double that is NaN or ±Infinity; Trellis stores finite numbers only.
     case nonFiniteNumber(path: String)
+    /// A map key `$bytes`: JSON spells byte strings `{"$bytes": "<base64>"}`, so the key is reserved.
+    case reservedKey(path: String)
 
     public var description: String {
         switch self {
         case .nonFiniteNumber(let path):
             return "field '\(path)' is NaN or infinite; only finite numbers can be stored"
+        case .reservedKey(let path):
+            return "field '\(path)' uses the reserved name '$bytes' (JSON spells byte strings {\"$bytes\": …})"
         }
     }
 }
