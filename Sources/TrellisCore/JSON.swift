@@ -2,11 +2,12 @@ public import Foundation
 
 /// Conversion between JSON text and ``Value``.
 ///
-/// Parsing is strict RFC 8259 over UTF-8 (see ``parse(_:)-(UnsafeRawBufferPointer)``) and keeps
-/// the spelling of numbers: an integer literal (no fraction, no exponent) that fits in `Int64`
-/// becomes `.int`, every other number `.double` (so `1.0` stays a double). Writing emits doubles
-/// so that they read back as doubles (`1.0`, `-0.0`, `1e+100`). Bytes are written as
-/// `{"$bytes": "<base64>"}`, the same shape parsing turns back into `.bytes`.
+/// Parsing is strict RFC 8259 over UTF-8 (the rules are listed on the `UnsafeRawBufferPointer`
+/// overload of `parse`) and keeps the spelling of numbers: an integer literal (no fraction, no
+/// exponent) that fits in `Int64` becomes `.int`, every other number a correctly rounded
+/// `.double` (so `1.0` stays a double). Writing emits doubles so that they read back as the same
+/// doubles, bit for bit (`1.0`, `-0.0`, `1e+100`). Bytes are written as `{"$bytes": "<base64>"}`,
+/// the same shape parsing turns back into `.bytes`.
 public enum JSON {
     /// How deeply arrays and objects may nest in parsed text; deeper input is rejected.
     public static let maximumDepth = 512
@@ -14,7 +15,7 @@ public enum JSON {
     /// Parses one JSON text (any top-level value).
     ///
     /// - Throws: ``JSONError`` naming the byte offset (in the text's UTF-8) and what was expected.
-    /// - Complexity: O(n) in the length of the text, plus O(k log k) hashing for objects.
+    /// - Complexity: O(n) in the length of the text (expected; object keys are hashed).
     public static func parse(_ text: String) throws(JSONError) -> Value {
         let result = text.utf8.withContiguousStorageIfAvailable { buffer in
             catching { () throws(JSONError) in try JSONParser.parse(UnsafeRawBufferPointer(buffer)) }
@@ -45,7 +46,8 @@ public enum JSON {
     /// and `\uXXXX`, where a surrogate must be part of a pair. Numbers follow the RFC's grammar
     /// (no leading zeros, `+`, `.5`, `1.`, `NaN` or `Infinity`). In an object a repeated key
     /// replaces the earlier member's value. `{"$bytes": "<base64>"}` with exactly that one key
-    /// and valid padded base64 is `.bytes`.
+    /// and valid padded base64 is `.bytes`. Not accepted: trailing commas, comments, single
+    /// quotes, and text in UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8 between systems).
     ///
     /// - Parameter buffer: the text; read only during the call.
     /// - Returns: the value; integer literals that fit are `.int`, other numbers `.double`
