@@ -361,23 +361,15 @@ struct JSONParser {
         throw expected("'\"'", at: position)
     }
 
-    /// Steps over string bytes that need no attention (ASCII, not `"`, `\\` or a control
+    /// Steps over string bytes that need no attention (ASCII, not `"`, `\` or a control
     /// character) eight at a time, stopping at the first byte that might.
     @inline(__always)
     private mutating func skipPlainASCII() {
-        let ones: UInt64 = 0x0101_0101_0101_0101
-        let high: UInt64 = 0x8080_8080_8080_8080
         while end - position >= 8 {
             let word = UInt64(littleEndian: input.loadUnaligned(fromByteOffset: position, as: UInt64.self))
-            let quotes = word ^ (ones &* UInt64(Self.quote))
-            let backslashes = word ^ (ones &* UInt64(Self.backslash))
-            // A byte is flagged when it is zero (after the xor), below 0x20, or has its high bit set.
-            // Borrows can only flag bytes above a truly flagged one, so the lowest flag is exact.
-            let flags =
-                ((quotes &- ones) & ~quotes | (backslashes &- ones) & ~backslashes | (word &- ones &* 0x20) & ~word
-                    | word) & high
+            let flags = JSONByteScan.flags(word, nonASCII: true)
             if flags != 0 {
-                position += flags.trailingZeroBitCount >> 3
+                position += JSONByteScan.firstFlagged(flags)
                 return
             }
             position += 8

@@ -40,9 +40,9 @@ struct JSONWriter {
             output.append(UInt8(ascii: "{"))
             if sortedKeys && m.count > 1 {
                 // Sorted by the 8-byte prefix first; equal prefixes fall back to the whole key.
-                var entries: [(prefix: UInt64, key: String, value: Value)] = []
+                var entries: [Entry] = []
                 entries.reserveCapacity(m.count)
-                for (key, member) in m { entries.append((JSON.utf8Prefix(key), key, member)) }
+                for (key, member) in m { entries.append(Entry(prefix: JSON.utf8Prefix(key), key: key, value: member)) }
                 entries.sort { $0.prefix != $1.prefix ? $0.prefix < $1.prefix : JSON.utf8Precedes($0.key, $1.key) }
                 for (i, entry) in entries.enumerated() {
                     if i > 0 { output.append(UInt8(ascii: ",")) }
@@ -58,6 +58,13 @@ struct JSONWriter {
             }
             output.append(UInt8(ascii: "}"))
         }
+    }
+
+    /// A map member and the first eight bytes of its key, for sorting.
+    private struct Entry {
+        var prefix: UInt64
+        var key: String
+        var value: Value
     }
 
     private mutating func writeMember(_ key: String, _ value: Value) {
@@ -106,6 +113,18 @@ struct JSONWriter {
         var runStart = 0
         var k = 0
         while k < text.count {
+            if let base = text.baseAddress {
+                while text.count - k >= 8 {
+                    let word = UInt64(littleEndian: UnsafeRawPointer(base + k).loadUnaligned(as: UInt64.self))
+                    let flags = JSONByteScan.flags(word, nonASCII: false)
+                    if flags != 0 {
+                        k += JSONByteScan.firstFlagged(flags)
+                        break
+                    }
+                    k += 8
+                }
+                guard k < text.count else { break }
+            }
             let b = text[k]
             guard b < 0x20 || b == UInt8(ascii: "\"") || b == UInt8(ascii: "\\") else {
                 k += 1
@@ -158,5 +177,32 @@ struct JSONWriter {
         default:
             break
         }
+    }
+}
+
+/// Finds bytes that JSON strings treat specially, eight at a time (SWAR: SIMD within a register).
+enum JSONByteScan {
+    private static let ones: UInt64 = 0x0101_0101_0101_0101
+    private static let high: UInt64 = 0x8080_8080_8080_8080
+
+    /// The high bit of each byte of `word` (little-endian: byte 0 is the lowest) that is `"`,
+    /// `\`, below 0x20, or, when `nonASCII`, 0x80 or above.
+    ///
+    /// Borrows between bytes can flag bytes above one that is truly flagged, never below, so
+    /// the lowest flag is exact (see ``firstFlagged(_:)``); the others may be false positives.
+    @inline(__always)
+    static func flags(_ word: UInt64, nonASCII: Bool) -> UInt64 {
+        let quotes = word ^ (ones &* UInt64(UInt8(ascii: "\"")))
+        let backslashes = word ^ (ones &* UInt64(UInt8(ascii: "\\")))
+        // (x - 0x01…) & ~x has the high bit of each zero byte; (x - 0x20…) & ~x of each byte below 0x20.
+        var found = (quotes &- ones) & ~quotes | (backslashes &- ones) & ~backslashes | (word &- ones &* 0x20) & ~word
+        if nonASCII { found |= word }
+        return found & high
+    }
+
+    /// The index (0–7) of the first flagged byte.
+    @inline(__always)
+    static func firstFlagged(_ flags: UInt64) -> Int {
+        flags.trailingZeroBitCount >> 3
     }
 }

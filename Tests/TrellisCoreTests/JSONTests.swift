@@ -214,6 +214,17 @@ private enum FoundationJSON {
         #expect(JSON.string(.string("x\u{0}y\"z")) == #""x\u0000y\"z""#)
     }
 
+    /// Every byte that needs an escape, at every position of a string around the eight-byte
+    /// scanning windows, comes out as the previous writer wrote it.
+    @Test func escapesAtEveryOffset() {
+        for special in ["\"", "\\", "\n", "\r", "\t", "\u{0}", "\u{1f}", "\u{7f}", "é", "😀"] {
+            for offset in 0..<24 {
+                let text = String(repeating: "a", count: offset) + special + String(repeating: "b", count: 24 - offset)
+                #expect(JSON.string(.string(text)) == FoundationJSON.string(.string(text)), "\(text.debugDescription)")
+            }
+        }
+    }
+
     @Test func nonLatinTextIsRawUTF8() {
         let text = "日本語 Ελληνικά 😀 e\u{301} \u{2028} \u{FFFF} \u{10FFFF}"
         #expect(JSON.string(.string(text)) == "\"\(text)\"")
@@ -318,6 +329,28 @@ private enum FoundationJSON {
             .string("abcdefghijklmnop\nabcdefghijklmnop\u{e9}abcdefghijklmnop"))
         // Escaped text that would be invalid if taken raw: never normalised.
         expectParse(#""e\u0301""#, .string("e\u{301}"))
+    }
+
+    /// Quotes, escapes, control characters and multi-byte scalars at every position of a string
+    /// around the eight-byte scanning windows.
+    @Test func specialBytesAtEveryOffset() {
+        for offset in 0..<24 {
+            let before = String(repeating: "a", count: offset)
+            let after = String(repeating: "b", count: 24 - offset)
+            expectParse("\"\(before)\"", .string(before))
+            expectParse("[\"\(before)\",\"\(after)\"]", [.string(before), .string(after)])
+            expectParse("\"\(before)\\n\(after)\"", .string(before + "\n" + after))
+            expectParse("\"\(before)\\\"\(after)\"", .string(before + "\"" + after))
+            expectParse("\"\(before)\\u00e9\(after)\"", .string(before + "é" + after))
+            expectParse("\"\(before)é😀\(after)\"", .string(before + "é😀" + after))
+            expectParse("\"\(before)\u{7f}\(after)\"", .string(before + "\u{7f}" + after))
+            expectError("\"\(before)\u{1}\(after)\"", "unescaped control character U+0001 at offset \(offset + 1)")
+            expectError("\"\(before)\\n\u{1f}\(after)\"", "unescaped control character U+001F at offset \(offset + 3)")
+            expectError(
+                [0x22] + Array(before.utf8) + [0xc3, 0x28] + Array(after.utf8) + [0x22],
+                "invalid UTF-8 at offset \(offset + 1)")
+            expectError("\"\(before)", "expected '\"' at offset \(offset + 1)")
+        }
     }
 
     @Test func numbersKeepTheirSpelling() {
