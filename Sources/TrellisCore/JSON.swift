@@ -2,141 +2,138 @@ public import Foundation
 
 /// Conversion between JSON text and ``Value``.
 ///
-/// Parsing uses Foundation's `JSONSerialization` and keeps the spelling of numbers: an integer
-/// literal (no fraction, no exponent) that fits in `Int64` becomes `.int`, every other number
-/// `.double` (so `1.0` stays a double). Writing emits doubles so that they read back as doubles
-/// (`1.0`, `-0.0`, `1e+100`). Bytes are written as `{"$bytes": "<base64>"}`, the same shape
-/// parsing turns back into `.bytes`.
+/// Parsing is strict RFC 8259 over UTF-8 (the rules are listed on the `UnsafeRawBufferPointer`
+/// overload of `parse`) and keeps the spelling of numbers: an integer literal (no fraction, no
+/// exponent) that fits in `Int64` becomes `.int`, every other number a correctly rounded
+/// `.double` (so `1.0` stays a double). Writing emits doubles so that they read back as the same
+/// doubles, bit for bit (`1.0`, `-0.0`, `1e+100`). Bytes are written as `{"$bytes": "<base64>"}`,
+/// the same shape parsing turns back into `.bytes`.
 public enum JSON {
+    /// How deeply arrays and objects may nest in parsed text; deeper input is rejected.
+    public static let maximumDepth = 512
+
     /// Parses one JSON text (any top-level value).
     ///
-    /// - Throws: ``JSONError`` with Foundation's reason when the text is not JSON, or when it
-    ///   holds a number that is not finite.
+    /// - Throws: ``JSONError`` naming the byte offset (in the text's UTF-8) and what was expected.
+    /// - Complexity: O(n) in the length of the text (expected; object keys are hashed).
     public static func parse(_ text: String) throws(JSONError) -> Value {
-        try parse(Data(text.utf8))
+        let result = text.utf8.withContiguousStorageIfAvailable { buffer in
+            catching { () throws(JSONError) in try JSONParser.parse(UnsafeRawBufferPointer(buffer)) }
+        }
+        if let result { return try result.get() }
+        return try parse(Array(text.utf8))
     }
 
     /// Parses one JSON text from UTF-8 bytes.
     public static func parse(_ data: Data) throws(JSONError) -> Value {
-        let object: Any
-        do {
-            object = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
+        try data.withUnsafeBytes { buffer in
+            catching { () throws(JSONError) in try JSONParser.parse(buffer) }
+        }.get()
+    }
+
+    /// Parses one JSON text from UTF-8 bytes.
+    public static func parse(_ bytes: [UInt8]) throws(JSONError) -> Value {
+        try bytes.withUnsafeBytes { buffer in
+            catching { () throws(JSONError) in try JSONParser.parse(buffer) }
+        }.get()
+    }
+
+    /// Parses one JSON text (RFC 8259) from UTF-8 bytes in memory the caller owns.
+    ///
+    /// Accepted: any value at the top level, surrounded by optional whitespace (space, tab, line
+    /// feed, carriage return) and optionally preceded by a UTF-8 byte order mark. Strings must be
+    /// well-formed UTF-8 without raw control characters; escapes are `\" \\ \/ \b \f \n \r \t`
+    /// and `\uXXXX`, where a surrogate must be part of a pair. Numbers follow the RFC's grammar
+    /// (no leading zeros, `+`, `.5`, `1.`, `NaN` or `Infinity`). In an object a repeated key
+    /// replaces the earlier member's value. `{"$bytes": "<base64>"}` with exactly that one key
+    /// and valid padded base64 is `.bytes`. Not accepted: trailing commas, comments, single
+    /// quotes, and text in UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8 between systems).
+    ///
+    /// - Parameter buffer: the text; read only during the call.
+    /// - Returns: the value; integer literals that fit are `.int`, other numbers `.double`
+    ///   (correctly rounded; an integer literal beyond `Int64` becomes the double nearest to it).
+    /// - Throws: ``JSONError`` with a message such as `expected ',' or '}' at offset 17`, for
+    ///   malformed text, invalid UTF-8, a number whose magnitude is beyond `Double` ("number out
+    ///   of range"), or nesting deeper than ``maximumDepth``. No input traps.
+    /// - Complexity: O(n) in the length of the text.
+    public static func parse(_ buffer: UnsafeRawBufferPointer) throws(JSONError) -> Value {
+        try JSONParser.parse(buffer)
+    }
+
+    private static func catching(_ body: () throws(JSONError) -> Value) -> Result<Value, JSONError> {
+        do throws(JSONError) {
+            return .success(try body())
         } catch {
-            throw JSONError(message: reason(error))
-        }
-        return try value(fromFoundation: object)
-    }
-
-    private static func reason(_ error: any Error) -> String {
-        let ns = error as NSError
-        if let debug = ns.userInfo[NSDebugDescriptionErrorKey] as? String { return debug }
-        return ns.localizedDescription
-    }
-
-    static func value(fromFoundation object: Any) throws(JSONError) -> Value {
-        switch object {
-        case is NSNull:
-            return .null
-        case let s as String:
-            return .string(s)
-        case let n as NSNumber:
-            let type = String(cString: n.objCType)
-            switch type {
-            case "c", "B":
-                return .bool(n.boolValue)
-            case "d", "f":
-                let d = n.doubleValue
-                guard d.isFinite else { throw JSONError(message: "number out of range: \(n)") }
-                return .double(d)
-            case "Q":
-                // An integer literal that does not fit in Int64 keeps its magnitude as a double.
-                return .double(n.doubleValue)
-            default:
-                return .int(n.int64Value)
-            }
-        case let a as [Any]:
-            var out: [Value] = []
-            out.reserveCapacity(a.count)
-            for element in a { out.append(try value(fromFoundation: element)) }
-            return .array(out)
-        case let m as [String: Any]:
-            if m.count == 1, let b64 = m["$bytes"] as? String, let data = Data(base64Encoded: b64) {
-                return .bytes([UInt8](data))
-            }
-            var out: [String: Value] = [:]
-            out.reserveCapacity(m.count)
-            for (k, v) in m { out[k] = try value(fromFoundation: v) }
-            return .map(out)
-        default:
-            throw JSONError(message: "unsupported JSON value \(type(of: object))")
+            return .failure(error)
         }
     }
 
     /// Writes a value as compact JSON with map keys sorted byte-wise (deterministic output).
     ///
+    /// Strings escape only `"`, `\` and U+0000–U+001F (as `\"` `\\` `\n` `\r` `\t` or `\u00xx`);
+    /// doubles are spelled by ``formatDouble(_:)``.
+    ///
+    /// - Parameter sortedKeys: sort map keys by their UTF-8 bytes; when `false` keys come in the
+    ///   dictionary's iteration order.
     /// - Complexity: O(n log n) in the size of the value (key sorting).
     public static func string(_ value: Value, sortedKeys: Bool = true) -> String {
-        var out = ""
-        write(value, into: &out, sortedKeys: sortedKeys)
-        return out
+        String(decoding: bytes(value, sortedKeys: sortedKeys), as: UTF8.self)
     }
 
-    static func write(_ value: Value, into out: inout String, sortedKeys: Bool) {
-        switch value {
-        case .null: out += "null"
-        case .bool(let b): out += b ? "true" : "false"
-        case .int(let i): out += String(i)
-        case .double(let d): out += formatDouble(d)
-        case .string(let s): writeString(s, into: &out)
-        case .bytes(let b):
-            out += "{\"$bytes\":\""
-            out += Data(b).base64EncodedString()
-            out += "\"}"
-        case .array(let a):
-            out += "["
-            for (i, element) in a.enumerated() {
-                if i > 0 { out += "," }
-                write(element, into: &out, sortedKeys: sortedKeys)
-            }
-            out += "]"
-        case .map(let m):
-            out += "{"
-            let keys = sortedKeys ? m.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) : Array(m.keys)
-            for (i, key) in keys.enumerated() {
-                if i > 0 { out += "," }
-                writeString(key, into: &out)
-                out += ":"
-                write(m[key]!, into: &out, sortedKeys: sortedKeys)
-            }
-            out += "}"
-        }
+    /// The UTF-8 bytes of ``string(_:sortedKeys:)``, without making a `String`.
+    ///
+    /// - Complexity: O(n log n) in the size of the value (key sorting).
+    public static func bytes(_ value: Value, sortedKeys: Bool = true) -> [UInt8] {
+        var writer = JSONWriter(sortedKeys: sortedKeys)
+        writer.write(value)
+        return writer.output
     }
 
     /// The shortest text that reads back as the same double and is never mistaken for an int.
+    ///
+    /// Swift's shortest round-trip description (`1.0`, `-0.0`, `0.1`, `1e-07`, `1e+100`), with
+    /// `.0` appended when it has neither a `.` nor an exponent; `null` for NaN and ±Infinity.
     static func formatDouble(_ d: Double) -> String {
         guard d.isFinite else { return "null" }
-        var s = "\(d)"  // Swift prints the shortest round-tripping form: 1.0, -0.0, 1e-07, 1e+100
-        if !s.contains(".") && !s.contains("e") && !s.contains("E") { s += ".0" }
+        var s = d.description
+        if !s.utf8.contains(where: { $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "e") || $0 == UInt8(ascii: "E") }) {
+            s += ".0"
+        }
         return s
     }
 
-    static func writeString(_ s: String, into out: inout String) {
-        out += "\""
-        for scalar in s.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            case let c where c.value < 0x20:
-                let hex = String(c.value, radix: 16)
-                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-            default:
-                out.unicodeScalars.append(scalar)
+    /// Whether `a` sorts before `b` when both are compared byte-wise as UTF-8 (unlike `<` on
+    /// `String`, which compares canonically equivalent forms).
+    static func utf8Precedes(_ a: String, _ b: String) -> Bool {
+        let fast = a.utf8.withContiguousStorageIfAvailable { x in
+            b.utf8.withContiguousStorageIfAvailable { y in
+                let common = min(x.count, y.count)
+                let order = common == 0 ? 0 : memcmp(x.baseAddress!, y.baseAddress!, common)
+                return order < 0 || (order == 0 && x.count < y.count)
             }
         }
-        out += "\""
+        if let fast, let result = fast { return result }
+        return a.utf8.lexicographicallyPrecedes(b.utf8)
+    }
+}
+
+extension JSON {
+    /// The first eight UTF-8 bytes of `s` as a big-endian integer (zero-padded), so comparing
+    /// prefixes orders most keys without looking at their bytes again.
+    static func utf8Prefix(_ s: String) -> UInt64 {
+        let prefix = s.utf8.withContiguousStorageIfAvailable { bytes in
+            var value: UInt64 = 0
+            for k in 0..<8 { value = value << 8 | UInt64(k < bytes.count ? bytes[k] : 0) }
+            return value
+        }
+        if let prefix { return prefix }
+        var value: UInt64 = 0
+        var k = 0
+        for byte in s.utf8.prefix(8) {
+            value |= UInt64(byte) << (56 - 8 * k)
+            k += 1
+        }
+        return value
     }
 }
 
