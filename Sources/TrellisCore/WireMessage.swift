@@ -20,6 +20,11 @@ public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
         "\(collection)\u{1F}\(query)\u{1F}\(JSON.string(.map(args)))"
     }
 
+    /// The collection named by a subscription ``key`` (the text before the first U+001F).
+    public static func collection(ofKey key: String) -> String {
+        String(key.unicodeScalars.prefix { $0 != "\u{1F}" })
+    }
+
     public var description: String {
         args.isEmpty ? "\(collection): \(query)" : "\(collection): \(query) \(JSON.string(.map(args)))"
     }
@@ -137,10 +142,14 @@ public enum WireMessage: Sendable, Equatable {
         guard case .string(let type)? = m["t"] else { throw WireError("message has no type") }
         switch type {
         case "hello":
+            let key = try m.bytes("key")
+            let epoch = try m.bytes("epoch")
+            guard key.count == 32 else { throw WireError("hello: 'key' must be 32 bytes, not \(key.count)") }
+            guard epoch.count == 16 else { throw WireError("hello: 'epoch' must be 16 bytes, not \(epoch.count)") }
             self = .hello(
                 Hello(
-                    version: Int(try m.int("v")), peerKey: try m.bytes("key"),
-                    site: SiteID(bitPattern: try m.int("site")), epoch: try m.bytes("epoch")))
+                    version: Int(try m.int("v")), peerKey: key, site: SiteID(bitPattern: try m.int("site")),
+                    epoch: epoch))
         case "subs":
             guard case .array(let list)? = m["subs"] else { throw WireError("subs: missing 'subs' array") }
             var subs: [WireSubscription] = []
@@ -150,6 +159,7 @@ public enum WireMessage: Sendable, Equatable {
                 let hops = try s.int("hops")
                 let since = try s.int("since")
                 guard hops >= 0, since >= 0 else { throw WireError("subs: negative 'hops' or 'since'") }
+                guard !(try s.string("c")).isEmpty else { throw WireError("subs: empty collection name") }
                 subs.append(
                     WireSubscription(
                         spec: SubscriptionSpec(collection: try s.string("c"), query: try s.string("q"), args: args),

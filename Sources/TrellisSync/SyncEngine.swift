@@ -291,10 +291,22 @@ public final class SyncEngine: @unchecked Sendable {
 
     private func apply(_ entry: Entry, key: String, documents: [WireDocument], upTo: Int64, id: ObjectIdentifier) {
         guard let remote = entry.session.remote else { return }
+        // A batch answers one subscription, so every document must be of its collection: a peer
+        // cannot write into collections nobody asked it for.
+        let collection = SubscriptionSpec.collection(ofKey: key)
+        var accepted: [RemoteDocument] = []
+        for document in documents {
+            if document.collection == collection {
+                accepted.append(RemoteDocument(collection: document.collection, id: document.id, state: document.state))
+            } else {
+                log(
+                    "refused document \(document.id) of collection '\(document.collection)' from "
+                        + "\(entry.link.remoteAddress): the batch is for a subscription to '\(collection)'")
+            }
+        }
         do {
             let outcome = try store.merge(
-                documents.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) },
-                from: remote.peerKey, checkpoint: (key, Checkpoint(epoch: remote.epoch, seq: upTo)))
+                accepted, from: remote.peerKey, checkpoint: (key, Checkpoint(epoch: remote.epoch, seq: upTo)))
             for (doc, reason) in outcome.rejected {
                 log("refused document \(doc) from \(entry.link.remoteAddress): \(reason)")
             }

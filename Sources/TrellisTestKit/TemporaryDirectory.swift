@@ -42,8 +42,8 @@ public enum Repository {
     public static let root: URL = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
 
-    /// `../shared` beside the checkout (test vectors and field cases).
-    public static let shared: URL = root.deletingLastPathComponent().appendingPathComponent("shared")
+    /// `Tests/Vectors`: the published Noise and CBOR test vectors.
+    public static let vectors: URL = root.appendingPathComponent("Tests/Vectors")
 
     /// The built `trellis` executable: `$TRELLIS_BIN`, or `.build/debug/trellis`.
     public static var trellisBinary: URL {

@@ -69,12 +69,12 @@ private func expectRoundTrip(
 
 // MARK: RFC 8949 Appendix A
 
-/// RFC 8949 Appendix A, from `shared/vectors/cbor/rfc8949-appendix-a.json` (a list of
+/// RFC 8949 Appendix A, from `Tests/Vectors/cbor/rfc8949-appendix-a.json` (a list of
 /// `{hex, cbor (base64), roundtrip, decoded | diagnostic}`).
 @Suite struct CBORAppendixATests {
     static let vectorPath = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
-        .deletingLastPathComponent().appendingPathComponent("shared/vectors/cbor/rfc8949-appendix-a.json").path
+        .appendingPathComponent("Tests/Vectors/cbor/rfc8949-appendix-a.json").path
 
     /// Vectors not checked, by hex, with the reason. Every vector is currently checked.
     static let exclusions: [String: String] = [:]
@@ -102,7 +102,7 @@ private func expectRoundTrip(
     static func loadVectors() throws -> [Vector] {
         let data = try #require(
             FileManager.default.contents(atPath: vectorPath),
-            "RFC 8949 Appendix A vectors missing: expected \(vectorPath) (shared/ beside the repository)")
+            "RFC 8949 Appendix A vectors missing: expected \(vectorPath)")
         guard case .array(let entries) = try VectorJSON.parse(Array(data)) else {
             Issue.record("\(vectorPath) is not a JSON array")
             return []

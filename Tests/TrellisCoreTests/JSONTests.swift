@@ -393,13 +393,19 @@ private enum FoundationJSON {
     @Test func duplicateKeysLastWins() throws {
         expectParse(#"{"a":1,"a":2}"#, ["a": 2])
         expectParse(#"{"a":2,"b":0,"a":1}"#, ["a": 1, "b": 0])
-        // Keys are Swift strings, so canonically equivalent spellings are one key: the value is
-        // the last one's, the spelling the first one's (what JSONSerialization did as well).
-        let value = try JSON.parse("{\"\u{E9}\":1,\"e\u{301}\":2}")
-        let map = try #require(value.mapValue)
-        #expect(map.count == 1)
-        #expect(map.keys.first.map { Array($0.utf8) } == [0xC3, 0xA9])
-        #expect(map.values.first == 2)
+        // Two spellings of the same text (precomposed and decomposed é) cannot both be held by one
+        // map, so the parser refuses them instead of dropping one silently (F13).
+        let error = #expect(throws: JSONError.self) { try JSON.parse("{\"\u{E9}\":1,\"e\u{301}\":2}") }
+        #expect(error?.message.contains("different Unicode forms") == true)
+        #expect(error?.message.hasSuffix("at offset 16") == true)
+        // Apart, in different objects, both spellings keep their bytes.
+        let value = try JSON.parse("[{\"\u{E9}\":1},{\"e\u{301}\":2}]")
+        guard case .array(let items) = value else {
+            Issue.record("not an array")
+            return
+        }
+        #expect(items[0].mapValue?.keys.first.map { Array($0.utf8) } == [0xC3, 0xA9])
+        #expect(items[1].mapValue?.keys.first.map { Array($0.utf8) } == [0x65, 0xCC, 0x81])
     }
 
     @Test func bytesObject() {

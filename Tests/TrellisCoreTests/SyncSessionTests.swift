@@ -6,7 +6,7 @@ import TrellisCore
     let keyB: [UInt8] = Array(repeating: 2, count: 32)
 
     func hello(_ key: [UInt8], version: Int = WireMessage.protocolVersion) -> Hello {
-        Hello(version: version, peerKey: key, site: 7, epoch: [9, 9])
+        Hello(version: version, peerKey: key, site: 7, epoch: Array(repeating: 9, count: 16))
     }
 
     func session(maxInFlight: Int = 2) -> SyncSession {
@@ -111,5 +111,11 @@ import TrellisCore
         #expect(throws: WireError.self) { try WireMessage(["t": "batch", "sub": "x"]) }
         #expect(throws: WireError.self) { try WireMessage(["t": "warp"]) }
         #expect(throws: WireError.self) { try WireMessage(["t": "ack", "sub": 3, "upTo": 1]) }
+        #expect(throws: WireError.self) {
+            try WireMessage(["t": "hello", "v": 1, "key": .bytes(keyA), "site": 1, "epoch": .bytes([])])
+        }
+        #expect(throws: WireError.self) {
+            try WireMessage(["t": "subs", "subs": [["c": "", "q": "true", "a": [:], "since": 0, "hops": 0]]])
+        }
     }
 }

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import TrellisCrypto
 
-/// The published cacophony and snow vectors (`../shared/vectors/noise/`), reproduced byte for byte
+/// The published cacophony and snow vectors (`Tests/Vectors/noise/`), reproduced byte for byte
 /// for every `Noise_XX_25519_ChaChaPoly_SHA256` and `Noise_XXpsk3_25519_ChaChaPoly_SHA256` entry.
 @Suite("Noise test vectors")
 struct NoiseVectorTests {

@@ -55,9 +55,9 @@ enum TestPaths {
             .deletingLastPathComponent()
     }()
 
-    /// `../shared/vectors/noise/` beside the repository.
+    /// `Tests/Vectors/noise/` in the repository (the published cacophony and snow vector files).
     static var noiseVectors: URL {
-        repositoryRoot.deletingLastPathComponent().appendingPathComponent("shared/vectors/noise", isDirectory: true)
+        repositoryRoot.appendingPathComponent("Tests/Vectors/noise", isDirectory: true)
     }
 
     /// `scripts/noise_peer.py` in the repository.

@@ -194,14 +194,16 @@ import TrellisTestKit
         }
         let page = try a.changes(in: "c", after: 0, limit: 10_000)
         let wire = WireMessage.batch(
-            subscription: "s", documents: page.records.map { WireDocument(collection: "c", id: $0.id, state: $0.state) },
+            subscription: "s",
+            documents: page.records.map { WireDocument(collection: "c", id: $0.id, state: $0.state) },
             upTo: page.scannedUpTo)
         guard case .batch(_, let docs, _) = try WireMessage(serialized: wire.serialized()) else {
             Issue.record("not a batch")
             return
         }
         let outcome = try b.merge(
-            docs.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }, from: [1], checkpoint: nil)
+            docs.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }, from: [1],
+            checkpoint: nil)
         #expect(outcome.rejected.isEmpty, "seed \(seed)")
         for doc in written {
             let id = try #require(doc["_id"])

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import TrellisCore
 import TrellisStore
@@ -52,6 +53,54 @@ func cars(_ n: Int) -> [Value] {
         let expected = Set(cars(600).filter { $0["Origin"] == "Japan" }.compactMap { $0["_id"] })
         #expect(eventually { (try? b.ids("cars")) == expected })
         #expect(try b.store.count(in: "cars") == 200)
+    }
+
+    /// Other collections' entries in the log (more than a batch of them) do not stall a subscription.
+    @Test func aSubscriptionIsServedWhateverOtherCollectionsHold() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        try a.store.upsert(["_id": "t1", "Name": "truck"], in: "trucks")
+        try a.store.upsert(cars(700), in: "cars")
+        try a.store.upsert(["_id": "t2", "Name": "lorry"], in: "trucks")
+        try b.engine.subscribe(SubscriptionSpec(collection: "trucks"))
+        _ = b.connect(a)
+        #expect(eventually { (try? b.ids("trucks")) == ["t1", "t2"] })
+        try a.store.upsert(cars(300), in: "cars")
+        try a.store.upsert(["_id": "t3"], in: "trucks")
+        #expect(eventually { (try? b.ids("trucks")) == ["t1", "t2", "t3"] })
+        #expect(try b.store.count(in: "cars") == 0)
+    }
+
+    /// A peer (here driven by hand) cannot write into a collection the batch is not for.
+    @Test func aBatchCannotWriteIntoAnotherCollection() throws {
+        let a = try TestNode(dir, "a")
+        let spec = SubscriptionSpec(collection: "cars")
+        try a.engine.subscribe(spec)
+        let evilKey = [UInt8](repeating: 0xEE, count: 32)
+        let (mine, theirs) = MemoryLink.pair(initiatorKey: evilKey, responderKey: a.key)
+        let received = Mutex<[WireMessage]>([])
+        mine.start(
+            onMessage: { bytes in
+                if let m = try? WireMessage(serialized: bytes) { received.withLock { $0.append(m) } }
+            }, onClose: { _ in })
+        a.engine.attach(theirs)
+        try mine.send(
+            WireMessage.hello(Hello(version: 1, peerKey: evilKey, site: 9, epoch: Array(repeating: 1, count: 16)))
+                .serialized())
+        #expect(
+            eventually { received.withLock { $0.contains { if case .subscriptions = $0 { true } else { false } } } })
+        let source = try DocumentStore(path: dir.path("evil.sqlite"))
+        try source.upsert(["_id": "c1", "v": 1], in: "cars")
+        try source.upsert(["_id": "s1", "v": 2], in: "secret")
+        let docs = try ["cars", "secret"].flatMap { collection in
+            try source.changes(in: collection, after: 0, limit: 10).records.map {
+                WireDocument(collection: collection, id: $0.id, state: $0.state)
+            }
+        }
+        try mine.send(WireMessage.batch(subscription: spec.key, documents: docs, upTo: 2).serialized())
+        #expect(eventually { received.withLock { $0.contains(.ack(subscription: spec.key, upTo: 2)) } })
+        #expect(try a.ids("cars") == ["c1"])
+        #expect(try a.store.count(in: "secret") == 0)
     }
 
     @Test func liveChangesAndRemovesFlowWhileConnected() throws {
