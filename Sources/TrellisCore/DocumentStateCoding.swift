@@ -116,7 +116,7 @@ extension DocumentState {
 
 private struct StateDecoder {
     let sites: [SiteID]
-    static let maxDepth = 64
+    static let maxDepth = Value.maximumDepth + 1
 
     func fail(_ message: String) -> DocumentStateError {
         DocumentStateError(message: "malformed document state: \(message)")

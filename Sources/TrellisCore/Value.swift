@@ -142,21 +142,33 @@ extension Value {
         }
     }
 
-    /// Checks that the value can be stored: every double is finite, and no map uses the key
-    /// `$bytes`, which is how JSON spells a byte string (`{"$bytes": "<base64>"}`).
+    /// Maps and arrays nested deeper than this cannot be stored (every peer must be able to decode
+    /// what a node stores; the wire decoder's limits leave room for this depth).
+    public static let maximumDepth = 64
+
+    /// Checks that the value can be stored: every double is finite, nesting is at most
+    /// ``maximumDepth`` levels, and no map uses the key `$bytes`, which is how JSON spells a byte
+    /// string (`{"$bytes": "<base64>"}`).
     ///
     /// - Throws: ``ValueError`` naming the first offending path.
     /// - Complexity: O(size of the value).
     public func validate(path: String = "") throws(ValueError) {
+        try validate(path: path, depth: 0)
+    }
+
+    private func validate(path: String, depth: Int) throws(ValueError) {
         switch self {
         case .double(let d) where !d.isFinite:
             throw .nonFiniteNumber(path: path.isEmpty ? "<root>" : path)
         case .array(let a):
-            for (i, element) in a.enumerated() { try element.validate(path: "\(path)[\(i)]") }
+            guard depth < Value.maximumDepth else { throw .tooDeep(path: path, limit: Value.maximumDepth) }
+            for (i, element) in a.enumerated() { try element.validate(path: "\(path)[\(i)]", depth: depth + 1) }
         case .map(let m):
+            guard depth < Value.maximumDepth else { throw .tooDeep(path: path, limit: Value.maximumDepth) }
             for (k, v) in m {
-                if k == "$bytes" { throw .reservedKey(path: path.isEmpty ? k : "\(path).\(k)") }
-                try v.validate(path: path.isEmpty ? k : "\(path).\(k)")
+                let child = path.isEmpty ? k : "\(path).\(k)"
+                if k == "$bytes" { throw .reservedKey(path: child) }
+                try v.validate(path: child, depth: depth + 1)
             }
         default:
             break
@@ -170,11 +182,15 @@ public enum ValueError: Error, Equatable, Sendable, CustomStringConvertible {
     case nonFiniteNumber(path: String)
     /// A map key `$bytes`: JSON spells byte strings `{"$bytes": "<base64>"}`, so the key is reserved.
     case reservedKey(path: String)
+    /// Maps and arrays nested deeper than ``Value/maximumDepth``.
+    case tooDeep(path: String, limit: Int)
 
     public var description: String {
         switch self {
         case .nonFiniteNumber(let path):
             return "field '\(path)' is NaN or infinite; only finite numbers can be stored"
+        case .tooDeep(let path, let limit):
+            return "field '\(path)' nests maps and arrays more than \(limit) levels deep, which peers cannot decode"
         case .reservedKey(let path):
             return "field '\(path)' uses the reserved name '$bytes' (JSON spells byte strings {\"$bytes\": …})"
         }

@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import Synchronization
 public import TrellisCrypto
@@ -64,6 +65,13 @@ public final class SecureLink: MessageLink {
         admit: ([UInt8]) -> Bool = { _ in true }, timeout: Int = 10
     ) throws -> SecureLink {
         socket.setReceiveTimeout(seconds: timeout)
+        // The whole handshake has `timeout` seconds, not each read: a peer dripping one byte at a
+        // time cannot hold the connection (and its thread) open.
+        let finished = Mutex(false)
+        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(timeout)) {
+            finished.withLock { done in if !done { socket.close() } }
+        }
+        defer { finished.withLock { $0 = true } }
         var handshake = try HandshakeState(
             pattern: .xxpsk3, role: initiator ? .initiator : .responder, prologue: prologue,
             staticKeyPair: identity, psk: meshKey)

@@ -16,6 +16,9 @@ public final class MeshNetwork: Sendable {
     private let running = Atomic<Bool>(true)
     private let listener: Mutex<TCPListener?> = Mutex(nil)
     private let wakeups = Mutex<[Endpoint: DispatchSemaphore]>([:])
+    private let pendingHandshakes = Atomic<Int>(0)
+    /// Inbound handshakes allowed in progress at once; more connections are closed at once.
+    public let maxPendingHandshakes = 32
     /// Longest wait between reconnect attempts, seconds.
     public let maxBackoff: Double
 
@@ -48,8 +51,18 @@ public final class MeshNetwork: Sendable {
                     if running.load(ordering: .acquiring) { log("accept failed: \(error)") }
                     return
                 }
-                // Handshake off the accept thread so a slow or silent client cannot block others.
+                // Handshake off the accept thread so a slow or silent client cannot block others,
+                // and at most `maxPendingHandshakes` at once, so many of them cannot exhaust threads
+                // and descriptors (each also has a deadline).
+                guard pendingHandshakes.add(1, ordering: .acquiringAndReleasing).newValue <= maxPendingHandshakes
+                else {
+                    pendingHandshakes.subtract(1, ordering: .acquiringAndReleasing)
+                    log("refused an inbound connection from \(socket.peerAddress): too many handshakes in progress")
+                    socket.close()
+                    continue
+                }
                 let handshakeThread = Thread { [self] in
+                    defer { pendingHandshakes.subtract(1, ordering: .acquiringAndReleasing) }
                     do {
                         let link = try SecureLink.handshake(
                             socket: socket, initiator: false, identity: identity, meshKey: meshKey,
