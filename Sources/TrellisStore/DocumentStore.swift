@@ -186,7 +186,10 @@ public final class DocumentStore: Sendable {
             }
             let maxSeq = try db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
             _ = try maxSeq.step()
-            let next = maxSeq.int64(0) + 1
+            // Evicted rows leave the log, so the highest seq ever issued is also kept in meta:
+            // a seq is never issued twice.
+            let issued = try Self.meta(db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
+            let next = max(maxSeq.int64(0), issued) + 1
             maxSeq.reset()
             self.siteID = site
             self.epoch = epoch
