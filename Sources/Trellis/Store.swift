@@ -46,20 +46,51 @@ public struct Collection: Sendable {
     public let name: String
     let store: Store
 
-    /// Inserts or merges a document; every given field is written (Ditto's `merge` strategy).
+    /// Inserts or updates a document (Ditto's `upsert(_:writeStrategy:)`).
     ///
-    /// - Parameter document: a map; `_id` (string or map) is generated as a UUID string when absent.
-    /// - Returns: the document's `_id`.
+    /// ```swift
+    /// try cars.upsert(["_id": "c1", "Name": "corolla", "Specs": ["Cylinders": 4]])         // .merge
+    /// try cars.upsert(["_id": "c1", "Name": "preset"], writeStrategy: .insertIfAbsent)       // no effect
+    /// try cars.upsert(["_id": "c2", "Seats": 5], writeStrategy: .insertDefaultIfAbsent)     // loses to real writes
+    /// try cars.upsert(["_id": "c1", "Name": "corolla"], writeStrategy: .updateDifferentValues)  // writes nothing
+    /// ```
+    ///
+    /// - Parameters:
+    ///   - document: a map; `_id` (a non-empty string or a map) is generated as a UUID string
+    ///     when absent.
+    ///   - writeStrategy: see ``WriteStrategy``: `.merge` (default) writes every given field;
+    ///     `.insertIfAbsent` writes only when no live document has the `_id` locally;
+    ///     `.insertDefaultIfAbsent` writes default data (HLC time zero) only when the `_id` is
+    ///     unknown locally; `.updateDifferentValues` writes only the leaves that differ.
+    /// - Returns: the document's `_id`, also when the strategy wrote nothing.
     /// - Throws: ``StoreError`` for a non-map, a bad `_id`, NaN/Infinity, or an oversized document.
+    /// - Complexity: O(size of the document) plus one indexed lookup.
     @discardableResult
-    public func upsert(_ document: Value) throws -> Value {
-        try store.documents.upsert(document, in: name)
+    public func upsert(_ document: Value, writeStrategy: WriteStrategy = .merge) throws -> Value {
+        try store.documents.upsert(document, in: name, writeStrategy: writeStrategy)
     }
 
-    /// Upserts many documents in one transaction.
+    /// Upserts many documents with one write strategy in one transaction.
+    ///
+    /// - Returns: the `_id`s, in order.
     @discardableResult
-    public func upsert(_ documents: [Value]) throws -> [Value] {
-        try store.documents.upsert(documents, in: name)
+    public func upsert(_ documents: [Value], writeStrategy: WriteStrategy = .merge) throws -> [Value] {
+        try store.documents.upsert(documents, in: name, writeStrategy: writeStrategy)
+    }
+
+    /// Creates (if absent) an index on one field of this collection, so that `find` queries
+    /// comparing the field with numbers or strings (`==`, `<`, `IN [...]`, …) seek it instead of
+    /// scanning the collection (Ditto's `CREATE INDEX`). Indexes persist in the store.
+    ///
+    /// - Parameter path: a field path in query syntax, e.g. `"Origin"`, `"specs.engine.cylinders"`,
+    ///   ``"tags[0]"``, ``"`odd key`.x"``.
+    /// - Returns: the SQLite name of the index.
+    /// - Throws: ``StoreError/invalidValue(_:)`` for a path that does not parse or that SQLite's
+    ///   JSON path syntax cannot name (docs/QUERIES.md, "Translation to SQL").
+    /// - Complexity: O(n log n) in the collection's documents, once.
+    @discardableResult
+    public func createIndex(_ path: String) throws -> String {
+        try store.documents.createIndex(path: FieldPath.parse(path), in: name)
     }
 
     /// The document with this `_id`.
@@ -100,6 +131,51 @@ public struct PendingIDSpecificOperation: Sendable {
         try collection.store.documents.remove(id: id, in: collection.name)
     }
 
+    /// Evicts the local copy of the document: no tombstone, nothing replicated.
+    ///
+    /// While a subscription still matches the document, peers send it back (as in Ditto): cancel
+    /// the subscription first.
+    ///
+    /// - Returns: `true` when a live document existed and was evicted.
+    @discardableResult
+    public func evict() throws -> Bool {
+        try collection.store.documents.evict(id: id, in: collection.name)
+    }
+
+    /// Changes the document through a ``MutableDocument`` (Ditto's `update { doc in … }`).
+    ///
+    /// The closure runs synchronously with the document as it is now (`nil` when it does not
+    /// exist locally). The mutations it records are applied when it returns, in one transaction,
+    /// to the document as it is then; a closure that records nothing writes nothing.
+    ///
+    /// ```swift
+    /// let results = try cars.findByID("c1").update { doc in
+    ///     doc?["Name"].set("toyota corolla")
+    ///     doc?["Specs"]["Cylinders"].set(6)
+    ///     doc?["Tags"][0].set("classic")     // read, replace element 0, write the array back
+    ///     doc?["Sold"].increment(by: 1)      // a counter: increments from every peer add up
+    ///     doc?["Obsolete"].remove()
+    /// }
+    /// ```
+    ///
+    /// - Returns: one ``UpdateResult`` per mutation that took effect, in order; `[]` when the
+    ///   document does not exist.
+    /// - Throws: ``StoreError/idChanged`` when the closure changed `_id`;
+    ///   ``StoreError/invalidValue(_:)`` for an index out of range, an index into a non-array, an
+    ///   increment of a non-number or a non-finite number; whatever the closure throws. Nothing is
+    ///   written then.
+    /// - Complexity: O(size of the document) per mutation.
+    @discardableResult
+    public func update(_ body: (MutableDocument?) throws -> Void) throws -> [UpdateResult] {
+        let document = try exec().map(MutableDocument.init(document:))
+        defer { document?.close() }
+        try body(document)
+        guard let document else { return [] }
+        if let error = document.error { throw error }
+        guard !document.mutations.isEmpty else { return [] }
+        return try collection.store.documents.update(id: id, in: collection.name, operations: document.mutations)
+    }
+
     /// Subscribes to this document from peers. Keep the subscription; `cancel()` ends it.
     public func subscribe() throws -> Subscription {
         let idLiteral = JSON.string(id)
@@ -111,31 +187,147 @@ public struct PendingIDSpecificOperation: Sendable {
 }
 
 /// An operation on the documents matching a query (Ditto's `DittoPendingCursorOperation`).
+///
+/// `sort`, `limit` and `offset` return a new operation and chain:
+/// `cars.find("Origin == 'Japan'").sort("Horsepower", direction: .descending).limit(10).exec()`.
+/// They shape `exec`, `update`, `remove`, `evict`, `count` and `observeLocal`; a subscription
+/// replicates every document matching the query whatever the window.
 public struct PendingCursorOperation: Sendable {
     public let collection: Collection
     public let query: String
     public let args: [String: Value]
+    /// The sort keys, most significant first, as given to ``sort(_:direction:)``.
+    public private(set) var sortKeys: [(path: String, direction: SortDirection)] = []
+    /// The limit given to ``limit(_:)``, if any.
+    public private(set) var limitCount: Int?
+    /// The offset given to ``offset(_:)`` (0 by default).
+    public private(set) var offsetCount: Int = 0
 
-    /// The matching documents, ordered by `_id`.
-    ///
-    /// - Throws: ``QueryParseError`` when the query does not parse, or evaluation errors
-    ///   (a missing `$args` value).
-    /// - Complexity: O(n) in the collection's documents.
-    public func exec() throws -> [Document] {
-        try collection.store.documents.documents(in: collection.name, matching: Query(query), args: args)
-            .map(Document.init(value:))
+    init(collection: Collection, query: String, args: [String: Value]) {
+        self.collection = collection
+        self.query = query
+        self.args = args
     }
 
-    /// Removes every matching document.
+    /// Sorts the results by a field; chain calls to sort by several fields, the first most
+    /// significant.
     ///
-    /// - Returns: the removed `_id`s.
+    /// Order: numbers numerically (`.int` and `.double` together), strings byte-wise by UTF-8,
+    /// `false < true`; across types missing < null < booleans < numbers < strings < arrays <
+    /// maps < bytes (Couchbase's collation); a document missing the field sorts first ascending
+    /// and last descending. Ties are broken by `_id`, so the order is total.
+    ///
+    /// - Parameter path: a field path in query syntax (`"Name"`, `"specs.hp"`, ``"a[0]"``); a bad
+    ///   path makes `exec` and the other operations throw.
+    /// - Complexity: sorting runs in memory after the filter: O(k log k) for k matches.
+    public func sort(_ path: String, direction: SortDirection = .ascending) -> PendingCursorOperation {
+        var copy = self
+        copy.sortKeys.append((path, direction))
+        return copy
+    }
+
+    /// Returns at most `count` documents (after ``offset(_:)``); a negative count makes `exec`
+    /// throw.
+    public func limit(_ count: Int) -> PendingCursorOperation {
+        var copy = self
+        copy.limitCount = count
+        return copy
+    }
+
+    /// Skips the first `count` documents of the sorted results; a negative count makes `exec`
+    /// throw.
+    public func offset(_ count: Int) -> PendingCursorOperation {
+        var copy = self
+        copy.offsetCount = count
+        return copy
+    }
+
+    /// The parsed query and sort keys.
+    func resolved() throws -> (query: Query, sort: [SortKey]) {
+        let parsed = try Query(query)
+        let keys = try sortKeys.map { SortKey(try FieldPath.parse($0.path), $0.direction) }
+        return (parsed, keys)
+    }
+
+    /// The matching documents: sorted by the sort keys (by `_id` when there are none), then
+    /// windowed by offset and limit.
+    ///
+    /// - Throws: ``QueryParseError`` when the query does not parse; ``StoreError`` for a missing
+    ///   `$args` value, a bad sort path, or a negative limit or offset.
+    /// - Complexity: O(n) in the collection's documents, or O(k log n) for k matches when an
+    ///   index (``Collection/createIndex(_:)``) serves the query; plus O(k log k) to sort.
+    public func exec() throws -> [Document] {
+        let (parsed, keys) = try resolved()
+        return try collection.store.documents.documents(
+            in: collection.name, matching: parsed, args: args, sort: keys, limit: limitCount, offset: offsetCount
+        ).map(Document.init(value:))
+    }
+
+    /// The number of documents ``exec()`` would return, counted inside SQLite when the query
+    /// translates (no documents are decoded).
+    ///
+    /// - Throws: as ``exec()``.
+    public func count() throws -> Int {
+        let (parsed, _) = try resolved()
+        if let limitCount, limitCount < 0 {
+            throw StoreError.invalidValue("limit must not be negative, got \(limitCount)")
+        }
+        if offsetCount < 0 { throw StoreError.invalidValue("offset must not be negative, got \(offsetCount)") }
+        let total = try collection.store.documents.count(in: collection.name, matching: parsed, args: args)
+        return max(0, min(limitCount ?? Int.max, total - offsetCount))
+    }
+
+    /// Removes the selected documents in one transaction (tombstones, replicated).
+    ///
+    /// - Returns: the removed `_id`s, in result order.
+    /// - Throws: as ``exec()``.
     @discardableResult
     public func remove() throws -> [Value] {
-        var removed: [Value] = []
-        for document in try exec() where try collection.store.documents.remove(id: document.id, in: collection.name) {
-            removed.append(document.id)
+        let (parsed, keys) = try resolved()
+        return try collection.store.documents.remove(
+            in: collection.name, matching: parsed, args: args, sort: keys, limit: limitCount, offset: offsetCount)
+    }
+
+    /// Evicts the selected documents in one transaction: local only, no tombstones. While a
+    /// subscription still matches them, peers send them back (as in Ditto).
+    ///
+    /// - Returns: the evicted `_id`s, in result order.
+    /// - Throws: as ``exec()``.
+    @discardableResult
+    public func evict() throws -> [Value] {
+        let (parsed, keys) = try resolved()
+        return try collection.store.documents.evict(
+            in: collection.name, matching: parsed, args: args, sort: keys, limit: limitCount, offset: offsetCount)
+    }
+
+    /// Changes the selected documents through ``MutableDocument``s (Ditto's cursor `update`).
+    ///
+    /// The closure runs synchronously with the documents as they are now; the mutations it
+    /// records are applied when it returns, all in one transaction.
+    ///
+    /// ```swift
+    /// let results = try cars.find("Origin == 'Japan'").update { docs in
+    ///     for doc in docs { doc["Checked"].set(true) }
+    /// }
+    /// ```
+    ///
+    /// - Returns: for every selected document that still exists at commit, its `_id` and the
+    ///   results of its mutations (empty when it recorded none).
+    /// - Throws: as ``PendingIDSpecificOperation/update(_:)``; nothing is written then.
+    /// - Complexity: O(total size of the selected documents) plus the mutations.
+    @discardableResult
+    public func update(_ body: ([MutableDocument]) throws -> Void) throws -> [Value: [UpdateResult]] {
+        let documents = try exec().map(MutableDocument.init(document:))
+        defer { for document in documents { document.close() } }
+        try body(documents)
+        if let error = documents.lazy.compactMap(\.error).first { throw error }
+        let results = try collection.store.documents.update(
+            documents.map { (id: $0.id, mutations: $0.mutations) }, in: collection.name)
+        var out: [Value: [UpdateResult]] = [:]
+        for (document, result) in zip(documents, results) {
+            if let result { out[document.id] = result }
         }
-        return removed
+        return out
     }
 
     /// Subscribes to the matching documents from peers (replicated here while connected).

@@ -186,7 +186,10 @@ public final class DocumentStore: Sendable {
             }
             let maxSeq = try db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
             _ = try maxSeq.step()
-            let next = maxSeq.int64(0) + 1
+            // Evicted rows leave the log, so the highest seq ever issued is also kept in meta:
+            // a seq is never issued twice.
+            let issued = try Self.meta(db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
+            let next = max(maxSeq.int64(0), issued) + 1
             maxSeq.reset()
             self.siteID = site
             self.epoch = epoch
@@ -502,35 +505,16 @@ public final class DocumentStore: Sendable {
 
     /// The live documents of a collection matching `query`, ordered by `_id` key.
     ///
-    /// The query runs inside SQLite when it translates (served by an expression index on the same
-    /// `json_extract` where one exists), otherwise in memory.
+    /// The query runs inside SQLite when it translates (served by an index from
+    /// ``createIndex(path:in:)`` on a compared field), otherwise in memory; see
+    /// ``documents(in:matching:args:sort:limit:offset:)``.
     ///
     /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
     /// - Complexity: O(n) in the collection's documents without an index.
     public func documents(
         in collection: String, matching query: Query, args: [String: Value] = [:]
     ) throws(StoreError) -> [Value] {
-        let bound: Query
-        do { bound = try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
-        guard let pushed = bound.sqlWhere(column: "documents.value") else {
-            return try documents(in: collection) { try bound.matches($0) }
-        }
-        return try withState { s -> [Value] in
-            let st = try s.db.prepare(
-                "SELECT value FROM documents WHERE collection = ? AND deleted = 0 AND (\(pushed.sql)) ORDER BY id")
-            st.bind(1, collection)
-            var index: Int32 = 2
-            for binding in pushed.bindings {
-                st.bind(index, value: binding)
-                index += 1
-            }
-            defer { st.reset() }
-            var out: [Value] = []
-            while try st.step() {
-                if let text = st.string(0) { out.append(try JSON.parse(text)) }
-            }
-            return out
-        }
+        try documents(in: collection, matching: query, args: args, sort: [])
     }
 
     // MARK: Remote merge

@@ -168,11 +168,11 @@ enum InspectCommand {
             let query = try Query(
                 parsed.positional.dropFirst().joined(separator: " ").isEmpty
                     ? "true" : parsed.positional.dropFirst().joined(separator: " "))
-            let docs = try store.documents(in: collection, matching: query)
+            // Both run in SQLite where the query translates, served by `index` indexes.
             if parsed.switches.contains("count") {
-                print(docs.count)
+                print(try store.count(in: collection, matching: query))
             } else {
-                for doc in docs { print(JSON.string(doc)) }
+                for doc in try store.documents(in: collection, matching: query, sort: []) { print(JSON.string(doc)) }
             }
         }
     }

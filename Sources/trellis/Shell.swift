@@ -5,12 +5,30 @@ import TrellisStore
 /// `trellis shell`: an interactive peer. One command per line; documents in and out as JSON.
 final class Shell {
     static let help = """
-        Commands (documents are JSON; QUERY uses Ditto's predicate syntax, e.g. Origin == 'Japan'):
-          upsert COLLECTION {JSON}        insert or merge a document; prints its _id
-          get COLLECTION ID               print one document (ID: a string, or JSON for a map _id)
-          find COLLECTION [QUERY]         print matching documents, one JSON per line
-          count COLLECTION [QUERY]        print the number of matching documents
-          remove COLLECTION ID            remove a document (replicated)
+        Commands (documents are JSON; QUERY uses Ditto's predicate syntax, e.g. Origin == 'Japan';
+        PATH is a field path like Name, specs.hp, tags[0] or `odd key`.x; ID is a string, or JSON
+        for a map _id or an _id with spaces):
+          upsert COLLECTION {JSON} [--strategy S]
+                                          insert or update a document; prints its _id. S is merge (the
+                                          default), insertIfAbsent, insertDefaultIfAbsent or
+                                          updateDifferentValues
+          get COLLECTION ID               print one document (null when absent)
+          update COLLECTION ID M[; M]...  change one document in one transaction; M is one of
+                                            set PATH JSON          set a field (tags[1] sets an element)
+                                            set-default PATH JSON  set default data (loses to any write)
+                                            unset PATH             remove a field
+                                            increment PATH NUMBER  add to a counter
+                                          prints one line per change
+          find COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]
+                                          print matching documents, one JSON per line; the modifiers
+                                          follow the query (fields named sort/limit/offset still work
+                                          in the query: `find c limit > 3 limit 2`)
+          count COLLECTION [QUERY] [limit N] [offset N]
+                                          print the number of matching documents
+          remove COLLECTION ID            remove a document (a tombstone, replicated); prints true/false
+          evict COLLECTION ID             drop the local copy only (no tombstone; a matching
+                                          subscription brings it back); prints true/false
+          index COLLECTION PATH           create an index on a field (served to find/count)
           subscribe COLLECTION [QUERY]    replicate matching documents from peers to this node
           unsubscribe COLLECTION [QUERY]  stop that subscription
           subscriptions                   list this node's subscriptions
@@ -19,6 +37,7 @@ final class Shell {
           peers                           list connected peers
           help                            this text
           quit                            leave (also end of input)
+        Errors print one line starting with `error: `.
         """
 
     let node: TrellisNode
@@ -45,7 +64,9 @@ final class Shell {
             do {
                 try execute(trimmed)
             } catch {
-                FileHandle.standardError.write(Data("error: \(error)\n".utf8))
+                // One line per error, whatever the error's text holds.
+                let text = "\(error)".split(whereSeparator: \.isNewline).joined(separator: " ")
+                FileHandle.standardError.write(Data("error: \(text)\n".utf8))
             }
             fflush(nil)
         }
@@ -62,10 +83,7 @@ final class Shell {
 
     /// An ID argument: JSON when it starts with `{` or `"`, otherwise the text as a string.
     static func parseID(_ text: String) throws -> Value {
-        let t = text.trimmingCharacters(in: .whitespaces)
-        guard !t.isEmpty else { throw UsageError("missing ID") }
-        if t.hasPrefix("{") || t.hasPrefix("\"") { return try JSON.parse(t) }
-        return .string(t)
+        try ShellSyntax.id(Substring(text))
     }
 
     func execute(_ line: String) throws {
@@ -80,9 +98,8 @@ final class Shell {
             print(Self.help)
         case "upsert":
             try needCollection()
-            guard !argument.isEmpty else { throw UsageError("upsert needs a JSON document") }
-            let value = try JSON.parse(String(argument))
-            let id = try node.store.collection(collection).upsert(value)
+            let (document, strategy) = try ShellSyntax.upsert(argument)
+            let id = try node.store.collection(collection).upsert(document, writeStrategy: strategy)
             print(JSON.string(id))
         case "get":
             try needCollection()
@@ -92,16 +109,36 @@ final class Shell {
             } else {
                 print("null")
             }
-        case "find":
+        case "update":
             try needCollection()
-            for doc in try node.store.collection(collection).find(query).exec() { print(doc.json) }
-        case "count":
+            try update(collection, argument)
+        case "find", "count":
             try needCollection()
-            print(try node.store.collection(collection).find(query).exec().count)
+            let find = try ShellSyntax.find(argument)
+            var operation = node.store.collection(collection).find(find.query)
+            for (path, direction) in find.sort { operation = operation.sort(path, direction: direction) }
+            if let limit = find.limit { operation = operation.limit(limit) }
+            if let offset = find.offset { operation = operation.offset(offset) }
+            if command == "count" {
+                print(try operation.count())
+            } else {
+                for doc in try operation.exec() { print(doc.json) }
+            }
         case "remove":
             try needCollection()
             let id = try Self.parseID(String(argument))
             print(try node.store.collection(collection).findByID(id).remove())
+        case "evict":
+            try needCollection()
+            let id = try Self.parseID(String(argument))
+            print(try node.store.collection(collection).findByID(id).evict())
+        case "index":
+            try needCollection()
+            guard !argument.isEmpty else { throw UsageError("index needs a PATH") }
+            let path = String(argument)
+            _ = try ShellSyntax.path(argument)
+            let name = try node.store.collection(collection).createIndex(path)
+            print("index \(name) on \(collection) (\(path))")
         case "subscribe":
             try needCollection()
             let key = "\(collection) \(query)"
@@ -140,6 +177,55 @@ final class Shell {
         default:
             throw UsageError("unknown command '\(command)'; type `help`")
         }
+    }
+}
+
+extension Shell {
+    /// `update COLLECTION ID M[; M]...`: the ID is the first chunk (JSON for a map or a string
+    /// with spaces), then mutations separated by `;`.
+    func update(_ collection: String, _ argument: Substring) throws {
+        let chunks = try ShellSyntax.chunks(argument)
+        guard let idChunk = chunks.first else { throw UsageError("update needs an ID and a mutation") }
+        let id = try ShellSyntax.id(idChunk.text)
+        let rest = argument[idChunk.range.upperBound...]
+        let statements = try ShellSyntax.splitStatements(rest)
+            .filter { !$0.allSatisfy(\.isWhitespace) }
+        guard !statements.isEmpty else {
+            throw UsageError(
+                "update needs a mutation: set PATH JSON, set-default PATH JSON, unset PATH or increment PATH NUMBER")
+        }
+        let mutations = try statements.map(ShellSyntax.mutation)
+        let operation = node.store.collection(collection).findByID(id)
+        var found = false
+        let results = try operation.update { doc in
+            guard let doc else { return }
+            found = true
+            for mutation in mutations {
+                switch mutation {
+                case .set(let path, let value, let isDefault): doc.at(path).set(value, isDefault: isDefault)
+                case .unset(let path): doc.at(path).remove()
+                case .increment(let path, let amount): doc.at(path).increment(by: amount)
+                }
+            }
+        }
+        if !found { throw UsageError("no document \(JSON.string(id)) in \(collection)") }
+        if results.isEmpty { print("no changes") }
+        for result in results { print(result) }
+    }
+}
+
+extension MutableDocument {
+    /// The path inside this document.
+    func at(_ path: FieldPath) -> MutableDocumentPath {
+        guard case .key(let first)? = path.components.first else { return self[""] }
+        var target = self[first]
+        for component in path.components.dropFirst() {
+            switch component {
+            case .key(let key): target = target[key]
+            case .index(let index): target = target[index]
+            }
+        }
+        return target
     }
 }
 

@@ -1,0 +1,855 @@
+import Foundation
+public import TrellisCore
+
+// Ditto-shaped store operations beyond the basic upsert/remove (docs/API.md): write strategies,
+// field-level updates, evict, expression indexes, and sorted / limited / offset queries.
+// Every write here is one SQLite transaction: one `seq` per changed document, the HLC saved,
+// observers notified after the commit.
+
+/// How ``DocumentStore/upsert(_:in:writeStrategy:)`` treats a document that may already exist
+/// (Ditto's `DittoWriteStrategy`).
+public enum WriteStrategy: String, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+    /// Writes every given field (nested maps merge per key; other values replace the field);
+    /// fields not given are kept. The default.
+    case merge
+    /// Writes the document only when no live document with its `_id` exists locally; otherwise
+    /// writes nothing. A local tombstone counts as absent: the write brings the document back.
+    case insertIfAbsent
+    /// When no document with the `_id` is known locally (neither live nor removed), writes it as
+    /// *default data*: every field is stamped with HLC time zero and the local site ID, so any
+    /// real write to the same field, on any node, earlier or later, wins when the two meet.
+    /// Meant for initial data that many peers create identically. Writes nothing when the
+    /// document exists or was removed here (a remove is a real write).
+    case insertDefaultIfAbsent
+    /// Writes only the leaves whose value differs from the current local value (walking nested
+    /// maps; values compare bit-exactly, so `4` and `4.0` differ). Removes nothing. When nothing
+    /// differs nothing is written and no `seq` is used. Caveat (as in Ditto): the leaves not
+    /// written keep their old stamps, so a concurrent write elsewhere wins for them.
+    case updateDifferentValues
+
+    public var description: String { rawValue }
+}
+
+/// One change to a document, applied by ``DocumentStore/update(id:in:operations:)``.
+///
+/// A path whose first array index is `a[2]` is applied to the whole array: the store reads the
+/// current array, edits it, and writes it back as one register (arrays are last-writer-wins
+/// registers). Paths must start with a field name and never with `_id`.
+public enum DocumentMutation: Sendable, Hashable, CustomStringConvertible {
+    /// Sets the field to the value, replacing whatever it held (a map value replaces the map).
+    /// With `isDefault`, the value is *default data* stamped with HLC time zero and the local
+    /// site (it loses to any real write, on any node) and is written only when the field is
+    /// absent locally; a path into an array has no effect then (the array is present and wins).
+    case set(FieldPath, Value, isDefault: Bool)
+    /// Removes the field (observed-remove); inside an array, removes the element. A missing field
+    /// is left alone and yields no result.
+    case unset(FieldPath)
+    /// Adds the amount to a counter (a missing field starts at 0; a number becomes a counter
+    /// starting from it). Inside an array the element is read, added to and written back.
+    case increment(FieldPath, Double)
+
+    /// The field the mutation changes.
+    public var path: FieldPath {
+        switch self {
+        case .set(let path, _, _), .unset(let path), .increment(let path, _): return path
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .set(let path, let value, let isDefault): return "set \(path) \(value)\(isDefault ? " (default)" : "")"
+        case .unset(let path): return "unset \(path)"
+        case .increment(let path, let amount): return "increment \(path) by \(amount)"
+        }
+    }
+
+    /// Checks what can be checked without the document: the path starts with a field other than
+    /// `_id`, values and amounts are finite.
+    ///
+    /// - Throws: ``StoreError/idChanged`` for a path starting with `_id`,
+    ///   ``StoreError/invalidValue(_:)`` otherwise.
+    public func validate() throws(StoreError) {
+        guard case .key(let first)? = path.components.first else {
+            throw .invalidValue("a field path must start with a field name, not '\(path)'")
+        }
+        if first == "_id" { throw .idChanged }
+        switch self {
+        case .set(_, let value, _):
+            do { try value.validate(path: path.description) } catch { throw .invalidValue(error.description) }
+        case .increment(_, let amount) where !amount.isFinite:
+            throw .invalidValue("cannot increment '\(path)' by \(amount); only finite amounts are allowed")
+        default:
+            break
+        }
+    }
+
+    /// Applies the mutation to a materialised document (a map) the way the store applies it to
+    /// the replicated state, e.g. to show the effect of recorded mutations before they commit.
+    ///
+    /// - Returns: whether the document changed (a default set on a present field, or an unset of
+    ///   a missing one, changes nothing).
+    /// - Throws: ``StoreError`` for the errors of ``validate()`` and for paths the document cannot
+    ///   take (an index out of range, an index into something that is not an array, an increment
+    ///   of something that is not a number).
+    /// - Complexity: O(size of the values along the path).
+    @discardableResult
+    public func apply(to document: inout Value) throws(StoreError) -> Bool {
+        try validate()
+        let components = path.components[...]
+        switch self {
+        case .set(_, let value, let isDefault):
+            if isDefault, document.value(at: path.register) != nil { return false }
+            return try FieldEdit.set(value).apply(to: &document, components, path: path)
+        case .unset:
+            return try FieldEdit.remove.apply(to: &document, components, path: path)
+        case .increment(_, let amount):
+            return try FieldEdit.increment(amount).apply(to: &document, components, path: path)
+        }
+    }
+}
+
+extension FieldPath {
+    /// The path of the register holding this field: the path up to its first array index (arrays
+    /// are one register), or the whole path when it has no index.
+    var register: FieldPath {
+        let end = components.firstIndex { if case .index = $0 { return true } else { return false } }
+        return FieldPath(components: Array(components[..<(end ?? components.endIndex)]))
+    }
+}
+
+/// What one applied mutation did (Ditto's `DittoUpdateResult`).
+public enum UpdateResult: Sendable, Hashable, CustomStringConvertible {
+    /// The field at `path` was set to `value`.
+    case set(docID: Value, path: String, value: Value)
+    /// The field at `path` was removed.
+    case removed(docID: Value, path: String)
+    /// The counter at `path` was incremented by `amount`.
+    case incremented(docID: Value, path: String, amount: Double)
+
+    /// The `_id` of the document the mutation applied to.
+    public var docID: Value {
+        switch self {
+        case .set(let id, _, _), .removed(let id, _), .incremented(let id, _, _): return id
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .set(let id, let path, let value): return "set \(id) \(path) = \(value)"
+        case .removed(let id, let path): return "removed \(id) \(path)"
+        case .incremented(let id, let path, let amount): return "incremented \(id) \(path) by \(amount)"
+        }
+    }
+}
+
+/// The direction of one sort key (Ditto's `DittoSortDirection`).
+public enum SortDirection: String, Sendable, Hashable, CaseIterable {
+    case ascending
+    case descending
+}
+
+/// One key of a sort: a field path and a direction.
+public struct SortKey: Sendable, Hashable, CustomStringConvertible {
+    public var path: FieldPath
+    public var direction: SortDirection
+
+    public init(_ path: FieldPath, _ direction: SortDirection = .ascending) {
+        self.path = path
+        self.direction = direction
+    }
+
+    public var description: String { "\(path) \(direction == .ascending ? "asc" : "desc")" }
+}
+
+extension Value {
+    /// The total order used to sort query results (``SortKey``), `nil` standing for a missing
+    /// field.
+    ///
+    /// Type classes order as in Couchbase's N1QL collation: missing < null < booleans < numbers <
+    /// strings < arrays < maps < bytes. Within a class: `false < true`; numbers numerically and
+    /// exactly, `.int` and `.double` together (``Value/compare(_:_:)``; `4 == 4.0` and
+    /// `-0.0 == 0.0` tie); strings and bytes byte-wise (UTF-8, never normalised); arrays element
+    /// by element with this order, a prefix first; maps by their entries in byte-wise key order
+    /// (key, then value), a prefix first. Ties are left to the caller (the store breaks them by
+    /// `_id`).
+    ///
+    /// - Complexity: O(size of the smaller value).
+    public static func sortOrder(_ lhs: Value?, _ rhs: Value?) -> Value.Ordering {
+        let (l, r) = (sortRank(lhs), sortRank(rhs))
+        if l != r { return l < r ? .less : .greater }
+        guard let lhs, let rhs else { return .equal }
+        switch (lhs, rhs) {
+        case (.array(let a), .array(let b)):
+            for (x, y) in zip(a, b) {
+                let o = sortOrder(x, y)
+                if o != .equal { return o }
+            }
+            return a.count == b.count ? .equal : (a.count < b.count ? .less : .greater)
+        case (.map(let a), .map(let b)):
+            let ak = a.keys.sorted(by: Self.utf8Less)
+            let bk = b.keys.sorted(by: Self.utf8Less)
+            for (x, y) in zip(ak, bk) {
+                let keyOrder = compare(.string(x), .string(y)) ?? .equal
+                if keyOrder != .equal { return keyOrder }
+                let o = sortOrder(a[x], b[y])
+                if o != .equal { return o }
+            }
+            return ak.count == bk.count ? .equal : (ak.count < bk.count ? .less : .greater)
+        default:
+            return compare(lhs, rhs) ?? .equal  // null, null; NaN never reaches a store
+        }
+    }
+
+    private static func sortRank(_ value: Value?) -> Int {
+        switch value {
+        case nil: return 0
+        case .null?: return 1
+        case .bool?: return 2
+        case .int?, .double?: return 3
+        case .string?: return 4
+        case .array?: return 5
+        case .map?: return 6
+        case .bytes?: return 7
+        }
+    }
+
+    static func utf8Less(_ a: String, _ b: String) -> Bool {
+        compare(.string(a), .string(b)) == .less
+    }
+}
+
+extension DocumentStore {
+    // MARK: Upsert with a write strategy
+
+    /// Inserts or updates a document with a write strategy (Ditto's `upsert(_:writeStrategy:)`).
+    ///
+    /// - Parameters:
+    ///   - document: a map; `_id` is a non-empty string or map, a new UUID string when absent.
+    ///   - writeStrategy: see ``WriteStrategy``; `.merge` is ``upsert(_:in:)``.
+    /// - Returns: the document's `_id` (also when the strategy wrote nothing).
+    /// - Throws: ``StoreError`` for a non-map, a bad `_id`, a non-finite number or a document above
+    ///   the size limit; nothing is written then.
+    /// - Complexity: O(size of the document) plus one indexed lookup.
+    @discardableResult
+    public func upsert(_ document: Value, in collection: String, writeStrategy: WriteStrategy) throws(StoreError)
+        -> Value
+    {
+        try upsert([document], in: collection, writeStrategy: writeStrategy)[0]
+    }
+
+    /// Upserts several documents with one write strategy in one transaction (one `seq` per
+    /// document written, one commit event when anything was written).
+    ///
+    /// - Returns: the `_id`s, in order.
+    /// - Complexity: O(total size) plus one indexed lookup per document.
+    @discardableResult
+    public func upsert(_ documents: [Value], in collection: String, writeStrategy: WriteStrategy) throws(StoreError)
+        -> [Value]
+    {
+        if writeStrategy == .merge { return try upsert(documents, in: collection) }
+        var prepared: [(id: Value, key: String, fields: [String: Value])] = []
+        prepared.reserveCapacity(documents.count)
+        for document in documents {
+            guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
+            do { try document.validate() } catch { throw .invalidValue(error.description) }
+            let id = fields.removeValue(forKey: "_id") ?? .string(UUID().uuidString)
+            prepared.append((id, try Self.key(for: id), fields))
+        }
+        let now = options.now()
+        let wrote = try withState { s -> Bool in
+            try s.db.transaction { () throws -> Bool in
+                var wrote = false
+                for (id, key, fields) in prepared {
+                    let existing = try load(s.db, collection, key)
+                    let live = existing.map { !$0.isDeleted } ?? false
+                    var doc = existing ?? DocumentState()
+                    switch writeStrategy {
+                    case .merge:
+                        preconditionFailure("handled by upsert(_:in:)")
+                    case .insertIfAbsent:
+                        guard !live else { continue }
+                        doc.merge(fields: fields, stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
+                    case .insertDefaultIfAbsent:
+                        guard existing == nil else { continue }
+                        doc.merge(fields: fields, stamp: defaultStamp)
+                    case .updateDifferentValues:
+                        var changes = fields
+                        if live, case .map(let current)? = doc.materialize(id: id) {
+                            changes = Self.differingLeaves(fields, current)
+                            if changes.isEmpty { continue }
+                        }
+                        doc.merge(fields: changes, stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
+                    }
+                    try persist(&s, collection, key, id, doc, source: nil)
+                    wrote = true
+                }
+                if wrote { try saveClock(s) }
+                return wrote
+            }
+        }
+        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
+        return prepared.map(\.id)
+    }
+
+    /// The stamp of default data: HLC time zero and this store's site, below every real write.
+    var defaultStamp: Stamp { Stamp(time: .zero, site: siteID) }
+
+    /// The parts of `new` whose leaves differ (bit-exactly) from `current`, walking maps present
+    /// in both.
+    static func differingLeaves(_ new: [String: Value], _ current: [String: Value]) -> [String: Value] {
+        var out: [String: Value] = [:]
+        for (key, value) in new {
+            if case .map(let newMap) = value, case .map(let currentMap)? = current[key] {
+                let nested = differingLeaves(newMap, currentMap)
+                if !nested.isEmpty { out[key] = .map(nested) }
+            } else if current[key] != value {
+                out[key] = value
+            }
+        }
+        return out
+    }
+
+    // MARK: Update
+
+    /// Applies mutations to one document in one transaction (Ditto's `update { doc in … }`).
+    ///
+    /// Each mutation gets its own HLC stamp, in order, so a later mutation of the same field wins
+    /// over an earlier one (default sets are stamped at time zero). The document gets one new
+    /// `seq` when its state changed, none otherwise.
+    ///
+    /// - Returns: one result per mutation that took effect, in order; `[]` when the document does
+    ///   not exist locally (then nothing is written).
+    /// - Throws: ``StoreError/idChanged`` for a mutation of `_id`; ``StoreError/invalidValue(_:)``
+    ///   for a non-finite value, an array index out of range, an index into a non-array, or an
+    ///   increment of a non-number; ``StoreError/documentTooLarge(id:bytes:limit:)``. Nothing is
+    ///   written when any mutation fails.
+    /// - Complexity: O(size of the document) per mutation.
+    @discardableResult
+    public func update(id: Value, in collection: String, operations: [DocumentMutation]) throws(StoreError)
+        -> [UpdateResult]
+    {
+        try update([(id, operations)], in: collection)[0] ?? []
+    }
+
+    /// Applies mutations to several documents in one transaction (Ditto's cursor `update`).
+    ///
+    /// - Returns: per entry of `batch`, in order, the results of ``update(id:in:operations:)``, or
+    ///   `nil` when that document does not exist locally.
+    /// - Throws: as ``update(id:in:operations:)``; nothing is written when any mutation fails.
+    /// - Complexity: O(total size of the documents × mutations).
+    public func update(_ batch: [(id: Value, mutations: [DocumentMutation])], in collection: String)
+        throws(StoreError) -> [[UpdateResult]?]
+    {
+        var keys: [String] = []
+        for (id, mutations) in batch {
+            keys.append(try Self.key(for: id))
+            for mutation in mutations { try mutation.validate() }
+        }
+        let now = options.now()
+        let (results, wrote) = try withState { s -> ([[UpdateResult]?], Bool) in
+            try s.db.transaction { () throws -> ([[UpdateResult]?], Bool) in
+                var results: [[UpdateResult]?] = []
+                var wrote = false
+                for ((id, mutations), key) in zip(batch, keys) {
+                    guard let original = try load(s.db, collection, key), !original.isDeleted else {
+                        results.append(nil)
+                        continue
+                    }
+                    var doc = original
+                    var applied: [UpdateResult] = []
+                    for mutation in mutations {
+                        if let result = try apply(mutation, to: &doc, id: id, s: &s, now: now) {
+                            applied.append(result)
+                        }
+                    }
+                    results.append(applied)
+                    if doc != original {
+                        try persist(&s, collection, key, id, doc, source: nil)
+                        wrote = true
+                    }
+                }
+                if wrote { try saveClock(s) }
+                return (results, wrote)
+            }
+        }
+        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
+        return results
+    }
+
+    /// Applies one validated mutation to a document's state.
+    ///
+    /// - Returns: its result, or `nil` when it had no effect.
+    private func apply(
+        _ mutation: DocumentMutation, to doc: inout DocumentState, id: Value, s: inout State, now: UInt64
+    ) throws(StoreError) -> UpdateResult? {
+        let path = mutation.path
+        let text = path.description
+        // Everything from the first array index on lives inside one register: the array.
+        let field = path.register
+        let split = field.components.count < path.components.count ? field.components.count : nil
+        func stamp() -> Stamp { Stamp(time: s.clock.now(physicalMillis: now), site: siteID) }
+        func writeArray(_ edit: FieldEdit, _ stamp: Stamp) throws(StoreError) -> Bool {
+            guard var array = doc.value(at: field), case .array = array else {
+                throw .invalidValue("cannot change '\(path)': '\(field)' does not hold an array")
+            }
+            let inside = path.components[split!...]
+            guard try edit.apply(to: &array, inside, path: path) else { return false }
+            do { try doc.set(field, to: array, stamp: stamp) } catch { throw .invalidValue(error.description) }
+            return true
+        }
+        do {
+            switch mutation {
+            case .set(_, let value, let isDefault):
+                // Default data only fills a register that is absent (inside an array: the array).
+                if isDefault, doc.value(at: field) != nil { return nil }
+                let stamp = isDefault ? defaultStamp : stamp()
+                if split == nil {
+                    try doc.set(path, to: value, stamp: stamp)
+                } else {
+                    _ = try writeArray(.set(value), stamp)
+                }
+                // A default that an earlier remove here had seen stays hidden: it lost.
+                if isDefault, doc.value(at: path) != value { return nil }
+                return .set(docID: id, path: text, value: value)
+            case .unset:
+                guard doc.value(at: path) != nil else { return nil }
+                if split == nil {
+                    try doc.unset(path, stamp: stamp())
+                } else {
+                    _ = try writeArray(.remove, stamp())
+                }
+                return .removed(docID: id, path: text)
+            case .increment(_, let amount):
+                if split == nil {
+                    try doc.increment(path, by: amount, stamp: stamp())
+                } else {
+                    _ = try writeArray(.increment(amount), stamp())
+                }
+                return .incremented(docID: id, path: text, amount: amount)
+            }
+        } catch let error as DocumentStateError {
+            throw .invalidValue(error.message)
+        } catch let error as StoreError {
+            throw error
+        } catch {
+            throw .invalidValue("\(error)")
+        }
+    }
+
+    // MARK: Evict
+
+    /// Deletes the local copy of a document without a tombstone (Ditto's `evict`): nothing is
+    /// replicated, and the document leaves the change log. Only live documents are evicted; a
+    /// tombstone stays (it keeps the remove from being undone by peers).
+    ///
+    /// While a subscription of this node (or a peer's subscription this node relays) still
+    /// matches the document, peers send it back; Ditto documents the same: cancel the
+    /// subscription, evict, then subscribe again to a narrower query.
+    ///
+    /// - Returns: `true` when a live document existed and was evicted.
+    /// - Complexity: one indexed delete.
+    @discardableResult
+    public func evict(id: Value, in collection: String) throws(StoreError) -> Bool {
+        try evict(ids: [id], in: collection).count == 1
+    }
+
+    /// Evicts several documents in one transaction.
+    ///
+    /// - Returns: the `_id`s that were live and are now evicted, in order.
+    @discardableResult
+    public func evict(ids: [Value], in collection: String) throws(StoreError) -> [Value] {
+        var keys: [String] = []
+        for id in ids { keys.append(try Self.key(for: id)) }
+        let evicted = try withState { s -> [Value] in
+            try s.db.transaction { () throws -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
+        }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
+        return evicted
+    }
+
+    private func evictRows(_ s: inout State, _ collection: String, _ rows: [(Value, String)]) throws -> [Value] {
+        let st = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
+        var evicted: [Value] = []
+        for (id, key) in rows {
+            st.reset()
+            st.bind(1, collection)
+            st.bind(2, key)
+            try st.run()
+            if s.db.changes > 0 { evicted.append(id) }
+        }
+        if !evicted.isEmpty {
+            // The evicted row may have held the highest seq; remember it so no seq is issued
+            // twice after a restart (peers' checkpoints name seqs).
+            let hw = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('seq', ?)")
+            let high = UInt64(bitPattern: s.nextSeq - 1)
+            hw.bind(1, (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) })
+            try hw.run()
+        }
+        return evicted
+    }
+
+    // MARK: Indexes
+
+    /// Creates (if absent) an SQLite expression index serving queries on one field of one
+    /// collection (Ditto's `CREATE INDEX`).
+    ///
+    /// The index is partial, `ON documents(json_extract(value, '$.path')) WHERE collection = '…'`,
+    /// with the `json_extract` written exactly as ``Query/sqlWhere(column:)`` writes it, so
+    /// SQLite's planner matches it: comparisons of the field with numbers and strings (`==`, `<`,
+    /// `IN [...]`, …) seek the index. (`== null` and `== true` test `json_type` and do not use
+    /// it.) The name is `idx_` + hex(collection) + `_` + hex(JSON path), unique by construction.
+    ///
+    /// - Parameter path: the field; its keys must be nameable by SQLite's JSON path syntax (no
+    ///   empty key, no `"`, `\` or control characters, not `$bytes`).
+    /// - Returns: the index name.
+    /// - Throws: ``StoreError/invalidValue(_:)`` for such a path or a collection name holding a NUL.
+    /// - Complexity: O(n log n) in the collection's documents when created; later writes to the
+    ///   collection maintain it in O(log n).
+    @discardableResult
+    public func createIndex(path: FieldPath, in collection: String) throws(StoreError) -> String {
+        guard !collection.utf8.contains(0) else {
+            throw .invalidValue("cannot index collection '\(collection)': its name holds a NUL character")
+        }
+        guard let expression = Self.indexExpression(path) else {
+            throw .invalidValue(
+                "cannot index '\(path)': SQLite's JSON path syntax cannot name it (an empty key, a key with "
+                    + "\", \\ or a control character, or $bytes)")
+        }
+        let name = "idx_" + Self.hex(collection) + "_" + Self.hex(expression.jsonPath)
+        let sql =
+            "CREATE INDEX IF NOT EXISTS \"\(name)\" ON documents(\(expression.sql)) "
+            + "WHERE collection = \(Self.sqlLiteral(collection))"
+        try withState { s in try s.db.execute(sql) }
+        return name
+    }
+
+    /// The `json_extract(value, '…')` that ``Query/sqlWhere(column:)`` writes for `path`, taken
+    /// from its own output so that index and queries cannot drift apart; `nil` when queries on the
+    /// path are not translated to SQL.
+    static func indexExpression(_ path: FieldPath) -> (sql: String, jsonPath: String)? {
+        guard case .key? = path.components.first else { return nil }
+        let probe = Predicate.compare(.field(path), .equal, .literal(.string("")))
+        guard let sql = probe.sqlWhere(column: "value")?.sql else { return nil }
+        // Expected shape: (json_type(value, L) IS 'text' AND json_extract(value, L) = ?)
+        let head = "(json_type(value, "
+        let middle = ") IS 'text' AND json_extract(value, "
+        let tail = ") = ?)"
+        let fixed = head.utf8.count + middle.utf8.count + tail.utf8.count
+        let total = sql.utf8.count
+        guard sql.hasPrefix(head), total > fixed, (total - fixed) % 2 == 0 else { return nil }
+        let literal = String(decoding: sql.utf8.dropFirst(head.utf8.count).prefix((total - fixed) / 2), as: UTF8.self)
+        guard head + literal + middle + literal + tail == sql, literal.hasPrefix("'"), literal.hasSuffix("'") else {
+            return nil
+        }
+        return ("json_extract(value, \(literal))", String(literal.dropFirst().dropLast()))
+    }
+
+    static func hex(_ text: String) -> String {
+        let digits = Array("0123456789abcdef")
+        var out = ""
+        out.reserveCapacity(text.utf8.count * 2)
+        for byte in text.utf8 {
+            out.append(digits[Int(byte >> 4)])
+            out.append(digits[Int(byte & 15)])
+        }
+        return out
+    }
+
+    static func sqlLiteral(_ text: String) -> String {
+        var out = "'"
+        for scalar in text.unicodeScalars {
+            if scalar == "'" { out += "''" } else { out.unicodeScalars.append(scalar) }
+        }
+        return out + "'"
+    }
+
+    // MARK: Queries with sort, limit and offset
+
+    /// The live documents of a collection matching `query`, sorted, then windowed by `offset`
+    /// and `limit` (Ditto's `find(query).sort(…).offset(n).limit(m).exec()`).
+    ///
+    /// Without sort keys the order is by `_id` key (the canonical JSON of the `_id`, byte-wise).
+    /// With sort keys documents are ordered by ``Value/sortOrder(_:_:)`` on each key in turn
+    /// (missing fields first when ascending, last when descending), then by `_id` key, so the
+    /// order is total and the same on every call.
+    ///
+    /// The filter runs in SQLite when the query translates (served by ``createIndex(path:in:)``
+    /// indexes); `limit` and `offset` too when there are no sort keys. Sorting runs in memory
+    /// after the filter: SQLite's order of JSON values (booleans as integers, arrays and maps as
+    /// text, missing and null alike) differs from the query order.
+    ///
+    /// - Parameters:
+    ///   - sort: sort keys, most significant first; may be empty.
+    ///   - limit: at most this many documents (`nil`: all); not negative.
+    ///   - offset: documents skipped before the first returned; not negative.
+    /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value or a negative
+    ///   limit or offset.
+    /// - Complexity: O(n) in the collection's documents without an index, O(k log n) for k
+    ///   matches with one; plus O(k log k) to sort.
+    public func documents(
+        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey],
+        limit: Int? = nil, offset: Int = 0
+    ) throws(StoreError) -> [Value] {
+        let bound = try Self.bind(query, args)
+        try Self.checkWindow(limit: limit, offset: offset)
+        return try withState { s in
+            try select(&s, collection, bound, sort: sort, limit: limit, offset: offset).map(\.value)
+        }
+    }
+
+    /// The number of live documents of a collection matching `query`.
+    ///
+    /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
+    /// - Complexity: O(n) without an index; the count runs inside SQLite when the query translates.
+    public func count(in collection: String, matching query: Query, args: [String: Value] = [:]) throws(StoreError)
+        -> Int
+    {
+        let bound = try Self.bind(query, args)
+        guard let pushed = bound.sqlWhere(column: "documents.value") else {
+            return try documents(in: collection) { try bound.matches($0) }.count
+        }
+        return try withState { s -> Int in
+            let (term, termBindings) = Self.collectionTerm(collection)
+            let st = try s.db.prepare(
+                "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND (\(pushed.sql))")
+            Self.bind(st, termBindings + pushed.bindings)
+            defer { st.reset() }
+            _ = try st.step()
+            return Int(st.int64(0))
+        }
+    }
+
+    /// Removes the documents a query selects, in one transaction (tombstones, replicated).
+    ///
+    /// - Returns: the removed `_id`s, in result order.
+    /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
+    @discardableResult
+    public func remove(
+        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        limit: Int? = nil, offset: Int = 0
+    ) throws(StoreError) -> [Value] {
+        let bound = try Self.bind(query, args)
+        try Self.checkWindow(limit: limit, offset: offset)
+        let now = options.now()
+        let removed = try withState { s -> [Value] in
+            try s.db.transaction { () throws -> [Value] in
+                var removed: [Value] = []
+                for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
+                    guard var doc = try load(s.db, collection, key), !doc.isDeleted else { continue }
+                    let id = value["_id"] ?? .null
+                    doc.remove(stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
+                    try persist(&s, collection, key, id, doc, source: nil)
+                    removed.append(id)
+                }
+                if !removed.isEmpty { try saveClock(s) }
+                return removed
+            }
+        }
+        if !removed.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
+        return removed
+    }
+
+    /// Evicts the documents a query selects, in one transaction (see ``evict(id:in:)``).
+    ///
+    /// - Returns: the evicted `_id`s, in result order.
+    /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
+    @discardableResult
+    public func evict(
+        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        limit: Int? = nil, offset: Int = 0
+    ) throws(StoreError) -> [Value] {
+        let bound = try Self.bind(query, args)
+        try Self.checkWindow(limit: limit, offset: offset)
+        let evicted = try withState { s -> [Value] in
+            try s.db.transaction { () throws -> [Value] in
+                let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset)
+                return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
+            }
+        }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
+        return evicted
+    }
+
+    static func bind(_ query: Query, _ args: [String: Value]) throws(StoreError) -> Query {
+        do { return try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
+    }
+
+    static func checkWindow(limit: Int?, offset: Int) throws(StoreError) {
+        if let limit, limit < 0 { throw .invalidValue("limit must not be negative, got \(limit)") }
+        if offset < 0 { throw .invalidValue("offset must not be negative, got \(offset)") }
+    }
+
+    /// `collection = 'name'` with the name inlined, so that partial indexes (`WHERE collection =
+    /// 'name'`) apply: SQLite's planner cannot use a partial index for a bound parameter. A name
+    /// holding NUL (which SQL text cannot carry) is bound instead.
+    static func collectionTerm(_ collection: String) -> (sql: String, bindings: [Value]) {
+        if collection.utf8.contains(0) { return ("collection = ?", [.string(collection)]) }
+        return ("collection = \(sqlLiteral(collection))", [])
+    }
+
+    static func bind(_ statement: Statement, _ values: [Value], from start: Int32 = 1) {
+        var index = start
+        for value in values {
+            statement.bind(index, value: value)
+            index += 1
+        }
+    }
+
+    /// The SQL and bindings selecting `(id, value)` rows for a bound query: the filter pushed down
+    /// when it translates, and the window when there is no sort and the filter is pushed.
+    static func selectSQL(
+        _ collection: String, _ pushed: (sql: String, bindings: [Value])?, window: (limit: Int?, offset: Int)?
+    ) -> (sql: String, bindings: [Value]) {
+        let (term, termBindings) = collectionTerm(collection)
+        var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
+        var bindings = termBindings
+        if let pushed {
+            sql += " AND (\(pushed.sql))"
+            bindings += pushed.bindings
+        }
+        sql += " ORDER BY id"
+        if let window, window.limit != nil || window.offset > 0 {
+            sql += " LIMIT ? OFFSET ?"
+            bindings += [.int(Int64(window.limit ?? -1)), .int(Int64(window.offset))]
+        }
+        return (sql, bindings)
+    }
+
+    /// Selects `(id key, value)` rows: filter, sort, window. Runs under the store lock.
+    func select(
+        _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
+    ) throws -> [(key: String, value: Value)] {
+        let pushed = bound.sqlWhere(column: "documents.value")
+        let windowInSQL = pushed != nil && sort.isEmpty
+        let (sql, bindings) = Self.selectSQL(collection, pushed, window: windowInSQL ? (limit, offset) : nil)
+        let st = try s.db.prepare(sql)
+        Self.bind(st, bindings)
+        defer { st.reset() }
+        var rows: [(key: String, value: Value)] = []
+        while try st.step() {
+            guard let key = st.string(0), let text = st.string(1) else { continue }
+            let value = try JSON.parse(text)
+            if pushed == nil, try !bound.matches(value) { continue }
+            rows.append((key, value))
+        }
+        if windowInSQL { return rows }
+        if !sort.isEmpty { rows = Self.sorted(rows, by: sort) }
+        return Array(rows.dropFirst(offset).prefix(limit ?? Int.max))
+    }
+
+    /// Rows ordered by the sort keys, then by `_id` key byte-wise.
+    static func sorted(_ rows: [(key: String, value: Value)], by sort: [SortKey]) -> [(key: String, value: Value)] {
+        let keyed = rows.map { row in (row, sort.map { row.value.value(at: $0.path) }) }
+        return keyed.sorted { a, b in
+            for (i, key) in sort.enumerated() {
+                var order = Value.sortOrder(a.1[i], b.1[i])
+                if key.direction == .descending { order = order.reversed }
+                if order != .equal { return order == .less }
+            }
+            return Value.utf8Less(a.0.key, b.0.key)
+        }.map(\.0)
+    }
+
+    /// SQLite's `EXPLAIN QUERY PLAN` rows (the `detail` column) for the statement
+    /// ``documents(in:matching:args:sort:limit:offset:)`` runs; empty when the query is
+    /// evaluated in memory only. For tests and diagnostics.
+    func queryPlan(
+        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        limit: Int? = nil, offset: Int = 0
+    ) throws(StoreError) -> [String] {
+        let bound = try Self.bind(query, args)
+        let pushed = bound.sqlWhere(column: "documents.value")
+        let (sql, bindings) = Self.selectSQL(
+            collection, pushed, window: pushed != nil && sort.isEmpty ? (limit, offset) : nil)
+        return try withState { s -> [String] in
+            let st = try s.db.prepare("EXPLAIN QUERY PLAN " + sql)
+            Self.bind(st, bindings)
+            defer { st.reset() }
+            var rows: [String] = []
+            while try st.step() { rows.append(st.string(3) ?? "") }
+            return rows
+        }
+    }
+}
+
+/// An edit of a materialised value at a path (used inside arrays, which are one register, and
+/// to preview mutations).
+enum FieldEdit {
+    case set(Value)
+    case remove
+    case increment(Double)
+
+    /// Applies the edit at `components` below `value`.
+    ///
+    /// Missing maps on the way are created for `set` and `increment` (a non-map on the way is
+    /// replaced by a map, as the CRDT does); `remove` of something missing changes nothing.
+    /// Array indexes must be in range, except that `remove` of a missing element changes nothing.
+    ///
+    /// - Returns: whether `value` changed.
+    func apply(to value: inout Value, _ components: ArraySlice<FieldPath.Component>, path: FieldPath)
+        throws(StoreError) -> Bool
+    {
+        guard let first = components.first else {
+            switch self {
+            case .set(let new):
+                value = new
+                return true
+            case .remove:
+                return false  // handled by the parent
+            case .increment(let amount):
+                guard let number = value.numberValue else {
+                    throw .invalidValue("cannot increment '\(path)': it holds \(value.typeName)")
+                }
+                value = .double(number + amount)
+                return true
+            }
+        }
+        let rest = components.dropFirst()
+        switch first {
+        case .key(let key):
+            var map: [String: Value]
+            if case .map(let m) = value {
+                map = m
+            } else {
+                if case .remove = self { return false }
+                map = [:]
+            }
+            if rest.isEmpty, case .remove = self {
+                guard map.removeValue(forKey: key) != nil else { return false }
+                value = .map(map)
+                return true
+            }
+            var child: Value
+            if let existing = map[key] {
+                child = existing
+            } else {
+                switch self {
+                case .remove: return false
+                case .increment where rest.isEmpty: child = .double(0)
+                default: child = .map([:])
+                }
+            }
+            guard try apply(to: &child, rest, path: path) else { return false }
+            map[key] = child
+            value = .map(map)
+            return true
+        case .index(let index):
+            guard case .array(var array) = value else {
+                if case .remove = self { return false }
+                throw .invalidValue("cannot change '\(path)': element [\(index)] of something that is not an array")
+            }
+            guard index >= 0, index < array.count else {
+                if case .remove = self { return false }
+                throw .invalidValue("cannot change '\(path)': index \(index) is out of range (\(array.count) elements)")
+            }
+            if rest.isEmpty, case .remove = self {
+                array.remove(at: index)
+                value = .array(array)
+                return true
+            }
+            guard try apply(to: &array[index], rest, path: path) else { return false }
+            value = .array(array)
+            return true
+        }
+    }
+}

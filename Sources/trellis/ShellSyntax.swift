@@ -1,0 +1,239 @@
+import Foundation
+import Trellis
+import TrellisStore
+
+/// Parsing of the shell's arguments: IDs, write strategies, mutations and the trailing
+/// `sort` / `limit` / `offset` modifiers of `find` and `count`.
+enum ShellSyntax {
+    /// A chunk of text between spaces; quotes (`'`, `"`, backticks, with backslash escapes) and
+    /// JSON brackets group, so a chunk may hold spaces.
+    struct Chunk {
+        var text: Substring
+        var range: Range<String.Index>
+    }
+
+    /// Splits text into chunks.
+    ///
+    /// - Throws: ``UsageError`` for an unclosed quote or bracket.
+    static func chunks(_ text: Substring) throws -> [Chunk] {
+        var out: [Chunk] = []
+        var i = text.startIndex
+        while i < text.endIndex {
+            if text[i].isWhitespace {
+                i = text.index(after: i)
+                continue
+            }
+            let start = i
+            var depth = 0
+            while i < text.endIndex, depth > 0 || !text[i].isWhitespace {
+                let c = text[i]
+                if c == "'" || c == "\"" || c == "`" {
+                    i = try skipQuoted(text, from: i)
+                    continue
+                }
+                if c == "{" || c == "[" { depth += 1 }
+                if c == "}" || c == "]" { depth = max(0, depth - 1) }
+                i = text.index(after: i)
+            }
+            if depth > 0 { throw UsageError("unclosed bracket in '\(text[start...])'") }
+            out.append(Chunk(text: text[start..<i], range: start..<i))
+        }
+        return out
+    }
+
+    /// The index after the quoted run starting at `start` (whose character is the quote).
+    static func skipQuoted(_ text: Substring, from start: String.Index) throws -> String.Index {
+        let quote = text[start]
+        var i = text.index(after: start)
+        while i < text.endIndex {
+            if text[i] == "\\" {
+                i = text.index(after: i)
+                if i < text.endIndex { i = text.index(after: i) }
+                continue
+            }
+            if text[i] == quote { return text.index(after: i) }
+            i = text.index(after: i)
+        }
+        throw UsageError("unclosed \(quote) in '\(text[start...])'")
+    }
+
+    /// Splits on `;` outside quotes.
+    static func splitStatements(_ text: Substring) throws -> [Substring] {
+        var parts: [Substring] = []
+        var start = text.startIndex
+        var i = text.startIndex
+        while i < text.endIndex {
+            let c = text[i]
+            if c == "'" || c == "\"" || c == "`" {
+                i = try skipQuoted(text, from: i)
+                continue
+            }
+            if c == ";" {
+                parts.append(text[start..<i])
+                start = text.index(after: i)
+            }
+            i = text.index(after: i)
+        }
+        parts.append(text[start...])
+        return parts
+    }
+
+    /// An `_id`: JSON when it starts with `{` or `"`, otherwise the text as a string.
+    static func id(_ text: Substring) throws -> Value {
+        let t = text.trimmingCharacters(in: .whitespaces)
+        guard !t.isEmpty else { throw UsageError("missing ID") }
+        if t.hasPrefix("{") || t.hasPrefix("\"") { return try JSON.parse(t) }
+        return .string(t)
+    }
+
+    /// A field path in query syntax.
+    static func path(_ text: Substring) throws -> FieldPath {
+        try FieldPath(querySyntax: String(text))
+    }
+
+    static func strategy(_ text: Substring) throws -> WriteStrategy {
+        guard let strategy = WriteStrategy(rawValue: String(text)) else {
+            let names = WriteStrategy.allCases.map(\.rawValue).joined(separator: ", ")
+            throw UsageError("unknown write strategy '\(text)'; use one of \(names)")
+        }
+        return strategy
+    }
+
+    /// `{JSON} [--strategy NAME]` or `--strategy NAME {JSON}` (also `--strategy=NAME`).
+    static func upsert(_ text: Substring) throws -> (document: Value, strategy: WriteStrategy) {
+        var rest = text.drop(while: \.isWhitespace)
+        var strategy: WriteStrategy?
+        func takeFlag(_ chunks: [Chunk], at i: Int) throws -> Int {
+            let flag = chunks[i].text
+            if flag.hasPrefix("--strategy=") {
+                strategy = try Self.strategy(flag.dropFirst("--strategy=".count))
+                return 1
+            }
+            guard i + 1 < chunks.count else { throw UsageError("--strategy needs a value") }
+            strategy = try Self.strategy(chunks[i + 1].text)
+            return 2
+        }
+        // Text that does not even split (an unclosed brace or string) is no JSON: say so.
+        guard let chunks = try? Self.chunks(rest) else { return (try JSON.parse(String(rest)), .merge) }
+        guard !chunks.isEmpty else { throw UsageError("upsert needs a JSON document") }
+        if chunks[0].text.hasPrefix("--") {
+            guard chunks[0].text.hasPrefix("--strategy") else {
+                throw UsageError("unknown flag '\(chunks[0].text)'; upsert takes --strategy")
+            }
+            let used = try takeFlag(chunks, at: 0)
+            guard chunks.count > used else { throw UsageError("upsert needs a JSON document") }
+            rest = rest[chunks[used].range.lowerBound...]
+        } else if let flag = chunks.lastIndex(where: { $0.text.hasPrefix("--strategy") }), flag > 0 {
+            let used = try takeFlag(chunks, at: flag)
+            guard flag + used == chunks.count else {
+                throw UsageError("unexpected '\(chunks[flag + used].text)' after --strategy")
+            }
+            rest = rest[..<chunks[flag].range.lowerBound]
+        }
+        let document = try JSON.parse(String(rest))
+        return (document, strategy ?? .merge)
+    }
+
+    /// `set PATH JSON`, `set-default PATH JSON`, `unset PATH` or `increment PATH NUMBER`.
+    static func mutation(_ text: Substring) throws -> DocumentMutation {
+        let chunks = try Self.chunks(text)
+        guard let verb = chunks.first?.text else {
+            throw UsageError("missing mutation: set, set-default, unset or increment")
+        }
+        guard chunks.count >= 2 else { throw UsageError("\(verb) needs a PATH") }
+        let path = try Self.path(chunks[1].text)
+        let operand = chunks.count > 2 ? text[chunks[2].range.lowerBound...] : ""
+        switch verb {
+        case "set", "set-default":
+            guard !operand.isEmpty else { throw UsageError("\(verb) \(path) needs a JSON value") }
+            let value: Value
+            do { value = try JSON.parse(String(operand)) } catch {
+                throw UsageError("\(verb) \(path) needs a JSON value like 5, \"text\" or {\"a\": 1}: \(error)")
+            }
+            return .set(path, value, isDefault: verb == "set-default")
+        case "unset":
+            guard operand.isEmpty else { throw UsageError("unexpected '\(operand)' after unset \(path)") }
+            return .unset(path)
+        case "increment":
+            guard chunks.count == 3, let amount = Double(chunks[2].text), amount.isFinite else {
+                throw UsageError("increment \(path) needs one finite NUMBER, got '\(operand)'")
+            }
+            return .increment(path, amount)
+        default:
+            throw UsageError("unknown mutation '\(verb)'; use set, set-default, unset or increment")
+        }
+    }
+
+    /// A query followed by modifiers.
+    struct Find {
+        var query = "true"
+        var sort: [(path: String, direction: SortDirection)] = []
+        var limit: Int?
+        var offset: Int?
+    }
+
+    static let modifierKeywords: Set<Substring> = ["sort", "limit", "offset"]
+
+    /// `[QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]`.
+    ///
+    /// The modifiers start at the first chunk `sort`, `limit` or `offset` (outside quotes) that
+    /// follows a complete query (or nothing) and is not followed by an operator, so fields named
+    /// `sort`, `limit` or `offset` still work in the query (`limit > 3 limit 2`).
+    static func find(_ text: Substring) throws -> Find {
+        let chunks = try Self.chunks(text)
+        var result = Find()
+        var start = chunks.count
+        for (i, chunk) in chunks.enumerated() where modifierKeywords.contains(chunk.text) {
+            let prefix = text[..<chunk.range.lowerBound].trimmingCharacters(in: .whitespaces)
+            if i + 1 < chunks.count, looksLikeOperator(chunks[i + 1].text) { continue }
+            if !prefix.isEmpty, (try? Query(prefix)) == nil { continue }
+            start = i
+            break
+        }
+        let queryText =
+            start < chunks.count ? text[..<chunks[start].range.lowerBound] : text
+        let trimmed = queryText.trimmingCharacters(in: .whitespaces)
+        if !trimmed.isEmpty { result.query = trimmed }
+        var i = start
+        func number(_ keyword: Substring) throws -> Int {
+            guard i + 1 < chunks.count, let n = Int(chunks[i + 1].text), n >= 0 else {
+                let got = i + 1 < chunks.count ? "'\(chunks[i + 1].text)'" : "nothing"
+                throw UsageError("\(keyword) needs a whole number >= 0, got \(got)")
+            }
+            i += 2
+            return n
+        }
+        while i < chunks.count {
+            let keyword = chunks[i].text
+            switch keyword {
+            case "sort":
+                guard i + 1 < chunks.count else { throw UsageError("sort needs a PATH") }
+                let path = String(chunks[i + 1].text)
+                _ = try Self.path(chunks[i + 1].text)
+                i += 2
+                var direction = SortDirection.ascending
+                if i < chunks.count, ["asc", "desc", "ascending", "descending"].contains(chunks[i].text) {
+                    direction = chunks[i].text.hasPrefix("desc") ? .descending : .ascending
+                    i += 1
+                }
+                result.sort.append((path, direction))
+            case "limit":
+                guard result.limit == nil else { throw UsageError("limit given twice") }
+                result.limit = try number(keyword)
+            case "offset":
+                guard result.offset == nil else { throw UsageError("offset given twice") }
+                result.offset = try number(keyword)
+            default:
+                throw UsageError(
+                    "unexpected '\(keyword)'; after the query come sort PATH [asc|desc], limit N, offset N")
+            }
+        }
+        return result
+    }
+
+    static func looksLikeOperator(_ chunk: Substring) -> Bool {
+        if chunk == "IN" || chunk == "in" { return true }
+        guard let first = chunk.first else { return false }
+        return "=!<>&|),]".contains(first)
+    }
+}
