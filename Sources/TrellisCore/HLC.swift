@@ -29,9 +29,8 @@ public struct HLCTimestamp: Hashable, Comparable, Sendable, CustomStringConverti
 ///
 /// Rule for remote stamps far in the future: a stamp more than ``maxForwardDrift`` milliseconds
 /// ahead of local physical time is *not* adopted (the clock would otherwise be dragged forward for
-/// every later write); ``receive(_:physicalMillis:)`` returns `false` and the caller logs it. The
-/// remote value is still merged by its stamp, so it wins last-writer-wins comparisons exactly as
-/// its writer intended; only this node's clock does not jump.
+/// every later write); ``receive(_:physicalMillis:)`` returns `false`. The store goes further and
+/// refuses such documents altogether (docs/DATA-MODEL.md, "Stamps and the clock").
 public struct HybridLogicalClock: Sendable {
     public private(set) var last: HLCTimestamp
     /// Milliseconds a remote stamp may lead local physical time and still be adopted.

@@ -9,6 +9,9 @@ public struct StoreOptions: Sendable {
     public var maxDocumentBytes: Int = 5 * 1024 * 1024
     /// Documents above this size are accepted with a warning. Bytes.
     public var warnDocumentBytes: Int = 256 * 1024
+    /// How far ahead of local physical time a remote stamp may be, milliseconds. Documents carrying
+    /// later stamps are refused (see docs/DATA-MODEL.md, "Stamps and the clock").
+    public var maxClockDrift: UInt64 = 60_000
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
     public var now: @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1000) }
     /// Where warnings go (oversized documents, far-future remote stamps).
@@ -194,7 +197,10 @@ public final class DocumentStore: Sendable {
             self.siteID = site
             self.epoch = epoch
             self.state = Mutex(
-                State(db: db, clock: HybridLogicalClock(last: HLCTimestamp(rawValue: hlc)), nextSeq: next))
+                State(
+                    db: db,
+                    clock: HybridLogicalClock(
+                        last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift), nextSeq: next))
         } catch let error as StoreError {
             throw error
         } catch {
@@ -548,11 +554,19 @@ public final class DocumentStore: Sendable {
                         outcome.rejected.append((JSON.string(remote.id), "\(error)"))
                         continue
                     }
-                    if !s.clock.receive(incoming.maxTime, physicalMillis: now) {
-                        options.log(
-                            "document \(key) from a peer carries stamp \(incoming.maxTime), beyond the allowed clock drift; merged without advancing the local clock"
-                        )
+                    // A stamp far ahead of this node's clock would win every later local write to
+                    // its fields until the wall clock caught up: refuse the document instead.
+                    guard incoming.maxTime.millis <= now &+ options.maxClockDrift else {
+                        let ahead = incoming.maxTime.millis &- now
+                        outcome.rejected.append(
+                            (
+                                key,
+                                "it carries a stamp \(ahead) ms ahead of this node's clock, more than the allowed "
+                                    + "\(options.maxClockDrift) ms; fix the writer's clock (a later change is sent again)"
+                            ))
+                        continue
                     }
+                    s.clock.receive(incoming.maxTime, physicalMillis: now)
                     var doc = try load(s.db, remote.collection, key) ?? DocumentState()
                     guard doc.merge(incoming) else { continue }
                     do {

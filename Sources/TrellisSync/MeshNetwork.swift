@@ -21,11 +21,14 @@ public final class MeshNetwork: Sendable {
     public let maxPendingHandshakes = 32
     /// Longest wait between reconnect attempts, seconds.
     public let maxBackoff: Double
+    /// Seconds a whole handshake may take.
+    public let handshakeTimeout: Int
 
     public init(
         engine: SyncEngine, identity: KeyPair, meshKey: SecretBytes, maxBackoff: Double = 30,
-        log: @escaping @Sendable (String) -> Void = { _ in }
+        handshakeTimeout: Int = 10, log: @escaping @Sendable (String) -> Void = { _ in }
     ) {
+        self.handshakeTimeout = handshakeTimeout
         ignoreSIGPIPE()
         self.engine = engine
         self.identity = identity
@@ -66,7 +69,7 @@ public final class MeshNetwork: Sendable {
                     do {
                         let link = try SecureLink.handshake(
                             socket: socket, initiator: false, identity: identity, meshKey: meshKey,
-                            address: socket.peerAddress)
+                            address: socket.peerAddress, timeout: handshakeTimeout)
                         engine.attach(link)
                     } catch {
                         log("refused an inbound connection from \(socket.peerAddress): \(error)")
@@ -92,7 +95,7 @@ public final class MeshNetwork: Sendable {
                     let socket = try TCPSocket.connect(to: endpoint)
                     let link = try SecureLink.handshake(
                         socket: socket, initiator: true, identity: identity, meshKey: meshKey,
-                        address: endpoint.description)
+                        address: endpoint.description, timeout: handshakeTimeout)
                     let done = DispatchSemaphore(value: 0)
                     let closed = ClosedSignal(done)
                     engine.attach(ObservedLink(link, onClose: closed.fire))

@@ -213,3 +213,74 @@ import TrellisTestKit
         }
     }
 }
+
+@Suite struct ClockSkewTests {
+    let dir = TemporaryDirectory()
+
+    /// A peer whose clock runs far ahead cannot make local writes vanish: its document is refused
+    /// with a reason, and local writes keep working.
+    @Test func documentsStampedFarInTheFutureAreRefused() throws {
+        let clock = ManualClock()
+        var options = StoreOptions()
+        options.now = clock.source
+        let local = try DocumentStore(path: dir.path("local.sqlite"), options: options)
+        try local.upsert(["_id": "car1", "hp": 100], in: "c")
+        var ahead = options
+        let skewed = ManualClock(startingAt: clock.now + 2 * 86_400_000)  // two days ahead
+        ahead.now = skewed.source
+        let peer = try DocumentStore(path: dir.path("peer.sqlite"), options: ahead)
+        try peer.upsert(["_id": "car1", "hp": 555], in: "c")
+        let docs = try peer.changes(in: "c", after: 0, limit: 10).records.map {
+            RemoteDocument(collection: "c", id: $0.id, state: $0.state)
+        }
+        let outcome = try local.merge(docs, from: [1], checkpoint: nil)
+        #expect(outcome.applied == 0)
+        #expect(outcome.rejected.count == 1 && outcome.rejected[0].reason.contains("ahead of this node's clock"))
+        clock.advance(by: 1)
+        try local.upsert(["_id": "car1", "hp": 200], in: "c")
+        #expect(try local.document(id: "car1", in: "c")?["hp"] == 200)
+        // Within the allowed drift the document merges (and wins by its later stamp).
+        var slightly = options
+        let near30s = ManualClock(startingAt: clock.now + 30_000)
+        slightly.now = near30s.source
+        let nearPeer = try DocumentStore(path: dir.path("near.sqlite"), options: slightly)
+        try nearPeer.upsert(["_id": "car2", "hp": 7], in: "c")
+        let near = try nearPeer.changes(in: "c", after: 0, limit: 10).records.map {
+            RemoteDocument(collection: "c", id: $0.id, state: $0.state)
+        }
+        #expect(try local.merge(near, from: [1], checkpoint: nil).applied == 1)
+    }
+}
+
+@Suite struct NestingLimitTests {
+    let dir = TemporaryDirectory()
+
+    func nested(_ depth: Int, map: Bool) -> Value {
+        var value: Value = 1
+        for _ in 0..<depth { value = map ? ["x": value] : [value] }
+        return value
+    }
+
+    /// What a node accepts, every peer can decode: deeper documents are refused at write time.
+    @Test func documentsAtTheNestingLimitReplicateAndDeeperOnesAreRefused() throws {
+        let a = try DocumentStore(path: dir.path("a.sqlite"))
+        let b = try DocumentStore(path: dir.path("b.sqlite"))
+        for map in [true, false] {
+            let deepest = nested(Value.maximumDepth - 1, map: map)  // plus the document's own map
+            try a.upsert(["_id": .string("ok-\(map)"), "v": deepest], in: "c")
+            let error = #expect(throws: StoreError.self) {
+                try a.upsert(["_id": "deep", "v": nested(Value.maximumDepth, map: map)], in: "c")
+            }
+            #expect(error?.description.contains("levels deep") == true)
+        }
+        let docs = try a.changes(in: "c", after: 0, limit: 10).records.map {
+            RemoteDocument(collection: "c", id: $0.id, state: $0.state)
+        }
+        let outcome = try b.merge(docs, from: [1], checkpoint: nil)
+        #expect(outcome.rejected.isEmpty && outcome.applied == 2)
+        #expect(try b.document(id: "ok-true", in: "c") == a.document(id: "ok-true", in: "c"))
+        // And the writer can still change and remove them.
+        try a.upsert(["_id": "ok-true", "y": 1], in: "c")
+        #expect(try a.remove(id: "ok-false", in: "c"))
+    }
+}
