@@ -302,7 +302,11 @@ public final class DocumentStore: Sendable {
         source: [UInt8]?
     ) throws {
         let bytes = CBOR.encode(doc.encoded)
-        let value = doc.materialize(id: id).map { JSON.string($0) }
+        let materialized = doc.materialize(id: id)
+        // Whatever path wrote it (upsert, an update at a deep path, a merge), the document as a
+        // whole must be storable and decodable by every peer.
+        do { try materialized?.validate() } catch { throw StoreError.invalidValue("document \(key): \(error)") }
+        let value = materialized.map { JSON.string($0) }
         let size = bytes.count + (value?.utf8.count ?? 0)
         if size > options.maxDocumentBytes {
             throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
