@@ -31,7 +31,7 @@ public final class TrellisNode: Sendable {
     /// - Throws: ``StoreError``, ``MeshKeyError`` (unreadable identity), or file-system errors.
     public init(directory: URL, meshKey: MeshKey, options: NodeOptions = NodeOptions()) throws {
         Sodium.initialize()
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        try Files.makeDirectory(directory.path)
         self.directory = directory
         let identityFile = directory.appendingPathComponent("identity.key")
         identity = try Self.loadOrCreateIdentity(identityFile)
@@ -44,7 +44,7 @@ public final class TrellisNode: Sendable {
 
     static func loadOrCreateIdentity(_ file: URL) throws -> KeyPair {
         if FileManager.default.fileExists(atPath: file.path) {
-            let data = try Data(contentsOf: file)
+            let data = try Files.read(file.path)
             guard data.count == KeyPair.privateKeyLength else {
                 throw MeshKeyError(
                     "\(file.path) holds \(data.count) bytes, not a \(KeyPair.privateKeyLength)-byte identity key")
@@ -101,8 +101,8 @@ public struct MeshKey: Sendable {
     /// - Throws: ``MeshKeyError`` naming the file and what is wrong with it.
     public init(contentsOf file: URL) throws {
         let data: Data
-        do { data = try Data(contentsOf: file) } catch {
-            throw MeshKeyError("cannot read mesh key file \(file.path): \(error.localizedDescription)")
+        do { data = try Files.read(file.path) } catch {
+            throw MeshKeyError("mesh key: \(error)")
         }
         if let text = String(data: data, encoding: .utf8)?.trimmingCharacters(in: .whitespacesAndNewlines),
             text.count == 64, let bytes = Self.hexBytes(text)
@@ -112,6 +112,10 @@ public struct MeshKey: Sendable {
             secret = SecretBytes(count: 32) { buffer in buffer.copyBytes(from: data) }
         } else {
             throw MeshKeyError("mesh key file \(file.path) must hold 64 hex digits (see `trellis keygen`)")
+        }
+        guard secret.copyBytes().contains(where: { $0 != 0 }) else {
+            throw MeshKeyError(
+                "mesh key file \(file.path) holds an all-zero key; make a random one with `trellis keygen`")
         }
     }
 

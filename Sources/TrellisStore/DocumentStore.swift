@@ -203,8 +203,10 @@ public final class DocumentStore: Sendable {
                         last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift), nextSeq: next))
         } catch let error as StoreError {
             throw error
+        } catch let error as SQLiteError where error.code == 26 {  // SQLITE_NOTADB
+            throw .corrupt("\(path) is not a Trellis store (SQLite: \(error.message))")
         } catch {
-            throw .sqlite("\(error)")
+            throw .sqlite("opening \(path): \(error)")
         }
     }
 

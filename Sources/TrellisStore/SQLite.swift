@@ -7,7 +7,10 @@ public struct SQLiteError: Error, Sendable, CustomStringConvertible {
     public var message: String
     public var context: String
 
-    public var description: String { "SQLite error \(code) (\(message)) while \(context)" }
+    public var description: String {
+        let what = context.split(whereSeparator: \.isNewline).joined(separator: " ")
+        return "SQLite error \(code) (\(message)) while \(what.prefix(80))"
+    }
 }
 
 /// One SQLite connection. Not `Sendable`: it is owned by one serial owner (``DocumentStore``).
@@ -44,7 +47,7 @@ final class Connection {
         if rc != SQLITE_OK {
             let message = errmsg.map { String(cString: $0) } ?? "unknown"
             sqlite3_free(errmsg)
-            throw SQLiteError(code: rc, message: message, context: "executing \(sql.prefix(60))")
+            throw SQLiteError(code: rc, message: message, context: "executing \(sql)")
         }
     }
 

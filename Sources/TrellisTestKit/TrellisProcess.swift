@@ -47,6 +47,11 @@ public final class TrellisProcess: Sendable {
         input.fileHandleForWriting.write(Data((line + "\n").utf8))
     }
 
+    /// Writes raw bytes to standard input.
+    public func sendBytes(_ bytes: [UInt8]) {
+        input.fileHandleForWriting.write(Data(bytes))
+    }
+
     /// Closes standard input (a shell then quits).
     public func closeInput() {
         try? input.fileHandleForWriting.close()

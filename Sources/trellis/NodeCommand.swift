@@ -34,6 +34,9 @@ enum NodeCommand {
         let listen = try parsed.value("listen").map { try Endpoint(parsing: $0) }
         let peers = try parsed.all("peer").map { try Endpoint(parsing: $0) }
         let subscriptions = try parsed.all("subscribe").map { try parseSubscription($0) }
+        for (_, query) in subscriptions {
+            do { _ = try Query(query) } catch { throw UsageError("--subscribe query: \(error)") }
+        }
 
         var options = NodeOptions()
         if !parsed.switches.contains("quiet") {
@@ -101,37 +104,49 @@ enum ImportCommand {
         let data = try parsed.require("data")
         let (collection, file) = (parsed.positional[0], parsed.positional[1])
         let documents = try DocumentFile.read(URL(fileURLWithPath: file))
-        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        try Files.makeDirectory(data)
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
         let ids = try store.upsert(documents, in: collection)
-        print("imported \(ids.count) documents into \(collection)")
+        print("imported \(ids.count) document\(ids.count == 1 ? "" : "s") into \(collection)")
     }
 }
 
-/// Reads documents from a JSON array or JSON-lines file.
+/// Reads documents from a JSON array or JSON-lines file (UTF-8, an optional byte-order mark,
+/// `\n` or `\r\n` line ends).
 enum DocumentFile {
     static func read(_ url: URL) throws -> [Value] {
-        let data: Data
-        do { data = try Data(contentsOf: url) } catch {
-            throw UsageError("cannot read \(url.path): \(error.localizedDescription)")
-        }
-        let text = String(decoding: data, as: UTF8.self)
-        let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        if trimmed.hasPrefix("[") {
-            guard case .array(let items) = try JSON.parse(trimmed) else {
-                throw UsageError("\(url.path) is not a JSON array")
+        var bytes = [UInt8](try Files.read(url.path))
+        if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes.removeFirst(3) }
+        let firstByte = bytes.first { ![0x20, 0x09, 0x0A, 0x0D].contains($0) }
+        var documents: [Value] = []
+        if firstByte == UInt8(ascii: "[") {
+            let parsed: Value
+            do { parsed = try JSON.parse(bytes) } catch { throw UsageError("\(url.path): \(error)") }
+            guard case .array(let items) = parsed else { throw UsageError("\(url.path) is not a JSON array") }
+            for (index, item) in items.enumerated() {
+                guard case .map = item else {
+                    throw UsageError("\(url.path): element \(index + 1) is \(item.typeName), not a JSON object")
+                }
             }
-            return items
-        }
-        var out: [Value] = []
-        for (n, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let l = line.trimmingCharacters(in: .whitespaces)
-            if l.isEmpty { continue }
-            do { out.append(try JSON.parse(l)) } catch {
-                throw UsageError("\(url.path) line \(n + 1): \(error)")
+            documents = items
+        } else {
+            var lineNumber = 0
+            for line in bytes.split(separator: 0x0A, omittingEmptySubsequences: false) {
+                lineNumber += 1
+                var text = Array(line)
+                if text.last == 0x0D { text.removeLast() }
+                if text.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
+                let value: Value
+                do { value = try JSON.parse(text) } catch {
+                    throw UsageError("\(url.path) line \(lineNumber): \(error)")
+                }
+                guard case .map = value else {
+                    throw UsageError("\(url.path) line \(lineNumber): \(value.typeName), not a JSON object")
+                }
+                documents.append(value)
             }
         }
-        return out
+        return documents
     }
 }
 
@@ -187,6 +202,10 @@ enum KeygenCommand {
         }
         guard parsed.positional.count == 1 else { throw UsageError("usage: trellis keygen FILE") }
         let url = URL(fileURLWithPath: parsed.positional[0])
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory), isDirectory.boolValue {
+            throw UsageError("\(url.path) is a directory; give a file name")
+        }
         if FileManager.default.fileExists(atPath: url.path), !parsed.switches.contains("force") {
             throw UsageError("\(url.path) exists; pass --force to replace it")
         }

@@ -50,14 +50,23 @@ final class Shell {
         self.interactive = interactive
     }
 
+    private var input = LineReader(fd: 0)
+
     func run() {
         if interactive { print("trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`") }
-        while true {
+        reading: while true {
             if interactive {
                 print("trellis> ", terminator: "")
                 fflush(nil)
             }
-            guard let line = readLine() else { break }
+            let line: String
+            switch input.next() {
+            case nil: break reading
+            case .invalid(let number):
+                FileHandle.standardError.write(Data("error: line \(number) is not valid UTF-8; ignored\n".utf8))
+                continue
+            case .line(let text): line = text
+            }
             let trimmed = line.trimmingCharacters(in: .whitespaces)
             if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
             if trimmed == "quit" || trimmed == "exit" { break }
@@ -243,5 +252,51 @@ final class ObserveState: @unchecked Sendable {
         for doc in docs where last[doc.id] != nil && last[doc.id] != doc { lines.append("  updated \(doc.json)") }
         for (id, _) in last where current[id] == nil { lines.append("  deleted \(JSON.string(id))") }
         return lines.joined(separator: "\n")
+    }
+}
+
+/// Reads lines from a file descriptor as bytes, so invalid UTF-8 is reported rather than
+/// silently replaced (as `readLine()` does). Lines end with `\n`, optionally preceded by `\r`.
+struct LineReader {
+    enum Line {
+        case line(String)
+        case invalid(number: Int)
+    }
+
+    let fd: Int32
+    private var buffer: [UInt8] = []
+    private var eof = false
+    private var number = 0
+
+    init(fd: Int32) { self.fd = fd }
+
+    mutating func next() -> Line? {
+        while true {
+            if let newline = buffer.firstIndex(of: 0x0A) {
+                var bytes = Array(buffer[..<newline])
+                buffer.removeSubrange(...newline)
+                if bytes.last == 0x0D { bytes.removeLast() }
+                return decode(bytes)
+            }
+            if eof {
+                guard !buffer.isEmpty else { return nil }
+                defer { buffer = [] }
+                return decode(buffer)
+            }
+            var chunk = [UInt8](repeating: 0, count: 65_536)
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 {
+                eof = true
+            } else {
+                buffer.append(contentsOf: chunk[0..<n])
+            }
+        }
+    }
+
+    private mutating func decode(_ bytes: [UInt8]) -> Line {
+        number += 1
+        guard let text = String(validating: bytes, as: UTF8.self) else { return .invalid(number: number) }
+        return .line(text)
     }
 }

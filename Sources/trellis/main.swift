@@ -33,6 +33,9 @@ do {
     default: throw UsageError("unknown command '\(command)'; run `trellis --help`")
     }
 } catch {
-    FileHandle.standardError.write(Data("trellis: error: \(error)\n".utf8))
+    // One line, whatever the error's own text holds.
+    let text = "\(error)".split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
+        .joined(separator: " ")
+    FileHandle.standardError.write(Data("trellis: error: \(text)\n".utf8))
     exit(error is UsageError ? 2 : 1)
 }

@@ -82,6 +82,35 @@ import TrellisTestKit
         nodeA.terminate()
     }
 
+    @Test func importReadsCRLFLinesAndAByteOrderMarkAndNamesBadElements() throws {
+        let crlf = dir.path("crlf.jsonl")
+        try Data("{\"_id\":\"a\"}\r\n{\"_id\":\"b\"}\r\n".utf8).write(to: URL(fileURLWithPath: crlf))
+        let bom = dir.path("bom.json")
+        try Data([0xEF, 0xBB, 0xBF] + Array("[{\"_id\":\"c\"}]".utf8)).write(to: URL(fileURLWithPath: bom))
+        let bad = dir.path("bad.json")
+        try Data("[{\"_id\":\"d\"}, 5]".utf8).write(to: URL(fileURLWithPath: bad))
+        let data = dir.path("D")
+        #expect(try TrellisProcess.run(["import", "--data", data, "c", crlf]).stdout.contains("imported 2 documents"))
+        #expect(try TrellisProcess.run(["import", "--data", data, "c", bom]).stdout.contains("imported 1 document "))
+        let r = try TrellisProcess.run(["import", "--data", data, "c", bad])
+        #expect(r.status != 0 && r.stderr.contains("bad.json: element 2 is int, not a JSON object"))
+        let listed = try TrellisProcess.run(["find", "--data", data, "c", "--count"])
+        #expect(listed.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "3")  // the bad file wrote nothing
+    }
+
+    @Test func theShellReportsInvalidUTF8InsteadOfRepairingIt() throws {
+        let key = dir.path("k2")
+        _ = try TrellisProcess.run(["keygen", key])
+        let shell = try TrellisProcess(["shell", "--data", dir.path("S2"), "--mesh-key", key, "--quiet"])
+        shell.sendBytes([0x67, 0x65, 0x74, 0x20, 0x63, 0x20, 0xFF, 0xFE, 0x0A])  // "get c \xff\xfe\n"
+        shell.send("count c")
+        shell.closeInput()
+        #expect(shell.wait() == 0)
+        usleep(20_000)
+        #expect(shell.stderr.contains("error: line 1 is not valid UTF-8"))
+        #expect(shell.stdout.contains("0"))
+    }
+
     @Test func badCommandLinesGetOneLineErrors() throws {
         let cases: [[String]] = [
             ["frob"], ["node", "--bogus"], ["node", "--data"],
@@ -94,6 +123,29 @@ import TrellisTestKit
             let lines = r.stderr.split(separator: "\n")
             #expect(lines.count == 1 && lines[0].hasPrefix("trellis: error: "), "\(args): \(r.stderr)")
         }
+        // Files that are not what they should be: one line naming the path and the problem.
+        let key = dir.path("k")
+        _ = try TrellisProcess.run(["keygen", key])
+        let file = dir.path("afile")
+        FileManager.default.createFile(atPath: file, contents: Data("x".utf8))
+        let corrupt = dir.path("corrupt")
+        try FileManager.default.createDirectory(atPath: corrupt, withIntermediateDirectories: true)
+        FileManager.default.createFile(
+            atPath: corrupt + "/store.sqlite", contents: Data((0..<4096).map { UInt8($0 % 251) }))
+        let named: [([String], String)] = [
+            (["node", "--data", file, "--mesh-key", key], "\(file) exists and is not a directory"),
+            (["node", "--data", dir.path("n"), "--mesh-key", dir.url.path], "it is a directory"),
+            (["find", "--data", corrupt, "cars"], "is not a Trellis store"),
+            (["keygen", dir.url.path], "is a directory"),
+            (["node", "--data", dir.path("q"), "--mesh-key", key, "--subscribe", "c a =="], "--subscribe query"),
+        ]
+        for (args, text) in named {
+            let r = try TrellisProcess.run(args)
+            let lines = r.stderr.split(separator: "\n")
+            #expect(r.status != 0 && lines.count == 1 && r.stderr.contains(text), "\(args): \(r.stderr)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: dir.path("q")))  // nothing created before the error
+
         let help = try TrellisProcess.run(["node", "--help"])
         #expect(help.status == 0 && help.stdout.contains("--mesh-key FILE"))
     }
