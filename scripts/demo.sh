@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh vega_datasets
 echo "== building trellis (release)"
-swift build -c release --product trellis >/tmp/trellis-demo-build.log 2>&1 || {
-    tail -30 /tmp/trellis-demo-build.log
+mkdir -p .build
+swift build -c release --product trellis >.build/demo-build.log 2>&1 || {
+    tail -30 .build/demo-build.log
     exit 1
 }
 T="$PWD/.build/release/trellis"
