@@ -12,6 +12,8 @@ public struct StoreOptions: Sendable {
     /// How far ahead of local physical time a remote stamp may be, milliseconds. Documents carrying
     /// later stamps are refused (see docs/DATA-MODEL.md, "Stamps and the clock").
     public var maxClockDrift: UInt64 = 60_000
+    /// Open without writing anything (inspecting a store a running node owns); writes then fail.
+    public var readOnly = false
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
     public var now: @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1000) }
     /// Where warnings go (oversized documents, far-future remote stamps).
@@ -166,9 +168,17 @@ public final class DocumentStore: Sendable {
         self.path = path
         self.options = options
         do {
-            let db = try Connection(path: path)
-            try db.execute(Self.schema)
-            let (site, epoch, hlc) = try db.transaction { () throws -> (SiteID, [UInt8], UInt64) in
+            let db = try Connection(path: path, readOnly: options.readOnly)
+            if options.readOnly {
+                // Inspect without writing anything, not even the schema.
+                guard try Self.hasTable(db, "meta"), try Self.meta(db, "site") != nil else {
+                    throw StoreError.corrupt("\(path) is not a Trellis store (no site ID)")
+                }
+            } else {
+                try db.execute(Self.schema)
+            }
+            let (site, epoch, hlc) = try db.transaction(readOnly: options.readOnly) {
+                () throws -> (SiteID, [UInt8], UInt64) in
                 let site =
                     try Self.meta(db, "site")
                     ?? {
@@ -208,6 +218,13 @@ public final class DocumentStore: Sendable {
         } catch {
             throw .sqlite("opening \(path): \(error)")
         }
+    }
+
+    private static func hasTable(_ db: Connection, _ name: String) throws -> Bool {
+        let s = try db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?")
+        s.bind(1, name)
+        defer { s.reset() }
+        return try s.step()
     }
 
     private static func uint64(_ bytes: [UInt8]) -> UInt64 {

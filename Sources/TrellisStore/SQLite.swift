@@ -18,9 +18,9 @@ final class Connection {
     let handle: OpaquePointer
     private var cache: [String: Statement] = [:]
 
-    init(path: String) throws(SQLiteError) {
+    init(path: String, readOnly: Bool = false) throws(SQLiteError) {
         var db: OpaquePointer?
-        let flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+        let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
         let rc = sqlite3_open_v2(path, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
@@ -66,8 +66,8 @@ final class Connection {
     }
 
     /// Runs `body` inside `BEGIN IMMEDIATE … COMMIT`, rolling back when it throws.
-    func transaction<R>(_ body: () throws -> R) throws -> R {
-        try execute("BEGIN IMMEDIATE")
+    func transaction<R>(readOnly: Bool = false, _ body: () throws -> R) throws -> R {
+        try execute(readOnly ? "BEGIN" : "BEGIN IMMEDIATE")
         do {
             let result = try body()
             try execute("COMMIT")

@@ -166,7 +166,9 @@ enum InspectCommand {
         let data = try parsed.require("data")
         let path = URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path
         guard FileManager.default.fileExists(atPath: path) else { throw UsageError("no Trellis store in \(data)") }
-        let store = try DocumentStore(path: path)
+        var options = StoreOptions()
+        options.readOnly = true
+        let store = try DocumentStore(path: path, options: options)
         switch command {
         case "get":
             guard parsed.positional.count == 2 else { throw UsageError("usage: trellis get --data DIR COLLECTION ID") }
