@@ -247,14 +247,7 @@ extension DocumentStore {
         -> [Value]
     {
         if writeStrategy == .merge { return try upsert(documents, in: collection) }
-        var prepared: [(id: Value, key: String, fields: [String: Value])] = []
-        prepared.reserveCapacity(documents.count)
-        for document in documents {
-            guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
-            do { try document.validate() } catch { throw .invalidValue(error.description) }
-            let id = fields.removeValue(forKey: "_id") ?? .string(UUID().uuidString)
-            prepared.append((id, try Self.key(for: id), fields))
-        }
+        let prepared = try Self.prepare(documents)
         let now = options.now()
         let wrote = try withState { s -> Bool in
             try s.db.transaction { () throws -> Bool in

@@ -72,18 +72,8 @@ public struct ChangePage: Sendable {
     public var exhausted: Bool
 }
 
-/// A document received from a peer, to be merged.
-public struct RemoteDocument: Sendable {
-    public var collection: String
-    public var id: Value
-    public var state: [UInt8]
-
-    public init(collection: String, id: Value, state: [UInt8]) {
-        self.collection = collection
-        self.id = id
-        self.state = state
-    }
-}
+/// A document received from a peer, to be merged: its collection, `_id` and CBOR state.
+public typealias RemoteDocument = WireDocument
 
 /// How far this store has durably applied one peer's log for one subscription.
 public struct Checkpoint: Sendable, Equatable {
@@ -369,14 +359,7 @@ public final class DocumentStore: Sendable {
     /// - Complexity: O(total size) plus one indexed lookup per document.
     @discardableResult
     public func upsert(_ documents: [Value], in collection: String) throws(StoreError) -> [Value] {
-        var prepared: [(Value, String, [String: Value])] = []
-        prepared.reserveCapacity(documents.count)
-        for document in documents {
-            guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
-            do { try document.validate() } catch { throw .invalidValue(error.description) }
-            let id = fields.removeValue(forKey: "_id") ?? .string(UUID().uuidString)
-            prepared.append((id, try Self.key(for: id), fields))
-        }
+        let prepared = try Self.prepare(documents)
         let now = options.now()
         try withState { s in
             try s.db.transaction {
@@ -391,6 +374,23 @@ public final class DocumentStore: Sendable {
         }
         notify(StoreEvent(collections: [collection], origin: nil))
         return prepared.map(\.0)
+    }
+
+    /// Checks documents for upsert and splits each into `_id` (a new UUID string when absent), its
+    /// key and its other fields.
+    ///
+    /// - Throws: ``StoreError`` for a non-map, a bad `_id` or a value that cannot be stored.
+    static func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: [String: Value])]
+    {
+        var prepared: [(id: Value, key: String, fields: [String: Value])] = []
+        prepared.reserveCapacity(documents.count)
+        for document in documents {
+            guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
+            do { try document.validate() } catch { throw .invalidValue(error.description) }
+            let id = fields.removeValue(forKey: "_id") ?? .string(UUID().uuidString)
+            prepared.append((id, try key(for: id), fields))
+        }
+        return prepared
     }
 
     /// Removes a document (a tombstone that replicates).

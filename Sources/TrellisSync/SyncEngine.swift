@@ -297,7 +297,7 @@ public final class SyncEngine: @unchecked Sendable {
         var accepted: [RemoteDocument] = []
         for document in documents {
             if document.collection == collection {
-                accepted.append(RemoteDocument(collection: document.collection, id: document.id, state: document.state))
+                accepted.append(document)
             } else {
                 log(
                     "refused document \(document.id) of collection '\(document.collection)' from "
