@@ -130,8 +130,9 @@ import TrellisTestKit
         #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
         let corrupt = dir.path("corrupt")
         try FileManager.default.createDirectory(atPath: corrupt, withIntermediateDirectories: true)
-        FileManager.default.createFile(
-            atPath: corrupt + "/store.sqlite", contents: Data((0..<4096).map { UInt8($0 % 251) }))
+        #expect(
+            FileManager.default.createFile(
+                atPath: corrupt + "/store.sqlite", contents: Data((0..<4096).map { UInt8($0 % 251) })))
         let named: [([String], String)] = [
             (["node", "--data", file, "--mesh-key", key], "\(file) exists and is not a directory"),
             (["node", "--data", dir.path("n"), "--mesh-key", dir.url.path], "it is a directory"),
