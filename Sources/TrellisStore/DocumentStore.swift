@@ -310,7 +310,7 @@ public final class DocumentStore: Sendable {
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
         source: [UInt8]?
     ) throws {
-        let bytes = CBOR.encode(doc.encoded)
+        let bytes = doc.cbor()
         let materialized = doc.materialize(id: id)
         // Whatever path wrote it (upsert, an update at a deep path, a merge), the document as a
         // whole must be storable and decodable by every peer.

@@ -150,6 +150,11 @@ import TrellisTestKit
                 if pair + 1 < states.count { p.merge(states[pair + 1]) }
                 grouped.merge(p)
             }
+            for state in states + [first] {
+                // The direct encoder writes exactly the bytes of the Value-tree encoder, which decode back.
+                #expect(state.cbor() == CBOR.encode(state.encoded), "round \(round), seed \(seed)")
+                #expect(try DocumentState(encoded: CBOR.decode(state.cbor())) == state, "round \(round), seed \(seed)")
+            }
             #expect(first == second, "round \(round), seed \(seed)")
             #expect(first == grouped, "round \(round), seed \(seed)")
             var again = first
