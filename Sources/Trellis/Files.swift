@@ -60,3 +60,27 @@ public enum Files {
         return ns.localizedDescription.replacingOccurrences(of: "\n", with: " ")
     }
 }
+
+/// An exclusive lock on a data directory (`flock` on `DIR/lock`), held while the value lives:
+/// two processes writing one store would issue the same `seq` twice.
+public final class DataDirectoryLock: Sendable {
+    private let fd: Int32
+
+    /// Takes the lock.
+    ///
+    /// - Throws: ``FileError`` when another process holds it, or the lock file cannot be opened.
+    public init(directory: String) throws(FileError) {
+        let path = (directory as NSString).appendingPathComponent("lock")
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw FileError("cannot open \(path): \(String(cString: strerror(errno)))") }
+        guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
+            close(fd)
+            throw FileError(
+                "data directory \(directory) is in use by another trellis process; stop it, or work through it "
+                    + "(a shell peer, or `trellis find`/`get`, which only read)")
+        }
+        self.fd = fd
+    }
+
+    deinit { close(fd) }
+}

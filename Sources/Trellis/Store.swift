@@ -332,9 +332,11 @@ public struct PendingCursorOperation: Sendable {
 
     /// Subscribes to the matching documents from peers (replicated here while connected).
     public func subscribe() throws -> Subscription {
-        try Subscription(
+        // The canonical text names the subscription, so `a==1` and `a == 1` are one subscription.
+        let canonical = try Query(query).description
+        return try Subscription(
             engine: collection.store.engine,
-            spec: SubscriptionSpec(collection: collection.name, query: query, args: args), label: query)
+            spec: SubscriptionSpec(collection: collection.name, query: canonical, args: args), label: query)
     }
 
     /// Calls `handler` with the current results now and after every commit that touches the

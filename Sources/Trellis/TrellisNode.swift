@@ -25,6 +25,7 @@ public final class TrellisNode: Sendable {
     public let directory: URL
     let engine: SyncEngine
     let network: MeshNetwork
+    let lock: DataDirectoryLock
 
     /// Opens (creating if needed) a node in `directory`.
     ///
@@ -32,6 +33,7 @@ public final class TrellisNode: Sendable {
     public init(directory: URL, meshKey: MeshKey, options: NodeOptions = NodeOptions()) throws {
         Sodium.initialize()
         try Files.makeDirectory(directory.path)
+        lock = try DataDirectoryLock(directory: directory.path)
         self.directory = directory
         let identityFile = directory.appendingPathComponent("identity.key")
         identity = try Self.loadOrCreateIdentity(identityFile)

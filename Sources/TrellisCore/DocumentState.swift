@@ -321,11 +321,42 @@ public struct DocumentState: Hashable, Sendable {
     ///
     /// - Throws: ``DocumentStateError`` for a path through an array index.
     public mutating func set(_ path: FieldPath, to value: Value, stamp: Stamp) throws(DocumentStateError) {
+        try checkParents(of: path)
         try withField(path, stamp: stamp) { node in
+            if Self.restartIfCounter(&node, with: value, stamp: stamp) { return }
             Self.kill(&node, stamp: stamp, includingOwnStamp: false)
             Self.write(value, into: &node, stamp: stamp, replace: true)
         }
         writes.include(stamp)
+    }
+
+    /// Every map on the way to `path` must be a map or absent: writing `s.x` never turns a string
+    /// `s` into a map silently.
+    private func checkParents(of path: FieldPath) throws(DocumentStateError) {
+        guard path.components.count > 1 else { return }
+        for length in 1..<path.components.count {
+            let prefix = FieldPath(components: Array(path.components.prefix(length)))
+            guard let value = value(at: prefix) else { return }
+            guard case .map = value else {
+                throw DocumentStateError(
+                    message: "cannot write '\(path)': '\(prefix)' holds \(value.typeName), not a map")
+            }
+        }
+    }
+
+    /// Writing a number to a field that shows a counter restarts the counter at that number
+    /// (Ditto's `RESTART WITH`): increments the writer had seen are not counted again, concurrent
+    /// ones still are.
+    ///
+    /// - Returns: whether the write was a restart.
+    static func restartIfCounter(_ node: inout FieldNode, with value: Value, stamp: Stamp) -> Bool {
+        guard let number = value.numberValue, var counter = node.counter, node.visible([:])?.kind == .counter else {
+            return false
+        }
+        counter.restart = Register(value: .double(number), stamp: stamp)
+        counter.seeAllTotals()
+        node.counter = counter
+        return true
     }
 
     /// Removes everything under a field that this replica has seen: its writes join the field's
@@ -379,7 +410,8 @@ public struct DocumentState: Hashable, Sendable {
             node.map = map
         } else {
             if !replace {
-                // A leaf replaces whatever was there (a map, a counter): it is seen and removed.
+                if restartIfCounter(&node, with: value, stamp: stamp) { return }
+                // A leaf replaces whatever was there (a map): it is seen and removed.
                 kill(&node, stamp: stamp, includingOwnStamp: false)
             }
             node.register = Register(value: value, stamp: stamp)
@@ -405,6 +437,7 @@ public struct DocumentState: Hashable, Sendable {
     ///   amount is not finite.
     public mutating func increment(_ path: FieldPath, by amount: Double, stamp: Stamp) throws(DocumentStateError) {
         guard amount.isFinite else { throw DocumentStateError(message: "cannot increment '\(path)' by \(amount)") }
+        try checkParents(of: path)
         let current = value(at: path)
         switch current {
         case nil, .int?, .double?: break

@@ -115,7 +115,15 @@ public struct SyncSession: Sendable {
             var directives: [Directive] = []
             for sub in subs {
                 let key = sub.spec.key
-                if let existing = outbound[key] {
+                if var existing = outbound[key] {
+                    // A checkpoint below the cursor means the peer wants entries again (it evicted
+                    // documents, or lost unacknowledged batches): rescan from there. Re-sent entries
+                    // merge as no-ops.
+                    if sub.since < existing.cursor {
+                        existing.cursor = sub.since
+                        existing.lastSent = sub.since
+                        existing.pending = true
+                    }
                     next[key] = existing
                 } else {
                     next[key] = Outbound(spec: sub.spec, cursor: sub.since, lastSent: sub.since)

@@ -192,7 +192,8 @@ public enum ValueError: Error, Equatable, Sendable, CustomStringConvertible {
         case .tooDeep(let path, let limit):
             return "field '\(path)' nests maps and arrays more than \(limit) levels deep, which peers cannot decode"
         case .reservedKey(let path):
-            return "field '\(path)' uses the reserved name '$bytes' (JSON spells byte strings {\"$bytes\": …})"
+            return "field '\(path)': '$bytes' spells a byte string in JSON and must be the only key, holding "
+                + "padded base64 text ({\"$bytes\": \"AAE=\"}); as a field name it is reserved"
         }
     }
 }

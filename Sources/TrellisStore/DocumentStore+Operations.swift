@@ -456,7 +456,7 @@ extension DocumentStore {
         let evicted = try withState { s -> [Value] in
             try s.db.transaction { () throws -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
         return evicted
     }
 
@@ -471,6 +471,13 @@ extension DocumentStore {
             if s.db.changes > 0 { evicted.append(id) }
         }
         if !evicted.isEmpty {
+            // Peers send evicted documents back while a subscription matches them (Ditto's rule):
+            // forget the checkpoints of this collection's subscriptions so the next exchange of
+            // subscriptions starts them from the beginning (merging what is still here is a no-op).
+            let forget = try s.db.prepare(
+                "DELETE FROM checkpoints WHERE substr(subscription, 1, length(?1) + 1) = ?1 || char(31)")
+            forget.bind(1, collection)
+            try forget.run()
             // The evicted row may have held the highest seq; remember it so no seq is issued
             // twice after a restart (peers' checkpoints name seqs).
             let hw = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('seq', ?)")
@@ -659,7 +666,7 @@ extension DocumentStore {
                 return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
             }
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
         return evicted
     }
 

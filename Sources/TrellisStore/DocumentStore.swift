@@ -93,6 +93,9 @@ public struct StoreEvent: Sendable {
     public var collections: Set<String>
     /// The peer whose batch caused the change; `nil` for local writes.
     public var origin: [UInt8]?
+    /// `true` when documents were evicted (their subscriptions' checkpoints were forgotten, so
+    /// peers send matching documents again).
+    public var evicted = false
 }
 
 /// A per-document outcome of merging a remote batch.

@@ -66,9 +66,16 @@ public final class SyncEngine: @unchecked Sendable {
         self.peerKey = peerKey
         self.maxHops = maxHops
         self.log = log
-        let token = store.addObserver { [weak self] _ in
+        let token = store.addObserver { [weak self] event in
             guard let self else { return }
-            self.queue.async { self.localChanged() }
+            self.queue.async {
+                if event.evicted {
+                    // Ask again from the (forgotten) checkpoints: peers send back what still matches.
+                    for entry in self.entries.values where entry.session.isEstablished { entry.lastSent = nil }
+                    self.updateSubscriptions()
+                }
+                self.localChanged()
+            }
         }
         queue.sync { observerToken = token }
     }
@@ -81,7 +88,7 @@ public final class SyncEngine: @unchecked Sendable {
     ///
     /// - Throws: ``QueryParseError`` when the query does not parse.
     public func subscribe(_ spec: SubscriptionSpec) throws {
-        _ = try Query(spec.query)
+        _ = try Query(spec.query).bind(args: spec.args)
         queue.sync {
             localCounts[spec.key, default: 0] += 1
             guard local[spec.key] == nil else { return }
@@ -178,8 +185,11 @@ public final class SyncEngine: @unchecked Sendable {
 
     private func detach(_ id: ObjectIdentifier, reason: String) {
         guard let entry = entries.removeValue(forKey: id) else { return }
+        let hint =
+            entry.session.remote == nil && entry.link.isInitiator
+            ? " (closed before any hello: check that both nodes use the same mesh key)" : ""
         entry.session.closed()
-        log("session with \(entry.link.remoteAddress) ended: \(reason)")
+        log("session with \(entry.link.remoteAddress) ended: \(reason)\(hint)")
         if !entry.remoteSubscriptions.isEmpty { updateSubscriptions() }
     }
 
@@ -253,9 +263,9 @@ public final class SyncEngine: @unchecked Sendable {
         if let cached = queries[spec.key] { return cached }
         let parsed: Query?
         do {
-            parsed = try Query(spec.query)
+            parsed = try Query(spec.query).bind(args: spec.args)
         } catch {
-            log("a peer's subscription query '\(spec.query)' does not parse (\(error)); it matches nothing")
+            log("a peer's subscription '\(spec)' cannot run (\(error)); it matches nothing")
             parsed = nil
         }
         queries[spec.key] = parsed

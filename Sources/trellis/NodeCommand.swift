@@ -105,6 +105,8 @@ enum ImportCommand {
         let (collection, file) = (parsed.positional[0], parsed.positional[1])
         let documents = try DocumentFile.read(URL(fileURLWithPath: file))
         try Files.makeDirectory(data)
+        let lock = try DataDirectoryLock(directory: data)
+        defer { withExtendedLifetime(lock) {} }
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
         let ids = try store.upsert(documents, in: collection)
         print("imported \(ids.count) document\(ids.count == 1 ? "" : "s") into \(collection)")

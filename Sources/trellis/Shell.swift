@@ -85,9 +85,9 @@ final class Shell {
 
     /// Splits `word rest` once.
     static func head(_ text: Substring) -> (String, Substring) {
-        let t = text.drop(while: { $0 == " " })
-        guard let space = t.firstIndex(of: " ") else { return (String(t), "") }
-        return (String(t[..<space]), t[t.index(after: space)...].drop(while: { $0 == " " }))
+        let t = text.drop(while: { $0 == " " || $0 == "\t" })
+        guard let space = t.firstIndex(where: { $0 == " " || $0 == "\t" }) else { return (String(t), "") }
+        return (String(t[..<space]), t[t.index(after: space)...].drop(while: { $0 == " " || $0 == "\t" }))
     }
 
     /// An ID argument: JSON when it starts with `{` or `"`, otherwise the text as a string.
@@ -150,14 +150,15 @@ final class Shell {
             print("index \(name) on \(collection) (\(path))")
         case "subscribe":
             try needCollection()
-            let key = "\(collection) \(query)"
+            // Keyed by the query's canonical text: spacing does not make another subscription.
+            let key = "\(collection) \(try Query(query).description)"
             if subscriptions[key] == nil {
                 subscriptions[key] = try node.store.collection(collection).find(query).subscribe()
             }
             print("subscribed: \(key)")
         case "unsubscribe":
             try needCollection()
-            let key = "\(collection) \(query)"
+            let key = "\(collection) \(try Query(query).description)"
             guard let subscription = subscriptions.removeValue(forKey: key) else {
                 throw UsageError("no subscription '\(key)'; `subscriptions` lists them")
             }

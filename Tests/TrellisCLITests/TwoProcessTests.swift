@@ -42,6 +42,13 @@ import TrellisTestKit
         #expect(eventually(timeout: 30) { count(b) == 30 }, "B: \(nodeB.stderr)")
         #expect(count(b, "Origin != 'Japan'") == 0)
 
+        // One process owns a data directory: a second node or an import is refused; reading is fine.
+        let second = try TrellisProcess.run(["node", "--data", a, "--mesh-key", key])
+        #expect(second.status != 0 && second.stderr.contains("is in use by another trellis process"))
+        let importing = try TrellisProcess.run(["import", "--data", a, "cars", try writeCars(3)])
+        #expect(importing.status != 0 && importing.stderr.contains("is in use"))
+        #expect(count(a) == 90)
+
         // A node with another mesh key cannot connect and gets nothing.
         let otherKey = dir.path("other.key")
         #expect(try TrellisProcess.run(["keygen", otherKey]).status == 0)
@@ -51,6 +58,7 @@ import TrellisTestKit
         ])
         #expect(eventually { nodeA.stderr.contains("refused an inbound connection") })
         #expect(count(c) == 0)
+        #expect(eventually { nodeC.stderr.contains("check that both nodes use the same mesh key") })
         #expect(nodeC.terminate() == 0)
         #expect(nodeB.terminate() == 0)
         #expect(nodeA.terminate() == 0)

@@ -125,6 +125,36 @@ func path(_ text: String) -> FieldPath {
         #expect(throws: DocumentStateError.self) { try d.increment(.key("x"), by: .infinity, stamp: stamp(4, 1)) }
     }
 
+    /// DATA-MODEL.md rule 3's example, in both delivery orders and both clock orders: a set (restart)
+    /// concurrent with an increment it had not seen keeps both.
+    @Test func aRestartConcurrentWithAnIncrementKeepsBoth() throws {
+        for (setTime, incrementTime) in [(13, 14), (14, 13)] as [(UInt64, UInt64)] {
+            var base = DocumentState()
+            try base.increment(.key("n"), by: 1, stamp: stamp(10, 1))
+            var b = base
+            try b.increment(.key("n"), by: 5, stamp: stamp(11, 2))
+            var a = merged(base, b)  // A has seen 1 + 5
+            try a.set(.key("n"), to: 100, stamp: stamp(setTime, 1))
+            try b.increment(.key("n"), by: 10, stamp: stamp(incrementTime, 2))  // not seen by A's set
+            #expect(merged(a, b).value(at: .key("n")) == 110.0, "set at \(setTime), increment at \(incrementTime)")
+            #expect(merged(b, a) == merged(a, b))
+            // The same through upsert's merge of a number into the counter field.
+            var c = merged(base, b)
+            c.merge(fields: ["n": 50], stamp: stamp(20, 3))
+            #expect(c.value(at: .key("n")) == 50.0)
+        }
+    }
+
+    @Test func writingBelowAScalarIsRefused() throws {
+        var a = DocumentState()
+        a.merge(fields: ["s": "text", "m": ["x": 1]], stamp: stamp(10, 1))
+        #expect(throws: DocumentStateError.self) { try a.set(path("s.x"), to: 1, stamp: stamp(11, 1)) }
+        #expect(throws: DocumentStateError.self) { try a.increment(path("s.x"), by: 1, stamp: stamp(11, 1)) }
+        try a.set(path("m.y"), to: 2, stamp: stamp(12, 1))
+        try a.set(path("new.deep"), to: 3, stamp: stamp(13, 1))
+        #expect(a.materialize(id: id) == ["_id": "d1", "s": "text", "m": ["x": 1, "y": 2], "new": ["deep": 3]])
+    }
+
     @Test func encodingRoundTripsAndRejectsMalformedStates() throws {
         var a = DocumentState()
         a.merge(fields: ["v": ["nested": [1, 2.5, "x"]], "w": -0.0], stamp: stamp(10, .max))

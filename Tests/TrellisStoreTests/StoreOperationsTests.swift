@@ -315,7 +315,11 @@ import TrellisTestKit
             do {
                 try store.update(id: id, in: "c", operations: mutations)
                 #expect(!previewError, "seed \(seed): \(mutations)")
-                #expect(try store.document(id: id, in: "c") == preview, "seed \(seed): \(mutations)")
+                let stored = try #require(try store.document(id: id, in: "c"))
+                // A number set on a field that became a counter restarts the counter, and counters
+                // show doubles (docs/DATA-MODEL.md rule 3): 1 and 1.0 are the same value here.
+                #expect(
+                    Value.queryEquals(stored, preview), "seed \(seed): \(mutations): \(stored) vs \(preview)")
             } catch {
                 #expect(previewError, "seed \(seed): \(mutations): \(error)")
             }

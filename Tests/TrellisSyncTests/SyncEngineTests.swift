@@ -103,6 +103,65 @@ func cars(_ n: Int) -> [Value] {
         #expect(try a.store.count(in: "secret") == 0)
     }
 
+    /// F10: evicting documents a subscription still matches brings them back from peers, once:
+    /// no evict/re-fetch loop.
+    @Test func evictedDocumentsComeBackWhileASubscriptionMatches() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        try a.store.upsert(cars(50), in: "cars")
+        let spec = SubscriptionSpec(collection: "cars")
+        try b.engine.subscribe(spec)
+        _ = b.connect(a)
+        #expect(eventually { (try? b.store.count(in: "cars")) == 50 })
+        let evicted = try b.store.evict(ids: (0..<10).map { .string("car\($0)") }, in: "cars")
+        #expect(evicted.count == 10)
+        #expect(eventually { (try? b.store.count(in: "cars")) == 50 })
+        let settled = b.store.lastSeq
+        usleep(300_000)
+        #expect(b.store.lastSeq == settled)  // nothing is evicted or fetched again by itself
+        // (b) cancel, evict, subscribe again, with no change on A: the documents come back too.
+        b.engine.unsubscribe(spec)
+        try b.store.evict(ids: ["car20", "car21"], in: "cars")
+        #expect(try b.store.count(in: "cars") == 48)
+        try b.engine.subscribe(spec)
+        #expect(eventually { (try? b.store.count(in: "cars")) == 50 })
+    }
+
+    /// A subscription whose `$args` are missing is refused locally; sent by a peer, it matches
+    /// nothing and the session goes on serving the others.
+    @Test func subscriptionsWithMissingArgumentsAreRefusedAndDoNotBreakSessions() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        #expect(throws: (any Error).self) {
+            try b.engine.subscribe(SubscriptionSpec(collection: "cars", query: "Cylinders == $args.x"))
+        }
+        try a.store.upsert(cars(6), in: "cars")
+        // Forwarded through a middle node without its own check, a bad one reaches A; A carries on.
+        let (mine, theirs) = MemoryLink.pair(initiatorKey: b.key, responderKey: a.key)
+        a.engine.attach(theirs)
+        let received = Mutex<[WireMessage]>([])
+        mine.start(
+            onMessage: { bytes in
+                if let m = try? WireMessage(serialized: bytes) { received.withLock { $0.append(m) } }
+            }, onClose: { _ in })
+        try mine.send(
+            WireMessage.hello(Hello(version: 1, peerKey: b.key, site: 9, epoch: Array(repeating: 1, count: 16)))
+                .serialized())
+        let bad = SubscriptionSpec(collection: "cars", query: "Cylinders == $args.x")
+        let good = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
+        try mine.send(
+            WireMessage.subscriptions([
+                WireSubscription(spec: bad, since: 0, hops: 0), WireSubscription(spec: good, since: 0, hops: 0),
+            ]).serialized())
+        #expect(
+            eventually {
+                received.withLock { messages in
+                    messages.contains { if case .batch(good.key, let docs, _) = $0 { docs.count == 2 } else { false } }
+                }
+            })
+        #expect(a.engine.peers.count == 1)  // still connected
+    }
+
     @Test func liveChangesAndRemovesFlowWhileConnected() throws {
         let a = try TestNode(dir, "a")
         let b = try TestNode(dir, "b")
