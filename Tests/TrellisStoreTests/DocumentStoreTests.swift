@@ -93,6 +93,20 @@ import TrellisTestKit
         #expect(try store.count(in: "c") == 1)
     }
 
+    @Test func documentsAboveTheWarningSizeAreStoredWithAWarning() throws {
+        let warnings = Mutex<[String]>([])
+        var options = StoreOptions()
+        options.warnDocumentBytes = 1000
+        options.log = { message in warnings.withLock { $0.append(message) } }
+        let store = try DocumentStore(path: dir.path("warn.sqlite"), options: options)
+        try store.upsert(["_id": "small", "s": "x"], in: "c")
+        #expect(warnings.withLock { $0.isEmpty })
+        // 900 bytes of value plus its metadata cross the 1000-byte line: metadata counts.
+        try store.upsert(["_id": "big", "s": .string(String(repeating: "x", count: 900))], in: "c")
+        #expect(warnings.withLock { $0.count == 1 && $0[0].contains("\"big\"") && $0[0].contains("above 1000") })
+        #expect(try store.count(in: "c") == 2)
+    }
+
     @Test func mergeAppliesRemoteStatesWithTheCheckpointAndSkipsBadDocuments() throws {
         let a = try open("a.sqlite")
         let b = try open("b.sqlite")
