@@ -19,6 +19,8 @@ public struct SyncSession: Sendable {
         public var batchSize: Int = 256
         /// Batches sent and not yet acknowledged, per subscription.
         public var maxInFlight: Int = 4
+        /// Subscriptions one peer may ask this node to serve; more is a protocol error.
+        public var maxSubscriptions: Int = 1024
 
         public init(hello: Hello, remotePeerKey: [UInt8]) {
             self.hello = hello
@@ -111,6 +113,11 @@ public struct SyncSession: Sendable {
         case (.established, .hello):
             return fail("protocol", "hello sent twice")
         case (.established, .subscriptions(let subs)):
+            guard subs.count <= configuration.maxSubscriptions else {
+                return fail(
+                    "limit",
+                    "\(subs.count) subscriptions; this node serves at most \(configuration.maxSubscriptions) per peer")
+            }
             var next: [String: Outbound] = [:]
             var directives: [Directive] = []
             for sub in subs {

@@ -261,6 +261,7 @@ public final class SyncEngine: @unchecked Sendable {
 
     private func query(for spec: SubscriptionSpec) -> Query? {
         if let cached = queries[spec.key] { return cached }
+        if queries.count >= 4096 { queries.removeAll(keepingCapacity: true) }  // bounded, whatever peers send
         let parsed: Query?
         do {
             parsed = try Query(spec.query).bind(args: spec.args)

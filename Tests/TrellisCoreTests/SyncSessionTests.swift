@@ -58,6 +58,21 @@ import TrellisCore
         #expect(directives.first == .send(.error(code: "protocol", message: "expected hello first")))
     }
 
+    @Test func tooManySubscriptionsAreAProtocolError() {
+        var s = session()
+        _ = s.receive(.hello(hello(keyB)))
+        let subs = (0...1024).map {
+            WireSubscription(spec: SubscriptionSpec(collection: "c", query: "n == \($0)"), since: 0, hops: 0)
+        }
+        let directives = s.receive(.subscriptions(subs))
+        guard case .send(.error(let code, _))? = directives.first else {
+            Issue.record("expected an error, got \(directives.count) directives")
+            return
+        }
+        #expect(code == "limit")
+        #expect(!s.isEstablished)
+    }
+
     @Test func batchesForSubscriptionsNotSentAreDropped() {
         var s = session()
         _ = s.receive(.hello(hello(keyB)))
