@@ -296,13 +296,13 @@ public final class DocumentStore: Sendable {
     }
 
     func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
-        let s = try db.prepare("SELECT state FROM documents WHERE collection = ? AND id = ?")
+        let s = try db.prepare("SELECT state, value FROM documents WHERE collection = ? AND id = ?")
         s.bind(1, collection)
         s.bind(2, key)
         defer { s.reset() }
         guard try s.step(), let bytes = s.bytes(0) else { return nil }
         do {
-            return try DocumentState(encoded: CBOR.decode(bytes))
+            return try StoredState.decode(bytes, value: s.string(1))
         } catch {
             throw StoreError.corrupt("document \(key) in \(collection): \(error)")
         }
@@ -313,13 +313,20 @@ public final class DocumentStore: Sendable {
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
         source: [UInt8]?
     ) throws {
-        let bytes = doc.cbor()
         let materialized = doc.materialize(id: id)
         // Whatever path wrote it (upsert, an update at a deep path, a merge), the document as a
         // whole must be storable and decodable by every peer.
         do { try materialized?.validate() } catch { throw StoreError.invalidValue("document \(key): \(error)") }
         let value = materialized.map { JSON.string($0) }
-        let size = bytes.count + (value?.utf8.count ?? 0)
+        let bytes = StoredState.bytes(for: doc, materialized: materialized)
+        // The limit counts the whole state as peers receive it, whatever form is stored.
+        let valueBytes = value?.utf8.count ?? 0
+        // A compact row stands for the whole state; that is at most about twice the JSON plus a
+        // little, so it is only encoded to be measured when that bound could cross a threshold.
+        let stateBytes =
+            StoredState.isCompact(bytes) && 3 * valueBytes + 64 >= options.warnDocumentBytes
+            ? doc.cbor().count : bytes.count
+        let size = stateBytes + valueBytes
         if size > options.maxDocumentBytes {
             throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
         }
@@ -501,7 +508,7 @@ public final class DocumentStore: Sendable {
         return try withState { s -> ChangePage in
             let matchSQL = pushed.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
             let st = try s.db.prepare(
-                "SELECT seq, id, state, deleted, source, \(matchSQL) FROM documents "
+                "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
                     + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
             var index: Int32 = 1
             for binding in pushed?.bindings ?? [] {
@@ -520,12 +527,20 @@ public final class DocumentStore: Sendable {
                 last = st.int64(0)
                 guard st.int64(5) != 0 else { continue }
                 let id = try JSON.parse(st.string(1) ?? "null")
-                let state = st.bytes(2) ?? []
+                let stored = st.bytes(2) ?? []
                 let deleted = st.int64(3) != 0
-                if pushed == nil, !deleted {
-                    let doc = try DocumentState(encoded: CBOR.decode(state))
-                    guard let value = doc.materialize(id: id), try bound.matches(value) else { continue }
+                let compact = StoredState.isCompact(stored)
+                var doc: DocumentState?
+                if compact || (pushed == nil && !deleted) {
+                    do { doc = try StoredState.decode(stored, value: st.string(6)) } catch {
+                        throw StoreError.corrupt("document \(id) in \(collection): \(error)")
+                    }
                 }
+                if pushed == nil, !deleted {
+                    guard let value = doc?.materialize(id: id), try bound.matches(value) else { continue }
+                }
+                // Peers receive the whole state, whatever form the row keeps.
+                let state = compact ? doc?.cbor() ?? [] : stored
                 records.append(
                     ChangeRecord(
                         seq: last, collection: collection, id: id, state: state, isDeleted: deleted,

@@ -1,0 +1,69 @@
+import TrellisCore
+
+/// How a document's CRDT state is kept in the `state` column.
+///
+/// Most documents were written by one write (an import, one upsert): every field holds a register
+/// with the same stamp, nothing was removed and no field is a counter. Such a state is exactly
+/// "the materialised value, every register and map stamped with one stamp", so the column keeps
+/// only that stamp, `{"u": [time, site]}` (about 24 bytes), and the values come from the `value`
+/// column. Every other state is kept whole (``DocumentState/cbor()``). Peers always receive the
+/// whole state.
+enum StoredState {
+    /// The column bytes for `state`, whose materialised value is `materialized`.
+    static func bytes(for state: DocumentState, materialized: Value?) -> [UInt8] {
+        if let stamp = uniformStamp(state), case .map(var fields)? = materialized {
+            fields.removeValue(forKey: "_id")
+            if expand(fields: fields, stamp: stamp) == state {
+                return CBOR.encode([
+                    "u": [.int(Int64(bitPattern: stamp.time.rawValue)), .int(Int64(bitPattern: stamp.site))]
+                ])
+            }
+        }
+        return state.cbor()
+    }
+
+    /// Whether column bytes hold the compact form (a one-entry CBOR map with key "u").
+    static func isCompact(_ bytes: [UInt8]) -> Bool { bytes.starts(with: [0xA1, 0x61, 0x75]) }
+
+    /// The state from the column bytes and the stored JSON value.
+    ///
+    /// - Throws: CBOR, JSON or ``DocumentStateError`` errors for corrupt rows.
+    static func decode(_ bytes: [UInt8], value: String?) throws -> DocumentState {
+        let decoded = try CBOR.decode(bytes)
+        guard case .array(let parts)? = decoded["u"] else { return try DocumentState(encoded: decoded) }
+        guard parts.count == 2, case .int(let time) = parts[0], case .int(let site) = parts[1], let value,
+            case .map(var fields) = try JSON.parse(value)
+        else { throw DocumentStateError(message: "malformed compact state") }
+        fields.removeValue(forKey: "_id")
+        return expand(
+            fields: fields,
+            stamp: Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site)))
+    }
+
+    /// The one stamp of a state written by a single write, if it is one.
+    static func uniformStamp(_ state: DocumentState) -> Stamp? {
+        guard state.removed.isEmpty, state.writes.count == 1, let (site, time) = state.writes.first else { return nil }
+        return Stamp(time: time, site: site)
+    }
+
+    /// Every field a register (or, for maps, a map) stamped `stamp`.
+    static func expand(fields: [String: Value], stamp: Stamp) -> DocumentState {
+        DocumentState(root: map(fields, stamp), writes: [stamp.site: stamp.time], removed: [:])
+    }
+
+    private static func map(_ fields: [String: Value], _ stamp: Stamp) -> MapNode {
+        var node = MapNode()
+        node.entries.reserveCapacity(fields.count)
+        for (key, value) in fields {
+            var field = FieldNode()
+            if case .map(let entries) = value {
+                field.map = map(entries, stamp)
+                field.mapStamp = stamp
+            } else {
+                field.register = Register(value: value, stamp: stamp)
+            }
+            node.entries[key] = field
+        }
+        return node
+    }
+}

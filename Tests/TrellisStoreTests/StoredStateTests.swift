@@ -1,0 +1,45 @@
+import Testing
+import TrellisCore
+import TrellisTestKit
+
+@testable import TrellisStore
+
+@Suite struct StoredStateTests {
+    let site: SiteID = 0xABCD
+
+    func stamp(_ t: UInt64) -> Stamp { Stamp(time: HLCTimestamp(millis: t, logical: 0), site: site) }
+
+    /// A state written by one write is kept as its stamp; any other state whole. Both read back
+    /// as the same state.
+    @Test func singleWriteStatesAreCompactAndEveryStateReadsBack() throws {
+        let (rng, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: 1...UInt64.max))
+        print("StoredStateTests seed=\(seed) (replay: TRELLIS_SEED=\(seed))")
+        var random = rng
+        var compact = 0
+        for round in 0..<500 {
+            var state = DocumentState()
+            var fields: [String: Value] = [:]
+            for k in 0..<Int.random(in: 0...5, using: &random) {
+                let v = randomValue(depth: 3, using: &random)
+                if (try? v.validate()) != nil { fields["f\(k)"] = v }
+            }
+            state.merge(fields: fields, stamp: stamp(10))
+            switch Int.random(in: 0..<4, using: &random) {
+            case 0: try state.set(.key("later"), to: 1, stamp: stamp(11))  // two stamps
+            case 1: try state.increment(.key("n"), by: 1, stamp: stamp(10))  // a counter
+            case 2: state.remove(stamp: stamp(12))  // a tombstone
+            default: break  // one write
+            }
+            let id: Value = "d"
+            let materialized = state.materialize(id: id)
+            let bytes = StoredState.bytes(for: state, materialized: materialized)
+            if StoredState.isCompact(bytes) {
+                compact += 1
+                #expect(bytes.count < 40)
+            }
+            let value = materialized.map { JSON.string($0) }
+            #expect(try StoredState.decode(bytes, value: value) == state, "round \(round), seed \(seed)")
+        }
+        #expect(compact > 50, "seed \(seed)")
+    }
+}
