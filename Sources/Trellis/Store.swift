@@ -1,4 +1,4 @@
-public import Dispatch
+import Dispatch
 import Foundation
 import Synchronization
 @_exported public import TrellisCore
@@ -29,11 +29,17 @@ public final class Store: Sendable {
     /// The underlying SQLite document store.
     public let documents: DocumentStore
     let engine: SyncEngine
+    let liveQueries: LiveQueryRegistry
 
     init(documents: DocumentStore, engine: SyncEngine) {
         self.documents = documents
         self.engine = engine
+        self.liveQueries = LiveQueryRegistry(documents: documents)
     }
+
+    /// The number of running local observers (``LiveQuery``s and live query sequences); back to
+    /// its previous value once the observers started since are stopped, dropped or cancelled.
+    public var liveQueryCount: Int { liveQueries.count }
 
     /// A collection by name (created on first write).
     public func collection(_ name: String) -> Collection {
@@ -338,55 +344,6 @@ public struct PendingCursorOperation: Sendable {
             engine: collection.store.engine,
             spec: SubscriptionSpec(collection: collection.name, query: canonical, args: args), label: query)
     }
-
-    /// Calls `handler` with the current results now and after every commit that touches the
-    /// collection, on `queue` (a dedicated serial queue by default: on Linux nothing drains the main
-    /// queue unless the program runs `dispatchMain()`).
-    ///
-    /// - Returns: a ``LiveQuery``; keep it, `stop()` ends the callbacks.
-    public func observeLocal(
-        deliverOn queue: DispatchQueue = DispatchQueue(label: "trellis.live-query"),
-        _ handler: @escaping @Sendable ([Document]) -> Void
-    ) throws -> LiveQuery {
-        _ = try Query(query)
-        let operation = self
-        let documents = collection.store.documents
-        let name = collection.name
-        let live = LiveQuery(documents: documents)
-        let deliver: @Sendable () -> Void = { [weak live] in
-            guard let live, !live.isStopped else { return }
-            guard let results = try? operation.exec() else { return }
-            queue.async {
-                guard !live.isStopped else { return }
-                handler(results)
-            }
-        }
-        let evaluation = DispatchQueue(label: "trellis.live-query.eval")
-        live.token = documents.addObserver { event in
-            if event.collections.contains(name) { evaluation.async(execute: deliver) }
-        }
-        evaluation.async(execute: deliver)
-        return live
-    }
-}
-
-/// A running local observer; `stop()` (or dropping it) ends its callbacks.
-public final class LiveQuery: @unchecked Sendable {
-    // Invariant: `token` is set once right after init, before the object is shared.
-    let documents: DocumentStore
-    var token: UInt64?
-    private let stopped = LockedFlag()
-
-    init(documents: DocumentStore) { self.documents = documents }
-
-    public var isStopped: Bool { stopped.value }
-
-    public func stop() {
-        guard stopped.set() else { return }
-        if let token { documents.removeObserver(token) }
-    }
-
-    deinit { stop() }
 }
 
 /// A subscription to peers' documents; `cancel()` (or dropping it) stops replication of it.

@@ -468,7 +468,10 @@ extension DocumentStore {
             st.bind(1, collection)
             st.bind(2, key)
             try st.run()
-            if s.db.changes > 0 { evicted.append(id) }
+            if s.db.changes > 0 {
+                evicted.append(id)
+                s.changedKeys[collection, default: []].insert(key)
+            }
         }
         if !evicted.isEmpty {
             // Peers send evicted documents back while a subscription matches them (Ditto's rule):

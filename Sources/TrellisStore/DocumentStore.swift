@@ -96,6 +96,12 @@ public struct StoreEvent: Sendable {
     /// `true` when documents were evicted (their subscriptions' checkpoints were forgotten, so
     /// peers send matching documents again).
     public var evicted = false
+    /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection.
+    ///
+    /// Every committed change to a document row (write, remove, merge, evict) is reported in the
+    /// event of its own commit or of a commit that ended concurrently; a collection in
+    /// ``collections`` may then have no keys here because another event already carried them.
+    public var changedKeys: [String: Set<String>] = [:]
 }
 
 /// A per-document outcome of merging a remote batch.
@@ -117,6 +123,8 @@ public final class DocumentStore: Sendable {
         let db: Connection
         var clock: HybridLogicalClock
         var nextSeq: Int64
+        /// Documents changed since the last ``DocumentStore/notify(_:)``, by collection.
+        var changedKeys: [String: Set<String>] = [:]
     }
 
     let state: Mutex<State>
@@ -260,8 +268,16 @@ public final class DocumentStore: Sendable {
         _ = observers.withLock { $0.removeValue(forKey: token) }
     }
 
+    /// The number of registered observers (for leak tests).
+    public var observerCount: Int { observers.withLock { $0.count } }
+
     func notify(_ event: StoreEvent) {
         guard !event.collections.isEmpty else { return }
+        var event = event
+        event.changedKeys = state.withLock { s in
+            defer { s.changedKeys = [:] }
+            return s.changedKeys
+        }
         let callbacks = observers.withLock { Array($0.values) }
         for callback in callbacks { callback(event) }
     }
@@ -346,6 +362,7 @@ public final class DocumentStore: Sendable {
         st.bind(7, source)
         try st.run()
         s.nextSeq += 1
+        s.changedKeys[collection, default: []].insert(key)
     }
 
     func saveClock(_ s: State) throws {

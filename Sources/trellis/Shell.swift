@@ -32,8 +32,17 @@ final class Shell {
           subscribe COLLECTION [QUERY]    replicate matching documents from peers to this node
           unsubscribe COLLECTION [QUERY]  stop that subscription
           subscriptions                   list this node's subscriptions
-          observe COLLECTION [QUERY]      print the result count and changed documents after each change
+          observe COLLECTION [QUERY]      print each live query event as it arrives, until `unobserve`
+                                          or the end of input:
+                                            observe KEY: initial N       then `  at I DOC` per result
+                                            observe KEY: update N        (N results) then one line per
+                                              inserted I DOC | updated I DOC | deleted I OLD-DOC |
+                                              moved FROM TO DOC         (I: index; deleted: old index)
+                                          KEY is `COLLECTION QUERY`
           unobserve COLLECTION [QUERY]    stop observing
+          observe-id COLLECTION ID        print the document's events: `observe-id KEY: initial DOC`,
+                                          then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
+          unobserve-id COLLECTION ID      stop observing it
           peers                           list connected peers
           help                            this text
           quit                            leave (also end of input)
@@ -44,6 +53,7 @@ final class Shell {
     let interactive: Bool
     var subscriptions: [String: Subscription] = [:]
     var observers: [String: LiveQuery] = [:]
+    var idObservers: [String: LiveQuery] = [:]
 
     init(node: TrellisNode, interactive: Bool) {
         self.node = node
@@ -80,6 +90,7 @@ final class Shell {
             fflush(nil)
         }
         for live in observers.values { live.stop() }
+        for live in idObservers.values { live.stop() }
         for subscription in subscriptions.values { subscription.cancel() }
     }
 
@@ -170,9 +181,8 @@ final class Shell {
             try needCollection()
             let key = "\(collection) \(query)"
             guard observers[key] == nil else { throw UsageError("already observing '\(key)'") }
-            let state = ObserveState()
-            observers[key] = try node.store.collection(collection).find(query).observeLocal { docs in
-                print(state.describe(key: key, docs))
+            observers[key] = try node.store.collection(collection).find(query).observeLocal { docs, event in
+                print(Self.describe(key: key, docs, event))
                 fflush(nil)
             }
         case "unobserve":
@@ -180,6 +190,30 @@ final class Shell {
             let key = "\(collection) \(query)"
             guard let live = observers.removeValue(forKey: key) else { throw UsageError("not observing '\(key)'") }
             live.stop()
+            print("unobserved: \(key)")
+        case "observe-id":
+            try needCollection()
+            let id = try Self.parseID(String(argument))
+            let key = "\(collection) \(JSON.string(id))"
+            guard idObservers[key] == nil else { throw UsageError("already observing '\(key)'") }
+            idObservers[key] = try node.store.collection(collection).findByID(id).observeLocal { doc, event in
+                let text = doc?.json ?? "null"
+                if event.isInitial {
+                    print("observe-id \(key): initial \(text)")
+                } else {
+                    print("observe-id \(key): update \(text) was \(event.oldDocument?.json ?? "null")")
+                }
+                fflush(nil)
+            }
+        case "unobserve-id":
+            try needCollection()
+            let id = try Self.parseID(String(argument))
+            let key = "\(collection) \(JSON.string(id))"
+            guard let live = idObservers.removeValue(forKey: key) else {
+                throw UsageError("not observing '\(key)'")
+            }
+            live.stop()
+            print("unobserved: \(key)")
         case "peers":
             let peers = node.peers
             if peers.isEmpty { print("no peers connected") }
@@ -239,19 +273,18 @@ extension MutableDocument {
     }
 }
 
-/// Remembers the last results of an `observe` to print what changed.
-final class ObserveState: @unchecked Sendable {
-    // Invariant: used only on the live query's serial delivery queue.
-    private var last: [Value: Document]?
-
-    func describe(key: String, _ docs: [Document]) -> String {
-        let current = Dictionary(docs.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
-        defer { last = current }
-        guard let last else { return "observe \(key): initial, \(docs.count) documents" }
-        var lines = ["observe \(key): \(docs.count) documents"]
-        for doc in docs where last[doc.id] == nil { lines.append("  inserted \(doc.json)") }
-        for doc in docs where last[doc.id] != nil && last[doc.id] != doc { lines.append("  updated \(doc.json)") }
-        for (id, _) in last where current[id] == nil { lines.append("  deleted \(JSON.string(id))") }
+extension Shell {
+    /// The lines `observe` prints for one event (see `help`).
+    static func describe(key: String, _ docs: [Document], _ event: LiveQueryEvent) -> String {
+        guard case .update(let update) = event else {
+            return (["observe \(key): initial \(docs.count)"] + docs.enumerated().map { "  at \($0) \($1.json)" })
+                .joined(separator: "\n")
+        }
+        var lines = ["observe \(key): update \(docs.count)"]
+        for index in update.insertions { lines.append("  inserted \(index) \(docs[index].json)") }
+        for index in update.updates { lines.append("  updated \(index) \(docs[index].json)") }
+        for index in update.deletions { lines.append("  deleted \(index) \(update.oldDocuments[index].json)") }
+        for move in update.moves { lines.append("  moved \(move.from) \(move.to) \(docs[move.to].json)") }
         return lines.joined(separator: "\n")
     }
 }

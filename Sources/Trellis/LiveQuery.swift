@@ -1,0 +1,655 @@
+public import Dispatch
+import Foundation
+import Synchronization
+import TrellisStore
+
+// MARK: - Token
+
+/// A running local observer (Ditto's `DittoLiveQuery`). Keep it: `stop()`, or dropping the last
+/// reference, ends the callbacks.
+///
+/// After ``stop()`` returns no callback of this observer runs any more: a callback already
+/// queued on the delivery queue is skipped, and `stop()` called from another thread while a
+/// callback runs waits for that callback to return (so do not call `stop()` while holding
+/// something the callback waits for). `stop()` from inside the observer's own callback returns
+/// at once.
+public final class LiveQuery: Sendable {
+    /// The queue callbacks run on when the caller names none: one dedicated serial queue shared
+    /// by those live queries. It is not `DispatchQueue.main`, because on Linux nothing drains the
+    /// main queue unless the program calls `dispatchMain()` (or runs a run loop).
+    public static let defaultDeliveryQueue = DispatchQueue(label: "trellis.live-query.delivery")
+
+    /// The collection observed.
+    public let collectionName: String
+    /// The query observed (`_id == …` for a single-document observer).
+    public let query: String
+    let observation: any LiveObservation
+
+    init(collectionName: String, query: String, observation: any LiveObservation) {
+        self.collectionName = collectionName
+        self.query = query
+        self.observation = observation
+    }
+
+    /// `true` once ``stop()`` ran (or the owning task was cancelled).
+    public var isStopped: Bool { observation.isStopped }
+
+    /// Ends the callbacks and unregisters the observer. Idempotent; safe from any thread.
+    public func stop() { observation.stop() }
+
+    deinit { observation.stop() }
+}
+
+// MARK: - Async sequences
+
+/// One element of ``PendingCursorOperation/observeLocalUpdates()``: the results and the event
+/// that produced them from the previous element's results.
+public struct LiveQueryResults: Sendable {
+    public let documents: [Document]
+    public let event: LiveQueryEvent
+}
+
+/// One element of ``PendingIDSpecificOperation/observeLocalUpdates()``.
+public struct SingleDocumentLiveQueryResult: Sendable {
+    /// The document, `nil` while it does not exist locally.
+    public let document: Document?
+    public let event: SingleDocumentLiveQueryEvent
+}
+
+/// An `AsyncSequence` of live query results, built on the next-signal observer: the next
+/// (coalesced) change is computed only when the consumer asks for the next element, so a slow
+/// consumer sees fewer, larger events and memory stays bounded (one element buffered).
+///
+/// The observer runs from creation until the consuming task is cancelled, the loop ends (the
+/// iterator and the sequence are released), or ``stop()`` is called. Iterate it once.
+public struct LiveQuerySequence<Element: Sendable>: AsyncSequence, Sendable {
+    let stream: AsyncStream<Element>
+    let control: LiveQueryStreamControl
+
+    /// Stops the observer; the iteration then ends after any buffered element.
+    public func stop() { control.stop() }
+
+    public func makeAsyncIterator() -> Iterator {
+        Iterator(base: stream.makeAsyncIterator(), control: control)
+    }
+
+    public struct Iterator: AsyncIteratorProtocol {
+        var base: AsyncStream<Element>.Iterator
+        let control: LiveQueryStreamControl
+
+        public mutating func next() async -> Element? {
+            control.signal()
+            return await base.next()
+        }
+    }
+
+    static func make(
+        start: (
+            _ yield: @escaping @Sendable (Element, @escaping @Sendable () -> Void) -> Void
+        ) throws -> LiveQuery
+    ) throws -> LiveQuerySequence {
+        let (stream, continuation) = AsyncStream<Element>.makeStream(bufferingPolicy: .unbounded)
+        let control = LiveQueryStreamControl()
+        let live = try start { [weak control] element, signalNext in
+            control?.offer(signalNext)
+            continuation.yield(element)
+        }
+        control.attach(live, continuation: { continuation.finish() })
+        continuation.onTermination = { [weak control] _ in control?.stop() }
+        return LiveQuerySequence(stream: stream, control: control)
+    }
+}
+
+/// Owns the live query behind a ``LiveQuerySequence`` and its pending `signalNext`.
+final class LiveQueryStreamControl: Sendable {
+    private struct State {
+        var live: LiveQuery?
+        var signalNext: (@Sendable () -> Void)?
+        var finish: (@Sendable () -> Void)?
+    }
+    private let state = Mutex(State())
+
+    func attach(_ live: LiveQuery, continuation finish: @escaping @Sendable () -> Void) {
+        state.withLock {
+            $0.live = live
+            $0.finish = finish
+        }
+    }
+
+    func offer(_ signalNext: @escaping @Sendable () -> Void) {
+        state.withLock { $0.signalNext = signalNext }
+    }
+
+    func signal() {
+        let next = state.withLock { s in
+            defer { s.signalNext = nil }
+            return s.signalNext
+        }
+        next?()
+    }
+
+    func stop() {
+        let (live, finish) = state.withLock { s in
+            defer {
+                s.live = nil
+                s.finish = nil
+                s.signalNext = nil
+            }
+            return (s.live, s.finish)
+        }
+        live?.stop()
+        finish?()
+    }
+
+    deinit {
+        let live = state.withLock { $0.live }
+        live?.stop()
+    }
+}
+
+// MARK: - Registry
+
+/// What one evaluation pass tells an observer about its collection.
+enum LiveChange {
+    /// Unknown changes: re-run the query.
+    case unknown
+    /// The changed documents by canonical key, with their current value (`nil`: absent).
+    case documents([String: Value?])
+}
+
+/// A registered observer, driven by the registry's evaluation queue.
+protocol LiveObservation: AnyObject, Sendable {
+    var collection: String { get }
+    var isStopped: Bool { get }
+    /// Re-evaluates after a commit. Evaluation queue only.
+    func refresh(_ change: LiveChange)
+    func stop()
+}
+
+/// The live queries of one store: one store observer for all of them, one serial evaluation
+/// queue, queries indexed by collection.
+///
+/// A commit costs the writer one lock and, when a live query watches a touched collection, one
+/// `async` to the evaluation queue; commits that arrive while an evaluation is pending join it
+/// (one evaluation pass, at most one event per live query).
+final class LiveQueryRegistry: Sendable {
+    private enum Pending {
+        case keys(Set<String>)
+        case all
+    }
+
+    private struct State {
+        var observations: [UInt64: any LiveObservation] = [:]
+        var byCollection: [String: Set<UInt64>] = [:]
+        var pending: [String: Pending] = [:]
+        var scheduled = false
+        var next: UInt64 = 0
+    }
+
+    /// Above this many changed documents in a collection, queries are re-run instead of patched.
+    static let patchLimit = 512
+
+    let documents: DocumentStore
+    let evaluation = DispatchQueue(label: "trellis.live-query.evaluate")
+    private let state = Mutex(State())
+    private let token = Mutex<UInt64?>(nil)
+
+    init(documents: DocumentStore) {
+        self.documents = documents
+        let token = documents.addObserver { [weak self] event in self?.heard(event) }
+        self.token.withLock { $0 = token }
+    }
+
+    deinit {
+        if let token = token.withLock({ $0 }) { documents.removeObserver(token) }
+    }
+
+    /// The number of registered observers.
+    var count: Int { state.withLock { $0.observations.count } }
+
+    func add(_ observation: any LiveObservation) -> UInt64 {
+        state.withLock { s in
+            s.next += 1
+            s.observations[s.next] = observation
+            s.byCollection[observation.collection, default: []].insert(s.next)
+            return s.next
+        }
+    }
+
+    func remove(_ id: UInt64) {
+        // Released outside the lock: dropping the last reference may run user deinit code.
+        let removed = state.withLock { s -> (any LiveObservation)? in
+            guard let observation = s.observations.removeValue(forKey: id) else { return nil }
+            s.byCollection[observation.collection]?.remove(id)
+            if s.byCollection[observation.collection]?.isEmpty == true {
+                s.byCollection.removeValue(forKey: observation.collection)
+            }
+            return observation
+        }
+        _ = removed
+    }
+
+    /// Runs on the committing thread, after commit.
+    private func heard(_ event: StoreEvent) {
+        let schedule = state.withLock { s -> Bool in
+            var any = false
+            for (collection, keys) in event.changedKeys where s.byCollection[collection] != nil {
+                any = true
+                switch s.pending[collection] {
+                case .all: break
+                case .keys(var known):
+                    known.formUnion(keys)
+                    s.pending[collection] = known.count > Self.patchLimit ? .all : .keys(known)
+                case nil: s.pending[collection] = keys.count > Self.patchLimit ? .all : .keys(keys)
+                }
+            }
+            guard any, !s.scheduled else { return false }
+            s.scheduled = true
+            return true
+        }
+        if schedule { evaluation.async { self.drain() } }
+    }
+
+    /// One evaluation pass over everything committed since the last one. Evaluation queue only.
+    private func drain() {
+        let work = state.withLock { s -> [(String, Pending, [any LiveObservation])] in
+            defer {
+                s.pending = [:]
+                s.scheduled = false
+            }
+            return s.pending.map { collection, pending in
+                let ids = (s.byCollection[collection] ?? []).sorted()
+                return (collection, pending, ids.compactMap { s.observations[$0] })
+            }
+        }
+        for (collection, pending, observations) in work where !observations.isEmpty {
+            let change: LiveChange
+            switch pending {
+            case .all: change = .unknown
+            case .keys(let keys): change = fetch(keys, in: collection)
+            }
+            for observation in observations where !observation.isStopped { observation.refresh(change) }
+        }
+    }
+
+    private func fetch(_ keys: Set<String>, in collection: String) -> LiveChange {
+        var values: [String: Value?] = [:]
+        for key in keys {
+            guard let id = try? JSON.parse(key), let value = try? documents.document(id: id, in: collection) else {
+                if (try? JSON.parse(key)) == nil { return .unknown }
+                values[key] = .some(nil)
+                continue
+            }
+            values[key] = .some(value)
+        }
+        return .documents(values)
+    }
+}
+
+// MARK: - Observation
+
+/// The delivery state machine shared by every kind of observer: evaluate on the registry's queue,
+/// deliver on the app's queue, one delivery outstanding at a time.
+///
+/// Between a delivery and its `signalNext`, changes only update `current`; the signal delivers
+/// one event from `delivered` to `current` when they differ. Plain observers signal themselves
+/// when their callback returns.
+final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchecked Sendable {
+    // Invariant: `current`, `delivered`, `awaiting` and `generation` are only touched on
+    // `registry.evaluation`; `evaluate` only runs there. `handler` only runs on `queue` while
+    // holding `gate`.
+    let collection: String
+    let registry: LiveQueryRegistry
+    let queue: DispatchQueue
+    let autoSignal: Bool
+    let evaluate: (LiveChange) throws -> Results?
+    let handler: @Sendable (Results, Results?, @escaping @Sendable () -> Void) -> Void
+    private var current: Results?
+    private var delivered: Results?
+    private var awaiting = false
+    private var generation: UInt64 = 0
+    private var id: UInt64 = 0
+    private let gate = NSRecursiveLock()
+    private let stopped = Atomic<Bool>(false)
+
+    init(
+        collection: String, registry: LiveQueryRegistry, queue: DispatchQueue, autoSignal: Bool,
+        evaluate: @escaping (LiveChange) throws -> Results?,
+        handler: @escaping @Sendable (Results, Results?, @escaping @Sendable () -> Void) -> Void
+    ) {
+        self.collection = collection
+        self.registry = registry
+        self.queue = queue
+        self.autoSignal = autoSignal
+        self.evaluate = evaluate
+        self.handler = handler
+    }
+
+    var isStopped: Bool { stopped.load(ordering: .acquiring) }
+
+    /// Registers, computes the initial results and queues the initial callback. Any commit after
+    /// the initial read is evaluated after it (same serial queue), so none is missed.
+    ///
+    /// - Throws: whatever the first evaluation throws (bad query, missing `$args`, bad sort).
+    func start() throws {
+        try registry.evaluation.sync {
+            id = registry.add(self)
+            do {
+                current = try evaluate(.unknown)
+            } catch {
+                stopped.store(true, ordering: .releasing)
+                registry.remove(id)
+                throw error
+            }
+            deliver()
+        }
+    }
+
+    func refresh(_ change: LiveChange) {
+        guard !isStopped, let new = try? evaluate(change), new != current else { return }
+        current = new
+        if !awaiting { deliver() }
+    }
+
+    private func deliver() {
+        guard let current else { return }
+        awaiting = true
+        generation &+= 1
+        let previous = delivered
+        delivered = current
+        let signal: @Sendable () -> Void = { [weak self, generation] in self?.signalled(generation) }
+        queue.async { [self] in
+            gate.lock()
+            defer { gate.unlock() }
+            guard !isStopped else { return }
+            handler(current, previous, signal)
+            if autoSignal { signal() }
+        }
+    }
+
+    private func signalled(_ generation: UInt64) {
+        registry.evaluation.async { [self] in
+            guard generation == self.generation, awaiting, !isStopped else { return }
+            awaiting = false
+            if current != delivered { deliver() }
+        }
+    }
+
+    func stop() {
+        gate.lock()
+        let wasStopped = stopped.exchange(true, ordering: .acquiringAndReleasing)
+        gate.unlock()
+        if !wasStopped { registry.remove(id) }
+    }
+}
+
+/// The cached results of a cursor live query, patched from changed documents when the query has
+/// no limit and no offset, re-run otherwise. Evaluation queue only.
+final class CursorEvaluator: @unchecked Sendable {
+    typealias Row = (key: String, document: Document)
+    // Invariant: used only on the registry's evaluation queue (after construction).
+    let documents: DocumentStore
+    let collection: String
+    let query: Query
+    let bound: Query
+    let args: [String: Value]
+    let sort: [SortKey]
+    let limit: Int?
+    let offset: Int
+    private var rows: [Row] = []
+    private var keys: Set<String> = []
+
+    init(
+        documents: DocumentStore, collection: String, query: Query, args: [String: Value], sort: [SortKey],
+        limit: Int?, offset: Int
+    ) throws {
+        self.documents = documents
+        self.collection = collection
+        self.query = query
+        self.bound = try query.bind(args: args)
+        self.args = args
+        self.sort = sort
+        self.limit = limit
+        self.offset = offset
+    }
+
+    /// The results after `change`, or `nil` when it cannot have changed them.
+    func evaluate(_ change: LiveChange) throws -> [Document]? {
+        switch change {
+        case .unknown:
+            try rerun()
+        case .documents(let values):
+            let relevant = values.contains { key, value in isRelevant(key, value) }
+            guard relevant else { return nil }
+            if limit == nil && offset == 0 {
+                patch(values)
+            } else {
+                try rerun()
+            }
+        }
+        return rows.map(\.document)
+    }
+
+    /// Whether a changed document can change the results.
+    private func isRelevant(_ key: String, _ value: Value?) -> Bool {
+        if keys.contains(key) { return true }
+        // With an offset, a document that left the query may have been before the window.
+        if offset > 0 { return true }
+        guard let value, (try? bound.matches(value)) == true else { return false }
+        if let limit, rows.count >= limit, let last = rows.last {
+            // A new match sorting after a full window stays outside it.
+            return less((key, Document(value: value)), last)
+        }
+        return true
+    }
+
+    private func patch(_ values: [String: Value?]) {
+        for (key, value) in values {
+            if keys.contains(key), let index = rows.firstIndex(where: { $0.key == key }) {
+                rows.remove(at: index)
+                keys.remove(key)
+            }
+            guard let value, (try? bound.matches(value)) == true else { continue }
+            let row = (key: key, document: Document(value: value))
+            var low = 0
+            var high = rows.count
+            while low < high {
+                let mid = (low + high) / 2
+                if less(rows[mid], row) { low = mid + 1 } else { high = mid }
+            }
+            rows.insert(row, at: low)
+            keys.insert(key)
+        }
+    }
+
+    private func rerun() throws {
+        let values = try documents.documents(
+            in: collection, matching: query, args: args, sort: sort, limit: limit, offset: offset)
+        rows = try values.map { (try DocumentStore.key(for: $0["_id"] ?? .null), Document(value: $0)) }
+        keys = Set(rows.map(\.key))
+    }
+
+    /// The store's result order: the sort keys, then `_id` key byte-wise.
+    private func less(_ a: Row, _ b: Row) -> Bool {
+        for key in sort {
+            var order = Value.sortOrder(a.document.value.value(at: key.path), b.document.value.value(at: key.path))
+            if key.direction == .descending { order = order.reversed }
+            if order != .equal { return order == .less }
+        }
+        return a.key.utf8.lexicographicallyPrecedes(b.key.utf8)
+    }
+}
+
+/// The single-document result compared between evaluations.
+struct SingleDocumentResult: Sendable, Equatable {
+    var document: Document?
+}
+
+// MARK: - Cursor observers
+
+extension PendingCursorOperation {
+    /// Calls `handler` with the results now (event `.initial`) and after every committed change
+    /// to them, local or merged from a peer (event `.update`, see ``LiveQueryUpdate``).
+    ///
+    /// ```swift
+    /// let live = try cars.find("Origin == 'Japan'").sort("hp", direction: .descending).limit(10)
+    ///     .observeLocal { docs, event in
+    ///         if case .update(let update) = event { print(update.insertions, update.deletions) }
+    ///     }
+    /// // … later
+    /// live.stop()
+    /// ```
+    ///
+    /// Sort, limit and offset shape the results (a limited query refills after a deletion). One
+    /// callback runs at a time; changes committed while a callback runs coalesce into one event
+    /// computed against the results of the previous callback, so applying each event to the
+    /// previous results gives the new ones. No callback is delivered for a commit that leaves the
+    /// results as they were.
+    ///
+    /// - Parameters:
+    ///   - queue: where callbacks run; by default ``LiveQuery/defaultDeliveryQueue``, a dedicated
+    ///     serial queue (not `.main`: on Linux nothing drains the main queue unless the program
+    ///     calls `dispatchMain()`).
+    ///   - handler: `(documents, event)`.
+    /// - Returns: a ``LiveQuery``; keep it, `stop()` or dropping it ends the callbacks.
+    /// - Throws: as ``exec()`` (bad query, missing `$args`, bad sort path, negative window).
+    /// - Complexity: registering runs the query once. After a commit touching the collection, a
+    ///   query without limit and offset re-checks only the changed documents (O(c log k) for c
+    ///   changed documents and k results, plus O(k) per removal); a windowed query re-runs when a
+    ///   changed document can affect its window.
+    public func observeLocal(
+        deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
+        _ handler: @escaping @Sendable ([Document], LiveQueryEvent) -> Void
+    ) throws -> LiveQuery {
+        try startObserving(queue: queue, autoSignal: true) { documents, event, _ in handler(documents, event) }
+    }
+
+    /// Like ``observeLocal(deliverOn:_:)``, but no further callback runs until the app calls the
+    /// `signalNext` closure it was handed (from any thread, once). Changes committed meanwhile
+    /// coalesce into one event computed against the results of the last callback.
+    ///
+    /// ```swift
+    /// let live = try cars.findAll().observeLocalWithNextSignal { docs, event, signalNext in
+    ///     render(docs) { signalNext() }
+    /// }
+    /// ```
+    public func observeLocalWithNextSignal(
+        deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
+        _ handler: @escaping @Sendable ([Document], LiveQueryEvent, @escaping @Sendable () -> Void) -> Void
+    ) throws -> LiveQuery {
+        try startObserving(queue: queue, autoSignal: false, handler)
+    }
+
+    /// The results and events of ``observeLocalWithNextSignal(deliverOn:_:)`` as an
+    /// `AsyncSequence`: the first element carries `.initial`; asking for the next element is the
+    /// signal, so a slow consumer gets one coalesced event per element.
+    ///
+    /// ```swift
+    /// for await results in try cars.find("sold == false").observeLocalUpdates() {
+    ///     print(results.documents.count, results.event)
+    /// }   // leaving the loop or cancelling the task stops the observer
+    /// ```
+    ///
+    /// - Throws: as ``exec()``.
+    public func observeLocalUpdates() throws -> LiveQuerySequence<LiveQueryResults> {
+        try LiveQuerySequence.make { yield in
+            try startObserving(queue: LiveQuery.defaultDeliveryQueue, autoSignal: false) { documents, event, signal in
+                yield(LiveQueryResults(documents: documents, event: event), signal)
+            }
+        }
+    }
+
+    private func startObserving(
+        queue: DispatchQueue, autoSignal: Bool,
+        _ handler: @escaping @Sendable ([Document], LiveQueryEvent, @escaping @Sendable () -> Void) -> Void
+    ) throws -> LiveQuery {
+        let (parsed, keys) = try resolved()
+        let store = collection.store
+        let evaluator = try CursorEvaluator(
+            documents: store.documents, collection: collection.name, query: parsed, args: args, sort: keys,
+            limit: limitCount, offset: offsetCount)
+        let observation = Observation<[Document]>(
+            collection: collection.name, registry: store.liveQueries, queue: queue, autoSignal: autoSignal,
+            evaluate: { try evaluator.evaluate($0) },
+            handler: { new, old, signal in
+                let event: LiveQueryEvent = old.map { .update(LiveQueryUpdate.diff(from: $0, to: new)) } ?? .initial
+                handler(new, event, signal)
+            })
+        try observation.start()
+        return LiveQuery(collectionName: collection.name, query: query, observation: observation)
+    }
+}
+
+// MARK: - Single-document observers
+
+extension PendingIDSpecificOperation {
+    /// Calls `handler` with the document now (`isInitial`) and after every committed change to
+    /// it, local or merged from a peer; the document is `nil` while it does not exist locally
+    /// (never written, removed or evicted). `oldDocument` is the document of the previous callback.
+    ///
+    /// ```swift
+    /// let live = try cars.findByID("c1").observeLocal { doc, event in
+    ///     print(event.isInitial, event.oldDocument?.json ?? "-", doc?.json ?? "absent")
+    /// }
+    /// ```
+    ///
+    /// Threading, coalescing and lifetime as ``PendingCursorOperation/observeLocal(deliverOn:_:)``.
+    ///
+    /// - Throws: ``StoreError/invalidID(_:)`` for a bad `_id`.
+    /// - Complexity: one indexed read per commit that changes this document.
+    public func observeLocal(
+        deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
+        _ handler: @escaping @Sendable (Document?, SingleDocumentLiveQueryEvent) -> Void
+    ) throws -> LiveQuery {
+        try startObserving(queue: queue, autoSignal: true) { document, event, _ in handler(document, event) }
+    }
+
+    /// Like ``observeLocal(deliverOn:_:)``, with next-signal backpressure as
+    /// ``PendingCursorOperation/observeLocalWithNextSignal(deliverOn:_:)``.
+    public func observeLocalWithNextSignal(
+        deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
+        _ handler:
+            @escaping @Sendable (Document?, SingleDocumentLiveQueryEvent, @escaping @Sendable () -> Void) ->
+            Void
+    ) throws -> LiveQuery {
+        try startObserving(queue: queue, autoSignal: false, handler)
+    }
+
+    /// The document and its events as an `AsyncSequence`, as
+    /// ``PendingCursorOperation/observeLocalUpdates()``.
+    public func observeLocalUpdates() throws -> LiveQuerySequence<SingleDocumentLiveQueryResult> {
+        try LiveQuerySequence.make { yield in
+            try startObserving(queue: LiveQuery.defaultDeliveryQueue, autoSignal: false) { document, event, signal in
+                yield(SingleDocumentLiveQueryResult(document: document, event: event), signal)
+            }
+        }
+    }
+
+    private func startObserving(
+        queue: DispatchQueue, autoSignal: Bool,
+        _ handler: @escaping @Sendable (Document?, SingleDocumentLiveQueryEvent, @escaping @Sendable () -> Void) -> Void
+    ) throws -> LiveQuery {
+        let key = try DocumentStore.key(for: id)
+        let store = collection.store
+        let (id, name) = (id, collection.name)
+        let observation = Observation<SingleDocumentResult>(
+            collection: name, registry: store.liveQueries, queue: queue, autoSignal: autoSignal,
+            evaluate: { change in
+                switch change {
+                case .documents(let values):
+                    guard let value = values[key] else { return nil }  // not changed
+                    return SingleDocumentResult(document: value.map(Document.init(value:)))
+                case .unknown:
+                    return SingleDocumentResult(
+                        document: try store.documents.document(id: id, in: name).map(Document.init(value:)))
+                }
+            },
+            handler: { new, old, signal in
+                handler(
+                    new.document, SingleDocumentLiveQueryEvent(isInitial: old == nil, oldDocument: old?.document),
+                    signal)
+            })
+        try observation.start()
+        return LiveQuery(collectionName: name, query: "_id == \(JSON.string(id))", observation: observation)
+    }
+}
