@@ -32,14 +32,15 @@ final class Shell {
           subscribe COLLECTION [QUERY]    replicate matching documents from peers to this node
           unsubscribe COLLECTION [QUERY]  stop that subscription
           subscriptions                   list this node's subscriptions
-          observe COLLECTION [QUERY]      print each live query event as it arrives, until `unobserve`
+          observe COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]
+                                          print each live query event as it arrives, until `unobserve`
                                           or the end of input:
                                             observe KEY: initial N       then `  at I DOC` per result
                                             observe KEY: update N        (N results) then one line per
                                               inserted I DOC | updated I DOC | deleted I OLD-DOC |
                                               moved FROM TO DOC         (I: index; deleted: old index)
-                                          KEY is `COLLECTION QUERY`
-          unobserve COLLECTION [QUERY]    stop observing
+                                          KEY is the command's arguments, as typed
+          unobserve COLLECTION [QUERY]... stop observing (the same arguments as `observe`)
           observe-id COLLECTION ID        print the document's events: `observe-id KEY: initial DOC`,
                                           then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
           unobserve-id COLLECTION ID      stop observing it
@@ -181,7 +182,12 @@ final class Shell {
             try needCollection()
             let key = "\(collection) \(query)"
             guard observers[key] == nil else { throw UsageError("already observing '\(key)'") }
-            observers[key] = try node.store.collection(collection).find(query).observeLocal { docs, event in
+            let find = try ShellSyntax.find(argument)
+            var operation = node.store.collection(collection).find(find.query)
+            for (path, direction) in find.sort { operation = operation.sort(path, direction: direction) }
+            if let limit = find.limit { operation = operation.limit(limit) }
+            if let offset = find.offset { operation = operation.offset(offset) }
+            observers[key] = try operation.observeLocal { docs, event in
                 print(Self.describe(key: key, docs, event))
                 fflush(nil)
             }
