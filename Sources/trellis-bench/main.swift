@@ -227,6 +227,10 @@ figures.append(
         name: "stored_bytes_per_doc", value: fileSize(path("batched.sqlite")) / Double(documentCount), unit: "bytes",
         baseline: rawJSONBytes, baselineName: "raw_json_bytes_per_doc"))
 
+// MARK: Live queries (LiveQueryBench.swift)
+
+figures += try liveQueryFigures(scratch: scratch)
+
 // MARK: Output
 
 if jsonOutput {
@@ -242,7 +246,7 @@ if jsonOutput {
 } else {
     print("trellis-bench: \(documentCount) cars-shaped documents (\(cars.count) distinct cars), release build expected")
     for f in figures {
-        let value = String(format: "%14.1f %-10@", f.value, f.unit)
+        let value = String(format: "%14.3f %-10@", f.value, f.unit)
         if let r = f.ratio, let name = f.baselineName {
             print(
                 "  \(f.name.padding(toLength: 34, withPad: " ", startingAt: 0)) \(value)  ratio \(String(format: "%.3f", r)) vs \(name)"
