@@ -33,11 +33,19 @@ while try south.store.collection("cars").findAll().exec().count < 2 && Date() < 
 for car in try south.store.collection("cars").findAll().exec() {
     print("south: \(car.json)")
 }
-// A change on north reaches south live.
-try cars.upsert(["_id": "civic", "Cylinders": 6])
-while try south.store.collection("cars").findByID("civic").exec()?["Cylinders"] != 6 && Date() < deadline {
-    usleep(10_000)
+// A change on north reaches south live: a live query on south sees it arrive. Callbacks run on a
+// dedicated serial queue (on Linux nothing drains the main queue without dispatchMain()).
+let sixCylinders = DispatchSemaphore(value: 0)
+let live = try south.store.collection("cars").find("Origin == 'Japan'").observeLocal { docs, event in
+    guard case .update(let update) = event else { return }
+    print("south live query: \(update.updates.count) updated, \(docs.count) Japanese cars")
+    if update.updates.contains(where: { docs[$0].id == "civic" && docs[$0]["Cylinders"] == 6 }) {
+        sixCylinders.signal()
+    }
 }
+try cars.upsert(["_id": "civic", "Cylinders": 6])
+_ = sixCylinders.wait(timeout: .now() + 10)
+live.stop()
 let civic = try south.store.collection("cars").findByID("civic").exec()
 print("south: civic now has \(civic?["Cylinders"] ?? .null) cylinders")
 subscription.cancel()

@@ -169,6 +169,11 @@ func liveQueryFigures(scratch: URL) throws -> [Figure] {
         Figure(
             name: "local_write_p50_us_1000_queries", value: quantile(loaded, 0.5), unit: "us",
             baseline: quantile(bare, 0.5), baselineName: "local_write_p50_us"))
+    out.append(Figure(name: "local_write_p99_us", value: quantile(bare, 0.99), unit: "us"))
+    out.append(
+        Figure(
+            name: "local_write_p99_us_1000_queries", value: quantile(loaded, 0.99), unit: "us",
+            baseline: quantile(bare, 0.99), baselineName: "local_write_p99_us"))
     let bareMean = bare.reduce(0, +) / Double(bare.count)
     let loadedMean = loaded.reduce(0, +) / Double(loaded.count)
     out.append(Figure(name: "local_write_mean_us", value: bareMean, unit: "us"))

@@ -179,5 +179,6 @@ import TrellisTestKit
                 "south: {\"Cylinders\":4,\"Name\":\"toyota corolla\",\"Origin\":\"Japan\",\"_id\":\"corolla\"}"))
         #expect(!text.contains("mustang\",\"Name\""))  // the American car was not replicated
         #expect(text.contains("south: civic now has 6 cylinders"))
+        #expect(text.contains("south live query: 1 updated, 2 Japanese cars"))
     }
 }
