@@ -191,6 +191,8 @@ final class LiveQueryRegistry: Sendable {
 
     let documents: DocumentStore
     let evaluation = DispatchQueue(label: "trellis.live-query.evaluate")
+    /// Counters for tests and diagnostics.
+    let stats = LiveQueryStats()
     private let state = Mutex(State())
     private let token = Mutex<UInt64?>(nil)
 
@@ -252,6 +254,7 @@ final class LiveQueryRegistry: Sendable {
 
     /// One evaluation pass over everything committed since the last one. Evaluation queue only.
     private func drain() {
+        stats.passes.add(1, ordering: .relaxed)
         let work = state.withLock { s -> [(String, Pending, [any LiveObservation])] in
             defer {
                 s.pending = [:]
@@ -272,18 +275,29 @@ final class LiveQueryRegistry: Sendable {
         }
     }
 
+    /// The current values of the changed documents; `.unknown` (re-run) when one cannot be read.
     private func fetch(_ keys: Set<String>, in collection: String) -> LiveChange {
         var values: [String: Value?] = [:]
+        values.reserveCapacity(keys.count)
         for key in keys {
-            guard let id = try? JSON.parse(key), let value = try? documents.document(id: id, in: collection) else {
-                if (try? JSON.parse(key)) == nil { return .unknown }
-                values[key] = .some(nil)
-                continue
+            do {
+                values[key] = .some(try documents.document(id: try JSON.parse(key), in: collection))
+            } catch {
+                return .unknown
             }
-            values[key] = .some(value)
         }
         return .documents(values)
     }
+}
+
+/// How often live queries were evaluated, and how.
+final class LiveQueryStats: Sendable {
+    /// Evaluation passes (one per batch of commits touching an observed collection).
+    let passes = Atomic<Int>(0)
+    /// Cursor evaluations that patched cached results from the changed documents.
+    let patches = Atomic<Int>(0)
+    /// Cursor evaluations that ran the query (registration, windowed queries, unknown changes).
+    let reruns = Atomic<Int>(0)
 }
 
 // MARK: - Observation
@@ -389,6 +403,7 @@ final class CursorEvaluator: @unchecked Sendable {
     typealias Row = (key: String, document: Document)
     // Invariant: used only on the registry's evaluation queue (after construction).
     let documents: DocumentStore
+    let stats: LiveQueryStats
     let collection: String
     let query: Query
     let bound: Query
@@ -400,10 +415,12 @@ final class CursorEvaluator: @unchecked Sendable {
     private var keys: Set<String> = []
 
     init(
-        documents: DocumentStore, collection: String, query: Query, args: [String: Value], sort: [SortKey],
+        documents: DocumentStore, stats: LiveQueryStats, collection: String, query: Query, args: [String: Value],
+        sort: [SortKey],
         limit: Int?, offset: Int
     ) throws {
         self.documents = documents
+        self.stats = stats
         self.collection = collection
         self.query = query
         self.bound = try query.bind(args: args)
@@ -422,6 +439,7 @@ final class CursorEvaluator: @unchecked Sendable {
             let relevant = values.contains { key, value in isRelevant(key, value) }
             guard relevant else { return nil }
             if limit == nil && offset == 0 {
+                stats.patches.add(1, ordering: .relaxed)
                 patch(values)
             } else {
                 try rerun()
@@ -463,6 +481,7 @@ final class CursorEvaluator: @unchecked Sendable {
     }
 
     private func rerun() throws {
+        stats.reruns.add(1, ordering: .relaxed)
         let values = try documents.documents(
             in: collection, matching: query, args: args, sort: sort, limit: limit, offset: offset)
         rows = try values.map { (try DocumentStore.key(for: $0["_id"] ?? .null), Document(value: $0)) }
@@ -566,7 +585,8 @@ extension PendingCursorOperation {
         let (parsed, keys) = try resolved()
         let store = collection.store
         let evaluator = try CursorEvaluator(
-            documents: store.documents, collection: collection.name, query: parsed, args: args, sort: keys,
+            documents: store.documents, stats: store.liveQueries.stats, collection: collection.name, query: parsed,
+            args: args, sort: keys,
             limit: limitCount, offset: offsetCount)
         let observation = Observation<[Document]>(
             collection: collection.name, registry: store.liveQueries, queue: queue, autoSignal: autoSignal,

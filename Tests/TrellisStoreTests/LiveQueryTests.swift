@@ -2,9 +2,10 @@ import Dispatch
 import Foundation
 import Synchronization
 import Testing
-import Trellis
 import TrellisStore
 import TrellisTestKit
+
+@testable import Trellis
 
 /// Collects what a live query delivers, checking every event against the previous results.
 final class EventLog: Sendable {
@@ -168,6 +169,35 @@ final class EventLog: Sendable {
         guard case .update(let update) = log.all[1].event else { throw Failure("expected an update") }
         #expect(update.insertions == Array(0..<10))
         live.stop()
+    }
+
+    /// Only live queries on a touched collection are evaluated; a query without limit or offset
+    /// patches its results from the changed documents without running SQL; a windowed one
+    /// re-runs only when a changed document can affect its window.
+    @Test func evaluationIsIncremental() throws {
+        let stats = node.store.liveQueries.stats
+        try cars.upsert((0..<20).map { ["_id": .string("c\($0)"), "hp": .int(Int64($0))] })
+        let all = EventLog()
+        let top = EventLog()
+        let live1 = try cars.find("hp >= 10").sort("hp").observeLocal { all.record($0, $1) }
+        let live2 = try cars.findAll().sort("hp", direction: .descending).limit(3).observeLocal { top.record($0, $1) }
+        #expect(eventually { all.count == 1 && top.count == 1 })
+        let passes = stats.passes.load(ordering: .relaxed)
+        let reruns = stats.reruns.load(ordering: .relaxed)
+        for i in 0..<50 { try node.store.collection("boats").upsert(["_id": .string("b\(i)")]) }
+        usleep(100_000)
+        #expect(stats.passes.load(ordering: .relaxed) == passes)  // no live query on boats
+        try cars.upsert(["_id": "c15", "hp": 16])  // inside both
+        #expect(eventually { all.count == 2 })
+        try cars.upsert(["_id": "c2", "hp": 3])  // outside both: no event, no query run
+        try cars.upsert(["_id": "new", "hp": 100])  // enters both
+        #expect(eventually { all.last?.last?.id == "new" && top.last?.first?.id == "new" })
+        #expect(stats.reruns.load(ordering: .relaxed) - reruns == 1)  // the windowed query, for "new"
+        #expect(stats.patches.load(ordering: .relaxed) >= 2)
+        #expect(all.count == 3 && top.count == 2)
+        live1.stop()
+        live2.stop()
+        #expect(all.problems.withLock { $0 }.isEmpty && top.problems.withLock { $0 }.isEmpty)
     }
 
     @Test func singleDocumentEvents() throws {
