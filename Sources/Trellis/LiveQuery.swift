@@ -45,7 +45,9 @@ public final class LiveQuery: Sendable {
 /// One element of ``PendingCursorOperation/observeLocalUpdates()``: the results and the event
 /// that produced them from the previous element's results.
 public struct LiveQueryResults: Sendable {
+    /// The results, sorted and windowed as the query asks.
     public let documents: [Document]
+    /// How they differ from the previous element's results (`.initial` for the first).
     public let event: LiveQueryEvent
 }
 
@@ -53,6 +55,7 @@ public struct LiveQueryResults: Sendable {
 public struct SingleDocumentLiveQueryResult: Sendable {
     /// The document, `nil` while it does not exist locally.
     public let document: Document?
+    /// `isInitial` for the first element; `oldDocument` is the previous element's document.
     public let event: SingleDocumentLiveQueryEvent
 }
 
@@ -69,14 +72,20 @@ public struct LiveQuerySequence<Element: Sendable>: AsyncSequence, Sendable {
     /// Stops the observer; the iteration then ends after any buffered element.
     public func stop() { control.stop() }
 
+    /// The iterator; the observer already runs (it started with the sequence).
     public func makeAsyncIterator() -> Iterator {
         Iterator(base: stream.makeAsyncIterator(), control: control)
     }
 
+    /// Iterates the results; each call to `next()` signals the observer for the following one.
     public struct Iterator: AsyncIteratorProtocol {
         var base: AsyncStream<Element>.Iterator
         let control: LiveQueryStreamControl
 
+        /// The next results: the first carries `.initial`, each later one the change since the
+        /// previous element (several commits coalesced when the consumer was slower than them).
+        ///
+        /// - Returns: `nil` once the observer stopped (task cancelled, ``LiveQuerySequence/stop()``).
         public mutating func next() async -> Element? {
             control.signal()
             return await base.next()

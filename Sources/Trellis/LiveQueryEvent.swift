@@ -43,6 +43,7 @@ public struct LiveQueryMove: Sendable, Hashable, CustomStringConvertible {
     /// The document's index in the new results.
     public var to: Int
 
+    /// A move from index `from` of the old results to index `to` of the new results.
     public init(from: Int, to: Int) {
         self.from = from
         self.to = to
@@ -71,6 +72,7 @@ public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
     /// `(from old index, to new index)` of surviving documents that changed relative order.
     public var moves: [LiveQueryMove]
 
+    /// An update with the given parts (live queries build them with ``diff(from:to:)``).
     public init(
         oldDocuments: [Document], insertions: [Int], deletions: [Int], updates: [Int], moves: [LiveQueryMove]
     ) {
@@ -194,6 +196,7 @@ public struct SingleDocumentLiveQueryEvent: Sendable, Equatable, CustomStringCon
     /// while the document did not exist locally).
     public var oldDocument: Document?
 
+    /// An event; live queries build them.
     public init(isInitial: Bool, oldDocument: Document?) {
         self.isInitial = isInitial
         self.oldDocument = oldDocument
