@@ -3,7 +3,9 @@
 //   1. a write on one node to the live-query callback on another over encrypted loopback TCP
 //      (p50, p99), against a raw loopback TCP round trip;
 //   2. local write latency with 1,000 live queries on distinct predicates, against none;
-//   3. resident memory per registered live query, against a bare store observer.
+//   3. resident memory per registered live query, against a bare store observer;
+//   4. write latency and memory after 20,000 live queries were created and stopped (F12),
+//      against before.
 import Foundation
 import Synchronization
 import Trellis
@@ -204,6 +206,34 @@ func liveQueryFigures(scratch: URL) throws -> [Figure] {
             name: "live_query_rss_bytes", value: perQuery, unit: "bytes", baseline: perObserver,
             baselineName: "store_observer_rss_bytes"))
     for query in queries { query.stop() }
+    queries.removeAll()
+
+    // 4. F12: after 20,000 live queries were created and stopped (10,000 argument changes of one
+    // query, 10,000 short-lived ones dropped at once), write latency and memory against before.
+    _ = try localWriteLatencies(writes, count: 500)
+    let beforeChurn = try localWriteLatencies(writes, count: 3_000)
+    let rssBeforeChurn = residentBytes()
+    var changing: LiveQuery?
+    for n in 0..<10_000 {
+        changing?.stop()
+        changing = try memory.find("n == $args.n", args: ["n": .int(Int64(n % 1_000))]).observeLocal { _, _ in }
+    }
+    changing = nil
+    for n in 0..<10_000 { _ = try memory.find("n == \(n % 1_000)").observeLocal { _, _ in } }
+    // Initial callbacks still queued hold their observation until they run (and are skipped).
+    LiveQuery.defaultDeliveryQueue.sync {}
+    let churnGrowth = (residentBytes() - rssBeforeChurn) / 20_000
+    precondition(node.store.liveQueryCount == 0, "live queries leaked: \(node.store.liveQueryCount)")
+    let afterChurn = try localWriteLatencies(writes, count: 3_000)
+    out.append(Figure(name: "local_write_p50_us_before_churn", value: quantile(beforeChurn, 0.5), unit: "us"))
+    out.append(
+        Figure(
+            name: "local_write_p50_us_after_churn", value: quantile(afterChurn, 0.5), unit: "us",
+            baseline: quantile(beforeChurn, 0.5), baselineName: "local_write_p50_us_before_churn"))
+    out.append(
+        Figure(
+            name: "rss_growth_bytes_per_stopped_query", value: churnGrowth, unit: "bytes", baseline: perQuery,
+            baselineName: "live_query_rss_bytes"))
     node.stop()
     return out
 }
