@@ -252,6 +252,44 @@ final class EventLog: Sendable {
         live.stop()
     }
 
+    @Test func singleDocumentNextSignalCoalesces() throws {
+        try cars.upsert(["_id": "c1", "n": 0])
+        let events = Mutex<[(Document?, SingleDocumentLiveQueryEvent)]>([])
+        let signal = Mutex<(@Sendable () -> Void)?>(nil)
+        let live = try cars.findByID("c1").observeLocalWithNextSignal { doc, event, next in
+            events.withLock { $0.append((doc, event)) }
+            signal.withLock { $0 = next }
+        }
+        #expect(eventually { events.withLock { $0.count } == 1 })
+        for n in 1...20 { try cars.upsert(["_id": "c1", "n": .int(Int64(n))]) }
+        usleep(100_000)
+        #expect(events.withLock { $0.count } == 1)
+        let next = try #require(signal.withLock { $0 })
+        next()
+        #expect(eventually { events.withLock { $0.count } == 2 })
+        let (doc, event) = try #require(events.withLock { $0.last })
+        #expect(doc?["n"] == 20 && event.oldDocument?["n"] == 0 && !event.isInitial)
+        live.stop()
+    }
+
+    @Test func callbacksRunOnTheDeliveryQueue() throws {
+        let key = DispatchSpecificKey<String>()
+        let mine = DispatchQueue(label: "mine")
+        mine.setSpecific(key: key, value: "mine")
+        LiveQuery.defaultDeliveryQueue.setSpecific(key: key, value: "default")
+        let seen = Mutex<[String?]>([])
+        let a = try cars.findAll().observeLocal { _, _ in
+            seen.withLock { $0.append(DispatchQueue.getSpecific(key: key)) }
+        }
+        let b = try cars.findByID("x").observeLocal(deliverOn: mine) { _, _ in
+            seen.withLock { $0.append(DispatchQueue.getSpecific(key: key)) }
+        }
+        #expect(eventually { seen.withLock { $0.count } == 2 })
+        #expect(Set(seen.withLock { $0 }) == ["default", "mine"])
+        a.stop()
+        b.stop()
+    }
+
     @Test func asyncSequenceDeliversAndCancellationStops() async throws {
         let baseline = node.store.liveQueryCount
         try cars.upsert(["_id": "a", "hp": 1])
