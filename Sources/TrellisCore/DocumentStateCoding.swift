@@ -12,24 +12,6 @@
 // and the site table by site, so the encoding is deterministic.
 
 extension DocumentState {
-    /// The state as a CBOR-ready ``Value``.
-    public var encoded: Value {
-        var sites = Set<SiteID>()
-        for s in writes.keys { sites.insert(s) }
-        for s in removed.keys { sites.insert(s) }
-        Self.collectSites(root, into: &sites)
-        let table = sites.sorted()
-        var index: [SiteID: Int64] = [:]
-        for (i, s) in table.enumerated() { index[s] = Int64(i) }
-        var out: [String: Value] = [
-            "s": .array(table.map { .int(Int64(bitPattern: $0)) }),
-            "w": Self.encode(writes, index),
-            "m": Self.encode(root, index),
-        ]
-        if !removed.isEmpty { out["r"] = Self.encode(removed, index) }
-        return .map(out)
-    }
-
     static func collectSites(_ map: MapNode, into sites: inout Set<SiteID>) {
         for node in map.entries.values {
             if let r = node.register { sites.insert(r.stamp.site) }
@@ -50,49 +32,7 @@ extension DocumentState {
         }
     }
 
-    private static func time(_ t: HLCTimestamp) -> Value { .int(Int64(bitPattern: t.rawValue)) }
-
-    private static func encode(_ vv: VersionVector, _ index: [SiteID: Int64]) -> Value {
-        .array(vv.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }.map { .array([.int($0.0), time($0.1)]) })
-    }
-
-    private static func encode(_ map: MapNode, _ index: [SiteID: Int64]) -> Value {
-        var out: [String: Value] = [:]
-        out.reserveCapacity(map.entries.count)
-        for (key, node) in map.entries {
-            var field: [String: Value] = [:]
-            if let r = node.register { field["r"] = .array([r.value, time(r.stamp.time), .int(index[r.stamp.site]!)]) }
-            if let m = node.map { field["m"] = encode(m, index) }
-            if let s = node.mapStamp { field["ms"] = .array([time(s.time), .int(index[s.site]!)]) }
-            if let c = node.counter {
-                var counter: [String: Value] = [
-                    "t": .array(
-                        c.totals.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }.map {
-                            .array([
-                                .int($0.0), .double($0.1.total), time($0.1.stamp.time), .int(index[$0.1.stamp.site]!),
-                            ])
-                        })
-                ]
-                if let r = c.restart {
-                    counter["b"] = .array([r.value, time(r.stamp.time), .int(index[r.stamp.site]!)])
-                }
-                if !c.restartSeen.isEmpty {
-                    counter["o"] = .array(
-                        c.restartSeen.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }.map {
-                            .array([
-                                .int($0.0), .double($0.1.total), time($0.1.stamp.time), .int(index[$0.1.stamp.site]!),
-                            ])
-                        })
-                }
-                field["c"] = .map(counter)
-            }
-            if !node.removed.isEmpty { field["x"] = encode(node.removed, index) }
-            out[key] = .map(field)
-        }
-        return .map(out)
-    }
-
-    /// Decodes ``encoded``.
+    /// Decodes a state from its CBOR value (the bytes of ``cbor()``, decoded by ``CBOR/decode(_:options:)``).
     ///
     /// - Throws: ``DocumentStateError`` naming the malformed part; input from peers is untrusted
     ///   (non-finite numbers, bad site indexes, wrong shapes are all errors, never traps).
@@ -210,8 +150,8 @@ private struct StateDecoder {
 // MARK: - Direct encoding
 
 extension DocumentState {
-    /// The CBOR bytes of ``encoded``, written straight into a buffer without building the
-    /// intermediate `Value` tree (the store's and the wire's hot path). Identical bytes.
+    /// The state's CBOR bytes (the shape above, RFC 8949 §4.2.1 deterministic encoding), written
+    /// straight into a buffer without building an intermediate `Value` tree.
     ///
     /// - Complexity: O(size of the state), plus sorting each map's keys.
     public func cbor() -> [UInt8] {
