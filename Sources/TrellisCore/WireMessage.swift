@@ -49,7 +49,7 @@ public struct WireSubscription: Hashable, Sendable {
 public struct WireDocument: Sendable, Equatable {
     public var collection: String
     public var id: Value
-    /// CBOR of ``DocumentState/encoded``.
+    /// The document's CRDT state: ``DocumentState/cbor()``.
     public var state: [UInt8]
 
     public init(collection: String, id: Value, state: [UInt8]) {
