@@ -843,7 +843,9 @@ enum FieldEdit {
             }
             guard index >= 0, index < array.count else {
                 if case .remove = self { return false }
-                throw .invalidValue("cannot change '\(path)': index \(index) is out of range (\(array.count) elements)")
+                throw .invalidValue(
+                    "cannot change '\(path)': index \(index) is out of range (the array has \(array.count) element\(array.count == 1 ? "" : "s"))"
+                )
             }
             if rest.isEmpty, case .remove = self {
                 array.remove(at: index)

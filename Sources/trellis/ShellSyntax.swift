@@ -196,7 +196,9 @@ enum ShellSyntax {
         if !trimmed.isEmpty { result.query = trimmed }
         var i = start
         func number(_ keyword: Substring) throws -> Int {
-            guard i + 1 < chunks.count, let n = Int(chunks[i + 1].text), n >= 0 else {
+            // Digits only: `+2` and `-1` are refused (Int("+2") would accept the first).
+            guard i + 1 < chunks.count, chunks[i + 1].text.first?.isNumber == true, let n = Int(chunks[i + 1].text)
+            else {
                 let got = i + 1 < chunks.count ? "'\(chunks[i + 1].text)'" : "nothing"
                 throw UsageError("\(keyword) needs a whole number >= 0, got \(got)")
             }
