@@ -162,48 +162,17 @@ struct CBORReader {
         return String(decoding: content, as: UTF8.self)
     }
 
-    /// Throws unless `content` is well-formed UTF-8 (Unicode §3.9, Table 3-7): no overlong forms,
-    /// no surrogates, nothing above U+10FFFF, no truncated sequences.
+    /// Throws unless `content` is well-formed UTF-8 (``UTF8Check``).
     private func validateUTF8(_ content: ArraySlice<UInt8>, offset: Int) throws(CBORError) {
-        let bad: Int? = content.withUnsafeBufferPointer { buffer in
+        let bad: Int? = content.withUnsafeBytes { buffer in
             var i = 0
-            let count = buffer.count
-            while i < count {
-                let lead = buffer[i]
-                if lead < 0x80 {
+            while i < buffer.count {
+                if buffer[i] < 0x80 {
                     i += 1
                     continue
                 }
-                let trailing: Int
-                var low: UInt8 = 0x80
-                var high: UInt8 = 0xbf
-                switch lead {
-                case 0xc2...0xdf: trailing = 1
-                case 0xe0:
-                    trailing = 2
-                    low = 0xa0
-                case 0xe1...0xec, 0xee...0xef: trailing = 2
-                case 0xed:
-                    trailing = 2
-                    high = 0x9f
-                case 0xf0:
-                    trailing = 3
-                    low = 0x90
-                case 0xf1...0xf3: trailing = 3
-                case 0xf4:
-                    trailing = 3
-                    high = 0x8f
-                default: return i
-                }
-                guard count - i > trailing else { return i }
-                let second = buffer[i + 1]
-                guard second >= low && second <= high else { return i }
-                var k = 2
-                while k <= trailing {
-                    guard buffer[i + k] & 0xc0 == 0x80 else { return i }
-                    k += 1
-                }
-                i += trailing + 1
+                guard let length = UTF8Check.sequenceLength(buffer, at: i) else { return i }
+                i += length
             }
             return nil
         }

@@ -509,32 +509,7 @@ struct JSONParser {
 
     /// Steps over one well-formed multi-byte UTF-8 sequence (RFC 3629 §4) at the current position.
     private mutating func skipUTF8Sequence() throws(JSONError) {
-        let lead = byte(position)
-        let length: Int
-        var low: UInt8 = 0x80
-        var high: UInt8 = 0xBF
-        switch lead {
-        case 0xC2...0xDF: length = 2
-        case 0xE0:
-            length = 3
-            low = 0xA0
-        case 0xE1...0xEC, 0xEE...0xEF: length = 3
-        case 0xED:
-            length = 3
-            high = 0x9F
-        case 0xF0:
-            length = 4
-            low = 0x90
-        case 0xF1...0xF3: length = 4
-        case 0xF4:
-            length = 4
-            high = 0x8F
-        default: throw fail("invalid UTF-8", at: position)
-        }
-        guard end - position >= length else { throw fail("invalid UTF-8", at: position) }
-        let second = byte(position + 1)
-        guard second >= low && second <= high else { throw fail("invalid UTF-8", at: position) }
-        for k in 2..<length where byte(position + k) & 0xC0 != 0x80 {
+        guard let length = UTF8Check.sequenceLength(input, at: position) else {
             throw fail("invalid UTF-8", at: position)
         }
         position += length
