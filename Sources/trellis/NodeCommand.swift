@@ -52,7 +52,7 @@ enum NodeCommand {
         }
         if let listen {
             let port = try node.listen(on: listen)
-            options.log("listening on \(listen.host):\(port), peer key \(node.peerKeyHex)")
+            options.log("listening on \(Endpoint(host: listen.host, port: port)), peer key \(node.peerKeyHex)")
         }
         for peer in peers { node.connect(to: peer) }
 
