@@ -293,7 +293,8 @@ final class HostContentObserver: ContactItemContentObserver {
     var outcome: ContentOutcome {
         state.withLock { s in
             guard s.terminal.count == 1 else {
-                return .failed(s.terminal.isEmpty ? ContactProviderError.enumerationTimeout : ContactProviderError.cannotEnumerate)
+                return .failed(
+                    s.terminal.isEmpty ? ContactProviderError.enumerationTimeout : ContactProviderError.cannotEnumerate)
             }
             if s.items.count > suggestedPageSize { return .failed(ContactProviderError.itemsLimitReached) }
             if case .page(_, let next) = s.terminal[0], next.generationMarker.isEmpty {
@@ -319,7 +320,9 @@ final class HostChangeObserver: ContactItemChangeObserver {
     func didUpdate(_ items: [ContactItem]) { state.withLock { $0.updates += items } }
     func didDelete(_ identifiers: [ContactItem.Identifier]) { state.withLock { $0.deletes += identifiers } }
     func didFinishEnumeratingChanges(upTo syncAnchor: ContactItemSyncAnchor, moreComing: Bool) {
-        state.withLock { $0.terminal.append(.batch(updates: $0.updates, deletes: $0.deletes, syncAnchor, moreComing: moreComing)) }
+        state.withLock {
+            $0.terminal.append(.batch(updates: $0.updates, deletes: $0.deletes, syncAnchor, moreComing: moreComing))
+        }
     }
     func didFinishEnumeratingChangesWithError(_ error: any Error) {
         state.withLock { $0.terminal.append(.failed(error)) }
@@ -328,7 +331,8 @@ final class HostChangeObserver: ContactItemChangeObserver {
     var outcome: ChangeOutcome {
         state.withLock { s in
             guard s.terminal.count == 1 else {
-                return .failed(s.terminal.isEmpty ? ContactProviderError.enumerationTimeout : ContactProviderError.cannotEnumerate)
+                return .failed(
+                    s.terminal.isEmpty ? ContactProviderError.enumerationTimeout : ContactProviderError.cannotEnumerate)
             }
             if s.updates.count + s.deletes.count > suggestedBatchSize {
                 return .failed(ContactProviderError.itemsLimitReached)

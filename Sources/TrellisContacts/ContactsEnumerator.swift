@@ -60,10 +60,12 @@ public final class ContactsEnumerator: ContactItemEnumerator {
             let more = entries.count > pageSize
             if more { entries.removeLast() }
             if !entries.isEmpty {
-                observer.didEnumerate(entries.compactMap { e in e.value.map { ContactDocument.item(id: e.id, value: $0) } })
+                observer.didEnumerate(
+                    entries.compactMap { e in e.value.map { ContactDocument.item(id: e.id, value: $0) } })
             }
             if more, let last = entries.last {
-                observer.didFinishEnumeratingPage(upTo: ContactItemPage(generationMarker: marker.data, offset: Int(last.seq)))
+                observer.didFinishEnumeratingPage(
+                    upTo: ContactItemPage(generationMarker: marker.data, offset: Int(last.seq)))
             } else {
                 observer.didFinishEnumeratingContent(upTo: marker.data)
             }

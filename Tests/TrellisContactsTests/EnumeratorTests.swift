@@ -1,5 +1,6 @@
 import ContactProvider
 import Foundation
+import Synchronization
 import Testing
 import TrellisContacts
 import TrellisCore
@@ -149,7 +150,9 @@ struct EnumeratorTests {
         #expect(await restarted.state.enumeratingContent)
         #expect(await restarted.state.offset > 0)
         try await restarted.signalEnumerator()
-        #expect(Dictionary(uniqueKeysWithValues: sink.contacts.map { ($0.key.value, $0.value.givenName) }) == (try a.live()))
+        #expect(
+            Dictionary(uniqueKeysWithValues: sink.contacts.map { ($0.key.value, $0.value.givenName) }) == (try a.live())
+        )
         // Resuming did not start over: the first pages were not enumerated again.
         #expect(sink.log.filter { $0 == .update(.init("c0")) }.count == 1)
     }
@@ -168,7 +171,8 @@ struct EnumeratorTests {
             #expect(o.terminals.count == 1)
             return o.providerError
         }
-        func changeError(_ anchor: ContactItemSyncAnchor, in store: DocumentStore? = nil) async -> ContactProviderError? {
+        func changeError(_ anchor: ContactItemSyncAnchor, in store: DocumentStore? = nil) async -> ContactProviderError?
+        {
             let o = RecordingChangeObserver(batchSize: 5)
             await ContactsEnumerator(store: store ?? a.store, collection: "contacts").enumerateChanges(
                 startingAt: anchor, for: o)
@@ -192,7 +196,9 @@ struct EnumeratorTests {
                 == .changeAnchorExpired)
         // A store wiped and recreated: a new epoch, so the old marker expires (F08 c on the contacts side).
         let fresh = try DocumentStore(path: a.dir.path("fresh.sqlite"))
-        #expect(await changeError(ContactItemSyncAnchor(generationMarker: run.marker, offset: 0), in: fresh) == .changeAnchorExpired)
+        #expect(
+            await changeError(ContactItemSyncAnchor(generationMarker: run.marker, offset: 0), in: fresh)
+                == .changeAnchorExpired)
 
         // Reaped (F08 a): removes after the anchor, then the log is reaped past it.
         let anchor = ContactItemSyncAnchor(generationMarker: run.marker, offset: 0)
@@ -276,7 +282,8 @@ struct EnumeratorTests {
         #expect(empty.terminals.count == 1)
         if case .content(let m)? = empty.terminals.first { #expect(!m.isEmpty) } else { Issue.record("no content end") }
         let bad = RecordingChangeObserver(batchSize: 10)
-        await a.enumerator.enumerateChanges(startingAt: ContactItemSyncAnchor(generationMarker: Data(), offset: 0), for: bad)
+        await a.enumerator.enumerateChanges(
+            startingAt: ContactItemSyncAnchor(generationMarker: Data(), offset: 0), for: bad)
         #expect(bad.terminalCount == 1)
         #expect(bad.providerError == .changeAnchorExpired)
         let enumerator = a.enumerator
@@ -353,7 +360,8 @@ struct EnumeratorTests {
         let a = try ContactsFixture()
         let b = try ContactsFixture(name: "b.sqlite")
         for i in 0..<15 { try a.put("c\(i)", "g\(i)") }
-        try a.store.upsert(.map(["_id": .map(["org": .string("x"), "n": .int(1)]), "givenName": .string("m")]), in: "contacts")
+        try a.store.upsert(
+            .map(["_id": .map(["org": .string("x"), "n": .int(1)]), "givenName": .string("m")]), in: "contacts")
         try b.mergeFrom(a.store)
         let first = try await enumerateContent(a.enumerator, pageSize: 4)
         let second = try await enumerateContent(a.enumerator, pageSize: 7)
@@ -370,8 +378,10 @@ struct EnumeratorTests {
     func tombstoneDoesNotMatchFilter() async throws {
         let a = try ContactsFixture()
         let b = try ContactsFixture(name: "b.sqlite")
-        try a.store.upsert(.map(["_id": .string("d1"), "givenName": .string("A"), "city": .string("Oslo")]), in: "contacts")
-        try a.store.upsert(.map(["_id": .string("d2"), "givenName": .string("B"), "city": .string("Oslo")]), in: "contacts")
+        try a.store.upsert(
+            .map(["_id": .string("d1"), "givenName": .string("A"), "city": .string("Oslo")]), in: "contacts")
+        try a.store.upsert(
+            .map(["_id": .string("d2"), "givenName": .string("B"), "city": .string("Oslo")]), in: "contacts")
         try b.mergeFrom(a.store)
         let run = try await enumerateContent(b.enumerator, pageSize: 10)
         #expect(run.items.count == 2)
@@ -380,7 +390,8 @@ struct EnumeratorTests {
         try a.store.upsert(.map(["_id": .string("d2"), "city": .string("Bergen")]), in: "contacts")
         try b.mergeFrom(a.store, after: before)
         let o = RecordingChangeObserver(batchSize: 10)
-        await b.enumerator.enumerateChanges(startingAt: ContactItemSyncAnchor(generationMarker: run.marker, offset: 0), for: o)
+        await b.enumerator.enumerateChanges(
+            startingAt: ContactItemSyncAnchor(generationMarker: run.marker, offset: 0), for: o)
         #expect(o.deletes.map(\.value) == ["d1"])
         #expect(o.updates.map(\.identifier.value) == ["d2"])
         let again = try await enumerateContent(b.enumerator, pageSize: 10)
@@ -391,8 +402,11 @@ struct EnumeratorTests {
 /// A thread-safe counter for callbacks.
 final class Counter: Sendable {
     private let value = Mutex(0)
-    func increment() -> Int { value.withLock { $0 += 1; return $0 } }
+    func increment() -> Int {
+        value.withLock {
+            $0 += 1
+            return $0
+        }
+    }
     var count: Int { value.withLock { $0 } }
 }
-
-import Synchronization

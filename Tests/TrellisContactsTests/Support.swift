@@ -66,7 +66,9 @@ final class RecordingContentObserver: ContactItemContentObserver {
     init(pageSize: Int) { suggestedPageSize = pageSize }
 
     func didEnumerate(_ items: [ContactItem]) { state.withLock { $0.items += items } }
-    func didFinishEnumeratingPage(upTo nextPage: ContactItemPage) { state.withLock { $0.terminals.append(.page(nextPage)) } }
+    func didFinishEnumeratingPage(upTo nextPage: ContactItemPage) {
+        state.withLock { $0.terminals.append(.page(nextPage)) }
+    }
     func didFinishEnumeratingContent(upTo generationMarker: Data) {
         state.withLock { $0.terminals.append(.content(generationMarker)) }
     }
@@ -229,6 +231,16 @@ final class GatedProvider: ContactProviderExtension {
             return g
         }
         for c in waiting { c.resume() }
+    }
+
+    /// Opens the gate every 2 ms until the returned task is cancelled.
+    func keepOpening() -> Task<Void, Never> {
+        Task {
+            while !Task.isCancelled {
+                open()
+                try? await Task.sleep(for: .milliseconds(2))
+            }
+        }
     }
 
     func wait() async {
