@@ -40,7 +40,9 @@ let package = Package(
         .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
 
         .executableTarget(name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider"]),
-        .executableTarget(name: "trellis-bench", dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite"]),
+        .executableTarget(
+            name: "trellis-bench",
+            dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts"]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // libFuzzer entry point; see Fuzz/README.md for the build command.
         .executableTarget(

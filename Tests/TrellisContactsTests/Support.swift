@@ -266,3 +266,36 @@ struct GatedEnumerator: ContactItemEnumerator {
     }
     func invalidate() async {}
 }
+
+/// Runs `trellis ARGS…` to completion, reading both pipes to their end (no race with the exit).
+func runTrellis(_ arguments: [String]) throws -> (status: Int32, stdout: String, stderr: String) {
+    let binary = Repository.trellisBinary
+    guard FileManager.default.isExecutableFile(atPath: binary.path) else {
+        throw ProcessError("no trellis binary at \(binary.path); run `swift build` (scripts/test.sh does)")
+    }
+    let process = Process()
+    process.executableURL = binary
+    process.arguments = arguments
+    let out = Pipe()
+    let err = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    process.standardInput = FileHandle.nullDevice
+    try process.run()
+    // Read stderr on another thread so neither pipe fills up while the other is read.
+    let errors = Mutex(Data())
+    let done = DispatchSemaphore(value: 0)
+    let errorHandle = err.fileHandleForReading
+    Thread.detachNewThread {
+        let data = errorHandle.readDataToEndOfFile()
+        errors.withLock { $0 = data }
+        done.signal()
+    }
+    let output = out.fileHandleForReading.readDataToEndOfFile()
+    done.wait()
+    process.waitUntilExit()
+    return (
+        process.terminationStatus, String(decoding: output, as: UTF8.self),
+        String(decoding: errors.withLock { $0 }, as: UTF8.self)
+    )
+}
