@@ -7,6 +7,8 @@ let package = Package(
     products: [
         .library(name: "Trellis", targets: ["Trellis"]),
         .library(name: "TrellisCore", targets: ["TrellisCore"]),
+        .library(name: "ContactProvider", targets: ["ContactProvider"]),
+        .library(name: "TrellisContacts", targets: ["TrellisContacts"]),
         .executable(name: "trellis", targets: ["trellis"]),
         .executable(name: "trellis-bench", targets: ["trellis-bench"]),
     ],
@@ -29,11 +31,18 @@ let package = Package(
         .target(
             name: "Trellis",
             dependencies: ["TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet", "TrellisCrypto"]),
+        // Apple's ContactProvider API surface (iOS 18), for Linux.
+        .target(name: "ContactProvider"),
+        // Contacts over the change log: enumerator, host, vCard, vdir mirror.
+        .target(
+            name: "TrellisContacts", dependencies: ["ContactProvider", "TrellisCore", "TrellisStore", "Trellis"]),
         // Shared test helpers.
         .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
 
-        .executableTarget(name: "trellis", dependencies: ["Trellis"]),
-        .executableTarget(name: "trellis-bench", dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite"]),
+        .executableTarget(name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider"]),
+        .executableTarget(
+            name: "trellis-bench",
+            dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts"]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // libFuzzer entry point; see Fuzz/README.md for the build command.
         .executableTarget(
@@ -44,6 +53,9 @@ let package = Package(
         .testTarget(name: "TrellisCryptoTests", dependencies: ["TrellisCrypto", "TrellisTestKit"]),
         .testTarget(name: "TrellisSyncTests", dependencies: ["Trellis", "TrellisSync", "TrellisTestKit"]),
         .testTarget(name: "TrellisCLITests", dependencies: ["TrellisTestKit"]),
+        .testTarget(
+            name: "TrellisContactsTests",
+            dependencies: ["ContactProvider", "TrellisContacts", "TrellisStore", "Trellis", "TrellisTestKit"]),
     ],
     swiftLanguageModes: [.v6]
 )

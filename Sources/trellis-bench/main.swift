@@ -231,6 +231,10 @@ figures.append(
 
 figures += try liveQueryFigures(scratch: scratch)
 
+// MARK: Contacts (ContactsBench.swift)
+
+figures += try contactsFigures(scratch: scratch)
+
 // MARK: Output
 
 if jsonOutput {

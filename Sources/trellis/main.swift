@@ -11,6 +11,7 @@ let usage = """
       trellis find   --data DIR COLLECTION [QUERY] [--count]
       trellis get    --data DIR COLLECTION ID
       trellis keygen FILE
+      trellis contacts import|list|export|mirror --data DIR …
 
     Run `trellis COMMAND --help` for a command's details.
     """
@@ -29,6 +30,7 @@ do {
     case "import": try ImportCommand.run(rest)
     case "find", "get": try InspectCommand.run(command, rest)
     case "keygen": try KeygenCommand.run(rest)
+    case "contacts": try ContactsCommand.run(rest)
     case "--help", "-h", "help": print(usage)
     default: throw UsageError("unknown command '\(command)'; run `trellis --help`")
     }

@@ -1,0 +1,104 @@
+public import ContactProvider
+import Foundation
+public import TrellisCore
+
+/// How a contact is stored as a Trellis document: one document per contact, fields named after
+/// `CNContact`'s properties (see docs/CONTACTS.md, "Document shape").
+///
+/// Empty strings and empty lists are left out. Labelled values are maps `{"label", "value"}`
+/// (postal addresses `{"label", "street", "city", …}`); `birthday` is `{"year"?, "month", "day"}`;
+/// `imageData` is base64 text.
+public enum ContactDocument {
+    // Key paths are immutable values; the tables are constants.
+    nonisolated(unsafe) static let stringFields: [(String, WritableKeyPath<CNContact, String>)] = [
+        ("namePrefix", \.namePrefix), ("givenName", \.givenName), ("middleName", \.middleName),
+        ("familyName", \.familyName), ("nameSuffix", \.nameSuffix), ("nickname", \.nickname),
+        ("organizationName", \.organizationName), ("departmentName", \.departmentName),
+        ("jobTitle", \.jobTitle), ("note", \.note),
+    ]
+    nonisolated(unsafe) static let listFields: [(String, WritableKeyPath<CNContact, [CNLabeledValue<String>]>)] = [
+        ("phoneNumbers", \.phoneNumbers), ("emailAddresses", \.emailAddresses), ("urlAddresses", \.urlAddresses),
+    ]
+    nonisolated(unsafe) static let addressFields: [(String, WritableKeyPath<CNPostalAddress, String>)] = [
+        ("street", \.street), ("city", \.city), ("state", \.state), ("postalCode", \.postalCode),
+        ("country", \.country), ("isoCountryCode", \.isoCountryCode),
+    ]
+
+    /// The identifier of a document's `_id`: the string itself, or the canonical JSON of a map.
+    public static func identifier(for id: Value) -> ContactItem.Identifier {
+        if case .string(let s) = id { return ContactItem.Identifier(s) }
+        return ContactItem.Identifier(JSON.string(id))
+    }
+
+    /// The document for a contact, with `_id` set to `identifier`'s value.
+    public static func value(for contact: CNContact, identifier: ContactItem.Identifier) -> Value {
+        var map: [String: Value] = ["_id": .string(identifier.value)]
+        for (name, path) in stringFields where !contact[keyPath: path].isEmpty {
+            map[name] = .string(contact[keyPath: path])
+        }
+        for (name, path) in listFields where !contact[keyPath: path].isEmpty {
+            map[name] = .array(contact[keyPath: path].map { labelled($0.label, ["value": .string($0.value)]) })
+        }
+        if !contact.postalAddresses.isEmpty {
+            map["postalAddresses"] = .array(
+                contact.postalAddresses.map { item in
+                    var fields: [String: Value] = [:]
+                    for (name, path) in addressFields where !item.value[keyPath: path].isEmpty {
+                        fields[name] = .string(item.value[keyPath: path])
+                    }
+                    return labelled(item.label, fields)
+                })
+        }
+        if let b = contact.birthday, let month = b.month, let day = b.day {
+            var fields: [String: Value] = ["month": .int(Int64(month)), "day": .int(Int64(day))]
+            if let year = b.year { fields["year"] = .int(Int64(year)) }
+            map["birthday"] = .map(fields)
+        }
+        if let image = contact.imageData, !image.isEmpty {
+            map["imageData"] = .string(image.base64EncodedString())
+        }
+        return .map(map)
+    }
+
+    private static func labelled(_ label: String?, _ fields: [String: Value]) -> Value {
+        var fields = fields
+        if let label { fields["label"] = .string(label) }
+        return .map(fields)
+    }
+
+    /// The contact a document holds. Unknown fields are ignored; fields of the wrong type are
+    /// left empty.
+    public static func contact(from value: Value) -> CNContact {
+        var c = CNContact()
+        for (name, path) in stringFields {
+            if let s = value[name]?.stringValue { c[keyPath: path] = s }
+        }
+        for (name, path) in listFields {
+            c[keyPath: path] = items(value[name]).compactMap { item in
+                item["value"]?.stringValue.map { CNLabeledValue(label: item["label"]?.stringValue, value: $0) }
+            }
+        }
+        c.postalAddresses = items(value["postalAddresses"]).map { item in
+            var address = CNPostalAddress()
+            for (name, path) in addressFields {
+                if let s = item[name]?.stringValue { address[keyPath: path] = s }
+            }
+            return CNLabeledValue(label: item["label"]?.stringValue, value: address)
+        }
+        if let b = value["birthday"], let month = b["month"]?.intValue, let day = b["day"]?.intValue {
+            c.birthday = DateComponents(year: b["year"]?.intValue.map { Int($0) }, month: Int(month), day: Int(day))
+        }
+        if let text = value["imageData"]?.stringValue { c.imageData = Data(base64Encoded: text) }
+        return c
+    }
+
+    private static func items(_ value: Value?) -> [Value] {
+        if case .array(let a)? = value { return a }
+        return []
+    }
+
+    /// The item for a live document.
+    public static func item(id: Value, value: Value) -> ContactItem {
+        .contact(contact(from: value), identifier(for: id))
+    }
+}

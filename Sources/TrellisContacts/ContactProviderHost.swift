@@ -1,0 +1,343 @@
+public import ContactProvider
+public import Foundation
+import Synchronization
+
+/// Where the host is in its enumerations, persisted after every page and batch.
+public struct ContactHostState: Sendable, Hashable, Codable {
+    /// `true` while content is enumerated, `false` while changes are.
+    public var enumeratingContent = true
+    /// The page's or anchor's generation marker.
+    public var marker = Data()
+    /// The page's or anchor's offset.
+    public var offset = 0
+    /// Whether the sink was told a full enumeration began (so a resumed one does not begin again).
+    public var fullEnumerationBegun = false
+    public var enabled = false
+
+    public init() {}
+
+    var page: ContactItemPage { ContactItemPage(generationMarker: marker, offset: offset) }
+    var anchor: ContactItemSyncAnchor { ContactItemSyncAnchor(generationMarker: marker, offset: offset) }
+}
+
+/// What a host reports while it works.
+public enum ContactHostProgress: Sendable, Hashable {
+    /// A content page was applied; `items` counts the items of this content enumeration so far.
+    case contentPage(items: Int, pages: Int)
+    /// A content enumeration finished with `items` items in `pages` pages.
+    case contentFinished(items: Int, pages: Int)
+    /// A change batch was applied.
+    case changes(updates: Int, deletes: Int)
+}
+
+/// The system side of a contact provider, the role iOS plays: drives content enumeration from
+/// ``ContactProvider/ContactItemPage/initialPage``, then change enumeration while `moreComing`,
+/// applying what it receives to a ``ContactSink``.
+///
+/// - Saves the last page and anchor (``ContactHostState``, in a file when given one) after each
+///   page or batch is applied, and resumes from them.
+/// - Retries other errors up to ``maxRetries`` times from the last saved page or anchor; restarts
+///   from the initial page on `pageExpired` or `changeAnchorExpired`.
+/// - Coalesces ``signalEnumerator(for:)``: enumerations never overlap; signals arriving during
+///   one are served together by one more.
+/// - Creates a new enumerator for every call, so providers cannot keep state in them.
+public actor ContactProviderHost: ContactProviderSystem {
+    public nonisolated let domain: any ContactProviderDomain
+    public let provider: any ContactProviderExtension
+    public let sink: any ContactSink
+    /// The file holding ``ContactHostState`` (JSON), or `nil` to keep it in memory.
+    public nonisolated let stateFile: URL?
+    /// Attempts after the first for one failing page or batch.
+    public var maxRetries = 3
+    /// Items asked for per content page.
+    public var pageSize = 500
+    /// Updates plus deletes asked for per change batch.
+    public var batchSize = 500
+    /// Called after each page and batch.
+    public var onProgress: (@Sendable (ContactHostProgress) -> Void)?
+
+    public private(set) var state: ContactHostState
+    private var running = false
+    private var waiting: [CheckedContinuation<Void, any Error>] = []
+    /// Bumped by disable, reset and invalidate: a run started under an older one stops.
+    private var generation = 0
+    private var contentItems = 0
+    private var contentPages = 0
+
+    /// Creates a host; `stateFile`, when it exists, holds the state to resume from.
+    public init(
+        provider: any ContactProviderExtension, sink: any ContactSink,
+        domain: any ContactProviderDomain = DefaultContactProviderDomain(), stateFile: URL? = nil
+    ) {
+        self.provider = provider
+        self.sink = sink
+        self.domain = domain
+        self.stateFile = stateFile
+        if let stateFile, let data = try? Data(contentsOf: stateFile),
+            let saved = try? JSONDecoder().decode(ContactHostState.self, from: data)
+        {
+            state = saved
+        } else {
+            state = ContactHostState()
+        }
+        provider.configure(for: domain)
+    }
+
+    public func setPageSize(_ size: Int) { pageSize = size }
+    public func setBatchSize(_ size: Int) { batchSize = size }
+    public func setMaxRetries(_ count: Int) { maxRetries = count }
+    public func setProgressHandler(_ handler: (@Sendable (ContactHostProgress) -> Void)?) { onProgress = handler }
+
+    public var isEnabled: Bool { state.enabled }
+
+    /// Turns the provider on (persisted) and enumerates until caught up.
+    public func enable() async throws {
+        if !state.enabled {
+            state.enabled = true
+            try save()
+        }
+        try await sync()
+    }
+
+    /// Turns the provider off and removes its contacts from the sink; a running enumeration ends
+    /// with ``ContactProvider/ContactProviderError/extensionInvalidated``.
+    public func disable() async throws {
+        generation += 1
+        state = ContactHostState()
+        try sink.removeAll()
+        try save()
+    }
+
+    /// Removes the contacts and enumerates content again from the initial page; a running
+    /// enumeration ends with ``ContactProvider/ContactProviderError/extensionInvalidated``.
+    public func reset() async throws {
+        generation += 1
+        let enabled = state.enabled
+        state = ContactHostState()
+        state.enabled = enabled
+        try sink.removeAll()
+        try save()
+        try await sync()
+    }
+
+    /// Enumerates until caught up (coalesced with any enumeration already running).
+    public func signalEnumerator(for collection: ContactItem.Identifier = .rootContainer) async throws {
+        try await sync()
+    }
+
+    /// Stops: a running enumeration ends with `extensionInvalidated`; the provider is invalidated.
+    public func invalidate() async throws {
+        generation += 1
+        try await provider.invalidate()
+    }
+
+    /// Runs enumerations until caught up. A call made while one runs waits for the next run,
+    /// which serves every call made meanwhile.
+    public func sync() async throws {
+        if running {
+            try await withCheckedThrowingContinuation { waiting.append($0) }
+            return
+        }
+        running = true
+        defer { running = false }
+        let first: Result<Void, any Error>
+        do {
+            try await runOnce()
+            first = .success(())
+        } catch {
+            first = .failure(error)
+        }
+        while !waiting.isEmpty {
+            let served = waiting
+            waiting = []
+            let result: Result<Void, any Error>
+            do {
+                try await runOnce()
+                result = .success(())
+            } catch {
+                result = .failure(error)
+            }
+            for continuation in served { continuation.resume(with: result) }
+        }
+        try first.get()
+    }
+
+    private func save() throws {
+        guard let stateFile else { return }
+        let data = try JSONEncoder().encode(state)
+        try data.write(to: stateFile, options: .atomic)
+    }
+
+    private func checkGeneration(_ started: Int) throws {
+        guard generation == started else { throw ContactProviderError.extensionInvalidated }
+    }
+
+    private func runOnce() async throws {
+        guard state.enabled else { return }
+        let started = generation
+        var failures = 0
+        var restarts = 0
+        while true {
+            try checkGeneration(started)
+            if state.enumeratingContent {
+                if state.marker.isEmpty && state.offset == 0 && !state.fullEnumerationBegun {
+                    try sink.beginFullEnumeration()
+                    state.fullEnumerationBegun = true
+                    contentItems = 0
+                    contentPages = 0
+                    try save()
+                }
+                let observer = HostContentObserver(pageSize: pageSize)
+                let enumerator = provider.enumerator(for: .rootContainer)
+                await enumerator.enumerateContent(in: state.page, for: observer)
+                try checkGeneration(started)
+                switch observer.outcome {
+                case .page(let items, let next):
+                    try sink.update(items)
+                    state.marker = next.generationMarker
+                    state.offset = next.offset
+                    contentItems += items.count
+                    contentPages += 1
+                    try save()
+                    failures = 0
+                    onProgress?(.contentPage(items: contentItems, pages: contentPages))
+                case .finished(let items, let marker):
+                    try sink.update(items)
+                    try sink.finishFullEnumeration()
+                    contentItems += items.count
+                    contentPages += 1
+                    state.enumeratingContent = false
+                    state.fullEnumerationBegun = false
+                    state.marker = marker
+                    state.offset = 0
+                    try save()
+                    failures = 0
+                    onProgress?(.contentFinished(items: contentItems, pages: contentPages))
+                case .failed(let error):
+                    try handle(error, failures: &failures, restarts: &restarts)
+                }
+            } else {
+                let observer = HostChangeObserver(batchSize: batchSize)
+                let enumerator = provider.enumerator(for: .rootContainer)
+                await enumerator.enumerateChanges(startingAt: state.anchor, for: observer)
+                try checkGeneration(started)
+                switch observer.outcome {
+                case .batch(let updates, let deletes, let anchor, let more):
+                    try sink.delete(deletes)
+                    try sink.update(updates)
+                    state.marker = anchor.generationMarker
+                    state.offset = anchor.offset
+                    try save()
+                    failures = 0
+                    onProgress?(.changes(updates: updates.count, deletes: deletes.count))
+                    if !more { return }
+                case .failed(let error):
+                    try handle(error, failures: &failures, restarts: &restarts)
+                }
+            }
+        }
+    }
+
+    /// Restarts on expiry (at most ``maxRetries`` + 1 times per run), otherwise counts a failure
+    /// and throws once there were more than ``maxRetries``.
+    private func handle(_ error: any Error, failures: inout Int, restarts: inout Int) throws {
+        if let e = error as? ContactProviderError, e == .pageExpired || e == .changeAnchorExpired {
+            restarts += 1
+            guard restarts <= maxRetries + 1 else { throw error }
+            let enabled = state.enabled
+            state = ContactHostState()
+            state.enabled = enabled
+            try save()
+            return
+        }
+        if let e = error as? ContactProviderError, e == .extensionInvalidated { throw error }
+        failures += 1
+        if failures > maxRetries { throw error }
+    }
+}
+
+/// The outcome of one content page, as a host sees it.
+enum ContentOutcome {
+    case page([ContactItem], ContactItemPage)
+    case finished([ContactItem], Data)
+    case failed(any Error)
+}
+
+enum ChangeOutcome {
+    case batch(updates: [ContactItem], deletes: [ContactItem.Identifier], ContactItemSyncAnchor, moreComing: Bool)
+    case failed(any Error)
+}
+
+/// Collects one page; checks the terminal-call and page-size rules.
+final class HostContentObserver: ContactItemContentObserver {
+    struct State {
+        var items: [ContactItem] = []
+        var terminal: [ContentOutcome] = []
+    }
+    let suggestedPageSize: Int
+    private let state = Mutex(State())
+
+    init(pageSize: Int) { suggestedPageSize = pageSize }
+
+    func didEnumerate(_ items: [ContactItem]) { state.withLock { $0.items += items } }
+    func didFinishEnumeratingPage(upTo nextPage: ContactItemPage) {
+        state.withLock { $0.terminal.append(.page($0.items, nextPage)) }
+    }
+    func didFinishEnumeratingContent(upTo generationMarker: Data) {
+        state.withLock { $0.terminal.append(.finished($0.items, generationMarker)) }
+    }
+    func didFinishEnumeratingContentWithError(_ error: any Error) {
+        state.withLock { $0.terminal.append(.failed(error)) }
+    }
+
+    var outcome: ContentOutcome {
+        state.withLock { s in
+            guard s.terminal.count == 1 else {
+                return .failed(
+                    s.terminal.isEmpty ? ContactProviderError.enumerationTimeout : ContactProviderError.cannotEnumerate)
+            }
+            if s.items.count > suggestedPageSize { return .failed(ContactProviderError.itemsLimitReached) }
+            if case .page(_, let next) = s.terminal[0], next.generationMarker.isEmpty {
+                return .failed(ContactProviderError.cannotEnumerate)
+            }
+            return s.terminal[0]
+        }
+    }
+}
+
+/// Collects one change batch; checks the terminal-call and batch-size rules.
+final class HostChangeObserver: ContactItemChangeObserver {
+    struct State {
+        var updates: [ContactItem] = []
+        var deletes: [ContactItem.Identifier] = []
+        var terminal: [ChangeOutcome] = []
+    }
+    let suggestedBatchSize: Int
+    private let state = Mutex(State())
+
+    init(batchSize: Int) { suggestedBatchSize = batchSize }
+
+    func didUpdate(_ items: [ContactItem]) { state.withLock { $0.updates += items } }
+    func didDelete(_ identifiers: [ContactItem.Identifier]) { state.withLock { $0.deletes += identifiers } }
+    func didFinishEnumeratingChanges(upTo syncAnchor: ContactItemSyncAnchor, moreComing: Bool) {
+        state.withLock {
+            $0.terminal.append(.batch(updates: $0.updates, deletes: $0.deletes, syncAnchor, moreComing: moreComing))
+        }
+    }
+    func didFinishEnumeratingChangesWithError(_ error: any Error) {
+        state.withLock { $0.terminal.append(.failed(error)) }
+    }
+
+    var outcome: ChangeOutcome {
+        state.withLock { s in
+            guard s.terminal.count == 1 else {
+                return .failed(
+                    s.terminal.isEmpty ? ContactProviderError.enumerationTimeout : ContactProviderError.cannotEnumerate)
+            }
+            if s.updates.count + s.deletes.count > suggestedBatchSize {
+                return .failed(ContactProviderError.itemsLimitReached)
+            }
+            return s.terminal[0]
+        }
+    }
+}

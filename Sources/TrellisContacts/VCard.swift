@@ -1,0 +1,421 @@
+public import ContactProvider
+import Foundation
+
+/// A card that could not be read, with the line where it starts or where the problem is.
+public struct VCardError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// 1-based line number in the input (of the physical line, before unfolding).
+    public var line: Int
+    public var message: String
+
+    public init(line: Int, message: String) {
+        self.line = line
+        self.message = message
+    }
+
+    public var description: String { "line \(line): \(message)" }
+}
+
+/// A contact read from a vCard, with its UID.
+public struct VCardContact: Sendable, Hashable {
+    /// The card's `UID` (RFC 6350 §6.7.6), or a new UUID when the card has none.
+    public var uid: String
+    public var contact: CNContact
+    /// The line where the card's `BEGIN:VCARD` is.
+    public var line: Int
+
+    public init(uid: String, contact: CNContact, line: Int = 0) {
+        self.uid = uid
+        self.contact = contact
+        self.line = line
+    }
+}
+
+/// vCard 3.0 (RFC 2426) and 4.0 (RFC 6350) reading, vCard 4.0 writing.
+public enum VCard {
+    /// One content line after unfolding (RFC 6350 §3.2, §3.3).
+    struct ContentLine {
+        var name: String
+        var params: [String: [String]]
+        var value: String
+        var line: Int
+    }
+
+    // MARK: Reading
+
+    /// Reads every card of a vCard stream (3.0 or 4.0; CRLF or LF line ends; folded lines).
+    ///
+    /// A card that cannot be read is reported in `errors` with its line and skipped; the others are
+    /// returned.
+    /// - Complexity: O(size of the input).
+    public static func parse(_ text: String) -> (contacts: [VCardContact], errors: [VCardError]) {
+        var contacts: [VCardContact] = []
+        var errors: [VCardError] = []
+        var card: [ContentLine]?
+        var cardLine = 0
+        var cardError: VCardError?
+        for (logical, number) in unfold(text) {
+            if logical.trimmingCharacters(in: .whitespaces).isEmpty { continue }
+            guard let line = parseLine(logical, number) else {
+                if card != nil {
+                    if cardError == nil {
+                        cardError = VCardError(
+                            line: number, message: "not a content line (no ':'): \(logical.prefix(40))")
+                    }
+                } else {
+                    errors.append(VCardError(line: number, message: "text outside BEGIN:VCARD … END:VCARD"))
+                }
+                continue
+            }
+            if line.name == "BEGIN", line.value.uppercased() == "VCARD" {
+                if card != nil {
+                    errors.append(cardError ?? VCardError(line: cardLine, message: "card has no END:VCARD"))
+                }
+                card = []
+                cardLine = number
+                cardError = nil
+                continue
+            }
+            if line.name == "END", line.value.uppercased() == "VCARD" {
+                guard let lines = card else {
+                    errors.append(VCardError(line: number, message: "END:VCARD without BEGIN:VCARD"))
+                    continue
+                }
+                if let cardError {
+                    errors.append(cardError)
+                } else {
+                    do {
+                        contacts.append(try makeContact(lines, line: cardLine))
+                    } catch let error as VCardError {
+                        errors.append(error)
+                    } catch {
+                        errors.append(VCardError(line: cardLine, message: "\(error)"))
+                    }
+                }
+                card = nil
+                continue
+            }
+            if card != nil {
+                card?.append(line)
+            } else {
+                errors.append(VCardError(line: number, message: "\(line.name) outside BEGIN:VCARD … END:VCARD"))
+            }
+        }
+        if card != nil { errors.append(cardError ?? VCardError(line: cardLine, message: "card has no END:VCARD")) }
+        return (contacts, errors)
+    }
+
+    /// Joins folded lines: a line break followed by a space or tab continues the line.
+    static func unfold(_ text: String) -> [(String, Int)] {
+        var result: [(String, Int)] = []
+        var number = 0
+        // Split on LF, keeping CR out; Character-wise splitting treats CRLF as one character.
+        let lines = text.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)
+        for raw in lines {
+            number += 1
+            var scalars = String.UnicodeScalarView(raw)
+            if scalars.last == "\r" { scalars.removeLast() }
+            let line = String(scalars)
+            if let first = line.unicodeScalars.first, first == " " || first == "\t", !result.isEmpty {
+                result[result.count - 1].0 += String(line.unicodeScalars.dropFirst())
+            } else {
+                result.append((line, number))
+            }
+        }
+        return result
+    }
+
+    /// Splits `[group.]NAME *(;PARAM) : VALUE`; `nil` when there is no unquoted `:`.
+    static func parseLine(_ text: String, _ number: Int) -> ContentLine? {
+        var inQuotes = false
+        var colon: String.Index?
+        var index = text.startIndex
+        while index < text.endIndex {
+            let c = text[index]
+            if c == "\"" {
+                inQuotes.toggle()
+            } else if c == ":" && !inQuotes {
+                colon = index
+                break
+            }
+            index = text.index(after: index)
+        }
+        guard let colon else { return nil }
+        let head = String(text[..<colon])
+        let value = String(text[text.index(after: colon)...])
+        var parts = splitUnquoted(head, ";")
+        guard !parts.isEmpty else { return nil }
+        var name = parts.removeFirst().uppercased()
+        if let dot = name.lastIndex(of: ".") { name = String(name[name.index(after: dot)...]) }
+        guard !name.isEmpty else { return nil }
+        var params: [String: [String]] = [:]
+        for p in parts {
+            if let eq = p.firstIndex(of: "=") {
+                let key = p[..<eq].uppercased()
+                let values = splitUnquoted(String(p[p.index(after: eq)...]), ",").map {
+                    $0.hasPrefix("\"") && $0.hasSuffix("\"") && $0.count >= 2 ? String($0.dropFirst().dropLast()) : $0
+                }
+                params[key, default: []] += values
+            } else {
+                // vCard 2.1 / 3.0 bare types: TEL;CELL:…
+                params["TYPE", default: []].append(p)
+            }
+        }
+        return ContentLine(name: name, params: params, value: value, line: number)
+    }
+
+    static func splitUnquoted(_ text: String, _ separator: Character) -> [String] {
+        var parts: [String] = []
+        var current = ""
+        var inQuotes = false
+        for c in text {
+            if c == "\"" { inQuotes.toggle() }
+            if c == separator && !inQuotes {
+                parts.append(current)
+                current = ""
+            } else {
+                current.append(c)
+            }
+        }
+        parts.append(current)
+        return parts
+    }
+
+    /// Splits on an unescaped separator, then unescapes each part (RFC 6350 §3.4).
+    static func components(_ value: String, _ separator: Character = ";") -> [String] {
+        var parts: [String] = []
+        var current = ""
+        var escaped = false
+        for c in value {
+            if escaped {
+                switch c {
+                case "n", "N": current.append("\n")
+                default: current.append(c)
+                }
+                escaped = false
+            } else if c == "\\" {
+                escaped = true
+            } else if c == separator {
+                parts.append(current)
+                current = ""
+            } else {
+                current.append(c)
+            }
+        }
+        if escaped { current.append("\\") }
+        parts.append(current)
+        return parts
+    }
+
+    /// Unescapes a text value (`\n`, `\,`, `\;`, `\\`).
+    static func unescape(_ value: String) -> String {
+        components(value, "\u{0}").joined()
+    }
+
+    static func label(_ params: [String: [String]]) -> String? {
+        let types = (params["TYPE"] ?? []).flatMap { $0.split(separator: ",").map { $0.lowercased() } }
+        if types.contains("cell") || types.contains("mobile") { return CNLabelPhoneNumberMobile }
+        if types.contains("home") { return CNLabelHome }
+        if types.contains("work") { return CNLabelWork }
+        let ignored: Set<String> = [
+            "pref", "voice", "internet", "x400", "text", "uri", "intl", "postal", "parcel", "dom",
+        ]
+        if let custom = types.first(where: { !ignored.contains($0) }) {
+            return custom == "other" ? CNLabelOther : custom
+        }
+        return nil
+    }
+
+    static func makeContact(_ lines: [ContentLine], line: Int) throws -> VCardContact {
+        var c = CNContact()
+        var uid: String?
+        var formatted = ""
+        var version: String?
+        for l in lines {
+            switch l.name {
+            case "VERSION":
+                version = l.value.trimmingCharacters(in: .whitespaces)
+                guard version == "3.0" || version == "4.0" || version == "2.1" else {
+                    throw VCardError(line: l.line, message: "unsupported vCard version \(l.value)")
+                }
+            case "UID":
+                let v = unescape(l.value).trimmingCharacters(in: .whitespaces)
+                uid = v.isEmpty ? nil : v
+            case "FN": formatted = unescape(l.value)
+            case "N":
+                let n = components(l.value)
+                func part(_ i: Int) -> String {
+                    i < n.count ? components(n[i], ",").filter { !$0.isEmpty }.joined(separator: " ") : ""
+                }
+                c.familyName = part(0)
+                c.givenName = part(1)
+                c.middleName = part(2)
+                c.namePrefix = part(3)
+                c.nameSuffix = part(4)
+            case "NICKNAME": c.nickname = components(l.value, ",").joined(separator: ", ")
+            case "ORG":
+                let o = components(l.value)
+                c.organizationName = o.first ?? ""
+                c.departmentName = o.dropFirst().filter { !$0.isEmpty }.joined(separator: ", ")
+            case "TITLE": c.jobTitle = unescape(l.value)
+            case "NOTE": c.note = c.note.isEmpty ? unescape(l.value) : c.note + "\n" + unescape(l.value)
+            case "TEL":
+                var v = unescape(l.value)
+                if v.lowercased().hasPrefix("tel:") { v = String(v.dropFirst(4)) }
+                c.phoneNumbers.append(CNLabeledValue(label: label(l.params), value: v))
+            case "EMAIL":
+                var v = unescape(l.value)
+                if v.lowercased().hasPrefix("mailto:") { v = String(v.dropFirst(7)) }
+                c.emailAddresses.append(CNLabeledValue(label: label(l.params), value: v))
+            case "URL": c.urlAddresses.append(CNLabeledValue(label: label(l.params), value: unescape(l.value)))
+            case "ADR":
+                let a = components(l.value)
+                func part(_ i: Int) -> String { i < a.count ? a[i] : "" }
+                let street = [part(0), part(1), part(2)].filter { !$0.isEmpty }.joined(separator: "\n")
+                let address = CNPostalAddress(
+                    street: street, city: part(3), state: part(4), postalCode: part(5), country: part(6))
+                c.postalAddresses.append(CNLabeledValue(label: label(l.params), value: address))
+            case "BDAY":
+                guard let b = birthday(l.value) else {
+                    throw VCardError(
+                        line: l.line, message: "BDAY '\(l.value)' is not a date (YYYYMMDD, YYYY-MM-DD or --MMDD)")
+                }
+                c.birthday = b
+            case "PHOTO":
+                guard let data = photo(l) else {
+                    throw VCardError(line: l.line, message: "PHOTO is neither base64 data nor a data: URI")
+                }
+                c.imageData = data
+            default: continue
+            }
+        }
+        guard version != nil else { throw VCardError(line: line, message: "card has no VERSION") }
+        if c.givenName.isEmpty && c.familyName.isEmpty && c.organizationName.isEmpty && !formatted.isEmpty {
+            c.givenName = formatted
+        }
+        return VCardContact(uid: uid ?? UUID().uuidString.lowercased(), contact: c, line: line)
+    }
+
+    static func birthday(_ text: String) -> DateComponents? {
+        var t = text.trimmingCharacters(in: .whitespaces)
+        if let tIndex = t.firstIndex(of: "T") { t = String(t[..<tIndex]) }
+        let digits = t.filter { $0 != "-" }
+        guard digits.allSatisfy(\.isASCII), digits.allSatisfy(\.isNumber) else { return nil }
+        if t.hasPrefix("--") && digits.count == 4 {
+            guard let m = Int(digits.prefix(2)), let d = Int(digits.suffix(2)), (1...12).contains(m),
+                (1...31).contains(d)
+            else { return nil }
+            return DateComponents(month: m, day: d)
+        }
+        guard digits.count == 8, let y = Int(digits.prefix(4)), let m = Int(digits.dropFirst(4).prefix(2)),
+            let d = Int(digits.suffix(2)), (1...12).contains(m), (1...31).contains(d)
+        else { return nil }
+        return DateComponents(year: y, month: m, day: d)
+    }
+
+    static func photo(_ line: ContentLine) -> Data? {
+        let value = line.value.trimmingCharacters(in: .whitespaces)
+        if value.lowercased().hasPrefix("data:") {
+            guard let comma = value.firstIndex(of: ","), value[..<comma].lowercased().hasSuffix(";base64") else {
+                return nil
+            }
+            return Data(base64Encoded: String(value[value.index(after: comma)...]), options: .ignoreUnknownCharacters)
+        }
+        let encoding = (line.params["ENCODING"] ?? []).map { $0.lowercased() }
+        if encoding.contains("b") || encoding.contains("base64") {
+            return Data(base64Encoded: value, options: .ignoreUnknownCharacters)
+        }
+        return nil
+    }
+
+    // MARK: Writing
+
+    /// Escapes a text value (RFC 6350 §3.4): backslash, comma, semicolon and newline.
+    static func escape(_ text: String) -> String {
+        var out = ""
+        for c in text {
+            switch c {
+            case "\\": out += "\\\\"
+            case ",": out += "\\,"
+            case ";": out += "\\;"
+            case "\n", "\r\n": out += "\\n"
+            case "\r": continue
+            default: out.append(c)
+            }
+        }
+        return out
+    }
+
+    static func typeParam(_ label: String?) -> String {
+        guard let label else { return "" }
+        switch label {
+        case CNLabelHome: return ";TYPE=home"
+        case CNLabelWork: return ";TYPE=work"
+        case CNLabelPhoneNumberMobile: return ";TYPE=cell"
+        case CNLabelOther: return ";TYPE=other"
+        default:
+            let safe = label.filter { $0.isLetter || $0.isNumber || $0 == "-" || $0 == " " }
+            return safe.isEmpty ? "" : ";TYPE=\"\(safe)\""
+        }
+    }
+
+    /// Folds a content line at 75 octets without splitting a UTF-8 sequence (RFC 6350 §3.2).
+    static func fold(_ line: String) -> String {
+        var out = ""
+        var count = 0
+        for scalar in line.unicodeScalars {
+            let size = String(scalar).utf8.count
+            if count + size > 75 {
+                out += "\r\n "
+                count = 1
+            }
+            out.unicodeScalars.append(scalar)
+            count += size
+        }
+        return out + "\r\n"
+    }
+
+    /// The formatted name: name parts, else organisation, nickname, email, or the UID.
+    public static func formattedName(_ c: CNContact, uid: String) -> String {
+        let name = [c.namePrefix, c.givenName, c.middleName, c.familyName, c.nameSuffix].filter { !$0.isEmpty }
+            .joined(separator: " ")
+        for candidate in [name, c.organizationName, c.nickname, c.emailAddresses.first?.value ?? ""]
+        where !candidate.isEmpty {
+            return candidate
+        }
+        return uid
+    }
+
+    /// The vCard 4.0 text of a contact (RFC 6350), CRLF line ends, folded at 75 octets.
+    public static func serialize(_ c: CNContact, uid: String) -> String {
+        var lines = ["BEGIN:VCARD", "VERSION:4.0", "UID:" + escape(uid), "FN:" + escape(formattedName(c, uid: uid))]
+        lines.append(
+            "N:"
+                + [c.familyName, c.givenName, c.middleName, c.namePrefix, c.nameSuffix].map(escape).joined(
+                    separator: ";"))
+        if !c.nickname.isEmpty { lines.append("NICKNAME:" + escape(c.nickname)) }
+        if !c.organizationName.isEmpty || !c.departmentName.isEmpty {
+            let dept = c.departmentName.isEmpty ? "" : ";" + escape(c.departmentName)
+            lines.append("ORG:" + escape(c.organizationName) + dept)
+        }
+        if !c.jobTitle.isEmpty { lines.append("TITLE:" + escape(c.jobTitle)) }
+        for p in c.phoneNumbers { lines.append("TEL" + typeParam(p.label) + ":" + escape(p.value)) }
+        for e in c.emailAddresses { lines.append("EMAIL" + typeParam(e.label) + ":" + escape(e.value)) }
+        for a in c.postalAddresses {
+            let v = a.value
+            let parts = ["", "", v.street, v.city, v.state, v.postalCode, v.country].map(escape)
+            lines.append("ADR" + typeParam(a.label) + ":" + parts.joined(separator: ";"))
+        }
+        for u in c.urlAddresses { lines.append("URL" + typeParam(u.label) + ":" + escape(u.value)) }
+        if let b = c.birthday, let m = b.month, let d = b.day {
+            let md = String(format: "%02d%02d", m, d)
+            lines.append("BDAY:" + (b.year.map { String(format: "%04d", $0) + md } ?? "--" + md))
+        }
+        if !c.note.isEmpty { lines.append("NOTE:" + escape(c.note)) }
+        if let image = c.imageData, !image.isEmpty {
+            let type = image.starts(with: [0x89, 0x50, 0x4E, 0x47]) ? "image/png" : "image/jpeg"
+            lines.append("PHOTO:data:\(type);base64," + image.base64EncodedString())
+        }
+        lines.append("END:VCARD")
+        return lines.map(fold).joined()
+    }
+}

@@ -1,0 +1,119 @@
+public import ContactProvider
+public import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A vdir (one vCard per file, as khard and vdirsyncer read them): a ``ContactSink`` writing one
+/// `UID.vcf` vCard 4.0 file per contact.
+///
+/// Files are written atomically (a hidden temporary file in the same directory, then `rename(2)`),
+/// so readers never see half a card; a delete removes the file. The UID is the contact's
+/// identifier; characters outside `A–Z a–z 0–9 . _ - @` are written `%XX` in the file name.
+public final class VdirMirror: ContactSink {
+    public let directory: URL
+    /// The names of files present when a full enumeration began and not written since.
+    private let stale = Mutex<Set<String>?>(nil)
+    private var staleFile: URL { directory.appendingPathComponent(".trellis-full-enumeration") }
+
+    /// Creates the directory when needed.
+    public init(directory: URL) throws {
+        self.directory = directory
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+    }
+
+    /// The file name for an identifier.
+    public static func fileName(for identifier: ContactItem.Identifier) -> String {
+        var name = ""
+        for byte in identifier.value.utf8 {
+            let c = Character(Unicode.Scalar(byte))
+            if byte < 0x80, c.isLetter || c.isNumber || c == "." || c == "_" || c == "-" || c == "@" {
+                name.append(c)
+            } else {
+                name += String(format: "%%%02X", byte)
+            }
+        }
+        if name.hasPrefix(".") { name = "%2E" + name.dropFirst() }
+        return name + ".vcf"
+    }
+
+    /// The `.vcf` files in the directory.
+    public func files() throws -> [String] {
+        try FileManager.default.contentsOfDirectory(atPath: directory.path).filter {
+            $0.hasSuffix(".vcf") && !$0.hasPrefix(".")
+        }.sorted()
+    }
+
+    private func write(_ text: String, to name: String) throws {
+        let final = directory.appendingPathComponent(name)
+        let temp = directory.appendingPathComponent(".\(name).\(UUID().uuidString).tmp")
+        try Data(text.utf8).write(to: temp)
+        guard rename(temp.path, final.path) == 0 else {
+            let code = errno
+            try? FileManager.default.removeItem(at: temp)
+            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: final.path, "errno": code])
+        }
+    }
+
+    private func removeFile(_ name: String) throws {
+        let path = directory.appendingPathComponent(name).path
+        guard unlink(path) == 0 || errno == ENOENT else {
+            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path])
+        }
+    }
+
+    public func beginFullEnumeration() throws {
+        let names = Set(try files())
+        // Kept on disk too, with the start time, so a host resuming after a crash still removes
+        // the files that the enumeration does not write.
+        let record = ["\(Date().timeIntervalSince1970)"] + names.sorted()
+        try Data(record.joined(separator: "\n").utf8).write(to: staleFile, options: .atomic)
+        stale.withLock { $0 = names }
+    }
+
+    public func update(_ items: [ContactItem]) throws {
+        for item in items {
+            let name = Self.fileName(for: item.identifier)
+            try write(VCard.serialize(item.contact, uid: item.identifier.value), to: name)
+            _ = stale.withLock { $0?.remove(name) }
+        }
+    }
+
+    public func delete(_ identifiers: [ContactItem.Identifier]) throws {
+        for id in identifiers { try removeFile(Self.fileName(for: id)) }
+    }
+
+    public func finishFullEnumeration() throws {
+        var names = stale.withLock { $0 }
+        var startedAt: Date?
+        if let text = try? String(contentsOf: staleFile, encoding: .utf8) {
+            var lines = text.split(separator: "\n").map(String.init)
+            if let first = lines.first, let t = Double(first) {
+                startedAt = Date(timeIntervalSince1970: t)
+                lines.removeFirst()
+            }
+            if names == nil { names = Set(lines) }
+        }
+        for name in names ?? [] {
+            let path = directory.appendingPathComponent(name).path
+            // After a resumed enumeration, a file written since the start is current.
+            if let startedAt,
+                let modified = try? FileManager.default.attributesOfItem(atPath: path)[.modificationDate]
+                    as? Date, modified >= startedAt
+            {
+                continue
+            }
+            try removeFile(name)
+        }
+        stale.withLock { $0 = nil }
+        try? FileManager.default.removeItem(at: staleFile)
+    }
+
+    public func removeAll() throws {
+        for name in try files() { try removeFile(name) }
+        stale.withLock { $0 = nil }
+        try? FileManager.default.removeItem(at: staleFile)
+    }
+}

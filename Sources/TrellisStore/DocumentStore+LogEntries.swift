@@ -1,0 +1,120 @@
+internal import CSQLite
+import Foundation
+public import TrellisCore
+
+/// One entry of a collection's change log with the document's materialised value (read from the
+/// stored JSON, no CRDT state decoded): what enumerators over the log need.
+public struct LogEntry: Sendable, Equatable {
+    /// The entry's position in the change log.
+    public var seq: Int64
+    /// The canonical key of the `_id` (``DocumentStore/key(for:)``).
+    public var key: String
+    /// The document's `_id`.
+    public var id: Value
+    /// The live value; `nil` for a tombstone.
+    public var value: Value?
+
+    public init(seq: Int64, key: String, id: Value, value: Value?) {
+        self.seq = seq
+        self.key = key
+        self.id = id
+        self.value = value
+    }
+}
+
+extension DocumentStore {
+    /// Log entries of a collection with `after < seq <= through`, in `seq` order (each document
+    /// once, at its latest `seq`).
+    ///
+    /// - Parameters:
+    ///   - after: exclusive lower bound (a cursor: the last `seq` already seen).
+    ///   - through: inclusive upper bound, or `nil` for the end of the log.
+    ///   - limit: at most this many entries are returned.
+    ///   - includeDeleted: whether tombstones are returned (with a `nil` value).
+    /// - Throws: ``StoreError`` for SQLite errors or a corrupt row.
+    /// - Complexity: O(limit · log n) through the `(collection, seq)` index when tombstones are
+    ///   included; without them, also O(tombstones skipped in the range).
+    public func entries(
+        in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool
+    ) throws(StoreError) -> [LogEntry] {
+        try withState { s -> [LogEntry] in
+            let st = try s.db.prepare(
+                "SELECT seq, id, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
+                    + (includeDeleted ? "" : " AND deleted = 0") + " ORDER BY seq LIMIT ?")
+            st.bind(1, collection)
+            st.bind(2, after)
+            st.bind(3, through ?? Int64.max)
+            st.bind(4, Int64(max(0, limit)))
+            defer { st.reset() }
+            var result: [LogEntry] = []
+            while try st.step() {
+                let key = st.string(1) ?? ""
+                let id: Value
+                let value: Value?
+                do {
+                    id = try JSON.parse(key)
+                    value = try st.string(2).map { text throws(JSONError) in try JSON.parse(text) }
+                } catch {
+                    throw StoreError.corrupt("document \(key) in \(collection): \(error)")
+                }
+                result.append(LogEntry(seq: st.int64(0), key: key, id: id, value: value))
+            }
+            return result
+        }
+    }
+
+    /// The lowest `seq` after which the change log of a collection is complete: tombstones with a
+    /// lower or equal `seq` may have been reaped (``reapTombstones(in:through:)``), so a reader
+    /// whose cursor is below it has missed removals and must start over. 0 when nothing was reaped.
+    public func retainedFloor(in collection: String) throws(StoreError) -> Int64 {
+        try withState { s -> Int64 in
+            let st = try s.db.prepare("SELECT value FROM meta WHERE key = ?")
+            st.bind(1, "floor:" + collection)
+            defer { st.reset() }
+            guard try st.step(), let bytes = st.bytes(0) else { return 0 }
+            var v: Int64 = 0
+            for b in bytes.prefix(8) { v = v << 8 | Int64(b) }
+            return v
+        }
+    }
+
+    /// Deletes the tombstones of a collection with `seq <= through` and raises the collection's
+    /// ``retainedFloor(in:)`` to `through`, in one transaction.
+    ///
+    /// Readers of the log holding a cursor below the floor then learn that they must start over
+    /// (the contacts enumerator answers `changeAnchorExpired`). Nothing calls this automatically:
+    /// peers that have not yet received a reaped removal do not learn of it.
+    ///
+    /// - Returns: the number of tombstones deleted.
+    /// - Complexity: O(tombstones in the collection).
+    @discardableResult
+    public func reapTombstones(in collection: String, through: Int64) throws(StoreError) -> Int {
+        try withState { s -> Int in
+            try s.db.transaction { () throws -> Int in
+                let del = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
+                del.bind(1, collection)
+                del.bind(2, through)
+                try del.run()
+                let count = Int(sqlite3_changes(s.db.handle))
+                let old = try s.db.prepare("SELECT value FROM meta WHERE key = ?")
+                old.bind(1, "floor:" + collection)
+                var current: Int64 = 0
+                if try old.step(), let bytes = old.bytes(0) {
+                    for b in bytes.prefix(8) { current = current << 8 | Int64(b) }
+                }
+                old.reset()
+                let floor = max(current, through)
+                let set = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)")
+                set.bind(1, "floor:" + collection)
+                set.bind(2, (0..<8).map { UInt8(truncatingIfNeeded: floor >> (56 - 8 * $0)) })
+                try set.run()
+                // A reaped row may have held the highest seq; remember it so no seq is issued twice.
+                let hw = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('seq', ?)")
+                let high = UInt64(bitPattern: s.nextSeq - 1)
+                hw.bind(1, (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) })
+                try hw.run()
+                return count
+            }
+        }
+    }
+}

@@ -1,0 +1,220 @@
+// Contacts figures for trellis-bench (docs/BENCHMARKS.md, "Contacts"), each with a baseline
+// measured in the same run:
+//   1. a full content enumeration of 100,000 contacts in pages of 500, against a raw SQLite scan
+//      of the same rows (reading each row's JSON text); and, to show where the difference goes,
+//      the same scan parsing each row's JSON into a `Value`;
+//   2. a change enumeration of 1,000 changes on a 100,000-contact store, against the same on a
+//      1,000-contact store.
+import CSQLite
+import ContactProvider
+import Foundation
+import Synchronization
+import TrellisContacts
+import TrellisCore
+import TrellisStore
+
+/// Counts what an enumeration delivers.
+final class CountingObserver: ContactItemContentObserver, ContactItemChangeObserver {
+    struct State {
+        var items = 0
+        var nextPage: ContactItemPage?
+        var marker: Data?
+        var anchor: ContactItemSyncAnchor?
+        var moreComing = false
+        var error: (any Error)?
+    }
+    let state = Mutex(State())
+    let suggestedPageSize: Int
+    var suggestedBatchSize: Int { suggestedPageSize }
+
+    init(size: Int) { suggestedPageSize = size }
+
+    func didEnumerate(_ items: [ContactItem]) { state.withLock { $0.items += items.count } }
+    func didFinishEnumeratingPage(upTo nextPage: ContactItemPage) { state.withLock { $0.nextPage = nextPage } }
+    func didFinishEnumeratingContent(upTo generationMarker: Data) { state.withLock { $0.marker = generationMarker } }
+    func didFinishEnumeratingContentWithError(_ error: any Error) { state.withLock { $0.error = error } }
+    func didUpdate(_ items: [ContactItem]) { state.withLock { $0.items += items.count } }
+    func didDelete(_ identifiers: [ContactItem.Identifier]) { state.withLock { $0.items += identifiers.count } }
+    func didFinishEnumeratingChanges(upTo syncAnchor: ContactItemSyncAnchor, moreComing: Bool) {
+        state.withLock {
+            $0.anchor = syncAnchor
+            $0.moreComing = moreComing
+        }
+    }
+    func didFinishEnumeratingChangesWithError(_ error: any Error) { state.withLock { $0.error = error } }
+}
+
+/// Runs an async body to completion from synchronous code.
+func blocking<T: Sendable>(_ body: @escaping @Sendable () async -> T) -> T {
+    let done = DispatchSemaphore(value: 0)
+    let result = Mutex<T?>(nil)
+    Task {
+        let value = await body()
+        result.withLock { $0 = value }
+        done.signal()
+    }
+    done.wait()
+    return result.withLock { $0! }
+}
+
+/// A store at `file` with `count` contacts in the `contacts` collection.
+func contactsStore(_ file: String, count: Int) throws -> DocumentStore {
+    let store = try DocumentStore(path: file)
+    var batch: [Value] = []
+    for n in 0..<count {
+        batch.append(
+            .map([
+                "_id": .string(String(format: "contact-%08d", n)), "givenName": .string("Given\(n % 997)"),
+                "familyName": .string("Family\(n % 1009)"), "organizationName": .string("Org \(n % 101)"),
+                "phoneNumbers": .array([
+                    .map(["label": .string(CNLabelPhoneNumberMobile), "value": .string("+47 \(n)")])
+                ]),
+                "emailAddresses": .array([.map(["label": .string(CNLabelWork), "value": .string("c\(n)@example.org")])]
+                ),
+            ]))
+        if batch.count == 10_000 || n == count - 1 {
+            try store.upsert(batch, in: "contacts")
+            batch = []
+        }
+    }
+    try store.checkpointWAL()
+    return store
+}
+
+/// Pages through the whole content; returns (items, seconds, marker).
+func enumerateAllContent(_ store: DocumentStore, pageSize: Int) -> (Int, Double, Data) {
+    let enumerator = ContactsEnumerator(store: store, collection: "contacts")
+    var page = ContactItemPage.initialPage
+    var items = 0
+    var marker = Data()
+    let t = seconds {
+        while true {
+            let observer = CountingObserver(size: pageSize)
+            let p = page
+            blocking { await enumerator.enumerateContent(in: p, for: observer) }
+            let s = observer.state.withLock { $0 }
+            precondition(s.error == nil, "content enumeration failed: \(s.error!)")
+            items += s.items
+            if let next = s.nextPage {
+                page = next
+            } else {
+                marker = s.marker ?? Data()
+                break
+            }
+        }
+    }
+    return (items, t, marker)
+}
+
+/// Applies `changes` updates, then times the change enumeration from `marker`; returns seconds.
+func timeChanges(_ store: DocumentStore, marker: Data, changes: Int, count: Int) throws -> Double {
+    var updates: [Value] = []
+    for k in 0..<changes {
+        let n = (k * 7919) % count
+        updates.append(.map(["_id": .string(String(format: "contact-%08d", n)), "jobTitle": .string("Title \(k)")]))
+    }
+    try store.upsert(updates, in: "contacts")
+    let enumerator = ContactsEnumerator(store: store, collection: "contacts")
+    var anchor = ContactItemSyncAnchor(generationMarker: marker, offset: 0)
+    var delivered = 0
+    let t = seconds {
+        while true {
+            let observer = CountingObserver(size: 500)
+            let a = anchor
+            blocking { await enumerator.enumerateChanges(startingAt: a, for: observer) }
+            let s = observer.state.withLock { $0 }
+            precondition(s.error == nil, "change enumeration failed: \(s.error!)")
+            delivered += s.items
+            anchor = s.anchor!
+            if !s.moreComing { break }
+        }
+    }
+    precondition(delivered == Set(updates.map { $0["_id"]! }).count, "changes delivered: \(delivered)")
+    return t
+}
+
+func contactsFigures(scratch: URL) throws -> [Figure] {
+    let big = 100_000
+    let file = scratch.appendingPathComponent("contacts.sqlite").path
+    let store = try contactsStore(file, count: big)
+
+    // Baseline: a raw scan of the same rows, as an application reading the table would.
+    var db: OpaquePointer?
+    sqlite3_open(file, &db)
+    var stmt: OpaquePointer?
+    sqlite3_prepare_v2(
+        db, "SELECT id, value FROM documents WHERE collection = 'contacts' AND deleted = 0 ORDER BY seq", -1, &stmt, nil
+    )
+    var scanned = 0
+    var bytes = 0
+    var rawTimes: [Double] = []
+    var enumTimes: [Double] = []
+    var marker = Data()
+    for _ in 0..<3 {
+        scanned = 0
+        rawTimes.append(
+            seconds {
+                while sqlite3_step(stmt) == SQLITE_ROW {
+                    _ = sqlite3_column_text(stmt, 0)
+                    _ = sqlite3_column_text(stmt, 1)
+                    bytes += Int(sqlite3_column_bytes(stmt, 1))
+                    scanned += 1
+                }
+                sqlite3_reset(stmt)
+            })
+        let (items, t, m) = enumerateAllContent(store, pageSize: 500)
+        precondition(items == big && scanned == big, "enumerated \(items), scanned \(scanned)")
+        enumTimes.append(t)
+        marker = m
+    }
+    // Where the difference goes: the same scan, parsing each row's JSON into a `Value`.
+    var parseTimes: [Double] = []
+    for _ in 0..<3 {
+        var parsed = 0
+        parseTimes.append(
+            try seconds {
+                while sqlite3_step(stmt) == SQLITE_ROW {
+                    let text = UnsafeRawBufferPointer(
+                        start: sqlite3_column_text(stmt, 1), count: Int(sqlite3_column_bytes(stmt, 1)))
+                    if case .map = try JSON.parse(text) { parsed += 1 }
+                }
+                sqlite3_reset(stmt)
+            })
+        precondition(parsed == big, "parsed \(parsed)")
+    }
+    sqlite3_finalize(stmt)
+    sqlite3_close(db)
+    let rawRate = Double(big) / rawTimes.min()!
+    let enumRate = Double(big) / enumTimes.min()!
+    let parseRate = Double(big) / parseTimes.min()!
+
+    // Change enumeration: 1,000 changes on the big store against 1,000 on a small one.
+    let small = try contactsStore(scratch.appendingPathComponent("contacts-small.sqlite").path, count: 1_000)
+    let (_, _, smallMarker) = enumerateAllContent(small, pageSize: 500)
+    var smallTimes: [Double] = []
+    var bigTimes: [Double] = []
+    var smallMark = smallMarker
+    var bigMark = marker
+    for _ in 0..<5 {
+        smallTimes.append(try timeChanges(small, marker: smallMark, changes: 1_000, count: 1_000))
+        bigTimes.append(try timeChanges(store, marker: bigMark, changes: 1_000, count: big))
+        // The next round starts after these changes.
+        smallMark = GenerationMarker(epoch: small.epoch, snapshot: small.lastSeq, collection: "contacts").data
+        bigMark = GenerationMarker(epoch: store.epoch, snapshot: store.lastSeq, collection: "contacts").data
+    }
+    let smallRate = 1_000 / smallTimes.min()!
+    let bigRate = 1_000 / bigTimes.min()!
+    return [
+        Figure(name: "sqlite_raw_contact_scan_per_s", value: rawRate, unit: "rows/s"),
+        Figure(
+            name: "sqlite_scan_json_parse_per_s", value: parseRate, unit: "rows/s", baseline: rawRate,
+            baselineName: "sqlite_raw_contact_scan_per_s"),
+        Figure(
+            name: "contacts_content_enum_per_s", value: enumRate, unit: "items/s", baseline: rawRate,
+            baselineName: "sqlite_raw_contact_scan_per_s"),
+        Figure(name: "contacts_changes_1k_store_per_s", value: smallRate, unit: "changes/s"),
+        Figure(
+            name: "contacts_changes_100k_store_per_s", value: bigRate, unit: "changes/s", baseline: smallRate,
+            baselineName: "contacts_changes_1k_store_per_s"),
+    ]
+}

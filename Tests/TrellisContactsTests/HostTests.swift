@@ -1,0 +1,159 @@
+import ContactProvider
+import Foundation
+import Synchronization
+import Testing
+import TrellisContacts
+import TrellisCore
+import TrellisStore
+import TrellisTestKit
+
+@Suite("Contact provider host")
+struct HostTests {
+    func names(_ sink: MemoryContactSink) -> [String: String] {
+        Dictionary(uniqueKeysWithValues: sink.contacts.map { ($0.key.value, $0.value.givenName) })
+    }
+
+    @Test("the host enumerates content, then changes, creating an enumerator per call")
+    func contentThenChanges() async throws {
+        let a = try ContactsFixture()
+        for i in 0..<23 { try a.put("c\(i)", "g\(i)") }
+        let provider = FlakyProvider(TrellisContactProvider(store: a.store), failures: 0)
+        let sink = MemoryContactSink()
+        let host = ContactProviderHost(provider: provider, sink: sink)
+        await host.setPageSize(5)
+        await host.setBatchSize(2)
+        try await host.enable()
+        #expect(names(sink) == (try a.live()))
+        // 5 content pages and one empty change batch, each with its own enumerator.
+        #expect(provider.calls.withLock { $0 } == 6)
+        for i in 0..<5 { try a.put("c\(i)", "new") }
+        try a.remove("c10")
+        try await host.signalEnumerator()
+        #expect(names(sink) == (try a.live()))
+        #expect(await host.state.enumeratingContent == false)
+    }
+
+    @Test("other errors are retried a bounded number of times from the saved page or anchor")
+    func boundedRetries() async throws {
+        let a = try ContactsFixture()
+        for i in 0..<10 { try a.put("c\(i)", "g\(i)") }
+        let sink = MemoryContactSink()
+        let flaky = FlakyProvider(TrellisContactProvider(store: a.store), failures: 2)
+        let host = ContactProviderHost(provider: flaky, sink: sink)
+        await host.setMaxRetries(3)
+        try await host.enable()
+        #expect(names(sink) == (try a.live()))
+        let broken = FlakyProvider(TrellisContactProvider(store: a.store), failures: 100)
+        let failing = ContactProviderHost(provider: broken, sink: MemoryContactSink())
+        await failing.setMaxRetries(3)
+        await #expect(throws: ContactProviderError.cannotEnumerate) { try await failing.enable() }
+        #expect(broken.calls.withLock { $0 } == 4)
+    }
+
+    @Test("an expired anchor restarts with a full content enumeration that drops reaped removals (F08a)")
+    func expiryRestarts() async throws {
+        let a = try ContactsFixture()
+        for i in 0..<10 { try a.put("c\(i)", "g\(i)") }
+        let sink = MemoryContactSink()
+        let host = ContactProviderHost(provider: TrellisContactProvider(store: a.store), sink: sink)
+        await host.setPageSize(3)
+        try await host.enable()
+        let anchor = await host.state.offset
+        try a.remove("c2")
+        try a.put("c3", "changed")
+        try a.store.reapTombstones(in: "contacts", through: a.store.lastSeq)
+        try await host.signalEnumerator()
+        // The delete of c2 was reaped; the fresh content enumeration removed it anyway.
+        #expect(names(sink) == (try a.live()))
+        #expect(sink.contacts[.init("c2")] == nil)
+        let marker = try #require(GenerationMarker(data: await host.state.marker))
+        #expect(Int(marker.snapshot) > anchor)
+    }
+
+    @Test("signals are coalesced: enumerations never overlap")
+    func coalescedSignals() async throws {
+        let a = try ContactsFixture()
+        for i in 0..<4 { try a.put("c\(i)", "g\(i)") }
+        let gated = GatedProvider(TrellisContactProvider(store: a.store))
+        let sink = MemoryContactSink()
+        let host = ContactProviderHost(provider: gated, sink: sink)
+        let first = Task { try await host.enable() }
+        #expect(await eventuallyAsync { gated.entered.withLock { $0 } == 1 })
+        // Ten signals while the first enumeration is held: they share one more enumeration.
+        let signals = (0..<10).map { _ in Task { try await host.signalEnumerator() } }
+        try await Task.sleep(for: .milliseconds(50))
+        #expect(gated.entered.withLock { $0 } == 1)
+        try a.put("late", "late")
+        let opener = gated.keepOpening()
+        try await first.value
+        for s in signals { try await s.value }
+        opener.cancel()
+        #expect(names(sink) == (try a.live()))
+        // Content (1 page) + changes (1 batch) for the first run, 1 change batch for all signals.
+        #expect(gated.entered.withLock { $0 } == 3)
+    }
+
+    @Test("(n) reset forces a fresh content enumeration; disable deletes the mirrored contacts")
+    func resetAndDisable() async throws {
+        let a = try ContactsFixture()
+        for i in 0..<6 { try a.put("c\(i)", "g\(i)") }
+        let sink = MemoryContactSink()
+        let provider = FlakyProvider(TrellisContactProvider(store: a.store), failures: 0)
+        let host = ContactProviderHost(provider: provider, sink: sink)
+        ContactProviderManager.register(host)
+        defer { ContactProviderManager.unregister(domainIdentifier: "defaultDomain") }
+        let manager = try ContactProviderManager(domainIdentifier: "defaultDomain")
+        try await manager.enable()
+        #expect(await manager.isEnabled)
+        #expect(names(sink) == (try a.live()))
+        try await manager.reset()
+        #expect(sink.log.contains(.removeAll))
+        #expect(await host.state.enumeratingContent == false)
+        #expect(names(sink) == (try a.live()))
+        // The reset enumerated content again: c0 was updated twice.
+        #expect(sink.log.filter { $0 == .update(.init("c0")) }.count == 2)
+        try await manager.disable()
+        #expect(sink.contacts.isEmpty)
+        #expect(await manager.isEnabled == false)
+        try await manager.signalEnumerator()
+        #expect(sink.contacts.isEmpty)
+        #expect(throws: ContactProviderError.domainNotRegistered) {
+            try ContactProviderManager(domainIdentifier: "nope")
+        }
+    }
+
+    @Test("(n) disable or reset during an enumeration ends it with extensionInvalidated", arguments: [false, true])
+    func invalidatedDuringEnumeration(reset: Bool) async throws {
+        let a = try ContactsFixture()
+        for i in 0..<6 { try a.put("c\(i)", "g\(i)") }
+        let gated = GatedProvider(TrellisContactProvider(store: a.store))
+        let sink = MemoryContactSink()
+        let host = ContactProviderHost(provider: gated, sink: sink)
+        await host.setPageSize(2)
+        let running = Task { try await host.enable() }
+        #expect(await eventuallyAsync { gated.entered.withLock { $0 } == 1 })
+        let second = Task { reset ? try await host.reset() : try await host.disable() }
+        try await Task.sleep(for: .milliseconds(20))
+        let opener = gated.keepOpening()
+        await #expect(throws: ContactProviderError.extensionInvalidated) { try await running.value }
+        try await second.value
+        opener.cancel()
+        if reset {
+            #expect(names(sink) == (try a.live()))
+            #expect(await host.isEnabled)
+        } else {
+            #expect(sink.contacts.isEmpty)
+            #expect(await host.isEnabled == false)
+        }
+    }
+}
+
+/// Polls `condition` every 5 ms for up to `timeout` seconds.
+func eventuallyAsync(timeout: Double = 10, _ condition: @Sendable () async -> Bool) async -> Bool {
+    let deadline = Date().addingTimeInterval(timeout)
+    while Date() < deadline {
+        if await condition() { return true }
+        try? await Task.sleep(for: .milliseconds(5))
+    }
+    return await condition()
+}

@@ -1,0 +1,165 @@
+import ContactProvider
+import Foundation
+import Testing
+import TrellisContacts
+import TrellisCore
+import TrellisStore
+import TrellisTestKit
+
+/// A 1×1 PNG.
+let tinyPNG = Data(
+    base64Encoded: "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")!
+
+/// A contact using every supported property.
+func richContact() -> CNContact {
+    var c = CNContact()
+    c.namePrefix = "Dr."
+    c.givenName = "Ada"
+    c.middleName = "King"
+    c.familyName = "Lovelace"
+    c.nameSuffix = "FRS"
+    c.nickname = "Countess"
+    c.organizationName = "Analytical Engines; Ltd"
+    c.departmentName = "Notes, Appendix"
+    c.jobTitle = "Mathematician"
+    c.phoneNumbers = [
+        CNLabeledValue(label: CNLabelPhoneNumberMobile, value: "+44 20 7946 0000"),
+        CNLabeledValue(label: CNLabelWork, value: "+44 20 7946 0001"),
+    ]
+    c.emailAddresses = [CNLabeledValue(label: CNLabelHome, value: "ada@example.org")]
+    c.postalAddresses = [
+        CNLabeledValue(
+            label: CNLabelHome,
+            value: CNPostalAddress(
+                street: "12 St James's Square", city: "London", state: "", postalCode: "SW1Y 4JH", country: "UK"))
+    ]
+    c.urlAddresses = [CNLabeledValue(label: nil, value: "https://example.org/ada")]
+    c.birthday = DateComponents(year: 1815, month: 12, day: 10)
+    c.note =
+        "Wrote the first program.\nBackslash \\ comma, semicolon; and a line long enough to need folding twice over"
+    c.imageData = tinyPNG
+    return c
+}
+
+@Suite("vCard")
+struct VCardTests {
+    @Test("vCard 3.0: folded lines, escaping, parameters, non-Latin text, base64 photo")
+    func readVersion3() throws {
+        let photo = tinyPNG.base64EncodedString()
+        let text =
+            "BEGIN:VCARD\r\nVERSION:3.0\r\nUID:u-3\r\nFN:Пётр Ильич Чайковский\r\n"
+            + "N:Чайковский;Пётр;Ильич;;\r\nitem1.TEL;TYPE=CELL,VOICE:+7 495 000\r\n"
+            + "EMAIL;TYPE=INTERNET;TYPE=WORK:p@example.ru\r\nADR;TYPE=HOME:;;Тверская\\, 1;Москва;;125009;Россия\r\n"
+            + "NOTE:first\\nsecond\\; third\\, fourth \\\\ fifth and a folded\r\n  continuation\r\n"
+            + "PHOTO;ENCODING=b;TYPE=PNG:\(photo.prefix(40))\r\n \(photo.dropFirst(40))\r\n"
+            + "BDAY:1840-05-07\r\nEND:VCARD\r\n"
+        let (cards, errors) = VCard.parse(text)
+        #expect(errors.isEmpty)
+        let card = try #require(cards.first)
+        #expect(card.uid == "u-3")
+        let c = card.contact
+        #expect(c.givenName == "Пётр")
+        #expect(c.familyName == "Чайковский")
+        #expect(c.middleName == "Ильич")
+        #expect(c.phoneNumbers == [CNLabeledValue(label: CNLabelPhoneNumberMobile, value: "+7 495 000")])
+        #expect(c.emailAddresses == [CNLabeledValue(label: CNLabelWork, value: "p@example.ru")])
+        #expect(c.postalAddresses.first?.value.street == "Тверская, 1")
+        #expect(c.postalAddresses.first?.value.city == "Москва")
+        #expect(c.note == "first\nsecond; third, fourth \\ fifth and a folded continuation")
+        #expect(c.imageData == tinyPNG)
+        #expect(c.birthday == DateComponents(year: 1840, month: 5, day: 7))
+    }
+
+    @Test("vCard 4.0: data URI photo, date without year, LF line ends, quoted parameters")
+    func readVersion4() throws {
+        let text = """
+            BEGIN:VCARD
+            VERSION:4.0
+            UID:urn:uuid:4fbe8971-0bc3-424c-9c26-36c3e1eff6b1
+            FN:李小龙
+            N:李;小龙;;;
+            TEL;VALUE=uri;TYPE="voice,home":tel:+1-555-555-5555
+            EMAIL;PREF=1:bruce@example.com
+            BDAY:--1127
+            PHOTO:data:image/png;base64,\(tinyPNG.base64EncodedString())
+            END:VCARD
+            """
+        let (cards, errors) = VCard.parse(text)
+        #expect(errors.isEmpty)
+        let c = try #require(cards.first)
+        #expect(c.uid == "urn:uuid:4fbe8971-0bc3-424c-9c26-36c3e1eff6b1")
+        #expect(c.contact.givenName == "小龙")
+        #expect(c.contact.phoneNumbers == [CNLabeledValue(label: CNLabelHome, value: "+1-555-555-5555")])
+        #expect(c.contact.emailAddresses.first?.value == "bruce@example.com")
+        #expect(c.contact.birthday == DateComponents(month: 11, day: 27))
+        #expect(c.contact.imageData == tinyPNG)
+    }
+
+    @Test("a bad card is reported with its line and skipped; the rest are read")
+    func badCardSkipped() {
+        let text = """
+            BEGIN:VCARD
+            VERSION:4.0
+            UID:good-1
+            FN:Good One
+            END:VCARD
+            BEGIN:VCARD
+            VERSION:4.0
+            UID:bad
+            FN:Bad
+            BDAY:yesterday
+            END:VCARD
+            BEGIN:VCARD
+            VERSION:4.0
+            UID:bad-2
+            this line has no colon
+            END:VCARD
+            BEGIN:VCARD
+            UID:no-version
+            END:VCARD
+            BEGIN:VCARD
+            VERSION:3.0
+            UID:good-2
+            FN:Good Two
+            END:VCARD
+            BEGIN:VCARD
+            VERSION:4.0
+            UID:unterminated
+            """
+        let (cards, errors) = VCard.parse(text)
+        #expect(cards.map(\.uid) == ["good-1", "good-2"])
+        #expect(errors.map(\.line) == [10, 15, 17, 25])
+        #expect(errors[0].message.contains("BDAY"))
+    }
+
+    @Test("vCard 4.0 export round-trips every property, folded at 75 octets")
+    func roundTrip() throws {
+        let c = richContact()
+        let text = VCard.serialize(c, uid: "ada/1:x")
+        #expect(text.hasPrefix("BEGIN:VCARD\r\nVERSION:4.0\r\n"))
+        for line in text.components(separatedBy: "\r\n") { #expect(line.utf8.count <= 75) }
+        let (cards, errors) = VCard.parse(text)
+        #expect(errors.isEmpty)
+        let back = try #require(cards.first)
+        #expect(back.uid == "ada/1:x")
+        #expect(back.contact == c)
+        // Multi-byte text folds between characters, never inside one.
+        var wide = CNContact()
+        wide.givenName = String(repeating: "日本語", count: 40)
+        let folded = VCard.serialize(wide, uid: "w")
+        #expect(VCard.parse(folded).contacts.first?.contact.givenName == wide.givenName)
+    }
+
+    @Test("import then export through the store keeps the contacts")
+    func importExport() throws {
+        let f = try ContactsFixture()
+        let text = VCard.serialize(richContact(), uid: "ada") + VCard.serialize(CNContact(), uid: "empty")
+        let (ids, errors) = try ContactImport.importVCards(text, into: f.store)
+        #expect(ids == ["ada", "empty"])
+        #expect(errors.isEmpty)
+        let exported = try ContactImport.exportVCards(from: f.store)
+        let back = VCard.parse(exported).contacts
+        #expect(back.map(\.uid) == ["ada", "empty"])
+        #expect(back.first?.contact == richContact())
+    }
+}
