@@ -35,7 +35,8 @@ let package = Package(
         .target(name: "ContactProvider"),
         // Contacts over the change log: enumerator, host, vCard, vdir mirror.
         .target(
-            name: "TrellisContacts", dependencies: ["ContactProvider", "TrellisCore", "TrellisStore", "Trellis"]),
+            name: "TrellisContacts",
+            dependencies: ["ContactProvider", "TrellisCore", "TrellisStore", "Trellis", "TrellisCrypto"]),
         // Shared test helpers.
         .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
 

@@ -6,13 +6,16 @@ public struct VCardError: Error, Sendable, Hashable, CustomStringConvertible {
     /// 1-based line number in the input (of the physical line, before unfolding).
     public var line: Int
     public var message: String
+    /// `false` for a warning about one field, which was left out while the card was imported.
+    public var skipsCard: Bool
 
-    public init(line: Int, message: String) {
+    public init(line: Int, message: String, skipsCard: Bool = true) {
         self.line = line
         self.message = message
+        self.skipsCard = skipsCard
     }
 
-    public var description: String { "line \(line): \(message)" }
+    public var description: String { "line \(line): \(message)" + (skipsCard ? "; card skipped" : "") }
 }
 
 /// A contact read from a vCard, with its UID.
@@ -84,7 +87,7 @@ public enum VCard {
                     errors.append(cardError)
                 } else {
                     do {
-                        contacts.append(try makeContact(lines, line: cardLine))
+                        contacts.append(try makeContact(lines, line: cardLine, warnings: &errors))
                     } catch let error as VCardError {
                         errors.append(error)
                     } catch {
@@ -225,7 +228,9 @@ public enum VCard {
         return nil
     }
 
-    static func makeContact(_ lines: [ContentLine], line: Int) throws -> VCardContact {
+    /// Builds one contact. A field Trellis cannot represent (a PHOTO given as a URL, a BDAY that is
+    /// not a full or month-day date) is left out with a warning in `warnings`; the card is kept.
+    static func makeContact(_ lines: [ContentLine], line: Int, warnings: inout [VCardError]) throws -> VCardContact {
         var c = CNContact()
         var uid: String?
         var formatted = ""
@@ -276,13 +281,21 @@ public enum VCard {
                 c.postalAddresses.append(CNLabeledValue(label: label(l.params), value: address))
             case "BDAY":
                 guard let b = birthday(l.value) else {
-                    throw VCardError(
-                        line: l.line, message: "BDAY '\(l.value)' is not a date (YYYYMMDD, YYYY-MM-DD or --MMDD)")
+                    warnings.append(
+                        VCardError(
+                            line: l.line,
+                            message: "BDAY '\(l.value)' is not a date (YYYYMMDD, YYYY-MM-DD or --MMDD); field left out",
+                            skipsCard: false))
+                    continue
                 }
                 c.birthday = b
             case "PHOTO":
                 guard let data = photo(l) else {
-                    throw VCardError(line: l.line, message: "PHOTO is neither base64 data nor a data: URI")
+                    warnings.append(
+                        VCardError(
+                            line: l.line, message: "PHOTO is neither base64 data nor a data: URI; field left out",
+                            skipsCard: false))
+                    continue
                 }
                 c.imageData = data
             default: continue

@@ -1,6 +1,7 @@
 public import ContactProvider
 public import Foundation
 import Synchronization
+import TrellisCrypto
 
 #if canImport(Glibc)
     import Glibc
@@ -36,6 +37,12 @@ public final class VdirMirror: ContactSink {
             }
         }
         if name.hasPrefix(".") { name = "%2E" + name.dropFirst() }
+        // File names are at most 255 bytes: a long identifier keeps a readable prefix and a
+        // digest of the whole identifier, so it still names one file, always the same.
+        if name.utf8.count > 200 {
+            let digest = SHA256.hash(Array(identifier.value.utf8)).prefix(16).map { String(format: "%02x", $0) }
+            name = String(name.prefix(120)) + "~" + digest.joined()
+        }
         return name + ".vcf"
     }
 
@@ -59,7 +66,8 @@ public final class VdirMirror: ContactSink {
 
     private func removeFile(_ name: String) throws {
         let path = directory.appendingPathComponent(name).path
-        guard unlink(path) == 0 || errno == ENOENT else {
+        // A name that cannot exist (too long) was never written: removing it is done.
+        guard unlink(path) == 0 || errno == ENOENT || errno == ENAMETOOLONG else {
             throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path])
         }
     }
@@ -76,7 +84,17 @@ public final class VdirMirror: ContactSink {
     public func update(_ items: [ContactItem]) throws {
         for item in items {
             let name = Self.fileName(for: item.identifier)
-            try write(VCard.serialize(item.contact, uid: item.identifier.value), to: name)
+            do {
+                try write(VCard.serialize(item.contact, uid: item.identifier.value), to: name)
+            } catch {
+                // One contact that cannot be written must not hold up the others (or every later
+                // change): report it and go on.
+                let reason = (error as NSError).userInfo["errno"].flatMap { $0 as? Int32 }.map {
+                    String(cString: strerror($0))
+                }
+                FileHandle.standardError.write(
+                    Data("trellis: warning: cannot write \(name): \(reason ?? "\(error)"); skipped\n".utf8))
+            }
             _ = stale.withLock { $0?.remove(name) }
         }
     }

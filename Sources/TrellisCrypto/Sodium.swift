@@ -117,3 +117,12 @@ extension SecretBytes: CustomStringConvertible, CustomDebugStringConvertible {
     /// Same as ``description``: the secret is never printed.
     public var debugDescription: String { description }
 }
+
+/// SHA-256 (FIPS 180-4) through libsodium's `crypto_hash_sha256`.
+public enum SHA256 {
+    /// The 32-byte digest of `bytes`.
+    public static func hash(_ bytes: [UInt8]) -> [UInt8] {
+        Sodium.initialize()
+        return sha256(bytes)
+    }
+}

@@ -502,7 +502,17 @@ public final class DocumentStore: Sendable {
 
     /// The highest `seq` committed so far (0 for an empty store).
     public var lastSeq: Int64 {
-        state.withLock { $0.nextSeq - 1 }
+        guard options.readOnly else { return state.withLock { $0.nextSeq - 1 } }
+        // A read-only store watches a log another process writes: read it from the database.
+        return
+            (try? withState { s -> Int64 in
+                let st = try s.db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
+                defer { st.reset() }
+                _ = try st.step()
+                let fromLog = st.int64(0)
+                let issued = try Self.meta(s.db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
+                return max(fromLog, issued)
+            }) ?? state.withLock { $0.nextSeq - 1 }
     }
 
     /// One page of a collection's change log after `after`, in `seq` order: the entries whose

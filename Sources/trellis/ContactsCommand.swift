@@ -50,11 +50,11 @@ enum ContactsCommand {
             let store = try DocumentStore(path: storePath)
             let (imported, errors) = try ContactImport.importVCards(text, into: store, collection: collection)
             for error in errors {
-                FileHandle.standardError.write(Data("trellis: warning: \(file): \(error); card skipped\n".utf8))
+                FileHandle.standardError.write(Data("trellis: warning: \(file): \(error)\n".utf8))
             }
             print(
                 "imported \(imported.count) contact\(imported.count == 1 ? "" : "s") into \(collection)"
-                    + (errors.isEmpty ? "" : ", skipped \(errors.count)"))
+                    + (errors.filter(\.skipsCard).isEmpty ? "" : ", skipped \(errors.filter(\.skipsCard).count)"))
         case "list", "export":
             var options = StoreOptions()
             options.readOnly = true
