@@ -529,19 +529,16 @@ public final class DocumentStore: Sendable {
     public func changes(
         in collection: String, after: Int64, limit: Int, matching query: Query = .all, args: [String: Value] = [:]
     ) throws(StoreError) -> ChangePage {
-        let bound: Query
-        do { bound = try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
+        let bound = try Self.bind(query, args)
         let pushed = bound.sqlWhere(column: "documents.value")
         return try withState { s -> ChangePage in
             let matchSQL = pushed.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
             let st = try s.db.prepare(
                 "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
                     + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
-            var index: Int32 = 1
-            for binding in pushed?.bindings ?? [] {
-                st.bind(index, value: binding)
-                index += 1
-            }
+            let bindings = pushed?.bindings ?? []
+            Self.bind(st, bindings)
+            let index = Int32(bindings.count) + 1
             st.bind(index, collection)
             st.bind(index + 1, after)
             st.bind(index + 2, Int64(limit))
