@@ -39,7 +39,7 @@ public final class TrellisNode: Sendable {
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store)
-        engine = SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
+        engine = try SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
         network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
         store = Store(documents: documents, engine: engine)
     }

@@ -108,7 +108,12 @@ public final class SecureLink: MessageLink {
         return try socket.read(exactly: length)
     }
 
-    public func start(onMessage: @escaping @Sendable ([UInt8]) -> Void, onClose: @escaping @Sendable (String) -> Void) {
+    public var queuedBytes: Int { 0 }
+
+    public func start(
+        onMessage: @escaping @Sendable ([UInt8]) -> Void, onDrain: @escaping @Sendable () -> Void,
+        onClose: @escaping @Sendable (String) -> Void
+    ) {
         guard !started.exchange(true, ordering: .acquiringAndReleasing) else { return }
         let thread = Thread { [self] in
             let reason = readLoop(onMessage)
@@ -157,7 +162,8 @@ public final class SecureLink: MessageLink {
     /// Sends one application message, split into transport messages.
     ///
     /// - Throws: ``LinkError/closed`` after close, ``LinkError/messageTooLarge(_:)``, or I/O errors.
-    public func send(_ message: [UInt8]) throws {
+    @discardableResult
+    public func send(_ message: [UInt8]) throws -> Int {
         guard message.count <= Self.maxMessageBytes else { throw LinkError.messageTooLarge(message.count) }
         var stream = [
             UInt8(truncatingIfNeeded: message.count >> 24), UInt8(truncatingIfNeeded: message.count >> 16),
@@ -181,6 +187,7 @@ public final class SecureLink: MessageLink {
             }
             try socket.write(out)
         }
+        return 0
     }
 
     /// Sends the authenticated close (an empty transport message) and shuts the socket down.

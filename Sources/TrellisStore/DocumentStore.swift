@@ -75,18 +75,6 @@ public struct ChangePage: Sendable {
 /// A document received from a peer, to be merged: its collection, `_id` and CBOR state.
 public typealias RemoteDocument = WireDocument
 
-/// How far this store has durably applied one peer's log for one subscription.
-public struct Checkpoint: Sendable, Equatable {
-    /// The epoch of the peer's log the `seq` belongs to.
-    public var epoch: [UInt8]
-    public var seq: Int64
-
-    public init(epoch: [UInt8], seq: Int64) {
-        self.epoch = epoch
-        self.seq = seq
-    }
-}
-
 /// What a commit changed, delivered to observers after the transaction commits.
 public struct StoreEvent: Sendable {
     /// Collections with at least one changed document.
@@ -657,6 +645,18 @@ public final class DocumentStore: Sendable {
         }
         notify(StoreEvent(collections: touched, origin: peer))
         return outcome
+    }
+
+    /// Every checkpoint stored for a peer, by subscription key.
+    public func checkpoints(peer: [UInt8]) throws(StoreError) -> [String: Checkpoint] {
+        try withState { s -> [String: Checkpoint] in
+            let st = try s.db.prepare("SELECT subscription, epoch, seq FROM checkpoints WHERE peer = ?")
+            st.bind(1, peer)
+            defer { st.reset() }
+            var out: [String: Checkpoint] = [:]
+            while try st.step() { out[st.string(0) ?? ""] = Checkpoint(epoch: st.bytes(1) ?? [], seq: st.int64(2)) }
+            return out
+        }
     }
 
     /// The checkpoint stored for a peer and subscription, if any.

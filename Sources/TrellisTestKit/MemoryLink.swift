@@ -34,7 +34,12 @@ public final class MemoryLink: MessageLink {
         return (a, b)
     }
 
-    public func start(onMessage: @escaping @Sendable ([UInt8]) -> Void, onClose: @escaping @Sendable (String) -> Void) {
+    public var queuedBytes: Int { 0 }
+
+    public func start(
+        onMessage: @escaping @Sendable ([UInt8]) -> Void, onDrain: @escaping @Sendable () -> Void,
+        onClose: @escaping @Sendable (String) -> Void
+    ) {
         let pending = state.withLock { s -> [[UInt8]] in
             s.onMessage = onMessage
             s.onClose = onClose
@@ -58,10 +63,12 @@ public final class MemoryLink: MessageLink {
         }
     }
 
-    public func send(_ message: [UInt8]) throws {
+    @discardableResult
+    public func send(_ message: [UInt8]) throws -> Int {
         let peer = state.withLock { s -> MemoryLink? in s.closed ? nil : s.peer }
         guard let peer else { throw LinkError.closed }
         peer.deliver(message)
+        return 0
     }
 
     public func close() {

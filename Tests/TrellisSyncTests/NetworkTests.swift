@@ -15,7 +15,7 @@ import TrellisTestKit
     ) {
         let store = try DocumentStore(path: dir.path("\(name).sqlite"))
         let identity = KeyPair.generate()
-        let engine = SyncEngine(store: store, peerKey: identity.publicKey)
+        let engine = try SyncEngine(store: store, peerKey: identity.publicKey)
         return (
             MeshNetwork(engine: engine, identity: identity, meshKey: meshKey, handshakeTimeout: handshakeTimeout), store
         )
