@@ -71,7 +71,8 @@ import TrellisCore
         let spec = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
         _ = try r.subscribe(spec, now: 0)
         let established = r.received(hello(), on: link, now: 0)
-        #expect(Self.sent(established) == [.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)])])
+        #expect(
+            Self.sent(established) == [.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)], version: 1)])
         let served = SubscriptionSpec(collection: "cars")
         let directives = r.received(
             .subscriptions([WireSubscription(spec: served, since: 5, hops: 0)]), on: link, now: 1)
@@ -222,7 +223,7 @@ import TrellisCore
         }
         let directives = r.received(
             .subscriptions(many + [WireSubscription(spec: .all("other"), since: 0, hops: 1)]), on: c, now: 0)
-        let toB = Self.sent(directives).compactMap { if case .subscriptions(let s) = $0 { s } else { nil } }.last
+        let toB = Self.sent(directives).compactMap { if case .subscriptions(let s, _) = $0 { s } else { nil } }.last
         let asked = try #require(toB)
         #expect(asked.count == 2)
         #expect(Set(asked.map(\.spec)) == [.all("items"), .all("other")])
@@ -341,7 +342,9 @@ import TrellisCore
         _ = try r.subscribe(spec, now: 0)
         let evicted = r.evicted("cars", generation: 3, now: 1)
         #expect(
-            Self.sent(evicted) == [.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0, generation: 3)])])
+            Self.sent(evicted) == [
+                .subscriptions([WireSubscription(spec: spec, since: 0, hops: 0, generation: 3)], version: 3)
+            ])
         let old = r.received(.batch(subscription: spec.key, documents: [], upTo: 80, generation: 0), on: link, now: 2)
         let new = r.received(.batch(subscription: spec.key, documents: [], upTo: 10, generation: 3), on: link, now: 3)
         func stores(_ d: [ReplicatorDirective]) -> Bool? {

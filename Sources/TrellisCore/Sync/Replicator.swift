@@ -156,20 +156,27 @@ public struct Replicator: Sendable {
             return helloReceived(hello, on: link, now: now)
         case (.awaitingHello, _):
             return fail(link, "protocol", "expected hello first", now)
-        case (_, .hello):
+        case (_, .hello(let hello)):
+            if hello == s.remote { return [] }  // the same hello again (a duplicating transport)
             return fail(link, "protocol", "hello sent twice", now)
-        case (.standby, .subscriptions(let subs)):
+        case (_, .subscriptions(_, let version)) where version != 0 && version <= s.remoteSubscriptionsVersion:
+            return []  // an older set than one already received (a reordering transport)
+        case (.standby, .subscriptions(let subs, let version)):
             sessions[link]?.remoteSubscriptions = subs  // served once this link is chosen
+            sessions[link]?.remoteSubscriptionsVersion = version
             return []
         case (.standby, _):
             return []
-        case (.established, .subscriptions(let subs)):
+        case (.established, .subscriptions(let subs, let version)):
+            sessions[link]?.remoteSubscriptionsVersion = version
             return serve(subs, on: link, now: now)
         case (.established, .batch(let key, let documents, let upTo, let generation)):
             return batch(key, documents, upTo, generation, on: link, now: now)
-        case (.established, .ack(let key, _)):
+        case (.established, .ack(let key, let upTo)):
             guard var served = sessions[link]?.served[key] else { return [] }
             served.inFlight = max(0, served.inFlight - 1)
+            served.ackedUpTo = max(served.ackedUpTo, min(upTo, served.lastSentUpTo))
+            served.lastProgress = now
             sessions[link]?.served[key] = served
             return scanIfReady(link, key, now: now)
         case (.established, .subscriptionError(let key, let code, let text)):
@@ -288,11 +295,21 @@ public struct Replicator: Sendable {
                 directives.append(send(link, .ping(rng.next()), now))
             }
             for key in s.served.keys.sorted() {
-                guard let served = s.served[key], served.failure != nil, served.retryAt <= now, served.retryable else {
+                guard var served = s.served[key] else { continue }
+                if served.inFlight > 0, !s.congested, now - served.lastProgress >= configuration.ackTimeout {
+                    // Batches sent and never acknowledged: send again from the last acknowledged point.
+                    served.cursor = served.ackedUpTo
+                    served.lastSentUpTo = served.ackedUpTo
+                    served.inFlight = 0
+                    served.pending = true
+                    served.lastProgress = now
+                } else if served.failure != nil, served.retryAt <= now, served.retryable {
+                    served.failure = nil
+                    served.pending = true
+                } else {
                     continue
                 }
-                sessions[link]?.served[key]?.failure = nil
-                sessions[link]?.served[key]?.pending = true
+                sessions[link]?.served[key] = served
                 directives += scanIfReady(link, key, now: now)
             }
         }
@@ -362,6 +379,7 @@ public struct Replicator: Sendable {
                     link,
                     .batch(subscription: key, documents: documents, upTo: served.cursor, generation: served.generation),
                     now))
+            if served.inFlight == 0 { served.lastProgress = now }
             served.inFlight += 1
             served.lastSentUpTo = served.cursor
         }
@@ -573,6 +591,7 @@ public struct Replicator: Sendable {
                     existing.generation = sub.generation
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
+                    existing.ackedUpTo = sub.since
                     existing.pending = true
                 }
                 next[key] = existing
@@ -753,7 +772,8 @@ public struct Replicator: Sendable {
         sessions[link]!.askedShape = shape
         sessions[link]!.asked = Dictionary(list.map { ($0.spec.key, $0) }, uniquingKeysWith: { a, _ in a })
         sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
-        return [send(link, .subscriptions(list), now)]
+        sessions[link]!.askedVersion += 1
+        return [send(link, .subscriptions(list, version: sessions[link]!.askedVersion), now)]
     }
 }
 
@@ -801,9 +821,11 @@ extension Replicator {
         /// to other peers).
         var served: [String: Served] = [:]
         var remoteSubscriptions: [WireSubscription] = []
+        var remoteSubscriptionsVersion: UInt64 = 0
         /// What this node asks the peer for, by key, and the shape last sent.
         var asked: [String: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
+        var askedVersion: UInt64 = 0
         var remoteErrors: [String: String] = [:]
         /// States received on this session, for echo suppression.
         var echo: [EchoKey: StateDigest] = [:]
@@ -834,6 +856,10 @@ extension Replicator {
         var cursor: Int64
         /// The last `upTo` sent (an empty batch that advances nothing is skipped).
         var lastSentUpTo: Int64
+        /// The highest `upTo` the peer acknowledged.
+        var ackedUpTo: Int64
+        /// When the last acknowledgement came (or the first unacknowledged batch went).
+        var lastProgress: Millis = 0
         var inFlight = 0
         var scanning = false
         /// More entries may wait after `cursor` (a commit happened or the last scan was cut).
@@ -849,6 +875,7 @@ extension Replicator {
             self.generation = generation
             self.cursor = cursor
             self.lastSentUpTo = cursor
+            self.ackedUpTo = cursor
             self.retryDelay = retryDelay
         }
     }

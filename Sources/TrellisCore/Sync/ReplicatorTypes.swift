@@ -148,6 +148,8 @@ public struct ReplicatorConfiguration: Sendable {
     public var livenessTimeout: Millis = 20_000
     /// How long an older link to a peer may take to answer a probe before a newer one replaces it.
     public var duplicateProbeTimeout: Millis = 3_000
+    /// Batches unacknowledged this long are sent again from the last acknowledged point.
+    public var ackTimeout: Millis = 30_000
     /// First and largest delay between attempts to dial a static peer (jittered ×0.5…1.5).
     public var dialBackoffInitial: Millis = 250
     public var dialBackoffMax: Millis = 30_000

@@ -101,9 +101,10 @@ public struct Hello: Sendable, Equatable {
 public enum WireMessage: Sendable, Equatable {
     /// `{t:"hello", v, key, site, epoch, n}`.
     case hello(Hello)
-    /// `{t:"subs", subs:[{c, q, a, since, hops, gen}]}`: the sender's complete subscription set,
-    /// replacing any earlier one.
-    case subscriptions([WireSubscription])
+    /// `{t:"subs", subs:[{c, q, a, since, hops, gen}], v}`: the sender's complete subscription
+    /// set, replacing any earlier one; `v` grows with each set sent on a link, so a receiver
+    /// ignores a set older than one it already has.
+    case subscriptions([WireSubscription], version: UInt64 = 0)
     /// `{t:"batch", sub, docs:[{c, id, s}], upTo, gen}`: changes for one subscription, in the
     /// sender's `seq` order, covering the sender's log up to `upTo`.
     case batch(subscription: String, documents: [WireDocument], upTo: Int64, generation: UInt32)
@@ -133,9 +134,9 @@ public enum WireMessage: Sendable, Equatable {
                 "site": .int(Int64(bitPattern: h.site)), "epoch": .bytes(h.epoch),
                 "n": .int(Int64(bitPattern: h.nonce)),
             ]
-        case .subscriptions(let subs):
+        case .subscriptions(let subs, let version):
             return [
-                "t": "subs",
+                "t": "subs", "v": .int(Int64(bitPattern: version)),
                 "subs": .array(
                     subs.map {
                         [
@@ -214,7 +215,7 @@ public enum WireMessage: Sendable, Equatable {
                         hops: Int(try s.int("hops", in: 0...Int64(Self.maxHops))),
                         generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0)))
             }
-            self = .subscriptions(subs)
+            self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "batch":
             guard case .array(let list)? = value["docs"] else { throw WireError("batch: missing 'docs' array") }
             var docs: [WireDocument] = []
