@@ -41,7 +41,7 @@ public final class TrellisNode: Sendable {
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store)
         engine = try SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
         network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
-        store = Store(documents: documents, engine: engine)
+        store = Store(documents: documents, subscriptions: engine)
     }
 
     static func loadOrCreateIdentity(_ file: URL) throws -> KeyPair {

@@ -14,6 +14,9 @@ public struct StoreOptions: Sendable {
     public var maxClockDrift: UInt64 = 60_000
     /// Open without writing anything (inspecting a store a running node owns); writes then fail.
     public var readOnly = false
+    /// Where the store draws a new store's site ID and epoch from: the system's random source by
+    /// default; a simulation passes a seeded one so that a seed fixes every identity.
+    public var random: @Sendable () -> UInt64 = { UInt64.random(in: .min ... .max) }
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
     public var now: @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1000) }
     /// Where warnings go (oversized documents, far-future remote stamps).
@@ -171,14 +174,14 @@ public final class DocumentStore: Sendable {
                 let site =
                     try Self.meta(db, "site")
                     ?? {
-                        let fresh = Array(withUnsafeBytes(of: UInt64.random(in: 1...UInt64.max)) { Array($0) })
+                        let fresh = Array(withUnsafeBytes(of: max(1, options.random())) { Array($0) })
                         try Self.setMeta(db, "site", fresh)
                         return fresh
                     }()
                 let epoch =
                     try Self.meta(db, "epoch")
                     ?? {
-                        let fresh = (0..<16).map { _ in UInt8.random(in: 0...255) }
+                        let fresh = withUnsafeBytes(of: (options.random(), options.random())) { Array($0) }
                         try Self.setMeta(db, "epoch", fresh)
                         return fresh
                     }()
@@ -487,6 +490,9 @@ public final class DocumentStore: Sendable {
     }
 
     // MARK: Change log
+
+    /// The latest HLC timestamp this store issued or adopted.
+    public var lastTimestamp: HLCTimestamp { state.withLock { $0.clock.last } }
 
     /// The highest `seq` committed so far (0 for an empty store).
     public var lastSeq: Int64 {

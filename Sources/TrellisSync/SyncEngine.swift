@@ -29,6 +29,16 @@ public struct PeerInfo: Sendable, CustomStringConvertible {
     }
 }
 
+/// Where a ``Store``'s subscriptions go: a node's ``SyncEngine``, or a simulated node.
+public protocol SubscriptionService: AnyObject, Sendable {
+    /// Asks peers for the documents matching `spec` while held (two holders share it).
+    ///
+    /// - Throws: when the query does not parse or bind, or the collection name cannot travel.
+    func subscribe(_ spec: SubscriptionSpec) throws
+    /// Releases one ``subscribe(_:)``.
+    func unsubscribe(_ spec: SubscriptionSpec)
+}
+
 /// The sync engine over real links: one ``SyncHost`` (and so one ``Replicator``) driven on one
 /// serial queue, with a 100 ms tick for keepalives, liveness, retries and dials.
 ///
@@ -36,7 +46,7 @@ public struct PeerInfo: Sendable, CustomStringConvertible {
 /// congestion; each link's reader waits (inbound backpressure) while more than
 /// ``maxQueuedInbound`` of its messages wait for the queue. Public methods may be called from
 /// any thread, including from callbacks running on the engine's queue.
-public final class SyncEngine: SyncTransport, @unchecked Sendable {
+public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Sendable {
     // Invariant: `host`, `links`, `scanScheduled` are touched only on `queue`.
     private let queue = DispatchQueue(label: "trellis.sync")
     private let onQueue = DispatchSpecificKey<Bool>()
