@@ -34,6 +34,9 @@ struct History {
     var lastWrite: [String: Millis] = [:]
     var wipes: [Int: Millis] = [:]
     var evictions: [Int: [String: Millis]] = [:]
+    /// Per node, when each document was last evicted there: a write its own node evicted may
+    /// be lost if it had not travelled yet (as in Ditto, eviction drops local data).
+    var evictedKeys: [Int: [String: Millis]] = [:]
     /// Documents removed on every node at a check, and when.
     var removedEverywhere: [String: Millis] = [:]
     var clocks: [Int: HLCTimestamp] = [:]
@@ -105,7 +108,7 @@ extension Simulation {
             violations += try invariant.check(self).map { "\(invariant.name): \($0)" }
         }
         history.lastCheck = now
-        guard violations.isEmpty else { throw SimulationFailure(seed: seed, violations: violations) }
+        guard violations.isEmpty else { throw SimulationFailure(seed: seed, violations: violations, trace: trace) }
     }
 
     /// Every document of a collection on a node, tombstones included: key → state bytes.
@@ -140,12 +143,24 @@ extension Simulation {
             guard let reference = holders.first, let expected = try? log(of: reference, collection: collection) else {
                 continue
             }
+            let shown = try? reference.documents.documents(in: collection).map { JSON.string($0) }
             for other in holders.dropFirst() {
                 guard let actual = try? log(of: other, collection: collection) else {
                     violations.append("\(other.name): cannot read \(collection)")
                     continue
                 }
-                violations += differences(collection, reference, expected, other, actual)
+                let found = differences(collection, reference, expected, other, actual)
+                violations += found
+                // Equal states must also show equal values, byte for byte.
+                if found.isEmpty, let shown,
+                    let otherShown = try? other.documents.documents(in: collection).map({ JSON.string($0) }),
+                    shown != otherShown
+                {
+                    let first = zip(shown, otherShown).first { $0 != $1 }
+                    violations.append(
+                        "\(collection): \(reference.name) and \(other.name) hold equal states but show different values"
+                            + (first.map { ": \($0.0) vs \($0.1)" } ?? ""))
+                }
             }
             // Query subscribers hold what their query matches, as the whole-collection replicas do.
             for node in nodes where node.isUp {
@@ -199,6 +214,11 @@ extension Simulation {
         var logs: [String: [Int: [String: [UInt8]]]] = [:]
         for write in history.writes {
             if let wiped = history.wipes[write.node], wiped > write.time { continue }
+            if let evicted = history.evictedKeys[write.node]?[History.id(write.collection, write.key)],
+                evicted >= write.time
+            {
+                continue
+            }
             guard let holders = whole[write.collection] else { continue }
             for holder in holders {
                 if logs[write.collection]?[holder.index] == nil {

@@ -33,7 +33,7 @@ public final class SimulatedNode: @unchecked Sendable {
     var nextLink: UInt64 = 0
     let commits = Mutex<Set<String>>([])
     /// Documents written locally (not merged) since the last flush, and evicted collections.
-    let localChanges = Mutex<(writes: [(String, String)], evicted: Set<String>)>(([], []))
+    let localChanges = Mutex<(writes: [(String, String)], evicted: [String: Set<String>])>(([], [:]))
     var watches: [LiveResults] = []
     var rescanGenerations: [String: UInt32] = [:]
     var watchSpecs: [(String, String)] = []
@@ -87,7 +87,9 @@ public final class SimulatedNode: @unchecked Sendable {
             guard event.origin == nil else { return }
             self.localChanges.withLock { changes in
                 if event.evicted {
-                    changes.evicted.formUnion(event.collections)
+                    for (collection, keys) in event.changedKeys {
+                        changes.evicted[collection, default: []].formUnion(keys)
+                    }
                 } else {
                     for (collection, keys) in event.changedKeys.sorted(by: { $0.key < $1.key }) {
                         for key in keys.sorted() { changes.writes.append((collection, key)) }
@@ -125,12 +127,15 @@ public final class SimulatedNode: @unchecked Sendable {
     /// Hands commits made since the last call to the replicator, and records local writes.
     func flushCommits() {
         guard let host, let documents = storeIfUp?.documents else { return }
-        let changes = localChanges.withLock { c -> (writes: [(String, String)], evicted: Set<String>) in
-            defer { c = ([], []) }
+        let changes = localChanges.withLock { c -> (writes: [(String, String)], evicted: [String: Set<String>]) in
+            defer { c = ([], [:]) }
             return c
         }
-        for collection in changes.evicted.sorted() {
+        for collection in changes.evicted.keys.sorted() {
             simulation.history.evictions[index, default: [:]][collection] = simulation.now
+            for key in changes.evicted[collection]! {
+                simulation.history.evictedKeys[index, default: [:]][History.id(collection, key)] = simulation.now
+            }
             rescanGenerations[collection, default: 0] &+= 1
             host.evicted(collection, generation: rescanGenerations[collection]!)
         }

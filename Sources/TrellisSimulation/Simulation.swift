@@ -107,7 +107,7 @@ public final class Simulation: @unchecked Sendable {
     enum Event {
         case tick
         case opened(connection: Int, side: Int)
-        case deliver(connection: Int, side: Int, bytes: [UInt8])
+        case deliver(connection: Int, side: Int, bytes: [UInt8], sequence: UInt64)
         case closed(connection: Int, side: Int, reason: String)
         case drained(connection: Int, side: Int)
         case dialFailed(node: Int, endpoint: String, reason: String)
@@ -128,9 +128,16 @@ public final class Simulation: @unchecked Sendable {
         /// sender's serialisation is busy until, and messages held by a partition.
         var lastArrival: [Millis] = [0, 0]
         var busyUntil: [Millis] = [0, 0]
-        var held: [[[UInt8]]] = [[], []]
+        var held: [[([UInt8], UInt64)]] = [[], []]
         var congested = [false, false]
+        /// Per direction: the next message number sent and expected. Real links number their
+        /// Noise frames (the nonce), so a lost, repeated or reordered frame fails to decrypt and
+        /// closes the link; simulated links do the same with these.
+        var sent: [UInt64] = [0, 0]
+        var expected: [UInt64] = [0, 0]
         var knownClosed = [false, false]
+        /// Whether a `closed` event is scheduled for each side.
+        var closing = [false, false]
 
         init(id: Int, dialer: Int, listener: Int) {
             self.id = id
@@ -172,6 +179,9 @@ public final class Simulation: @unchecked Sendable {
 
     /// A node's wall clock: the simulation's plus its offset.
     func wallClock(of index: Int) -> Millis { Self.startWallClock + now + nodes[index].clockOffset }
+
+    /// Adds a line to the trace (an app's own events, to read a replay by).
+    public func note(_ line: String) { record(line) }
 
     func record(_ line: @autoclosure () -> String) {
         guard tracing else { return }
@@ -243,6 +253,12 @@ public final class Simulation: @unchecked Sendable {
 
     func profile(_ a: Int, _ b: Int) -> LinkProfile { profiles[Pair(a, b)] ?? defaultProfile }
 
+    /// Gives every link the default profile again.
+    public func resetProfiles() {
+        profiles.removeAll()
+        record("every link back to the default profile")
+    }
+
     // MARK: Faults
 
     /// Splits the mesh: nodes in different groups cannot reach each other (messages wait, as TCP
@@ -295,7 +311,8 @@ public final class Simulation: @unchecked Sendable {
             connection.open = false
             connection.knownClosed[side] = true
             let other = 1 - side
-            if pathOpen(node.index, connection.ends[other].node) {
+            if pathOpen(node.index, connection.ends[other].node), !connection.closing[other] {
+                connection.closing[other] = true
                 schedule(
                     .closed(connection: connection.id, side: other, reason: "connection reset by peer"),
                     after: profile(node.index, connection.ends[other].node).latency)
@@ -347,13 +364,20 @@ public final class Simulation: @unchecked Sendable {
         let limit = now + timeout
         afterEvent()
         lastActivity = max(lastActivity, now)
-        while now - lastActivity < quietFor || hasPendingWork {
+        while now - lastActivity < quietFor || hasPendingWork || !isFullyConnected {
             guard now < limit else {
-                throw SimulationFailure(
-                    seed: seed, violations: ["still sending after \(timeout / 1000) s of virtual time: a sync loop?"])
+                var reasons: [String] = []
+                if now - lastActivity < quietFor {
+                    reasons.append("still sending after \(timeout / 1000) s of virtual time: a sync loop?")
+                }
+                if hasPendingWork { reasons.append("work still pending after \(timeout / 1000) s") }
+                reasons += disconnectedPairs.map {
+                    "\($0) dials \($1) but has no session with it after \(timeout / 1000) s"
+                }
+                throw SimulationFailure(seed: seed, violations: reasons, trace: trace)
             }
             guard let next = events.nextTime else { break }
-            if next > lastActivity + quietFor, !hasPendingWork {
+            if next > lastActivity + quietFor, !hasPendingWork, isFullyConnected {
                 now = lastActivity + quietFor
                 break
             }
@@ -365,6 +389,23 @@ public final class Simulation: @unchecked Sendable {
         nodes.contains { $0.host?.hasPendingScans == true || !$0.commits.withLock(\.isEmpty) }
     }
 
+    /// Whether every static peer link between two running nodes that can reach each other has
+    /// an established session (so quiet means synced, not waiting for a redial).
+    public var isFullyConnected: Bool { disconnectedPairs.isEmpty }
+
+    var disconnectedPairs: [(String, String)] {
+        var out: [(String, String)] = []
+        for node in nodes where node.isUp {
+            guard let status = node.replicator?.status else { continue }
+            let established = Set(status.peers.filter { $0.phase == "established" }.map(\.peerKey))
+            for name in node.staticPeers {
+                guard let peer = self.node(name), peer.isUp, reachable(node.index, peer.index) else { continue }
+                if !established.contains(peer.peerKey) { out.append((node.name, name)) }
+            }
+        }
+        return out
+    }
+
     private func step() {
         guard let (time, event) = events.pop() else { return }
         now = max(now, time)
@@ -374,8 +415,8 @@ public final class Simulation: @unchecked Sendable {
             events.schedule(.tick, at: now + Self.tickInterval)
         case .opened(let id, let side):
             opened(id, side)
-        case .deliver(let id, let side, let bytes):
-            deliver(id, side, bytes)
+        case .deliver(let id, let side, let bytes, let sequence):
+            deliver(id, side, bytes, sequence)
         case .closed(let id, let side, let reason):
             guard let connection = connections[id] else { break }
             let end = connection.ends[side]
@@ -439,10 +480,17 @@ public final class Simulation: @unchecked Sendable {
     }
 
     private func opened(_ id: Int, _ side: Int) {
-        guard let connection = connections[id], connection.open else { return }
+        guard let connection = connections[id] else { return }
         let index = connection.ends[side].node
         let node = nodes[index]
         guard node.isUp, let host = node.host else { return }
+        guard connection.open else {
+            // Torn down before the handshake finished: the dialer sees a failed dial.
+            if side == 0 {
+                host.dialFailed(nodes[connection.ends[1].node].name, reason: "connection reset during the handshake")
+            }
+            return
+        }
         node.nextLink += 1
         let link = LinkID(node.nextLink)
         connection.ends[side].link = link
@@ -478,16 +526,19 @@ public final class Simulation: @unchecked Sendable {
                 events.schedule(.drained(connection: id, side: 1 - side), at: max(now, drainAt))
             }
         }
+        let sequence = connection.sent[side]
+        connection.sent[side] += 1
         guard reachable(sender, receiver) else {
-            connection.held[side].append(bytes)
+            connection.held[side].append((bytes, sequence))
             return congested
         }
-        enqueue(bytes, on: connection, towards: side, ready: ready, profile: p)
+        enqueue(bytes, sequence, on: connection, towards: side, ready: ready, profile: p)
         return congested
     }
 
     private func enqueue(
-        _ bytes: [UInt8], on connection: Connection, towards side: Int, ready: Millis, profile p: LinkProfile
+        _ bytes: [UInt8], _ sequence: UInt64, on connection: Connection, towards side: Int, ready: Millis,
+        profile p: LinkProfile
     ) {
         if p.reset > 0, Double.random(in: 0..<1, using: &rng) < p.reset {
             record("connection \(connection.id) reset")
@@ -506,21 +557,32 @@ public final class Simulation: @unchecked Sendable {
         } else {
             connection.lastArrival[side] = arrival
         }
-        events.schedule(.deliver(connection: connection.id, side: side, bytes: bytes), at: arrival)
+        events.schedule(.deliver(connection: connection.id, side: side, bytes: bytes, sequence: sequence), at: arrival)
         if p.duplicate > 0, Double.random(in: 0..<1, using: &rng) < p.duplicate {
             record("connection \(connection.id) duplicates a message")
-            events.schedule(.deliver(connection: connection.id, side: side, bytes: bytes), at: arrival + 1)
+            events.schedule(
+                .deliver(connection: connection.id, side: side, bytes: bytes, sequence: sequence), at: arrival + 1)
         }
     }
 
-    private func deliver(_ id: Int, _ side: Int, _ bytes: [UInt8]) {
+    private func deliver(_ id: Int, _ side: Int, _ bytes: [UInt8], _ sequence: UInt64) {
         guard let connection = connections[id], connection.open else { return }
         let end = connection.ends[side]
         guard let link = end.link, nodes[end.node].isUp, let host = nodes[end.node].host else { return }
         guard reachable(connection.ends[1 - side].node, end.node) else {
-            connection.held[side].append(bytes)  // in flight when the partition began
+            connection.held[side].append((bytes, sequence))  // in flight when the partition began
             return
         }
+        guard sequence == connection.expected[side] else {
+            // What the secure channel does with a missing, repeated or reordered frame.
+            record(
+                "\(nodes[end.node].name) connection \(id): frame \(sequence) where \(connection.expected[side]) was due"
+            )
+            closeConnection(
+                from: nodes[end.node], link: link, reason: "decryption failed: a frame was lost, repeated or reordered")
+            return
+        }
+        connection.expected[side] += 1
         host.received(bytes, on: link)
     }
 
@@ -533,22 +595,29 @@ public final class Simulation: @unchecked Sendable {
                 guard reachable(sender, receiver) else { continue }
                 let held = connection.held[side]
                 connection.held[side] = []
-                for bytes in held {
-                    enqueue(bytes, on: connection, towards: side, ready: now, profile: profile(sender, receiver))
+                for (bytes, sequence) in held {
+                    enqueue(
+                        bytes, sequence, on: connection, towards: side, ready: now, profile: profile(sender, receiver))
                 }
             }
         }
     }
 
     func closeConnection(from node: SimulatedNode, link: LinkID, reason: String) {
-        guard let id = node.links[link], let connection = connections[id] else { return }
-        let side = connection.ends.firstIndex { $0.node == node.index && $0.link == link }!
+        guard let id = node.links[link], let connection = connections[id],
+            let side = connection.ends.firstIndex(where: { $0.node == node.index && $0.link == link })
+        else { return }
+        // The closing side learns at once (even if the other side closed first).
+        if !connection.closing[side] {
+            connection.closing[side] = true
+            schedule(.closed(connection: id, side: side, reason: reason), after: 0)
+        }
         guard connection.open else { return }
         connection.open = false
         record("\(node.name) closes connection \(id): \(reason)")
-        schedule(.closed(connection: id, side: side, reason: reason), after: 0)
         let other = connection.ends[1 - side].node
-        if reachable(node.index, other) {
+        if reachable(node.index, other), !connection.closing[1 - side] {
+            connection.closing[1 - side] = true
             schedule(
                 .closed(connection: id, side: 1 - side, reason: "peer closed the connection"),
                 after: profile(node.index, other).latency)
@@ -557,7 +626,8 @@ public final class Simulation: @unchecked Sendable {
 
     private func reset(_ connection: Connection, reason: String) {
         connection.open = false
-        for side in 0..<2 {
+        for side in 0..<2 where !connection.closing[side] {
+            connection.closing[side] = true
             schedule(
                 .closed(connection: connection.id, side: side, reason: reason),
                 after: profile(connection.ends[0].node, connection.ends[1].node).latency)
@@ -595,6 +665,14 @@ public final class Simulation: @unchecked Sendable {
 public struct SimulationFailure: Error, CustomStringConvertible, Sendable {
     public var seed: UInt64
     public var violations: [String]
+    /// The run's trace up to the failure (empty when tracing was off).
+    public var trace: [String] = []
+
+    public init(seed: UInt64, violations: [String], trace: [String] = []) {
+        self.seed = seed
+        self.violations = violations
+        self.trace = trace
+    }
 
     public var description: String {
         "simulation seed \(seed) failed:\n" + violations.map { "  - \($0)" }.joined(separator: "\n")

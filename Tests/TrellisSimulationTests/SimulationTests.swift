@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 import Trellis
 import TrellisSimulation
@@ -55,5 +56,40 @@ import TrellisTestKit
         let second = try run()
         #expect(first.count > 20)
         #expect(first == second)
+    }
+}
+
+@Suite struct SweepProbe {
+    @Test(arguments: ["all"])
+    func someSeeds(faults: String) throws {
+        var workload = RandomWorkload()
+        workload.faults = try SimulatedFault.parse(faults)
+        var failed: [UInt64] = []
+        var first = ""
+        for seed in UInt64(1)...100 {
+            do {
+                try workload.run(seed: seed, tracing: false)
+            } catch {
+                if failed.isEmpty { first = "\(error)" }
+                failed.append(seed)
+            }
+        }
+        print("FAULTS \(faults): \(failed.count) failed \(failed)\n\(first.prefix(600))")
+    }
+}
+
+@Suite struct SeedDebug {
+    @Test func one() throws {
+        guard let text = ProcessInfo.processInfo.environment["SIM_SEED"], let seed = UInt64(text) else { return }
+        var workload = RandomWorkload()
+        workload.faults = try SimulatedFault.parse(ProcessInfo.processInfo.environment["SIM_FAULTS"] ?? "all")
+        do {
+            try workload.run(seed: seed)
+        } catch let failure as SimulationFailure {
+            print(
+                failure.trace.suffix(Int(ProcessInfo.processInfo.environment["SIM_LINES"] ?? "300")!).joined(
+                    separator: "\n"))
+            print(failure)
+        }
     }
 }

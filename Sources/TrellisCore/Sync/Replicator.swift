@@ -355,10 +355,9 @@ public struct Replicator: Sendable {
         var bytes = 0
         for record in page.records where record.seq > served.cursor {
             let echoKey = EchoKey(collection: record.document.collection, key: record.key)
-            if let digest = sessions[link]!.echo.removeValue(forKey: echoKey),
-                digest == StateDigest(record.document.state)
-            {
-                continue  // exactly what this peer sent us: it has it
+            if let digest = sessions[link]!.echo[echoKey] {
+                if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
+                sessions[link]!.echo.removeValue(forKey: echoKey)
             }
             guard record.document.state.count <= configuration.maxStateBytes else {
                 directives.append(
@@ -587,7 +586,10 @@ public struct Replicator: Sendable {
             if var existing = sessions[link]!.served[key] {
                 existing.hops = sub.hops
                 if existing.generation != sub.generation {
-                    // The peer evicted documents and wants matching ones again from `since`.
+                    // The peer evicted documents and wants matching ones again from `since`,
+                    // including those it once sent here itself.
+                    let collection = sub.spec.collection
+                    sessions[link]!.echo = sessions[link]!.echo.filter { $0.key.collection != collection }
                     existing.generation = sub.generation
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
