@@ -45,7 +45,8 @@ let package = Package(
         // Shared test helpers.
         .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
 
-        .executableTarget(name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider"]),
+        .executableTarget(
+            name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider", "TrellisSimulation"]),
         .executableTarget(
             name: "trellis-bench",
             dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts"]),

@@ -100,8 +100,15 @@ public final class Simulation: @unchecked Sendable {
     private let ownsDirectory: Bool
     /// Virtual time of the last message other than a keepalive.
     public private(set) var lastActivity: Millis = 0
-    /// Messages sent, by type, over the whole run (see ``messageCounts``).
+    /// Messages sent, by type, over the whole run.
     public private(set) var messageCounts: [String: Int] = [:]
+    /// Dial attempts, by "dialer->target".
+    public private(set) var dialCounts: [String: Int] = [:]
+    /// How many times each distinct batch carrying documents was sent over each link (in one
+    /// direction) since ``countRepeatedBatches()``, by sender, receiver and the digest of its
+    /// documents.
+    public private(set) var batchRepeats: [String: Int] = [:]
+    private var countingBatches = false
     var history = History()
 
     enum Event {
@@ -466,9 +473,11 @@ public final class Simulation: @unchecked Sendable {
             return
         }
         guard reachable(node.index, target.index) else {
+            dialCounts["\(node.name)->\(target.name)", default: 0] += 1
             schedule(.dialFailed(node: node.index, endpoint: endpoint, reason: "timed out"), after: 3_000)
             return
         }
+        dialCounts["\(node.name)->\(target.name)", default: 0] += 1
         nextConnection += 1
         let connection = Connection(id: nextConnection, dialer: node.index, listener: target.index)
         connections[connection.id] = connection
@@ -509,6 +518,12 @@ public final class Simulation: @unchecked Sendable {
         let receiver = connection.ends[side].node
         let kind = Self.describe(bytes)
         messageCounts[kind.type, default: 0] += 1
+        if countingBatches, kind.type == "batch", kind.carriesDocuments,
+            case .batch(_, let documents, _, _)? = try? WireMessage(serialized: bytes)
+        {
+            let digest = StateDigest(documents.flatMap { $0.state })
+            batchRepeats["\(nodes[sender].name)->\(nodes[receiver].name) \(digest.high)", default: 0] += 1
+        }
         if kind.type != "ping" && kind.type != "pong" { lastActivity = now }
         record("\(nodes[sender].name) -> \(nodes[receiver].name) \(kind.summary)")
         let p = profile(sender, receiver)
@@ -634,8 +649,19 @@ public final class Simulation: @unchecked Sendable {
         }
     }
 
+    /// Starts counting repeated batches (``batchRepeats``), e.g. after a heal, to find sync loops.
+    public func countRepeatedBatches() {
+        countingBatches = true
+        batchRepeats.removeAll()
+    }
+
     /// A short description of a message for the trace.
-    static func describe(_ bytes: [UInt8]) -> (type: String, summary: String) {
+    static func describe(_ bytes: [UInt8]) -> (type: String, summary: String, carriesDocuments: Bool) {
+        let (type, summary) = summarise(bytes)
+        return (type, summary, type == "batch" && !summary.contains(" 0 docs "))
+    }
+
+    private static func summarise(_ bytes: [UInt8]) -> (type: String, summary: String) {
         guard let message = try? WireMessage(serialized: bytes) else {
             return ("?", "undecodable \(bytes.count) bytes")
         }

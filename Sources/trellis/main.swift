@@ -12,6 +12,7 @@ let usage = """
       trellis get    --data DIR COLLECTION ID
       trellis keygen FILE
       trellis contacts import|list|export|mirror --data DIR …
+      trellis simulate [--seeds N] [--nodes M] [--faults LIST] | --replay SEED
 
     Run `trellis COMMAND --help` for a command's details.
     """
@@ -31,6 +32,7 @@ do {
     case "find", "get": try InspectCommand.run(command, rest)
     case "keygen": try KeygenCommand.run(rest)
     case "contacts": try ContactsCommand.run(rest)
+    case "simulate": try SimulateCommand.run(rest)
     case "--help", "-h", "help": print(usage)
     default: throw UsageError("unknown command '\(command)'; run `trellis --help`")
     }

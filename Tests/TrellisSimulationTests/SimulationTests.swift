@@ -59,37 +59,22 @@ import TrellisTestKit
     }
 }
 
-@Suite struct SweepProbe {
-    @Test(arguments: ["all"])
-    func someSeeds(faults: String) throws {
-        var workload = RandomWorkload()
-        workload.faults = try SimulatedFault.parse(faults)
-        var failed: [UInt64] = []
-        var first = ""
-        for seed in UInt64(1)...100 {
+/// The bounded sweep: 240 seeds of random meshes (3–8 nodes) with random app operations and
+/// every fault, each healed and checked. The first seed is random each run (printed); replay a
+/// run with `TRELLIS_SEED=<first seed>`, or one failing seed with `trellis simulate --replay SEED`.
+@Suite struct SimulationSweepTests {
+    @Test func randomMeshesKeepEveryInvariant() throws {
+        let (_, first) = SeededRandom.fromEnvironment(default: UInt64.random(in: 0...(1 << 40)))
+        print("SimulationSweepTests seeds \(first)…\(first + 239) (replay: TRELLIS_SEED=\(first))")
+        var failures: [String] = []
+        for seed in first..<(first + 240) {
             do {
-                try workload.run(seed: seed, tracing: false)
-            } catch {
-                if failed.isEmpty { first = "\(error)" }
-                failed.append(seed)
+                try RandomWorkload().run(seed: seed, tracing: false)
+            } catch let failure as SimulationFailure {
+                failures.append("\(failure)\n  replay: trellis simulate --replay \(seed)")
             }
         }
-        print("FAULTS \(faults): \(failed.count) failed \(failed)\n\(first.prefix(600))")
-    }
-}
-
-@Suite struct SeedDebug {
-    @Test func one() throws {
-        guard let text = ProcessInfo.processInfo.environment["SIM_SEED"], let seed = UInt64(text) else { return }
-        var workload = RandomWorkload()
-        workload.faults = try SimulatedFault.parse(ProcessInfo.processInfo.environment["SIM_FAULTS"] ?? "all")
-        do {
-            try workload.run(seed: seed)
-        } catch let failure as SimulationFailure {
-            print(
-                failure.trace.suffix(Int(ProcessInfo.processInfo.environment["SIM_LINES"] ?? "300")!).joined(
-                    separator: "\n"))
-            print(failure)
-        }
+        #expect(
+            failures.isEmpty, "\(failures.count) of 240 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
 }
