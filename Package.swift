@@ -49,7 +49,10 @@ let package = Package(
             name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider", "TrellisSimulation"]),
         .executableTarget(
             name: "trellis-bench",
-            dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts"]),
+            dependencies: [
+                "Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts",
+                "TrellisSimulation",
+            ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // libFuzzer entry point; see Fuzz/README.md for the build command.
         .executableTarget(

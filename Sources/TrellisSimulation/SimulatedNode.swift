@@ -36,6 +36,8 @@ public final class SimulatedNode: @unchecked Sendable {
     let localChanges = Mutex<(writes: [(String, String)], evicted: [String: Set<String>])>(([], [:]))
     var watches: [LiveResults] = []
     var rescanGenerations: [String: UInt32] = [:]
+    /// When each document first changed here (with ``Simulation/recordsArrivals``).
+    var arrivals: [String: Millis] = [:]
     var watchSpecs: [(String, String)] = []
     var evictions: [(String, UInt32)] = []
     let service: NodeSubscriptions
@@ -84,6 +86,13 @@ public final class SimulatedNode: @unchecked Sendable {
         observerToken = documents.addObserver { [weak self] event in
             guard let self else { return }
             self.commits.withLock { $0.formUnion(event.collections) }
+            if self.simulation.recordsArrivals {
+                for (collection, keys) in event.changedKeys {
+                    for key in keys where self.arrivals[History.id(collection, key)] == nil {
+                        self.arrivals[History.id(collection, key)] = self.simulation.now
+                    }
+                }
+            }
             guard event.origin == nil else { return }
             self.localChanges.withLock { changes in
                 if event.evicted {

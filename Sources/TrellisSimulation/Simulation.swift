@@ -86,6 +86,9 @@ public final class Simulation: @unchecked Sendable {
     public var replicatorConfiguration: (inout ReplicatorConfiguration) -> Void = { _ in }
     /// Store options for nodes added after it is set (the clock is always the simulation's).
     public var storeOptions = StoreOptions()
+    /// Whether nodes remember when each document first changed in their store (for propagation
+    /// figures: ``arrivalTimes(of:in:)``).
+    public var recordsArrivals = false
     /// Invariants checked by ``check()`` besides the built-in ones.
     public var invariants: [Invariant] = []
 
@@ -259,6 +262,22 @@ public final class Simulation: @unchecked Sendable {
     }
 
     func profile(_ a: Int, _ b: Int) -> LinkProfile { profiles[Pair(a, b)] ?? defaultProfile }
+
+    /// When the document with this `_id` first changed on each node (with ``recordsArrivals``),
+    /// virtual milliseconds, by node name.
+    public func arrivalTimes(of id: Value, in collection: String) -> [String: Millis] {
+        let key = History.id(collection, JSON.string(id))
+        var out: [String: Millis] = [:]
+        for node in nodes { if let time = node.arrivals[key] { out[node.name] = time } }
+        return out
+    }
+
+    /// The number of distinct node pairs with a static-peer link.
+    public var linkCount: Int {
+        var pairs: Set<Pair> = []
+        for node in nodes { for name in node.staticPeers { if let peer = self.node(name) { pairs.insert(Pair(node.index, peer.index)) } } }
+        return pairs.count
+    }
 
     /// Gives every link the default profile again.
     public func resetProfiles() {
