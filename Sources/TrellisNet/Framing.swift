@@ -9,6 +9,7 @@ public struct FrameDecoder: Sendable {
     /// Bytes of a frame not yet complete (its header included).
     private var partial: [UInt8] = []
 
+    /// A decoder at the start of a stream.
     public init() {}
 
     /// Bytes held for a frame not yet complete.
@@ -49,10 +50,7 @@ public struct FrameDecoder: Sendable {
             try body(Array(bytes[(index + 2)..<(index + 2 + length)]))
             index += 2 + length
         }
-        if index < bytes.endIndex {
-            partial.reserveCapacity(65537)
-            partial += bytes[index...]
-        }
+        if index < bytes.endIndex { partial += bytes[index...] }
     }
 }
 
@@ -63,6 +61,7 @@ public struct FramingError: Error, Sendable, Equatable, CustomStringConvertible 
     /// The largest length allowed, bytes.
     public var limit: Int
 
+    /// The error in words, naming both lengths.
     public var description: String {
         "peer announced a \(announced)-byte message, above the \(limit)-byte limit"
     }
@@ -82,6 +81,8 @@ public struct MessageAssembler: Sendable {
     private var expected: Int?
     private var message: [UInt8] = []
 
+    /// An assembler at the start of a stream.
+    ///
     /// - Parameter limit: the largest message accepted, bytes (``LinkLimits/maxMessageBytes`` on
     ///   a link).
     public init(limit: Int = LinkLimits.maxMessageBytes) {

@@ -89,6 +89,7 @@ public enum LinkError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The authenticated peer key is not admitted (allowlist).
     case notAdmitted
 
+    /// The error in words.
     public var description: String {
         switch self {
         case .closed: return "the link is closed"

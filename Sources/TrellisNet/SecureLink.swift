@@ -31,8 +31,8 @@ public final class SecureLink: MessageLink {
     public static let maxMessageBytes = LinkLimits.maxMessageBytes
     /// Transport messages per direction between rekeys.
     public static let rekeyInterval = 1 << 16
-    /// Bytes the reader asks the socket for at once.
-    static let readChunk = 128 * 1024
+    /// Bytes the reader asks the socket for at once: one full transport message and its length.
+    static let readChunk = 65537
 
     public let remotePeerKey: [UInt8]
     public let isInitiator: Bool
