@@ -24,55 +24,32 @@ import socket
 import struct
 import sys
 
-try:
-    from noise.connection import Keypair, NoiseConnection
-except ImportError:
-    sys.stderr.write("link_peer: the Python module 'noise' (PyPI 'noiseprotocol') is not installed\n")
-    sys.exit(3)
+# The framing helpers (2-byte lengths over a byte stream), the handshake loop and the `noise`
+# import check are noise_peer.py's, which sits beside this script.
+from noise_peer import PeerClosed, read_frame, run_handshake, write_frame
+
+from noise.connection import Keypair, NoiseConnection
 
 MAX_PLAINTEXT = 65519
 
 
-class StreamEnded(Exception):
-    pass
-
-
-def read_exact(sock, count):
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        if not chunk:
-            raise StreamEnded("stream ended after %d of %d bytes" % (len(data), count))
-        data += chunk
-    return data
-
-
-def read_frame(sock):
-    (length,) = struct.unpack(">H", read_exact(sock, 2))
-    return read_exact(sock, length)
-
-
-def write_frame(sock, payload):
-    sock.sendall(struct.pack(">H", len(payload)) + payload)
-
-
 class Link:
-    def __init__(self, sock, conn, interval):
-        self.sock, self.conn, self.interval = sock, conn, interval
+    def __init__(self, stream, conn, interval):
+        self.io, self.conn, self.interval = stream, conn, interval
         self.sent = 0
         self.received = 0
-        self.stream = bytearray()
+        self.pending = bytearray()
 
     def send_message(self, message):
         data = struct.pack(">I", len(message)) + message
         for start in range(0, len(data), MAX_PLAINTEXT):
-            write_frame(self.sock, self.conn.encrypt(data[start:start + MAX_PLAINTEXT]))
+            write_frame(self.io, self.conn.encrypt(data[start:start + MAX_PLAINTEXT]))
             self.sent += 1
             if self.sent % self.interval == 0:
                 self.conn.rekey_outbound_cipher()
 
     def receive_plaintext(self):
-        plaintext = self.conn.decrypt(bytes(read_frame(self.sock)))
+        plaintext = self.conn.decrypt(bytes(read_frame(self.io)))
         self.received += 1
         if self.received % self.interval == 0:
             self.conn.rekey_inbound_cipher()
@@ -83,13 +60,13 @@ class Link:
             plaintext = self.receive_plaintext()
             if not plaintext:
                 return
-            self.stream += plaintext
-            while len(self.stream) >= 4:
-                (length,) = struct.unpack(">I", self.stream[:4])
-                if len(self.stream) < 4 + length:
+            self.pending += plaintext
+            while len(self.pending) >= 4:
+                (length,) = struct.unpack(">I", self.pending[:4])
+                if len(self.pending) < 4 + length:
                     break
-                message = bytes(self.stream[4:4 + length])
-                del self.stream[:4 + length]
+                message = bytes(self.pending[4:4 + length])
+                del self.pending[:4 + length]
                 self.send_message(message[::-1])
 
 
@@ -109,23 +86,19 @@ def main(argv):
     conn.set_as_initiator()
     conn.set_keypair_from_private_bytes(Keypair.STATIC, os.urandom(32))
     sock = socket.create_connection(("127.0.0.1", args.port), timeout=60)
+    stream = sock.makefile("rwb")
     try:
         conn.start_handshake()
-        writing = True
-        while not conn.handshake_finished:
-            if writing:
-                write_frame(sock, conn.write_message(b""))
-            else:
-                conn.read_message(read_frame(sock))
-            writing = not writing
-        Link(sock, conn, args.rekey_interval).run()
-    except StreamEnded as error:
-        sys.stderr.write("link_peer: %s\n" % error)
+        run_handshake(conn, True, stream, stream)
+        Link(stream, conn, args.rekey_interval).run()
+    except PeerClosed as error:
+        sys.stderr.write("link_peer: the stream ended without the authenticated close: %s\n" % error)
         return 5
     except Exception as error:  # any Noise or socket failure is reported, not a traceback
         sys.stderr.write("link_peer: protocol error: %s: %s\n" % (type(error).__name__, error))
         return 4
     finally:
+        stream.close()
         sock.close()
     sys.stderr.write("authenticated close received\n")
     return 0

@@ -130,9 +130,9 @@ public struct MessageAssembler: Sendable {
     }
 }
 
-/// The sending half of a Noise transport on a link: one `CipherState`, the transport-message count
-/// and the rekey schedule (Noise spec rev 34 §5.1, §11.3). Owned by one writer.
-struct TransportSender: Sendable {
+/// One direction of a Noise transport on a link: its `CipherState`, the count of transport
+/// messages it has handled and the rekey schedule (Noise spec rev 34 §5.1, §11.3).
+struct TransportDirection: Sendable {
     private var cipher: CipherState
     private var count = 0
     let rekeyInterval: Int
@@ -140,6 +140,23 @@ struct TransportSender: Sendable {
     init(_ cipher: CipherState, rekeyInterval: Int) {
         self.cipher = cipher
         self.rekeyInterval = rekeyInterval
+    }
+
+    /// Runs one encryption or decryption, counts it, and rekeys after every `rekeyInterval`.
+    mutating func next<T>(_ body: (inout CipherState) throws(NoiseError) -> T) throws(NoiseError) -> T {
+        let result = try body(&cipher)
+        count += 1
+        if count % rekeyInterval == 0 { try cipher.rekey() }
+        return result
+    }
+}
+
+/// The sending half of a Noise transport on a link. Owned by one writer.
+struct TransportSender: Sendable {
+    private var direction: TransportDirection
+
+    init(_ cipher: CipherState, rekeyInterval: Int) {
+        direction = TransportDirection(cipher, rekeyInterval: rekeyInterval)
     }
 
     /// Encrypts one transport message and frames it (2-byte length, ciphertext).
@@ -149,14 +166,12 @@ struct TransportSender: Sendable {
     /// - Throws: ``NoiseError`` when the nonce is exhausted.
     mutating func seal(_ plaintext: [UInt8]) throws(NoiseError) -> [UInt8] {
         precondition(plaintext.count <= NoiseTransport.maxPlaintextLength, "transport plaintext too long")
-        let ciphertext = try cipher.encryptWithAd([], plaintext)
+        let ciphertext = try direction.next { cipher throws(NoiseError) in try cipher.encryptWithAd([], plaintext) }
         var frame: [UInt8] = []
         frame.reserveCapacity(2 + ciphertext.count)
         frame.append(UInt8(ciphertext.count >> 8))
         frame.append(UInt8(ciphertext.count & 0xFF))
         frame += ciphertext
-        count += 1
-        if count % rekeyInterval == 0 { try cipher.rekey() }
         return frame
     }
 }
@@ -164,22 +179,16 @@ struct TransportSender: Sendable {
 /// The receiving half of a Noise transport on a link, mirroring ``TransportSender``. Owned by one
 /// reader.
 struct TransportReceiver: Sendable {
-    private var cipher: CipherState
-    private var count = 0
-    let rekeyInterval: Int
+    private var direction: TransportDirection
 
     init(_ cipher: CipherState, rekeyInterval: Int) {
-        self.cipher = cipher
-        self.rekeyInterval = rekeyInterval
+        direction = TransportDirection(cipher, rekeyInterval: rekeyInterval)
     }
 
     /// Authenticates and decrypts one transport message (the frame's content, length stripped).
     ///
     /// - Throws: ``NoiseError`` when it does not authenticate or is shorter than the tag.
     mutating func open(_ message: [UInt8]) throws(NoiseError) -> [UInt8] {
-        let plaintext = try cipher.decryptWithAd([], message)
-        count += 1
-        if count % rekeyInterval == 0 { try cipher.rekey() }
-        return plaintext
+        try direction.next { cipher throws(NoiseError) in try cipher.decryptWithAd([], message) }
     }
 }

@@ -12,6 +12,16 @@ import TrellisTestKit
             highWater: highWater, lowWater: lowWater)
     }
 
+    /// A started pair and what each end receives.
+    static func startedPair() -> (a: MemoryLink, b: MemoryLink, atA: LinkRecorder, atB: LinkRecorder) {
+        let (a, b) = pair()
+        let atA = LinkRecorder()
+        let atB = LinkRecorder()
+        atA.start(a)
+        atB.start(b)
+        return (a, b, atA, atB)
+    }
+
     @Test func messagesArriveInOrderBothWays() throws {
         let (a, b) = Self.pair()
         let atA = LinkRecorder()
@@ -32,11 +42,7 @@ import TrellisTestKit
     /// An end that stops reading: sends still return at once, the sender's queue grows past
     /// `highWater`; when the end resumes, everything arrives and `onDrain` runs once.
     @Test func anEndThatStopsReadingBacksUpItsPeer() throws {
-        let (a, b) = Self.pair()
-        let atA = LinkRecorder()
-        let atB = LinkRecorder()
-        atA.start(a)
-        atB.start(b)
+        let (a, b, atA, atB) = Self.startedPair()
         b.stopReading()
         var returned: [Int] = []
         for i in 0..<30 { returned.append(try a.send([UInt8](repeating: UInt8(i), count: 96))) }
@@ -57,11 +63,7 @@ import TrellisTestKit
     /// Closing one end: its `onClose` runs even while the other end is stuck; the stuck end learns
     /// of it when it reads again; neither end can send afterwards.
     @Test func closeNeverWaitsForAStuckPeer() throws {
-        let (a, b) = Self.pair()
-        let atA = LinkRecorder()
-        let atB = LinkRecorder()
-        atA.start(a)
-        atB.start(b)
+        let (a, b, atA, atB) = Self.startedPair()
         b.stopReading()
         for _ in 0..<30 { try a.send([UInt8](repeating: 0, count: 96)) }
         a.close()
