@@ -263,8 +263,7 @@ public final class SecureLink: MessageLink {
         while true {
             let count: Int
             do {
-                count = try buffer.withUnsafeMutableBytes { bytes throws(SocketError) in try socket.receive(into: bytes)
-                }
+                count = try buffer.withUnsafeMutableBytes { try socket.receive(into: $0) }
             } catch {
                 return "\(error)"
             }
