@@ -50,8 +50,8 @@ let package = Package(
         .executableTarget(
             name: "trellis-bench",
             dependencies: [
-                "Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts",
-                "TrellisSimulation",
+                "Trellis", "TrellisStore", "TrellisCore", "TrellisNet", "TrellisCrypto", "CSQLite", "ContactProvider",
+                "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // libFuzzer entry point; see Fuzz/README.md for the build command.

@@ -229,7 +229,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     public func send(_ bytes: [UInt8], on link: LinkID) -> Bool {
         guard let target = links[link] else { return false }
         do {
-            return try target.send(bytes) > LinkLimits.highWater
+            return try target.send(bytes) >= target.highWater
         } catch {
             log("send to \(target.remoteAddress) failed: \(error)")
             target.close()
