@@ -275,7 +275,11 @@ public final class Simulation: @unchecked Sendable {
     /// The number of distinct node pairs with a static-peer link.
     public var linkCount: Int {
         var pairs: Set<Pair> = []
-        for node in nodes { for name in node.staticPeers { if let peer = self.node(name) { pairs.insert(Pair(node.index, peer.index)) } } }
+        for node in nodes {
+            for name in node.staticPeers {
+                if let peer = self.node(name) { pairs.insert(Pair(node.index, peer.index)) }
+            }
+        }
         return pairs.count
     }
 
