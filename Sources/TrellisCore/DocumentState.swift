@@ -22,17 +22,23 @@ public struct Stamp: Hashable, Comparable, Sendable, CustomStringConvertible {
 public typealias VersionVector = [SiteID: HLCTimestamp]
 
 extension Dictionary where Key == SiteID, Value == HLCTimestamp {
-    /// Raises this vector to cover `stamp`.
-    mutating func include(_ stamp: Stamp) {
-        if let t = self[stamp.site], t >= stamp.time { return }
+    /// Raises this vector to cover `stamp`. - Returns: whether it changed.
+    @discardableResult
+    mutating func include(_ stamp: Stamp) -> Bool {
+        if let t = self[stamp.site], t >= stamp.time { return false }
         self[stamp.site] = stamp.time
+        return true
     }
 
-    /// Pointwise maximum.
-    mutating func join(_ other: VersionVector) {
+    /// Pointwise maximum. - Returns: whether this vector changed.
+    @discardableResult
+    mutating func join(_ other: VersionVector) -> Bool {
+        var changed = false
         for (site, time) in other where self[site].map({ $0 < time }) ?? true {
             self[site] = time
+            changed = true
         }
+        return changed
     }
 
     /// This vector joined with `other` (cheap when `other` is empty).
@@ -147,17 +153,30 @@ public struct CounterTotal: Hashable, Sendable {
         guard let a else { return b }
         guard let b else { return a }
         if a.stamp != b.stamp { return a.stamp < b.stamp ? b : a }
-        return cborPrecedes(a.total, b.total) ? b : a
+        return a.total == b.total || !cborPrecedes(a.total, b.total) ? a : b
     }
 }
 
 extension Dictionary where Key == SiteID, Value == CounterTotal {
-    /// Per site, the later total. - Returns: whether this changed.
-    mutating func joinLater(_ other: [SiteID: CounterTotal]) {
-        for (site, total) in other {
-            let later = CounterTotal.later(self[site], total)!
-            if later != self[site] { self[site] = later }
+    /// Keeps the later of this site's total and `total`. - Returns: whether this changed.
+    @discardableResult
+    mutating func joinLater(_ total: CounterTotal) -> Bool {
+        let site = total.stamp.site
+        guard let current = self[site] else {
+            self[site] = total
+            return true
         }
+        guard CounterTotal.later(current, total)! != current else { return false }
+        self[site] = total
+        return true
+    }
+
+    /// Per site, the later total. - Returns: whether this changed.
+    @discardableResult
+    mutating func joinLater(_ other: [SiteID: CounterTotal]) -> Bool {
+        var changed = false
+        for total in other.values where joinLater(total) { changed = true }
+        return changed
     }
 }
 
@@ -229,6 +248,7 @@ public struct FieldEntry: Hashable, Sendable, Comparable {
     public static func < (lhs: FieldEntry, rhs: FieldEntry) -> Bool {
         if lhs.stamp != rhs.stamp { return lhs.stamp < rhs.stamp }
         if lhs.content.rank != rhs.content.rank { return lhs.content.rank < rhs.content.rank }
+        if lhs.content == rhs.content { return false }  // the same write (the common case in a join)
         switch (lhs.content, rhs.content) {
         case (.value(let a), .value(let b)): return cborPrecedes(a, b)
         case (.restart(let a), .restart(let b)): return cborPrecedes(a.tieKey, b.tieKey)
@@ -242,6 +262,118 @@ public struct FieldEntry: Hashable, Sendable, Comparable {
         case .value: return FieldEntry(stamp: stamp, content: .withheldValue)
         case .map: return FieldEntry(stamp: stamp, content: .withheldMap)
         default: return self
+        }
+    }
+}
+
+/// A field's entries: per writing site, that site's latest write. One entry (the common case)
+/// is stored inline, without a dictionary.
+public struct FieldEntries: Hashable, Sendable, Sequence {
+    private enum Storage: Hashable, Sendable {
+        case none
+        case one(FieldEntry)
+        case many([SiteID: FieldEntry])  // two or more
+    }
+
+    private var storage = Storage.none
+
+    public init() {}
+
+    public var isEmpty: Bool {
+        if case .none = storage { return true }
+        return false
+    }
+
+    public var count: Int {
+        switch storage {
+        case .none: return 0
+        case .one: return 1
+        case .many(let d): return d.count
+        }
+    }
+
+    /// The entry of `site`, if it wrote this field.
+    public subscript(site: SiteID) -> FieldEntry? {
+        switch storage {
+        case .none: return nil
+        case .one(let e): return e.stamp.site == site ? e : nil
+        case .many(let d): return d[site]
+        }
+    }
+
+    /// Keeps the greater of its site's entry and `entry`. - Returns: whether this changed.
+    @discardableResult
+    mutating func note(_ entry: FieldEntry) -> Bool {
+        switch storage {
+        case .none:
+            storage = .one(entry)
+            return true
+        case .one(let current):
+            if current.stamp.site == entry.stamp.site {
+                guard current < entry else { return false }
+                storage = .one(entry)
+            } else {
+                storage = .many([current.stamp.site: current, entry.stamp.site: entry])
+            }
+            return true
+        case .many(var d):
+            if let current = d[entry.stamp.site], !(current < entry) { return false }
+            storage = .none  // keeps `d` uniquely referenced while it changes
+            d[entry.stamp.site] = entry
+            storage = .many(d)
+            return true
+        }
+    }
+
+    /// Removes the entries `remove` selects. - Returns: whether any was removed.
+    @discardableResult
+    mutating func removeAll(where remove: (FieldEntry) -> Bool) -> Bool {
+        switch storage {
+        case .none: return false
+        case .one(let e):
+            guard remove(e) else { return false }
+            storage = .none
+            return true
+        case .many(var d):
+            guard d.values.contains(where: remove) else { return false }
+            storage = .none
+            d = d.filter { !remove($0.value) }
+            storage = d.count == 1 ? .one(d.first!.value) : d.isEmpty ? .none : .many(d)
+            return true
+        }
+    }
+
+    /// Replaces every entry by `transform(entry)` (which must keep its stamp).
+    mutating func update(_ transform: (FieldEntry) -> FieldEntry) {
+        switch storage {
+        case .none: break
+        case .one(let e): storage = .one(transform(e))
+        case .many(var d):
+            storage = .none
+            for site in Array(d.keys) { d[site] = transform(d[site]!) }
+            storage = .many(d)
+        }
+    }
+
+    public func makeIterator() -> Iterator {
+        switch storage {
+        case .none: return Iterator(single: nil, many: nil)
+        case .one(let e): return Iterator(single: e, many: nil)
+        case .many(let d): return Iterator(single: nil, many: d.values.makeIterator())
+        }
+    }
+
+    /// Iterates the entries (in no particular order).
+    public struct Iterator: IteratorProtocol {
+        var single: FieldEntry?
+        var many: Dictionary<SiteID, FieldEntry>.Values.Iterator?
+
+        public mutating func next() -> FieldEntry? {
+            if let e = single {
+                single = nil
+                return e
+            }
+            return many?.next()
         }
     }
 }
@@ -271,7 +403,7 @@ struct FieldPart {
 /// The replicated state of one field (docs/DATA-MODEL.md, "What a state holds").
 public struct FieldNode: Hashable, Sendable {
     /// Per writing site, that site's latest write to this field.
-    public internal(set) var entries: [SiteID: FieldEntry] = [:]
+    public internal(set) var entries = FieldEntries()
     /// The child fields (the field is or was a map).
     public internal(set) var map = MapNode()
     /// Counter: per site, its running total of increments.
@@ -288,37 +420,66 @@ public struct FieldNode: Hashable, Sendable {
         entries.isEmpty && map.isEmpty && totals.isEmpty && removedTotals.isEmpty && removed.isEmpty
     }
 
-    /// Keeps the greater of this site's entry and `entry`.
-    mutating func note(_ entry: FieldEntry) {
-        if let current = entries[entry.stamp.site], !(current < entry) { return }
-        entries[entry.stamp.site] = entry
-    }
+    /// Keeps the greater of this site's entry and `entry`. - Returns: whether this changed.
+    @discardableResult
+    mutating func note(_ entry: FieldEntry) -> Bool { entries.note(entry) }
 
     // MARK: Join and normal form
 
-    mutating func join(_ other: FieldNode) {
-        for entry in other.entries.values { note(entry) }
-        map.join(other.map)
-        totals.joinLater(other.totals)
-        removedTotals.joinLater(other.removedTotals)
-        removed.join(other.removed)
+    /// Joins `other` into this field, keeping the normal form: what the joined context covers is
+    /// not taken from `other`, and what it newly covers here is dropped.
+    ///
+    /// - Parameters:
+    ///   - inherited: the joined context above this field.
+    ///   - inheritedGrew: whether that context is larger than the one this field was normal under.
+    /// - Returns: whether this field changed.
+    mutating func join(_ other: FieldNode, inherited: VersionVector, inheritedGrew: Bool) -> Bool {
+        var grew = false
+        for (site, time) in other.removed
+        where (inherited[site].map { $0 < time } ?? true) && (removed[site].map { $0 < time } ?? true) {
+            removed[site] = time
+            grew = true
+        }
+        var changed = grew
+        if inheritedGrew || grew, normalizeHere(inherited) { changed = true }
+        let context = inherited.joined(removed)
+        for entry in other.entries where !context.covers(entry.stamp) {
+            if note(entry) { changed = true }
+        }
+        for total in other.totals.values where !context.covers(total.stamp) {
+            if totals.joinLater(total) { changed = true }
+        }
+        if removedTotals.joinLater(other.removedTotals) { changed = true }
+        if map.join(other.map, context: context, contextGrew: inheritedGrew || grew) { changed = true }
+        return changed
     }
 
-    /// Drops what the context in force covers (docs/DATA-MODEL.md, "Normal form").
-    mutating func normalize(_ inherited: VersionVector) {
-        if !removed.isEmpty, !inherited.isEmpty {
+    /// Drops what the context in force covers, in this field and below (docs/DATA-MODEL.md,
+    /// "Normal form"). - Returns: whether anything was dropped.
+    @discardableResult
+    mutating func normalize(_ inherited: VersionVector) -> Bool {
+        var changed = normalizeHere(inherited)
+        if map.normalize(inherited.joined(removed)) { changed = true }
+        return changed
+    }
+
+    /// ``normalize(_:)`` without the children.
+    private mutating func normalizeHere(_ inherited: VersionVector) -> Bool {
+        var changed = false
+        if !removed.isEmpty, !inherited.isEmpty,
+            removed.contains(where: { site, time in inherited[site].map { time <= $0 } ?? false })
+        {
             removed = removed.filter { site, time in inherited[site].map { $0 < time } ?? true }
+            changed = true
         }
         let context = inherited.joined(removed)
-        if !context.isEmpty {
-            if entries.contains(where: { context.covers($0.value.stamp) }) {
-                entries = entries.filter { !context.covers($0.value.stamp) }
-            }
-            if totals.contains(where: { context.covers($0.value.stamp) }) {
-                totals = totals.filter { !context.covers($0.value.stamp) }
-            }
+        guard !context.isEmpty else { return changed }
+        if entries.removeAll(where: { context.covers($0.stamp) }) { changed = true }
+        if totals.contains(where: { context.covers($0.value.stamp) }) {
+            totals = totals.filter { !context.covers($0.value.stamp) }
+            changed = true
         }
-        map.normalize(context)
+        return changed
     }
 
     // MARK: Reading
@@ -332,7 +493,7 @@ public struct FieldNode: Hashable, Sendable {
         var mapStamp: Stamp?
         var valuedMap = false
         var winner: FieldEntry?
-        for entry in entries.values where !context.covers(entry.stamp) {
+        for entry in entries where !context.covers(entry.stamp) {
             switch entry.content {
             case .value, .withheldValue:
                 if bestValue.map({ $0 < entry }) ?? true { bestValue = entry }
@@ -351,7 +512,7 @@ public struct FieldNode: Hashable, Sendable {
             if case .value(let v) = entry.content {
                 offer(FieldPart(value: v, stamp: entry.stamp, kind: .value))
             } else {
-                offer(FieldPart(value: nil, stamp: entry.stamp, kind: .value))
+                offer(FieldPart(value: Value?.none, stamp: entry.stamp, kind: .value))
             }
         }
         if mapStamp != nil || !map.isEmpty {
@@ -373,6 +534,7 @@ public struct FieldNode: Hashable, Sendable {
 
     /// The counter's value (docs/DATA-MODEL.md rule 4) and latest visible stamp.
     private func counterPart(_ context: VersionVector, winner: FieldEntry?) -> FieldPart? {
+        guard winner != nil || !totals.isEmpty else { return nil }
         var latest = winner?.stamp
         var base = Value.int(0)
         var seen: [SiteID: CounterTotal] = [:]
@@ -397,7 +559,7 @@ public struct FieldNode: Hashable, Sendable {
     /// remove last saw of it (the total itself may have been covered and dropped).
     func runningTotal(of site: SiteID) -> CounterTotal? {
         var latest = CounterTotal.later(totals[site], removedTotals[site])
-        for entry in entries.values {
+        for entry in entries {
             if case .restart(let r) = entry.content { latest = CounterTotal.later(latest, r.seen[site]) }
         }
         return latest
@@ -407,7 +569,7 @@ public struct FieldNode: Hashable, Sendable {
     func runningTotals() -> [SiteID: CounterTotal] {
         var out = removedTotals
         out.joinLater(totals)
-        for entry in entries.values {
+        for entry in entries {
             if case .restart(let r) = entry.content { out.joinLater(r.seen) }
         }
         return out
@@ -415,7 +577,7 @@ public struct FieldNode: Hashable, Sendable {
 
     /// The stamps of every write under this field, per site (an unset's or a replacement's context).
     func versionVector(into vv: inout VersionVector) {
-        for entry in entries.values { vv.include(entry.stamp) }
+        for entry in entries { vv.include(entry.stamp) }
         for total in totals.values { vv.include(total.stamp) }
         for child in map.entries.values { child.versionVector(into: &vv) }
     }
@@ -432,10 +594,13 @@ public struct FieldNode: Hashable, Sendable {
 
     /// Records, in this counter and every counter below, the running totals seen now.
     mutating func recordRemovedTotals() {
-        if !totals.isEmpty || !removedTotals.isEmpty || entries.values.contains(where: { $0.isRestart }) {
+        if !totals.isEmpty || !removedTotals.isEmpty || entries.contains(where: { $0.isRestart }) {
             removedTotals = runningTotals()
         }
-        map.updateEach { $0.recordRemovedTotals() }
+        map.updateEach {
+            $0.recordRemovedTotals()
+            return true
+        }
     }
 
     /// Removes everything under this field that this replica holds: its stamps join the field's
@@ -447,10 +612,11 @@ public struct FieldNode: Hashable, Sendable {
 
     /// Replaces every value and "map" entry by a withheld one (restarts and totals stay).
     mutating func withholdValues() {
-        if entries.values.contains(where: { $0.withheld != $0 }) {
-            for site in Array(entries.keys) { entries[site] = entries[site]!.withheld }
+        if entries.contains(where: { $0.withheld != $0 }) { entries.update { $0.withheld } }
+        map.updateEach {
+            $0.withholdValues()
+            return true
         }
-        map.updateEach { $0.withholdValues() }
     }
 }
 
@@ -477,42 +643,61 @@ public struct MapNode: Hashable, Sendable {
         set { entries[key] = newValue }
     }
 
-    /// Removes and returns the child at `key` (so it can be changed in place without a copy).
-    mutating func take(_ key: String) -> FieldNode? { entries.removeValue(forKey: key) }
-
-    /// Puts a child back; an empty one is dropped (normal form).
-    mutating func put(_ key: String, _ node: FieldNode) {
-        if node.isEmpty { entries.removeValue(forKey: key) } else { entries[key] = node }
+    /// Runs `body` on the child at `key` in place (on a new, empty child when there is none, if
+    /// `create`); a child left empty is dropped (normal form). - Returns: `body`'s result, or
+    /// `nil` when there was no child and not `create`.
+    @discardableResult
+    mutating func modify<R>(_ key: String, create: Bool = true, _ body: (inout FieldNode) throws -> R) rethrows -> R? {
+        if let i = entries.index(forKey: key) {
+            let result = try body(&entries.values[i])
+            if entries.values[i].isEmpty { entries.remove(at: i) }
+            return result
+        }
+        guard create else { return nil }
+        var node = FieldNode()
+        let result = try body(&node)
+        if !node.isEmpty { entries[key] = node }
+        return result
     }
 
-    /// Changes every child in place, dropping those left empty.
-    mutating func updateEach(_ body: (inout FieldNode) -> Void) {
-        guard !entries.isEmpty else { return }
+    /// Changes every child in place, dropping those left empty. - Returns: whether any `body`
+    /// returned `true`.
+    @discardableResult
+    mutating func updateEach(_ body: (inout FieldNode) -> Bool) -> Bool {
+        guard !entries.isEmpty else { return false }
+        var changed = false
         var emptied: [String] = []
         var i = entries.values.startIndex
         while i != entries.values.endIndex {
-            body(&entries.values[i])
+            if body(&entries.values[i]) { changed = true }
             if entries.values[i].isEmpty { emptied.append(entries.keys[i]) }
             entries.values.formIndex(after: &i)
         }
         for key in emptied { entries.removeValue(forKey: key) }
+        return changed
     }
 
     /// The keys in CBOR's deterministic order (shorter UTF-8 first, then byte-wise).
     func sortedKeys() -> [String] { entries.keys.sorted(by: CBORWriter.keyPrecedes) }
 
-    mutating func join(_ other: MapNode) {
-        for (key, node) in other.entries {
-            if var mine = take(key) {
-                mine.join(node)
-                put(key, mine)
-            } else {
-                put(key, node)
+    /// Joins `other`'s children into these (see ``FieldNode/join(_:inherited:inheritedGrew:)``);
+    /// when the context grew, the children `other` does not have are normalised too.
+    /// - Returns: whether anything changed.
+    mutating func join(_ other: MapNode, context: VersionVector, contextGrew: Bool) -> Bool {
+        var changed = false
+        if contextGrew {
+            for key in entries.keys where other.entries[key] == nil {
+                if modify(key, create: false, { $0.normalize(context) }) == true { changed = true }
             }
         }
+        for (key, node) in other.entries {
+            if modify(key, { $0.join(node, inherited: context, inheritedGrew: contextGrew) }) == true { changed = true }
+        }
+        return changed
     }
 
-    mutating func normalize(_ context: VersionVector) {
+    @discardableResult
+    mutating func normalize(_ context: VersionVector) -> Bool {
         updateEach { $0.normalize(context) }
     }
 
@@ -657,14 +842,13 @@ public struct DocumentState: Hashable, Sendable {
         in map: inout MapNode, _ keys: ArraySlice<String>, context: VersionVector, stamp: Stamp?,
         _ body: (inout FieldNode, VersionVector) -> R
     ) -> R? {
-        let key = keys.first!
-        guard stamp != nil || map[key] != nil else { return nil }
-        var node = map.take(key) ?? FieldNode()
-        defer { map.put(key, node) }
         let rest = keys.dropFirst()
-        guard !rest.isEmpty else { return body(&node, context) }
-        if let stamp { node.note(FieldEntry(stamp: stamp, content: .map)) }
-        return withField(in: &node.map, rest, context: context.joined(node.removed), stamp: stamp, body)
+        let result = map.modify(keys.first!, create: stamp != nil) { node -> R? in
+            guard !rest.isEmpty else { return body(&node, context) }
+            if let stamp { node.note(FieldEntry(stamp: stamp, content: .map)) }
+            return withField(in: &node.map, rest, context: context.joined(node.removed), stamp: stamp, body)
+        }
+        return result ?? nil
     }
 
     // MARK: Local operations
@@ -693,13 +877,13 @@ public struct DocumentState: Hashable, Sendable {
     /// - Complexity: O(size of the fields written and of the fields they land on).
     public mutating func merge(fields: [String: Value], stamp: Stamp) {
         for (key, value) in fields {
-            var node = root.take(key) ?? FieldNode()
-            Self.write(value, into: &node, context: removed, stamp: stamp, replace: false)
-            root.put(key, node)
+            root.modify(key) { node in
+                Self.write(value, into: &node, context: removed, stamp: stamp, replace: false)
+                node.normalize(removed)
+            }
         }
         adds.include(stamp)
         writes.include(stamp)
-        for key in fields.keys { normalize(key: key) }
     }
 
     /// Writes `value` into `node`. A leaf replaces everything the field held (it is covered); a
@@ -708,6 +892,18 @@ public struct DocumentState: Hashable, Sendable {
     private static func write(
         _ value: Value, into node: inout FieldNode, context: VersionVector, stamp: Stamp, replace: Bool
     ) {
+        if node.isEmpty {
+            // A new field: nothing to restart or cover.
+            if case .map(let children) = value {
+                node.note(FieldEntry(stamp: stamp, content: .map))
+                for (key, child) in children {
+                    node.map.modify(key) { write(child, into: &$0, context: context, stamp: stamp, replace: false) }
+                }
+            } else {
+                node.note(FieldEntry(stamp: stamp, content: .value(value)))
+            }
+            return
+        }
         if CounterNumber.isNumber(value), node.part(context)?.kind == .counter {
             node.note(FieldEntry(stamp: stamp, content: .restart(Restart(value: value, seen: node.runningTotals()))))
             return
@@ -719,9 +915,7 @@ public struct DocumentState: Hashable, Sendable {
             // Children decide restarts against what they showed before this write.
             let inner = context.joined(node.removed)
             for (key, child) in children {
-                var childNode = node.map.take(key) ?? FieldNode()
-                write(child, into: &childNode, context: inner, stamp: stamp, replace: false)
-                node.map.put(key, childNode)
+                node.map.modify(key) { write(child, into: &$0, context: inner, stamp: stamp, replace: false) }
             }
             if replace { node.kill(seen: seen) }
         } else {
@@ -808,7 +1002,10 @@ public struct DocumentState: Hashable, Sendable {
     ///
     /// - Complexity: O(size of the state).
     public mutating func remove(stamp: Stamp) {
-        root.updateEach { $0.recordRemovedTotals() }
+        root.updateEach {
+            $0.recordRemovedTotals()
+            return true
+        }
         removed.join(writes)
         removed.include(stamp)
         normalizeDocument()
@@ -845,25 +1042,35 @@ public struct DocumentState: Hashable, Sendable {
     /// - Complexity: O(size of the state).
     public func evictionStub() -> DocumentState {
         var stub = self
-        stub.root.updateEach { $0.withholdValues() }
+        stub.root.updateEach {
+            $0.withholdValues()
+            return true
+        }
         return stub
     }
 
     // MARK: Merge and normal form
 
-    /// Joins another replica's state of the same document into this one.
+    /// Joins another replica's state of the same document into this one, keeping the normal form.
     ///
-    /// - Returns: `true` when this state changed.
-    /// - Complexity: O(size of both states).
+    /// - Returns: `true` when this state changed (exactly: `false` when `other` adds nothing).
+    /// - Complexity: O(size of `other`), plus O(size of this state) when `other`'s remove
+    ///   contexts cover more than this state's.
     @discardableResult
     public mutating func merge(_ other: DocumentState) -> Bool {
-        let before = self
-        root.join(other.root)
-        writes.join(other.writes)
-        removed.join(other.removed)
-        adds.join(other.adds)
-        normalizeDocument()
-        return self != before
+        var changed = writes.join(other.writes)
+        let grew = removed.join(other.removed)
+        if grew {
+            changed = true
+            if adds.contains(where: { removed.covers(Stamp(time: $0.value, site: $0.key)) }) {
+                adds = adds.filter { !removed.covers(Stamp(time: $0.value, site: $0.key)) }
+            }
+        }
+        for (site, time) in other.adds where !removed.covers(Stamp(time: time, site: site)) {
+            if adds.include(Stamp(time: time, site: site)) { changed = true }
+        }
+        if root.join(other.root, context: removed, contextGrew: grew) { changed = true }
+        return changed
     }
 
     /// Brings the whole state to its normal form.
@@ -878,9 +1085,7 @@ public struct DocumentState: Hashable, Sendable {
 
     /// Brings one top-level field to its normal form (the rest is untouched by the operation).
     private mutating func normalize(key: String) {
-        guard var node = root.take(key) else { return }
-        node.normalize(removed)
-        root.put(key, node)
+        root.modify(key, create: false) { $0.normalize(removed) }
     }
 
     // MARK: Reading

@@ -49,7 +49,7 @@ extension DocumentState {
             self = try LegacyStateDecoder(sites: sites).state(m)
         case .int(Self.encodingVersion)?:
             var decoder = StateDecoder(sites: sites)
-            try decoder.checkKeys(m, ["a", "m", "r", "s", "v", "w"], "the document")
+            try decoder.checkKeys(m, StateDecoder.documentKeys, "the document")
             let writes = try decoder.vector(m["w"], "w", "the document", bounded: false)
             let removed = try decoder.vector(m["r"], "r", "the document", bounded: false)
             decoder.bound = writes.joined(removed)
@@ -81,70 +81,80 @@ private struct StateDecoder {
         path.isEmpty ? "the document" : "field '\(path.joined(separator: "."))'"
     }
 
-    func checkKeys(_ m: [String: Value], _ allowed: Set<String>, _ place: String) throws(DocumentStateError) {
-        for key in m.keys where !allowed.contains(key) { throw fail("\(place) has an unknown part '\(key)'") }
+    static let documentKeys: Set<String> = ["a", "m", "r", "s", "v", "w"]
+
+    func checkKeys(_ m: [String: Value], _ allowed: Set<String>, _ place: @autoclosure () -> String)
+        throws(DocumentStateError)
+    {
+        for key in m.keys where !allowed.contains(key) { throw fail("\(place()) has an unknown part '\(key)'") }
     }
 
-    func site(_ v: Value, _ place: String) throws(DocumentStateError) -> SiteID {
-        guard case .int(let i) = v, i >= 0, i < sites.count else { throw fail("\(place): bad site index \(v)") }
+    func site(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> SiteID {
+        guard case .int(let i) = v, i >= 0, i < sites.count else { throw fail("\(place()): bad site index \(v)") }
         return sites[Int(i)]
     }
 
-    func time(_ v: Value, _ place: String) throws(DocumentStateError) -> HLCTimestamp {
-        guard case .int(let t) = v else { throw fail("\(place): time is \(v.typeName)") }
+    func time(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> HLCTimestamp {
+        guard case .int(let t) = v else { throw fail("\(place()): time is \(v.typeName)") }
         return HLCTimestamp(rawValue: UInt64(bitPattern: t))
     }
 
     /// A stamp from `[i, time, ...]`, checked against ``bound``.
-    func stamp(_ parts: [Value], _ place: String) throws(DocumentStateError) -> Stamp {
-        let stamp = Stamp(time: try time(parts[1], place), site: try site(parts[0], place))
+    func stamp(_ parts: [Value], _ place: @autoclosure () -> String) throws(DocumentStateError) -> Stamp {
+        let stamp = Stamp(time: try time(parts[1], place()), site: try site(parts[0], place()))
         guard bound.covers(stamp) else {
             throw fail(
-                "\(place) holds a stamp (time \(stamp.time.rawValue), site \(String(stamp.site, radix: 16))) above "
+                "\(place()) holds a stamp (time \(stamp.time.rawValue), site \(String(stamp.site, radix: 16))) above "
                     + "the state's write vector and remove context: every stamp must be covered by them")
         }
         return stamp
     }
 
-    func number(_ v: Value, _ place: String) throws(DocumentStateError) -> Value {
-        guard CounterNumber.isNumber(v) else { throw fail("\(place): a counter number is \(v.typeName)") }
+    func number(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> Value {
+        guard CounterNumber.isNumber(v) else { throw fail("\(place()): a counter number is \(v.typeName)") }
         return v
     }
 
     /// The elements of a list of arrays of `count` items each.
-    func rows(_ v: Value, _ count: Int, _ name: String, _ place: String) throws(DocumentStateError) -> [[Value]] {
-        guard case .array(let items) = v else { throw fail("\(place): '\(name)' is not an array") }
+    func rows(_ v: Value, _ count: Int, _ name: String, _ place: @autoclosure () -> String) throws(DocumentStateError)
+        -> [[Value]]
+    {
+        guard case .array(let items) = v else { throw fail("\(place()): '\(name)' is not an array") }
         var out: [[Value]] = []
         out.reserveCapacity(items.count)
         for item in items {
             guard case .array(let parts) = item, parts.count == count else {
-                throw fail("\(place): an element of '\(name)' is not an array of \(count)")
+                throw fail("\(place()): an element of '\(name)' is not an array of \(count)")
             }
             out.append(parts)
         }
         return out
     }
 
-    func vector(_ v: Value?, _ name: String, _ place: String, bounded: Bool) throws(DocumentStateError)
+    func vector(_ v: Value?, _ name: String, _ place: @autoclosure () -> String, bounded: Bool)
+        throws(DocumentStateError)
         -> VersionVector
     {
         guard let v else { return [:] }
         var out: VersionVector = [:]
-        for parts in try rows(v, 2, name, place) {
+        for parts in try rows(v, 2, name, place()) {
             if bounded {
-                out.include(try stamp(parts, "\(place) '\(name)'"))
+                out.include(try stamp(parts, "\(place()) '\(name)'"))
             } else {
-                out.include(Stamp(time: try time(parts[1], place), site: try site(parts[0], place)))
+                out.include(Stamp(time: try time(parts[1], place()), site: try site(parts[0], place())))
             }
         }
         return out
     }
 
-    func totals(_ v: Value?, _ name: String, _ place: String) throws(DocumentStateError) -> [SiteID: CounterTotal] {
+    func totals(_ v: Value?, _ name: String, _ place: @autoclosure () -> String) throws(DocumentStateError) -> [SiteID:
+        CounterTotal]
+    {
         guard let v else { return [:] }
         var out: [SiteID: CounterTotal] = [:]
-        for parts in try rows(v, 3, name, place) {
-            let total = CounterTotal(total: try number(parts[2], place), stamp: try stamp(parts, "\(place) '\(name)'"))
+        for parts in try rows(v, 3, name, place()) {
+            let total = CounterTotal(
+                total: try number(parts[2], place()), stamp: try stamp(parts, "\(place()) '\(name)'"))
             out[total.stamp.site] = CounterTotal.later(out[total.stamp.site], total)
         }
         return out
@@ -155,52 +165,54 @@ private struct StateDecoder {
         guard case .map(let entries) = v else { throw fail("\(Self.describe(path)) holds \(v.typeName), not fields") }
         var node = MapNode()
         for (key, fieldValue) in entries {
-            let fieldPath = path + [key]
-            node[key] = try field(fieldValue, path: fieldPath)
+            node[key] = try field(fieldValue, parent: path, key: key)
         }
         return node
     }
 
-    func field(_ v: Value, path: [String]) throws(DocumentStateError) -> FieldNode {
-        let place = Self.describe(path)
-        guard case .map(let f) = v else { throw fail("\(place) is \(v.typeName)") }
-        try checkKeys(f, ["b", "e", "h", "m", "o", "p", "t", "x"], place)
+    func field(_ v: Value, parent: [String], key: String) throws(DocumentStateError) -> FieldNode {
+        let place = { Self.describe(parent + [key]) }
+        guard case .map(let f) = v else { throw fail("\(place()) is \(v.typeName)") }
         var field = FieldNode()
-        if let e = f["e"] {
-            for parts in try rows(e, 3, "e", place) {
-                do { try parts[2].validate(path: path.joined(separator: ".")) } catch {
-                    throw fail(error.description)
+        // One pass over the parts (no lookups per possible key).
+        for (name, part) in f {
+            switch name {
+            case "e":
+                for parts in try rows(part, 3, "e", place()) {
+                    if (try? parts[2].validate()) == nil {
+                        do { try parts[2].validate(path: (parent + [key]).joined(separator: ".")) } catch {
+                            throw fail(error.description)
+                        }
+                    }
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: .value(parts[2])))
                 }
-                field.note(FieldEntry(stamp: try stamp(parts, place), content: .value(parts[2])))
-            }
-        }
-        if let p = f["p"] {
-            for parts in try rows(p, 2, "p", place) {
-                field.note(FieldEntry(stamp: try stamp(parts, place), content: .map))
-            }
-        }
-        if let h = f["h"] {
-            for parts in try rows(h, 3, "h", place) {
-                let content: FieldEntry.Content
-                switch parts[2] {
-                case .int(0): content = .withheldValue
-                case .int(1): content = .withheldMap
-                default: throw fail("\(place): a withheld entry's kind is \(parts[2]), not 0 or 1")
+            case "p":
+                for parts in try rows(part, 2, "p", place()) {
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: .map))
                 }
-                field.note(FieldEntry(stamp: try stamp(parts, place), content: content))
+            case "h":
+                for parts in try rows(part, 3, "h", place()) {
+                    let content: FieldEntry.Content
+                    switch parts[2] {
+                    case .int(0): content = .withheldValue
+                    case .int(1): content = .withheldMap
+                    default: throw fail("\(place()): a withheld entry's kind is \(parts[2]), not 0 or 1")
+                    }
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: content))
+                }
+            case "b":
+                for parts in try rows(part, 4, "b", place()) {
+                    let restart = Restart(
+                        value: try number(parts[2], place()), seen: try totals(parts[3], "seen", "\(place()) restart"))
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: .restart(restart)))
+                }
+            case "t": field.totals = try totals(part, "t", place())
+            case "o": field.removedTotals = try totals(part, "o", place())
+            case "x": field.removed = try vector(part, "x", place(), bounded: true)
+            case "m": field.map = try map(part, path: parent + [key])
+            default: throw fail("\(place()) has an unknown part '\(name)'")
             }
         }
-        if let b = f["b"] {
-            for parts in try rows(b, 4, "b", place) {
-                let restart = Restart(
-                    value: try number(parts[2], place), seen: try totals(parts[3], "seen", "\(place) restart"))
-                field.note(FieldEntry(stamp: try stamp(parts, place), content: .restart(restart)))
-            }
-        }
-        field.totals = try totals(f["t"], "t", place)
-        field.removedTotals = try totals(f["o"], "o", place)
-        field.removed = try vector(f["x"], "x", place, bounded: true)
-        if let m = f["m"] { field.map = try map(m, path: path) }
         return field
     }
 }
@@ -288,7 +300,7 @@ private struct LegacyStateDecoder {
             if let r = f["r"] {
                 // On equal stamps version 1 showed the register (a set that also restarted at 0).
                 let (value, stamp) = try entry(r, key)
-                if let current = field.entries[stamp.site], current.stamp == stamp { field.entries[stamp.site] = nil }
+                field.entries.removeAll { $0.stamp == stamp }
                 field.note(FieldEntry(stamp: stamp, content: .value(value)))
             }
             if let m = f["m"] { field.map = try map(m, depth: depth + 1) }
@@ -315,8 +327,8 @@ extension DocumentState {
     /// Every site named anywhere in the fields.
     static func collectSites(_ map: MapNode, into sites: inout Set<SiteID>) {
         for node in map.entries.values {
-            for (site, entry) in node.entries {
-                sites.insert(site)
+            for entry in node.entries {
+                sites.insert(entry.stamp.site)
                 if case .restart(let r) = entry.content { for s in r.seen.keys { sites.insert(s) } }
             }
             for s in node.totals.keys { sites.insert(s) }
@@ -399,56 +411,53 @@ extension DocumentState {
         }
     }
 
+    /// The list a field entry is written in.
+    private enum EntryList {
+        case restarts, values, withheld, maps
+
+        init(_ content: FieldEntry.Content) {
+            switch content {
+            case .restart: self = .restarts
+            case .value: self = .values
+            case .withheldValue, .withheldMap: self = .withheld
+            case .map: self = .maps
+            }
+        }
+    }
+
     private static func write(_ node: FieldNode, _ index: [SiteID: Int64], into w: inout CBORWriter) {
-        var restarts: [(Int64, FieldEntry)] = []
-        var values: [(Int64, FieldEntry)] = []
-        var withheld: [(Int64, FieldEntry)] = []
-        var maps: [(Int64, FieldEntry)] = []
-        for (site, entry) in node.entries {
-            switch entry.content {
-            case .restart: restarts.append((index[site]!, entry))
-            case .value: values.append((index[site]!, entry))
-            case .withheldValue, .withheldMap: withheld.append((index[site]!, entry))
-            case .map: maps.append((index[site]!, entry))
+        var (restarts, values, withheld, maps) = (0, 0, 0, 0)
+        for entry in node.entries {
+            switch EntryList(entry.content) {
+            case .restarts: restarts += 1
+            case .values: values += 1
+            case .withheld: withheld += 1
+            case .maps: maps += 1
             }
         }
         // Field keys in deterministic order: "b", "e", "h", "m", "o", "p", "t", "x".
         var count = 0
-        for present in [
-            !restarts.isEmpty, !values.isEmpty, !withheld.isEmpty, !node.map.isEmpty, !node.removedTotals.isEmpty,
-            !maps.isEmpty, !node.totals.isEmpty, !node.removed.isEmpty,
-        ] where present { count += 1 }
+        for present in [restarts, values, withheld, maps] where present > 0 { count += 1 }
+        for present in [node.map.isEmpty, node.removedTotals.isEmpty, node.totals.isEmpty, node.removed.isEmpty]
+        where !present { count += 1 }
         w.writeMapHeader(count: count)
-        if !restarts.isEmpty {
+        if restarts > 0 {
             w.writeText("b")
-            w.writeArrayHeader(count: restarts.count)
-            for (i, entry) in restarts.sorted(by: { $0.0 < $1.0 }) {
-                guard case .restart(let r) = entry.content else { continue }
-                w.writeArrayHeader(count: 4)
-                w.writeInt(i)
-                writeTime(entry.stamp.time, into: &w)
+            write(node, .restarts, restarts, index, into: &w) { entry, w in
+                guard case .restart(let r) = entry.content else { return }
                 w.write(r.value)
                 write(r.seen, index, into: &w)
             }
         }
-        if !values.isEmpty {
+        if values > 0 {
             w.writeText("e")
-            w.writeArrayHeader(count: values.count)
-            for (i, entry) in values.sorted(by: { $0.0 < $1.0 }) {
-                guard case .value(let v) = entry.content else { continue }
-                w.writeArrayHeader(count: 3)
-                w.writeInt(i)
-                writeTime(entry.stamp.time, into: &w)
-                w.write(v)
+            write(node, .values, values, index, into: &w) { entry, w in
+                if case .value(let v) = entry.content { w.write(v) }
             }
         }
-        if !withheld.isEmpty {
+        if withheld > 0 {
             w.writeText("h")
-            w.writeArrayHeader(count: withheld.count)
-            for (i, entry) in withheld.sorted(by: { $0.0 < $1.0 }) {
-                w.writeArrayHeader(count: 3)
-                w.writeInt(i)
-                writeTime(entry.stamp.time, into: &w)
+            write(node, .withheld, withheld, index, into: &w) { entry, w in
                 w.writeInt(entry.content == .withheldMap ? 1 : 0)
             }
         }
@@ -460,14 +469,9 @@ extension DocumentState {
             w.writeText("o")
             write(node.removedTotals, index, into: &w)
         }
-        if !maps.isEmpty {
+        if maps > 0 {
             w.writeText("p")
-            w.writeArrayHeader(count: maps.count)
-            for (i, entry) in maps.sorted(by: { $0.0 < $1.0 }) {
-                w.writeArrayHeader(count: 2)
-                w.writeInt(i)
-                writeTime(entry.stamp.time, into: &w)
-            }
+            write(node, .maps, maps, index, into: &w) { _, _ in }
         }
         if !node.totals.isEmpty {
             w.writeText("t")
@@ -477,5 +481,32 @@ extension DocumentState {
             w.writeText("x")
             write(node.removed, index, into: &w)
         }
+    }
+
+    /// Writes the `count` entries of one list as `[[i, time, rest...], ...]` in site-index order;
+    /// `rest` writes what follows the stamp.
+    private static func write(
+        _ node: FieldNode, _ list: EntryList, _ count: Int, _ index: [SiteID: Int64], into w: inout CBORWriter,
+        _ rest: (FieldEntry, inout CBORWriter) -> Void
+    ) {
+        let extra: Int
+        switch list {
+        case .restarts: extra = 2
+        case .values, .withheld: extra = 1
+        case .maps: extra = 0
+        }
+        func one(_ i: Int64, _ entry: FieldEntry) {
+            w.writeArrayHeader(count: 2 + extra)
+            w.writeInt(i)
+            writeTime(entry.stamp.time, into: &w)
+            rest(entry, &w)
+        }
+        w.writeArrayHeader(count: count)
+        if count == 1, let entry = node.entries.first(where: { EntryList($0.content) == list }) {
+            one(index[entry.stamp.site]!, entry)
+            return
+        }
+        let entries = node.entries.filter { EntryList($0.content) == list }.map { (index[$0.stamp.site]!, $0) }
+        for (i, entry) in entries.sorted(by: { $0.0 < $1.0 }) { one(i, entry) }
     }
 }

@@ -45,7 +45,7 @@ import TrellisTestKit
         ProcessInfo.processInfo.environment["TRELLIS_PROPERTY_CASES"].flatMap { Int($0) } ?? 10_000
     }
 
-    @Test func replicasConvergeToTheReferenceModel() throws {
+    @Test func replicasConvergeToTheReferenceModel() async throws {
         let (rng, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: 1...UInt64.max))
         let cases = Self.cases
         print("DocumentStatePropertyTests seed=\(seed) cases=\(cases) (replay: TRELLIS_SEED=\(seed))")
@@ -56,6 +56,8 @@ import TrellisTestKit
             try run.play(&random)
             stats.add(run.stats)
             if run.failed { break }  // one counterexample is enough; replay it with the seed
+            // A long computation must not hold one of the few threads async tests run on.
+            if round % 32 == 31 { await Task.yield() }
         }
         print("DocumentStatePropertyTests: \(stats)")
         #expect(stats.steps > cases * 4)
@@ -96,9 +98,9 @@ import TrellisTestKit
 
         static func text(_ value: Value?) -> String { value.map { JSON.string($0) } ?? "nil" }
 
-        mutating func check(_ r: Int, _ what: String) {
+        mutating func check(_ r: Int, _ what: @autoclosure () -> String) {
             trace(
-                "replica \(r) (site \(replicas[r].site)): \(what) -> \(Self.text(replicas[r].state.materialize(id: DocumentStatePropertyTests.id)))"
+                "replica \(r) (site \(replicas[r].site)): \(what()) -> \(Self.text(replicas[r].state.materialize(id: DocumentStatePropertyTests.id)))"
             )
             let shown = replicas[r].state.materialize(id: DocumentStatePropertyTests.id)
             let expected = model.display(replicas[r].view, id: DocumentStatePropertyTests.id)
@@ -107,7 +109,7 @@ import TrellisTestKit
                 Issue.record(
                     Comment(
                         rawValue:
-                            "after \(what) on replica \(r): shows \(Self.text(shown)), model \(Self.text(expected)); "
+                            "after \(what()) on replica \(r): shows \(Self.text(shown)), model \(Self.text(expected)); "
                             + where_))
             }
         }
@@ -131,9 +133,9 @@ import TrellisTestKit
         }
 
         mutating func play(_ random: inout SeededRandom) throws {
-            let n = Int.random(in: 3...5, using: &random)
+            let n = Int.random(in: 3...4, using: &random)
             replicas = (0..<n).map { Replica(site: SiteID($0 + 1)) }
-            for _ in 0..<Int.random(in: 4...16, using: &random) {
+            for _ in 0..<Int.random(in: 4...12, using: &random) {
                 physical += UInt64.random(in: 0...2, using: &random)
                 let r = Int.random(in: 0..<n, using: &random)
                 let roll = Int.random(in: 0..<32, using: &random)
@@ -154,7 +156,11 @@ import TrellisTestKit
         }
 
         mutating func merge(into r: Int, from o: Int) {
-            replicas[r].state.merge(replicas[o].state)
+            let before = replicas[r].state
+            let changed = replicas[r].state.merge(replicas[o].state)
+            if changed != (before != replicas[r].state) {
+                fail("merge from \(o) returned \(changed) but the state \(changed ? "did not change" : "changed")", r)
+            }
             replicas[r].view = replicas[r].view.merged(replicas[o].view)
             replicas[r].clock.receive(replicas[o].state.maxTime, physicalMillis: physical)
             count("merge")
@@ -189,16 +195,8 @@ import TrellisTestKit
                         ? DocumentStatePropertyTests.maps.randomElement(using: &random)!
                         : DocumentStatePropertyTests.values.randomElement(using: &random)!
                 }
-                let op = model.set(p, value, stamp: s, view: view)
-                do {
-                    try replicas[r].state.set(p.fieldPath, to: value, stamp: s)
-                    guard let op else {
-                        fail("set \(p) = \(value) succeeded; the model refuses it", r)
-                        return
-                    }
-                    record(op, on: r)
-                } catch {
-                    if op != nil { fail("set \(p) = \(value) threw \(error); the model accepts it", r) }
+                attempt(model.set(p, value, stamp: s, view: view), on: r, "set \(p) = \(value)") {
+                    try $0.set(p.fieldPath, to: value, stamp: s)
                 }
                 count("set")
                 check(r, "set \(p) = \(value)")
@@ -229,16 +227,8 @@ import TrellisTestKit
             case 20..<29:  // increment
                 let p = pick(DocumentStatePropertyTests.counterPaths, &random)
                 let amount = DocumentStatePropertyTests.amounts.randomElement(using: &random)!
-                let op = model.increment(p, by: amount, stamp: s, view: view)
-                do {
-                    try replicas[r].state.increment(p.fieldPath, by: amount, stamp: s)
-                    guard let op else {
-                        fail("increment \(p) by \(amount) succeeded; the model refuses it", r)
-                        return
-                    }
-                    record(op, on: r)
-                } catch {
-                    if op != nil { fail("increment \(p) by \(amount) threw \(error); the model accepts it", r) }
+                attempt(model.increment(p, by: amount, stamp: s, view: view), on: r, "increment \(p) by \(amount)") {
+                    try $0.increment(p.fieldPath, by: amount, stamp: s)
                 }
                 count("increment")
                 check(r, "increment \(p) by \(amount)")
@@ -248,6 +238,28 @@ import TrellisTestKit
                 count("remove")
                 check(r, "remove")
             }
+        }
+
+        /// Applies an operation the model may refuse (`op` is `nil`): the implementation must
+        /// throw exactly then.
+        mutating func attempt(
+            _ op: Model.Op?, on r: Int, _ what: @autoclosure () -> String,
+            _ apply: (inout DocumentState) throws -> Void
+        ) {
+            do {
+                try apply(&replicas[r].state)
+                guard let op else { return fail("\(what()) succeeded; the model refuses it", r) }
+                record(op, on: r)
+            } catch {
+                if op != nil { fail("\(what()) threw \(error); the model accepts it", r) }
+            }
+        }
+
+        /// Records a failed law (cheaper than `#expect` in a loop of many cases).
+        mutating func law(_ holds: Bool, _ name: String) {
+            guard !holds else { return }
+            failed = true
+            Issue.record(Comment(rawValue: "\(name): fails; \(where_)"))
         }
 
         mutating func fail(_ message: String, _ r: Int) {
@@ -311,40 +323,28 @@ import TrellisTestKit
             for s in states { first.merge(s) }
             var second = DocumentState()
             for s in (states + [states.randomElement(using: &random)!]).shuffled(using: &random) { second.merge(s) }
-            var grouped = DocumentState()
-            for pair in stride(from: 0, to: states.count, by: 2).reversed() {
-                var p = states[pair]
-                if pair + 1 < states.count { p.merge(states[pair + 1]) }
-                grouped.merge(p)
-            }
-            #expect(first == second, "\(where_)")
-            #expect(first == grouped, "\(where_)")
+            law(first == second, "merging in any order, with duplicates, gives one state")
             let (a, b, c) = (
                 states.randomElement(using: &random)!, states.randomElement(using: &random)!,
                 states.randomElement(using: &random)!
             )
-            var ab = a
-            ab.merge(b)
-            var ba = b
-            ba.merge(a)
-            #expect(ab == ba, "commutative, \(where_)")
-            var abc = ab
-            abc.merge(c)
-            var bc = b
-            bc.merge(c)
-            var aBC = a
-            aBC.merge(bc)
-            #expect(abc == aBC, "associative, \(where_)")
+            func join(_ x: DocumentState, _ y: DocumentState) -> DocumentState {
+                var out = x
+                out.merge(y)
+                return out
+            }
+            law(join(a, b) == join(b, a), "commutative")
+            law(join(join(a, b), c) == join(a, join(b, c)), "associative")
             var again = first
             let changedBySelf = again.merge(first)
             let changedByPart = again.merge(a)
-            #expect(!changedBySelf, "idempotent, \(where_)")
-            #expect(!changedByPart, "absorbs its parts, \(where_)")
-            for state in [first, a] {
+            law(!changedBySelf && again == first, "idempotent")
+            law(!changedByPart && again == first, "absorbs its parts")
+            for state in round % 8 == 0 ? [first, a] : [first] {
                 let bytes = state.cbor()
                 // The direct encoder writes exactly the bytes of the Value-tree encoder, which decode back.
-                #expect(bytes == CBOR.encode(state.referenceEncoding), "\(where_)")
-                #expect(try DocumentState(encoded: CBOR.decode(bytes)) == state, "\(where_)")
+                law(bytes == CBOR.encode(state.referenceEncoding), "the direct encoding is the reference encoding")
+                law(try DocumentState(encoded: CBOR.decode(bytes)) == state, "the encoding decodes to the state")
             }
             var all = Model.View()
             for replica in replicas { all = all.merged(replica.view) }

@@ -46,8 +46,8 @@ extension DocumentState {
         for (key, node) in map.entries {
             var field: [String: Value] = [:]
             var lists: [String: [(Int64, Value)]] = [:]
-            for (site, entry) in node.entries {
-                let i = index[site]!
+            for entry in node.entries {
+                let i = index[entry.stamp.site]!
                 let time = referenceTime(entry.stamp.time)
                 switch entry.content {
                 case .value(let v): lists["e", default: []].append((i, [.int(i), time, v]))
