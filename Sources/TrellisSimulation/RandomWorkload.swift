@@ -125,11 +125,11 @@ public struct RandomWorkload: Sendable {
             sim.note("\(node.name) app: upsert \(Value.map(fields))")
         case 4:
             let amount = Int64.random(in: -2...5, using: &random)
-            _ = try items.findByID(id).update { doc in doc?["n"].increment(by: Double(amount)) }
+            _ = try items.findByID(id).update { doc in doc?["n"].increment(by: .int(amount)) }
             sim.note("\(node.name) app: increment \(id).n by \(amount)")
         case 5:
             let amount = [0.1, 0.2, 0.3, -0.7].randomElement(using: &random)!
-            _ = try items.findByID(id).update { doc in doc?["f"].increment(by: amount) }
+            _ = try items.findByID(id).update { doc in doc?["f"].increment(by: .double(amount)) }
             sim.note("\(node.name) app: increment \(id).f by \(amount)")
         case 6:
             _ = try items.findByID(id).update { doc in doc?["s"].remove() }
