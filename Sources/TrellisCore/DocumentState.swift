@@ -200,7 +200,7 @@ public struct FieldNode: Hashable, Sendable {
         if let r = register, !context.covers(r.stamp) { offer(r.value, r.stamp, .register) }
         if let map {
             var latest = mapStamp.flatMap { context.covers($0) ? nil : $0 }
-            var out: [String: Value] = [:]
+            var out = UTF8Map<Value>()
             for (key, node) in map.entries {
                 guard let (value, stamp) = node.materialize(context) else { continue }
                 out[key] = value
@@ -389,7 +389,7 @@ public struct DocumentState: Hashable, Sendable {
 
     /// Writes top-level fields as Ditto's `merge` upsert does: nested maps merge per key, every
     /// other value replaces the field.
-    public mutating func merge(fields: [String: Value], stamp: Stamp) {
+    public mutating func merge(fields: UTF8Map<Value>, stamp: Stamp) {
         for (key, value) in fields {
             var node = root.entries[key] ?? FieldNode()
             Self.write(value, into: &node, stamp: stamp, replace: false)
@@ -494,7 +494,7 @@ public struct DocumentState: Hashable, Sendable {
     /// - Complexity: O(size of the state).
     public func materialize(id: Value) -> Value? {
         guard !isDeleted else { return nil }
-        var out: [String: Value] = [:]
+        var out = UTF8Map<Value>()
         out.reserveCapacity(root.entries.count + 1)
         for (key, node) in root.entries {
             if let (value, _) = node.materialize(removed) { out[key] = value }

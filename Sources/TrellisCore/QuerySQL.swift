@@ -6,7 +6,7 @@ extension Predicate {
     /// A SQLite expression selecting exactly the documents this predicate matches, or `nil` when
     /// the predicate cannot be expressed (the caller then evaluates ``matches(_:)`` in memory).
     ///
-    /// The column must hold each document as JSON text in the shape ``JSON/string(_:sortedKeys:)``
+    /// The column must hold each document as JSON text in the shape ``JSON/string(_:)``
     /// writes. Every comparison checks the JSON type with `json_type` before comparing the value
     /// from `json_extract`, so the SQL keeps the query semantics: type classes never mix, `true` is
     /// not `1`, a missing field is not `null`, `!=` is `NOT (==)`. Each sub-expression yields 0 or

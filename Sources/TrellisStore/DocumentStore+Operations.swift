@@ -186,15 +186,13 @@ extension Value {
             }
             return a.count == b.count ? .equal : (a.count < b.count ? .less : .greater)
         case (.map(let a), .map(let b)):
-            let ak = a.keys.sorted(by: Self.utf8Less)
-            let bk = b.keys.sorted(by: Self.utf8Less)
-            for (x, y) in zip(ak, bk) {
-                let keyOrder = compare(.string(x), .string(y)) ?? .equal
-                if keyOrder != .equal { return keyOrder }
-                let o = sortOrder(a[x], b[y])
+            for (x, y) in zip(a, b) {  // maps iterate in byte order of their keys
+                let keyOrder = UTF8Key.compare(x.key, y.key)
+                if keyOrder != 0 { return keyOrder < 0 ? .less : .greater }
+                let o = sortOrder(x.value, y.value)
                 if o != .equal { return o }
             }
-            return ak.count == bk.count ? .equal : (ak.count < bk.count ? .less : .greater)
+            return a.count == b.count ? .equal : (a.count < b.count ? .less : .greater)
         default:
             return compare(lhs, rhs) ?? .equal  // null, null; NaN never reaches a store
         }
@@ -214,7 +212,7 @@ extension Value {
     }
 
     static func utf8Less(_ a: String, _ b: String) -> Bool {
-        compare(.string(a), .string(b)) == .less
+        UTF8Key.compare(a, b) < 0
     }
 }
 
@@ -280,7 +278,7 @@ extension DocumentStore {
                 return wrote
             }
         }
-        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if wrote { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return prepared.map(\.id)
     }
 
@@ -289,8 +287,8 @@ extension DocumentStore {
 
     /// The parts of `new` whose leaves differ (bit-exactly) from `current`, walking maps present
     /// in both.
-    static func differingLeaves(_ new: [String: Value], _ current: [String: Value]) -> [String: Value] {
-        var out: [String: Value] = [:]
+    static func differingLeaves(_ new: UTF8Map<Value>, _ current: UTF8Map<Value>) -> UTF8Map<Value> {
+        var out = UTF8Map<Value>()
         for (key, value) in new {
             if case .map(let newMap) = value, case .map(let currentMap)? = current[key] {
                 let nested = differingLeaves(newMap, currentMap)
@@ -365,7 +363,7 @@ extension DocumentStore {
                 return (results, wrote)
             }
         }
-        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if wrote { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return results
     }
 
@@ -456,7 +454,7 @@ extension DocumentStore {
         let evicted = try withState { s -> [Value] in
             try s.db.transaction { () throws -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil, evicted: true)) }
         return evicted
     }
 
@@ -470,7 +468,7 @@ extension DocumentStore {
             try st.run()
             if s.db.changes > 0 {
                 evicted.append(id)
-                s.changedKeys[collection, default: []].insert(key)
+                s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
             }
         }
         if !evicted.isEmpty {
@@ -541,9 +539,9 @@ extension DocumentStore {
         let total = sql.utf8.count
         guard sql.hasPrefix(head), total > fixed, (total - fixed) % 2 == 0 else { return nil }
         let literal = String(decoding: sql.utf8.dropFirst(head.utf8.count).prefix((total - fixed) / 2), as: UTF8.self)
-        guard head + literal + middle + literal + tail == sql, literal.hasPrefix("'"), literal.hasSuffix("'") else {
-            return nil
-        }
+        guard UTF8Key.equal(head + literal + middle + literal + tail, sql), literal.hasPrefix("'"),
+            literal.hasSuffix("'")
+        else { return nil }
         return ("json_extract(value, \(literal))", String(literal.dropFirst().dropLast()))
     }
 
@@ -590,7 +588,7 @@ extension DocumentStore {
     /// - Complexity: O(n) in the collection's documents without an index, O(k log n) for k
     ///   matches with one; plus O(k log k) to sort.
     public func documents(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -604,7 +602,7 @@ extension DocumentStore {
     ///
     /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
     /// - Complexity: O(n) without an index; the count runs inside SQLite when the query translates.
-    public func count(in collection: String, matching query: Query, args: [String: Value] = [:]) throws(StoreError)
+    public func count(in collection: String, matching query: Query, args: UTF8Map<Value> = [:]) throws(StoreError)
         -> Int
     {
         let bound = try Self.bind(query, args)
@@ -628,7 +626,7 @@ extension DocumentStore {
     /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
     @discardableResult
     public func remove(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -648,7 +646,7 @@ extension DocumentStore {
                 return removed
             }
         }
-        if !removed.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if !removed.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return removed
     }
 
@@ -658,7 +656,7 @@ extension DocumentStore {
     /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
     @discardableResult
     public func evict(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -669,11 +667,11 @@ extension DocumentStore {
                 return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
             }
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil, evicted: true)) }
         return evicted
     }
 
-    static func bind(_ query: Query, _ args: [String: Value]) throws(StoreError) -> Query {
+    static func bind(_ query: Query, _ args: UTF8Map<Value>) throws(StoreError) -> Query {
         do { return try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
     }
 
@@ -757,7 +755,7 @@ extension DocumentStore {
     /// ``documents(in:matching:args:sort:limit:offset:)`` runs; empty when the query is
     /// evaluated in memory only. For tests and diagnostics.
     func queryPlan(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [String] {
         let bound = try Self.bind(query, args)
@@ -810,7 +808,7 @@ enum FieldEdit {
         let rest = components.dropFirst()
         switch first {
         case .key(let key):
-            var map: [String: Value]
+            var map: UTF8Map<Value>
             if case .map(let m) = value {
                 map = m
             } else {

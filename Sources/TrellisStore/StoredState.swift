@@ -47,11 +47,11 @@ enum StoredState {
     }
 
     /// Every field a register (or, for maps, a map) stamped `stamp`.
-    static func expand(fields: [String: Value], stamp: Stamp) -> DocumentState {
+    static func expand(fields: UTF8Map<Value>, stamp: Stamp) -> DocumentState {
         DocumentState(root: map(fields, stamp), writes: [stamp.site: stamp.time], removed: [:])
     }
 
-    private static func map(_ fields: [String: Value], _ stamp: Stamp) -> MapNode {
+    private static func map(_ fields: UTF8Map<Value>, _ stamp: Stamp) -> MapNode {
         var node = MapNode()
         node.entries.reserveCapacity(fields.count)
         for (key, value) in fields {

@@ -71,9 +71,9 @@ import TrellisTestKit
             }
         }
         guard writes.contains(where: { !removeContexts.contains($0) }) else { return nil }
-        var out: [String: Value] = ["_id": id]
+        var out: UTF8Map<Value> = ["_id": id]
         for key in ["a", "b"] { if let r = regs[key] { out[key] = r.value } }
-        var m: [String: Value] = [:]
+        var m: UTF8Map<Value> = [:]
         for key in ["x", "y"] { if let r = regs["m.\(key)"] { m[key] = r.value } }
         let latestMapWrite = held.filter { i in
             switch all[i].kind {

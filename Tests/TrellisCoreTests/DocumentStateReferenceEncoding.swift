@@ -13,7 +13,7 @@ extension DocumentState {
         let table = sites.sorted()
         var index: [SiteID: Int64] = [:]
         for (i, s) in table.enumerated() { index[s] = Int64(i) }
-        var out: [String: Value] = [
+        var out: UTF8Map<Value> = [
             "s": .array(table.map { .int(Int64(bitPattern: $0)) }),
             "w": Self.referenceEncode(writes, index),
             "m": Self.referenceEncode(root, index),
@@ -32,17 +32,17 @@ extension DocumentState {
     }
 
     private static func referenceEncode(_ map: MapNode, _ index: [SiteID: Int64]) -> Value {
-        var out: [String: Value] = [:]
+        var out: UTF8Map<Value> = [:]
         out.reserveCapacity(map.entries.count)
         for (key, node) in map.entries {
-            var field: [String: Value] = [:]
+            var field: UTF8Map<Value> = [:]
             if let r = node.register {
                 field["r"] = .array([r.value, referenceTime(r.stamp.time), .int(index[r.stamp.site]!)])
             }
             if let m = node.map { field["m"] = referenceEncode(m, index) }
             if let s = node.mapStamp { field["ms"] = .array([referenceTime(s.time), .int(index[s.site]!)]) }
             if let c = node.counter {
-                var counter: [String: Value] = [
+                var counter: UTF8Map<Value> = [
                     "t": .array(
                         c.totals.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }.map {
                             .array([

@@ -103,7 +103,7 @@ private func randomDocumentValue(depth: Int, using rng: inout RNG) -> Value {
         let count = Int.random(in: 0...4, using: &rng)
         return .array((0..<count).map { _ in randomDocumentValue(depth: depth - 1, using: &rng) })
     default:
-        var m: [String: Value] = [:]
+        var m: UTF8Map<Value> = [:]
         for _ in 0..<Int.random(in: 0...3, using: &rng) {
             m[keys.randomElement(using: &rng)!] = randomDocumentValue(depth: depth - 1, using: &rng)
         }
@@ -161,7 +161,7 @@ extension QueryTests {
         let table = try DocumentTable()
         var documents: [Value] = []
         for id in 0..<80 {
-            var fields: [String: Value] = ["_id": .string("d\(id)")]
+            var fields: UTF8Map<Value> = ["_id": .string("d\(id)")]
             for key in keys where rng.next() % 3 != 0 {
                 fields[key] = randomDocumentValue(depth: 2, using: &rng)
             }
