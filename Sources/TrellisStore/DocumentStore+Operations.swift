@@ -606,18 +606,20 @@ extension DocumentStore {
         -> Int
     {
         let bound = try Self.bind(query, args)
-        guard let pushed = bound.sqlWhere(column: "documents.value") else {
-            return try documents(in: collection) { try bound.matches($0) }.count
-        }
-        return try withState { s -> Int in
+        let translated = bound.sqlWhere(column: "documents.value")
+        let counted = try withState { s -> Int? in
             let (term, termBindings) = Self.collectionTerm(collection)
-            let st = try s.db.prepare(
-                "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND (\(pushed.sql))")
-            Self.bind(st, termBindings + pushed.bindings)
-            defer { st.reset() }
-            _ = try st.step()
-            return Int(st.int64(0))
+            let (prepared, pushed) = try Self.preparePushedDown(s.db, translated) {
+                "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND (\($0?.sql ?? "1"))"
+            }
+            guard let pushed else { return nil }
+            Self.bind(prepared, termBindings + pushed.bindings)
+            defer { prepared.reset() }
+            _ = try prepared.step()
+            return Int(prepared.int64(0))
         }
+        if let counted { return counted }
+        return try documents(in: collection) { try bound.matches($0) }.count
     }
 
     /// Removes the documents a query selects, in one transaction (tombstones, replicated).
@@ -696,10 +698,34 @@ extension DocumentStore {
         }
     }
 
+    /// A query translated to SQL: the condition and its bindings (``Query/sqlWhere(column:)``).
+    typealias PushedQuery = (sql: String, bindings: [Value])
+
+    /// Prepares the statement `sql(pushed)` for a query translated to SQL, or, when SQLite refuses
+    /// that statement, the statement `sql(nil)`, for which the caller evaluates the query in
+    /// memory. SQLite refuses conditions nested deeper than its parser allows (about 45
+    /// parentheses; the query language allows 200), expression trees deeper than 1000, and more
+    /// bound parameters than it was built for; none of these is a reason to fail a query that
+    /// in-memory evaluation answers. Only preparing falls back: errors while stepping are thrown.
+    ///
+    /// - Returns: the statement and the translation it runs (`nil`: evaluate in memory).
+    static func preparePushedDown(
+        _ db: Connection, _ pushed: PushedQuery?, _ sql: (PushedQuery?) -> String
+    ) throws(SQLiteError) -> (Statement, PushedQuery?) {
+        if let pushed {
+            do {
+                return (try db.prepare(sql(pushed)), pushed)
+            } catch {
+                // Refused as SQL: fall through to the statement without the condition.
+            }
+        }
+        return (try db.prepare(sql(nil)), nil)
+    }
+
     /// The SQL and bindings selecting `(id, value)` rows for a bound query: the filter pushed down
     /// when it translates, and the window when there is no sort and the filter is pushed.
     static func selectSQL(
-        _ collection: String, _ pushed: (sql: String, bindings: [Value])?, window: (limit: Int?, offset: Int)?
+        _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?
     ) -> (sql: String, bindings: [Value]) {
         let (term, termBindings) = collectionTerm(collection)
         var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
@@ -720,11 +746,14 @@ extension DocumentStore {
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
     ) throws -> [(key: String, value: Value)] {
-        let pushed = bound.sqlWhere(column: "documents.value")
-        let windowInSQL = pushed != nil && sort.isEmpty
-        let (sql, bindings) = Self.selectSQL(collection, pushed, window: windowInSQL ? (limit, offset) : nil)
-        let st = try s.db.prepare(sql)
-        Self.bind(st, bindings)
+        func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
+            pushed != nil && sort.isEmpty ? (limit, offset) : nil
+        }
+        let (st, pushed) = try Self.preparePushedDown(s.db, bound.sqlWhere(column: "documents.value")) {
+            Self.selectSQL(collection, $0, window: window($0)).sql
+        }
+        let windowInSQL = window(pushed) != nil
+        Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed)).bindings)
         defer { st.reset() }
         var rows: [(key: String, value: Value)] = []
         while try st.step() {
@@ -759,12 +788,16 @@ extension DocumentStore {
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [String] {
         let bound = try Self.bind(query, args)
-        let pushed = bound.sqlWhere(column: "documents.value")
-        let (sql, bindings) = Self.selectSQL(
-            collection, pushed, window: pushed != nil && sort.isEmpty ? (limit, offset) : nil)
+        let translated = bound.sqlWhere(column: "documents.value")
         return try withState { s -> [String] in
-            let st = try s.db.prepare("EXPLAIN QUERY PLAN " + sql)
-            Self.bind(st, bindings)
+            func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
+                pushed != nil && sort.isEmpty ? (limit, offset) : nil
+            }
+            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
+                "EXPLAIN QUERY PLAN " + Self.selectSQL(collection, $0, window: window($0)).sql
+            }
+            guard pushed != nil else { return [] }
+            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed)).bindings)
             defer { st.reset() }
             var rows: [String] = []
             while try st.step() { rows.append(st.string(3) ?? "") }

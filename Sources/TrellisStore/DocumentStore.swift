@@ -531,12 +531,13 @@ public final class DocumentStore: Sendable {
         in collection: String, after: Int64, limit: Int, matching query: Query = .all, args: UTF8Map<Value> = [:]
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
-        let pushed = bound.sqlWhere(column: "documents.value")
+        let translated = bound.sqlWhere(column: "documents.value")
         return try withState { s -> ChangePage in
-            let matchSQL = pushed.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
-            let st = try s.db.prepare(
-                "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
-                    + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
+            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
+                let matchSQL = $0.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
+                return "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
+                    + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
+            }
             let bindings = pushed?.bindings ?? []
             Self.bind(st, bindings)
             let index = Int32(bindings.count) + 1
