@@ -47,9 +47,10 @@ public enum JSON {
     /// and `\uXXXX`, where a surrogate must be part of a pair. Numbers follow the RFC's grammar
     /// (no leading zeros, `+`, `.5`, `1.`, `NaN` or `Infinity`). Keys are byte strings: in an
     /// object a key repeated byte for byte replaces the earlier member's value, while two spellings
-    /// of the same text in different Unicode forms are two keys. `{"$bytes": "<base64>"}` with exactly that one key
-    /// and valid padded base64 is `.bytes`. Not accepted: trailing commas, comments, single
-    /// quotes, and text in UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8 between systems).
+    /// of the same text in different Unicode forms are two keys. `{"$bytes": "<base64>"}` with
+    /// exactly that one key and valid padded base64 is `.bytes`. Not accepted: trailing commas,
+    /// comments, single quotes, and text in UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8
+    /// between systems).
     ///
     /// - Parameter buffer: the text; read only during the call.
     /// - Returns: the value; integer literals that fit are `.int`, other numbers `.double`

@@ -171,7 +171,7 @@ public struct UTF8Map<Mapped> {
 
     /// The member for `key`, or `defaultValue` when absent; mutating through it stores the result.
     ///
-    /// - Complexity: as ``subscript(_:)-(String)``.
+    /// - Complexity: as the key subscript.
     @inlinable
     public subscript(key: String, default defaultValue: @autoclosure () -> Mapped) -> Mapped {
         get { self[key] ?? defaultValue() }
@@ -229,7 +229,7 @@ public struct UTF8Map<Mapped> {
     public var values: [Mapped] { storedValues }
 
     /// The keys of a ``UTF8Map`` in ascending byte order; `contains` is a byte-wise binary search.
-    public struct Keys: RandomAccessCollection {
+    public struct Keys: RandomAccessCollection, Sendable {
         @usableFromInline let storage: [String]
 
         @inlinable init(storage: [String]) { self.storage = storage }

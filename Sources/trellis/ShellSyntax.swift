@@ -89,7 +89,8 @@ enum ShellSyntax {
     static func id(_ text: Substring) throws -> Value {
         let t = text.trimmingCharacters(in: .whitespaces)
         guard !t.isEmpty else { throw UsageError("missing ID") }
-        if t.hasPrefix("{") || t.hasPrefix("\"") { return try JSON.parse(t) }
+        // By byte: `{` or `"` followed by a combining mark still starts JSON.
+        if t.utf8.first == UInt8(ascii: "{") || t.utf8.first == UInt8(ascii: "\"") { return try JSON.parse(t) }
         return .string(t)
     }
 

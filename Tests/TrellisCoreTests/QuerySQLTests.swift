@@ -200,18 +200,8 @@ extension QueryTests {
     /// Every double and int that JSON.string writes reads back in SQLite as the same number, so
     /// `n == value` in SQL finds exactly the document holding it.
     @Test func sqlWhereFindsEveryStoredNumber() throws {
-        var rng = RNG(state: QueryTests.seed("sqlWhereFindsEveryStoredNumber"))
         let table = try DocumentTable()
-        var numbers: [Value] = []
-        while numbers.count < 600 {
-            let bits = rng.next()
-            let d = Double(bitPattern: bits)
-            if !d.isFinite { continue }
-            numbers.append(rng.next() % 4 == 0 ? .int(Int64(bitPattern: bits)) : .double(d))
-        }
-        for (id, number) in numbers.enumerated() {
-            try table.insert(id: id, json: JSON.string(["n": number]))
-        }
+        let numbers = try storeRandomNumbers(in: table, seed: "sqlWhereFindsEveryStoredNumber")
         var mismatches: [String] = []
         for (id, number) in numbers.enumerated() {
             let n = FieldPath(components: [.key("n")])
@@ -230,21 +220,8 @@ extension QueryTests {
     /// `IN` lists bind their numbers as one JSON array, which SQLite parses itself: every stored
     /// number is still found by a list holding it, and only by lists holding an equal number.
     @Test func inListsFindEveryStoredNumber() throws {
-        var rng = RNG(state: QueryTests.seed("inListsFindEveryStoredNumber"))
         let table = try DocumentTable()
-        var numbers: [Value] = []
-        while numbers.count < 600 {
-            let bits = rng.next()
-            let d = Double(bitPattern: bits)
-            if !d.isFinite { continue }
-            numbers.append(rng.next() % 4 == 0 ? .int(Int64(bitPattern: bits)) : .double(d))
-        }
-        numbers += [
-            .int(.min), .int(.max), .double(-0.0), 0, .int(9_007_199_254_740_993), .double(9_007_199_254_740_992),
-        ]
-        for (id, number) in numbers.enumerated() {
-            try table.insert(id: id, json: JSON.string(["n": number]))
-        }
+        let numbers = try storeRandomNumbers(in: table, seed: "inListsFindEveryStoredNumber")
         let n = FieldPath(components: [.key("n")])
         var mismatches: [String] = []
         for start in stride(from: 0, to: numbers.count, by: 40) {
@@ -260,6 +237,26 @@ extension QueryTests {
             }
         }
         #expect(mismatches.isEmpty, "\(mismatches.prefix(3))")
+    }
+
+    /// 600 random finite doubles and ints (a quarter), then the edge cases, each stored as
+    /// `{"n": number}` with the row id its position.
+    private func storeRandomNumbers(in table: DocumentTable, seed: String) throws -> [Value] {
+        var rng = RNG(state: QueryTests.seed(seed))
+        var numbers: [Value] = []
+        while numbers.count < 600 {
+            let bits = rng.next()
+            let d = Double(bitPattern: bits)
+            if !d.isFinite { continue }
+            numbers.append(rng.next() % 4 == 0 ? .int(Int64(bitPattern: bits)) : .double(d))
+        }
+        numbers += [
+            .int(.min), .int(.max), .double(-0.0), 0, .int(9_007_199_254_740_993), .double(9_007_199_254_740_992),
+        ]
+        for (id, number) in numbers.enumerated() {
+            try table.insert(id: id, json: JSON.string(["n": number]))
+        }
+        return numbers
     }
 
     private func smallestDisagreement(

@@ -156,6 +156,32 @@ private let nfd = "e\u{301}"
 }
 
 @Suite struct ByteKeyValueTests {
+    /// Maps whose keys mix precomposed, decomposed and combining-mark-only spellings survive JSON
+    /// and CBOR round trips with every key, and both encodings list keys in their own order.
+    @Test func unicodeKeysRoundTripThroughJSONAndCBOR() throws {
+        let (seeded, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: .min ... .max))
+        var rng = seeded
+        print("unicodeKeysRoundTripThroughJSONAndCBOR seed: \(seed) (replay: TRELLIS_SEED=\(seed))")
+        let parts = ["e", "\u{301}", nfc, nfd, "\u{E9}\u{301}", "A\u{30A}", "\u{C5}", "\u{212B}", "x"]
+        func randomMap(_ depth: Int) -> Value {
+            var entries = UTF8Map<Value>()
+            for _ in 0..<Int.random(in: 0...6, using: &rng) {
+                let key = (0..<Int.random(in: 1...2, using: &rng)).map { _ in parts.randomElement(using: &rng)! }
+                    .joined()
+                entries[key] = depth > 0 && Bool.random(using: &rng) ? randomMap(depth - 1) : .int(Int64(entries.count))
+            }
+            return .map(entries)
+        }
+        for _ in 0..<300 {
+            let value = randomMap(2)
+            let json = JSON.string(value)
+            #expect(try JSON.parse(json) == value, "seed \(seed): \(json)")
+            #expect(
+                try CBOR.decode(CBOR.encode(value), options: .init(requireDeterministic: true)) == value, "seed \(seed)"
+            )
+        }
+    }
+
     @Test func fieldPathsReachOnlyTheirOwnSpelling() throws {
         let document: Value = ["_id": "d1", nfc: 1, nfd: 2, "m": [nfd: ["x": 3]]]
         #expect(document.value(at: .key(nfc)) == 1)
