@@ -44,9 +44,10 @@ public enum DocumentMutation: Sendable, Hashable, CustomStringConvertible {
     /// Removes the field (observed-remove); inside an array, removes the element. A missing field
     /// is left alone and yields no result.
     case unset(FieldPath)
-    /// Adds the amount to a counter (a missing field starts at 0; a number becomes a counter
-    /// starting from it). Inside an array the element is read, added to and written back.
-    case increment(FieldPath, Double)
+    /// Adds the amount (an `.int` or a finite `.double`) to a counter (a missing field starts at 0;
+    /// a number becomes a counter starting from it). Ints keep the counter exact. Inside an array
+    /// the element is read, added to and written back.
+    case increment(FieldPath, Value)
 
     /// The field the mutation changes.
     public var path: FieldPath {
@@ -76,8 +77,8 @@ public enum DocumentMutation: Sendable, Hashable, CustomStringConvertible {
         switch self {
         case .set(_, let value, _):
             do { try value.validate(path: path.description) } catch { throw .invalidValue(error.description) }
-        case .increment(_, let amount) where !amount.isFinite:
-            throw .invalidValue("cannot increment '\(path)' by \(amount); only finite amounts are allowed")
+        case .increment(_, let amount) where !amount.isCounterNumber:
+            throw .invalidValue("cannot increment '\(path)' by \(amount); only finite numbers are allowed")
         default:
             break
         }
@@ -124,7 +125,7 @@ public enum UpdateResult: Sendable, Hashable, CustomStringConvertible {
     /// The field at `path` was removed.
     case removed(docID: Value, path: String)
     /// The counter at `path` was incremented by `amount`.
-    case incremented(docID: Value, path: String, amount: Double)
+    case incremented(docID: Value, path: String, amount: Value)
 
     /// The `_id` of the document the mutation applied to.
     public var docID: Value {
@@ -391,8 +392,9 @@ extension DocumentStore {
         do {
             switch mutation {
             case .set(_, let value, let isDefault):
-                // Default data only fills a register that is absent (inside an array: the array).
-                if isDefault, doc.value(at: field) != nil { return nil }
+                // Default data only fills a field that is absent and that this site never wrote or
+                // saw removed (inside an array: the array), so no stamp names two writes.
+                if isDefault, !doc.admitsDefaultData(at: field, site: siteID) { return nil }
                 let stamp = isDefault ? defaultStamp : stamp()
                 if split == nil {
                     try doc.set(path, to: value, stamp: stamp)
@@ -811,7 +813,7 @@ extension DocumentStore {
 enum FieldEdit {
     case set(Value)
     case remove
-    case increment(Double)
+    case increment(Value)
 
     /// Applies the edit at `components` below `value`.
     ///
@@ -831,10 +833,13 @@ enum FieldEdit {
             case .remove:
                 return false  // handled by the parent
             case .increment(let amount):
-                guard let number = value.numberValue else {
+                guard value.isCounterNumber else {
                     throw .invalidValue("cannot increment '\(path)': it holds \(value.typeName)")
                 }
-                value = .double(number + amount)
+                guard let sum = Value.counterSum(value, amount) else {
+                    throw .invalidValue("cannot increment '\(path)' by \(amount): the sum leaves the range of numbers")
+                }
+                value = sum
                 return true
             }
         }
@@ -859,7 +864,7 @@ enum FieldEdit {
             } else {
                 switch self {
                 case .remove: return false
-                case .increment where rest.isEmpty: child = .double(0)
+                case .increment where rest.isEmpty: child = .int(0)
                 default: child = .map([:])
                 }
             }

@@ -66,12 +66,12 @@ import TrellisTestKit
             let store = try open()
             clock.set(5_000_000)
             try store.upsert(["_id": "d", "v": 1], in: "c")
-            stamp = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
+            stamp = try #require(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.time)
         }
         clock.set(1_000)  // the wall clock went back across the restart
         let store = try open()
         try store.upsert(["_id": "d", "v": 2], in: "c")
-        let after = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
+        let after = try #require(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.time)
         #expect(after > stamp)
         #expect(try store.document(id: "d", in: "c")?["v"] == 2)
         #expect(store.lastSeq == 2)
