@@ -31,19 +31,19 @@ struct History {
     }
 
     var writes: [Write] = []
-    var lastWrite: [String: Millis] = [:]
+    var lastWrite: [UTF8Key: Millis] = [:]
     var wipes: [Int: Millis] = [:]
-    var evictions: [Int: [String: Millis]] = [:]
+    var evictions: [Int: [UTF8Key: Millis]] = [:]
     /// Per node, when each document was last evicted there: a write its own node evicted may
     /// be lost if it had not travelled yet (as in Ditto, eviction drops local data).
-    var evictedKeys: [Int: [String: Millis]] = [:]
+    var evictedKeys: [Int: [UTF8Key: Millis]] = [:]
     /// Documents removed on every node at a check, and when.
-    var removedEverywhere: [String: Millis] = [:]
+    var removedEverywhere: [UTF8Key: Millis] = [:]
     var clocks: [Int: HLCTimestamp] = [:]
     var checkpoints: [Int: [String: Checkpoint]] = [:]
     var lastCheck: Millis = -1
 
-    static func id(_ collection: String, _ key: String) -> String { collection + "\u{0}" + key }
+    static func id(_ collection: String, _ key: String) -> UTF8Key { UTF8Key(collection + "\u{0}" + key) }
 
     mutating func wiped(_ node: Int, at time: Millis) {
         wipes[node] = time
@@ -112,12 +112,12 @@ extension Simulation {
     }
 
     /// Every document of a collection on a node, tombstones included: key → state bytes.
-    public func log(of node: SimulatedNode, collection: String) throws -> [String: [UInt8]] {
-        var out: [String: [UInt8]] = [:]
+    public func log(of node: SimulatedNode, collection: String) throws -> [UTF8Key: [UInt8]] {
+        var out: [UTF8Key: [UInt8]] = [:]
         var after: Int64 = 0
         while true {
             let page = try node.documents.changes(in: collection, after: after, limit: 10_000)
-            for record in page.records { out[JSON.string(record.id)] = record.state }
+            for record in page.records { out[UTF8Key(JSON.string(record.id))] = record.state }
             if page.exhausted { break }
             after = page.scannedUpTo
         }
@@ -171,7 +171,7 @@ extension Simulation {
                     else { continue }
                     for (key, state) in expected.sorted(by: { $0.key < $1.key }) {
                         guard let decoded = try? DocumentState(encoded: CBOR.decode(state)) else { continue }
-                        let id = (try? JSON.parse(key)) ?? .null
+                        let id = (try? JSON.parse(key.string)) ?? .null
                         let matches = decoded.materialize(id: id).map { (try? query.matches($0)) ?? false } ?? false
                         let holds = actual[key] != nil
                         guard matches || (decoded.isDeleted && holds) else { continue }
@@ -188,8 +188,8 @@ extension Simulation {
     }
 
     private func differences(
-        _ collection: String, _ a: SimulatedNode, _ left: [String: [UInt8]], _ b: SimulatedNode,
-        _ right: [String: [UInt8]]
+        _ collection: String, _ a: SimulatedNode, _ left: [UTF8Key: [UInt8]], _ b: SimulatedNode,
+        _ right: [UTF8Key: [UInt8]]
     ) -> [String] {
         var out: [String] = []
         for key in Set(left.keys).union(right.keys).sorted() where left[key] != right[key] {
@@ -211,7 +211,7 @@ extension Simulation {
     private func writesPresent() -> [String] {
         var violations: [String] = []
         let whole = wholeSubscribers()
-        var logs: [String: [Int: [String: [UInt8]]]] = [:]
+        var logs: [String: [Int: [UTF8Key: [UInt8]]]] = [:]
         for write in history.writes {
             if let wiped = history.wipes[write.node], wiped > write.time { continue }
             if let evicted = history.evictedKeys[write.node]?[History.id(write.collection, write.key)],
@@ -225,7 +225,7 @@ extension Simulation {
                     logs[write.collection, default: [:]][holder.index] =
                         (try? log(of: holder, collection: write.collection)) ?? [:]
                 }
-                let state = logs[write.collection]![holder.index]![write.key].flatMap {
+                let state = logs[write.collection]![holder.index]![UTF8Key(write.key)].flatMap {
                     try? DocumentState(encoded: CBOR.decode($0))
                 }
                 let seen = max(state?.writes[write.site] ?? .zero, state?.removed[write.site] ?? .zero)
@@ -242,13 +242,13 @@ extension Simulation {
     private func noResurrection() -> [String] {
         var violations: [String] = []
         let whole = wholeSubscribers()
-        var removedNow: [String: Millis] = [:]
+        var removedNow: [UTF8Key: Millis] = [:]
         for collection in whole.keys.sorted() {
             let holders = whole[collection]!
             let logs = holders.compactMap { try? log(of: $0, collection: collection) }
             guard logs.count == holders.count, let first = logs.first else { continue }
             for key in first.keys.sorted() {
-                let id = History.id(collection, key)
+                let id = History.id(collection, key.string)
                 let removed = logs.allSatisfy { log in
                     log[key].flatMap { try? DocumentState(encoded: CBOR.decode($0)) }?.isDeleted ?? false
                 }
@@ -282,7 +282,9 @@ extension Simulation {
                     checkpoint.seq < previous.seq
                 else { continue }
                 let collection = String(key.split(separator: "\u{0}").last?.split(separator: "\u{1F}").first ?? "")
-                if let evicted = history.evictions[node.index]?[collection], evicted > history.lastCheck { continue }
+                if let evicted = history.evictions[node.index]?[UTF8Key(collection)], evicted > history.lastCheck {
+                    continue
+                }
                 violations.append(
                     "\(node.name)'s checkpoint \(key.replacingOccurrences(of: "\u{0}", with: " ")) went back from \(previous.seq) to \(checkpoint.seq)"
                 )

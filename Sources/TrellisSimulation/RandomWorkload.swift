@@ -112,7 +112,7 @@ public struct RandomWorkload: Sendable {
         let id = Value.string("d\(Int.random(in: 0..<documents, using: &random))")
         switch Int.random(in: 0..<10, using: &random) {
         case 0...3:
-            var fields: [String: Value] = ["_id": id, "v": .int(Int64.random(in: 0...9, using: &random))]
+            var fields: UTF8Map<Value> = ["_id": id, "v": .int(Int64.random(in: 0...9, using: &random))]
             if Bool.random(using: &random) {
                 fields["s"] = .string(["a", "b", "é", "e\u{301}"].randomElement(using: &random)!)
             }

@@ -31,13 +31,13 @@ public final class SimulatedNode: @unchecked Sendable {
     var staticPeers: [String] = []
     var links: [LinkID: Int] = [:]
     var nextLink: UInt64 = 0
-    let commits = Mutex<Set<String>>([])
+    let commits = Mutex<Set<UTF8Key>>([])
     /// Documents written locally (not merged) since the last flush, and evicted collections.
     let localChanges = Mutex<(writes: [(String, String)], evicted: [String: Set<String>])>(([], [:]))
     var watches: [LiveResults] = []
     var rescanGenerations: [String: UInt32] = [:]
     /// When each document first changed here (with ``Simulation/recordsArrivals``).
-    var arrivals: [String: Millis] = [:]
+    var arrivals: [UTF8Key: Millis] = [:]
     var watchSpecs: [(String, String)] = []
     var evictions: [(String, UInt32)] = []
     let service: NodeSubscriptions
@@ -88,8 +88,8 @@ public final class SimulatedNode: @unchecked Sendable {
             self.commits.withLock { $0.formUnion(event.collections) }
             if self.simulation.recordsArrivals {
                 for (collection, keys) in event.changedKeys {
-                    for key in keys where self.arrivals[History.id(collection, key)] == nil {
-                        self.arrivals[History.id(collection, key)] = self.simulation.now
+                    for key in keys where self.arrivals[History.id(collection.string, key.string)] == nil {
+                        self.arrivals[History.id(collection.string, key.string)] = self.simulation.now
                     }
                 }
             }
@@ -97,11 +97,11 @@ public final class SimulatedNode: @unchecked Sendable {
             self.localChanges.withLock { changes in
                 if event.evicted {
                     for (collection, keys) in event.changedKeys {
-                        changes.evicted[collection, default: []].formUnion(keys)
+                        changes.evicted[collection.string, default: []].formUnion(keys.map(\.string))
                     }
                 } else {
                     for (collection, keys) in event.changedKeys.sorted(by: { $0.key < $1.key }) {
-                        for key in keys.sorted() { changes.writes.append((collection, key)) }
+                        for key in keys.sorted() { changes.writes.append((collection.string, key.string)) }
                     }
                 }
             }
@@ -141,7 +141,7 @@ public final class SimulatedNode: @unchecked Sendable {
             return c
         }
         for collection in changes.evicted.keys.sorted() {
-            simulation.history.evictions[index, default: [:]][collection] = simulation.now
+            simulation.history.evictions[index, default: [:]][UTF8Key(collection)] = simulation.now
             for key in changes.evicted[collection]! {
                 simulation.history.evictedKeys[index, default: [:]][History.id(collection, key)] = simulation.now
             }
@@ -159,7 +159,7 @@ public final class SimulatedNode: @unchecked Sendable {
                     node: index, collection: collection, key: key, site: site, stamp: stamp, time: simulation.now))
             simulation.history.lastWrite[History.id(collection, key)] = simulation.now
         }
-        let collections = commits.withLock { c -> Set<String> in
+        let collections = commits.withLock { c -> Set<UTF8Key> in
             defer { c.removeAll() }
             return c
         }

@@ -57,7 +57,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     private var links: [LinkID: any MessageLink] = [:]
     private let nextLink = Atomic<UInt64>(0)
     private var scanScheduled = false
-    private var interimGenerations: [String: UInt32] = [:]
+    private var interimGenerations: [UTF8Key: UInt32] = [:]
     private var timer: (any DispatchSourceTimer)?
     private var observerToken: UInt64 = 0
     private let dialer = Mutex<(@Sendable (String) -> Void)?>(nil)
@@ -255,7 +255,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         if event.evicted {
             for collection in event.collections.sorted() {
                 interimGenerations[collection, default: 0] &+= 1
-                host.evicted(collection, generation: interimGenerations[collection]!)
+                host.evicted(collection.string, generation: interimGenerations[collection]!)
             }
         }
         host.committed(collections: event.collections)

@@ -130,7 +130,7 @@ public final class SyncHost {
     }
 
     /// The store committed changes in `collections` (any origin).
-    public func committed(collections: Set<String>) {
+    public func committed(collections: Set<UTF8Key>) {
         run(replicator.committed(collections: collections, lastSeq: store.localLog.lastSeq, now: now()))
     }
 

@@ -12,12 +12,12 @@ public struct Replicator: Sendable {
     /// This node's log as last reported by the shell.
     public private(set) var local: LocalLog
     private var rng: SplitMix64
-    private var own: [String: (spec: SubscriptionSpec, count: Int)] = [:]
-    private var generations: [String: UInt32]
+    private var own: [UTF8Key: (spec: SubscriptionSpec, count: Int)] = [:]
+    private var generations: [UTF8Key: UInt32]
     private var sessions: [LinkID: Session] = [:]
-    private var checkpointCache: [[UInt8]: [String: Checkpoint]] = [:]
+    private var checkpointCache: [[UInt8]: [UTF8Key: Checkpoint]] = [:]
     private var endpoints: [String: Endpoint] = [:]
-    private var queries: [String: QueryResult] = [:]
+    private var queries: [UTF8Key: QueryResult] = [:]
     private var lastRotation: Millis?
     private var deferredPending = false
     private var nextDeferredRetry: Millis = 0
@@ -38,14 +38,14 @@ public struct Replicator: Sendable {
     ) {
         self.configuration = configuration
         self.local = local
-        self.generations = generations
+        self.generations = Dictionary(generations.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: max)
         self.rng = SplitMix64(seed: seed)
     }
 
     // MARK: Local subscriptions
 
     /// This node's own subscriptions.
-    public var subscriptions: [SubscriptionSpec] { own.values.map(\.spec).sorted { $0.key < $1.key } }
+    public var subscriptions: [SubscriptionSpec] { own.keys.sorted().map { own[$0]!.spec } }
 
     /// Asks peers for the documents matching `spec` while it is held. Two holders of one spec
     /// share it; ``unsubscribe(_:now:)`` releases one.
@@ -55,7 +55,7 @@ public struct Replicator: Sendable {
     public mutating func subscribe(_ spec: SubscriptionSpec, now: Millis) throws -> [ReplicatorDirective] {
         try SubscriptionSpec.validateCollectionName(spec.collection)
         _ = try Query(spec.query).bind(args: spec.args)
-        let key = spec.key
+        let key = UTF8Key(spec.key)
         if let held = own[key] {
             own[key] = (held.spec, held.count + 1)
             return []
@@ -66,7 +66,7 @@ public struct Replicator: Sendable {
 
     /// Releases one ``subscribe(_:now:)`` of `spec`; peers stop being asked once none is left.
     public mutating func unsubscribe(_ spec: SubscriptionSpec, now: Millis) -> [ReplicatorDirective] {
-        let key = spec.key
+        let key = UTF8Key(spec.key)
         guard let held = own[key] else { return [] }
         if held.count > 1 {
             own[key] = (held.spec, held.count - 1)
@@ -132,7 +132,8 @@ public struct Replicator: Sendable {
             endpoints[endpoint] = e
         }
         if checkpointCache[peerKey] == nil || !hasSession(with: peerKey, except: link) {
-            checkpointCache[peerKey] = checkpoints
+            checkpointCache[peerKey] = Dictionary(
+                checkpoints.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: { a, _ in a })
         }
         let hello = Hello(
             version: WireMessage.protocolVersion, peerKey: configuration.peerKey, site: local.site, epoch: local.epoch,
@@ -172,19 +173,21 @@ public struct Replicator: Sendable {
             return serve(subs, on: link, now: now)
         case (.established, .batch(let key, let documents, let upTo, let generation)):
             return batch(key, documents, upTo, generation, on: link, now: now)
-        case (.established, .ack(let key, let upTo)):
+        case (.established, .ack(let subscription, let upTo)):
+            let key = UTF8Key(subscription)
             guard var served = sessions[link]?.served[key] else { return [] }
             served.inFlight = max(0, served.inFlight - 1)
             served.ackedUpTo = max(served.ackedUpTo, min(upTo, served.lastSentUpTo))
             served.lastProgress = now
             sessions[link]?.served[key] = served
             return scanIfReady(link, key, now: now)
-        case (.established, .subscriptionError(let key, let code, let text)):
+        case (.established, .subscriptionError(let subscription, let code, let text)):
+            let key = UTF8Key(subscription)
             guard sessions[link]?.asked[key] != nil else { return [] }
             let previous = sessions[link]?.remoteErrors[key]
             sessions[link]?.remoteErrors[key] = "\(code): \(text)"
             guard previous != "\(code): \(text)" else { return [] }
-            let name = sessions[link]?.asked[key]?.spec.description ?? key
+            let name = sessions[link]?.asked[key]?.spec.description ?? subscription
             return [.log("\(s.address) cannot serve subscription '\(name)': \(code): \(text)")]
         case (.closed, _):
             return []
@@ -237,12 +240,12 @@ public struct Replicator: Sendable {
 
     /// The local store committed changes (local writes or merges from any peer) in `collections`.
     /// Only the served subscriptions on those collections scan again.
-    public mutating func committed(collections: Set<String>, lastSeq: Int64, now: Millis) -> [ReplicatorDirective] {
+    public mutating func committed(collections: Set<UTF8Key>, lastSeq: Int64, now: Millis) -> [ReplicatorDirective] {
         local.lastSeq = max(local.lastSeq, lastSeq)
         var directives: [ReplicatorDirective] = []
         for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
             for key in sessions[link]!.served.keys.sorted()
-            where collections.contains(sessions[link]!.served[key]!.spec.collection) {
+            where collections.contains(UTF8Key(sessions[link]!.served[key]!.spec.collection)) {
                 sessions[link]!.served[key]!.pending = true
                 directives += scanIfReady(link, key, now: now)
             }
@@ -253,9 +256,10 @@ public struct Replicator: Sendable {
     /// Documents of `collection` were evicted here: the store raised its rescan generation and
     /// reset the checkpoints of its subscriptions, so ask every peer again from the start.
     public mutating func evicted(_ collection: String, generation: UInt32, now: Millis) -> [ReplicatorDirective] {
-        generations[collection] = generation
+        let name = UTF8Key(collection)
+        generations[name] = generation
         for (peer, checkpoints) in checkpointCache {
-            for (key, checkpoint) in checkpoints where askedCollection(key) == collection {
+            for (key, checkpoint) in checkpoints where askedCollection(key.string) == name {
                 checkpointCache[peer]?[key] = Checkpoint(epoch: checkpoint.epoch, seq: 0)
             }
         }
@@ -340,7 +344,7 @@ public struct Replicator: Sendable {
     public mutating func scanned(_ link: LinkID, _ request: ScanRequest, page: ScanPage, now: Millis)
         -> [ReplicatorDirective]
     {
-        let key = request.subscription
+        let key = UTF8Key(request.subscription)
         guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key] else { return [] }
         served.scanning = false
         guard request.after == served.cursor else {
@@ -376,7 +380,9 @@ public struct Replicator: Sendable {
             directives.append(
                 send(
                     link,
-                    .batch(subscription: key, documents: documents, upTo: served.cursor, generation: served.generation),
+                    .batch(
+                        subscription: request.subscription, documents: documents, upTo: served.cursor,
+                        generation: served.generation),
                     now))
             if served.inFlight == 0 { served.lastProgress = now }
             served.inFlight += 1
@@ -391,7 +397,7 @@ public struct Replicator: Sendable {
     public mutating func scanFailed(_ link: LinkID, _ request: ScanRequest, error: String, now: Millis)
         -> [ReplicatorDirective]
     {
-        let key = request.subscription
+        let key = UTF8Key(request.subscription)
         guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key] else { return [] }
         served.scanning = false
         let changed = served.failure != error
@@ -402,7 +408,8 @@ public struct Replicator: Sendable {
         sessions[link]!.served[key] = served
         guard changed else { return [] }
         return [
-            send(link, .subscriptionError(subscription: key, code: "unavailable", message: error), now),
+            send(
+                link, .subscriptionError(subscription: request.subscription, code: "unavailable", message: error), now),
             .log("cannot serve '\(served.spec)' to \(sessions[link]!.address): \(error)"),
         ]
     }
@@ -417,7 +424,7 @@ public struct Replicator: Sendable {
     ) -> [ReplicatorDirective] {
         guard let s = sessions[link], s.phase == .established, let remote = s.remote else { return [] }
         if checkpointStored {
-            checkpointCache[s.peerKey, default: [:]][key] = Checkpoint(epoch: remote.epoch, seq: upTo)
+            checkpointCache[s.peerKey, default: [:]][UTF8Key(key)] = Checkpoint(epoch: remote.epoch, seq: upTo)
         }
         if deferred > 0, !deferredPending {
             deferredPending = true
@@ -443,11 +450,13 @@ public struct Replicator: Sendable {
                 ReplicatorStatus.Peer(
                     link: s.link, peerKey: s.peerKey, address: s.address, initiator: s.initiator,
                     phase: "\(s.phase)", siteID: s.remote?.site,
-                    served: s.served.values.sorted { $0.spec.key < $1.spec.key }.map {
-                        .init(spec: $0.spec, hops: $0.hops, cursor: $0.cursor, error: $0.failure)
+                    served: s.served.keys.sorted().map { key in
+                        let v = s.served[key]!
+                        return .init(spec: v.spec, hops: v.hops, cursor: v.cursor, error: v.failure)
                     },
-                    asked: s.asked.values.sorted { $0.spec.key < $1.spec.key }.map {
-                        .init(spec: $0.spec, hops: $0.hops, cursor: $0.since, error: s.remoteErrors[$0.spec.key])
+                    asked: s.asked.keys.sorted().map { key in
+                        let v = s.asked[key]!
+                        return .init(spec: v.spec, hops: v.hops, cursor: v.since, error: s.remoteErrors[key])
                     })
             },
             endpoints: endpoints.keys.sorted().map { name in
@@ -564,7 +573,7 @@ public struct Replicator: Sendable {
         var directives: [ReplicatorDirective] = []
         var accepted = subs
         if subs.count > configuration.maxServedSubscriptions {
-            accepted = subs.sorted { ($0.hops, $0.spec.key) < ($1.hops, $1.spec.key) }
+            accepted = subs.sorted { ($0.hops, UTF8Key($0.spec.key)) < ($1.hops, UTF8Key($1.spec.key)) }
             let refused = accepted[configuration.maxServedSubscriptions...]
             accepted = Array(accepted[..<configuration.maxServedSubscriptions])
             for sub in refused {
@@ -579,17 +588,17 @@ public struct Replicator: Sendable {
                         now))
             }
         }
-        var next: [String: Served] = [:]
+        var next: [UTF8Key: Served] = [:]
         var regressed: Int64?
         for sub in accepted {
-            let key = sub.spec.key
+            let key = UTF8Key(sub.spec.key)
             if var existing = sessions[link]!.served[key] {
                 existing.hops = sub.hops
                 if existing.generation != sub.generation {
                     // The peer evicted documents and wants matching ones again from `since`,
                     // including those it once sent here itself.
                     let collection = sub.spec.collection
-                    sessions[link]!.echo = sessions[link]!.echo.filter { $0.key.collection != collection }
+                    sessions[link]!.echo = sessions[link]!.echo.filter { !UTF8Key.equal($0.key.collection, collection) }
                     existing.generation = sub.generation
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
@@ -610,7 +619,7 @@ public struct Replicator: Sendable {
                 served.failure = reason
                 served.retryable = false
                 directives.append(
-                    send(link, .subscriptionError(subscription: key, code: "query", message: reason), now))
+                    send(link, .subscriptionError(subscription: key.string, code: "query", message: reason), now))
             }
             next[key] = served
         }
@@ -634,7 +643,8 @@ public struct Replicator: Sendable {
     }
 
     private mutating func query(for spec: SubscriptionSpec) -> QueryResult {
-        if let cached = queries[spec.key] { return cached }
+        let key = UTF8Key(spec.key)
+        if let cached = queries[key] { return cached }
         if queries.count >= 4096 { queries.removeAll(keepingCapacity: true) }  // bounded, whatever peers send
         let result: QueryResult
         do {
@@ -642,7 +652,7 @@ public struct Replicator: Sendable {
         } catch {
             result = .failed("\(error)")
         }
-        queries[spec.key] = result
+        queries[key] = result
         return result
     }
 
@@ -651,7 +661,7 @@ public struct Replicator: Sendable {
         return keys.flatMap { scanIfReady(link, $0, now: now) }
     }
 
-    private mutating func scanIfReady(_ link: LinkID, _ key: String, now: Millis) -> [ReplicatorDirective] {
+    private mutating func scanIfReady(_ link: LinkID, _ key: UTF8Key, now: Millis) -> [ReplicatorDirective] {
         guard let s = sessions[link], s.phase == .established, !s.congested, var served = s.served[key],
             served.pending, !served.scanning, served.failure == nil, let query = served.query,
             served.inFlight < configuration.maxInFlight
@@ -663,15 +673,16 @@ public struct Replicator: Sendable {
             .scan(
                 link,
                 ScanRequest(
-                    subscription: key, spec: served.spec, query: query, after: served.cursor,
+                    subscription: key.string, spec: served.spec, query: query, after: served.cursor,
                     limit: configuration.batchEntries, maxBytes: configuration.batchBytes))
         ]
     }
 
     private mutating func batch(
-        _ key: String, _ documents: [WireDocument], _ upTo: Int64, _ generation: UInt32, on link: LinkID, now: Millis
+        _ subscription: String, _ documents: [WireDocument], _ upTo: Int64, _ generation: UInt32, on link: LinkID,
+        now: Millis
     ) -> [ReplicatorDirective] {
-        guard let s = sessions[link], let remote = s.remote, let asked = s.asked[key] else {
+        guard let s = sessions[link], let remote = s.remote, let asked = s.asked[UTF8Key(subscription)] else {
             return []  // a batch for a subscription this side no longer asks for: in flight before the change
         }
         let collection = asked.spec.collection
@@ -680,7 +691,7 @@ public struct Replicator: Sendable {
         var directives: [ReplicatorDirective] = []
         if sessions[link]!.echo.count + documents.count > configuration.echoMemory { sessions[link]!.echo.removeAll() }
         for document in documents {
-            guard document.collection == collection else {
+            guard UTF8Key.equal(document.collection, collection) else {
                 // A batch answers one subscription: a peer cannot write into collections nobody asked it for.
                 directives.append(
                     .log(
@@ -692,20 +703,22 @@ public struct Replicator: Sendable {
             let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
             sessions[link]!.echo[echoKey] = StateDigest(document.state)
         }
-        let current = generations[collection] ?? 0
+        let current = generations[UTF8Key(collection)] ?? 0
         directives.append(
             .apply(
                 link,
                 ApplyRequest(
-                    subscription: key, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
+                    subscription: subscription, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
                     documents: accepted, upTo: upTo, storeCheckpoint: generation == current)))
         return directives
     }
 
     // MARK: What to ask each peer for
 
-    private func askedCollection(_ key: String) -> String {
-        String(key.unicodeScalars.prefix { $0 != "\u{1F}" })
+    /// The collection of a subscription key: collection names hold no control characters, so
+    /// the first U+001F ends it.
+    private func askedCollection(_ key: String) -> UTF8Key {
+        UTF8Key(String(key.unicodeScalars.prefix { $0 != "\u{1F}" }))
     }
 
     /// Recomputes what each established peer is asked for, and re-sends where it changed.
@@ -720,13 +733,13 @@ public struct Replicator: Sendable {
     /// This node's own subscriptions plus those of its other peers (one hop more, up to
     /// ``ReplicatorConfiguration/maxHops``), deduplicated by key at the fewest hops, collapsed
     /// into whole collections above ``ReplicatorConfiguration/maxAskedSubscriptions``.
-    private func wanted(for link: LinkID) -> [String: (spec: SubscriptionSpec, hops: Int)] {
-        var wanted: [String: (spec: SubscriptionSpec, hops: Int)] = [:]
+    private func wanted(for link: LinkID) -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)] {
+        var wanted: [UTF8Key: (spec: SubscriptionSpec, hops: Int)] = [:]
         for (key, held) in own { wanted[key] = (held.spec, 0) }
         for (other, s) in sessions
         where other != link && s.phase == .established && s.peerKey != sessions[link]?.peerKey {
             for sub in s.remoteSubscriptions where sub.hops < configuration.maxHops {
-                let key = sub.spec.key
+                let key = UTF8Key(sub.spec.key)
                 if let existing = wanted[key], existing.hops <= sub.hops + 1 { continue }
                 wanted[key] = (sub.spec, sub.hops + 1)
             }
@@ -735,9 +748,9 @@ public struct Replicator: Sendable {
         // collection (a superset: relays store what passes), until it fits; when only whole
         // collections are left, drop the farthest.
         while wanted.count > configuration.maxAskedSubscriptions {
-            var byCollection: [String: [String]] = [:]
+            var byCollection: [UTF8Key: [UTF8Key]] = [:]
             for (key, entry) in wanted where !entry.spec.isWholeCollection {
-                byCollection[entry.spec.collection, default: []].append(key)
+                byCollection[UTF8Key(entry.spec.collection), default: []].append(key)
             }
             let busiest = byCollection.max { ($0.value.count, $1.key) < ($1.value.count, $0.key) }
             guard let (collection, keys) = busiest, keys.count > 1 else {
@@ -747,10 +760,11 @@ public struct Replicator: Sendable {
                 }
                 break
             }
-            let whole = SubscriptionSpec.all(collection)
+            let whole = SubscriptionSpec.all(collection.string)
             let hops = keys.map { wanted[$0]!.hops }.min()!
             for key in keys { wanted.removeValue(forKey: key) }
-            wanted[whole.key] = (whole, min(hops, wanted[whole.key]?.hops ?? hops))
+            let wholeKey = UTF8Key(whole.key)
+            wanted[wholeKey] = (whole, min(hops, wanted[wholeKey]?.hops ?? hops))
         }
         return wanted
     }
@@ -765,14 +779,14 @@ public struct Replicator: Sendable {
             list.append(
                 WireSubscription(
                     spec: entry.spec, since: since, hops: entry.hops,
-                    generation: generations[entry.spec.collection] ?? 0))
+                    generation: generations[UTF8Key(entry.spec.collection)] ?? 0))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change.
         let shape = list.map { WireSubscription(spec: $0.spec, since: 0, hops: $0.hops, generation: $0.generation) }
         if s.askedShape == shape { return [] }
         sessions[link]!.askedShape = shape
-        sessions[link]!.asked = Dictionary(list.map { ($0.spec.key, $0) }, uniquingKeysWith: { a, _ in a })
+        sessions[link]!.asked = Dictionary(list.map { (UTF8Key($0.spec.key), $0) }, uniquingKeysWith: { a, _ in a })
         sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
         sessions[link]!.askedVersion += 1
         return [send(link, .subscriptions(list, version: sessions[link]!.askedVersion), now)]
@@ -781,9 +795,19 @@ public struct Replicator: Sendable {
 
 // MARK: - Session state
 
+/// A document in the echo memory: collection and canonical `_id` key, compared byte-wise.
 struct EchoKey: Hashable, Sendable {
     var collection: String
     var key: String
+
+    static func == (a: EchoKey, b: EchoKey) -> Bool {
+        UTF8Key.equal(a.collection, b.collection) && UTF8Key.equal(a.key, b.key)
+    }
+
+    func hash(into hasher: inout Hasher) {
+        UTF8Key.hash(collection, into: &hasher)
+        UTF8Key.hash(key, into: &hasher)
+    }
 }
 
 extension Replicator {
@@ -821,14 +845,14 @@ extension Replicator {
         var probeDeadline: Millis = 0
         /// What the peer asks this node for, by key, and the set as the peer sent it (forwarded
         /// to other peers).
-        var served: [String: Served] = [:]
+        var served: [UTF8Key: Served] = [:]
         var remoteSubscriptions: [WireSubscription] = []
         var remoteSubscriptionsVersion: UInt64 = 0
         /// What this node asks the peer for, by key, and the shape last sent.
-        var asked: [String: WireSubscription] = [:]
+        var asked: [UTF8Key: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
         var askedVersion: UInt64 = 0
-        var remoteErrors: [String: String] = [:]
+        var remoteErrors: [UTF8Key: String] = [:]
         /// States received on this session, for echo suppression.
         var echo: [EchoKey: StateDigest] = [:]
 

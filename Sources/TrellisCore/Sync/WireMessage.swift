@@ -3,14 +3,16 @@
 /// Its ``key`` names it on the wire and in checkpoints: the same (collection, query, args) from
 /// any node has the same key. The key is an opaque name: nothing parses it back (the collection
 /// travels beside it), so no collection name or query text can make two subscriptions collide.
+/// Equality and hashing compare the collection name and query text byte-wise (collections "é"
+/// and "e" + U+0301 are two subscriptions).
 public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
     public var collection: String
     /// Query text in Ditto's predicate syntax (docs/QUERIES.md); `"true"` for the whole collection.
     public var query: String
     /// Values for `$args.name` in the query: a map.
-    public var args: [String: Value]
+    public var args: UTF8Map<Value>
 
-    public init(collection: String, query: String = "true", args: [String: Value] = [:]) {
+    public init(collection: String, query: String = "true", args: UTF8Map<Value> = [:]) {
         self.collection = collection
         self.query = query.isEmpty ? "true" : query
         self.args = args
@@ -30,6 +32,16 @@ public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
 
     public var description: String {
         args.isEmpty ? "\(collection): \(query)" : "\(collection): \(query) \(JSON.string(.map(args)))"
+    }
+
+    public static func == (lhs: SubscriptionSpec, rhs: SubscriptionSpec) -> Bool {
+        UTF8Key.equal(lhs.collection, rhs.collection) && UTF8Key.equal(lhs.query, rhs.query) && lhs.args == rhs.args
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        UTF8Key.hash(collection, into: &hasher)
+        UTF8Key.hash(query, into: &hasher)
+        hasher.combine(args)
     }
 
     /// Checks a collection name: not empty, at most 1,024 bytes of UTF-8, no control characters
@@ -200,7 +212,7 @@ public enum WireMessage: Sendable, Equatable {
             for item in list {
                 guard case .map = item else { throw WireError("subs: entry is not a map") }
                 let s = Fields(message: "subs", value: item)
-                let args: [String: Value]
+                let args: UTF8Map<Value>
                 switch item["a"] {
                 case nil: args = [:]
                 case .map(let a)?: args = a
