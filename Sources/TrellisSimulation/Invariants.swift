@@ -32,7 +32,9 @@ struct History {
 
     var writes: [Write] = []
     var lastWrite: [UTF8Key: Millis] = [:]
-    var wipes: [Int: Millis] = [:]
+    /// Per node, spans of virtual time whose local writes may be lost by design (a wiped store,
+    /// a restored backup) if they had not travelled yet.
+    var lossWindows: [Int: [ClosedRange<Millis>]] = [:]
     var evictions: [Int: [UTF8Key: Millis]] = [:]
     /// Per node, when each document was last evicted there: a write its own node evicted may
     /// be lost if it had not travelled yet (as in Ditto, eviction drops local data).
@@ -45,8 +47,10 @@ struct History {
 
     static func id(_ collection: String, _ key: String) -> UTF8Key { UTF8Key(collection + "\u{0}" + key) }
 
-    mutating func wiped(_ node: Int, at time: Millis) {
-        wipes[node] = time
+    /// The node's store lost what it wrote between `from` and `to` (a wipe: from 0; a restored
+    /// backup: from the backup's time).
+    mutating func lost(_ node: Int, from: Millis, to: Millis) {
+        lossWindows[node, default: []].append(from...max(from, to))
         clocks.removeValue(forKey: node)
         checkpoints.removeValue(forKey: node)
     }
@@ -213,7 +217,7 @@ extension Simulation {
         let whole = wholeSubscribers()
         var logs: [String: [Int: [UTF8Key: [UInt8]]]] = [:]
         for write in history.writes {
-            if let wiped = history.wipes[write.node], wiped > write.time { continue }
+            if history.lossWindows[write.node]?.contains(where: { $0.contains(write.time) }) == true { continue }
             if let evicted = history.evictedKeys[write.node]?[History.id(write.collection, write.key)],
                 evicted >= write.time
             {

@@ -358,10 +358,48 @@ public final class Simulation: @unchecked Sendable {
         if node.isUp { crash(node) }
         if wipe {
             for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: node.path + suffix) }
-            history.wiped(node.index, at: now)
+            history.lost(node.index, from: 0, to: now)
         }
         try node.start()
         record("\(node.name) restarted\(wipe ? " with a wiped store" : "")")
+        afterEvent()
+    }
+
+    /// A copy of a node's store files, as a backup would take them (``restore(_:from:)``).
+    public struct StoreSnapshot: Sendable {
+        let files: [String: Data]
+        /// Virtual time when it was taken.
+        public let time: Millis
+    }
+
+    /// Takes a backup of a running node's store (its committed state).
+    ///
+    /// - Throws: the store's or file system's errors.
+    public func snapshot(_ node: SimulatedNode) throws -> StoreSnapshot {
+        try node.documents.checkpointWAL()
+        var files: [String: Data] = [:]
+        for suffix in ["", "-wal"] {
+            if let data = FileManager.default.contents(atPath: node.path + suffix) { files[suffix] = data }
+        }
+        record("\(node.name) backed up")
+        return StoreSnapshot(files: files, time: now)
+    }
+
+    /// Crashes a node, puts an older backup of its store in place, and starts it again: its log
+    /// goes back in time, as after restoring a backup.
+    ///
+    /// - Throws: the store's or file system's errors.
+    public func restore(_ node: SimulatedNode, from snapshot: StoreSnapshot) throws {
+        crash(node)
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: node.path + suffix) }
+        for (suffix, data) in snapshot.files {
+            guard FileManager.default.createFile(atPath: node.path + suffix, contents: data) else {
+                throw CocoaError(.fileWriteUnknown)
+            }
+        }
+        history.lost(node.index, from: snapshot.time, to: now)
+        try node.start()
+        record("\(node.name) restored from the backup of \(snapshot.time) ms")
         afterEvent()
     }
 
