@@ -261,17 +261,17 @@ extension DocumentStore {
                         preconditionFailure("handled by upsert(_:in:)")
                     case .insertIfAbsent:
                         guard !live else { continue }
-                        doc.merge(fields: fields, stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
+                        doc.merge(fields: fields, stamp: s.stamp(now: now))
                     case .insertDefaultIfAbsent:
                         guard existing == nil else { continue }
-                        doc.merge(fields: fields, stamp: defaultStamp)
+                        doc.merge(fields: fields, stamp: s.defaultStamp)
                     case .updateDifferentValues:
                         var changes = fields
                         if live, case .map(let current)? = doc.materialize(id: id) {
                             changes = Self.differingLeaves(fields, current)
                             if changes.isEmpty { continue }
                         }
-                        doc.merge(fields: changes, stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
+                        doc.merge(fields: changes, stamp: s.stamp(now: now))
                     }
                     try persist(&s, collection, key, id, doc, source: nil)
                     wrote = true
@@ -283,9 +283,6 @@ extension DocumentStore {
         if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
         return prepared.map(\.id)
     }
-
-    /// The stamp of default data: HLC time zero and this store's site, below every real write.
-    var defaultStamp: Stamp { Stamp(time: .zero, site: siteID) }
 
     /// The parts of `new` whose leaves differ (bit-exactly) from `current`, walking maps present
     /// in both.
@@ -380,7 +377,7 @@ extension DocumentStore {
         // Everything from the first array index on lives inside one register: the array.
         let field = path.register
         let split = field.components.count < path.components.count ? field.components.count : nil
-        func stamp() -> Stamp { Stamp(time: s.clock.now(physicalMillis: now), site: siteID) }
+        func stamp() -> Stamp { s.stamp(now: now) }
         func writeArray(_ edit: FieldEdit, _ stamp: Stamp) throws(StoreError) -> Bool {
             guard var array = doc.value(at: field), case .array = array else {
                 throw .invalidValue("cannot change '\(path)': '\(field)' does not hold an array")
@@ -395,7 +392,7 @@ extension DocumentStore {
             case .set(_, let value, let isDefault):
                 // Default data only fills a register that is absent (inside an array: the array).
                 if isDefault, doc.value(at: field) != nil { return nil }
-                let stamp = isDefault ? defaultStamp : stamp()
+                let stamp = isDefault ? s.defaultStamp : stamp()
                 if split == nil {
                     try doc.set(path, to: value, stamp: stamp)
                 } else {
@@ -547,16 +544,7 @@ extension DocumentStore {
         return ("json_extract(value, \(literal))", String(literal.dropFirst().dropLast()))
     }
 
-    static func hex(_ text: String) -> String {
-        let digits = Array("0123456789abcdef")
-        var out = ""
-        out.reserveCapacity(text.utf8.count * 2)
-        for byte in text.utf8 {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 15)])
-        }
-        return out
-    }
+    static func hex(_ text: String) -> String { hex(Array(text.utf8)) }
 
     static func sqlLiteral(_ text: String) -> String {
         var out = "'"
@@ -640,7 +628,7 @@ extension DocumentStore {
                 for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
                     guard var doc = try load(s.db, collection, key), !doc.isDeleted else { continue }
                     let id = value["_id"] ?? .null
-                    doc.remove(stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
+                    doc.remove(stamp: s.stamp(now: now))
                     try persist(&s, collection, key, id, doc, source: nil)
                     removed.append(id)
                 }

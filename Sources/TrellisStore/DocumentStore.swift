@@ -49,20 +49,48 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
 }
 
 /// One entry of the change log: a document's latest state at its `seq`.
-public struct ChangeRecord: Sendable {
+public struct ChangeRecord: Sendable, Equatable {
+    /// The entry's position in this store's change log.
     public var seq: Int64
     public var collection: String
     /// The document's `_id`.
     public var id: Value
-    /// The CRDT state, CBOR-encoded as stored (sent to peers unchanged).
+    /// The canonical key of the `_id` (``DocumentStore/key(for:)``).
+    public var key: String
+    /// The whole CRDT state, CBOR-encoded (``DocumentState/cbor()``), as peers receive it.
     public var state: [UInt8]
     /// `true` for a tombstone.
     public var isDeleted: Bool
-    /// The peer whose state this is exactly (it need not be sent back to it), if any.
-    public var source: [UInt8]?
+
+    public init(seq: Int64, collection: String, id: Value, key: String, state: [UInt8], isDeleted: Bool) {
+        self.seq = seq
+        self.collection = collection
+        self.id = id
+        self.key = key
+        self.state = state
+        self.isDeleted = isDeleted
+    }
 }
 
-/// A page of the change log.
+/// A change-log entry that a page passed over without returning it: a damaged row (its state or
+/// JSON does not decode) or a state above this store's size limit.
+public struct SkippedRecord: Sendable, Equatable {
+    public var seq: Int64
+    public var collection: String
+    /// The canonical key of the document's `_id`.
+    public var key: String
+    /// Why it was skipped, naming the problem.
+    public var reason: String
+
+    public init(seq: Int64, collection: String, key: String, reason: String) {
+        self.seq = seq
+        self.collection = collection
+        self.key = key
+        self.reason = reason
+    }
+}
+
+/// A page of one collection's change log (``DocumentStore/changes(in:after:limit:maxBytes:matching:args:)``).
 public struct ChangePage: Sendable {
     /// The entries that match (plus every tombstone), in `seq` order.
     public var records: [ChangeRecord]
@@ -70,6 +98,15 @@ public struct ChangePage: Sendable {
     public var scannedUpTo: Int64
     /// `true` when the page reached the end of the log.
     public var exhausted: Bool
+    /// Entries examined but not returned (damaged rows, states above the size limit), in `seq` order.
+    public var skipped: [SkippedRecord]
+
+    public init(records: [ChangeRecord], scannedUpTo: Int64, exhausted: Bool, skipped: [SkippedRecord] = []) {
+        self.records = records
+        self.scannedUpTo = scannedUpTo
+        self.exhausted = exhausted
+        self.skipped = skipped
+    }
 }
 
 /// A document received from a peer, to be merged: its collection, `_id` and CBOR state.
@@ -104,12 +141,52 @@ public struct StoreEvent: Sendable {
     public var changedKeys: [String: Set<String>] = [:]
 }
 
-/// A per-document outcome of merging a remote batch.
+/// The per-document outcome of merging a remote batch (``DocumentStore/merge(_:from:checkpoint:)``).
+///
+/// Every document of the batch is counted in exactly one place: applied (or already known),
+/// `deferred` (kept in the store and retried), or `rejected` (it cannot even be named).
 public struct MergeOutcome: Sendable {
     /// Documents whose local state changed.
     public var applied: Int
-    /// Documents refused, with the reason (they do not block the rest of the batch).
+    /// Documents kept in the deferred table instead of being applied: their canonical `_id` key
+    /// and why (see ``DocumentStore/deferredDocuments()``).
+    public var deferred: [(key: String, reason: String)]
+    /// Documents that cannot be kept because they cannot be named (a bad `_id`): the `_id` as JSON
+    /// text and why.
     public var rejected: [(id: String, reason: String)]
+
+    public init(
+        applied: Int = 0, deferred: [(key: String, reason: String)] = [], rejected: [(id: String, reason: String)] = []
+    ) {
+        self.applied = applied
+        self.deferred = deferred
+        self.rejected = rejected
+    }
+}
+
+/// A remote document state kept because it could not be applied yet
+/// (``DocumentStore/deferredDocuments()``).
+public struct DeferredDocument: Sendable, Equatable {
+    public var collection: String
+    /// The canonical key of the `_id` (``DocumentStore/key(for:)``).
+    public var key: String
+    /// The peer key of the peer that sent it.
+    public var peer: [UInt8]
+    /// Why it is not applied yet (the latest attempt's reason).
+    public var reason: String
+    /// When it was first deferred: milliseconds since the Unix epoch, by this store's clock.
+    public var since: UInt64
+    /// How many times ``DocumentStore/retryDeferred()`` tried it again.
+    public var attempts: Int
+
+    public init(collection: String, key: String, peer: [UInt8], reason: String, since: UInt64, attempts: Int) {
+        self.collection = collection
+        self.key = key
+        self.peer = peer
+        self.reason = reason
+        self.since = since
+        self.attempts = attempts
+    }
 }
 
 /// The local document store: SQLite in WAL mode holding every document's CRDT state, its
@@ -123,18 +200,31 @@ public final class DocumentStore: Sendable {
         let db: Connection
         var clock: HybridLogicalClock
         var nextSeq: Int64
+        /// The site ID stamping this store's writes; changes only when the log is rotated.
+        var siteID: SiteID
+        /// The random ID of this life of the log; changes only when the log is rotated.
+        var epoch: [UInt8]
         /// Documents changed since the last ``DocumentStore/notify(_:)``, by collection.
         var changedKeys: [String: Set<String>] = [:]
+
+        /// A new stamp for a local write at physical time `now` (milliseconds).
+        mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
+
+        /// The stamp of default data: HLC time zero and this store's site, below every real write.
+        var defaultStamp: Stamp { Stamp(time: .zero, site: siteID) }
     }
 
     let state: Mutex<State>
     private let observers = Mutex<[UInt64: @Sendable (StoreEvent) -> Void]>([:])
     private let nextObserver = Atomic<UInt64>(0)
     public let options: StoreOptions
-    /// The site ID stamping this store's writes (random, persistent).
-    public let siteID: SiteID
-    /// The random ID of this life of the store's log.
-    public let epoch: [UInt8]
+    /// The site ID stamping this store's writes: random, persistent, replaced when the log is
+    /// rotated (``rotateLog(reason:)``). Read under the store lock.
+    public var siteID: SiteID { state.withLock { $0.siteID } }
+    /// The random ID of this life of the store's log (16 bytes): peers' checkpoints and contacts
+    /// anchors name it; replaced when the log is rotated (``rotateLog(reason:)``). Read under the
+    /// store lock.
+    public var epoch: [UInt8] { state.withLock { $0.epoch } }
     /// The path of the SQLite database file.
     public let path: String
 
@@ -205,13 +295,12 @@ public final class DocumentStore: Sendable {
             let issued = try Self.meta(db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
             let next = max(maxSeq.int64(0), issued) + 1
             maxSeq.reset()
-            self.siteID = site
-            self.epoch = epoch
             self.state = Mutex(
                 State(
                     db: db,
                     clock: HybridLogicalClock(
-                        last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift), nextSeq: next))
+                        last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift), nextSeq: next,
+                    siteID: site, epoch: epoch))
         } catch let error as StoreError {
             throw error
         } catch let error as SQLiteError where error.code == 26 {  // SQLITE_NOTADB
@@ -392,8 +481,7 @@ public final class DocumentStore: Sendable {
             try s.db.transaction {
                 for (id, key, fields) in prepared {
                     var doc = try load(s.db, collection, key) ?? DocumentState()
-                    let stamp = Stamp(time: s.clock.now(physicalMillis: now), site: siteID)
-                    doc.merge(fields: fields, stamp: stamp)
+                    doc.merge(fields: fields, stamp: s.stamp(now: now))
                     try persist(&s, collection, key, id, doc, source: nil)
                 }
                 try saveClock(s)
@@ -430,7 +518,7 @@ public final class DocumentStore: Sendable {
             try s.db.transaction {
                 guard var doc = try load(s.db, collection, key), !doc.isDeleted else { return false }
                 // The remove is an event on this node's clock, so later local writes order after it.
-                doc.remove(stamp: Stamp(time: s.clock.now(physicalMillis: options.now()), site: siteID))
+                doc.remove(stamp: s.stamp(now: options.now()))
                 try persist(&s, collection, key, id, doc, source: nil)
                 try saveClock(s)
                 return true
@@ -517,47 +605,60 @@ public final class DocumentStore: Sendable {
 
     /// One page of a collection's change log after `after`, in `seq` order: the entries whose
     /// document matches `query` with `args`, and every tombstone (a removed document matches no
-    /// query, but whoever holds it must learn of the remove).
+    /// query, but whoever holds it must learn of the remove). This is what a peer subscribed to
+    /// `(collection, query, args)` is sent.
     ///
     /// The query runs inside SQLite (``Query/sqlWhere(column:)`` over the materialised JSON) when
     /// it translates; otherwise each entry's state is decoded and the query evaluated in memory.
     ///
+    /// The page is cut by entries and by bytes: it ends after `limit` entries were examined, or
+    /// after the record whose state brings the page's total state bytes to `maxBytes` or more
+    /// (then `scannedUpTo` is that record's `seq` and `exhausted` is `false`). So a page holds at
+    /// least one record whenever one matches after `after`, however large: one document always
+    /// fits.
+    ///
     /// - Parameters:
-    ///   - limit: at most this many log entries are examined (matching or not).
-    /// - Throws: ``StoreError`` for SQLite errors, a corrupt state, or a query whose `$args` are missing.
-    /// - Complexity: O(limit · log n) through the `(collection, seq)` index.
+    ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
+    ///   - limit: at most this many log entries are examined (matching or not); at least 1.
+    ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
+    /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
+    /// - Complexity: O(limit · log n) through the `(collection, seq)` index, plus the size of the
+    ///   states returned.
     public func changes(
-        in collection: String, after: Int64, limit: Int, matching query: Query = .all, args: [String: Value] = [:]
+        in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
+        args: [String: Value] = [:]
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let pushed = bound.sqlWhere(column: "documents.value")
         return try withState { s -> ChangePage in
             let matchSQL = pushed.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
             let st = try s.db.prepare(
-                "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
+                "SELECT seq, id, state, deleted, \(matchSQL), value FROM documents "
                     + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
             let bindings = pushed?.bindings ?? []
             Self.bind(st, bindings)
             let index = Int32(bindings.count) + 1
             st.bind(index, collection)
             st.bind(index + 1, after)
-            st.bind(index + 2, Int64(limit))
+            st.bind(index + 2, Int64(max(1, limit)))
             defer { st.reset() }
             var records: [ChangeRecord] = []
             var scanned = 0
+            var bytes = 0
             var last = after
             while try st.step() {
                 scanned += 1
                 last = st.int64(0)
-                guard st.int64(5) != 0 else { continue }
-                let id = try JSON.parse(st.string(1) ?? "null")
+                guard st.int64(4) != 0 else { continue }
+                let key = st.string(1) ?? "null"
+                let id = try JSON.parse(key)
                 let stored = st.bytes(2) ?? []
                 let deleted = st.int64(3) != 0
                 let compact = StoredState.isCompact(stored)
                 var doc: DocumentState?
                 if compact || (pushed == nil && !deleted) {
-                    do { doc = try StoredState.decode(stored, value: st.string(6)) } catch {
-                        throw StoreError.corrupt("document \(id) in \(collection): \(error)")
+                    do { doc = try StoredState.decode(stored, value: st.string(5)) } catch {
+                        throw StoreError.corrupt("document \(key) in \(collection): \(error)")
                     }
                 }
                 if pushed == nil, !deleted {
@@ -566,11 +667,11 @@ public final class DocumentStore: Sendable {
                 // Peers receive the whole state, whatever form the row keeps.
                 let state = compact ? doc?.cbor() ?? [] : stored
                 records.append(
-                    ChangeRecord(
-                        seq: last, collection: collection, id: id, state: state, isDeleted: deleted,
-                        source: st.bytes(4)))
+                    ChangeRecord(seq: last, collection: collection, id: id, key: key, state: state, isDeleted: deleted))
+                bytes += state.count
+                if bytes >= maxBytes { return ChangePage(records: records, scannedUpTo: last, exhausted: false) }
             }
-            return ChangePage(records: records, scannedUpTo: last, exhausted: scanned < limit)
+            return ChangePage(records: records, scannedUpTo: last, exhausted: scanned < max(1, limit))
         }
     }
 
@@ -602,9 +703,9 @@ public final class DocumentStore: Sendable {
     ///   - checkpoint: `(subscription key, checkpoint)` to store, or `nil`.
     /// - Complexity: O(total size of the batch) plus one indexed lookup per document.
     public func merge(
-        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (String, Checkpoint)?
+        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?
     ) throws(StoreError) -> MergeOutcome {
-        var outcome = MergeOutcome(applied: 0, rejected: [])
+        var outcome = MergeOutcome()
         var touched: Set<String> = []
         let now = options.now()
         try withState { s in
@@ -669,5 +770,85 @@ public final class DocumentStore: Sendable {
             guard try st.step() else { return nil }
             return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
         }
+    }
+
+    /// Every checkpoint stored for a peer, by subscription key.
+    ///
+    /// - Complexity: O(k log n) for the peer's k checkpoints.
+    public func checkpoints(peer: [UInt8]) throws(StoreError) -> [String: Checkpoint] {
+        try withState { s -> [String: Checkpoint] in
+            let st = try s.db.prepare("SELECT subscription, epoch, seq FROM checkpoints WHERE peer = ?")
+            st.bind(1, peer)
+            defer { st.reset() }
+            var out: [String: Checkpoint] = [:]
+            while try st.step() {
+                out[st.string(0) ?? ""] = Checkpoint(epoch: st.bytes(1) ?? [], seq: st.int64(2))
+            }
+            return out
+        }
+    }
+
+    // MARK: Deferred documents
+
+    /// Merges again the deferred documents whose condition may have cleared.
+    ///
+    /// - Returns: how many were applied, and how many stay deferred.
+    public func retryDeferred() throws(StoreError) -> (applied: Int, remaining: Int) {
+        (0, 0)
+    }
+
+    /// The remote documents kept because they could not be applied yet.
+    public func deferredDocuments() throws(StoreError) -> [DeferredDocument] {
+        []
+    }
+
+    // MARK: Log identity
+
+    /// Starts a new life of the log: a new epoch and a new site ID, in one transaction, logged
+    /// with `reason`.
+    ///
+    /// Peers holding checkpoints on this store's log see the new epoch and start over from 0 (the
+    /// merges that follow change nothing they already have); contacts anchors expire. The new
+    /// site ID has no history, so no stamp it issues can repeat one issued before. `seq`s keep
+    /// growing. Called when the log may have regressed (restored backup, power loss after peers
+    /// received commits, a peer showing a checkpoint beyond the end of the log) and on demand.
+    ///
+    /// - Throws: ``StoreError`` when the store is read-only or SQLite fails (nothing changes then).
+    public func rotateLog(reason: String) throws(StoreError) {
+        guard !options.readOnly else { throw .invalidValue("cannot rotate the log of a store opened read-only") }
+        let (old, new) = try withState { s -> ([UInt8], [UInt8]) in
+            let epoch = Self.randomEpoch()
+            let site = Self.randomSite()
+            try s.db.transaction {
+                try Self.setMeta(s.db, "epoch", epoch)
+                try Self.setMeta(s.db, "site", Self.bytes(site))
+            }
+            let old = s.epoch
+            s.epoch = epoch
+            s.siteID = site
+            return (old, epoch)
+        }
+        options.log("rotated the log: epoch \(Self.hex(old)) -> \(Self.hex(new)), new site ID: \(reason)")
+    }
+
+    static func randomEpoch() -> [UInt8] { (0..<16).map { _ in UInt8.random(in: 0...255) } }
+
+    static func randomSite() -> SiteID { SiteID.random(in: 1...SiteID.max) }
+
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef")
+        return String(bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] })
+    }
+
+    /// The rescan generation of a collection: raised by every evict in it, so that batches asked
+    /// for before the evict can be told from those asked for after it.
+    public func rescanGeneration(collection: String) -> UInt32 {
+        0
+    }
+
+    /// The damaged rows met since the store was opened (a state or JSON value that does not
+    /// decode): skipped by reads and by the change log, each named with its reason.
+    public func damagedDocuments() -> [(collection: String, key: String, reason: String)] {
+        []
     }
 }

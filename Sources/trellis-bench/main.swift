@@ -160,7 +160,7 @@ figures.append(
 
 // MARK: Remote merges: apply the batched store's log into an empty store, 256 per transaction.
 
-let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount).records
+let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount, maxBytes: .max).records
 let remote = log.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
 let mergeStore = try DocumentStore(path: path("merge.sqlite"))
 let peer: [UInt8] = Array(repeating: 1, count: 32)

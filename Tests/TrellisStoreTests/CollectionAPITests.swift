@@ -152,13 +152,15 @@ import TrellisTestKit
         #expect(try cars.findByID("beetle").evict())
         #expect(try !cars.findByID("beetle").evict())
         #expect(try cars.findByID("civic").remove())
-        let log = try documents.changes(in: "cars", after: 0, limit: 100).records
+        let log = try documents.changes(in: "cars", after: 0, limit: 100, maxBytes: .max).records
         #expect(!log.contains { $0.id == "beetle" })
         #expect(log.contains { $0.id == "civic" && $0.isDeleted })
         #expect(try cars.find("Origin == 'Japan'").sort("Name").limit(1).evict() == ["rx7"])
         #expect(try cars.find("Cylinders >= 4").remove() == ["corolla", "mustang"])
         #expect(try cars.findAll().exec().isEmpty)
-        #expect(try documents.changes(in: "cars", after: 0, limit: 100).records.filter(\.isDeleted).count == 3)
+        #expect(
+            try documents.changes(in: "cars", after: 0, limit: 100, maxBytes: .max).records.filter(\.isDeleted).count
+                == 3)
     }
 
     @Test func compositeIDsWorkEverywhere() throws {

@@ -20,7 +20,7 @@ import TrellisTestKit
 
     /// Merges every change of `from`'s collection into `to`, as a peer's batch would.
     func sync(_ from: DocumentStore, into to: DocumentStore, _ collection: String = "c") throws {
-        let records = try from.changes(in: collection, after: 0, limit: 10_000).records
+        let records = try from.changes(in: collection, after: 0, limit: 10_000, maxBytes: .max).records
         _ = try to.merge(
             records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }, from: [9],
             checkpoint: nil)
@@ -335,14 +335,14 @@ import TrellisTestKit
         #expect(try store.evict(id: "e", in: "c"))
         #expect(try store.remove(id: "r", in: "c"))
         #expect(try store.document(id: "e", in: "c") == nil && store.document(id: "r", in: "c") == nil)
-        let log = try store.changes(in: "c", after: 0, limit: 100).records
+        let log = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records
         #expect(log.map(\.id) == ["r"] && log[0].isDeleted)  // the evicted document left the log
         #expect(try store.state(id: "e", in: "c") == nil)
         #expect(events.value == 3)
         // Evicting something missing, or a tombstone, does nothing.
         #expect(try !store.evict(id: "e", in: "c"))
         #expect(try !store.evict(id: "r", in: "c"))
-        #expect(try store.changes(in: "c", after: 0, limit: 100).records.count == 1)
+        #expect(try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.count == 1)
         #expect(events.value == 3)
     }
 
@@ -356,7 +356,7 @@ import TrellisTestKit
         let store = try open()
         #expect(store.lastSeq == 2)
         try store.upsert(["_id": "x"], in: "c")
-        #expect(try store.changes(in: "c", after: 0, limit: 10).records.map(\.seq) == [1, 3])
+        #expect(try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records.map(\.seq) == [1, 3])
     }
 
     @Test func evictedDocumentsComeBackWhenAPeerSendsThemAgain() throws {
@@ -378,7 +378,7 @@ import TrellisTestKit
         let evicted = try store.evict(in: "c", matching: try Query("n < 2"), limit: 2, offset: 1)
         #expect(evicted == ["d1", "d5"])
         #expect(try store.documents(in: "c").map { $0["_id"]! } == ["d0", "d2", "d6", "d7", "d8"])
-        #expect(try store.changes(in: "c", after: 0, limit: 100).records.filter(\.isDeleted).count == 3)
+        #expect(try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.filter(\.isDeleted).count == 3)
     }
 
     // MARK: Sort, limit, offset

@@ -93,7 +93,7 @@ func cars(_ n: Int) -> [Value] {
         try source.upsert(["_id": "c1", "v": 1], in: "cars")
         try source.upsert(["_id": "s1", "v": 2], in: "secret")
         let docs = try ["cars", "secret"].flatMap { collection in
-            try source.changes(in: collection, after: 0, limit: 10).records.map {
+            try source.changes(in: collection, after: 0, limit: 10, maxBytes: .max).records.map {
                 WireDocument(collection: collection, id: $0.id, state: $0.state)
             }
         }
