@@ -9,9 +9,17 @@ public struct StoreOptions: Sendable {
     public var maxDocumentBytes: Int = 5 * 1024 * 1024
     /// Documents above this size are accepted with a warning. Bytes.
     public var warnDocumentBytes: Int = 256 * 1024
-    /// How far ahead of local physical time a remote stamp may be, milliseconds. Documents carrying
-    /// later stamps are refused (see docs/DATA-MODEL.md, "Stamps and the clock").
+    /// How far a remote document's latest stamp may lead this node's time, milliseconds: the
+    /// later of its physical clock and the latest stamp its hybrid logical clock has issued or
+    /// seen. A document further ahead is deferred (kept, and applied once the clock has caught
+    /// up); see docs/DATA-MODEL.md, "Stamps and the clock".
     public var maxClockDrift: UInt64 = 60_000
+    /// At most this many deferred documents are kept per peer; a batch that would keep more is
+    /// refused whole (``StoreError/deferredLimit(_:)``), its checkpoint not stored.
+    public var maxDeferredDocumentsPerPeer = 10_000
+    /// At most this many bytes of deferred states are kept per peer; beyond, as
+    /// ``maxDeferredDocumentsPerPeer``.
+    public var maxDeferredBytesPerPeer = 64 * 1024 * 1024
     /// Open without writing anything (inspecting a store a running node owns); writes then fail.
     public var readOnly = false
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
@@ -33,6 +41,9 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     case invalidValue(String)
     case corrupt(String)
     case sqlite(String)
+    /// A remote batch was refused whole because the documents deferred from its peer would exceed
+    /// the bounds of ``StoreOptions``; nothing of it was applied and its checkpoint was not stored.
+    case deferredLimit(String)
 
     public var description: String {
         switch self {
@@ -44,6 +55,7 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
         case .invalidValue(let why): return why
         case .corrupt(let why): return "corrupt store: \(why)"
         case .sqlite(let why): return why
+        case .deferredLimit(let why): return why
         }
     }
 }
@@ -206,6 +218,8 @@ public final class DocumentStore: Sendable {
         var epoch: [UInt8]
         /// Documents changed since the last ``DocumentStore/notify(_:)``, by collection.
         var changedKeys: [String: Set<String>] = [:]
+        /// The number of rows in the `deferred` table (0 lets merges skip looking there).
+        var deferredRows = 0
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -250,6 +264,19 @@ public final class DocumentStore: Sendable {
             seq INTEGER NOT NULL,
             PRIMARY KEY(peer, subscription)
         ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS deferred(
+            collection TEXT NOT NULL,
+            id TEXT NOT NULL,
+            peer BLOB NOT NULL,
+            state BLOB NOT NULL,
+            reason TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            ready INTEGER NOT NULL,
+            since INTEGER NOT NULL,
+            attempts INTEGER NOT NULL,
+            PRIMARY KEY(collection, id, peer)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS deferred_by_peer ON deferred(peer);
         """
 
     /// Opens (creating if needed) the store at `path`.
@@ -295,12 +322,21 @@ public final class DocumentStore: Sendable {
             let issued = try Self.meta(db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
             let next = max(maxSeq.int64(0), issued) + 1
             maxSeq.reset()
-            self.state = Mutex(
-                State(
-                    db: db,
-                    clock: HybridLogicalClock(
-                        last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift), nextSeq: next,
-                    siteID: site, epoch: epoch))
+            var state = State(
+                db: db,
+                clock: HybridLogicalClock(last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift),
+                nextSeq: next, siteID: site, epoch: epoch)
+            if try Self.hasTable(db, "deferred") {
+                let count = try db.prepare("SELECT count(*) FROM deferred")
+                _ = try count.step()
+                state.deferredRows = Int(count.int64(0))
+                count.reset()
+                if !options.readOnly {
+                    // A new version or new limits may accept what an earlier run could not.
+                    try db.execute("UPDATE deferred SET ready = 0 WHERE kind != 'clock'")
+                }
+            }
+            self.state = Mutex(state)
         } catch let error as StoreError {
             throw error
         } catch let error as SQLiteError where error.code == 26 {  // SQLITE_NOTADB
@@ -317,24 +353,24 @@ public final class DocumentStore: Sendable {
         return try s.step()
     }
 
-    private static func uint64(_ bytes: [UInt8]) -> UInt64 {
+    static func uint64(_ bytes: [UInt8]) -> UInt64 {
         var v: UInt64 = 0
         for b in bytes.prefix(8) { v = v << 8 | UInt64(b) }
         return v
     }
 
-    private static func bytes(_ v: UInt64) -> [UInt8] {
+    static func bytes(_ v: UInt64) -> [UInt8] {
         (0..<8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * $0)) }
     }
 
-    private static func meta(_ db: Connection, _ key: String) throws -> [UInt8]? {
+    static func meta(_ db: Connection, _ key: String) throws -> [UInt8]? {
         let s = try db.prepare("SELECT value FROM meta WHERE key = ?")
         s.bind(1, key)
         defer { s.reset() }
         return try s.step() ? s.bytes(0) : nil
     }
 
-    private static func setMeta(_ db: Connection, _ key: String, _ value: [UInt8]) throws {
+    static func setMeta(_ db: Connection, _ key: String, _ value: [UInt8]) throws {
         let s = try db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)")
         s.bind(1, key)
         s.bind(2, value)
@@ -397,6 +433,31 @@ public final class DocumentStore: Sendable {
             throw .sqlite(error.description)
         } catch {
             throw .sqlite("\(error)")
+        }
+    }
+
+    /// Runs `body` as one write transaction under the store lock, saving the clock when it moved.
+    ///
+    /// When `body` or the commit fails, everything is rolled back and the in-memory state is
+    /// restored with it (next `seq`, changed keys, epoch, site ID, counts), so nothing rolled back
+    /// is reported or left issued. The clock keeps what it issued (stamps that never committed
+    /// harm no one, and the clock must not go back).
+    func write<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
+        try withState { s in
+            let saved = s
+            do {
+                return try s.db.transaction { () throws -> R in
+                    let before = s.clock.last
+                    let result = try body(&s)
+                    if s.clock.last != before { try saveClock(s) }
+                    return result
+                }
+            } catch {
+                let clock = s.clock
+                s = saved
+                s.clock = clock
+                throw error
+            }
         }
     }
 
@@ -687,119 +748,6 @@ public final class DocumentStore: Sendable {
         in collection: String, matching query: Query, args: [String: Value] = [:]
     ) throws(StoreError) -> [Value] {
         try documents(in: collection, matching: query, args: args, sort: [])
-    }
-
-    // MARK: Remote merge
-
-    /// Merges documents from a peer and stores the checkpoint in the same transaction, so after
-    /// a crash neither is applied without the other.
-    ///
-    /// A document that fails to decode or is above the size limit is skipped and reported; the rest
-    /// of the batch is applied.
-    ///
-    /// - Parameters:
-    ///   - documents: the peer's document states.
-    ///   - peer: the peer key of the sender.
-    ///   - checkpoint: `(subscription key, checkpoint)` to store, or `nil`.
-    /// - Complexity: O(total size of the batch) plus one indexed lookup per document.
-    public func merge(
-        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?
-    ) throws(StoreError) -> MergeOutcome {
-        var outcome = MergeOutcome()
-        var touched: Set<String> = []
-        let now = options.now()
-        try withState { s in
-            try s.db.transaction {
-                for remote in documents {
-                    let key: String
-                    let incoming: DocumentState
-                    do {
-                        key = try Self.key(for: remote.id)
-                        incoming = try DocumentState(encoded: CBOR.decode(remote.state))
-                    } catch {
-                        outcome.rejected.append((JSON.string(remote.id), "\(error)"))
-                        continue
-                    }
-                    // A stamp far ahead of this node's clock would win every later local write to
-                    // its fields until the wall clock caught up: refuse the document instead.
-                    guard incoming.maxTime.millis <= now &+ options.maxClockDrift else {
-                        let ahead = incoming.maxTime.millis &- now
-                        outcome.rejected.append(
-                            (
-                                key,
-                                "it carries a stamp \(ahead) ms ahead of this node's clock, more than the allowed "
-                                    + "\(options.maxClockDrift) ms; fix the writer's clock (a later change is sent again)"
-                            ))
-                        continue
-                    }
-                    s.clock.receive(incoming.maxTime, physicalMillis: now)
-                    var doc = try load(s.db, remote.collection, key) ?? DocumentState()
-                    guard doc.merge(incoming) else { continue }
-                    do {
-                        try persist(&s, remote.collection, key, remote.id, doc, source: doc == incoming ? peer : nil)
-                    } catch let error as StoreError {
-                        outcome.rejected.append((key, error.description))
-                        continue
-                    }
-                    outcome.applied += 1
-                    touched.insert(remote.collection)
-                }
-                if let (subscription, cp) = checkpoint {
-                    let st = try s.db.prepare(
-                        "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq) VALUES (?,?,?,?)")
-                    st.bind(1, peer)
-                    st.bind(2, subscription)
-                    st.bind(3, cp.epoch)
-                    st.bind(4, cp.seq)
-                    try st.run()
-                }
-                try saveClock(s)
-            }
-        }
-        notify(StoreEvent(collections: touched, origin: peer))
-        return outcome
-    }
-
-    /// The checkpoint stored for a peer and subscription, if any.
-    public func checkpoint(peer: [UInt8], subscription: String) throws(StoreError) -> Checkpoint? {
-        try withState { s -> Checkpoint? in
-            let st = try s.db.prepare("SELECT epoch, seq FROM checkpoints WHERE peer = ? AND subscription = ?")
-            st.bind(1, peer)
-            st.bind(2, subscription)
-            defer { st.reset() }
-            guard try st.step() else { return nil }
-            return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
-        }
-    }
-
-    /// Every checkpoint stored for a peer, by subscription key.
-    ///
-    /// - Complexity: O(k log n) for the peer's k checkpoints.
-    public func checkpoints(peer: [UInt8]) throws(StoreError) -> [String: Checkpoint] {
-        try withState { s -> [String: Checkpoint] in
-            let st = try s.db.prepare("SELECT subscription, epoch, seq FROM checkpoints WHERE peer = ?")
-            st.bind(1, peer)
-            defer { st.reset() }
-            var out: [String: Checkpoint] = [:]
-            while try st.step() {
-                out[st.string(0) ?? ""] = Checkpoint(epoch: st.bytes(1) ?? [], seq: st.int64(2))
-            }
-            return out
-        }
-    }
-
-    // MARK: Deferred documents
-
-    /// Merges again the deferred documents whose condition may have cleared.
-    ///
-    /// - Returns: how many were applied, and how many stay deferred.
-    public func retryDeferred() throws(StoreError) -> (applied: Int, remaining: Int) {
-        (0, 0)
-    }
-
-    /// The remote documents kept because they could not be applied yet.
-    public func deferredDocuments() throws(StoreError) -> [DeferredDocument] {
-        []
     }
 
     // MARK: Log identity

@@ -107,17 +107,21 @@ import TrellisTestKit
         #expect(try store.count(in: "c") == 2)
     }
 
-    @Test func mergeAppliesRemoteStatesWithTheCheckpointAndSkipsBadDocuments() throws {
+    @Test func mergeAppliesRemoteStatesWithTheCheckpointAndKeepsBadDocumentsAside() throws {
         let a = try open("a.sqlite")
         let b = try open("b.sqlite")
         try a.upsert([["_id": "1", "v": 1], ["_id": "2", "v": 2]], in: "c")
         let records = try a.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
         var docs = records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
         docs.insert(RemoteDocument(collection: "c", id: "bad", state: [0xFF, 0x00]), at: 1)
+        docs.append(RemoteDocument(collection: "c", id: 5, state: docs[0].state))
         let peer: [UInt8] = [7, 7]
         let outcome = try b.merge(docs, from: peer, checkpoint: ("sub", Checkpoint(epoch: a.epoch, seq: 2)))
         #expect(outcome.applied == 2)
-        #expect(outcome.rejected.count == 1)
+        // A state that does not decode is kept aside (deferred); only an `_id` that cannot be a key
+        // is rejected.
+        #expect(outcome.deferred.map(\.key) == ["\"bad\""])
+        #expect(outcome.rejected.map(\.id) == ["5"])
         #expect(try b.documents(in: "c").count == 2)
         #expect(try b.checkpoint(peer: peer, subscription: "sub") == Checkpoint(epoch: a.epoch, seq: 2))
         // Merging the same states again changes nothing and writes no new log entries.
@@ -216,7 +220,7 @@ import TrellisTestKit
         let outcome = try b.merge(
             docs.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }, from: [1],
             checkpoint: nil)
-        #expect(outcome.rejected.isEmpty, "seed \(seed)")
+        #expect(outcome.rejected.isEmpty && outcome.deferred.isEmpty, "seed \(seed)")
         for doc in written {
             let id = try #require(doc["_id"])
             let got = try a.document(id: id, in: "c")
@@ -229,9 +233,9 @@ import TrellisTestKit
 @Suite struct ClockSkewTests {
     let dir = TemporaryDirectory()
 
-    /// A peer whose clock runs far ahead cannot make local writes vanish: its document is refused
+    /// A peer whose clock runs far ahead cannot make local writes vanish: its document is deferred
     /// with a reason, and local writes keep working.
-    @Test func documentsStampedFarInTheFutureAreRefused() throws {
+    @Test func documentsStampedFarInTheFutureAreDeferred() throws {
         let clock = ManualClock()
         var options = StoreOptions()
         options.now = clock.source
@@ -246,8 +250,8 @@ import TrellisTestKit
             RemoteDocument(collection: "c", id: $0.id, state: $0.state)
         }
         let outcome = try local.merge(docs, from: [1], checkpoint: nil)
-        #expect(outcome.applied == 0)
-        #expect(outcome.rejected.count == 1 && outcome.rejected[0].reason.contains("ahead of this node's clock"))
+        #expect(outcome.applied == 0 && outcome.rejected.isEmpty)
+        #expect(outcome.deferred.count == 1 && outcome.deferred[0].reason.contains("ahead of this node's clock"))
         clock.advance(by: 1)
         try local.upsert(["_id": "car1", "hp": 200], in: "c")
         #expect(try local.document(id: "car1", in: "c")?["hp"] == 200)
@@ -289,7 +293,7 @@ import TrellisTestKit
             RemoteDocument(collection: "c", id: $0.id, state: $0.state)
         }
         let outcome = try b.merge(docs, from: [1], checkpoint: nil)
-        #expect(outcome.rejected.isEmpty && outcome.applied == 2)
+        #expect(outcome.rejected.isEmpty && outcome.deferred.isEmpty && outcome.applied == 2)
         #expect(try b.document(id: "ok-true", in: "c") == a.document(id: "ok-true", in: "c"))
         // And the writer can still change and remove them.
         try a.upsert(["_id": "ok-true", "y": 1], in: "c")
