@@ -120,8 +120,10 @@ extension DocumentStore {
         var doc = try load(s.db, collection, key) ?? DocumentState()
         guard doc.merge(incoming) else { return .unchanged }
         // A stamp far ahead would win every later local write to its fields until the clock caught
-        // up: defer the document until the clock has come within the drift of it.
-        let horizon = now
+        // up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later
+        // of the physical clock and the HLC: a node whose own clock is behind defers instead of
+        // dropping, and accepts once its clock or its HLC has moved.
+        let horizon = max(now, s.clock.last.millis)
         let latest = incoming.maxTime.millis
         if latest > horizon, latest - horizon > options.maxClockDrift {
             return .refused(

@@ -58,6 +58,30 @@ import TrellisTestKit
         #expect(try local.document(id: "d1", in: "c")?["v"] == 2)
     }
 
+    /// The drift bound is measured from the HLC too: a node that has merged a fast writer's stamps
+    /// accepts the writes of nodes that adopted that time, while a node that has not defers them.
+    @Test func theDriftIsMeasuredFromTheLaterOfTheClockAndTheHLC() throws {
+        let fast = ManualClock(startingAt: clock.now + 50_000)  // X: 50 s fast, within the bound
+        let x = try open("x.sqlite", clock: fast)
+        let a = try open("a.sqlite")  // A: right; adopts X's time by merging its document
+        let slow = ManualClock(startingAt: clock.now - 15_000)  // C: 15 s slow
+        let c = try open("c.sqlite", clock: slow)
+        try x.upsert(["_id": "x1", "v": 1], in: "c")
+        #expect(try a.merge(try batch(x), from: [1], checkpoint: nil).applied == 1)
+        try a.upsert(["_id": "a1", "v": 1], in: "c")  // stamped with X's time (its HLC moved)
+        // C sees a1 65 s ahead of its clock and of its HLC: deferred, not dropped.
+        let first = try c.merge(
+            try batch(a), from: [2], checkpoint: (subscription: "s", Checkpoint(epoch: a.epoch, seq: 9)))
+        #expect(first.applied == 0 && first.deferred.count == 2)
+        // Another peer's document 45 s ahead is accepted and moves C's HLC; now a1 and x1 are
+        // within the bound of C's HLC and the retry applies them, though C's wall clock is as slow.
+        let near = try open("near.sqlite", clock: ManualClock(startingAt: slow.now + 45_000))
+        try near.upsert(["_id": "n1"], in: "c")
+        #expect(try c.merge(try batch(near), from: [3], checkpoint: nil).applied == 1)
+        #expect(try c.retryDeferred() == (applied: 2, remaining: 0))
+        #expect(try c.documents(in: "c").count == 3)
+    }
+
     @Test func aNodeWhoseClockIsBehindNeverDropsAndAcceptsOnceItsClockIsRight() throws {
         let piClock = ManualClock(startingAt: clock.now - 10 * 60_000)  // booted 10 minutes slow
         let pi = try open("pi.sqlite", clock: piClock)
