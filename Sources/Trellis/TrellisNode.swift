@@ -74,9 +74,17 @@ public final class TrellisNode: Sendable {
         network.dial(endpoint)
     }
 
-    /// Stops all networking.
+    /// Stops all networking. The local store stays usable.
     public func stop() {
         network.stop()
+    }
+
+    /// Stops all networking and closes the store cleanly (``DocumentStore/close()``): the next
+    /// open knows that no commit can have been lost. Call it before a process exits; the node
+    /// cannot be used afterwards (store calls throw ``StoreError/closed``).
+    public func close() {
+        network.stop()
+        store.documents.close()
     }
 
     /// The directly connected peers.

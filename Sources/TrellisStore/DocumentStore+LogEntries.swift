@@ -1,4 +1,3 @@
-internal import CSQLite
 import Foundation
 public import TrellisCore
 
@@ -67,15 +66,7 @@ extension DocumentStore {
     /// lower or equal `seq` may have been reaped (``reapTombstones(in:through:)``), so a reader
     /// whose cursor is below it has missed removals and must start over. 0 when nothing was reaped.
     public func retainedFloor(in collection: String) throws(StoreError) -> Int64 {
-        try withState { s -> Int64 in
-            let st = try s.db.prepare("SELECT value FROM meta WHERE key = ?")
-            st.bind(1, "floor:" + collection)
-            defer { st.reset() }
-            guard try st.step(), let bytes = st.bytes(0) else { return 0 }
-            var v: Int64 = 0
-            for b in bytes.prefix(8) { v = v << 8 | Int64(b) }
-            return v
-        }
+        try withState { s -> Int64 in try Self.metaInt64(s.db, "floor:" + collection) ?? 0 }
     }
 
     /// Deletes the tombstones of a collection with `seq <= through` and raises the collection's
@@ -89,32 +80,17 @@ extension DocumentStore {
     /// - Complexity: O(tombstones in the collection).
     @discardableResult
     public func reapTombstones(in collection: String, through: Int64) throws(StoreError) -> Int {
-        try withState { s -> Int in
-            try s.db.transaction { () throws -> Int in
-                let del = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
-                del.bind(1, collection)
-                del.bind(2, through)
-                try del.run()
-                let count = Int(sqlite3_changes(s.db.handle))
-                let old = try s.db.prepare("SELECT value FROM meta WHERE key = ?")
-                old.bind(1, "floor:" + collection)
-                var current: Int64 = 0
-                if try old.step(), let bytes = old.bytes(0) {
-                    for b in bytes.prefix(8) { current = current << 8 | Int64(b) }
-                }
-                old.reset()
-                let floor = max(current, through)
-                let set = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)")
-                set.bind(1, "floor:" + collection)
-                set.bind(2, (0..<8).map { UInt8(truncatingIfNeeded: floor >> (56 - 8 * $0)) })
-                try set.run()
-                // A reaped row may have held the highest seq; remember it so no seq is issued twice.
-                let hw = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('seq', ?)")
-                let high = UInt64(bitPattern: s.nextSeq - 1)
-                hw.bind(1, (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) })
-                try hw.run()
-                return count
-            }
+        try write { s -> Int in
+            let del = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
+            del.bind(1, collection)
+            del.bind(2, through)
+            try del.run()
+            let count = s.db.changes
+            let floor = max(try Self.metaInt64(s.db, "floor:" + collection) ?? 0, through)
+            try Self.setMetaInt64(s.db, "floor:" + collection, floor)
+            // A reaped row may have held the highest seq; remember it so no seq is issued twice.
+            try Self.setMetaInt64(s.db, "seq", s.nextSeq - 1)
+            return count
         }
     }
 }

@@ -249,36 +249,33 @@ extension DocumentStore {
         if writeStrategy == .merge { return try upsert(documents, in: collection) }
         let prepared = try Self.prepare(documents)
         let now = options.now()
-        let wrote = try withState { s -> Bool in
-            try s.db.transaction { () throws -> Bool in
-                var wrote = false
-                for (id, key, fields) in prepared {
-                    let existing = try load(s.db, collection, key)
-                    let live = existing.map { !$0.isDeleted } ?? false
-                    var doc = existing ?? DocumentState()
-                    switch writeStrategy {
-                    case .merge:
-                        preconditionFailure("handled by upsert(_:in:)")
-                    case .insertIfAbsent:
-                        guard !live else { continue }
-                        doc.merge(fields: fields, stamp: s.stamp(now: now))
-                    case .insertDefaultIfAbsent:
-                        guard existing == nil else { continue }
-                        doc.merge(fields: fields, stamp: s.defaultStamp)
-                    case .updateDifferentValues:
-                        var changes = fields
-                        if live, case .map(let current)? = doc.materialize(id: id) {
-                            changes = Self.differingLeaves(fields, current)
-                            if changes.isEmpty { continue }
-                        }
-                        doc.merge(fields: changes, stamp: s.stamp(now: now))
+        let wrote = try write { s -> Bool in
+            var wrote = false
+            for (id, key, fields) in prepared {
+                let existing = try load(s.db, collection, key)
+                let live = existing.map { !$0.isDeleted } ?? false
+                var doc = existing ?? DocumentState()
+                switch writeStrategy {
+                case .merge:
+                    preconditionFailure("handled by upsert(_:in:)")
+                case .insertIfAbsent:
+                    guard !live else { continue }
+                    doc.merge(fields: fields, stamp: s.stamp(now: now))
+                case .insertDefaultIfAbsent:
+                    guard existing == nil else { continue }
+                    doc.merge(fields: fields, stamp: s.defaultStamp)
+                case .updateDifferentValues:
+                    var changes = fields
+                    if live, case .map(let current)? = doc.materialize(id: id) {
+                        changes = Self.differingLeaves(fields, current)
+                        if changes.isEmpty { continue }
                     }
-                    try persist(&s, collection, key, id, doc, source: nil)
-                    wrote = true
+                    doc.merge(fields: changes, stamp: s.stamp(now: now))
                 }
-                if wrote { try saveClock(s) }
-                return wrote
+                try persist(&s, collection, key, id, doc, source: nil)
+                wrote = true
             }
+            return wrote
         }
         if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
         return prepared.map(\.id)
@@ -336,31 +333,28 @@ extension DocumentStore {
             for mutation in mutations { try mutation.validate() }
         }
         let now = options.now()
-        let (results, wrote) = try withState { s -> ([[UpdateResult]?], Bool) in
-            try s.db.transaction { () throws -> ([[UpdateResult]?], Bool) in
-                var results: [[UpdateResult]?] = []
-                var wrote = false
-                for ((id, mutations), key) in zip(batch, keys) {
-                    guard let original = try load(s.db, collection, key), !original.isDeleted else {
-                        results.append(nil)
-                        continue
-                    }
-                    var doc = original
-                    var applied: [UpdateResult] = []
-                    for mutation in mutations {
-                        if let result = try apply(mutation, to: &doc, id: id, s: &s, now: now) {
-                            applied.append(result)
-                        }
-                    }
-                    results.append(applied)
-                    if doc != original {
-                        try persist(&s, collection, key, id, doc, source: nil)
-                        wrote = true
+        let (results, wrote) = try write { s -> ([[UpdateResult]?], Bool) in
+            var results: [[UpdateResult]?] = []
+            var wrote = false
+            for ((id, mutations), key) in zip(batch, keys) {
+                guard let original = try load(s.db, collection, key), !original.isDeleted else {
+                    results.append(nil)
+                    continue
+                }
+                var doc = original
+                var applied: [UpdateResult] = []
+                for mutation in mutations {
+                    if let result = try apply(mutation, to: &doc, id: id, s: &s, now: now) {
+                        applied.append(result)
                     }
                 }
-                if wrote { try saveClock(s) }
-                return (results, wrote)
+                results.append(applied)
+                if doc != original {
+                    try persist(&s, collection, key, id, doc, source: nil)
+                    wrote = true
+                }
             }
+            return (results, wrote)
         }
         if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
         return results
@@ -450,9 +444,7 @@ extension DocumentStore {
     public func evict(ids: [Value], in collection: String) throws(StoreError) -> [Value] {
         var keys: [String] = []
         for id in ids { keys.append(try Self.key(for: id)) }
-        let evicted = try withState { s -> [Value] in
-            try s.db.transaction { () throws -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
-        }
+        let evicted = try write { s -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
         if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
         return evicted
     }
@@ -480,10 +472,7 @@ extension DocumentStore {
             try forget.run()
             // The evicted row may have held the highest seq; remember it so no seq is issued
             // twice after a restart (peers' checkpoints name seqs).
-            let hw = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('seq', ?)")
-            let high = UInt64(bitPattern: s.nextSeq - 1)
-            hw.bind(1, (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) })
-            try hw.run()
+            try Self.setMetaInt64(s.db, "seq", s.nextSeq - 1)
         }
         return evicted
     }
@@ -622,19 +611,16 @@ extension DocumentStore {
         let bound = try Self.bind(query, args)
         try Self.checkWindow(limit: limit, offset: offset)
         let now = options.now()
-        let removed = try withState { s -> [Value] in
-            try s.db.transaction { () throws -> [Value] in
-                var removed: [Value] = []
-                for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
-                    guard var doc = try load(s.db, collection, key), !doc.isDeleted else { continue }
-                    let id = value["_id"] ?? .null
-                    doc.remove(stamp: s.stamp(now: now))
-                    try persist(&s, collection, key, id, doc, source: nil)
-                    removed.append(id)
-                }
-                if !removed.isEmpty { try saveClock(s) }
-                return removed
+        let removed = try write { s -> [Value] in
+            var removed: [Value] = []
+            for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
+                guard var doc = try load(s.db, collection, key), !doc.isDeleted else { continue }
+                let id = value["_id"] ?? .null
+                doc.remove(stamp: s.stamp(now: now))
+                try persist(&s, collection, key, id, doc, source: nil)
+                removed.append(id)
             }
+            return removed
         }
         if !removed.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
         return removed
@@ -651,11 +637,9 @@ extension DocumentStore {
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
         try Self.checkWindow(limit: limit, offset: offset)
-        let evicted = try withState { s -> [Value] in
-            try s.db.transaction { () throws -> [Value] in
-                let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset)
-                return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
-            }
+        let evicted = try write { s -> [Value] in
+            let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset)
+            return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
         }
         if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
         return evicted

@@ -20,6 +20,12 @@ public struct StoreOptions: Sendable {
     /// At most this many bytes of deferred states are kept per peer; beyond, as
     /// ``maxDeferredDocumentsPerPeer``.
     public var maxDeferredBytesPerPeer = 64 * 1024 * 1024
+    /// How commits reach the disk; see ``Durability``.
+    public var durability = Durability.normal
+    /// The file holding the system's boot ID (Linux: `/proc/sys/kernel/random/boot_id`), read at
+    /// open to tell a restart of the process from a restart of the system. Unreadable means
+    /// unknown: an unclean shutdown is then always treated as one across a restart of the system.
+    public var bootIDPath = "/proc/sys/kernel/random/boot_id"
     /// Open without writing anything (inspecting a store a running node owns); writes then fail.
     public var readOnly = false
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
@@ -30,6 +36,20 @@ public struct StoreOptions: Sendable {
     }
 
     public init() {}
+}
+
+/// How commits reach the disk.
+public enum Durability: Sendable, Hashable {
+    /// SQLite's `synchronous=NORMAL` in WAL mode (the default): a commit survives a crash of the
+    /// process, but a power loss or a crash of the system may take back the last commits, after
+    /// peers may have received them. The store detects that case when it is next opened (it was
+    /// not closed, and the system restarted since) and rotates its log (``DocumentStore/rotateLog(reason:)``),
+    /// so peers resync and no `seq` or stamp is issued twice.
+    case normal
+    /// SQLite's `synchronous=FULL`: every commit is on disk before it returns (an `fsync` per
+    /// commit), so no commit is ever taken back. Slower for small transactions; see
+    /// docs/BENCHMARKS.md.
+    case full
 }
 
 /// Errors from the document store.
@@ -44,6 +64,8 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     /// A remote batch was refused whole because the documents deferred from its peer would exceed
     /// the bounds of ``StoreOptions``; nothing of it was applied and its checkpoint was not stored.
     case deferredLimit(String)
+    /// The store was closed (``DocumentStore/close()``).
+    case closed
 
     public var description: String {
         switch self {
@@ -56,6 +78,7 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
         case .corrupt(let why): return "corrupt store: \(why)"
         case .sqlite(let why): return why
         case .deferredLimit(let why): return why
+        case .closed: return "the store is closed"
         }
     }
 }
@@ -220,6 +243,8 @@ public final class DocumentStore: Sendable {
         var changedKeys: [String: Set<String>] = [:]
         /// The number of rows in the `deferred` table (0 lets merges skip looking there).
         var deferredRows = 0
+        /// Set by ``DocumentStore/close()``: every later access throws ``StoreError/closed``.
+        var closed = false
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -244,7 +269,6 @@ public final class DocumentStore: Sendable {
 
     static let schema = """
         PRAGMA journal_mode=WAL;
-        PRAGMA synchronous=NORMAL;
         CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value BLOB) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS documents(
             collection TEXT NOT NULL,
@@ -281,51 +305,38 @@ public final class DocumentStore: Sendable {
 
     /// Opens (creating if needed) the store at `path`.
     ///
-    /// - Throws: ``StoreError/sqlite(_:)`` when the file cannot be opened or is not a Trellis store.
+    /// Opening for writing records that the store is open (with the system's boot ID) until
+    /// ``close()``; when the previous run did not close the store and the system restarted since,
+    /// its last commits may have been lost after peers received them, so the log is rotated
+    /// (``rotateLog(reason:)``). The next `seq` is above every `seq` issued before, also for a store
+    /// restored from a backup (see ``lastSeq``).
+    ///
+    /// - Throws: ``StoreError/corrupt(_:)`` when the file is not a Trellis store,
+    ///   ``StoreError/sqlite(_:)`` when it cannot be opened.
     public init(path: String, options: StoreOptions = StoreOptions()) throws(StoreError) {
         self.path = path
         self.options = options
         do {
             let db = try Connection(path: path, readOnly: options.readOnly)
+            let opened: OpenedLog
             if options.readOnly {
                 // Inspect without writing anything, not even the schema.
                 guard try Self.hasTable(db, "meta"), try Self.meta(db, "site") != nil else {
                     throw StoreError.corrupt("\(path) is not a Trellis store (no site ID)")
                 }
+                opened = try db.transaction(readOnly: true) { try Self.readLog(db) }
             } else {
                 try db.execute(Self.schema)
+                // The open marker and any rotation are on disk before anything else is written.
+                try db.execute("PRAGMA synchronous=FULL")
+                opened = try db.transaction { try Self.openLog(db, path: path, options: options) }
+                try db.execute(Self.synchronousPragma(options.durability))
             }
-            let (site, epoch, hlc) = try db.transaction(readOnly: options.readOnly) {
-                () throws -> (SiteID, [UInt8], UInt64) in
-                let site =
-                    try Self.meta(db, "site")
-                    ?? {
-                        let fresh = Array(withUnsafeBytes(of: UInt64.random(in: 1...UInt64.max)) { Array($0) })
-                        try Self.setMeta(db, "site", fresh)
-                        return fresh
-                    }()
-                let epoch =
-                    try Self.meta(db, "epoch")
-                    ?? {
-                        let fresh = (0..<16).map { _ in UInt8.random(in: 0...255) }
-                        try Self.setMeta(db, "epoch", fresh)
-                        return fresh
-                    }()
-                let hlc = try Self.meta(db, "hlc").map { Self.uint64($0) } ?? 0
-                guard site.count == 8 else { throw StoreError.corrupt("site ID is \(site.count) bytes") }
-                return (Self.uint64(site), epoch, hlc)
-            }
-            let maxSeq = try db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
-            _ = try maxSeq.step()
-            // Evicted rows leave the log, so the highest seq ever issued is also kept in meta:
-            // a seq is never issued twice.
-            let issued = try Self.meta(db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
-            let next = max(maxSeq.int64(0), issued) + 1
-            maxSeq.reset()
+            for message in opened.messages { options.log(message) }
             var state = State(
                 db: db,
-                clock: HybridLogicalClock(last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift),
-                nextSeq: next, siteID: site, epoch: epoch)
+                clock: HybridLogicalClock(last: opened.clock, maxForwardDrift: options.maxClockDrift),
+                nextSeq: opened.nextSeq, siteID: opened.site, epoch: opened.epoch)
             if try Self.hasTable(db, "deferred") {
                 let count = try db.prepare("SELECT count(*) FROM deferred")
                 _ = try count.step()
@@ -346,7 +357,9 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    private static func hasTable(_ db: Connection, _ name: String) throws -> Bool {
+    deinit { close() }
+
+    static func hasTable(_ db: Connection, _ name: String) throws -> Bool {
         let s = try db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?")
         s.bind(1, name)
         defer { s.reset() }
@@ -375,6 +388,15 @@ public final class DocumentStore: Sendable {
         s.bind(1, key)
         s.bind(2, value)
         try s.run()
+    }
+
+    /// A meta value holding a big-endian 64-bit integer.
+    static func metaInt64(_ db: Connection, _ key: String) throws -> Int64? {
+        try meta(db, key).map { Int64(bitPattern: uint64($0)) }
+    }
+
+    static func setMetaInt64(_ db: Connection, _ key: String, _ value: Int64) throws {
+        try setMeta(db, key, bytes(UInt64(bitPattern: value)))
     }
 
     // MARK: Observers
@@ -426,7 +448,10 @@ public final class DocumentStore: Sendable {
 
     func withState<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
         do {
-            return try state.withLock { (s: inout State) throws -> R in try body(&s) }
+            return try state.withLock { (s: inout State) throws -> R in
+                guard !s.closed else { throw StoreError.closed }
+                return try body(&s)
+            }
         } catch let error as StoreError {
             throw error
         } catch let error as SQLiteError {
@@ -442,9 +467,16 @@ public final class DocumentStore: Sendable {
     /// restored with it (next `seq`, changed keys, epoch, site ID, counts), so nothing rolled back
     /// is reported or left issued. The clock keeps what it issued (stamps that never committed
     /// harm no one, and the clock must not go back).
-    func write<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
-        try withState { s in
+    ///
+    /// - Parameter durable: commit with `synchronous=FULL` whatever ``StoreOptions/durability`` says
+    ///   (for the rare commits that must never be taken back, such as a rotation of the log).
+    func write<R: Sendable>(durable: Bool = false, _ body: (inout State) throws -> R) throws(StoreError) -> R {
+        guard !options.readOnly else { throw .invalidValue("the store was opened read-only; it cannot be written") }
+        return try withState { s in
             let saved = s
+            let relax = durable && options.durability != .full
+            if relax { try s.db.execute("PRAGMA synchronous=FULL") }
+            defer { if relax { try? s.db.execute(Self.synchronousPragma(options.durability)) } }
             do {
                 return try s.db.transaction { () throws -> R in
                     let before = s.clock.last
@@ -538,14 +570,11 @@ public final class DocumentStore: Sendable {
     public func upsert(_ documents: [Value], in collection: String) throws(StoreError) -> [Value] {
         let prepared = try Self.prepare(documents)
         let now = options.now()
-        try withState { s in
-            try s.db.transaction {
-                for (id, key, fields) in prepared {
-                    var doc = try load(s.db, collection, key) ?? DocumentState()
-                    doc.merge(fields: fields, stamp: s.stamp(now: now))
-                    try persist(&s, collection, key, id, doc, source: nil)
-                }
-                try saveClock(s)
+        try write { s in
+            for (id, key, fields) in prepared {
+                var doc = try load(s.db, collection, key) ?? DocumentState()
+                doc.merge(fields: fields, stamp: s.stamp(now: now))
+                try persist(&s, collection, key, id, doc, source: nil)
             }
         }
         notify(StoreEvent(collections: [collection], origin: nil))
@@ -575,15 +604,12 @@ public final class DocumentStore: Sendable {
     @discardableResult
     public func remove(id: Value, in collection: String) throws(StoreError) -> Bool {
         let key = try Self.key(for: id)
-        let removed = try withState { s -> Bool in
-            try s.db.transaction {
-                guard var doc = try load(s.db, collection, key), !doc.isDeleted else { return false }
-                // The remove is an event on this node's clock, so later local writes order after it.
-                doc.remove(stamp: s.stamp(now: options.now()))
-                try persist(&s, collection, key, id, doc, source: nil)
-                try saveClock(s)
-                return true
-            }
+        let removed = try write { s -> Bool in
+            guard var doc = try load(s.db, collection, key), !doc.isDeleted else { return false }
+            // The remove is an event on this node's clock, so later local writes order after it.
+            doc.remove(stamp: s.stamp(now: options.now()))
+            try persist(&s, collection, key, id, doc, source: nil)
+            return true
         }
         if removed { notify(StoreEvent(collections: [collection], origin: nil)) }
         return removed
@@ -653,15 +679,7 @@ public final class DocumentStore: Sendable {
     public var lastSeq: Int64 {
         guard options.readOnly else { return state.withLock { $0.nextSeq - 1 } }
         // A read-only store watches a log another process writes: read it from the database.
-        return
-            (try? withState { s -> Int64 in
-                let st = try s.db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
-                defer { st.reset() }
-                _ = try st.step()
-                let fromLog = st.int64(0)
-                let issued = try Self.meta(s.db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
-                return max(fromLog, issued)
-            }) ?? state.withLock { $0.nextSeq - 1 }
+        return (try? withState { s -> Int64 in try Self.highestSeq(s.db) }) ?? state.withLock { $0.nextSeq - 1 }
     }
 
     /// One page of a collection's change log after `after`, in `seq` order: the entries whose
@@ -748,44 +766,6 @@ public final class DocumentStore: Sendable {
         in collection: String, matching query: Query, args: [String: Value] = [:]
     ) throws(StoreError) -> [Value] {
         try documents(in: collection, matching: query, args: args, sort: [])
-    }
-
-    // MARK: Log identity
-
-    /// Starts a new life of the log: a new epoch and a new site ID, in one transaction, logged
-    /// with `reason`.
-    ///
-    /// Peers holding checkpoints on this store's log see the new epoch and start over from 0 (the
-    /// merges that follow change nothing they already have); contacts anchors expire. The new
-    /// site ID has no history, so no stamp it issues can repeat one issued before. `seq`s keep
-    /// growing. Called when the log may have regressed (restored backup, power loss after peers
-    /// received commits, a peer showing a checkpoint beyond the end of the log) and on demand.
-    ///
-    /// - Throws: ``StoreError`` when the store is read-only or SQLite fails (nothing changes then).
-    public func rotateLog(reason: String) throws(StoreError) {
-        guard !options.readOnly else { throw .invalidValue("cannot rotate the log of a store opened read-only") }
-        let (old, new) = try withState { s -> ([UInt8], [UInt8]) in
-            let epoch = Self.randomEpoch()
-            let site = Self.randomSite()
-            try s.db.transaction {
-                try Self.setMeta(s.db, "epoch", epoch)
-                try Self.setMeta(s.db, "site", Self.bytes(site))
-            }
-            let old = s.epoch
-            s.epoch = epoch
-            s.siteID = site
-            return (old, epoch)
-        }
-        options.log("rotated the log: epoch \(Self.hex(old)) -> \(Self.hex(new)), new site ID: \(reason)")
-    }
-
-    static func randomEpoch() -> [UInt8] { (0..<16).map { _ in UInt8.random(in: 0...255) } }
-
-    static func randomSite() -> SiteID { SiteID.random(in: 1...SiteID.max) }
-
-    static func hex(_ bytes: [UInt8]) -> String {
-        let digits = Array("0123456789abcdef")
-        return String(bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] })
     }
 
     /// The rescan generation of a collection: raised by every evict in it, so that batches asked

@@ -48,6 +48,7 @@ import TrellisTestKit
 
     @Test func upsertMergesFieldsAndRemoveLeavesATombstone() throws {
         let store = try open()
+        let start = store.lastSeq
         try store.upsert(["_id": "d1", "a": 1, "b": 2], in: "c")
         clock.advance(by: 1)
         try store.upsert(["_id": "d1", "b": 3], in: "c")
@@ -57,16 +58,18 @@ import TrellisTestKit
         #expect(try store.document(id: "d1", in: "c") == nil)
         let log = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
         #expect(log.count == 1)  // the change log holds each document once, at its last seq
-        #expect(log[0].isDeleted && log[0].seq == 3)
+        #expect(log[0].isDeleted && log[0].seq == start + 3)
     }
 
     @Test func clockAndSeqSurviveRestart() throws {
         var stamp: HLCTimestamp
+        var seq: Int64
         do {
             let store = try open()
             clock.set(5_000_000)
             try store.upsert(["_id": "d", "v": 1], in: "c")
             stamp = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
+            seq = store.lastSeq
         }
         clock.set(1_000)  // the wall clock went back across the restart
         let store = try open()
@@ -74,7 +77,7 @@ import TrellisTestKit
         let after = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
         #expect(after > stamp)
         #expect(try store.document(id: "d", in: "c")?["v"] == 2)
-        #expect(store.lastSeq == 2)
+        #expect(store.lastSeq == seq + 1)
     }
 
     @Test func oversizedDocumentsAreRejectedWithAClearError() throws {
@@ -125,9 +128,10 @@ import TrellisTestKit
         #expect(try b.documents(in: "c").count == 2)
         #expect(try b.checkpoint(peer: peer, subscription: "sub") == Checkpoint(epoch: a.epoch, seq: 2))
         // Merging the same states again changes nothing and writes no new log entries.
+        let seqBefore = b.lastSeq
         let again = try b.merge(docs, from: peer, checkpoint: nil)
         #expect(again.applied == 0)
-        #expect(b.lastSeq == 2)
+        #expect(b.lastSeq == seqBefore)
     }
 
     @Test func queriesRunInSQLiteAndInMemoryAlike() throws {
@@ -164,17 +168,18 @@ import TrellisTestKit
 
     @Test func changePagesIncludeTombstonesAndAdvancePastFilteredEntries() throws {
         let store = try open()
+        let start = store.lastSeq
         try store.upsert(
             [["_id": "1", "city": "Oslo"], ["_id": "2", "city": "Bergen"], ["_id": "3", "city": "Oslo"]], in: "c")
         try store.remove(id: "1", in: "c")
         let oslo = try Query("city == 'Oslo'")
         let page = try store.changes(in: "c", after: 0, limit: 2, maxBytes: .max, matching: oslo)
-        // The log is 2 (Bergen), 3 (Oslo), 4 (the tombstone of 1, which moved to the end).
+        // The log is 2 (Bergen), 3 (Oslo), 4 (the tombstone of 1, which moved to the end), after start.
         #expect(page.records.map(\.id) == ["3"])
-        #expect(page.scannedUpTo == 3 && !page.exhausted)
+        #expect(page.scannedUpTo == start + 3 && !page.exhausted)
         let rest = try store.changes(in: "c", after: page.scannedUpTo, limit: 2, maxBytes: .max, matching: oslo)
         #expect(rest.records.map(\.id) == ["1"] && rest.records[0].isDeleted)  // the tombstone
-        #expect(rest.exhausted && rest.scannedUpTo == 4)
+        #expect(rest.exhausted && rest.scannedUpTo == start + 4)
     }
 
     @Test func observersHearCommitsAfterTheyCommit() throws {
