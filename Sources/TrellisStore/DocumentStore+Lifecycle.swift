@@ -36,7 +36,9 @@ extension DocumentStore {
 
     /// Sets up the log's identity at a writable open (inside a transaction): creates a new store's
     /// site ID and epoch, rotates them after an unclean shutdown across a restart of the system,
-    /// places the next `seq`, and records that the store is open.
+    /// starts a new site ID with the clock at now when the saved clock is more than
+    /// ``StoreOptions/maxClockDrift`` ahead of physical time, places the next `seq`, and records
+    /// that the store is open.
     static func openLog(_ db: Connection, path: String, options: StoreOptions) throws -> OpenedLog {
         let now = options.now()
         let boot = bootID(at: options.bootIDPath)
@@ -62,6 +64,20 @@ extension DocumentStore {
                             + "\(hex(log.epoch)) and site ID \(String(log.site, radix: 16)); peers resync from it")
                 }
             }
+        }
+        // A clock that was once far ahead (set a day forward, an RTC reset to 2040) left the HLC
+        // there; every peer would defer this node's writes until real time caught up. A fresh site
+        // ID has no history, so its clock can restart at now without ever repeating a stamp.
+        if log.clock.millis > now, log.clock.millis - now > options.maxClockDrift {
+            let ahead = log.clock.millis - now
+            log.site = randomSite()
+            log.clock = HLCTimestamp(millis: now, logical: 0)
+            try setMeta(db, "hlc", bytes(log.clock.rawValue))
+            log.messages.append(
+                "the clock of \(path) had been \(ahead) ms ahead of the system clock (more than the allowed "
+                    + "\(options.maxClockDrift) ms): it restarts at the system time with a new site ID "
+                    + "\(String(log.site, radix: 16)); documents written while the clock was ahead keep their "
+                    + "stamps and win against later writes until that time")
         }
         // Above everything issued, and above physical time × 1024 so that a restored backup (whose
         // highest issued seq is old) continues above what it issued after the backup.

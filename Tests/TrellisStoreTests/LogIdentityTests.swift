@@ -113,6 +113,37 @@ import TrellisTestKit
         #expect(reopened.epoch == epoch && reopened.siteID == site)
     }
 
+    /// A clock once set a day ahead does not keep this node's writes in the future: at open, a
+    /// saved clock beyond now + the drift restarts at now with a new site ID (issue 8 item 2).
+    @Test func aForwardClockJumpIsNotPermanent() throws {
+        let day: UInt64 = 86_400_000
+        let oldSite: SiteID
+        do {
+            let jumped = ManualClock(startingAt: clock.now + day)
+            let store = try open("s.sqlite") { $0.now = jumped.source }
+            try store.upsert(["_id": "early", "v": 1], in: "c")
+            oldSite = store.siteID
+        }
+        let store = try open("s.sqlite")  // the clock is right again
+        #expect(store.siteID != oldSite)
+        #expect(log.lines.count == 1 && log.lines[0].contains("ms ahead of the system clock"))
+        try store.upsert(["_id": "late", "v": 1], in: "c")
+        let stamp = try #require(try store.state(id: "late", in: "c")?.root.entries["v"]?.register?.stamp)
+        #expect(stamp.site == store.siteID && stamp.time.millis == clock.now)
+        // A peer with a right clock applies the new writes at once.
+        let peer = try open("peer.sqlite")
+        let docs = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records.map {
+            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
+        }
+        let outcome = try peer.merge(docs, from: [1], checkpoint: nil)
+        // The caveat: what was written while the clock was ahead keeps its stamp (peers keep it
+        // deferred until their clocks reach it).
+        #expect(outcome.applied == 1 && outcome.deferred.map(\.key) == ["\"early\""])
+        // Reopening does not rotate again.
+        let again = try open("s.sqlite")
+        #expect(again.siteID == store.siteID)
+    }
+
     @Test func droppingTheStoreIsACleanClose() throws {
         let epoch: [UInt8]
         do {
