@@ -90,6 +90,36 @@ extension DocumentStore {
         return log
     }
 
+    /// Brings a store written by an earlier version up to the current schema.
+    ///
+    /// - Checkpoints gain the collection of their subscription (filled from the subscription key),
+    ///   so evicting in a collection finds its checkpoints without parsing keys in SQL.
+    /// - The `source` column of `documents` (the peer a row's state came from, once used to
+    ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
+    static func migrate(_ db: Connection) throws {
+        let columns = try db.prepare("SELECT name FROM pragma_table_info('checkpoints')")
+        var names: Set<String> = []
+        while try columns.step() { names.insert(columns.string(0) ?? "") }
+        columns.reset()
+        if !names.contains("collection") {
+            try db.transaction {
+                try db.execute("ALTER TABLE checkpoints ADD COLUMN collection TEXT NOT NULL DEFAULT ''")
+                let keys = try db.prepare("SELECT DISTINCT subscription FROM checkpoints")
+                var subscriptions: [String] = []
+                while try keys.step() { subscriptions.append(keys.string(0) ?? "") }
+                keys.reset()
+                let fill = try db.prepare("UPDATE checkpoints SET collection = ? WHERE subscription = ?")
+                for key in subscriptions {
+                    fill.reset()
+                    fill.bind(1, SubscriptionSpec.collection(ofKey: key))
+                    fill.bind(2, key)
+                    try fill.run()
+                }
+            }
+        }
+        try db.execute("CREATE INDEX IF NOT EXISTS checkpoints_by_collection ON checkpoints(collection)")
+    }
+
     /// The highest `seq` issued so far: in the log, or remembered in meta (rows that left the log).
     static func highestSeq(_ db: Connection) throws -> Int64 {
         let st = try db.prepare("SELECT coalesce(max(seq), 0) FROM documents")

@@ -10,7 +10,7 @@ public struct LogEntry: Sendable, Equatable {
     public var key: String
     /// The document's `_id`.
     public var id: Value
-    /// The live value; `nil` for a tombstone.
+    /// The live value; `nil` for a removed or evicted document.
     public var value: Value?
 
     public init(seq: Int64, key: String, id: Value, value: Value?) {
@@ -29,7 +29,8 @@ extension DocumentStore {
     ///   - after: exclusive lower bound (a cursor: the last `seq` already seen).
     ///   - through: inclusive upper bound, or `nil` for the end of the log.
     ///   - limit: at most this many entries are returned.
-    ///   - includeDeleted: whether tombstones are returned (with a `nil` value).
+    ///   - includeDeleted: whether removed and evicted documents are returned (with a `nil` value):
+    ///     to a reader of the log, an evicted document is deleted.
     /// - Throws: ``StoreError`` for SQLite errors or a corrupt row.
     /// - Complexity: O(limit · log n) through the `(collection, seq)` index when tombstones are
     ///   included; without them, also O(tombstones skipped in the range).

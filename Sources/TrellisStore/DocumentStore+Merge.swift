@@ -90,11 +90,13 @@ extension DocumentStore {
             if deferredHere { try checkDeferredBounds(&s, peer) }
             if let (subscription, cp) = checkpoint {
                 let st = try s.db.prepare(
-                    "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq) VALUES (?,?,?,?)")
+                    "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq, collection) VALUES (?,?,?,?,?)")
                 st.bind(1, peer)
                 st.bind(2, subscription)
                 st.bind(3, cp.epoch)
                 st.bind(4, cp.seq)
+                // Kept beside the checkpoint so an evict finds its collection's checkpoints.
+                st.bind(5, SubscriptionSpec.collection(ofKey: subscription))
                 try st.run()
             }
         }
@@ -117,8 +119,11 @@ extension DocumentStore {
                 .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
                 ready: 0, decoded: nil)
         }
-        var doc = try load(s.db, collection, key) ?? DocumentState()
-        guard doc.merge(incoming) else { return .unchanged }
+        let stored = try row(s.db, collection, key)
+        var doc = stored?.state ?? DocumentState()
+        // Merging into an evicted document's stub brings the document back, even when the state
+        // adds nothing to the stub.
+        guard doc.merge(incoming) || stored?.kind == .stub else { return .unchanged }
         // A stamp far ahead would win every later local write to its fields until the clock caught
         // up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later
         // of the physical clock and the HLC: a node whose own clock is behind defers instead of

@@ -13,13 +13,15 @@ public enum WriteStrategy: String, Sendable, Hashable, CaseIterable, CustomStrin
     /// fields not given are kept. The default.
     case merge
     /// Writes the document only when no live document with its `_id` exists locally; otherwise
-    /// writes nothing. A local tombstone counts as absent: the write brings the document back.
+    /// writes nothing. A local tombstone counts as absent: the write brings the document back. So
+    /// does an evicted document, whose write starts from its local stub.
     case insertIfAbsent
     /// When no document with the `_id` is known locally (neither live nor removed), writes it as
     /// *default data*: every field is stamped with HLC time zero and the local site ID, so any
     /// real write to the same field, on any node, earlier or later, wins when the two meet.
     /// Meant for initial data that many peers create identically. Writes nothing when the
-    /// document exists or was removed here (a remove is a real write).
+    /// document exists, was removed here (a remove is a real write) or was evicted here (its
+    /// writes were seen here; default data written again could carry a stamp it already used).
     case insertDefaultIfAbsent
     /// Writes only the leaves whose value differs from the current local value (walking nested
     /// maps; values compare bit-exactly, so `4` and `4.0` differ). Removes nothing. When nothing
@@ -252,9 +254,11 @@ extension DocumentStore {
         let wrote = try write { s -> Bool in
             var wrote = false
             for (id, key, fields) in prepared {
-                let existing = try load(s.db, collection, key)
-                let live = existing.map { !$0.isDeleted } ?? false
-                var doc = existing ?? DocumentState()
+                // An evicted document's stub counts as present (its writes were seen here) but
+                // not live; writes start from it, so counters continue.
+                let existing = try row(s.db, collection, key)
+                let live = existing?.kind == .live
+                var doc = existing?.state ?? DocumentState()
                 switch writeStrategy {
                 case .merge:
                     preconditionFailure("handled by upsert(_:in:)")
@@ -337,7 +341,7 @@ extension DocumentStore {
             var results: [[UpdateResult]?] = []
             var wrote = false
             for ((id, mutations), key) in zip(batch, keys) {
-                guard let original = try load(s.db, collection, key), !original.isDeleted else {
+                guard let original = try loadLive(s.db, collection, key) else {
                     results.append(nil)
                     continue
                 }
@@ -422,22 +426,31 @@ extension DocumentStore {
 
     // MARK: Evict
 
-    /// Deletes the local copy of a document without a tombstone (Ditto's `evict`): nothing is
-    /// replicated, and the document leaves the change log. Only live documents are evicted; a
-    /// tombstone stays (it keeps the remove from being undone by peers).
+    /// Drops the local copy of a document without telling peers (Ditto's `evict`).
+    ///
+    /// The row is replaced by a local **stub** at a new `seq`: it is never sent to peers and never
+    /// shown by reads, queries or counts, and readers of the change log (the contacts enumerator)
+    /// see the document as deleted. The stub keeps what this node must not forget about its own
+    /// writes, so writing to the `_id` again starts from it (counters continue), default data
+    /// (``WriteStrategy/insertDefaultIfAbsent``) is not written again, and a state merged from a
+    /// peer brings the document back. Only live documents are evicted; a tombstone stays (it keeps
+    /// the remove from being undone by peers).
     ///
     /// While a subscription of this node (or a peer's subscription this node relays) still
     /// matches the document, peers send it back; Ditto documents the same: cancel the
-    /// subscription, evict, then subscribe again to a narrower query.
+    /// subscription, evict, then subscribe again to a narrower query. For that, the same
+    /// transaction raises the collection's ``rescanGeneration(collection:)`` and resets to 0 the
+    /// checkpoints of every subscription to the collection, for every peer, so the next exchange
+    /// of subscriptions asks peers to scan their logs again.
     ///
     /// - Returns: `true` when a live document existed and was evicted.
-    /// - Complexity: one indexed delete.
+    /// - Complexity: one indexed lookup and write, plus the collection's checkpoints.
     @discardableResult
     public func evict(id: Value, in collection: String) throws(StoreError) -> Bool {
         try evict(ids: [id], in: collection).count == 1
     }
 
-    /// Evicts several documents in one transaction.
+    /// Evicts several documents in one transaction (see ``evict(id:in:)``).
     ///
     /// - Returns: the `_id`s that were live and are now evicted, in order.
     @discardableResult
@@ -450,29 +463,27 @@ extension DocumentStore {
     }
 
     private func evictRows(_ s: inout State, _ collection: String, _ rows: [(Value, String)]) throws -> [Value] {
-        let st = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
         var evicted: [Value] = []
         for (id, key) in rows {
-            st.reset()
-            st.bind(1, collection)
-            st.bind(2, key)
-            try st.run()
-            if s.db.changes > 0 {
-                evicted.append(id)
-                s.changedKeys[collection, default: []].insert(key)
-            }
+            guard let doc = try loadLive(s.db, collection, key) else { continue }
+            // TODO(lead): store `doc.evictionStub()` once the CRDT branch provides
+            // `DocumentState.evictionStub()` (the write vector and this site's counter totals, not
+            // the values); until then the stub keeps the whole state, hidden.
+            let stub = doc
+            try writeRow(&s, collection, key, kind: .stub, state: stub.cbor(), value: nil)
+            evicted.append(id)
         }
         if !evicted.isEmpty {
             // Peers send evicted documents back while a subscription matches them (Ditto's rule):
-            // forget the checkpoints of this collection's subscriptions so the next exchange of
-            // subscriptions starts them from the beginning (merging what is still here is a no-op).
-            let forget = try s.db.prepare(
-                "DELETE FROM checkpoints WHERE substr(subscription, 1, length(?1) + 1) = ?1 || char(31)")
-            forget.bind(1, collection)
-            try forget.run()
-            // The evicted row may have held the highest seq; remember it so no seq is issued
-            // twice after a restart (peers' checkpoints name seqs).
-            try Self.setMetaInt64(s.db, "seq", s.nextSeq - 1)
+            // a new rescan generation, and the checkpoints of this collection's subscriptions back
+            // to 0, so the next exchange of subscriptions starts them from the beginning (merging
+            // what is still here is a no-op).
+            let generation = (s.rescanGenerations[collection] ?? 0) &+ 1
+            try Self.setMetaInt64(s.db, "rescan:" + collection, Int64(generation))
+            s.rescanGenerations[collection] = generation
+            let reset = try s.db.prepare("UPDATE checkpoints SET seq = 0 WHERE collection = ?")
+            reset.bind(1, collection)
+            try reset.run()
         }
         return evicted
     }
@@ -614,7 +625,7 @@ extension DocumentStore {
         let removed = try write { s -> [Value] in
             var removed: [Value] = []
             for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
-                guard var doc = try load(s.db, collection, key), !doc.isDeleted else { continue }
+                guard var doc = try loadLive(s.db, collection, key) else { continue }
                 let id = value["_id"] ?? .null
                 doc.remove(stamp: s.stamp(now: now))
                 try persist(&s, collection, key, id, doc, source: nil)

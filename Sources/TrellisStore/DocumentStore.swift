@@ -165,8 +165,8 @@ public struct StoreEvent: Sendable {
     public var collections: Set<String>
     /// The peer whose batch caused the change; `nil` for local writes.
     public var origin: [UInt8]?
-    /// `true` when documents were evicted (their subscriptions' checkpoints were forgotten, so
-    /// peers send matching documents again).
+    /// `true` when documents were evicted (the collection's rescan generation was raised and the
+    /// checkpoints of its subscriptions reset to 0, so peers send matching documents again).
     public var evicted = false
     /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection.
     ///
@@ -245,6 +245,8 @@ public final class DocumentStore: Sendable {
         var deferredRows = 0
         /// Set by ``DocumentStore/close()``: every later access throws ``StoreError/closed``.
         var closed = false
+        /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
+        var rescanGenerations: [String: UInt32] = [:]
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -286,6 +288,7 @@ public final class DocumentStore: Sendable {
             subscription TEXT NOT NULL,
             epoch BLOB NOT NULL,
             seq INTEGER NOT NULL,
+            collection TEXT NOT NULL DEFAULT '',
             PRIMARY KEY(peer, subscription)
         ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS deferred(
@@ -327,6 +330,7 @@ public final class DocumentStore: Sendable {
                 opened = try db.transaction(readOnly: true) { try Self.readLog(db) }
             } else {
                 try db.execute(Self.schema)
+                try Self.migrate(db)
                 // The open marker and any rotation are on disk before anything else is written.
                 try db.execute("PRAGMA synchronous=FULL")
                 opened = try db.transaction { try Self.openLog(db, path: path, options: options) }
@@ -337,6 +341,13 @@ public final class DocumentStore: Sendable {
                 db: db,
                 clock: HybridLogicalClock(last: opened.clock, maxForwardDrift: options.maxClockDrift),
                 nextSeq: opened.nextSeq, siteID: opened.site, epoch: opened.epoch)
+            let generations = try db.prepare("SELECT key, value FROM meta WHERE key >= 'rescan:' AND key < 'rescan;'")
+            while try generations.step() {
+                let key = generations.string(0) ?? ""
+                state.rescanGenerations[String(key.dropFirst("rescan:".count))] = UInt32(
+                    truncatingIfNeeded: Self.uint64(generations.bytes(1) ?? []))
+            }
+            generations.reset()
             if try Self.hasTable(db, "deferred") {
                 let count = try db.prepare("SELECT count(*) FROM deferred")
                 _ = try count.step()
@@ -493,17 +504,41 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
-        let s = try db.prepare("SELECT state, value FROM documents WHERE collection = ? AND id = ?")
+    /// What a document row is (the `deleted` column).
+    enum RowKind: Int64 {
+        /// A live document: shown by reads, sent to peers.
+        case live = 0
+        /// A tombstone: hidden from reads, sent to peers (the remove replicates).
+        case tombstone = 1
+        /// An evicted document's local stub: hidden from reads, never sent to peers.
+        case stub = 2
+    }
+
+    /// The stored state of a document and what its row is, or `nil` when there is no row.
+    ///
+    /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row does not decode.
+    func row(_ db: Connection, _ collection: String, _ key: String) throws -> (state: DocumentState, kind: RowKind)? {
+        let s = try db.prepare("SELECT state, value, deleted FROM documents WHERE collection = ? AND id = ?")
         s.bind(1, collection)
         s.bind(2, key)
         defer { s.reset() }
         guard try s.step(), let bytes = s.bytes(0) else { return nil }
         do {
-            return try StoredState.decode(bytes, value: s.string(1))
+            return (try StoredState.decode(bytes, value: s.string(1)), RowKind(rawValue: s.int64(2)) ?? .tombstone)
         } catch {
             throw StoreError.corrupt("document \(key) in \(collection): \(error)")
         }
+    }
+
+    /// The stored state of a document (live, removed or evicted), or `nil` when there is no row.
+    func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
+        try row(db, collection, key)?.state
+    }
+
+    /// The stored state of a live document, or `nil` when it is absent, removed or evicted.
+    func loadLive(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
+        guard let row = try row(db, collection, key), row.kind == .live else { return nil }
+        return row.state
     }
 
     /// Writes a document state with the next `seq`. Checks the size limit.
@@ -532,16 +567,21 @@ public final class DocumentStore: Sendable {
             options.log(
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
+        try writeRow(&s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value)
+    }
+
+    /// Writes a document row with the next `seq` and records the change for observers.
+    func writeRow(
+        _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?
+    ) throws {
         let st = try s.db.prepare(
-            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, source) VALUES (?,?,?,?,?,?,?)"
-        )
+            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value) VALUES (?,?,?,?,?,?)")
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
-        st.bind(4, Int64(value == nil ? 1 : 0))
+        st.bind(4, kind.rawValue)
         st.bind(5, bytes)
         st.bind(6, value)
-        st.bind(7, source)
         try st.run()
         s.nextSeq += 1
         s.changedKeys[collection, default: []].insert(key)
@@ -605,7 +645,7 @@ public final class DocumentStore: Sendable {
     public func remove(id: Value, in collection: String) throws(StoreError) -> Bool {
         let key = try Self.key(for: id)
         let removed = try write { s -> Bool in
-            guard var doc = try load(s.db, collection, key), !doc.isDeleted else { return false }
+            guard var doc = try loadLive(s.db, collection, key) else { return false }
             // The remove is an event on this node's clock, so later local writes order after it.
             doc.remove(stamp: s.stamp(now: options.now()))
             try persist(&s, collection, key, id, doc, source: nil)
@@ -661,7 +701,8 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    /// The current CRDT state of a document (tombstones included), or `nil` when never seen.
+    /// The current CRDT state of a document, or `nil` when never seen: also a removed document's
+    /// (its tombstone) and an evicted one's (its local stub).
     public func state(id: Value, in collection: String) throws(StoreError) -> DocumentState? {
         let key = try Self.key(for: id)
         return try withState { s in try load(s.db, collection, key) }
@@ -729,10 +770,12 @@ public final class DocumentStore: Sendable {
                 scanned += 1
                 last = st.int64(0)
                 guard st.int64(4) != 0 else { continue }
+                // An evicted document's stub is local: never sent to peers.
+                guard let kind = RowKind(rawValue: st.int64(3)), kind != .stub else { continue }
                 let key = st.string(1) ?? "null"
                 let id = try JSON.parse(key)
                 let stored = st.bytes(2) ?? []
-                let deleted = st.int64(3) != 0
+                let deleted = kind == .tombstone
                 let compact = StoredState.isCompact(stored)
                 var doc: DocumentState?
                 if compact || (pushed == nil && !deleted) {
@@ -770,8 +813,10 @@ public final class DocumentStore: Sendable {
 
     /// The rescan generation of a collection: raised by every evict in it, so that batches asked
     /// for before the evict can be told from those asked for after it.
+    ///
+    /// Persisted in the store; 0 for a collection never evicted in.
     public func rescanGeneration(collection: String) -> UInt32 {
-        0
+        state.withLock { $0.rescanGenerations[collection] ?? 0 }
     }
 
     /// The damaged rows met since the store was opened (a state or JSON value that does not

@@ -335,22 +335,106 @@ import TrellisTestKit
 
     // MARK: Evict
 
-    @Test func evictLeavesNoTombstoneWhileRemoveDoes() throws {
+    @Test func evictLeavesALocalStubWhileRemoveLeavesATombstone() throws {
         let store = try open()
         let events = Events(store)
         try store.upsert([["_id": "e", "v": 1], ["_id": "r", "v": 2]], in: "c")
+        let before = store.lastSeq
         #expect(try store.evict(id: "e", in: "c"))
+        #expect(store.lastSeq == before + 1)  // the stub takes a new seq
         #expect(try store.remove(id: "r", in: "c"))
         #expect(try store.document(id: "e", in: "c") == nil && store.document(id: "r", in: "c") == nil)
+        // Peers never see the stub; readers of the log see the document deleted.
         let log = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records
-        #expect(log.map(\.id) == ["r"] && log[0].isDeleted)  // the evicted document left the log
-        #expect(try store.state(id: "e", in: "c") == nil)
+        #expect(log.map(\.id) == ["r"] && log[0].isDeleted)
+        let entries = try store.entries(in: "c", after: 0, limit: 100, includeDeleted: true)
+        #expect(entries.map(\.id) == ["e", "r"] && entries.allSatisfy { $0.value == nil })
+        #expect(try store.entries(in: "c", after: 0, limit: 100, includeDeleted: false).isEmpty)
+        // Queries and counts do not show it.
+        #expect(try store.count(in: "c") == 0 && store.count(in: "c", matching: .all) == 0)
+        #expect(try store.documents(in: "c", matching: Query("v == 1")).isEmpty)
+        #expect(try store.state(id: "e", in: "c") != nil)  // the stub
         #expect(events.value == 3)
-        // Evicting something missing, or a tombstone, does nothing.
+        // Evicting something missing, a stub or a tombstone does nothing.
         #expect(try !store.evict(id: "e", in: "c"))
         #expect(try !store.evict(id: "r", in: "c"))
+        #expect(try !store.evict(id: "never", in: "c"))
         #expect(try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.count == 1)
         #expect(events.value == 3)
+        // update, remove and insertDefaultIfAbsent treat it as absent or present as documented.
+        #expect(
+            try store.update(id: "e", in: "c", operations: [.set(FieldPath(parsing: "v"), 9, isDefault: false)]).isEmpty
+        )
+        #expect(try !store.remove(id: "e", in: "c"))
+        try store.upsert(["_id": "e", "d": 1], in: "c", writeStrategy: .insertDefaultIfAbsent)
+        #expect(try store.document(id: "e", in: "c") == nil)
+    }
+
+    /// Writing to an evicted `_id` starts from the stub: this site's counter total continues
+    /// (issue 8 item 7d: 9 must not become 4).
+    @Test func writingToAnEvictedDocumentContinuesItsCounters() throws {
+        let a = try open("a.sqlite")
+        let b = try open("b.sqlite")
+        try a.upsert(["_id": "d"], in: "c")
+        for _ in 0..<5 { try a.update(id: "d", in: "c", operations: [.increment(FieldPath(parsing: "likes"), 1)]) }
+        try sync(a, into: b)
+        try b.update(id: "d", in: "c", operations: [.increment(FieldPath(parsing: "likes"), 3)])
+        try sync(b, into: a)
+        #expect(try a.document(id: "d", in: "c")?["likes"]?.numberValue == 8)
+        #expect(try a.evict(id: "d", in: "c"))
+        clock.advance(by: 1)
+        try a.upsert(["_id": "d", "x": 1], in: "c", writeStrategy: .insertIfAbsent)
+        try a.update(id: "d", in: "c", operations: [.increment(FieldPath(parsing: "likes"), 1)])
+        try sync(a, into: b)
+        try sync(b, into: a)
+        #expect(try a.document(id: "d", in: "c")?["likes"]?.numberValue == 9)
+        #expect(try b.document(id: "d", in: "c")?["likes"]?.numberValue == 9)
+    }
+
+    /// Evict raises the collection's rescan generation and resets its subscriptions' checkpoints
+    /// to 0 for every peer (keeping their epochs), in the same transaction; other collections keep
+    /// theirs.
+    @Test func evictResetsTheCollectionsCheckpointsAndRaisesItsRescanGeneration() throws {
+        let store = try open()
+        try store.upsert(["_id": "d"], in: "c")
+        let c1 = SubscriptionSpec(collection: "c").key
+        let c2 = SubscriptionSpec(collection: "c", query: "x == 1").key
+        let other = SubscriptionSpec(collection: "cx").key
+        for (peer, key) in [([1], c1), ([2], c1), ([1], c2), ([1], other)] as [([UInt8], String)] {
+            _ = try store.merge([], from: peer, checkpoint: (subscription: key, Checkpoint(epoch: [7], seq: 40)))
+        }
+        #expect(store.rescanGeneration(collection: "c") == 0)
+        #expect(try store.evict(id: "d", in: "c"))
+        #expect(store.rescanGeneration(collection: "c") == 1 && store.rescanGeneration(collection: "cx") == 0)
+        #expect(
+            try store.checkpoints(peer: [1]) == [
+                c1: .init(epoch: [7], seq: 0), c2: .init(epoch: [7], seq: 0), other: .init(epoch: [7], seq: 40),
+            ])
+        #expect(try store.checkpoints(peer: [2]) == [c1: .init(epoch: [7], seq: 0)])
+        // Evicting nothing changes nothing.
+        #expect(try !store.evict(id: "d", in: "c"))
+        #expect(store.rescanGeneration(collection: "c") == 1)
+        // The generation survives a restart.
+        let reopened = try open()
+        #expect(reopened.rescanGeneration(collection: "c") == 1)
+    }
+
+    /// A store written by the version that kept no collection beside its checkpoints opens and
+    /// fills it in from the subscription keys.
+    @Test func checkpointsOfAnOlderStoreLearnTheirCollection() throws {
+        do {
+            let store = try open("old.sqlite")
+            _ = try store.merge(
+                [], from: [1],
+                checkpoint: (subscription: SubscriptionSpec(collection: "c").key, Checkpoint(epoch: [7], seq: 5)))
+            try store.withState { s in
+                try s.db.execute("DROP INDEX checkpoints_by_collection; ALTER TABLE checkpoints DROP COLUMN collection")
+            }
+        }
+        let store = try open("old.sqlite")
+        try store.upsert(["_id": "d"], in: "c")
+        #expect(try store.evict(id: "d", in: "c"))
+        #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [0])
     }
 
     @Test func seqsAreNeverReusedAfterEvictingTheNewestDocument() throws {
@@ -376,8 +460,14 @@ import TrellisTestKit
         try a.upsert(["_id": "d", "v": 1], in: "c")
         try sync(a, into: b)
         #expect(try b.evict(id: "d", in: "c"))
-        try sync(a, into: b)  // what a matching subscription does
+        try sync(a, into: b)  // what a matching subscription does: the state adds nothing to the stub
         #expect(try b.document(id: "d", in: "c") == ["_id": "d", "v": 1])
+        // Also a document this node wrote itself, which a peer holds unchanged.
+        try b.upsert(["_id": "own", "v": 2], in: "c")
+        try sync(b, into: a)
+        #expect(try b.evict(id: "own", in: "c"))
+        try sync(a, into: b)
+        #expect(try b.document(id: "own", in: "c") == ["_id": "own", "v": 2])
     }
 
     @Test func cursorRemoveAndEvictTakeTheSortedWindow() throws {
