@@ -31,7 +31,10 @@ extension DocumentStore {
     ///   - limit: at most this many entries are returned.
     ///   - includeDeleted: whether removed and evicted documents are returned (with a `nil` value):
     ///     to a reader of the log, an evicted document is deleted.
-    /// - Throws: ``StoreError`` for SQLite errors or a corrupt row.
+    /// A damaged row (its `_id` key or JSON value does not parse) is skipped, logged once and
+    /// listed by ``damagedDocuments()``; the page is filled from the rows after it.
+    ///
+    /// - Throws: ``StoreError`` for SQLite errors.
     /// - Complexity: O(limit · log n) through the `(collection, seq)` index when tombstones are
     ///   included; without them, also O(tombstones skipped in the range).
     public func entries(
@@ -41,24 +44,40 @@ extension DocumentStore {
             let st = try s.db.prepare(
                 "SELECT seq, id, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
                     + (includeDeleted ? "" : " AND deleted = 0") + " ORDER BY seq LIMIT ?")
-            st.bind(1, collection)
-            st.bind(2, after)
-            st.bind(3, through ?? Int64.max)
-            st.bind(4, Int64(max(0, limit)))
-            defer { st.reset() }
+            let wanted = max(0, limit)
             var result: [LogEntry] = []
-            while try st.step() {
-                let key = st.string(1) ?? ""
-                let id: Value
-                let value: Value?
-                do {
-                    id = try JSON.parse(key)
-                    value = try st.string(2).map { text throws(JSONError) in try JSON.parse(text) }
-                } catch {
-                    throw StoreError.corrupt("document \(key) in \(collection): \(error)")
+            var cursor = after
+            // A damaged row is skipped (and remembered); read on so the page still holds `limit`
+            // entries when the log has them, which is how readers tell that more are coming.
+            while result.count < wanted {
+                let need = wanted - result.count
+                st.reset()
+                st.bind(1, collection)
+                st.bind(2, cursor)
+                st.bind(3, through ?? Int64.max)
+                st.bind(4, Int64(need))
+                var rows = 0
+                while try st.step() {
+                    rows += 1
+                    cursor = st.int64(0)
+                    let key = st.string(1) ?? ""
+                    guard let id = try? JSON.parse(key) else {
+                        noteDamaged(&s, collection, key, "its _id key is not JSON")
+                        continue
+                    }
+                    var value: Value?
+                    if let text = st.string(2) {
+                        guard let parsed = try? JSON.parse(text) else {
+                            noteDamaged(&s, collection, key, "its JSON value does not parse")
+                            continue
+                        }
+                        value = parsed
+                    }
+                    result.append(LogEntry(seq: cursor, key: key, id: id, value: value))
                 }
-                result.append(LogEntry(seq: st.int64(0), key: key, id: id, value: value))
+                if rows < need { break }  // the end of the range
             }
+            st.reset()
             return result
         }
     }

@@ -119,11 +119,14 @@ extension DocumentStore {
                 .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
                 ready: 0, decoded: nil)
         }
-        let stored = try row(s.db, collection, key)
+        // A damaged row (its state or its JSON does not decode) is replaced by the good state.
+        var repair = s.damaged[DocumentKey(collection: collection, key: key)] != nil
+        var stored: (state: DocumentState, kind: RowKind)?
+        do { stored = try row(&s, collection, key) } catch StoreError.corrupt { repair = true }
         var doc = stored?.state ?? DocumentState()
         // Merging into an evicted document's stub brings the document back, even when the state
         // adds nothing to the stub.
-        guard doc.merge(incoming) || stored?.kind == .stub else { return .unchanged }
+        guard doc.merge(incoming) || stored?.kind == .stub || repair else { return .unchanged }
         // A stamp far ahead would win every later local write to its fields until the clock caught
         // up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later
         // of the physical clock and the HLC: a node whose own clock is behind defers instead of
@@ -151,6 +154,7 @@ extension DocumentStore {
             }
         }
         s.clock.receive(incoming.maxTime, physicalMillis: horizon)
+        if repair { options.log("document \(key) in \(collection) was damaged and is repaired from a peer's state") }
         return .applied
     }
 
@@ -227,7 +231,7 @@ extension DocumentStore {
         }
         st.reset()
         guard let pending = try? DocumentState(encoded: CBOR.decode(bytes)),
-            var doc = try load(s.db, collection, key), !doc.merge(pending)
+            var doc = try? load(&s, collection, key), !doc.merge(pending)
         else { return }
         try deleteDeferred(&s, collection, key, peer)
     }

@@ -256,7 +256,7 @@ extension DocumentStore {
             for (id, key, fields) in prepared {
                 // An evicted document's stub counts as present (its writes were seen here) but
                 // not live; writes start from it, so counters continue.
-                let existing = try row(s.db, collection, key)
+                let existing = try row(&s, collection, key)
                 let live = existing?.kind == .live
                 var doc = existing?.state ?? DocumentState()
                 switch writeStrategy {
@@ -341,7 +341,7 @@ extension DocumentStore {
             var results: [[UpdateResult]?] = []
             var wrote = false
             for ((id, mutations), key) in zip(batch, keys) {
-                guard let original = try loadLive(s.db, collection, key) else {
+                guard let original = try loadLive(&s, collection, key) else {
                     results.append(nil)
                     continue
                 }
@@ -465,7 +465,7 @@ extension DocumentStore {
     private func evictRows(_ s: inout State, _ collection: String, _ rows: [(Value, String)]) throws -> [Value] {
         var evicted: [Value] = []
         for (id, key) in rows {
-            guard let doc = try loadLive(s.db, collection, key) else { continue }
+            guard let doc = try loadLive(&s, collection, key) else { continue }
             // TODO(lead): store `doc.evictionStub()` once the CRDT branch provides
             // `DocumentState.evictionStub()` (the write vector and this site's counter totals, not
             // the values); until then the stub keeps the whole state, hidden.
@@ -601,12 +601,19 @@ extension DocumentStore {
         }
         return try withState { s -> Int in
             let (term, termBindings) = Self.collectionTerm(collection)
-            let st = try s.db.prepare(
-                "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND (\(pushed.sql))")
-            Self.bind(st, termBindings + pushed.bindings)
-            defer { st.reset() }
-            _ = try st.step()
-            return Int(st.int64(0))
+            func count(_ condition: String) throws -> Int {
+                let st = try s.db.prepare(
+                    "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND \(condition)")
+                Self.bind(st, termBindings + pushed.bindings)
+                defer { st.reset() }
+                _ = try st.step()
+                return Int(st.int64(0))
+            }
+            do { return try count("(\(pushed.sql))") } catch let error as SQLiteError where error.isMalformedJSON {
+                // A damaged row: count the others.
+                try noteDamagedJSON(&s, collection)
+                return try count(Self.guarded(pushed.sql))
+            }
         }
     }
 
@@ -625,7 +632,7 @@ extension DocumentStore {
         let removed = try write { s -> [Value] in
             var removed: [Value] = []
             for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
-                guard var doc = try loadLive(s.db, collection, key) else { continue }
+                guard var doc = try loadLive(&s, collection, key) else { continue }
                 let id = value["_id"] ?? .null
                 doc.remove(stamp: s.stamp(now: now))
                 try persist(&s, collection, key, id, doc, source: nil)
@@ -683,14 +690,18 @@ extension DocumentStore {
 
     /// The SQL and bindings selecting `(id, value)` rows for a bound query: the filter pushed down
     /// when it translates, and the window when there is no sort and the filter is pushed.
+    ///
+    /// - Parameter guarded: evaluate the filter only on rows whose JSON is valid (after SQLite
+    ///   refused the query over a damaged row); rows with damaged JSON are left out.
     static func selectSQL(
-        _ collection: String, _ pushed: (sql: String, bindings: [Value])?, window: (limit: Int?, offset: Int)?
+        _ collection: String, _ pushed: (sql: String, bindings: [Value])?, window: (limit: Int?, offset: Int)?,
+        guarded: Bool = false
     ) -> (sql: String, bindings: [Value]) {
         let (term, termBindings) = collectionTerm(collection)
         var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
         var bindings = termBindings
         if let pushed {
-            sql += " AND (\(pushed.sql))"
+            sql += " AND " + (guarded ? Self.guarded(pushed.sql) : "(\(pushed.sql))")
             bindings += pushed.bindings
         }
         sql += " ORDER BY id"
@@ -701,23 +712,48 @@ extension DocumentStore {
         return (sql, bindings)
     }
 
+    /// A pushed-down filter evaluated only on valid JSON (`CASE` fixes the order of evaluation).
+    static func guarded(_ sql: String) -> String { "(CASE WHEN json_valid(value) THEN (\(sql)) ELSE 0 END)" }
+
     /// Selects `(id key, value)` rows: filter, sort, window. Runs under the store lock.
+    ///
+    /// A damaged row (its JSON value does not parse) is left out and remembered
+    /// (``damagedDocuments()``); the window applies to the others.
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
     ) throws -> [(key: String, value: Value)] {
         let pushed = bound.sqlWhere(column: "documents.value")
         let windowInSQL = pushed != nil && sort.isEmpty
-        let (sql, bindings) = Self.selectSQL(collection, pushed, window: windowInSQL ? (limit, offset) : nil)
-        let st = try s.db.prepare(sql)
-        Self.bind(st, bindings)
-        defer { st.reset() }
-        var rows: [(key: String, value: Value)] = []
-        while try st.step() {
-            guard let key = st.string(0), let text = st.string(1) else { continue }
-            let value = try JSON.parse(text)
-            if pushed == nil, try !bound.matches(value) { continue }
-            rows.append((key, value))
+        func rows(guarded: Bool) throws -> (rows: [(key: String, value: Value)], damaged: Bool) {
+            let (sql, bindings) = Self.selectSQL(
+                collection, pushed, window: windowInSQL ? (limit, offset) : nil, guarded: guarded)
+            let st = try s.db.prepare(sql)
+            Self.bind(st, bindings)
+            defer { st.reset() }
+            var rows: [(key: String, value: Value)] = []
+            var damaged = false
+            while try st.step() {
+                guard let key = st.string(0), let text = st.string(1) else { continue }
+                guard let value = try? JSON.parse(text) else {
+                    noteDamaged(&s, collection, key, "its JSON value does not parse")
+                    damaged = true
+                    continue
+                }
+                if pushed == nil, try !bound.matches(value) { continue }
+                rows.append((key, value))
+            }
+            return (rows, damaged)
         }
+        var selected: [(key: String, value: Value)]
+        do {
+            let first = try rows(guarded: false)
+            // A damaged row inside a window SQLite counted: count again without it.
+            selected = first.damaged && windowInSQL ? try rows(guarded: true).rows : first.rows
+        } catch let error as SQLiteError where error.isMalformedJSON {
+            try noteDamagedJSON(&s, collection)
+            selected = try rows(guarded: true).rows
+        }
+        var rows = selected
         if windowInSQL { return rows }
         if !sort.isEmpty { rows = Self.sorted(rows, by: sort) }
         return Array(rows.dropFirst(offset).prefix(limit ?? Int.max))

@@ -245,6 +245,8 @@ public final class DocumentStore: Sendable {
         var deferredRows = 0
         /// Set by ``DocumentStore/close()``: every later access throws ``StoreError/closed``.
         var closed = false
+        /// Damaged rows met since open, with the reason (``DocumentStore/damagedDocuments()``).
+        var damaged: [DocumentKey: String] = [:]
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
         var rescanGenerations: [String: UInt32] = [:]
 
@@ -496,9 +498,11 @@ public final class DocumentStore: Sendable {
                     return result
                 }
             } catch {
-                let clock = s.clock
+                let (clock, damaged) = (s.clock, s.damaged)
                 s = saved
                 s.clock = clock
+                // Damage found on the way stays known; a repair that rolled back is forgotten.
+                s.damaged.merge(damaged) { _, found in found }
                 throw error
             }
         }
@@ -517,27 +521,29 @@ public final class DocumentStore: Sendable {
     /// The stored state of a document and what its row is, or `nil` when there is no row.
     ///
     /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row does not decode.
-    func row(_ db: Connection, _ collection: String, _ key: String) throws -> (state: DocumentState, kind: RowKind)? {
-        let s = try db.prepare("SELECT state, value, deleted FROM documents WHERE collection = ? AND id = ?")
-        s.bind(1, collection)
-        s.bind(2, key)
-        defer { s.reset() }
-        guard try s.step(), let bytes = s.bytes(0) else { return nil }
+    func row(_ s: inout State, _ collection: String, _ key: String) throws -> (state: DocumentState, kind: RowKind)? {
+        let st = try s.db.prepare("SELECT state, value, deleted FROM documents WHERE collection = ? AND id = ?")
+        st.bind(1, collection)
+        st.bind(2, key)
+        defer { st.reset() }
+        guard try st.step(), let bytes = st.bytes(0) else { return nil }
         do {
-            return (try StoredState.decode(bytes, value: s.string(1)), RowKind(rawValue: s.int64(2)) ?? .tombstone)
+            return (try StoredState.decode(bytes, value: st.string(1)), RowKind(rawValue: st.int64(2)) ?? .tombstone)
         } catch {
-            throw StoreError.corrupt("document \(key) in \(collection): \(error)")
+            let reason = "its state does not decode: \(error)"
+            noteDamaged(&s, collection, key, reason)
+            throw StoreError.corrupt("document \(key) in \(collection): \(reason)")
         }
     }
 
     /// The stored state of a document (live, removed or evicted), or `nil` when there is no row.
-    func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
-        try row(db, collection, key)?.state
+    func load(_ s: inout State, _ collection: String, _ key: String) throws -> DocumentState? {
+        try row(&s, collection, key)?.state
     }
 
     /// The stored state of a live document, or `nil` when it is absent, removed or evicted.
-    func loadLive(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
-        guard let row = try row(db, collection, key), row.kind == .live else { return nil }
+    func loadLive(_ s: inout State, _ collection: String, _ key: String) throws -> DocumentState? {
+        guard let row = try row(&s, collection, key), row.kind == .live else { return nil }
         return row.state
     }
 
@@ -585,6 +591,7 @@ public final class DocumentStore: Sendable {
         try st.run()
         s.nextSeq += 1
         s.changedKeys[collection, default: []].insert(key)
+        if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
     }
 
     func saveClock(_ s: State) throws {
@@ -612,7 +619,7 @@ public final class DocumentStore: Sendable {
         let now = options.now()
         try write { s in
             for (id, key, fields) in prepared {
-                var doc = try load(s.db, collection, key) ?? DocumentState()
+                var doc = try load(&s, collection, key) ?? DocumentState()
                 doc.merge(fields: fields, stamp: s.stamp(now: now))
                 try persist(&s, collection, key, id, doc, source: nil)
             }
@@ -645,7 +652,7 @@ public final class DocumentStore: Sendable {
     public func remove(id: Value, in collection: String) throws(StoreError) -> Bool {
         let key = try Self.key(for: id)
         let removed = try write { s -> Bool in
-            guard var doc = try loadLive(s.db, collection, key) else { return false }
+            guard var doc = try loadLive(&s, collection, key) else { return false }
             // The remove is an event on this node's clock, so later local writes order after it.
             doc.remove(stamp: s.stamp(now: options.now()))
             try persist(&s, collection, key, id, doc, source: nil)
@@ -658,6 +665,8 @@ public final class DocumentStore: Sendable {
     // MARK: Reads
 
     /// The live document with this `_id`, or `nil`.
+    ///
+    /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row is damaged.
     public func document(id: Value, in collection: String) throws(StoreError) -> Value? {
         let key = try Self.key(for: id)
         return try withState { s -> Value? in
@@ -666,24 +675,35 @@ public final class DocumentStore: Sendable {
             st.bind(2, key)
             defer { st.reset() }
             guard try st.step(), let text = st.string(0) else { return nil }
-            return try JSON.parse(text)
+            do { return try JSON.parse(text) } catch {
+                let reason = "its JSON value does not parse: \(error)"
+                noteDamaged(&s, collection, key, reason)
+                throw StoreError.corrupt("document \(key) in \(collection): \(reason)")
+            }
         }
     }
 
     /// Every live document of a collection, ordered by `_id` key, optionally filtered.
+    ///
+    /// A damaged row (its JSON value does not parse) is skipped, logged once and listed by
+    /// ``damagedDocuments()``; the others are returned.
     ///
     /// - Complexity: O(n) in the collection's documents.
     public func documents(in collection: String, where filter: (Value) throws -> Bool = { _ in true })
         throws(StoreError) -> [Value]
     {
         try withState { s -> [Value] in
-            let st = try s.db.prepare("SELECT value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
+            let st = try s.db.prepare(
+                "SELECT id, value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
             st.bind(1, collection)
             defer { st.reset() }
             var out: [Value] = []
             while try st.step() {
-                guard let text = st.string(0) else { continue }
-                let value = try JSON.parse(text)
+                guard let text = st.string(1) else { continue }
+                guard let value = try? JSON.parse(text) else {
+                    noteDamaged(&s, collection, st.string(0) ?? "", "its JSON value does not parse")
+                    continue
+                }
                 if try filter(value) { out.append(value) }
             }
             return out
@@ -705,7 +725,7 @@ public final class DocumentStore: Sendable {
     /// (its tombstone) and an evicted one's (its local stub).
     public func state(id: Value, in collection: String) throws(StoreError) -> DocumentState? {
         let key = try Self.key(for: id)
-        return try withState { s in try load(s.db, collection, key) }
+        return try withState { s in try load(&s, collection, key) }
     }
 
     /// Copies the write-ahead log into the database file and truncates it
@@ -721,80 +741,6 @@ public final class DocumentStore: Sendable {
         guard options.readOnly else { return state.withLock { $0.nextSeq - 1 } }
         // A read-only store watches a log another process writes: read it from the database.
         return (try? withState { s -> Int64 in try Self.highestSeq(s.db) }) ?? state.withLock { $0.nextSeq - 1 }
-    }
-
-    /// One page of a collection's change log after `after`, in `seq` order: the entries whose
-    /// document matches `query` with `args`, and every tombstone (a removed document matches no
-    /// query, but whoever holds it must learn of the remove). This is what a peer subscribed to
-    /// `(collection, query, args)` is sent.
-    ///
-    /// The query runs inside SQLite (``Query/sqlWhere(column:)`` over the materialised JSON) when
-    /// it translates; otherwise each entry's state is decoded and the query evaluated in memory.
-    ///
-    /// The page is cut by entries and by bytes: it ends after `limit` entries were examined, or
-    /// after the record whose state brings the page's total state bytes to `maxBytes` or more
-    /// (then `scannedUpTo` is that record's `seq` and `exhausted` is `false`). So a page holds at
-    /// least one record whenever one matches after `after`, however large: one document always
-    /// fits.
-    ///
-    /// - Parameters:
-    ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
-    ///   - limit: at most this many log entries are examined (matching or not); at least 1.
-    ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
-    /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
-    /// - Complexity: O(limit · log n) through the `(collection, seq)` index, plus the size of the
-    ///   states returned.
-    public func changes(
-        in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
-        args: [String: Value] = [:]
-    ) throws(StoreError) -> ChangePage {
-        let bound = try Self.bind(query, args)
-        let pushed = bound.sqlWhere(column: "documents.value")
-        return try withState { s -> ChangePage in
-            let matchSQL = pushed.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
-            let st = try s.db.prepare(
-                "SELECT seq, id, state, deleted, \(matchSQL), value FROM documents "
-                    + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
-            let bindings = pushed?.bindings ?? []
-            Self.bind(st, bindings)
-            let index = Int32(bindings.count) + 1
-            st.bind(index, collection)
-            st.bind(index + 1, after)
-            st.bind(index + 2, Int64(max(1, limit)))
-            defer { st.reset() }
-            var records: [ChangeRecord] = []
-            var scanned = 0
-            var bytes = 0
-            var last = after
-            while try st.step() {
-                scanned += 1
-                last = st.int64(0)
-                guard st.int64(4) != 0 else { continue }
-                // An evicted document's stub is local: never sent to peers.
-                guard let kind = RowKind(rawValue: st.int64(3)), kind != .stub else { continue }
-                let key = st.string(1) ?? "null"
-                let id = try JSON.parse(key)
-                let stored = st.bytes(2) ?? []
-                let deleted = kind == .tombstone
-                let compact = StoredState.isCompact(stored)
-                var doc: DocumentState?
-                if compact || (pushed == nil && !deleted) {
-                    do { doc = try StoredState.decode(stored, value: st.string(5)) } catch {
-                        throw StoreError.corrupt("document \(key) in \(collection): \(error)")
-                    }
-                }
-                if pushed == nil, !deleted {
-                    guard let value = doc?.materialize(id: id), try bound.matches(value) else { continue }
-                }
-                // Peers receive the whole state, whatever form the row keeps.
-                let state = compact ? doc?.cbor() ?? [] : stored
-                records.append(
-                    ChangeRecord(seq: last, collection: collection, id: id, key: key, state: state, isDeleted: deleted))
-                bytes += state.count
-                if bytes >= maxBytes { return ChangePage(records: records, scannedUpTo: last, exhausted: false) }
-            }
-            return ChangePage(records: records, scannedUpTo: last, exhausted: scanned < max(1, limit))
-        }
     }
 
     /// The live documents of a collection matching `query`, ordered by `_id` key.
@@ -817,11 +763,5 @@ public final class DocumentStore: Sendable {
     /// Persisted in the store; 0 for a collection never evicted in.
     public func rescanGeneration(collection: String) -> UInt32 {
         state.withLock { $0.rescanGenerations[collection] ?? 0 }
-    }
-
-    /// The damaged rows met since the store was opened (a state or JSON value that does not
-    /// decode): skipped by reads and by the change log, each named with its reason.
-    public func damagedDocuments() -> [(collection: String, key: String, reason: String)] {
-        []
     }
 }
