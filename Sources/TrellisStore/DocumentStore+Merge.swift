@@ -62,9 +62,8 @@ extension DocumentStore {
         _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?
     ) throws(StoreError) -> MergeOutcome {
         var outcome = MergeOutcome()
-        var touched: Set<String> = []
         let now = options.now()
-        try write { s in
+        try write(origin: peer) { s in
             var deferredHere = false
             for remote in documents {
                 let key: String
@@ -75,10 +74,7 @@ extension DocumentStore {
                 let result = try mergeState(&s, remote.collection, key, remote.id, remote.state, now: now)
                 switch result {
                 case .applied, .unchanged:
-                    if case .applied = result {
-                        outcome.applied += 1
-                        touched.insert(remote.collection)
-                    }
+                    if case .applied = result { outcome.applied += 1 }
                     try dropDeferredIfCovered(&s, remote.collection, key, peer)
                 case .refused(let kind, let reason, let ready, let decoded):
                     try keepDeferred(
@@ -103,7 +99,6 @@ extension DocumentStore {
         for (key, reason) in outcome.deferred {
             options.log("deferred document \(key) from peer \(Self.hex(Array(peer.prefix(8)))): \(reason)")
         }
-        notify(StoreEvent(collections: touched, origin: peer))
         return outcome
     }
 
@@ -278,7 +273,6 @@ extension DocumentStore {
         let now = options.now()
         var applied = 0
         while true {
-            var collections: Set<String> = []
             let (count, more) = try write { s -> (Int, Bool) in
                 guard s.deferredRows > 0 else { return (0, false) }
                 let horizon = max(now, s.clock.last.millis)
@@ -303,7 +297,6 @@ extension DocumentStore {
                     switch try mergeState(&s, row.collection, row.key, id, row.state, now: now) {
                     case .applied:
                         count += 1
-                        collections.insert(row.collection)
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
                     case .unchanged:
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
@@ -326,7 +319,6 @@ extension DocumentStore {
                 return (count, rows.count == 128)
             }
             applied += count
-            notify(StoreEvent(collections: collections, origin: nil))
             if !more { break }
         }
         return (applied, try withState { $0.deferredRows })

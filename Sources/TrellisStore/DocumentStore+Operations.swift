@@ -4,7 +4,7 @@ public import TrellisCore
 // Ditto-shaped store operations beyond the basic upsert/remove (docs/API.md): write strategies,
 // field-level updates, evict, expression indexes, and sorted / limited / offset queries.
 // Every write here is one SQLite transaction: one `seq` per changed document, the HLC saved,
-// observers notified after the commit.
+// observers told after the commit.
 
 /// How ``DocumentStore/upsert(_:in:writeStrategy:)`` treats a document that may already exist
 /// (Ditto's `DittoWriteStrategy`).
@@ -251,8 +251,7 @@ extension DocumentStore {
         if writeStrategy == .merge { return try upsert(documents, in: collection) }
         let prepared = try Self.prepare(documents)
         let now = options.now()
-        let wrote = try write { s -> Bool in
-            var wrote = false
+        try write { s in
             for (id, key, fields) in prepared {
                 // An evicted document's stub counts as present (its writes were seen here) but
                 // not live; writes start from it, so counters continue.
@@ -277,11 +276,8 @@ extension DocumentStore {
                     doc.merge(fields: changes, stamp: s.stamp(now: now))
                 }
                 try persist(&s, collection, key, id, doc, source: nil)
-                wrote = true
             }
-            return wrote
         }
-        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
         return prepared.map(\.id)
     }
 
@@ -337,9 +333,8 @@ extension DocumentStore {
             for mutation in mutations { try mutation.validate() }
         }
         let now = options.now()
-        let (results, wrote) = try write { s -> ([[UpdateResult]?], Bool) in
+        return try write { s -> [[UpdateResult]?] in
             var results: [[UpdateResult]?] = []
-            var wrote = false
             for ((id, mutations), key) in zip(batch, keys) {
                 guard let original = try loadLive(&s, collection, key) else {
                     results.append(nil)
@@ -353,15 +348,10 @@ extension DocumentStore {
                     }
                 }
                 results.append(applied)
-                if doc != original {
-                    try persist(&s, collection, key, id, doc, source: nil)
-                    wrote = true
-                }
+                if doc != original { try persist(&s, collection, key, id, doc, source: nil) }
             }
-            return (results, wrote)
+            return results
         }
-        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
-        return results
     }
 
     /// Applies one validated mutation to a document's state.
@@ -458,7 +448,6 @@ extension DocumentStore {
         var keys: [String] = []
         for id in ids { keys.append(try Self.key(for: id)) }
         let evicted = try write { s -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
         return evicted
     }
 
@@ -484,6 +473,7 @@ extension DocumentStore {
             let reset = try s.db.prepare("UPDATE checkpoints SET seq = 0 WHERE collection = ?")
             reset.bind(1, collection)
             try reset.run()
+            s.evictedInCommit = true
         }
         return evicted
     }
@@ -640,7 +630,6 @@ extension DocumentStore {
             }
             return removed
         }
-        if !removed.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
         return removed
     }
 
@@ -659,7 +648,6 @@ extension DocumentStore {
             let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset)
             return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
         return evicted
     }
 

@@ -159,7 +159,8 @@ public struct Checkpoint: Sendable, Equatable {
     }
 }
 
-/// What a commit changed, delivered to observers after the transaction commits.
+/// What a commit changed, delivered to observers after the transaction commits, on the store's
+/// event queue (see ``DocumentStore/addObserver(_:)``).
 public struct StoreEvent: Sendable {
     /// Collections with at least one changed document.
     public var collections: Set<String>
@@ -168,11 +169,8 @@ public struct StoreEvent: Sendable {
     /// `true` when documents were evicted (the collection's rescan generation was raised and the
     /// checkpoints of its subscriptions reset to 0, so peers send matching documents again).
     public var evicted = false
-    /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection.
-    ///
-    /// Every committed change to a document row (write, remove, merge, evict) is reported in the
-    /// event of its own commit or of a commit that ended concurrently; a collection in
-    /// ``collections`` may then have no keys here because another event already carried them.
+    /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection:
+    /// exactly the document rows this commit changed (write, remove, merge, evict).
     public var changedKeys: [String: Set<String>] = [:]
 }
 
@@ -229,7 +227,8 @@ public struct DeferredDocument: Sendable, Equatable {
 /// change log ordered by `seq`.
 ///
 /// All access goes through one lock that owns the connection (the single writer). Observers are
-/// called after commit, outside the lock.
+/// called after commit on the store's own serial event queue, never under the lock and never on
+/// the thread that committed.
 public final class DocumentStore: Sendable {
     struct State {
         let db: Connection
@@ -239,8 +238,10 @@ public final class DocumentStore: Sendable {
         var siteID: SiteID
         /// The random ID of this life of the log; changes only when the log is rotated.
         var epoch: [UInt8]
-        /// Documents changed since the last ``DocumentStore/notify(_:)``, by collection.
+        /// Documents changed by the transaction under way, by collection.
         var changedKeys: [String: Set<String>] = [:]
+        /// Whether the transaction under way evicted documents.
+        var evictedInCommit = false
         /// The number of rows in the `deferred` table (0 lets merges skip looking there).
         var deferredRows = 0
         /// Set by ``DocumentStore/close()``: every later access throws ``StoreError/closed``.
@@ -258,8 +259,11 @@ public final class DocumentStore: Sendable {
     }
 
     let state: Mutex<State>
-    private let observers = Mutex<[UInt64: @Sendable (StoreEvent) -> Void]>([:])
-    private let nextObserver = Atomic<UInt64>(0)
+    let observers = ObserverList()
+    /// Delivers commit events to observers, one at a time, in commit order.
+    let events = DispatchQueue(label: "trellis.store.events")
+    /// Whatever the owner handed in to live as long as the store (the data directory's lock).
+    private let lock: (any Sendable)?
     public let options: StoreOptions
     /// The site ID stamping this store's writes: random, persistent, replaced when the log is
     /// rotated (``rotateLog(reason:)``). Read under the store lock.
@@ -318,9 +322,13 @@ public final class DocumentStore: Sendable {
     ///
     /// - Throws: ``StoreError/corrupt(_:)`` when the file is not a Trellis store,
     ///   ``StoreError/sqlite(_:)`` when it cannot be opened.
-    public init(path: String, options: StoreOptions = StoreOptions()) throws(StoreError) {
+    /// - Parameters:
+    ///   - lock: an object the store keeps alive until it is released itself, such as the data
+    ///     directory's lock: then the lock lasts as long as anything can write through the store.
+    public init(path: String, options: StoreOptions = StoreOptions(), lock: (any Sendable)? = nil) throws(StoreError) {
         self.path = path
         self.options = options
+        self.lock = lock
         do {
             let db = try Connection(path: path, readOnly: options.readOnly)
             let opened: OpenedLog
@@ -412,36 +420,6 @@ public final class DocumentStore: Sendable {
         try setMeta(db, key, bytes(UInt64(bitPattern: value)))
     }
 
-    // MARK: Observers
-
-    /// Registers a callback run after every commit that changed documents, outside the store lock.
-    ///
-    /// - Returns: a token for ``removeObserver(_:)``.
-    @discardableResult
-    public func addObserver(_ callback: @escaping @Sendable (StoreEvent) -> Void) -> UInt64 {
-        let token = nextObserver.add(1, ordering: .relaxed).newValue
-        observers.withLock { $0[token] = callback }
-        return token
-    }
-
-    public func removeObserver(_ token: UInt64) {
-        _ = observers.withLock { $0.removeValue(forKey: token) }
-    }
-
-    /// The number of registered observers (for leak tests).
-    public var observerCount: Int { observers.withLock { $0.count } }
-
-    func notify(_ event: StoreEvent) {
-        guard !event.collections.isEmpty else { return }
-        var event = event
-        event.changedKeys = state.withLock { s in
-            defer { s.changedKeys = [:] }
-            return s.changedKeys
-        }
-        let callbacks = observers.withLock { Array($0.values) }
-        for callback in callbacks { callback(event) }
-    }
-
     // MARK: IDs
 
     /// The canonical key of an `_id` (its deterministic JSON text).
@@ -475,6 +453,8 @@ public final class DocumentStore: Sendable {
     }
 
     /// Runs `body` as one write transaction under the store lock, saving the clock when it moved.
+    /// After the commit, and before the lock is released, the changes it made are queued as one
+    /// ``StoreEvent`` for observers, so events follow commit order.
     ///
     /// When `body` or the commit fails, everything is rolled back and the in-memory state is
     /// restored with it (next `seq`, changed keys, epoch, site ID, counts), so nothing rolled back
@@ -483,7 +463,10 @@ public final class DocumentStore: Sendable {
     ///
     /// - Parameter durable: commit with `synchronous=FULL` whatever ``StoreOptions/durability`` says
     ///   (for the rare commits that must never be taken back, such as a rotation of the log).
-    func write<R: Sendable>(durable: Bool = false, _ body: (inout State) throws -> R) throws(StoreError) -> R {
+    ///   - origin: the peer whose batch this is, for the commit's event.
+    func write<R: Sendable>(
+        durable: Bool = false, origin: [UInt8]? = nil, _ body: (inout State) throws -> R
+    ) throws(StoreError) -> R {
         guard !options.readOnly else { throw .invalidValue("the store was opened read-only; it cannot be written") }
         return try withState { s in
             let saved = s
@@ -491,12 +474,14 @@ public final class DocumentStore: Sendable {
             if relax { try s.db.execute("PRAGMA synchronous=FULL") }
             defer { if relax { try? s.db.execute(Self.synchronousPragma(options.durability)) } }
             do {
-                return try s.db.transaction { () throws -> R in
+                let result = try s.db.transaction { () throws -> R in
                     let before = s.clock.last
                     let result = try body(&s)
                     if s.clock.last != before { try saveClock(s) }
                     return result
                 }
+                queueEvent(&s, origin: origin)
+                return result
             } catch {
                 let (clock, damaged) = (s.clock, s.damaged)
                 s = saved
@@ -624,7 +609,6 @@ public final class DocumentStore: Sendable {
                 try persist(&s, collection, key, id, doc, source: nil)
             }
         }
-        notify(StoreEvent(collections: [collection], origin: nil))
         return prepared.map(\.0)
     }
 
@@ -658,7 +642,6 @@ public final class DocumentStore: Sendable {
             try persist(&s, collection, key, id, doc, source: nil)
             return true
         }
-        if removed { notify(StoreEvent(collections: [collection], origin: nil)) }
         return removed
     }
 
@@ -685,29 +668,45 @@ public final class DocumentStore: Sendable {
 
     /// Every live document of a collection, ordered by `_id` key, optionally filtered.
     ///
-    /// A damaged row (its JSON value does not parse) is skipped, logged once and listed by
-    /// ``damagedDocuments()``; the others are returned.
+    /// The rows are read under the store lock; `filter` runs after it was released, so it may
+    /// call the store (or anything else) freely. A damaged row (its JSON value does not parse) is
+    /// skipped, logged once and listed by ``damagedDocuments()``; the others are returned.
     ///
+    /// - Throws: ``StoreError`` for SQLite errors; an error thrown by `filter` that is not a
+    ///   ``StoreError`` is rethrown as ``StoreError/invalidValue(_:)``.
     /// - Complexity: O(n) in the collection's documents.
     public func documents(in collection: String, where filter: (Value) throws -> Bool = { _ in true })
         throws(StoreError) -> [Value]
     {
-        try withState { s -> [Value] in
+        let rows = try withState { s -> [(key: String, text: String)] in
             let st = try s.db.prepare(
                 "SELECT id, value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
             st.bind(1, collection)
             defer { st.reset() }
-            var out: [Value] = []
+            var rows: [(key: String, text: String)] = []
             while try st.step() {
                 guard let text = st.string(1) else { continue }
-                guard let value = try? JSON.parse(text) else {
-                    noteDamaged(&s, collection, st.string(0) ?? "", "its JSON value does not parse")
-                    continue
-                }
-                if try filter(value) { out.append(value) }
+                rows.append((st.string(0) ?? "", text))
             }
-            return out
+            return rows
         }
+        var out: [Value] = []
+        var damaged: [String] = []
+        for row in rows {
+            guard let value = try? JSON.parse(row.text) else {
+                damaged.append(row.key)
+                continue
+            }
+            do { if try filter(value) { out.append(value) } } catch let error as StoreError { throw error } catch {
+                throw .invalidValue("\(error)")
+            }
+        }
+        if !damaged.isEmpty {
+            state.withLock { s in
+                for key in damaged { noteDamaged(&s, collection, key, "its JSON value does not parse") }
+            }
+        }
+        return out
     }
 
     /// Number of live documents in a collection.

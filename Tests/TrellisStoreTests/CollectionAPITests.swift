@@ -112,6 +112,7 @@ import TrellisTestKit
 
     @Test func cursorUpdateChangesEveryMatchInOneTransaction() throws {
         try seed()
+        node.store.documents.waitForObservers()  // the seed's event is not counted
         let events = Atomic<Int>(0)
         let token = node.store.documents.addObserver { _ in events.add(1, ordering: .relaxed) }
         defer { node.store.documents.removeObserver(token) }
@@ -123,6 +124,7 @@ import TrellisTestKit
         #expect(results.count == 2)
         #expect(results["rx7"] == [.set(docID: "rx7", path: "Checked", value: true)])
         #expect(results["corolla"] == [.set(docID: "corolla", path: "Checked", value: true)])
+        node.store.documents.waitForObservers()
         #expect(events.load(ordering: .relaxed) == 1)
         #expect(try cars.find("Checked == true").exec().map(\.id) == ["corolla", "rx7"])
     }

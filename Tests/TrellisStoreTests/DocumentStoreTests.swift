@@ -182,15 +182,23 @@ import TrellisTestKit
         #expect(rest.exhausted && rest.scannedUpTo == start + 4)
     }
 
-    @Test func observersHearCommitsAfterTheyCommit() throws {
+    @Test func observersHearCommitsAfterTheyCommitInCommitOrderOffTheCommittingThread() throws {
         let store = try open()
         let heard = Mutex<[Set<String>]>([])
-        let token = store.addObserver { event in heard.withLock { $0.append(event.collections) } }
+        let committer = pthread_self()
+        let offThread = Mutex(true)
+        let token = store.addObserver { event in
+            heard.withLock { $0.append(event.collections) }
+            if pthread_equal(pthread_self(), committer) != 0 { offThread.withLock { $0 = false } }
+        }
         try store.upsert(["_id": "x"], in: "one")
         try store.upsert([["_id": "y"], ["_id": "z"]], in: "two")
+        store.waitForObservers()
         store.removeObserver(token)
         try store.upsert(["_id": "w"], in: "three")
+        store.waitForObservers()
         #expect(heard.withLock { $0 } == [["one"], ["two"]])
+        #expect(offThread.withLock { $0 })
     }
 }
 

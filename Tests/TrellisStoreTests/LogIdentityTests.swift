@@ -57,6 +57,7 @@ import TrellisTestKit
         #expect(store.lastSeq == start + 2)
         let log = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
         #expect(log.map(\.seq) == [start + 1, start + 2] && log.map(\.id) == ["a", "b"])
+        store.waitForObservers()
         #expect(heard.withLock { $0 } == [["c": ["\"a\""]], ["c": ["\"b\""]]])
     }
 

@@ -34,11 +34,18 @@ import TrellisTestKit
 
     /// Counts commit events.
     final class Events: Sendable {
-        let count = Atomic<Int>(0)
+        final class Counter: Sendable { let count = Atomic<Int>(0) }
+        let counter = Counter()
+        let store: DocumentStore
         init(_ store: DocumentStore) {
-            store.addObserver { [self] _ in count.add(1, ordering: .relaxed) }
+            self.store = store
+            store.addObserver { [counter] _ in counter.count.add(1, ordering: .relaxed) }
         }
-        var value: Int { count.load(ordering: .relaxed) }
+        /// The events delivered for every commit so far.
+        var value: Int {
+            store.waitForObservers()
+            return counter.count.load(ordering: .relaxed)
+        }
     }
 
     // MARK: Write strategies
