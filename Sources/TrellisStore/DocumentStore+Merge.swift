@@ -137,7 +137,7 @@ extension DocumentStore {
                 ready: latest - options.maxClockDrift, decoded: incoming)
         }
         do {
-            try persist(&s, collection, key, id, doc, source: nil)
+            try persist(&s, collection, key, id, doc)
         } catch let error as StoreError {
             switch error {
             case .documentTooLarge:

@@ -275,7 +275,7 @@ extension DocumentStore {
                     }
                     doc.merge(fields: changes, stamp: s.stamp(now: now))
                 }
-                try persist(&s, collection, key, id, doc, source: nil)
+                try persist(&s, collection, key, id, doc)
             }
         }
         return prepared.map(\.id)
@@ -348,7 +348,7 @@ extension DocumentStore {
                     }
                 }
                 results.append(applied)
-                if doc != original { try persist(&s, collection, key, id, doc, source: nil) }
+                if doc != original { try persist(&s, collection, key, id, doc) }
             }
             return results
         }
@@ -625,7 +625,7 @@ extension DocumentStore {
                 guard var doc = try loadLive(&s, collection, key) else { continue }
                 let id = value["_id"] ?? .null
                 doc.remove(stamp: s.stamp(now: now))
-                try persist(&s, collection, key, id, doc, source: nil)
+                try persist(&s, collection, key, id, doc)
                 removed.append(id)
             }
             return removed

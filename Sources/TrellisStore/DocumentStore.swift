@@ -285,7 +285,6 @@ public final class DocumentStore: Sendable {
             deleted INTEGER NOT NULL,
             state BLOB NOT NULL,
             value TEXT,
-            source BLOB,
             PRIMARY KEY(collection, id)
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS documents_by_collection_seq ON documents(collection, seq);
@@ -533,10 +532,7 @@ public final class DocumentStore: Sendable {
     }
 
     /// Writes a document state with the next `seq`. Checks the size limit.
-    func persist(
-        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
-        source: [UInt8]?
-    ) throws {
+    func persist(_ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState) throws {
         let materialized = doc.materialize(id: id)
         // Whatever path wrote it (upsert, an update at a deep path, a merge), the document as a
         // whole must be storable and decodable by every peer.
@@ -606,7 +602,7 @@ public final class DocumentStore: Sendable {
             for (id, key, fields) in prepared {
                 var doc = try load(&s, collection, key) ?? DocumentState()
                 doc.merge(fields: fields, stamp: s.stamp(now: now))
-                try persist(&s, collection, key, id, doc, source: nil)
+                try persist(&s, collection, key, id, doc)
             }
         }
         return prepared.map(\.0)
@@ -639,7 +635,7 @@ public final class DocumentStore: Sendable {
             guard var doc = try loadLive(&s, collection, key) else { return false }
             // The remove is an event on this node's clock, so later local writes order after it.
             doc.remove(stamp: s.stamp(now: options.now()))
-            try persist(&s, collection, key, id, doc, source: nil)
+            try persist(&s, collection, key, id, doc)
             return true
         }
         return removed

@@ -426,6 +426,31 @@ import TrellisTestKit
         #expect(reopened.rescanGeneration(collection: "c") == 1)
     }
 
+    /// A store written by the version that kept the peer a row's state came from (`source`, once
+    /// used to suppress echoes) opens and works; the column is ignored.
+    @Test func aStoreWithTheOldSourceColumnOpensAndWorks() throws {
+        do {
+            let store = try open("old.sqlite")
+            try store.upsert([["_id": "a", "v": 1], ["_id": "b"]], in: "c")
+            try store.withState { s in
+                try s.db.execute("ALTER TABLE documents ADD COLUMN source BLOB; UPDATE documents SET source = x'0707'")
+            }
+        }
+        let store = try open("old.sqlite")
+        let other = try open("other.sqlite")
+        clock.advance(by: 1)
+        try store.upsert(["_id": "a", "v": 2], in: "c")
+        try other.upsert(["_id": "o"], in: "c")
+        try sync(other, into: store)
+        let log = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
+        #expect(Set(log.map(\.id)) == ["a", "b", "o"])
+        #expect(try store.document(id: "a", in: "c") == ["_id": "a", "v": 2])
+        // What it sends back to the peer its rows came from, that peer merges without change.
+        let peer = try open("peer.sqlite")
+        try sync(store, into: peer)
+        #expect(try peer.documents(in: "c").count == 3)
+    }
+
     /// A store written by the version that kept no collection beside its checkpoints opens and
     /// fills it in from the subscription keys.
     @Test func checkpointsOfAnOlderStoreLearnTheirCollection() throws {
