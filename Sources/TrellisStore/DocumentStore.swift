@@ -319,11 +319,13 @@ public final class DocumentStore: Sendable {
     /// (``rotateLog(reason:)``). The next `seq` is above every `seq` issued before, also for a store
     /// restored from a backup (see ``lastSeq``).
     ///
-    /// - Throws: ``StoreError/corrupt(_:)`` when the file is not a Trellis store,
-    ///   ``StoreError/sqlite(_:)`` when it cannot be opened.
     /// - Parameters:
+    ///   - path: the SQLite database file.
+    ///   - options: limits, clock, durability; see ``StoreOptions``.
     ///   - lock: an object the store keeps alive until it is released itself, such as the data
     ///     directory's lock: then the lock lasts as long as anything can write through the store.
+    /// - Throws: ``StoreError/corrupt(_:)`` when the file is not a Trellis store,
+    ///   ``StoreError/sqlite(_:)`` when it cannot be opened.
     public init(path: String, options: StoreOptions = StoreOptions(), lock: (any Sendable)? = nil) throws(StoreError) {
         self.path = path
         self.options = options
@@ -460,8 +462,9 @@ public final class DocumentStore: Sendable {
     /// is reported or left issued. The clock keeps what it issued (stamps that never committed
     /// harm no one, and the clock must not go back).
     ///
-    /// - Parameter durable: commit with `synchronous=FULL` whatever ``StoreOptions/durability`` says
-    ///   (for the rare commits that must never be taken back, such as a rotation of the log).
+    /// - Parameters:
+    ///   - durable: commit with `synchronous=FULL` whatever ``StoreOptions/durability`` says (for
+    ///     the rare commits that must never be taken back, such as a rotation of the log).
     ///   - origin: the peer whose batch this is, for the commit's event.
     func write<R: Sendable>(
         durable: Bool = false, origin: [UInt8]? = nil, _ body: (inout State) throws -> R
