@@ -43,7 +43,10 @@ let package = Package(
         .executableTarget(name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider"]),
         .executableTarget(
             name: "trellis-bench",
-            dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts"]),
+            dependencies: [
+                "Trellis", "TrellisStore", "TrellisCore", "TrellisNet", "TrellisCrypto", "CSQLite", "ContactProvider",
+                "TrellisContacts",
+            ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // libFuzzer entry point; see Fuzz/README.md for the build command.
         .executableTarget(

@@ -46,9 +46,10 @@ public enum DocumentMutation: Sendable, Hashable, CustomStringConvertible {
     /// Removes the field (observed-remove); inside an array, removes the element. A missing field
     /// is left alone and yields no result.
     case unset(FieldPath)
-    /// Adds the amount to a counter (a missing field starts at 0; a number becomes a counter
-    /// starting from it). Inside an array the element is read, added to and written back.
-    case increment(FieldPath, Double)
+    /// Adds the amount (an `.int` or a finite `.double`) to a counter (a missing field starts at 0;
+    /// a number becomes a counter starting from it). Ints keep the counter exact. Inside an array
+    /// the element is read, added to and written back.
+    case increment(FieldPath, Value)
 
     /// The field the mutation changes.
     public var path: FieldPath {
@@ -78,8 +79,8 @@ public enum DocumentMutation: Sendable, Hashable, CustomStringConvertible {
         switch self {
         case .set(_, let value, _):
             do { try value.validate(path: path.description) } catch { throw .invalidValue(error.description) }
-        case .increment(_, let amount) where !amount.isFinite:
-            throw .invalidValue("cannot increment '\(path)' by \(amount); only finite amounts are allowed")
+        case .increment(_, let amount) where !amount.isCounterNumber:
+            throw .invalidValue("cannot increment '\(path)' by \(amount); only finite numbers are allowed")
         default:
             break
         }
@@ -126,7 +127,7 @@ public enum UpdateResult: Sendable, Hashable, CustomStringConvertible {
     /// The field at `path` was removed.
     case removed(docID: Value, path: String)
     /// The counter at `path` was incremented by `amount`.
-    case incremented(docID: Value, path: String, amount: Double)
+    case incremented(docID: Value, path: String, amount: Value)
 
     /// The `_id` of the document the mutation applied to.
     public var docID: Value {
@@ -378,8 +379,9 @@ extension DocumentStore {
         do {
             switch mutation {
             case .set(_, let value, let isDefault):
-                // Default data only fills a register that is absent (inside an array: the array).
-                if isDefault, doc.value(at: field) != nil { return nil }
+                // Default data only fills a field that is absent and that this site never wrote or
+                // saw removed (inside an array: the array), so no stamp names two writes.
+                if isDefault, !doc.admitsDefaultData(at: field, site: s.siteID) { return nil }
                 let stamp = isDefault ? s.defaultStamp : stamp()
                 if split == nil {
                     try doc.set(path, to: value, stamp: stamp)
@@ -455,11 +457,8 @@ extension DocumentStore {
         var evicted: [Value] = []
         for (id, key) in rows {
             guard let doc = try loadLive(&s, collection, key) else { continue }
-            // TODO(lead): store `doc.evictionStub()` once the CRDT branch provides
-            // `DocumentState.evictionStub()` (the write vector and this site's counter totals, not
-            // the values); until then the stub keeps the whole state, hidden.
-            let stub = doc
-            try writeRow(&s, collection, key, kind: .stub, state: stub.cbor(), value: nil)
+            // Every stamp, context and counter total stays; the values go (docs/DATA-MODEL.md rule 8).
+            try writeRow(&s, collection, key, kind: .stub, state: doc.evictionStub().cbor(), value: nil)
             evicted.append(id)
         }
         if !evicted.isEmpty {
@@ -787,7 +786,7 @@ extension DocumentStore {
 enum FieldEdit {
     case set(Value)
     case remove
-    case increment(Double)
+    case increment(Value)
 
     /// Applies the edit at `components` below `value`.
     ///
@@ -807,10 +806,13 @@ enum FieldEdit {
             case .remove:
                 return false  // handled by the parent
             case .increment(let amount):
-                guard let number = value.numberValue else {
+                guard value.isCounterNumber else {
                     throw .invalidValue("cannot increment '\(path)': it holds \(value.typeName)")
                 }
-                value = .double(number + amount)
+                guard let sum = Value.counterSum(value, amount) else {
+                    throw .invalidValue("cannot increment '\(path)' by \(amount): the sum leaves the range of numbers")
+                }
+                value = sum
                 return true
             }
         }
@@ -835,7 +837,7 @@ enum FieldEdit {
             } else {
                 switch self {
                 case .remove: return false
-                case .increment where rest.isEmpty: child = .double(0)
+                case .increment where rest.isEmpty: child = .int(0)
                 default: child = .map([:])
                 }
             }

@@ -277,6 +277,10 @@ figures.append(
 
 figures += try liveQueryFigures(scratch: scratch)
 
+// MARK: Links (LinkBench.swift)
+
+figures += try linkFigures()
+
 // MARK: Contacts (ContactsBench.swift)
 
 figures += try contactsFigures(scratch: scratch)

@@ -155,7 +155,9 @@ enum ShellSyntax {
             guard operand.isEmpty else { throw UsageError("unexpected '\(operand)' after unset \(path)") }
             return .unset(path)
         case "increment":
-            guard chunks.count == 3, let amount = Double(chunks[2].text), amount.isFinite else {
+            // A JSON number: `2` increments by the int 2 (the counter stays exact), `2.5` by a double.
+            guard chunks.count == 3, let amount = try? JSON.parse(String(chunks[2].text)), amount.isCounterNumber
+            else {
                 throw UsageError("increment \(path) needs one finite NUMBER, got '\(operand)'")
             }
             return .increment(path, amount)

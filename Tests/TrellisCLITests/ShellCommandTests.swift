@@ -62,10 +62,10 @@ import TrellisTestKit
             #"{"Name":"alpha","Origin":"Japan","_id":"a","hp":100,"tags":["x","y"]}"#,
             #"{"Name":"gamma","Origin":"Japan","_id":"c"}"#,
             "2", "2",
-            #"set "a" tags[1] = "z""#, #"incremented "a" sold by 2.0"#, #"removed "a" Origin"#,
+            #"set "a" tags[1] = "z""#, #"incremented "a" sold by 2"#, #"removed "a" Origin"#,
             #"set "a" specs.turbo = true"#,
             "no changes", "no changes",
-            #"{"Name":"alpha","_id":"a","hp":100,"sold":2.0,"specs":{"turbo":true},"tags":["x","z"]}"#,
+            #"{"Name":"alpha","_id":"a","hp":100,"sold":2,"specs":{"turbo":true},"tags":["x","z"]}"#,
             "index idx_63617273_242e4f726967696e on cars (Origin)",
             #"{"Name":"gamma","Origin":"Japan","_id":"c"}"#,
             "true", "false", "true", "2",
@@ -107,9 +107,9 @@ import TrellisTestKit
         #expect(
             r.stdout == [
                 #"{"plant":3,"vin":"A 1"}"#,
-                #"incremented {"plant":3,"vin":"A 1"} n by 2.0"#,
+                #"incremented {"plant":3,"vin":"A 1"} n by 2"#,
                 #"set {"plant":3,"vin":"A 1"} note = "a; b""#,
-                #"{"_id":{"plant":3,"vin":"A 1"},"n":3.0,"note":"a; b"}"#,
+                #"{"_id":{"plant":3,"vin":"A 1"},"n":3,"note":"a; b"}"#,
                 "true", "0",
             ])
     }

@@ -84,7 +84,7 @@ import TrellisTestKit
             clock.advance(by: 1)
             try store.upsert(["_id": "d", "v": 2], in: "c")
             #expect(store.lastSeq > before)
-            #expect(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.site == store.siteID)
+            #expect(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.site == store.siteID)
         }
         let reopened = try DocumentStore(path: path, options: options)
         #expect(reopened.epoch != epoch && reopened.siteID != site)  // persisted

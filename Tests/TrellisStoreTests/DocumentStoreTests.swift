@@ -68,13 +68,13 @@ import TrellisTestKit
             let store = try open()
             clock.set(5_000_000)
             try store.upsert(["_id": "d", "v": 1], in: "c")
-            stamp = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
+            stamp = try #require(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.time)
             seq = store.lastSeq
         }
         clock.set(5_000_000 - 30_000)  // the wall clock went back across the restart, within the drift
         let store = try open()
         try store.upsert(["_id": "d", "v": 2], in: "c")
-        let after = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
+        let after = try #require(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.time)
         #expect(after > stamp)
         #expect(try store.document(id: "d", in: "c")?["v"] == 2)
         #expect(store.lastSeq == seq + 1)

@@ -103,7 +103,7 @@ import TrellisTestKit
         #expect(try newBoot.document(id: "a", in: "c") == ["_id": "a", "v": 1])  // the data stays
         clock.advance(by: 1)
         try newBoot.upsert(["_id": "a", "v": 2], in: "c")
-        #expect(try newBoot.state(id: "a", in: "c")?.root.entries["v"]?.register?.stamp.site == newBoot.siteID)
+        #expect(try newBoot.state(id: "a", in: "c")?.stamp(at: .key("v"))?.site == newBoot.siteID)
         // No boot ID to compare: treated as a restart of the system.
         let unknown = try open("unknown-boot.sqlite", boot: nil)
         #expect(unknown.epoch != epoch && unknown.siteID != site)
@@ -129,7 +129,7 @@ import TrellisTestKit
         #expect(store.siteID != oldSite)
         #expect(log.lines.count == 1 && log.lines[0].contains("ms ahead of the system clock"))
         try store.upsert(["_id": "late", "v": 1], in: "c")
-        let stamp = try #require(try store.state(id: "late", in: "c")?.root.entries["v"]?.register?.stamp)
+        let stamp = try #require(try store.state(id: "late", in: "c")?.stamp(at: .key("v")))
         #expect(stamp.site == store.siteID && stamp.time.millis == clock.now)
         // A peer with a right clock applies the new writes at once.
         let peer = try open("peer.sqlite")
