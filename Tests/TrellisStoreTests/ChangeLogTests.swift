@@ -11,11 +11,7 @@ import TrellisTestKit
     let dir = TemporaryDirectory()
     let clock = ManualClock()
 
-    func open(_ name: String = "store.sqlite") throws -> DocumentStore {
-        var options = StoreOptions()
-        options.now = clock.source
-        return try DocumentStore(path: dir.path(name), options: options)
-    }
+    func open(_ name: String = "store.sqlite") throws -> DocumentStore { try openStore(dir, name, clock: clock) }
 
     @Test func pagesAreCutByBytesAndOneLargeDocumentAlwaysFits() throws {
         let store = try open()
@@ -52,9 +48,8 @@ import TrellisTestKit
         let a = try open("a.sqlite")
         let b = try open("b.sqlite")
         try a.upsert(["_id": "1"], in: "c")
-        let records = try a.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
-        let docs = records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
-        _ = try b.merge(docs, from: [1], checkpoint: (subscription: "s1", Checkpoint(epoch: a.epoch, seq: 5)))
+        _ = try b.merge(
+            try batch(of: a), from: [1], checkpoint: (subscription: "s1", Checkpoint(epoch: a.epoch, seq: 5)))
         _ = try b.merge([], from: [1], checkpoint: (subscription: "s2", Checkpoint(epoch: a.epoch, seq: 7)))
         _ = try b.merge([], from: [2], checkpoint: (subscription: "s1", Checkpoint(epoch: [9], seq: 1)))
         #expect(
@@ -66,27 +61,23 @@ import TrellisTestKit
     }
 
     @Test func rotatingTheLogGivesANewEpochAndSiteAndIsLogged() throws {
-        let messages = Mutex<[String]>([])
-        var options = StoreOptions()
-        options.now = clock.source
-        options.log = { message in messages.withLock { $0.append(message) } }
-        let path = dir.path("rotate.sqlite")
+        let log = LogLines()
         let (epoch, site): ([UInt8], SiteID)
         do {
-            let store = try DocumentStore(path: path, options: options)
+            let store = try openStore(dir, "rotate.sqlite", clock: clock, log: log)
             (epoch, site) = (store.epoch, store.siteID)
             try store.upsert(["_id": "d", "v": 1], in: "c")
             let before = store.lastSeq
             try store.rotateLog(reason: "asked in a test")
             #expect(store.epoch != epoch && store.epoch.count == 16 && store.siteID != site)
-            #expect(messages.withLock { $0.contains { $0.contains("asked in a test") } })
+            #expect(log.lines.contains { $0.contains("asked in a test") })
             // Writes after the rotation carry the new site; seqs keep growing.
             clock.advance(by: 1)
             try store.upsert(["_id": "d", "v": 2], in: "c")
             #expect(store.lastSeq > before)
             #expect(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.site == store.siteID)
         }
-        let reopened = try DocumentStore(path: path, options: options)
+        let reopened = try openStore(dir, "rotate.sqlite", clock: clock)
         #expect(reopened.epoch != epoch && reopened.siteID != site)  // persisted
     }
 }

@@ -13,12 +13,7 @@ import TrellisTestKit
     let clock = ManualClock()
     let log = LogLines()
 
-    func open(_ name: String) throws -> DocumentStore {
-        var options = StoreOptions()
-        options.now = clock.source
-        options.log = { [log] line in log.append(line) }
-        return try DocumentStore(path: dir.path(name), options: options)
-    }
+    func open(_ name: String) throws -> DocumentStore { try openStore(dir, name, clock: clock, log: log) }
 
     /// 20 documents written by one upsert (compact rows, as an import writes them).
     func seeded(_ name: String) throws -> DocumentStore {
@@ -31,16 +26,10 @@ import TrellisTestKit
         try store.withState { s in try s.db.execute(sql) }
     }
 
-    func batch(_ store: DocumentStore) throws -> [RemoteDocument] {
-        try store.changes(in: "c", after: 0, limit: 1_000, maxBytes: .max).records.map {
-            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
-        }
-    }
-
     @Test func aRowWhoseJSONIsCutShortIsSkippedEverywhereAndNamed() throws {
         let store = try seeded("s.sqlite")
         let source = try open("source.sqlite")  // a peer holding the same states
-        _ = try source.merge(try batch(store), from: [2], checkpoint: nil)
+        _ = try source.merge(try batch(of: store), from: [2], checkpoint: nil)
         // As break_corrupt_store.py does: the row's JSON loses its last three bytes.
         try damage(store, "UPDATE documents SET value = substr(value, 1, length(value) - 3) WHERE id = '\"d5\"'")
         let others = Set((0..<20).filter { $0 != 5 }.map { Value.string("d\($0)") })
@@ -76,7 +65,7 @@ import TrellisTestKit
         #expect(store.damagedDocuments().map(\.key) == ["\"d5\""])
         #expect(log.lines.filter { $0.contains("\"d5\"") && $0.contains("damaged") }.count == 1)
         // A good state from a peer repairs it, though it adds nothing to what the row held.
-        let outcome = try store.merge(try batch(source), from: [1], checkpoint: nil)
+        let outcome = try store.merge(try batch(of: source), from: [1], checkpoint: nil)
         #expect(outcome.applied == 1 && outcome.deferred.isEmpty)
         #expect(try store.document(id: "d5", in: "c") == ["_id": "d5", "n": 5])
         #expect(store.damagedDocuments().isEmpty)
@@ -88,7 +77,7 @@ import TrellisTestKit
         clock.advance(by: 1)
         try store.upsert(["_id": "d7", "m": "second write"], in: "c")  // a whole state, not compact
         let source = try open("source.sqlite")
-        _ = try source.merge(try batch(store), from: [2], checkpoint: nil)
+        _ = try source.merge(try batch(of: store), from: [2], checkpoint: nil)
         try damage(store, "UPDATE documents SET state = substr(state, 1, length(state) - 5) WHERE id = '\"d7\"'")
         let page = try store.changes(in: "c", after: 0, limit: 1_000, maxBytes: .max)
         #expect(page.records.count == 19 && page.skipped.map(\.key) == ["\"d7\""])
@@ -100,7 +89,7 @@ import TrellisTestKit
         #expect(error?.description.contains("\"d7\"") == true)
         try store.upsert(["_id": "d8", "x": 1], in: "c")
         // Repaired by the peer's state.
-        #expect(try store.merge(try batch(source), from: [1], checkpoint: nil).applied == 1)
+        #expect(try store.merge(try batch(of: source), from: [1], checkpoint: nil).applied == 1)
         #expect(store.damagedDocuments().isEmpty)
         #expect(try store.changes(in: "c", after: 0, limit: 1_000, maxBytes: .max).skipped.isEmpty)
         try store.upsert(["_id": "d7", "x": 1], in: "c")
@@ -113,9 +102,7 @@ import TrellisTestKit
             try store.upsert(
                 [["_id": "big", "s": .string(String(repeating: "x", count: 3_000))], ["_id": "small"]], in: "c")
         }
-        var options = StoreOptions()
-        options.maxDocumentBytes = 2_000
-        let store = try DocumentStore(path: dir.path("s.sqlite"), options: options)
+        let store = try openStore(dir, "s.sqlite", clock: clock) { $0.maxDocumentBytes = 2_000 }
         let page = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max)
         #expect(page.records.map(\.id) == ["small"] && page.skipped.map(\.key) == ["\"big\""])
         #expect(page.skipped.first?.reason.contains("above the limit of 2000 bytes") == true)

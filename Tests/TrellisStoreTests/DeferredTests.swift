@@ -15,18 +15,7 @@ import TrellisTestKit
     func open(_ name: String, clock: ManualClock? = nil, _ configure: (inout StoreOptions) -> Void = { _ in }) throws
         -> DocumentStore
     {
-        var options = StoreOptions()
-        options.now = (clock ?? self.clock).source
-        options.log = { _ in }
-        configure(&options)
-        return try DocumentStore(path: dir.path(name), options: options)
-    }
-
-    /// Everything in `store`'s collection as a peer's batch.
-    func batch(_ store: DocumentStore, _ collection: String = "c") throws -> [RemoteDocument] {
-        try store.changes(in: collection, after: 0, limit: 10_000, maxBytes: .max).records.map {
-            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
-        }
+        try openStore(dir, name, clock: clock ?? self.clock, configure)
     }
 
     @Test func aDocumentFromAClockFarAheadIsKeptWithTheCheckpointAndAppliedWhenTheClockCatchesUp() throws {
@@ -35,7 +24,7 @@ import TrellisTestKit
         let peer = try open("peer.sqlite", clock: aheadClock)
         try peer.upsert(["_id": "d1", "v": 1], in: "c")
         let outcome = try local.merge(
-            try batch(peer), from: [1], checkpoint: (subscription: "s", Checkpoint(epoch: peer.epoch, seq: 1)))
+            try batch(of: peer), from: [1], checkpoint: (subscription: "s", Checkpoint(epoch: peer.epoch, seq: 1)))
         #expect(outcome.applied == 0 && outcome.rejected.isEmpty)
         #expect(outcome.deferred.map(\.key) == ["\"d1\""])
         #expect(try local.checkpoint(peer: [1], subscription: "s") == Checkpoint(epoch: peer.epoch, seq: 1))
@@ -67,17 +56,17 @@ import TrellisTestKit
         let slow = ManualClock(startingAt: clock.now - 15_000)  // C: 15 s slow
         let c = try open("c.sqlite", clock: slow)
         try x.upsert(["_id": "x1", "v": 1], in: "c")
-        #expect(try a.merge(try batch(x), from: [1], checkpoint: nil).applied == 1)
+        #expect(try a.merge(try batch(of: x), from: [1], checkpoint: nil).applied == 1)
         try a.upsert(["_id": "a1", "v": 1], in: "c")  // stamped with X's time (its HLC moved)
         // C sees a1 65 s ahead of its clock and of its HLC: deferred, not dropped.
         let first = try c.merge(
-            try batch(a), from: [2], checkpoint: (subscription: "s", Checkpoint(epoch: a.epoch, seq: 9)))
+            try batch(of: a), from: [2], checkpoint: (subscription: "s", Checkpoint(epoch: a.epoch, seq: 9)))
         #expect(first.applied == 0 && first.deferred.count == 2)
         // Another peer's document 45 s ahead is accepted and moves C's HLC; now a1 and x1 are
         // within the bound of C's HLC and the retry applies them, though C's wall clock is as slow.
         let near = try open("near.sqlite", clock: ManualClock(startingAt: slow.now + 45_000))
         try near.upsert(["_id": "n1"], in: "c")
-        #expect(try c.merge(try batch(near), from: [3], checkpoint: nil).applied == 1)
+        #expect(try c.merge(try batch(of: near), from: [3], checkpoint: nil).applied == 1)
         #expect(try c.retryDeferred() == (applied: 2, remaining: 0))
         #expect(try c.documents(in: "c").count == 3)
     }
@@ -88,7 +77,7 @@ import TrellisTestKit
         let writer = try open("writer.sqlite")
         try writer.upsert((0..<5).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] }, in: "c")
         let outcome = try pi.merge(
-            try batch(writer), from: [1], checkpoint: (subscription: "s", Checkpoint(epoch: writer.epoch, seq: 5)))
+            try batch(of: writer), from: [1], checkpoint: (subscription: "s", Checkpoint(epoch: writer.epoch, seq: 5)))
         #expect(outcome.deferred.count == 5 && outcome.applied == 0)
         #expect(try pi.checkpoint(peer: [1], subscription: "s")?.seq == 5)  // stored: nothing is skipped
         piClock.set(clock.now)  // NTP
@@ -102,7 +91,7 @@ import TrellisTestKit
         let path = "small.sqlite"
         do {
             let small = try open(path) { $0.maxDocumentBytes = 4_000 }
-            var docs = try batch(writer)
+            var docs = try batch(of: writer)
             docs.append(RemoteDocument(collection: "c", id: "newer", state: [0xFF]))
             let outcome = try small.merge(docs, from: [1], checkpoint: nil)
             #expect(outcome.applied == 0 && outcome.rejected.isEmpty)
@@ -134,9 +123,9 @@ import TrellisTestKit
         let p2 = try open("p2.sqlite", clock: ahead)
         try p1.upsert(["_id": "d", "a": 1], in: "c")
         try p2.upsert(["_id": "d", "b": 2], in: "c")
-        _ = try local.merge(try batch(p1), from: [1], checkpoint: nil)
-        _ = try local.merge(try batch(p2), from: [1], checkpoint: nil)
-        _ = try local.merge(try batch(p2), from: [2], checkpoint: nil)
+        _ = try local.merge(try batch(of: p1), from: [1], checkpoint: nil)
+        _ = try local.merge(try batch(of: p2), from: [1], checkpoint: nil)
+        _ = try local.merge(try batch(of: p2), from: [2], checkpoint: nil)
         #expect(try local.deferredDocuments().map(\.peer) == [[1], [2]])
         clock.set(ahead.now)
         #expect(try local.retryDeferred() == (applied: 1, remaining: 0))  // [2]'s state adds nothing
@@ -149,12 +138,12 @@ import TrellisTestKit
         let peerClock = ManualClock(startingAt: clock.now + Self.day)
         let peer = try open("peer.sqlite", clock: peerClock)
         try peer.upsert(["_id": "d", "v": 1], in: "c")
-        _ = try local.merge(try batch(peer), from: [1], checkpoint: nil)
+        _ = try local.merge(try batch(of: peer), from: [1], checkpoint: nil)
         #expect(try local.deferredDocuments().count == 1)
         clock.advance(by: Self.day)  // the local clock reaches the peer's, then the peer writes again
         peerClock.advance(by: 1)
         try peer.upsert(["_id": "d", "w": 2], in: "c")
-        let outcome = try local.merge(try batch(peer), from: [1], checkpoint: nil)
+        let outcome = try local.merge(try batch(of: peer), from: [1], checkpoint: nil)
         #expect(outcome.applied == 1 && outcome.deferred.isEmpty)
         #expect(try local.deferredDocuments().isEmpty)
     }
@@ -169,7 +158,7 @@ import TrellisTestKit
         let before = local.lastSeq
         let error = #expect(throws: StoreError.self) {
             try local.merge(
-                try batch(right) + batch(ahead), from: [1],
+                try batch(of: right) + batch(of: ahead), from: [1],
                 checkpoint: (subscription: "s", Checkpoint(epoch: ahead.epoch, seq: 3)))
         }
         #expect(error?.description.contains("checkpoint was not stored") == true)
@@ -177,11 +166,11 @@ import TrellisTestKit
         #expect(try local.document(id: "ok", in: "c") == nil && local.lastSeq == before)
         #expect(try local.deferredDocuments().isEmpty)
         // Within the bound, and for another peer, batches go through.
-        let two = Array(try batch(ahead).prefix(2))
+        let two = Array(try batch(of: ahead).prefix(2))
         #expect(try local.merge(two, from: [1], checkpoint: nil).deferred.count == 2)
         #expect(try local.merge(two, from: [2], checkpoint: nil).deferred.count == 2)
         #expect(try local.deferredDocuments().count == 4)
         // A batch that defers nothing is not refused because of what is already kept.
-        #expect(try local.merge(try batch(right), from: [1], checkpoint: nil).applied == 1)
+        #expect(try local.merge(try batch(of: right), from: [1], checkpoint: nil).applied == 1)
     }
 }

@@ -13,26 +13,16 @@ import TrellisTestKit
     let clock = ManualClock()
     let log = LogLines()
 
-    func options(boot: String? = "boot-a") throws -> StoreOptions {
-        var options = StoreOptions()
-        options.now = clock.source
-        options.log = { [log] message in log.append(message) }
-        if let boot {
-            let file = dir.path("boot_id-\(boot)")
-            try Data("\(boot)\n".utf8).write(to: URL(fileURLWithPath: file))
-            options.bootIDPath = file
-        } else {
-            options.bootIDPath = dir.path("no-such-boot-id")
-        }
-        return options
-    }
-
+    /// Opens a store as if on the system boot `boot` (`nil`: no boot ID can be read).
     func open(_ name: String, boot: String? = "boot-a", _ configure: (inout StoreOptions) -> Void = { _ in }) throws
         -> DocumentStore
     {
-        var options = try options(boot: boot)
-        configure(&options)
-        return try DocumentStore(path: dir.path(name), options: options)
+        let bootFile = dir.path(boot.map { "boot_id-\($0)" } ?? "no-such-boot-id")
+        if let boot { try Data("\(boot)\n".utf8).write(to: URL(fileURLWithPath: bootFile)) }
+        return try openStore(dir, name, clock: clock, log: log) { options in
+            options.bootIDPath = bootFile
+            configure(&options)
+        }
     }
 
     /// What a power loss or a crash of the system leaves: the files of a store that is still open.
@@ -171,11 +161,4 @@ import TrellisTestKit
         try normal.rotateLog(reason: "test")
         #expect(try synchronous(normal) == 1)
     }
-}
-
-/// Log lines collected from a store's `log` option.
-final class LogLines: Sendable {
-    private let storage = Mutex<[String]>([])
-    func append(_ line: String) { storage.withLock { $0.append(line) } }
-    var lines: [String] { storage.withLock { $0 } }
 }
