@@ -25,15 +25,15 @@ extension DocumentStore {
     /// Log entries of a collection with `after < seq <= through`, in `seq` order (each document
     /// once, at its latest `seq`).
     ///
+    /// A damaged row (its `_id` key or JSON value does not parse) is skipped, logged once and
+    /// listed by ``damagedDocuments()``; the page is filled from the rows after it.
+    ///
     /// - Parameters:
     ///   - after: exclusive lower bound (a cursor: the last `seq` already seen).
     ///   - through: inclusive upper bound, or `nil` for the end of the log.
     ///   - limit: at most this many entries are returned.
     ///   - includeDeleted: whether removed and evicted documents are returned (with a `nil` value):
     ///     to a reader of the log, an evicted document is deleted.
-    /// A damaged row (its `_id` key or JSON value does not parse) is skipped, logged once and
-    /// listed by ``damagedDocuments()``; the page is filled from the rows after it.
-    ///
     /// - Throws: ``StoreError`` for SQLite errors.
     /// - Complexity: O(limit · log n) through the `(collection, seq)` index when tombstones are
     ///   included; without them, also O(tombstones skipped in the range).
