@@ -517,7 +517,7 @@ public struct FieldNode: Hashable, Sendable {
         }
         if mapStamp != nil || !map.isEmpty {
             var latest = mapStamp
-            var out: [String: Value] = [:]
+            var out: UTF8Map<Value> = [:]
             for (key, child) in map.entries {
                 guard let p = child.part(context) else { continue }
                 if let v = p.value { out[key] = v }
@@ -702,8 +702,8 @@ public struct MapNode: Hashable, Sendable {
     }
 
     /// The visible fields with values.
-    func materialize(_ context: VersionVector) -> [String: Value] {
-        var out: [String: Value] = [:]
+    func materialize(_ context: VersionVector) -> UTF8Map<Value> {
+        var out: UTF8Map<Value> = [:]
         out.reserveCapacity(entries.count)
         for (key, node) in entries {
             if let v = node.part(context)?.value { out[key] = v }
@@ -751,7 +751,7 @@ public struct DocumentState: Hashable, Sendable {
     /// The state of a document made by one write: `fields` upserted at `stamp` into nothing.
     ///
     /// - Complexity: O(size of `fields`).
-    public init(fields: [String: Value], stamp: Stamp) {
+    public init(fields: UTF8Map<Value>, stamp: Stamp) {
         self.init()
         merge(fields: fields, stamp: stamp)
     }
@@ -875,7 +875,7 @@ public struct DocumentState: Hashable, Sendable {
     /// other value replaces the field (a number restarts a field that shows a counter).
     ///
     /// - Complexity: O(size of the fields written and of the fields they land on).
-    public mutating func merge(fields: [String: Value], stamp: Stamp) {
+    public mutating func merge(fields: UTF8Map<Value>, stamp: Stamp) {
         for (key, value) in fields {
             root.modify(key) { node in
                 Self.write(value, into: &node, context: removed, stamp: stamp, replace: false)

@@ -83,7 +83,7 @@ private struct StateDecoder {
 
     static let documentKeys: Set<String> = ["a", "m", "r", "s", "v", "w"]
 
-    func checkKeys(_ m: [String: Value], _ allowed: Set<String>, _ place: @autoclosure () -> String)
+    func checkKeys(_ m: UTF8Map<Value>, _ allowed: Set<String>, _ place: @autoclosure () -> String)
         throws(DocumentStateError)
     {
         for key in m.keys where !allowed.contains(key) { throw fail("\(place()) has an unknown part '\(key)'") }
@@ -310,7 +310,7 @@ private struct LegacyStateDecoder {
         return node
     }
 
-    func state(_ m: [String: Value]) throws(DocumentStateError) -> DocumentState {
+    func state(_ m: UTF8Map<Value>) throws(DocumentStateError) -> DocumentState {
         let writes = try vector(m["w"])
         let removed = try vector(m["r"])
         let root = try map(m["m"] ?? .map([:]), depth: 0)

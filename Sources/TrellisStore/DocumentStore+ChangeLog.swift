@@ -8,10 +8,15 @@ public import TrellisCore
 // names it (logged once, listed by `damagedDocuments()`); a good state merged from a peer
 // replaces it.
 
-/// A document named by its collection and canonical `_id` key.
+/// A document named by its collection and canonical `_id` key, both compared byte-wise.
 struct DocumentKey: Hashable {
-    var collection: String
-    var key: String
+    var collection: UTF8Key
+    var key: UTF8Key
+
+    init(collection: String, key: String) {
+        self.collection = UTF8Key(collection)
+        self.key = UTF8Key(key)
+    }
 }
 
 extension SQLiteError {
@@ -49,35 +54,37 @@ extension DocumentStore {
     ///   states returned.
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
-        args: [String: Value] = [:]
+        args: UTF8Map<Value> = [:]
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
-        let pushed = bound.sqlWhere(column: "documents.value")
+        let translated = bound.sqlWhere(column: "documents.value")
         return try withState { s -> ChangePage in
             do {
-                return try changePage(&s, collection, after, limit, maxBytes, bound, pushed, guarded: false)
+                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, guarded: false)
             } catch let error as SQLiteError where error.isMalformedJSON {
                 // A damaged JSON value in the page: evaluate the query only on valid JSON.
-                return try changePage(&s, collection, after, limit, maxBytes, bound, pushed, guarded: true)
+                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, guarded: true)
             }
         }
     }
 
     private func changePage(
         _ s: inout State, _ collection: String, _ after: Int64, _ limit: Int, _ maxBytes: Int, _ bound: Query,
-        _ pushed: (sql: String, bindings: [Value])?, guarded: Bool
+        _ translated: PushedQuery?, guarded: Bool
     ) throws -> ChangePage {
         // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged.
-        var match = "1"
-        if let pushed {
-            match =
-                guarded
-                ? "CASE WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN (\(pushed.sql)) ELSE 2 END"
-                : "CASE WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
+        // A translation SQLite refuses to prepare is evaluated in memory instead.
+        let (st, pushed) = try Self.preparePushedDown(s.db, translated) { pushed in
+            var match = "1"
+            if let pushed {
+                match =
+                    guarded
+                    ? "CASE WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN (\(pushed.sql)) ELSE 2 END"
+                    : "CASE WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
+            }
+            return "SELECT seq, id, state, deleted, \(match), value FROM documents "
+                + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
         }
-        let st = try s.db.prepare(
-            "SELECT seq, id, state, deleted, \(match), value FROM documents "
-                + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
         let bindings = pushed?.bindings ?? []
         Self.bind(st, bindings)
         let index = Int32(bindings.count) + 1
@@ -152,8 +159,8 @@ extension DocumentStore {
     /// - Complexity: O(d log d) for d damaged rows.
     public func damagedDocuments() -> [(collection: String, key: String, reason: String)] {
         state.withLock { s in
-            s.damaged.map { (collection: $0.key.collection, key: $0.key.key, reason: $0.value) }
-                .sorted { ($0.collection, $0.key) < ($1.collection, $1.key) }
+            s.damaged.sorted { ($0.key.collection, $0.key.key) < ($1.key.collection, $1.key.key) }
+                .map { (collection: $0.key.collection.string, key: $0.key.key.string, reason: $0.value) }
         }
     }
 

@@ -189,15 +189,13 @@ extension Value {
             }
             return a.count == b.count ? .equal : (a.count < b.count ? .less : .greater)
         case (.map(let a), .map(let b)):
-            let ak = a.keys.sorted(by: Self.utf8Less)
-            let bk = b.keys.sorted(by: Self.utf8Less)
-            for (x, y) in zip(ak, bk) {
-                let keyOrder = compare(.string(x), .string(y)) ?? .equal
-                if keyOrder != .equal { return keyOrder }
-                let o = sortOrder(a[x], b[y])
+            for (x, y) in zip(a, b) {  // maps iterate in byte order of their keys
+                let keyOrder = UTF8Key.compare(x.key, y.key)
+                if keyOrder != 0 { return keyOrder < 0 ? .less : .greater }
+                let o = sortOrder(x.value, y.value)
                 if o != .equal { return o }
             }
-            return ak.count == bk.count ? .equal : (ak.count < bk.count ? .less : .greater)
+            return a.count == b.count ? .equal : (a.count < b.count ? .less : .greater)
         default:
             return compare(lhs, rhs) ?? .equal  // null, null; NaN never reaches a store
         }
@@ -217,7 +215,7 @@ extension Value {
     }
 
     static func utf8Less(_ a: String, _ b: String) -> Bool {
-        compare(.string(a), .string(b)) == .less
+        UTF8Key.compare(a, b) < 0
     }
 }
 
@@ -284,8 +282,8 @@ extension DocumentStore {
 
     /// The parts of `new` whose leaves differ (bit-exactly) from `current`, walking maps present
     /// in both.
-    static func differingLeaves(_ new: [String: Value], _ current: [String: Value]) -> [String: Value] {
-        var out: [String: Value] = [:]
+    static func differingLeaves(_ new: UTF8Map<Value>, _ current: UTF8Map<Value>) -> UTF8Map<Value> {
+        var out = UTF8Map<Value>()
         for (key, value) in new {
             if case .map(let newMap) = value, case .map(let currentMap)? = current[key] {
                 let nested = differingLeaves(newMap, currentMap)
@@ -466,9 +464,9 @@ extension DocumentStore {
             // a new rescan generation, and the checkpoints of this collection's subscriptions back
             // to 0, so the next exchange of subscriptions starts them from the beginning (merging
             // what is still here is a no-op).
-            let generation = (s.rescanGenerations[collection] ?? 0) &+ 1
+            let generation = (s.rescanGenerations[UTF8Key(collection)] ?? 0) &+ 1
             try Self.setMetaInt64(s.db, "rescan:" + collection, Int64(generation))
-            s.rescanGenerations[collection] = generation
+            s.rescanGenerations[UTF8Key(collection)] = generation
             let reset = try s.db.prepare("UPDATE checkpoints SET seq = 0 WHERE collection = ?")
             reset.bind(1, collection)
             try reset.run()
@@ -527,9 +525,9 @@ extension DocumentStore {
         let total = sql.utf8.count
         guard sql.hasPrefix(head), total > fixed, (total - fixed) % 2 == 0 else { return nil }
         let literal = String(decoding: sql.utf8.dropFirst(head.utf8.count).prefix((total - fixed) / 2), as: UTF8.self)
-        guard head + literal + middle + literal + tail == sql, literal.hasPrefix("'"), literal.hasSuffix("'") else {
-            return nil
-        }
+        guard UTF8Key.equal(head + literal + middle + literal + tail, sql), literal.hasPrefix("'"),
+            literal.hasSuffix("'")
+        else { return nil }
         return ("json_extract(value, \(literal))", String(literal.dropFirst().dropLast()))
     }
 
@@ -567,7 +565,7 @@ extension DocumentStore {
     /// - Complexity: O(n) in the collection's documents without an index, O(k log n) for k
     ///   matches with one; plus O(k log k) to sort.
     public func documents(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -581,29 +579,31 @@ extension DocumentStore {
     ///
     /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
     /// - Complexity: O(n) without an index; the count runs inside SQLite when the query translates.
-    public func count(in collection: String, matching query: Query, args: [String: Value] = [:]) throws(StoreError)
+    public func count(in collection: String, matching query: Query, args: UTF8Map<Value> = [:]) throws(StoreError)
         -> Int
     {
         let bound = try Self.bind(query, args)
-        guard let pushed = bound.sqlWhere(column: "documents.value") else {
-            return try documents(in: collection) { try bound.matches($0) }.count
-        }
-        return try withState { s -> Int in
+        let translated = bound.sqlWhere(column: "documents.value")
+        let counted = try withState { s -> Int? in
             let (term, termBindings) = Self.collectionTerm(collection)
-            func count(_ condition: String) throws -> Int {
-                let st = try s.db.prepare(
-                    "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND \(condition)")
-                Self.bind(st, termBindings + pushed.bindings)
-                defer { st.reset() }
-                _ = try st.step()
-                return Int(st.int64(0))
+            func count(_ condition: @escaping (PushedQuery) -> String) throws -> Int? {
+                let (prepared, pushed) = try Self.preparePushedDown(s.db, translated) {
+                    "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND \($0.map(condition) ?? "1")"
+                }
+                guard let pushed else { return nil }
+                Self.bind(prepared, termBindings + pushed.bindings)
+                defer { prepared.reset() }
+                _ = try prepared.step()
+                return Int(prepared.int64(0))
             }
-            do { return try count("(\(pushed.sql))") } catch let error as SQLiteError where error.isMalformedJSON {
+            do { return try count { "(\($0.sql))" } } catch let error as SQLiteError where error.isMalformedJSON {
                 // A damaged row: count the others.
                 try noteDamagedJSON(&s, collection)
-                return try count(Self.guarded(pushed.sql))
+                return try count { Self.guarded($0.sql) }
             }
         }
+        if let counted { return counted }
+        return try documents(in: collection) { try bound.matches($0) }.count
     }
 
     /// Removes the documents a query selects, in one transaction (tombstones, replicated).
@@ -612,7 +612,7 @@ extension DocumentStore {
     /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
     @discardableResult
     public func remove(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -638,7 +638,7 @@ extension DocumentStore {
     /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
     @discardableResult
     public func evict(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -650,7 +650,7 @@ extension DocumentStore {
         return evicted
     }
 
-    static func bind(_ query: Query, _ args: [String: Value]) throws(StoreError) -> Query {
+    static func bind(_ query: Query, _ args: UTF8Map<Value>) throws(StoreError) -> Query {
         do { return try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
     }
 
@@ -675,14 +675,37 @@ extension DocumentStore {
         }
     }
 
+    /// A query translated to SQL: the condition and its bindings (``Query/sqlWhere(column:)``).
+    typealias PushedQuery = (sql: String, bindings: [Value])
+
+    /// Prepares the statement `sql(pushed)` for a query translated to SQL, or, when SQLite refuses
+    /// that statement, the statement `sql(nil)`, for which the caller evaluates the query in
+    /// memory. SQLite refuses conditions nested deeper than its parser allows (about 45
+    /// parentheses; the query language allows 200), expression trees deeper than 1000, and more
+    /// bound parameters than it was built for; none of these is a reason to fail a query that
+    /// in-memory evaluation answers. Only preparing falls back: errors while stepping are thrown.
+    ///
+    /// - Returns: the statement and the translation it runs (`nil`: evaluate in memory).
+    static func preparePushedDown(
+        _ db: Connection, _ pushed: PushedQuery?, _ sql: (PushedQuery?) -> String
+    ) throws(SQLiteError) -> (Statement, PushedQuery?) {
+        if let pushed {
+            do {
+                return (try db.prepare(sql(pushed)), pushed)
+            } catch {
+                // Refused as SQL: fall through to the statement without the condition.
+            }
+        }
+        return (try db.prepare(sql(nil)), nil)
+    }
+
     /// The SQL and bindings selecting `(id, value)` rows for a bound query: the filter pushed down
     /// when it translates, and the window when there is no sort and the filter is pushed.
     ///
     /// - Parameter guarded: evaluate the filter only on rows whose JSON is valid (after SQLite
     ///   refused the query over a damaged row); rows with damaged JSON are left out.
     static func selectSQL(
-        _ collection: String, _ pushed: (sql: String, bindings: [Value])?, window: (limit: Int?, offset: Int)?,
-        guarded: Bool = false
+        _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?, guarded: Bool = false
     ) -> (sql: String, bindings: [Value]) {
         let (term, termBindings) = collectionTerm(collection)
         var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
@@ -709,13 +732,17 @@ extension DocumentStore {
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
     ) throws -> [(key: String, value: Value)] {
-        let pushed = bound.sqlWhere(column: "documents.value")
-        let windowInSQL = pushed != nil && sort.isEmpty
+        func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
+            pushed != nil && sort.isEmpty ? (limit, offset) : nil
+        }
+        let translated = bound.sqlWhere(column: "documents.value")
+        var windowInSQL = false
         func rows(guarded: Bool) throws -> (rows: [(key: String, value: Value)], damaged: Bool) {
-            let (sql, bindings) = Self.selectSQL(
-                collection, pushed, window: windowInSQL ? (limit, offset) : nil, guarded: guarded)
-            let st = try s.db.prepare(sql)
-            Self.bind(st, bindings)
+            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
+                Self.selectSQL(collection, $0, window: window($0), guarded: guarded).sql
+            }
+            windowInSQL = window(pushed) != nil
+            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed), guarded: guarded).bindings)
             defer { st.reset() }
             var rows: [(key: String, value: Value)] = []
             var damaged = false
@@ -763,16 +790,20 @@ extension DocumentStore {
     /// ``documents(in:matching:args:sort:limit:offset:)`` runs; empty when the query is
     /// evaluated in memory only. For tests and diagnostics.
     func queryPlan(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [String] {
         let bound = try Self.bind(query, args)
-        let pushed = bound.sqlWhere(column: "documents.value")
-        let (sql, bindings) = Self.selectSQL(
-            collection, pushed, window: pushed != nil && sort.isEmpty ? (limit, offset) : nil)
+        let translated = bound.sqlWhere(column: "documents.value")
         return try withState { s -> [String] in
-            let st = try s.db.prepare("EXPLAIN QUERY PLAN " + sql)
-            Self.bind(st, bindings)
+            func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
+                pushed != nil && sort.isEmpty ? (limit, offset) : nil
+            }
+            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
+                "EXPLAIN QUERY PLAN " + Self.selectSQL(collection, $0, window: window($0)).sql
+            }
+            guard pushed != nil else { return [] }
+            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed)).bindings)
             defer { st.reset() }
             var rows: [String] = []
             while try st.step() { rows.append(st.string(3) ?? "") }
@@ -819,7 +850,7 @@ enum FieldEdit {
         let rest = components.dropFirst()
         switch first {
         case .key(let key):
-            var map: [String: Value]
+            var map: UTF8Map<Value>
             if case .map(let m) = value {
                 map = m
             } else {

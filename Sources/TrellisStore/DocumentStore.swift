@@ -162,16 +162,18 @@ public struct Checkpoint: Sendable, Equatable {
 /// What a commit changed, delivered to observers after the transaction commits, on the store's
 /// event queue (see ``DocumentStore/addObserver(_:)``).
 public struct StoreEvent: Sendable {
-    /// Collections with at least one changed document.
-    public var collections: Set<String>
+    /// Collections with at least one changed document. Names compare byte-wise (``UTF8Key``):
+    /// "é" and "e" + U+0301 are two collections.
+    public var collections: Set<UTF8Key>
     /// The peer whose batch caused the change; `nil` for local writes.
     public var origin: [UInt8]?
     /// `true` when documents were evicted (the collection's rescan generation was raised and the
     /// checkpoints of its subscriptions reset to 0, so peers send matching documents again).
     public var evicted = false
     /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection:
-    /// exactly the document rows this commit changed (write, remove, merge, evict).
-    public var changedKeys: [String: Set<String>] = [:]
+    /// exactly the document rows this commit changed (write, remove, merge, evict). Collection
+    /// names and keys compare byte-wise (``UTF8Key``).
+    public var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
 }
 
 /// The per-document outcome of merging a remote batch (``DocumentStore/merge(_:from:checkpoint:)``).
@@ -239,7 +241,7 @@ public final class DocumentStore: Sendable {
         /// The random ID of this life of the log; changes only when the log is rotated.
         var epoch: [UInt8]
         /// Documents changed by the transaction under way, by collection.
-        var changedKeys: [String: Set<String>] = [:]
+        var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
         /// Whether the transaction under way evicted documents.
         var evictedInCommit = false
         /// The number of rows in the `deferred` table (0 lets merges skip looking there).
@@ -249,7 +251,7 @@ public final class DocumentStore: Sendable {
         /// Damaged rows met since open, with the reason (``DocumentStore/damagedDocuments()``).
         var damaged: [DocumentKey: String] = [:]
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
-        var rescanGenerations: [String: UInt32] = [:]
+        var rescanGenerations: [UTF8Key: UInt32] = [:]
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -355,8 +357,9 @@ public final class DocumentStore: Sendable {
             let generations = try db.prepare("SELECT key, value FROM meta WHERE key >= 'rescan:' AND key < 'rescan;'")
             while try generations.step() {
                 let key = generations.string(0) ?? ""
-                state.rescanGenerations[String(key.dropFirst("rescan:".count))] = UInt32(
-                    truncatingIfNeeded: Self.uint64(generations.bytes(1) ?? []))
+                state.rescanGenerations[
+                    UTF8Key(String(decoding: key.utf8.dropFirst("rescan:".utf8.count), as: UTF8.self))] = UInt32(
+                        truncatingIfNeeded: Self.uint64(generations.bytes(1) ?? []))
             }
             generations.reset()
             if try Self.hasTable(db, "deferred") {
@@ -574,7 +577,7 @@ public final class DocumentStore: Sendable {
         st.bind(6, value)
         try st.run()
         s.nextSeq += 1
-        s.changedKeys[collection, default: []].insert(key)
+        s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
     }
 
@@ -615,9 +618,8 @@ public final class DocumentStore: Sendable {
     /// key and its other fields.
     ///
     /// - Throws: ``StoreError`` for a non-map, a bad `_id` or a value that cannot be stored.
-    static func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: [String: Value])]
-    {
-        var prepared: [(id: Value, key: String, fields: [String: Value])] = []
+    static func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: UTF8Map<Value>)] {
+        var prepared: [(id: Value, key: String, fields: UTF8Map<Value>)] = []
         prepared.reserveCapacity(documents.count)
         for document in documents {
             guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
@@ -750,7 +752,7 @@ public final class DocumentStore: Sendable {
     /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
     /// - Complexity: O(n) in the collection's documents without an index.
     public func documents(
-        in collection: String, matching query: Query, args: [String: Value] = [:]
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:]
     ) throws(StoreError) -> [Value] {
         try documents(in: collection, matching: query, args: args, sort: [])
     }
@@ -760,6 +762,6 @@ public final class DocumentStore: Sendable {
     ///
     /// Persisted in the store; 0 for a collection never evicted in.
     public func rescanGeneration(collection: String) -> UInt32 {
-        state.withLock { $0.rescanGenerations[collection] ?? 0 }
+        state.withLock { $0.rescanGenerations[UTF8Key(collection)] ?? 0 }
     }
 }

@@ -49,7 +49,7 @@ enum StoredState {
     }
 
     /// The state of one upsert of `fields` at `stamp` into nothing.
-    static func expand(fields: [String: Value], stamp: Stamp) -> DocumentState {
+    static func expand(fields: UTF8Map<Value>, stamp: Stamp) -> DocumentState {
         DocumentState(fields: fields, stamp: stamp)
     }
 }

@@ -114,6 +114,51 @@ import TrellisTestKit
             ])
     }
 
+    /// Collection names, field names and `_id`s are byte strings in the shell as in the store:
+    /// precomposed "é" and "e" + U+0301 are two collections, two fields, two subscriptions and two
+    /// observers; a name starting with a combining mark is still split from the command.
+    @Test func unicodeSpellingsStayApart() throws {
+        let (nfc, nfd, mark) = ("\u{E9}", "e\u{301}", "\u{301}")
+        let r = try shell([
+            #"upsert \#(nfc) {"_id": "a", "\#(nfc)": 1}"#,
+            #"upsert \#(nfd) {"_id": "b", "\#(nfd)": 2}"#,
+            #"upsert \#(mark)x {"_id": "c"}"#,
+            "find \(nfc)",
+            "find \(nfd)",
+            "count \(nfc)",
+            "find \(nfc) `\(nfc)` == 1",
+            "find \(nfc) `\(nfd)` == 1",
+            "count \(mark)x",
+            "subscribe \(nfc)",
+            "subscribe \(nfd)",
+            "subscriptions",
+            "update \(nfc) a set `\(mark) x` 1",
+            "get \(nfc) a",
+            "observe \(nfc)",
+            "observe \(nfd)",
+            "unobserve \(nfd)",
+            "unobserve \(nfc)",
+        ])
+        #expect(r.status == 0 && r.stderr.isEmpty, "\(r.stderr)")
+        // `String ==` would equate the spellings: compare the bytes.
+        let printed = r.stdout.filter { !$0.hasPrefix("observe ") && !$0.hasPrefix("  at ") }
+        let expected = [
+            #""a""#, #""b""#, #""c""#,
+            #"{"_id":"a","\#(nfc)":1}"#,
+            #"{"_id":"b","\#(nfd)":2}"#,
+            "1",
+            #"{"_id":"a","\#(nfc)":1}"#,
+            "1",
+            "subscribed: \(nfc) true",
+            "subscribed: \(nfd) true",
+            "\(nfd) true", "\(nfc) true",  // in byte order: 65 cc 81 < c3 a9
+            #"set "a" \#(mark) x = 1"#,
+            #"{"_id":"a","\#(nfc)":1,"\#(mark) x":1}"#,
+            "unobserved: \(nfd) true", "unobserved: \(nfc) true",
+        ]
+        #expect(printed.map { Array($0.utf8) } == expected.map { Array($0.utf8) }, "\(printed)")
+    }
+
     @Test func everyBadArgumentGetsOneErrorLine() throws {
         let bad: [(command: String, message: String)] = [
             (#"upsert cars {"_id": "a"} --strategy bogus"#, "unknown write strategy 'bogus'"),

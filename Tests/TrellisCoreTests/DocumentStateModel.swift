@@ -221,7 +221,7 @@ struct DocumentStateModel {
         if let w = valueWinner { offer(Part(value: w.value, stamp: w.stamp, kind: .value)) }
         // Map part.
         var mapLatest = mapStamp
-        var fields: [String: Value] = [:]
+        var fields: UTF8Map<Value> = [:]
         for child in children[p] {
             guard let c = parts[child] else { continue }
             if let v = c.value { fields[paths[child].keys.last!] = v }
@@ -276,7 +276,7 @@ struct DocumentStateModel {
     func display(_ view: View, id: Value) -> Value? {
         let shown = evaluate(view)
         guard shown.live else { return nil }
-        var out: [String: Value] = ["_id": id]
+        var out: UTF8Map<Value> = ["_id": id]
         for (i, p) in paths.enumerated() where p.keys.count == 1 {
             if let v = shown.parts[i]?.value { out[p.keys[0]] = v }
         }
@@ -359,7 +359,7 @@ struct DocumentStateModel {
         return op
     }
 
-    func upsert(_ fields: [String: Value], stamp: Stamp, view: View) -> Op {
+    func upsert(_ fields: UTF8Map<Value>, stamp: Stamp, view: View) -> Op {
         let shown = evaluate(view)
         var op = Op(stamp: stamp, adds: true)
         for (key, value) in fields {

@@ -201,7 +201,7 @@ import TrellisTestKit
                 count("set")
                 check(r, "set \(p) = \(value)")
             case 14..<16:  // upsert
-                var fields: [String: Value] = [:]
+                var fields: UTF8Map<Value> = [:]
                 if Bool.random(using: &random) {
                     fields["a"] = DocumentStatePropertyTests.values.randomElement(using: &random)!
                 }

@@ -14,7 +14,7 @@ extension DocumentState {
         let table = sites.sorted()
         var index: [SiteID: Int64] = [:]
         for (i, s) in table.enumerated() { index[s] = Int64(i) }
-        var out: [String: Value] = [
+        var out: UTF8Map<Value> = [
             "s": .array(table.map { .int(Int64(bitPattern: $0)) }),
             "v": 2,
             "w": Self.referenceEncode(writes, index),
@@ -42,9 +42,9 @@ extension DocumentState {
     }
 
     private static func referenceEncode(_ map: MapNode, _ index: [SiteID: Int64]) -> Value {
-        var out: [String: Value] = [:]
+        var out: UTF8Map<Value> = [:]
         for (key, node) in map.entries {
-            var field: [String: Value] = [:]
+            var field: UTF8Map<Value> = [:]
             var lists: [String: [(Int64, Value)]] = [:]
             for entry in node.entries {
                 let i = index[entry.stamp.site]!

@@ -142,7 +142,7 @@ import TrellisTestKit
         let values: [Value] = [1, 2, 2.5, -0.0, "2", "a", "é", true, false, nil, [1, 2], ["k": 1]]
         var docs: [Value] = []
         for n in 0..<300 {
-            var m: [String: Value] = ["_id": .string("d\(n)")]
+            var m: UTF8Map<Value> = ["_id": .string("d\(n)")]
             for key in ["a", "b", "c"] where Bool.random(using: &random) {
                 m[key] = values.randomElement(using: &random)!
             }
@@ -155,7 +155,7 @@ import TrellisTestKit
         ]
         for text in queries {
             let query = try Query(text)
-            let args: [String: Value] = ["x": 1]
+            let args: UTF8Map<Value> = ["x": 1]
             let fast = try store.documents(in: "c", matching: query, args: args)
             let slow = try store.documents(in: "c") { try query.matches($0, args: args) }
             #expect(fast == slow, "\(text), seed \(seed)")
@@ -184,7 +184,7 @@ import TrellisTestKit
 
     @Test func observersHearCommitsAfterTheyCommitInCommitOrderOffTheCommittingThread() throws {
         let store = try open()
-        let heard = Mutex<[Set<String>]>([])
+        let heard = Mutex<[Set<UTF8Key>]>([])
         let committer = pthread_self()
         let offThread = Mutex(true)
         let token = store.addObserver { event in
@@ -214,7 +214,7 @@ import TrellisTestKit
         var random = rng
         var written: [Value] = []
         for n in 0..<300 {
-            var fields: [String: Value] = ["_id": .string("doc\(n)")]
+            var fields: UTF8Map<Value> = ["_id": .string("doc\(n)")]
             for k in 0..<Int.random(in: 0...6, using: &random) {
                 let value = randomValue(depth: 3, using: &random)
                 if (try? value.validate()) != nil { fields["f\(k)"] = value }

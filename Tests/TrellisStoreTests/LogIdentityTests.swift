@@ -35,7 +35,7 @@ import TrellisTestKit
     @Test func aRolledBackTransactionIssuesNoSeqAndReportsNoChange() throws {
         let store = try open("s.sqlite") { $0.maxDocumentBytes = 2_000 }
         let start = store.lastSeq
-        let heard = Mutex<[[String: Set<String>]]>([])
+        let heard = Mutex<[[UTF8Key: Set<UTF8Key>]]>([])
         store.addObserver { event in heard.withLock { $0.append(event.changedKeys) } }
         try store.upsert(["_id": "a"], in: "c")
         #expect(throws: StoreError.self) {

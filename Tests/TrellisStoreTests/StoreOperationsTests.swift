@@ -548,7 +548,7 @@ import TrellisTestKit
         let pool: [Value] = [1, 2, 2.0, -0.0, 0, 1.5, "a", "B", "é", "e\u{301}", true, false, nil, [1], ["k": 1]]
         var docs: [Value] = []
         for n in 0..<250 {
-            var m: [String: Value] = ["_id": n % 7 == 0 ? ["n": .int(Int64(n))] : .string("d\(n)")]
+            var m: UTF8Map<Value> = ["_id": n % 7 == 0 ? ["n": .int(Int64(n))] : .string("d\(n)")]
             for key in ["a", "b"] where Int.random(in: 0..<4, using: &random) > 0 {
                 m[key] =
                     Bool.random(using: &random)
