@@ -32,7 +32,8 @@ extension DocumentStore {
     /// `(collection, query, args)` is sent. An evicted document's local stub is never returned.
     ///
     /// The query runs inside SQLite (``Query/sqlWhere(column:)`` over the materialised JSON) when
-    /// it translates; otherwise each entry's state is decoded and the query evaluated in memory.
+    /// it translates and SQLite accepts the translation; otherwise each entry's state is decoded
+    /// and the query evaluated in memory.
     ///
     /// The page is cut by entries and by bytes: it ends after `limit` entries were examined, or
     /// after the record whose state brings the page's total state bytes to `maxBytes` or more
