@@ -120,7 +120,7 @@ extension Simulation {
         var out: [UTF8Key: [UInt8]] = [:]
         var after: Int64 = 0
         while true {
-            let page = try node.documents.changes(in: collection, after: after, limit: 10_000)
+            let page = try node.documents.changes(in: collection, after: after, limit: 10_000, maxBytes: .max)
             for record in page.records { out[UTF8Key(JSON.string(record.id))] = record.state }
             if page.exhausted { break }
             after = page.scannedUpTo

@@ -35,7 +35,6 @@ public final class SimulatedNode: @unchecked Sendable {
     /// Documents written locally (not merged) since the last flush, and evicted collections.
     let localChanges = Mutex<(writes: [(String, String)], evicted: [String: Set<String>])>(([], [:]))
     var watches: [LiveResults] = []
-    var rescanGenerations: [String: UInt32] = [:]
     /// When each document first changed here (with ``Simulation/recordsArrivals``).
     var arrivals: [UTF8Key: Millis] = [:]
     var watchSpecs: [(String, String)] = []
@@ -136,6 +135,8 @@ public final class SimulatedNode: @unchecked Sendable {
     /// Hands commits made since the last call to the replicator, and records local writes.
     func flushCommits() {
         guard let host, let documents = storeIfUp?.documents else { return }
+        // Store events arrive on the store's own queue: take every one committed so far.
+        documents.waitForObservers()
         let changes = localChanges.withLock { c -> (writes: [(String, String)], evicted: [String: Set<String>]) in
             defer { c = ([], [:]) }
             return c
@@ -145,8 +146,7 @@ public final class SimulatedNode: @unchecked Sendable {
             for key in changes.evicted[collection]! {
                 simulation.history.evictedKeys[index, default: [:]][History.id(collection, key)] = simulation.now
             }
-            rescanGenerations[collection, default: 0] &+= 1
-            host.evicted(collection, generation: rescanGenerations[collection]!)
+            host.evicted(collection)
         }
         let site = documents.siteID
         for (collection, key) in changes.writes {

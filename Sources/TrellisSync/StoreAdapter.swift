@@ -4,24 +4,17 @@ public import TrellisStore
 extension DocumentStore: SyncStore {
     public var localLog: LocalLog { LocalLog(epoch: epoch, site: siteID, lastSeq: lastSeq) }
 
-    public func rescanGenerations() throws -> [String: UInt32] { [:] }
-
     public func scan(_ request: ScanRequest) throws -> ScanPage {
         let page = try changes(
-            in: request.spec.collection, after: request.after, limit: request.limit, matching: request.query)
-        var records: [LogRecord] = []
-        var bytes = 0
-        for record in page.records {
-            records.append(
+            in: request.spec.collection, after: request.after, limit: request.limit, maxBytes: request.maxBytes,
+            matching: request.query)
+        return ScanPage(
+            records: page.records.map { record in
                 LogRecord(
-                    seq: record.seq, key: JSON.string(record.id),
-                    document: WireDocument(collection: record.collection, id: record.id, state: record.state)))
-            bytes += record.state.count
-            if bytes >= request.maxBytes, record.seq < page.scannedUpTo {
-                return ScanPage(records: records, upTo: record.seq, exhausted: false)
-            }
-        }
-        return ScanPage(records: records, upTo: page.scannedUpTo, exhausted: page.exhausted)
+                    seq: record.seq, key: record.key,
+                    document: WireDocument(collection: record.collection, id: record.id, state: record.state))
+            },
+            upTo: page.scannedUpTo, exhausted: page.exhausted)
     }
 
     public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) {
@@ -29,10 +22,18 @@ extension DocumentStore: SyncStore {
             request.documents, from: request.peerKey,
             checkpoint: request.storeCheckpoint
                 ? (request.subscription, Checkpoint(epoch: request.peerEpoch, seq: request.upTo)) : nil)
-        return (0, outcome.rejected.map { "refused document \($0.id): \($0.reason)" })
+        let refusals =
+            outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
+            + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }
+        return (outcome.deferred.count, refusals)
     }
 
-    public func retryDeferred() throws -> Int { 0 }
+    public func retryDeferredDocuments() throws -> Int {
+        try retryDeferred().remaining
+    }
 
-    public func rotateLog(reason: String) throws -> LocalLog { localLog }
+    public func rotatedLog(reason: String) throws -> LocalLog {
+        try rotateLog(reason: reason)
+        return localLog
+    }
 }

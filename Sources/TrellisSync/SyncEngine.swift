@@ -49,7 +49,9 @@ public protocol SubscriptionService: AnyObject, Sendable {
 public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Sendable {
     // Invariant: `host`, `links`, `scanScheduled` are touched only on `queue`.
     private let queue = DispatchQueue(label: "trellis.sync")
-    private let onQueue = DispatchSpecificKey<Bool>()
+    /// Marks the engine queues (one key for all engines: a key must outlive every queue it is
+    /// set on), with the engine's identity as the value.
+    private static let onQueue = DispatchSpecificKey<ObjectIdentifier>()
     public let store: DocumentStore
     public let peerKey: [UInt8]
     private let log: @Sendable (String) -> Void
@@ -57,7 +59,6 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     private var links: [LinkID: any MessageLink] = [:]
     private let nextLink = Atomic<UInt64>(0)
     private var scanScheduled = false
-    private var interimGenerations: [UTF8Key: UInt32] = [:]
     private var timer: (any DispatchSourceTimer)?
     private var observerToken: UInt64 = 0
     private let dialer = Mutex<(@Sendable (String) -> Void)?>(nil)
@@ -77,7 +78,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         self.store = store
         self.peerKey = peerKey
         self.log = log
-        queue.setSpecific(key: onQueue, value: true)
+        queue.setSpecific(key: Self.onQueue, value: ObjectIdentifier(self))
         var config = configuration ?? ReplicatorConfiguration(peerKey: peerKey)
         config.peerKey = peerKey
         let seed = UInt64.random(in: .min ... .max)
@@ -111,7 +112,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
 
     /// Runs `body` on the engine's queue and returns its result (inline when already there).
     private func onEngine<R>(_ body: () throws -> R) rethrows -> R {
-        if DispatchQueue.getSpecific(key: onQueue) == true { return try body() }
+        if DispatchQueue.getSpecific(key: Self.onQueue) == ObjectIdentifier(self) { return try body() }
         return try queue.sync(execute: body)
     }
 
@@ -253,10 +254,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
 
     private func storeChanged(_ event: StoreEvent) {
         if event.evicted {
-            for collection in event.collections.sorted() {
-                interimGenerations[collection, default: 0] &+= 1
-                host.evicted(collection.string, generation: interimGenerations[collection]!)
-            }
+            for collection in event.collections.sorted() { host.evicted(collection.string) }
         }
         host.committed(collections: event.collections)
         scheduleScans()

@@ -1,4 +1,5 @@
 public import TrellisCore
+public import TrellisStore
 
 /// What a ``SyncHost`` needs from the local store. ``DocumentStore`` provides it; the protocol
 /// keeps the host's contract in one place.
@@ -6,7 +7,9 @@ public protocol SyncStore: AnyObject, Sendable {
     /// The log's identity and extent now.
     var localLog: LocalLog { get }
     /// The rescan generation of every collection that has one (raised by evictions).
-    func rescanGenerations() throws -> [String: UInt32]
+    var rescanGenerations: [String: UInt32] { get }
+    /// The rescan generation of one collection (0 when never evicted in).
+    func rescanGeneration(collection: String) -> UInt32
     /// The checkpoints stored for one peer, by subscription key.
     func checkpoints(peer: [UInt8]) throws -> [String: Checkpoint]
     /// Reads one page of the change log (``ScanRequest``).
@@ -18,9 +21,11 @@ public protocol SyncStore: AnyObject, Sendable {
     /// Re-merges deferred documents whose condition cleared.
     ///
     /// - Returns: how many remain deferred.
-    func retryDeferred() throws -> Int
-    /// Starts a new epoch and site ID.
-    func rotateLog(reason: String) throws -> LocalLog
+    func retryDeferredDocuments() throws -> Int
+    /// Starts a new epoch and site ID (the store's log rotation).
+    ///
+    /// - Returns: the log after the rotation.
+    func rotatedLog(reason: String) throws -> LocalLog
 }
 
 /// Moves bytes between a ``MessageLink``-like transport and the store for one node.
@@ -66,7 +71,7 @@ public final class SyncHost {
         self.now = now
         self.log = log
         replicator = Replicator(
-            configuration: configuration, local: store.localLog, generations: try store.rescanGenerations(), seed: seed)
+            configuration: configuration, local: store.localLog, generations: store.rescanGenerations, seed: seed)
     }
 
     /// Whether scans are waiting for ``runScans(limit:)``.
@@ -134,9 +139,9 @@ public final class SyncHost {
         run(replicator.committed(collections: collections, lastSeq: store.localLog.lastSeq, now: now()))
     }
 
-    /// Documents of `collection` were evicted; its rescan generation is now `generation`.
-    public func evicted(_ collection: String, generation: UInt32) {
-        run(replicator.evicted(collection, generation: generation, now: now()))
+    /// Documents of `collection` were evicted: the store raised its rescan generation.
+    public func evicted(_ collection: String) {
+        run(replicator.evicted(collection, generation: store.rescanGeneration(collection: collection), now: now()))
     }
 
     public func tick() {
@@ -196,6 +201,11 @@ public final class SyncHost {
                     more = replicator.applied(
                         link, subscription: request.subscription, upTo: request.upTo,
                         checkpointStored: request.storeCheckpoint, deferred: outcome.deferred, now: now())
+                } catch StoreError.deferredLimit(let reason) {
+                    // Too much of this peer's data waits already: leave the batch unacknowledged;
+                    // the peer sends it again later, after retries have made room.
+                    more = replicator.applyPostponed(
+                        link, subscription: request.subscription, reason: reason, now: now())
                 } catch {
                     more = replicator.applyFailed(
                         link, subscription: request.subscription, error: "\(error)", now: now())
@@ -204,13 +214,13 @@ public final class SyncHost {
                 transport.dial(endpoint)
             case .rotateLog(let reason):
                 do {
-                    more = replicator.logRotated(try store.rotateLog(reason: reason), now: now())
+                    more = replicator.logRotated(try store.rotatedLog(reason: reason), now: now())
                 } catch {
                     log("rotating the log failed: \(error)")
                 }
             case .retryDeferred:
                 do {
-                    replicator.deferredRetried(remaining: try store.retryDeferred(), now: now())
+                    replicator.deferredRetried(remaining: try store.retryDeferredDocuments(), now: now())
                 } catch {
                     log("retrying deferred documents failed: \(error)")
                 }

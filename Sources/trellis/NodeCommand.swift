@@ -58,24 +58,17 @@ enum NodeCommand {
 
         if interactive {
             Shell(node: node, interactive: isatty(0) != 0).run()
-            node.stop()
+            node.close()
             withExtendedLifetime(kept) {}
             return
         }
         // Headless: run until SIGINT or SIGTERM.
         let done = DispatchSemaphore(value: 0)
-        var sources: [any DispatchSourceSignal] = []
-        for sig in [SIGINT, SIGTERM] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { done.signal() }
-            source.resume()
-            sources.append(source)
-        }
+        Signals.onTermination { done.signal() }
         done.wait()
         options.log("stopping")
-        node.stop()
-        withExtendedLifetime((kept, sources)) {}
+        node.close()
+        withExtendedLifetime(kept) {}
     }
 
     /// `COLLECTION [QUERY]` → (collection, query).

@@ -1,6 +1,13 @@
 import Foundation
 import Trellis
 
+// The commands that run until stopped take SIGINT and SIGTERM themselves: block them before any
+// thread starts (Signals.swift). Every other command keeps the default (Ctrl-C ends it).
+let commandLine = Array(CommandLine.arguments.dropFirst())
+if commandLine.first == "node" || (commandLine.first == "contacts" && commandLine.dropFirst().first == "mirror") {
+    Signals.block()
+}
+
 let usage = """
     trellis — a peer-to-peer mesh replication node
 

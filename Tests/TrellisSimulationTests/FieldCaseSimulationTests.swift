@@ -122,7 +122,7 @@ import TrellisSimulation
         #expect(log.count == 500)
         #expect(try b.store.collection("items").findAll().exec().count == 500)
         // Every entry once: as many log rows as documents.
-        let page = try b.documents.changes(in: "items", after: 0, limit: 10_000)
+        let page = try b.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max)
         #expect(page.records.count == 500)
     }
 
@@ -143,7 +143,7 @@ import TrellisSimulation
         try a.store.collection("items").upsert((0..<10).map { ["_id": .string("late\($0)"), "q": true] })
         try sim.runUntilQuiet()
         #expect(try b.store.collection("items").findAll().count() == 40)
-        #expect(try b.documents.changes(in: "items", after: 0, limit: 10_000).records.count == 40)
+        #expect(try b.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max).records.count == 40)
         subscription.cancel()
     }
 
@@ -301,7 +301,7 @@ import TrellisSimulation
         try mesh.sim.runUntilQuiet()
         try mesh.sim.check()
         #expect(try a.store.collection("items").findAll().count() == 1_000)
-        #expect(try a.documents.changes(in: "items", after: 0, limit: 10_000).records.count == 1_000)
+        #expect(try a.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max).records.count == 1_000)
     }
 
     /// F16: a diamond A–B, A–C, B–D, C–D; A inserts 500 documents, then 20 with identical bodies,

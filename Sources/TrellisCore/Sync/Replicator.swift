@@ -433,6 +433,19 @@ public struct Replicator: Sendable {
         return [send(link, .ack(subscription: key, upTo: upTo), now)]
     }
 
+    /// The store could not take a batch now because too many of this peer's documents already
+    /// wait to be retried: the batch is not acknowledged, so the peer sends it again after
+    /// ``ReplicatorConfiguration/ackTimeout``, by which time retries have made room.
+    public mutating func applyPostponed(_ link: LinkID, subscription key: String, reason: String, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        if !deferredPending {
+            deferredPending = true
+            nextDeferredRetry = now
+        }
+        return [.log("postponed a batch from \(sessions[link]?.address ?? "a peer"): \(reason)")]
+    }
+
     /// A merge failed as a whole (disk full, I/O error): nothing was applied or acknowledged;
     /// the session restarts from the stored checkpoint.
     public mutating func applyFailed(_ link: LinkID, subscription key: String, error: String, now: Millis)
@@ -718,7 +731,7 @@ public struct Replicator: Sendable {
     /// The collection of a subscription key: collection names hold no control characters, so
     /// the first U+001F ends it.
     private func askedCollection(_ key: String) -> UTF8Key {
-        UTF8Key(String(key.unicodeScalars.prefix { $0 != "\u{1F}" }))
+        UTF8Key(SubscriptionSpec.collection(ofKey: key))
     }
 
     /// Recomputes what each established peer is asked for, and re-sends where it changed.

@@ -27,6 +27,12 @@ public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
         "\(collection)\u{1F}\(query)\u{1F}\(JSON.string(.map(args)))"
     }
 
+    /// The collection named by a subscription ``key``: the text before the first U+001F (which
+    /// collection names never hold, ``validateCollectionName(_:)``).
+    public static func collection(ofKey key: String) -> String {
+        String(key.unicodeScalars.prefix { $0 != "\u{1F}" })
+    }
+
     /// Whether this subscription asks for the whole collection.
     public var isWholeCollection: Bool { query == "true" && args.isEmpty }
 
