@@ -163,7 +163,7 @@ private struct StateDecoder {
     func map(_ v: Value, path: [String]) throws(DocumentStateError) -> MapNode {
         guard path.count < Self.maxDepth else { throw fail("maps nested deeper than \(Self.maxDepth)") }
         guard case .map(let entries) = v else { throw fail("\(Self.describe(path)) holds \(v.typeName), not fields") }
-        var node = MapNode()
+        var node = MapNode(minimumCapacity: entries.count)
         for (key, fieldValue) in entries {
             node[key] = try field(fieldValue, parent: path, key: key)
         }
@@ -277,7 +277,7 @@ private struct LegacyStateDecoder {
     func map(_ v: Value, depth: Int) throws(DocumentStateError) -> MapNode {
         guard depth <= Value.maximumDepth else { throw fail("maps nested too deep") }
         guard case .map(let entries) = v else { throw fail("map node is \(v.typeName)") }
-        var node = MapNode()
+        var node = MapNode(minimumCapacity: entries.count)
         for (key, fieldValue) in entries {
             guard case .map(let f) = fieldValue else { throw fail("field '\(key)' is \(fieldValue.typeName)") }
             var field = FieldNode()
