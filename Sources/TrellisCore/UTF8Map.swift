@@ -124,8 +124,17 @@ public struct UTF8Map<Mapped> {
         let c = UTF8Key.compare(last, key)
         if c < 0 { return (false, storedKeys.count) }
         if c == 0 { return (true, storedKeys.count - 1) }
-        var low = 0
-        var high = storedKeys.count - 1
+        return search(key, between: 0, storedKeys.count - 1)
+    }
+
+    /// Binary search for `key` among the positions `low...high`, where the key at `high` sorts
+    /// after `key`: its position if present, otherwise where it would be inserted.
+    ///
+    /// - Complexity: O(log(high − low)) comparisons.
+    @inlinable
+    func search(_ key: String, between low: Int, _ high: Int) -> (found: Bool, index: Int) {
+        var low = low
+        var high = high
         while low < high {
             let mid = low + (high - low) / 2
             let d = UTF8Key.compare(storedKeys[mid], key)
@@ -369,16 +378,10 @@ extension UTF8Map {
         guard start < storedKeys.count else { return (false, storedKeys.count) }
         let first = UTF8Key.compare(storedKeys[start], key)
         if first >= 0 { return (first == 0, start) }
-        if UTF8Key.compare(storedKeys[storedKeys.count - 1], key) < 0 { return (false, storedKeys.count) }
-        var low = start + 1
-        var high = storedKeys.count - 1
-        while low < high {
-            let mid = low + (high - low) / 2
-            let d = UTF8Key.compare(storedKeys[mid], key)
-            if d == 0 { return (true, mid) }
-            if d < 0 { low = mid + 1 } else { high = mid }
-        }
-        return (UTF8Key.equal(storedKeys[low], key), low)
+        let last = UTF8Key.compare(storedKeys[storedKeys.count - 1], key)
+        if last < 0 { return (false, storedKeys.count) }
+        if last == 0 { return (true, storedKeys.count - 1) }
+        return search(key, between: start + 1, storedKeys.count - 1)
     }
 
     /// Runs `body` on the member at `position`, in place (no copy of the member while the map's
