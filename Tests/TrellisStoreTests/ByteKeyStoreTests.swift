@@ -33,7 +33,8 @@ private let nfd = "e\u{301}"
         #expect(try store.count(in: nfd, matching: try Query("n >= 1")) == 1)
         #expect(try store.documents(in: nfd, matching: try Query("n >= 1")).compactMap { $0["_id"] } == ["c"])
         #expect(try store.document(id: "c", in: nfc) == nil)
-        #expect(try store.changes(in: nfd, after: 0, limit: 100).records.map(\.id) == ["c"])
+        #expect(try store.changes(in: nfd, after: 0, limit: 100, maxBytes: .max).records.map(\.id) == ["c"])
+        store.waitForObservers()
         #expect(heard.withLock { $0 } == [[UTF8Key(nfc)], [UTF8Key(nfd)]])
         // Removing by query in one leaves the other alone.
         #expect(try store.remove(in: nfc, matching: .all).count == 2)
@@ -55,6 +56,7 @@ private let nfd = "e\u{301}"
         #expect(try store.document(id: .string(nfd), in: "c")?["v"] == 2)
         #expect(try store.document(id: ["k": .string(nfc)], in: "c") == nil)
         #expect(!UTF8Key.equal(try DocumentStore.key(for: .string(nfc)), try DocumentStore.key(for: .string(nfd))))
+        store.waitForObservers()
         let keys = changed.withLock { $0[UTF8Key("c")] ?? [] }
         #expect(keys.count == 3)
         #expect(try store.remove(id: .string(nfd), in: "c"))
