@@ -112,12 +112,8 @@ private let nfd = "e\u{301}"
         try store.upsert(["_id": "d1", nfc: 1], in: "items")
         try store.upsert(["_id": "d1", nfd: 2], in: "items")
         let document = try #require(try store.document(id: "d1", in: "items"))
-        // The CRDT's MapNode still keys its entries by `String` (canonical equivalence); it moves
-        // to UTF8Map in the CRDT rewrite, which makes this pass.
-        withKnownIssue("MapNode.entries is still [String: FieldNode]") {
-            #expect(document.mapValue?.count == 3)
-            #expect(document[nfc] == 1 && document[nfd] == 2)
-        }
+        #expect(document.mapValue?.count == 3)
+        #expect(document[nfc] == 1 && document[nfd] == 2)
     }
 }
 
