@@ -244,6 +244,11 @@ public final class DocumentStore: Sendable {
         var damaged: [DocumentKey: String] = [:]
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
         var rescanGenerations: [UTF8Key: UInt32] = [:]
+        /// The query subscriptions served to peers, by collection (DocumentStore+Scope.swift).
+        var servedScopes: [UTF8Key: [ServedScope]] = [:]
+        /// When each served subscription was last recorded as used (ms), this run.
+        var servedUsed: [Int64: UInt64] = [:]
+        var servedCount = 0
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -335,6 +340,7 @@ public final class DocumentStore: Sendable {
                 opened = try db.transaction(readOnly: true) { try Self.readLog(db) }
             } else {
                 try db.execute(Self.schema)
+                try db.execute(Self.scopeSchema)
                 try Self.migrate(db)
                 // The open marker and any rotation are on disk before anything else is written.
                 try db.execute("PRAGMA synchronous=FULL")
@@ -354,6 +360,8 @@ public final class DocumentStore: Sendable {
                         truncatingIfNeeded: Self.uint64(generations.bytes(1) ?? []))
             }
             generations.reset()
+            state.servedScopes = try Self.loadServedScopes(db)
+            state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }
             if try Self.hasTable(db, "deferred") {
                 let count = try db.prepare("SELECT count(*) FROM deferred")
                 _ = try count.step()
@@ -552,6 +560,7 @@ public final class DocumentStore: Sendable {
             options.log(
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
+        try trackScope(&s, collection, key, new: materialized)
         try writeRow(&s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value)
     }
 

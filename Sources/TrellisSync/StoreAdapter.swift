@@ -7,7 +7,7 @@ extension DocumentStore: SyncStore {
     public func scan(_ request: ScanRequest) throws -> ScanPage {
         let page = try changes(
             in: request.spec.collection, after: request.after, limit: request.limit, maxBytes: request.maxBytes,
-            matching: request.query)
+            matching: request.query, servedAs: request.spec)
         return ScanPage(
             records: page.records.map { record in
                 LogRecord(

@@ -1,0 +1,75 @@
+import Testing
+import TrellisCore
+import TrellisStore
+import TrellisTestKit
+
+/// Documents leaving a query subscription's scope (F20), and tombstones only for the query
+/// subscribers that may hold the document (issue 8 item 17).
+@Suite struct ScopeTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+
+    func set(_ path: String, _ value: Value) throws -> DocumentMutation {
+        .set(try FieldPath(parsing: path), value, isDefault: false)
+    }
+
+    /// The `_id`s of a change-log page of `spec` served to a peer, from the start.
+    func served(_ store: DocumentStore, _ spec: SubscriptionSpec) throws -> [Value] {
+        try store.changes(
+            in: spec.collection, after: 0, limit: 10_000, maxBytes: .max, matching: Query(spec.query), args: spec.args,
+            servedAs: spec
+        ).records.map(\.id)
+    }
+
+    @Test func aRemovedDocumentReachesOnlyTheQuerySubscribersItMatched() throws {
+        let store = try openStore(dir, "a.sqlite", clock: clock)
+        let bob = SubscriptionSpec(collection: "messages", query: "to == 'bob'")
+        _ = try served(store, bob)  // a peer subscribes before anything is written
+        try store.upsert(
+            [["_id": "m1", "to": "alice", "body": "secret"], ["_id": "m2", "to": "bob", "body": "hi"]],
+            in: "messages")
+        #expect(try served(store, bob) == ["m2"])
+        try store.remove(id: "m1", in: "messages")
+        try store.remove(id: "m2", in: "messages")
+        // Bob's subscriber learns that m2, which it may hold, is gone; nothing about m1.
+        #expect(try served(store, bob) == ["m2"])
+        let query = try Query(bob.query)
+        let page = try store.changes(
+            in: "messages", after: 0, limit: 100, maxBytes: .max, matching: query, servedAs: bob)
+        #expect(page.records.allSatisfy { $0.isDeleted })
+        // A whole-collection subscriber may hold anything: it gets both tombstones.
+        #expect(try served(store, .all("messages")).count == 2)
+        // A subscription that starts after the removal never held them.
+        let late = SubscriptionSpec(collection: "messages", query: "to == 'carol'")
+        #expect(try served(store, late) == [])
+    }
+
+    @Test func aDocumentThatLeavesTheScopeIsStillSentUntilItComesBack() throws {
+        let store = try openStore(dir, "b.sqlite", clock: clock)
+        let open = SubscriptionSpec(collection: "items", query: "status == 'open'")
+        try store.upsert(["_id": "X", "status": "open", "title": "draft"], in: "items")
+        #expect(try served(store, open) == ["X"])
+        _ = try store.update(
+            id: "X", in: "items", operations: [try set("title", "final"), try set("status", "closed")])
+        #expect(try served(store, open) == ["X"])  // the subscriber learns it closed
+        _ = try store.update(id: "X", in: "items", operations: [try set("title", "archived")])
+        #expect(try served(store, open) == ["X"])  // and keeps learning of a copy it holds
+        try store.upsert(["_id": "Y", "status": "closed"], in: "items")
+        #expect(try served(store, open) == ["X"])  // never in scope: never sent
+        _ = try store.update(id: "X", in: "items", operations: [try set("status", "open")])
+        #expect(try served(store, open) == ["X"])  // back in scope: sent because it matches
+    }
+
+    @Test func servedSubscriptionsAreRememberedAcrossRestarts() throws {
+        let open = SubscriptionSpec(collection: "items", query: "status == 'open'")
+        do {
+            let store = try openStore(dir, "c.sqlite", clock: clock)
+            try store.upsert(["_id": "X", "status": "open"], in: "items")
+            _ = try served(store, open)
+            store.close()
+        }
+        let store = try openStore(dir, "c.sqlite", clock: clock)
+        _ = try store.update(id: "X", in: "items", operations: [try set("status", "closed")])
+        #expect(try served(store, open) == ["X"])
+    }
+}
