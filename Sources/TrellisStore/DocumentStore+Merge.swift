@@ -53,18 +53,29 @@ extension DocumentStore {
     ///   - documents: the peer's document states.
     ///   - peer: the peer key of the sender.
     ///   - checkpoint: `(subscription key, checkpoint)` to store, or `nil`.
+    ///   - holders: the query subscriptions this node serves to the sending peer: the peer holds
+    ///     every document it sends, so the store records them in those subscriptions' scope and
+    ///     later changes to them go back to the peer even when its queries do not match them
+    ///     (DocumentStore+Scope.swift).
     /// - Throws: ``StoreError/deferredLimit(_:)`` when the documents deferred from this peer would
     ///   exceed ``StoreOptions/maxDeferredDocumentsPerPeer`` or
     ///   ``StoreOptions/maxDeferredBytesPerPeer``; ``StoreError`` for SQLite errors. Nothing of the
     ///   batch is applied then, and the checkpoint is not stored (the peer sends it again).
     /// - Complexity: O(total size of the batch) plus a few indexed lookups per document.
     public func merge(
-        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?
+        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?,
+        heldBy holders: [SubscriptionSpec] = []
     ) throws(StoreError) -> MergeOutcome {
         var outcome = MergeOutcome()
         let now = options.now()
+        let holders = holders.filter { !$0.isWholeCollection }
+        var bound: [(SubscriptionSpec, Query)] = []
+        for spec in holders {
+            if let query = try? Query(spec.query).bind(args: spec.args) { bound.append((spec, query)) }
+        }
         try write(origin: peer) { s in
             var deferredHere = false
+            for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
             for remote in documents {
                 let key: String
                 do { key = try Self.key(for: remote.id) } catch {
@@ -75,6 +86,11 @@ extension DocumentStore {
                 switch result {
                 case .applied, .unchanged:
                     if case .applied = result { outcome.applied += 1 }
+                    // The sender holds this document whatever its queries match: later changes to it
+                    // go back to it (DocumentStore+Scope.swift).
+                    for (spec, _) in bound where UTF8Key.equal(spec.collection, remote.collection) {
+                        try recordHeld(&s, remote.collection, key, by: spec)
+                    }
                     try dropDeferredIfCovered(&s, remote.collection, key, peer)
                 case .refused(let kind, let reason, let ready, let decoded):
                     try keepDeferred(

@@ -13,7 +13,9 @@ public import TrellisCore
 // taken out. A change-log page for that subscription returns the matching documents *and* the
 // recorded ones — so a tombstone reaches exactly the query subscribers that may hold the document,
 // and nobody else learns that the removed document existed. A whole-collection subscription matches
-// every document, so it gets every tombstone and needs no record.
+// every document, so it gets every tombstone and needs no record. And a peer holds what it sent:
+// a document merged from a peer is recorded in the scope of that peer's query subscriptions too,
+// so a change made elsewhere to a document it wrote outside its own query reaches it as well.
 
 /// A query subscription this store serves (to any peer), kept to record documents leaving its
 /// scope.
@@ -150,6 +152,16 @@ extension DocumentStore {
             st.bind(3, scope.hash)
             try st.run()
         }
+    }
+
+    /// Records that the subscriber of `spec` holds a document (it sent it here), so that changes to
+    /// it are sent to that subscriber whatever its query matches.
+    func recordHeld(_ s: inout State, _ collection: String, _ key: String, by spec: SubscriptionSpec) throws {
+        let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
+        st.bind(1, collection)
+        st.bind(2, key)
+        st.bind(3, Self.scopeHash(spec.key))
+        try st.run()
     }
 
     /// The SQL term that is 1 when the current row left the scope of subscription `hash` (it is

@@ -21,7 +21,8 @@ extension DocumentStore: SyncStore {
         let outcome = try merge(
             request.documents, from: request.peerKey,
             checkpoint: request.storeCheckpoint
-                ? (request.subscription, Checkpoint(epoch: request.peerEpoch, seq: request.upTo)) : nil)
+                ? (request.subscription, Checkpoint(epoch: request.peerEpoch, seq: request.upTo)) : nil,
+            heldBy: request.heldBy)
         let refusals =
             outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
             + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }

@@ -73,3 +73,18 @@ import TrellisTestKit
         #expect(try served(store, open) == ["X"])
     }
 }
+
+extension ScopeTests {
+    /// A peer holds what it sent: a document it wrote outside its own query still reaches it when
+    /// it changes here (a removal included).
+    @Test func aDocumentAPeerSentReachesItWhateverItsQuery() throws {
+        let store = try openStore(dir, "d.sqlite", clock: clock)
+        let source = try openStore(dir, "e.sqlite", clock: clock)
+        let mine = SubscriptionSpec(collection: "tasks", query: "assignee == 'me'")
+        try source.upsert(["_id": "t1", "assignee": "you"], in: "tasks")
+        _ = try store.merge(try batch(of: source, "tasks"), from: [7], checkpoint: nil, heldBy: [mine])
+        #expect(try served(store, mine) == ["t1"])
+        try store.remove(id: "t1", in: "tasks")
+        #expect(try served(store, mine) == ["t1"])
+    }
+}

@@ -717,12 +717,16 @@ public struct Replicator: Sendable {
             sessions[link]!.echo[echoKey] = StateDigest(document.state)
         }
         let current = generations[UTF8Key(collection)] ?? 0
+        let holders = s.served.keys.sorted().compactMap { key -> SubscriptionSpec? in
+            let spec = s.served[key]!.spec
+            return !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection) ? spec : nil
+        }
         directives.append(
             .apply(
                 link,
                 ApplyRequest(
                     subscription: subscription, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
-                    documents: accepted, upTo: upTo, storeCheckpoint: generation == current)))
+                    documents: accepted, upTo: upTo, storeCheckpoint: generation == current, heldBy: holders)))
         return directives
     }
 

@@ -98,6 +98,9 @@ public struct ApplyRequest: Sendable, Equatable {
     /// `false` for a batch answering an older rescan generation: its documents merge, but its
     /// `upTo` must not overwrite the checkpoint the rescan reset.
     public var storeCheckpoint: Bool
+    /// The query subscriptions this node serves to the sender in the batch's collection: the
+    /// sender holds every document it sent, so later changes to them must reach it.
+    public var heldBy: [SubscriptionSpec] = []
 }
 
 /// What the shell must do, in order.
