@@ -25,8 +25,9 @@ enum DeferralKind: String {
 enum StateMerge {
     /// The local state changed and was written.
     case applied
-    /// The local state already held everything in it.
-    case unchanged
+    /// The local state already held everything in it; `behind` when it holds more (the sender's
+    /// state is older than this node's).
+    case unchanged(behind: Bool)
     /// Not applied: why, and from when (milliseconds) trying again may succeed (clock refusals).
     case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
 }
@@ -88,9 +89,14 @@ extension DocumentStore {
                     if case .applied = result { outcome.applied += 1 }
                     // The sender holds this document whatever its queries match: later changes to it
                     // go back to it (DocumentStore+Scope.swift).
+                    var entered = false
                     for (spec, _) in bound where UTF8Key.equal(spec.collection, remote.collection) {
-                        try recordHeld(&s, remote.collection, key, by: spec)
+                        entered = try recordHeld(&s, remote.collection, key, by: spec) || entered
                     }
+                    // It entered a scope with an older state than this node's, at a row the
+                    // subscription's cursor may have passed: the row is logged again so the newer
+                    // state (a tombstone, say) reaches the sender.
+                    if entered, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
                     try dropDeferredIfCovered(&s, remote.collection, key, peer)
                 case .refused(let kind, let reason, let ready, let decoded):
                     try keepDeferred(
@@ -137,7 +143,7 @@ extension DocumentStore {
         var doc = stored?.state ?? DocumentState()
         // Merging into an evicted document's stub brings the document back, even when the state
         // adds nothing to the stub.
-        guard doc.merge(incoming) || stored?.kind == .stub || repair else { return .unchanged }
+        guard doc.merge(incoming) || stored?.kind == .stub || repair else { return .unchanged(behind: doc != incoming) }
         // A stamp far ahead would win every later local write to its fields until the clock caught
         // up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later
         // of the physical clock and the HLC: a node whose own clock is behind defers instead of

@@ -156,12 +156,29 @@ extension DocumentStore {
 
     /// Records that the subscriber of `spec` holds a document (it sent it here), so that changes to
     /// it are sent to that subscriber whatever its query matches.
-    func recordHeld(_ s: inout State, _ collection: String, _ key: String, by spec: SubscriptionSpec) throws {
+    ///
+    /// - Returns: `true` when the document was not recorded in that scope before.
+    @discardableResult
+    func recordHeld(_ s: inout State, _ collection: String, _ key: String, by spec: SubscriptionSpec) throws -> Bool {
         let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, Self.scopeHash(spec.key))
         try st.run()
+        return s.db.changes > 0
+    }
+
+    /// Gives a document's row the next `seq`, unchanged otherwise, so that change-log pages after
+    /// it return the row again.
+    func relog(_ s: inout State, _ collection: String, _ key: String) throws {
+        let st = try s.db.prepare("UPDATE documents SET seq = ? WHERE collection = ? AND id = ?")
+        st.bind(1, s.nextSeq)
+        st.bind(2, collection)
+        st.bind(3, key)
+        try st.run()
+        guard s.db.changes > 0 else { return }
+        s.nextSeq += 1
+        s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
     }
 
     /// The SQL term that is 1 when the current row left the scope of subscription `hash` (it is

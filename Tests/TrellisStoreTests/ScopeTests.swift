@@ -88,3 +88,33 @@ extension ScopeTests {
         #expect(try served(store, mine) == ["t1"])
     }
 }
+
+extension ScopeTests {
+    /// A peer that sends an older state of a document this node already changed (here: removed)
+    /// gets the newer state, even when its subscription's cursor passed the document's row before
+    /// the document entered its scope (a sweep seed found it: a wiped relay had the tombstone
+    /// before a query subscriber sent its stale copy).
+    @Test func aPeerThatSendsAnOlderStateGetsTheNewerOne() throws {
+        let store = try openStore(dir, "f.sqlite", clock: clock)
+        let source = try openStore(dir, "g.sqlite", clock: clock)
+        let high = SubscriptionSpec(collection: "items", query: "v >= 5")
+        try source.upsert(["_id": "d6", "v": 3], in: "items")
+        let stale = try batch(of: source, "items")
+        _ = try store.merge(stale, from: [1], checkpoint: nil)
+        try store.remove(id: "d6", in: "items")
+        let query = try Query(high.query)
+        let first = try store.changes(
+            in: "items", after: 0, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(first.records.isEmpty)  // never in scope: the tombstone is not sent
+        _ = try store.merge(stale, from: [7], checkpoint: nil, heldBy: [high])
+        let next = try store.changes(
+            in: "items", after: first.scannedUpTo, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(next.records.map(\.id) == ["d6"])
+        #expect(next.records.allSatisfy { $0.isDeleted })
+        // The same state again adds nothing: the row is not logged again.
+        _ = try store.merge(stale, from: [7], checkpoint: nil, heldBy: [high])
+        let after = try store.changes(
+            in: "items", after: next.scannedUpTo, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(after.records.isEmpty)
+    }
+}
