@@ -45,6 +45,8 @@ final class Shell {
                                           then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
           unobserve-id COLLECTION ID      stop observing it
           peers                           list connected peers
+          status                          this node: identity, clocks, peers, subscriptions, and
+                                          every document held back (deferred, damaged) with why
           help                            this text
           quit                            leave (also end of input)
         Errors print one line starting with `error: `.
@@ -231,6 +233,8 @@ final class Shell {
             let peers = node.peers
             if peers.isEmpty { print("no peers connected") }
             for peer in peers { print(peer.description) }
+        case "status":
+            print(try node.status().description)
         default:
             throw UsageError("unknown command '\(command)'; type `help`")
         }

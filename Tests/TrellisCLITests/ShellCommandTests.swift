@@ -1,5 +1,7 @@
 import Foundation
 import Testing
+import TrellisCore
+import TrellisStore
 import TrellisTestKit
 
 /// The `trellis shell` commands for write strategies, update, find with sort / limit / offset,
@@ -217,5 +219,37 @@ import TrellisTestKit
         ] {
             #expect(text.contains(fragment), "help lacks \(fragment)")
         }
+    }
+}
+
+extension ShellCommandTests {
+    /// A peer's write stamped a day ahead of this node's clock is kept, not dropped, and `status`
+    /// says so with the reason (issue 8 item 1: refusals are visible, not only a log line).
+    @Test func statusListsDeferredDocumentsWithTheirReason() throws {
+        let data = dir.path("D")
+        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        do {
+            var ahead = StoreOptions()
+            ahead.now = { UInt64(Date().timeIntervalSince1970 * 1000) + 86_400_000 }
+            let writer = try DocumentStore(path: dir.path("writer.sqlite"), options: ahead)
+            try writer.upsert(["_id": "d1", "x": 1], in: "items")
+            let page = try writer.changes(in: "items", after: 0, limit: 10, maxBytes: .max)
+            let documents = page.records.map { RemoteDocument(collection: "items", id: $0.id, state: $0.state) }
+            let store = try DocumentStore(path: data + "/store.sqlite")
+            let outcome = try store.merge(documents, from: [UInt8](repeating: 0xAB, count: 32), checkpoint: nil)
+            #expect(outcome.deferred.count == 1)
+            store.close()
+            writer.close()
+        }
+        let r = try shell(["status", "count items"], data: "D")
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stdout.contains("deferred: 1 document(s) kept to retry"), "\(r.stdout)")
+        #expect(
+            r.stdout.contains {
+                $0.contains("items \"d1\" from abababababababab") && $0.contains("ahead of this node's clock")
+            },
+            "\(r.stdout)")
+        #expect(r.stdout.contains("damaged: 0 document(s)"))
+        #expect(r.stdout.last == "0")  // not applied: the document is not there yet
     }
 }
