@@ -1,6 +1,15 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// libFuzzer entry points, one per decoder of untrusted input: Fuzz/Fuzz<Name>/Fuzz<Name>.swift calls its
+// check in TrellisTestKit's FuzzChecks (which the tests replay). scripts/fuzz.sh builds and runs them with
+// the sanitizers; docs/TESTING.md ("Fuzzing") says how to add one.
+let fuzzTargets: [Target] = ["CBOR", "JSON", "Query", "DocumentState", "WireMessage", "Handshake", "VCard"].map {
+    .executableTarget(
+        name: "Fuzz\($0)", dependencies: ["TrellisTestKit"], path: "Fuzz/Fuzz\($0)",
+        exclude: ["Corpus", "Regressions"])
+}
+
 let package = Package(
     name: "Trellis",
     platforms: [.macOS(.v15)],
@@ -38,16 +47,17 @@ let package = Package(
             name: "TrellisContacts",
             dependencies: ["ContactProvider", "TrellisCore", "TrellisStore", "Trellis", "TrellisCrypto"]),
         // Shared test helpers.
-        .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
+        .target(
+            name: "TrellisTestKit",
+            dependencies: [
+                "Trellis", "TrellisCore", "TrellisStore", "TrellisCrypto", "TrellisContacts", "ContactProvider",
+            ]),
 
         .executableTarget(name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider"]),
         .executableTarget(
             name: "trellis-bench",
             dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts"]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
-        // libFuzzer entry point; see Fuzz/README.md for the build command.
-        .executableTarget(
-            name: "FuzzCBOR", dependencies: ["TrellisCore"], path: "Fuzz/FuzzCBOR", exclude: ["Regressions"]),
 
         .testTarget(name: "TrellisCoreTests", dependencies: ["TrellisCore", "TrellisTestKit"]),
         .testTarget(name: "TrellisStoreTests", dependencies: ["TrellisStore", "Trellis", "TrellisTestKit"]),
@@ -57,7 +67,7 @@ let package = Package(
         .testTarget(
             name: "TrellisContactsTests",
             dependencies: ["ContactProvider", "TrellisContacts", "TrellisStore", "Trellis", "TrellisTestKit"]),
-    ],
+    ] + fuzzTargets,
     swiftLanguageModes: [.v6]
 )
 
