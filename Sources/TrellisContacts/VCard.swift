@@ -407,10 +407,10 @@ public enum VCard {
             // a name the reader ignores (`pref`, `voice`, ...) or maps (`cell`, `home`, ...) is
             // written as what it reads as.
             let safe = String(label.lowercased().filter { $0.isLetter || $0.isNumber || $0 == "-" || $0 == " " })
-            switch Self.label(["TYPE": [safe]]) {
-            case nil: return ""
-            case let known? where known != safe: return typeParam(known)
-            case let custom?: return ";TYPE=\"\(custom)\""
+            guard let reread = Self.label(["TYPE": [safe]]) else { return "" }
+            switch reread {
+            case CNLabelHome, CNLabelWork, CNLabelPhoneNumberMobile, CNLabelOther: return typeParam(reread)
+            default: return ";TYPE=\"\(reread)\""
             }
         }
     }
