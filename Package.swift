@@ -56,7 +56,10 @@ let package = Package(
         .executableTarget(name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider"]),
         .executableTarget(
             name: "trellis-bench",
-            dependencies: ["Trellis", "TrellisStore", "TrellisCore", "CSQLite", "ContactProvider", "TrellisContacts"]),
+            dependencies: [
+                "Trellis", "TrellisStore", "TrellisCore", "TrellisNet", "TrellisCrypto", "CSQLite", "ContactProvider",
+                "TrellisContacts",
+            ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
 
         .testTarget(name: "TrellisCoreTests", dependencies: ["TrellisCore", "TrellisTestKit"]),

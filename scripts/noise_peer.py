@@ -66,6 +66,17 @@ def write_frame(stream, payload):
     stream.flush()
 
 
+def run_handshake(conn, initiator, reader, writer):
+    """Exchanges handshake messages (empty payloads) until the handshake is finished."""
+    writing = initiator
+    while not conn.handshake_finished:
+        if writing:
+            write_frame(writer, conn.write_message(b""))
+        else:
+            conn.read_message(read_frame(reader))
+        writing = not writing
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description="Noise XX/XXpsk3 peer over stdin/stdout (Trellis interop).")
     parser.add_argument("--role", choices=["initiator", "responder"], default="responder")
@@ -111,13 +122,7 @@ def run(args, stdin, stdout):
     handshake = conn.noise_protocol.handshake_state
     static_public = handshake.s.public_bytes
 
-    writing = args.role == "initiator"
-    while not conn.handshake_finished:
-        if writing:
-            write_frame(stdout, conn.write_message(b""))
-        else:
-            conn.read_message(read_frame(stdin))
-        writing = not writing
+    run_handshake(conn, args.role == "initiator", stdin, stdout)
 
     for round_index in range(args.rounds):
         if args.rekey and round_index > 0:

@@ -20,6 +20,9 @@ public enum ContactItem: Sendable, Hashable {
     }
 
     /// A stable identifier of an item within its domain (Apple: `ContactItem.Identifier`).
+    ///
+    /// Identifiers compare and hash by their UTF-8 bytes, as `NSString` compares them literally:
+    /// "é" (U+00E9) and "e" + U+0301 are two identifiers, never merged by Unicode equivalence.
     public struct Identifier: Sendable, Hashable, CustomStringConvertible {
         /// The identifier's text.
         public let value: String
@@ -30,6 +33,15 @@ public enum ContactItem: Sendable, Hashable {
         public static let rootContainer = Identifier("NSFileProviderRootContainerItemIdentifier")
 
         public var description: String { value }
+
+        public static func == (lhs: Identifier, rhs: Identifier) -> Bool {
+            lhs.value.utf8.elementsEqual(rhs.value.utf8)
+        }
+
+        public func hash(into hasher: inout Hasher) {
+            for byte in value.utf8 { hasher.combine(byte) }
+            hasher.combine(value.utf8.count)
+        }
     }
 }
 

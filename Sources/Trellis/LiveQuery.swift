@@ -162,8 +162,9 @@ final class LiveQueryStreamControl: Sendable {
 enum LiveChange {
     /// Unknown changes: re-run the query.
     case unknown
-    /// The changed documents by canonical key, with their current value (`nil`: absent).
-    case documents([String: Value?])
+    /// The changed documents by canonical key (compared byte-wise), with their current value
+    /// (`nil`: absent).
+    case documents([UTF8Key: Value?])
 }
 
 /// A registered observer, driven by the registry's evaluation queue.
@@ -183,14 +184,15 @@ protocol LiveObservation: AnyObject, Sendable {
 /// (one evaluation pass, at most one event per live query).
 final class LiveQueryRegistry: Sendable {
     private enum Pending {
-        case keys(Set<String>)
+        case keys(Set<UTF8Key>)
         case all
     }
 
     private struct State {
         var observations: [UInt64: any LiveObservation] = [:]
-        var byCollection: [String: Set<UInt64>] = [:]
-        var pending: [String: Pending] = [:]
+        /// Collection names compare byte-wise: "é" and "e" + U+0301 are two collections.
+        var byCollection: [UTF8Key: Set<UInt64>] = [:]
+        var pending: [UTF8Key: Pending] = [:]
         var scheduled = false
         var next: UInt64 = 0
     }
@@ -222,7 +224,7 @@ final class LiveQueryRegistry: Sendable {
         state.withLock { s in
             s.next += 1
             s.observations[s.next] = observation
-            s.byCollection[observation.collection, default: []].insert(s.next)
+            s.byCollection[UTF8Key(observation.collection), default: []].insert(s.next)
             return s.next
         }
     }
@@ -231,9 +233,10 @@ final class LiveQueryRegistry: Sendable {
         // Released outside the lock: dropping the last reference may run user deinit code.
         let removed = state.withLock { s -> (any LiveObservation)? in
             guard let observation = s.observations.removeValue(forKey: id) else { return nil }
-            s.byCollection[observation.collection]?.remove(id)
-            if s.byCollection[observation.collection]?.isEmpty == true {
-                s.byCollection.removeValue(forKey: observation.collection)
+            let collection = UTF8Key(observation.collection)
+            s.byCollection[collection]?.remove(id)
+            if s.byCollection[collection]?.isEmpty == true {
+                s.byCollection.removeValue(forKey: collection)
             }
             return observation
         }
@@ -264,7 +267,7 @@ final class LiveQueryRegistry: Sendable {
     /// One evaluation pass over everything committed since the last one. Evaluation queue only.
     private func drain() {
         stats.passes.add(1, ordering: .relaxed)
-        let work = state.withLock { s -> [(String, Pending, [any LiveObservation])] in
+        let work = state.withLock { s -> [(UTF8Key, Pending, [any LiveObservation])] in
             defer {
                 s.pending = [:]
                 s.scheduled = false
@@ -278,19 +281,19 @@ final class LiveQueryRegistry: Sendable {
             let change: LiveChange
             switch pending {
             case .all: change = .unknown
-            case .keys(let keys): change = fetch(keys, in: collection)
+            case .keys(let keys): change = fetch(keys, in: collection.string)
             }
             for observation in observations where !observation.isStopped { observation.refresh(change) }
         }
     }
 
     /// The current values of the changed documents; `.unknown` (re-run) when one cannot be read.
-    private func fetch(_ keys: Set<String>, in collection: String) -> LiveChange {
-        var values: [String: Value?] = [:]
+    private func fetch(_ keys: Set<UTF8Key>, in collection: String) -> LiveChange {
+        var values: [UTF8Key: Value?] = [:]
         values.reserveCapacity(keys.count)
         for key in keys {
             do {
-                values[key] = .some(try documents.document(id: try JSON.parse(key), in: collection))
+                values[key] = .some(try documents.document(id: try JSON.parse(key.string), in: collection))
             } catch {
                 return .unknown
             }
@@ -416,15 +419,16 @@ final class CursorEvaluator: @unchecked Sendable {
     let collection: String
     let query: Query
     let bound: Query
-    let args: [String: Value]
+    let args: UTF8Map<Value>
     let sort: [SortKey]
     let limit: Int?
     let offset: Int
     private var rows: [Row] = []
-    private var keys: Set<String> = []
+    /// The keys of `rows`, compared byte-wise.
+    private var keys: Set<UTF8Key> = []
 
     init(
-        documents: DocumentStore, stats: LiveQueryStats, collection: String, query: Query, args: [String: Value],
+        documents: DocumentStore, stats: LiveQueryStats, collection: String, query: Query, args: UTF8Map<Value>,
         sort: [SortKey],
         limit: Int?, offset: Int
     ) throws {
@@ -458,26 +462,26 @@ final class CursorEvaluator: @unchecked Sendable {
     }
 
     /// Whether a changed document can change the results.
-    private func isRelevant(_ key: String, _ value: Value?) -> Bool {
+    private func isRelevant(_ key: UTF8Key, _ value: Value?) -> Bool {
         if keys.contains(key) { return true }
         // With an offset, a document that left the query may have been before the window.
         if offset > 0 { return true }
         guard let value, (try? bound.matches(value)) == true else { return false }
         if let limit, rows.count >= limit, let last = rows.last {
             // A new match sorting after a full window stays outside it.
-            return less((key, Document(value: value)), last)
+            return less((key.string, Document(value: value)), last)
         }
         return true
     }
 
-    private func patch(_ values: [String: Value?]) {
+    private func patch(_ values: [UTF8Key: Value?]) {
         for (key, value) in values {
-            if keys.contains(key), let index = rows.firstIndex(where: { $0.key == key }) {
+            if keys.contains(key), let index = rows.firstIndex(where: { UTF8Key.equal($0.key, key.string) }) {
                 rows.remove(at: index)
                 keys.remove(key)
             }
             guard let value, (try? bound.matches(value)) == true else { continue }
-            let row = (key: key, document: Document(value: value))
+            let row = (key: key.string, document: Document(value: value))
             var low = 0
             var high = rows.count
             while low < high {
@@ -494,7 +498,7 @@ final class CursorEvaluator: @unchecked Sendable {
         let values = try documents.documents(
             in: collection, matching: query, args: args, sort: sort, limit: limit, offset: offset)
         rows = try values.map { (try DocumentStore.key(for: $0["_id"] ?? .null), Document(value: $0)) }
-        keys = Set(rows.map(\.key))
+        keys = Set(rows.map { UTF8Key($0.key) })
     }
 
     /// The store's result order: the sort keys, then `_id` key byte-wise.
@@ -504,7 +508,7 @@ final class CursorEvaluator: @unchecked Sendable {
             if key.direction == .descending { order = order.reversed }
             if order != .equal { return order == .less }
         }
-        return a.key.utf8.lexicographicallyPrecedes(b.key.utf8)
+        return UTF8Key.compare(a.key, b.key) < 0
     }
 }
 
@@ -658,7 +662,7 @@ extension PendingIDSpecificOperation {
         queue: DispatchQueue, autoSignal: Bool,
         _ handler: @escaping @Sendable (Document?, SingleDocumentLiveQueryEvent, @escaping @Sendable () -> Void) -> Void
     ) throws -> LiveQuery {
-        let key = try DocumentStore.key(for: id)
+        let key = UTF8Key(try DocumentStore.key(for: id))
         let store = collection.store
         let (id, name) = (id, collection.name)
         let observation = Observation<SingleDocumentResult>(

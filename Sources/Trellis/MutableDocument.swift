@@ -107,9 +107,18 @@ public struct MutableDocumentPath {
     }
 
     /// Adds `amount` to the counter here: increments from every node add up when they merge.
-    /// A missing field starts at 0, a number starts from its value; counters read as doubles.
-    public func increment(by amount: Double) {
+    /// A missing field starts at 0, a number starts from its value. `amount` is an `.int` or a
+    /// finite `.double`; a counter stays an exact int while every increment is an int
+    /// (`increment(by: 1)` passes an int).
+    public func increment(by amount: Value) {
         document.record(.increment(path, amount))
+    }
+
+    /// Adds a `Double` amount to the counter here (the counter becomes a double); see
+    /// ``increment(by:)-(Value)``.
+    @_disfavoredOverload
+    public func increment(by amount: Double) {
+        document.record(.increment(path, .double(amount)))
     }
 }
 

@@ -109,7 +109,7 @@ public struct Collection: Sendable {
     /// - Parameters:
     ///   - query: e.g. `"Origin == 'Japan' && Cylinders > $args.min"`.
     ///   - args: values for `$args.name`.
-    public func find(_ query: String, args: [String: Value] = [:]) -> PendingCursorOperation {
+    public func find(_ query: String, args: UTF8Map<Value> = [:]) -> PendingCursorOperation {
         PendingCursorOperation(collection: self, query: query, args: args)
     }
 
@@ -201,7 +201,7 @@ public struct PendingIDSpecificOperation: Sendable {
 public struct PendingCursorOperation: Sendable {
     public let collection: Collection
     public let query: String
-    public let args: [String: Value]
+    public let args: UTF8Map<Value>
     /// The sort keys, most significant first, as given to ``sort(_:direction:)``.
     public private(set) var sortKeys: [(path: String, direction: SortDirection)] = []
     /// The limit given to ``limit(_:)``, if any.
@@ -209,7 +209,7 @@ public struct PendingCursorOperation: Sendable {
     /// The offset given to ``offset(_:)`` (0 by default).
     public private(set) var offsetCount: Int = 0
 
-    init(collection: Collection, query: String, args: [String: Value]) {
+    init(collection: Collection, query: String, args: UTF8Map<Value>) {
         self.collection = collection
         self.query = query
         self.args = args

@@ -32,7 +32,7 @@ public enum ContactDocument {
 
     /// The document for a contact, with `_id` set to `identifier`'s value.
     public static func value(for contact: CNContact, identifier: ContactItem.Identifier) -> Value {
-        var map: [String: Value] = ["_id": .string(identifier.value)]
+        var map: UTF8Map<Value> = ["_id": .string(identifier.value)]
         for (name, path) in stringFields where !contact[keyPath: path].isEmpty {
             map[name] = .string(contact[keyPath: path])
         }
@@ -42,7 +42,7 @@ public enum ContactDocument {
         if !contact.postalAddresses.isEmpty {
             map["postalAddresses"] = .array(
                 contact.postalAddresses.map { item in
-                    var fields: [String: Value] = [:]
+                    var fields: UTF8Map<Value> = [:]
                     for (name, path) in addressFields where !item.value[keyPath: path].isEmpty {
                         fields[name] = .string(item.value[keyPath: path])
                     }
@@ -50,7 +50,7 @@ public enum ContactDocument {
                 })
         }
         if let b = contact.birthday, let month = b.month, let day = b.day {
-            var fields: [String: Value] = ["month": .int(Int64(month)), "day": .int(Int64(day))]
+            var fields: UTF8Map<Value> = ["month": .int(Int64(month)), "day": .int(Int64(day))]
             if let year = b.year { fields["year"] = .int(Int64(year)) }
             map["birthday"] = .map(fields)
         }
@@ -60,7 +60,7 @@ public enum ContactDocument {
         return .map(map)
     }
 
-    private static func labelled(_ label: String?, _ fields: [String: Value]) -> Value {
+    private static func labelled(_ label: String?, _ fields: UTF8Map<Value>) -> Value {
         var fields = fields
         if let label { fields["label"] = .string(label) }
         return .map(fields)

@@ -43,7 +43,8 @@ public struct CBORError: Error, Hashable, Sendable, CustomStringConvertible {
         case nonFiniteNumber
         /// A map key that is not a text string (``Value`` only).
         case nonTextMapKey
-        /// The same key twice in one map (``Value`` only).
+        /// The same key (byte for byte) twice in one map (``Value`` only); keys that differ only in
+        /// Unicode form ("é" and "e" + U+0301) are two keys.
         case duplicateMapKey
         /// A tagged data item (``Value`` only).
         case unsupportedTag

@@ -330,7 +330,10 @@ struct CBORReader {
             return .array(items)
         case 5:
             try checkDepth(depth, head)
-            var entries: [String: Value] = [:]
+            // Keys are byte strings: "é" and "e" + U+0301 are two keys. Repeats are found after
+            // reading, by one sort (deterministic CBOR orders keys by length first, not by bytes).
+            var entries: [(String, Value)] = []
+            var keyOffsets: [Int] = []
             var previousKey: Range<Int>?
             func readEntry(_ reader: inout CBORReader) throws(CBORError) {
                 let keyHead = try reader.readHead()
@@ -342,27 +345,31 @@ struct CBORReader {
                 let key = try reader.readText(keyHead)
                 let keyRange = keyHead.offset..<reader.position
                 let value = try reader.readValue(depth: depth + 1)
-                if entries.updateValue(value, forKey: key) != nil {
-                    // Dictionary keeps the first key; String equality is canonical equivalence.
-                    let sameBytes = entries.index(forKey: key).map { entries[$0].key.utf8.elementsEqual(key.utf8) }
-                    let message =
-                        sameBytes ?? true
-                        ? "map key \"\(key)\" appears twice"
-                        : "map key \"\(key)\" is canonically equivalent to an earlier key with different "
-                            + "UTF-8 bytes; Value maps hold only one of them"
-                    throw CBORError(.duplicateMapKey, offset: keyHead.offset, message)
+                if let previousKey, reader.bytes[previousKey].elementsEqual(reader.bytes[keyRange]) {
+                    throw CBORError(.duplicateMapKey, offset: keyHead.offset, "map key \"\(key)\" appears twice")
                 }
                 try reader.checkKeyOrder(previous: previousKey, current: keyRange, offset: keyHead.offset)
                 previousKey = keyRange
+                entries.append((key, value))
+                keyOffsets.append(keyHead.offset)
             }
             if head.isIndefinite {
                 while !consumeBreak() { try readEntry(&self) }
             } else {
                 let count = try checkCount(head, minimumSize: 2, what: "map")
                 entries.reserveCapacity(count)
+                keyOffsets.reserveCapacity(count)
                 for _ in 0..<count { try readEntry(&self) }
             }
-            return .map(entries)
+            do {
+                return .map(try UTF8Map(checkingUniqueKeysWithValues: entries))
+            } catch {
+                // Report the second occurrence of the repeated key.
+                let repeats = entries.indices.filter { UTF8Key.equal(entries[$0].0, error.key) }
+                throw CBORError(
+                    .duplicateMapKey, offset: keyOffsets[repeats.dropFirst().first ?? repeats.first ?? 0],
+                    "map key \"\(error.key)\" appears twice")
+            }
         case 6:
             throw CBORError(
                 .unsupportedTag, offset: head.offset,

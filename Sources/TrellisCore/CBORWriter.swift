@@ -151,18 +151,20 @@ public struct CBORWriter: Sendable {
                 write(entry.value)
                 return
             }
-            // Sort positions, not entries: no copies of keys or values, and small maps sort in a
-            // stack buffer.
-            withUnsafeTemporaryAllocation(of: [String: Value].Index.self, capacity: entries.count) { order in
+            // The map is in byte order; deterministic CBOR wants shorter keys first. Sort positions,
+            // not entries: no copies of keys or values, and small maps sort in a stack buffer.
+            withUnsafeTemporaryAllocation(of: Int.self, capacity: entries.count) { order in
                 var filled = 0
-                var index = entries.startIndex
-                while index != entries.endIndex, filled < order.count {
-                    order.initializeElement(at: filled, to: index)
+                for position in entries.indices where filled < order.count {
+                    order.initializeElement(at: filled, to: position)
                     filled += 1
-                    entries.formIndex(after: &index)
                 }
                 var sorted = UnsafeMutableBufferPointer(rebasing: order[..<filled])
-                sorted.sort { Self.keyPrecedes(entries[$0].key, entries[$1].key) }
+                // Stable by length: equal lengths keep their byte order, which is the CBOR order.
+                sorted.sort { a, b in
+                    let (lengthA, lengthB) = (entries[a].key.utf8.count, entries[b].key.utf8.count)
+                    return lengthA != lengthB ? lengthA < lengthB : a < b
+                }
                 for position in sorted {
                     let entry = entries[position]
                     writeText(entry.key)

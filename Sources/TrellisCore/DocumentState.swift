@@ -22,21 +22,32 @@ public struct Stamp: Hashable, Comparable, Sendable, CustomStringConvertible {
 public typealias VersionVector = [SiteID: HLCTimestamp]
 
 extension Dictionary where Key == SiteID, Value == HLCTimestamp {
-    /// Raises this vector to cover `stamp`.
-    mutating func include(_ stamp: Stamp) {
-        if let t = self[stamp.site], t >= stamp.time { return }
+    /// Raises this vector to cover `stamp`. - Returns: whether it changed.
+    @discardableResult
+    mutating func include(_ stamp: Stamp) -> Bool {
+        if let t = self[stamp.site], t >= stamp.time { return false }
         self[stamp.site] = stamp.time
+        return true
     }
 
     /// Pointwise maximum. - Returns: whether this vector changed.
     @discardableResult
     mutating func join(_ other: VersionVector) -> Bool {
         var changed = false
-        for (site, time) in other where (self[site].map { $0 < time } ?? true) {
+        for (site, time) in other where self[site].map({ $0 < time }) ?? true {
             self[site] = time
             changed = true
         }
         return changed
+    }
+
+    /// This vector joined with `other` (cheap when `other` is empty).
+    func joined(_ other: VersionVector) -> VersionVector {
+        guard !other.isEmpty else { return self }
+        guard !isEmpty else { return other }
+        var out = self
+        out.join(other)
+        return out
     }
 
     /// Whether a write with this stamp is covered (seen by a remover).
@@ -46,464 +57,1071 @@ extension Dictionary where Key == SiteID, Value == HLCTimestamp {
     }
 }
 
-/// A last-writer-wins register: a value and the stamp of the write that set it.
-public struct Register: Hashable, Sendable {
-    public var value: Value
-    public var stamp: Stamp
+// MARK: - Counter numbers
 
-    public init(value: Value, stamp: Stamp) {
-        self.value = value
+/// Arithmetic on counter numbers: `.int` (Int64) while exact, `.double` otherwise
+/// (docs/DATA-MODEL.md rule 4).
+enum CounterNumber {
+    /// Whether `value` can be a counter amount, total or restart: an int or a finite double.
+    static func isNumber(_ value: Value) -> Bool {
+        switch value {
+        case .int: return true
+        case .double(let d): return d.isFinite
+        default: return false
+        }
+    }
+
+    /// `a + b`: an int when both are ints, else a double.
+    ///
+    /// - Returns: `nil` when the int sum overflows Int64 or the double sum is not finite.
+    static func add(_ a: Value, _ b: Value) -> Value? {
+        if case .int(let x) = a, case .int(let y) = b {
+            let (sum, overflow) = x.addingReportingOverflow(y)
+            return overflow ? nil : .int(sum)
+        }
+        guard let x = a.numberValue, let y = b.numberValue else { return nil }
+        let sum = x + y
+        return sum.isFinite ? .double(sum) : nil
+    }
+
+    /// `base + Σ (total − sub)` over `terms` in the given order: exact Int64 arithmetic when every
+    /// number is an int and nothing overflows, otherwise doubles in the same order
+    /// (`acc = Double(base); acc += Double(total) − Double(sub)`), clamped to the finite range.
+    static func sum(base: Value, terms: [(total: Value, sub: Value)]) -> Value {
+        if case .int(var acc) = base {
+            var exact = true
+            for term in terms {
+                guard case .int(let total) = term.total, case .int(let sub) = term.sub else {
+                    exact = false
+                    break
+                }
+                let (difference, o1) = total.subtractingReportingOverflow(sub)
+                let (next, o2) = acc.addingReportingOverflow(difference)
+                if o1 || o2 {
+                    exact = false
+                    break
+                }
+                acc = next
+            }
+            if exact { return .int(acc) }
+        }
+        var acc = base.numberValue ?? 0
+        for term in terms { acc += (term.total.numberValue ?? 0) - (term.sub.numberValue ?? 0) }
+        if !acc.isFinite { acc = acc < 0 ? -.greatestFiniteMagnitude : .greatestFiniteMagnitude }
+        return .double(acc)
+    }
+}
+
+extension Value {
+    /// Whether this can be a counter amount: an `.int` or a finite `.double`.
+    public var isCounterNumber: Bool { CounterNumber.isNumber(self) }
+
+    /// Adds two numbers the way counters do (docs/DATA-MODEL.md rule 4): an `.int` when both are
+    /// ints, otherwise a `.double`.
+    ///
+    /// - Returns: `nil` when either is not a number, the int sum leaves Int64, or the double sum
+    ///   is not finite.
+    public static func counterSum(_ a: Value, _ b: Value) -> Value? {
+        guard a.isCounterNumber, b.isCounterNumber else { return nil }
+        return CounterNumber.add(a, b)
+    }
+}
+
+/// Whether `a`'s canonical CBOR encoding precedes `b`'s, byte-wise (a proper prefix first): the
+/// tie-break of equal stamps (docs/DATA-MODEL.md rule 3).
+func cborPrecedes(_ a: Value, _ b: Value) -> Bool {
+    CBOR.encode(a).lexicographicallyPrecedes(CBOR.encode(b))
+}
+
+// MARK: - Field parts
+
+/// One site's running counter total: the sum of all its increments of one counter, stamped by the
+/// latest (also used for the totals a restart or a remove had seen).
+public struct CounterTotal: Hashable, Sendable {
+    /// The total: `.int` while every increment was an int, else `.double`.
+    public internal(set) var total: Value
+    /// The stamp of the increment that made this total; its site is the site the total belongs to.
+    public internal(set) var stamp: Stamp
+
+    public init(total: Value, stamp: Stamp) {
+        self.total = total
         self.stamp = stamp
     }
 
-    mutating func join(_ other: Register) -> Bool {
-        // Equal stamps name the same write, so the same value.
-        guard other.stamp > stamp else { return false }
-        self = other
-        return true
+    /// The later of two totals of one site: by stamp, ties by the greater CBOR encoding.
+    static func later(_ a: CounterTotal?, _ b: CounterTotal?) -> CounterTotal? {
+        guard let a else { return b }
+        guard let b else { return a }
+        if a.stamp != b.stamp { return a.stamp < b.stamp ? b : a }
+        return a.total == b.total || !cborPrecedes(a.total, b.total) ? a : b
     }
 }
 
-/// A PN-counter: each site's running total of its increments, and the latest restart.
-///
-/// Value = restart value + Σ over sites (site total − that site's total the restart had seen).
-/// A restart is a last-writer-wins write; increments concurrent with it (not seen by it) survive.
-public struct Counter: Hashable, Sendable {
-    /// Running total of each site's increments, stamped by its latest increment.
-    public var totals: [SiteID: CounterTotal] = [:]
-    /// The latest restart: its value (a number) and stamp.
-    public var restart: Register?
-    /// Per site, the latest of its totals any restart or remove had seen (that much is not counted
-    /// again). Compared by stamp, not amount: totals fall with negative increments.
-    public var restartSeen: [SiteID: CounterTotal] = [:]
+extension Dictionary where Key == SiteID, Value == CounterTotal {
+    /// Keeps the later of this site's total and `total`. - Returns: whether this changed.
+    @discardableResult
+    mutating func joinLater(_ total: CounterTotal) -> Bool {
+        let site = total.stamp.site
+        guard let current = self[site] else {
+            self[site] = total
+            return true
+        }
+        guard CounterTotal.later(current, total)! != current else { return false }
+        self[site] = total
+        return true
+    }
 
-    public init() {}
+    /// Per site, the later total. - Returns: whether this changed.
+    @discardableResult
+    mutating func joinLater(_ other: [SiteID: CounterTotal]) -> Bool {
+        var changed = false
+        for total in other.values where joinLater(total) { changed = true }
+        return changed
+    }
+}
 
-    /// Records every current total as seen by a restart.
-    mutating func seeAllTotals() {
-        for (site, total) in totals where (restartSeen[site].map { $0.stamp < total.stamp } ?? true) {
-            restartSeen[site] = total
+/// A counter restart: the number written and, per site, the running total the writer had seen
+/// (only those amounts are not counted again, and only while this restart wins).
+public struct Restart: Hashable, Sendable {
+    /// The number written, exactly (`.int` or `.double`).
+    public internal(set) var value: Value
+    /// Per site, the running total the writer had seen.
+    public internal(set) var seen: [SiteID: CounterTotal]
+
+    public init(value: Value, seen: [SiteID: CounterTotal]) {
+        self.value = value
+        self.seen = seen
+    }
+
+    /// What ties between two restarts with one stamp compare: `[value, [[site, time, total], ...]]`.
+    var tieKey: Value {
+        .array([
+            value,
+            .array(
+                seen.sorted { $0.key < $1.key }.map {
+                    .array([
+                        .int(Int64(bitPattern: $0.key)), .int(Int64(bitPattern: $0.value.stamp.time.rawValue)),
+                        $0.value.total,
+                    ])
+                }),
+        ])
+    }
+}
+
+/// One site's latest write to a field.
+public struct FieldEntry: Hashable, Sendable, Comparable {
+    /// What the write put in the field.
+    public enum Content: Hashable, Sendable {
+        /// A leaf: a scalar or an array.
+        case value(Value)
+        /// The field became (or stayed) a map: a write below it, or a map value.
+        case map
+        /// A counter restart.
+        case restart(Restart)
+        /// A value write whose value this node does not keep (an eviction stub).
+        case withheldValue
+        /// A map write in an eviction stub.
+        case withheldMap
+
+        /// Order of contents at equal stamps (docs/DATA-MODEL.md rule 3).
+        var rank: Int {
+            switch self {
+            case .withheldValue: return 0
+            case .withheldMap: return 1
+            case .map: return 2
+            case .value: return 3
+            case .restart: return 4
+            }
         }
     }
 
-    /// The stamp of the latest restart or increment.
-    var latestStamp: Stamp? {
-        var latest = restart?.stamp
-        for total in totals.values where latest.map({ $0 < total.stamp }) ?? true { latest = total.stamp }
+    public internal(set) var stamp: Stamp
+    public internal(set) var content: Content
+
+    public init(stamp: Stamp, content: Content) {
+        self.stamp = stamp
+        self.content = content
+    }
+
+    /// The total order the join keeps the greater of: by stamp, then content rank, then the CBOR
+    /// encoding of the value (or of ``Restart/tieKey``).
+    public static func < (lhs: FieldEntry, rhs: FieldEntry) -> Bool {
+        if lhs.stamp != rhs.stamp { return lhs.stamp < rhs.stamp }
+        if lhs.content.rank != rhs.content.rank { return lhs.content.rank < rhs.content.rank }
+        if lhs.content == rhs.content { return false }  // the same write (the common case in a join)
+        switch (lhs.content, rhs.content) {
+        case (.value(let a), .value(let b)): return cborPrecedes(a, b)
+        case (.restart(let a), .restart(let b)): return cborPrecedes(a.tieKey, b.tieKey)
+        default: return false
+        }
+    }
+
+    /// The same write with its value dropped (for eviction stubs); restarts keep theirs.
+    var withheld: FieldEntry {
+        switch content {
+        case .value: return FieldEntry(stamp: stamp, content: .withheldValue)
+        case .map: return FieldEntry(stamp: stamp, content: .withheldMap)
+        default: return self
+        }
+    }
+}
+
+/// A field's entries: per writing site, that site's latest write. One entry (the common case)
+/// is stored inline, without a dictionary.
+public struct FieldEntries: Hashable, Sendable, Sequence {
+    private enum Storage: Hashable, Sendable {
+        case none
+        case one(FieldEntry)
+        case many([SiteID: FieldEntry])  // two or more
+    }
+
+    private var storage = Storage.none
+
+    public init() {}
+
+    public var isEmpty: Bool {
+        if case .none = storage { return true }
+        return false
+    }
+
+    public var count: Int {
+        switch storage {
+        case .none: return 0
+        case .one: return 1
+        case .many(let d): return d.count
+        }
+    }
+
+    /// The entry of `site`, if it wrote this field.
+    public subscript(site: SiteID) -> FieldEntry? {
+        switch storage {
+        case .none: return nil
+        case .one(let e): return e.stamp.site == site ? e : nil
+        case .many(let d): return d[site]
+        }
+    }
+
+    /// Keeps the greater of its site's entry and `entry`. - Returns: whether this changed.
+    @discardableResult
+    mutating func note(_ entry: FieldEntry) -> Bool {
+        switch storage {
+        case .none:
+            storage = .one(entry)
+            return true
+        case .one(let current):
+            if current.stamp.site == entry.stamp.site {
+                guard current < entry else { return false }
+                storage = .one(entry)
+            } else {
+                storage = .many([current.stamp.site: current, entry.stamp.site: entry])
+            }
+            return true
+        case .many(var d):
+            if let current = d[entry.stamp.site], !(current < entry) { return false }
+            storage = .none  // keeps `d` uniquely referenced while it changes
+            d[entry.stamp.site] = entry
+            storage = .many(d)
+            return true
+        }
+    }
+
+    /// Removes the entries `remove` selects. - Returns: whether any was removed.
+    @discardableResult
+    mutating func removeAll(where remove: (FieldEntry) -> Bool) -> Bool {
+        switch storage {
+        case .none: return false
+        case .one(let e):
+            guard remove(e) else { return false }
+            storage = .none
+            return true
+        case .many(var d):
+            guard d.values.contains(where: remove) else { return false }
+            storage = .none
+            d = d.filter { !remove($0.value) }
+            storage = d.count == 1 ? .one(d.first!.value) : d.isEmpty ? .none : .many(d)
+            return true
+        }
+    }
+
+    /// Replaces every entry by `transform(entry)` (which must keep its stamp).
+    mutating func update(_ transform: (FieldEntry) -> FieldEntry) {
+        switch storage {
+        case .none: break
+        case .one(let e): storage = .one(transform(e))
+        case .many(var d):
+            storage = .none
+            for site in Array(d.keys) { d[site] = transform(d[site]!) }
+            storage = .many(d)
+        }
+    }
+
+    public func makeIterator() -> Iterator {
+        switch storage {
+        case .none: return Iterator(single: nil, many: nil)
+        case .one(let e): return Iterator(single: e, many: nil)
+        case .many(let d): return Iterator(single: nil, many: d.values.makeIterator())
+        }
+    }
+
+    /// Iterates the entries (in no particular order).
+    public struct Iterator: IteratorProtocol {
+        var single: FieldEntry?
+        var many: Dictionary<SiteID, FieldEntry>.Values.Iterator?
+
+        public mutating func next() -> FieldEntry? {
+            if let e = single {
+                single = nil
+                return e
+            }
+            return many?.next()
+        }
+    }
+}
+
+/// Which part of a field shows. At equal stamps a value shows before a counter, a counter before
+/// a map (the raw values are that precedence).
+enum PartKind: Int, Comparable {
+    case map = 0
+    case counter = 1
+    case value = 2
+
+    static func < (lhs: PartKind, rhs: PartKind) -> Bool { lhs.rawValue < rhs.rawValue }
+}
+
+/// What a field shows: its value (`nil` when the winning write is withheld in an eviction stub),
+/// the stamp that decided it and which part it comes from.
+struct FieldPart {
+    var value: Value?
+    var stamp: Stamp
+    var kind: PartKind
+
+    func precedes(_ other: FieldPart) -> Bool {
+        stamp != other.stamp ? stamp < other.stamp : kind < other.kind
+    }
+}
+
+/// The replicated state of one field (docs/DATA-MODEL.md, "What a state holds").
+public struct FieldNode: Hashable, Sendable {
+    /// Per writing site, that site's latest write to this field.
+    public internal(set) var entries = FieldEntries()
+    /// The child fields (the field is or was a map).
+    public internal(set) var map = MapNode()
+    /// Counter: per site, its running total of increments.
+    public internal(set) var totals: [SiteID: CounterTotal] = [:]
+    /// Counter: per site, the latest running total a remove, an unset or a replacement had seen.
+    public internal(set) var removedTotals: [SiteID: CounterTotal] = [:]
+    /// The field's observed-remove context.
+    public internal(set) var removed: VersionVector = [:]
+
+    public init() {}
+
+    /// Nothing left: the normal form drops such a field.
+    var isEmpty: Bool {
+        entries.isEmpty && map.isEmpty && totals.isEmpty && removedTotals.isEmpty && removed.isEmpty
+    }
+
+    /// Keeps the greater of this site's entry and `entry`. - Returns: whether this changed.
+    @discardableResult
+    mutating func note(_ entry: FieldEntry) -> Bool { entries.note(entry) }
+
+    // MARK: Join and normal form
+
+    /// Joins `other` into this field, keeping the normal form: what the joined context covers is
+    /// not taken from `other`, and what it newly covers here is dropped.
+    ///
+    /// - Parameters:
+    ///   - inherited: the joined context above this field.
+    ///   - inheritedGrew: whether that context is larger than the one this field was normal under.
+    /// - Returns: whether this field changed.
+    mutating func join(_ other: FieldNode, inherited: VersionVector, inheritedGrew: Bool) -> Bool {
+        var grew = false
+        for (site, time) in other.removed
+        where (inherited[site].map { $0 < time } ?? true) && (removed[site].map { $0 < time } ?? true) {
+            removed[site] = time
+            grew = true
+        }
+        var changed = grew
+        if inheritedGrew || grew, normalizeHere(inherited) { changed = true }
+        let context = inherited.joined(removed)
+        for entry in other.entries where !context.covers(entry.stamp) {
+            if note(entry) { changed = true }
+        }
+        for total in other.totals.values where !context.covers(total.stamp) {
+            if totals.joinLater(total) { changed = true }
+        }
+        if removedTotals.joinLater(other.removedTotals) { changed = true }
+        if map.join(other.map, context: context, contextGrew: inheritedGrew || grew) { changed = true }
+        return changed
+    }
+
+    /// Drops what the context in force covers, in this field and below (docs/DATA-MODEL.md,
+    /// "Normal form"). - Returns: whether anything was dropped.
+    @discardableResult
+    mutating func normalize(_ inherited: VersionVector) -> Bool {
+        var changed = normalizeHere(inherited)
+        if map.normalize(inherited.joined(removed)) { changed = true }
+        return changed
+    }
+
+    /// ``normalize(_:)`` without the children.
+    private mutating func normalizeHere(_ inherited: VersionVector) -> Bool {
+        var changed = false
+        if !removed.isEmpty, !inherited.isEmpty,
+            removed.contains(where: { site, time in inherited[site].map { time <= $0 } ?? false })
+        {
+            removed = removed.filter { site, time in inherited[site].map { $0 < time } ?? true }
+            changed = true
+        }
+        let context = inherited.joined(removed)
+        guard !context.isEmpty else { return changed }
+        if entries.removeAll(where: { context.covers($0.stamp) }) { changed = true }
+        if totals.contains(where: { context.covers($0.value.stamp) }) {
+            totals = totals.filter { !context.covers($0.value.stamp) }
+            changed = true
+        }
+        return changed
+    }
+
+    // MARK: Reading
+
+    /// What the field shows under the inherited context, or `nil` when nothing in it is visible.
+    ///
+    /// - Complexity: O(size of the field).
+    func part(_ inherited: VersionVector) -> FieldPart? {
+        let context = inherited.joined(removed)
+        var bestValue: FieldEntry?
+        var mapStamp: Stamp?
+        var valuedMap = false
+        var winner: FieldEntry?
+        for entry in entries where !context.covers(entry.stamp) {
+            switch entry.content {
+            case .value, .withheldValue:
+                if bestValue.map({ $0 < entry }) ?? true { bestValue = entry }
+            case .map, .withheldMap:
+                if mapStamp.map({ $0 < entry.stamp }) ?? true { mapStamp = entry.stamp }
+                if case .map = entry.content { valuedMap = true }
+            case .restart:
+                if winner.map({ $0 < entry }) ?? true { winner = entry }
+            }
+        }
+        var best: FieldPart?
+        func offer(_ part: FieldPart) {
+            if best.map({ $0.precedes(part) }) ?? true { best = part }
+        }
+        if let entry = bestValue {
+            if case .value(let v) = entry.content {
+                offer(FieldPart(value: v, stamp: entry.stamp, kind: .value))
+            } else {
+                offer(FieldPart(value: Value?.none, stamp: entry.stamp, kind: .value))
+            }
+        }
+        if mapStamp != nil || !map.isEmpty {
+            var latest = mapStamp
+            var out: UTF8Map<Value> = [:]
+            for (key, child) in map.entries {
+                guard let p = child.part(context) else { continue }
+                if let v = p.value { out[key] = v }
+                if latest.map({ $0 < p.stamp }) ?? true { latest = p.stamp }
+            }
+            if let latest {
+                let value: Value? = out.isEmpty && !valuedMap ? nil : .map(out)
+                offer(FieldPart(value: value, stamp: latest, kind: .map))
+            }
+        }
+        if let counter = counterPart(context, winner: winner) { offer(counter) }
+        return best
+    }
+
+    /// The counter's value (docs/DATA-MODEL.md rule 4) and latest visible stamp.
+    private func counterPart(_ context: VersionVector, winner: FieldEntry?) -> FieldPart? {
+        guard winner != nil || !totals.isEmpty else { return nil }
+        var latest = winner?.stamp
+        var base = Value.int(0)
+        var seen: [SiteID: CounterTotal] = [:]
+        if let winner, case .restart(let r) = winner.content {
+            base = r.value
+            seen = r.seen
+        }
+        var terms: [(total: Value, sub: Value)] = []
+        for site in totals.keys.sorted() {
+            let total = totals[site]!
+            guard !context.covers(total.stamp) else { continue }
+            if latest.map({ $0 < total.stamp }) ?? true { latest = total.stamp }
+            let sub = CounterTotal.later(seen[site], removedTotals[site])
+            if let sub, !(sub.stamp < total.stamp) { continue }
+            terms.append((total.total, sub?.total ?? .int(0)))
+        }
+        guard let latest else { return nil }
+        return FieldPart(value: CounterNumber.sum(base: base, terms: terms), stamp: latest, kind: .counter)
+    }
+
+    /// This site's latest running total of this counter: its total, or what a restart or a
+    /// remove last saw of it (the total itself may have been covered and dropped).
+    func runningTotal(of site: SiteID) -> CounterTotal? {
+        var latest = CounterTotal.later(totals[site], removedTotals[site])
+        for entry in entries {
+            if case .restart(let r) = entry.content { latest = CounterTotal.later(latest, r.seen[site]) }
+        }
         return latest
     }
 
-    mutating func join(_ other: Counter) -> Bool {
-        var changed = false
-        for (site, total) in other.totals where (totals[site].map { $0.stamp < total.stamp } ?? true) {
-            totals[site] = total
-            changed = true
+    /// Every site's latest running total (what a restart or a remove records as seen).
+    func runningTotals() -> [SiteID: CounterTotal] {
+        var out = removedTotals
+        out.joinLater(totals)
+        for entry in entries {
+            if case .restart(let r) = entry.content { out.joinLater(r.seen) }
         }
-        if let r = other.restart, restart.map({ $0.stamp < r.stamp }) ?? true {
-            restart = r
-            changed = true
-        }
-        // Each restart (or remove) saw some of each site's total; none of that counts again.
-        for (site, seen) in other.restartSeen where (restartSeen[site].map { $0.stamp < seen.stamp } ?? true) {
-            restartSeen[site] = seen
-            changed = true
-        }
-        return changed
+        return out
     }
-}
 
-/// One site's running counter total.
-public struct CounterTotal: Hashable, Sendable {
-    public var total: Double
-    public var stamp: Stamp
-}
-
-/// The replicated state of one field: whichever of register, map or counter was written last
-/// (and is not removed) is what the field shows.
-///
-/// `removed` is the field's observed-remove context: everything under the field at or below it
-/// was seen by an unset (or by a write that replaced the field) and is gone.
-public struct FieldNode: Hashable, Sendable {
-    public var register: Register?
-    public var map: MapNode?
-    /// The latest write that made this field a map.
-    public var mapStamp: Stamp?
-    public var counter: Counter?
-    public var removed: VersionVector = [:]
-
-    public init() {}
-
-    /// Every write under this field, per site (the context an unset or replacement records).
+    /// The stamps of every write under this field, per site (an unset's or a replacement's context).
     func versionVector(into vv: inout VersionVector) {
-        if let r = register { vv.include(r.stamp) }
-        if let s = mapStamp { vv.include(s) }
-        if let map { for node in map.entries.values { node.versionVector(into: &vv) } }
-        if let counter {
-            if let r = counter.restart { vv.include(r.stamp) }
-            for total in counter.totals.values { vv.include(total.stamp) }
-        }
+        for entry in entries { vv.include(entry.stamp) }
+        for total in totals.values { vv.include(total.stamp) }
+        for child in map.entries.values { child.versionVector(into: &vv) }
     }
 
-    mutating func join(_ other: FieldNode) -> Bool {
-        var changed = false
-        if let r = other.register {
-            if register == nil {
-                register = r
-                changed = true
-            } else if register!.join(r) {
-                changed = true
-            }
+    /// Whether anything under this field (an entry, a total, a context) names `site`.
+    func mentions(_ site: SiteID) -> Bool {
+        if entries[site] != nil || totals[site] != nil || removedTotals[site] != nil || removed[site] != nil {
+            return true
         }
-        if let s = other.mapStamp, mapStamp.map({ $0 < s }) ?? true {
-            mapStamp = s
-            changed = true
-        }
-        if let m = other.map {
-            if map == nil {
-                map = m
-                changed = true
-            } else if map!.join(m) {
-                changed = true
-            }
-        }
-        if let c = other.counter {
-            if counter == nil {
-                counter = c
-                changed = true
-            } else if counter!.join(c) {
-                changed = true
-            }
-        }
-        if removed.join(other.removed) { changed = true }
-        return changed
-    }
-
-    /// The field as applications see it under the inherited remove context, with the stamp of its
-    /// latest visible write (which decides between register, map and counter); `nil` when nothing
-    /// under it is visible.
-    func materialize(_ inherited: VersionVector) -> (value: Value, stamp: Stamp)? {
-        visible(inherited).map { ($0.value, $0.stamp) }
-    }
-
-    /// Which part of the field shows.
-    enum Kind { case register, map, counter }
-
-    /// The visible value, the stamp deciding it, and which part it comes from. On equal stamps
-    /// (one write that both set a register and restarted a counter) the register shows.
-    func visible(_ inherited: VersionVector) -> (value: Value, stamp: Stamp, kind: Kind)? {
-        var context = inherited
-        if !removed.isEmpty { context.join(removed) }
-        var best: (value: Value, stamp: Stamp, kind: Kind)?
-        func offer(_ value: Value, _ stamp: Stamp, _ kind: Kind) {
-            if best.map({ $0.stamp < stamp }) ?? true { best = (value, stamp, kind) }
-        }
-        if let r = register, !context.covers(r.stamp) { offer(r.value, r.stamp, .register) }
-        if let map {
-            var latest = mapStamp.flatMap { context.covers($0) ? nil : $0 }
-            var out: [String: Value] = [:]
-            for (key, node) in map.entries {
-                guard let (value, stamp) = node.materialize(context) else { continue }
-                out[key] = value
-                if latest.map({ $0 < stamp }) ?? true { latest = stamp }
-            }
-            if let latest { offer(.map(out), latest, .map) }
-        }
-        if let counter {
-            var latest: Stamp?
-            var sum = 0.0
-            if let r = counter.restart, !context.covers(r.stamp) {
-                sum = r.value.numberValue ?? 0
-                latest = r.stamp
-            }
-            for (site, total) in counter.totals where !context.covers(total.stamp) {
-                sum += total.total - (counter.restartSeen[site]?.total ?? 0)
-                if latest.map({ $0 < total.stamp }) ?? true { latest = total.stamp }
-            }
-            if let latest { offer(.double(sum), latest, .counter) }
-        }
-        return best
-    }
-}
-
-/// A map merged per key.
-public struct MapNode: Hashable, Sendable {
-    public var entries: [String: FieldNode] = [:]
-
-    public init() {}
-
-    mutating func join(_ other: MapNode) -> Bool {
-        var changed = false
-        for (key, node) in other.entries {
-            if entries[key] == nil {
-                entries[key] = node
-                changed = true
-            } else if entries[key]!.join(node) {
-                changed = true
-            }
-        }
-        return changed
-    }
-}
-
-/// The replicated (CRDT) state of one document (docs/DATA-MODEL.md).
-///
-/// - Maps, the document root included, merge per key; leaves and arrays are last-writer-wins
-///   registers decided by (HLC, site ID); counters sum each site's increments.
-/// - Removes are **add-wins (observed-remove)**: removing the document, or unsetting a field, takes
-///   away exactly the writes the remover had seen (recorded as a version vector, the remove
-///   context); a concurrent write it had not seen survives, and writing to a removed `_id` brings the
-///   document back with only the new writes.
-/// - ``merge(_:)`` is a join (commutative, associative, idempotent): every part merges by maximum
-///   stamp or pointwise maximum, and what applications see is derived from the joined state.
-public struct DocumentState: Hashable, Sendable {
-    public var root: MapNode
-    /// Every write the state holds, per site.
-    public var writes: VersionVector
-    /// The document's remove context.
-    public var removed: VersionVector
-
-    public init(root: MapNode = MapNode(), writes: VersionVector = [:], removed: VersionVector = [:]) {
-        self.root = root
-        self.writes = writes
-        self.removed = removed
-    }
-
-    /// `true` when every write this state holds was seen by a remove (or it holds none).
-    public var isDeleted: Bool {
-        for (site, time) in writes {
-            if let context = removed[site], time <= context { continue }
-            return false
-        }
-        return true
-    }
-
-    /// Records a write at `stamp` even if no field changes (an upsert of only `_id` creates the document).
-    public mutating func noteWrite(_ stamp: Stamp) {
-        writes.include(stamp)
+        return map.entries.values.contains { $0.mentions(site) }
     }
 
     // MARK: Local operations
 
-    /// Navigates to the field at `path` and runs `body` on it. With `create`, missing maps on the
-    /// way are created (and every map on the way records the write); without, a missing step
-    /// skips `body` and returns `nil`.
+    /// Records, in this counter and every counter below, the running totals seen now.
+    mutating func recordRemovedTotals() {
+        if !totals.isEmpty || !removedTotals.isEmpty || entries.contains(where: { $0.isRestart }) {
+            removedTotals = runningTotals()
+        }
+        map.updateEach {
+            $0.recordRemovedTotals()
+            return true
+        }
+    }
+
+    /// Removes everything under this field that this replica holds: its stamps join the field's
+    /// remove context, and its counters record the totals seen.
+    mutating func kill(seen vv: VersionVector) {
+        removed.join(vv)
+        recordRemovedTotals()
+    }
+
+    /// Replaces every value and "map" entry by a withheld one (restarts and totals stay).
+    mutating func withholdValues() {
+        if entries.contains(where: { $0.withheld != $0 }) { entries.update { $0.withheld } }
+        map.updateEach {
+            $0.withholdValues()
+            return true
+        }
+    }
+}
+
+extension FieldEntry {
+    var isRestart: Bool {
+        if case .restart = content { return true }
+        return false
+    }
+}
+
+/// A map merged per key: the child fields by key.
+///
+/// Entries are reached only through the helpers below, so the key type can change in one place.
+public struct MapNode: Hashable, Sendable {
+    /// The child fields.
+    public internal(set) var entries: [String: FieldNode] = [:]
+
+    public init() {}
+
+    var isEmpty: Bool { entries.isEmpty }
+
+    subscript(key: String) -> FieldNode? {
+        get { entries[key] }
+        set { entries[key] = newValue }
+    }
+
+    /// Runs `body` on the child at `key` in place (on a new, empty child when there is none, if
+    /// `create`); a child left empty is dropped (normal form). - Returns: `body`'s result, or
+    /// `nil` when there was no child and not `create`.
     @discardableResult
-    private mutating func withField<R>(
-        _ path: FieldPath, stamp: Stamp, create: Bool = true, _ body: (inout FieldNode) throws(DocumentStateError) -> R
-    ) throws(DocumentStateError) -> R? {
-        guard case .key(let first)? = path.components.first else {
+    mutating func modify<R>(_ key: String, create: Bool = true, _ body: (inout FieldNode) throws -> R) rethrows -> R? {
+        if let i = entries.index(forKey: key) {
+            let result = try body(&entries.values[i])
+            if entries.values[i].isEmpty { entries.remove(at: i) }
+            return result
+        }
+        guard create else { return nil }
+        var node = FieldNode()
+        let result = try body(&node)
+        if !node.isEmpty { entries[key] = node }
+        return result
+    }
+
+    /// Changes every child in place, dropping those left empty. - Returns: whether any `body`
+    /// returned `true`.
+    @discardableResult
+    mutating func updateEach(_ body: (inout FieldNode) -> Bool) -> Bool {
+        guard !entries.isEmpty else { return false }
+        var changed = false
+        var emptied: [String] = []
+        var i = entries.values.startIndex
+        while i != entries.values.endIndex {
+            if body(&entries.values[i]) { changed = true }
+            if entries.values[i].isEmpty { emptied.append(entries.keys[i]) }
+            entries.values.formIndex(after: &i)
+        }
+        for key in emptied { entries.removeValue(forKey: key) }
+        return changed
+    }
+
+    /// The keys in CBOR's deterministic order (shorter UTF-8 first, then byte-wise).
+    func sortedKeys() -> [String] { entries.keys.sorted(by: CBORWriter.keyPrecedes) }
+
+    /// Joins `other`'s children into these (see ``FieldNode/join(_:inherited:inheritedGrew:)``);
+    /// when the context grew, the children `other` does not have are normalised too.
+    /// - Returns: whether anything changed.
+    mutating func join(_ other: MapNode, context: VersionVector, contextGrew: Bool) -> Bool {
+        var changed = false
+        if contextGrew {
+            for key in entries.keys where other.entries[key] == nil {
+                if modify(key, create: false, { $0.normalize(context) }) == true { changed = true }
+            }
+        }
+        for (key, node) in other.entries {
+            if modify(key, { $0.join(node, inherited: context, inheritedGrew: contextGrew) }) == true { changed = true }
+        }
+        return changed
+    }
+
+    @discardableResult
+    mutating func normalize(_ context: VersionVector) -> Bool {
+        updateEach { $0.normalize(context) }
+    }
+
+    /// The visible fields with values.
+    func materialize(_ context: VersionVector) -> UTF8Map<Value> {
+        var out: UTF8Map<Value> = [:]
+        out.reserveCapacity(entries.count)
+        for (key, node) in entries {
+            if let v = node.part(context)?.value { out[key] = v }
+        }
+        return out
+    }
+}
+
+// MARK: - Document state
+
+/// The replicated (CRDT) state of one document (docs/DATA-MODEL.md).
+///
+/// - Fields keep, per writing site, that site's latest write; a field shows the latest write not
+///   covered by a remove context (add-wins, observed-remove). Maps, the document root included,
+///   merge per key; counters sum each site's running total, exactly.
+/// - Removes and unsets keep stamps and contexts, never the values they removed.
+/// - ``merge(_:)`` is a join (commutative, associative, idempotent), and every operation leaves
+///   the state in one normal form, so replicas that hold the same writes hold the same bytes.
+public struct DocumentState: Hashable, Sendable {
+    /// The document's fields.
+    public internal(set) var root: MapNode
+    /// Per site, the latest stamp of any of its operations on this document (writes and unsets).
+    public internal(set) var writes: VersionVector
+    /// The document's remove context.
+    public internal(set) var removed: VersionVector
+    /// Per site, its latest write that adds to the document (not an unset or a remove), kept while
+    /// ``removed`` does not cover it: the document exists while this is not empty.
+    public internal(set) var adds: VersionVector
+
+    /// An empty state: no document.
+    public init() {
+        root = MapNode()
+        writes = [:]
+        removed = [:]
+        adds = [:]
+    }
+
+    init(root: MapNode, writes: VersionVector, removed: VersionVector, adds: VersionVector) {
+        self.root = root
+        self.writes = writes
+        self.removed = removed
+        self.adds = adds
+    }
+
+    /// The state of a document made by one write: `fields` upserted at `stamp` into nothing.
+    ///
+    /// - Complexity: O(size of `fields`).
+    public init(fields: UTF8Map<Value>, stamp: Stamp) {
+        self.init()
+        merge(fields: fields, stamp: stamp)
+    }
+
+    /// `true` when every write that added to the document was seen by a remove (or there is none).
+    public var isDeleted: Bool {
+        !adds.contains { !removed.covers(Stamp(time: $0.value, site: $0.key)) }
+    }
+
+    /// Records a write at `stamp` even if no field changes (an upsert of only `_id` creates the
+    /// document).
+    public mutating func noteWrite(_ stamp: Stamp) {
+        adds.include(stamp)
+        writes.include(stamp)
+        normalizeDocument()
+    }
+
+    // MARK: Paths
+
+    /// The keys of a path that names a field (no array index).
+    private static func keys(of path: FieldPath) throws(DocumentStateError) -> [String] {
+        var keys: [String] = []
+        for component in path.components {
+            switch component {
+            case .key(let k): keys.append(k)
+            case .index:
+                guard let last = keys.last else {
+                    throw DocumentStateError(message: "a path must start with a field name, not '\(path)'")
+                }
+                throw DocumentStateError(
+                    message: "'\(last)' holds an array, which is one register: set the whole array, not an element")
+            }
+        }
+        guard !keys.isEmpty else {
             throw DocumentStateError(message: "a path must start with a field name, not '\(path)'")
         }
-        return try Self.withField(in: &root, first, path.components.dropFirst(), stamp: stamp, create: create, body)
+        return keys
+    }
+
+    /// What each prefix of `keys` shows, as far as the path leads through maps: the last element
+    /// is the part at the last key reached (`nil` when it shows nothing).
+    private func parts(along keys: [String]) -> [FieldPart?] {
+        var out: [FieldPart?] = []
+        var map = root
+        var context = removed
+        for key in keys {
+            guard let node = map[key] else {
+                out.append(nil)
+                break
+            }
+            let part = node.part(context)
+            out.append(part)
+            guard let part, part.kind == .map else { break }
+            context = context.joined(node.removed)
+            map = node.map
+        }
+        return out
+    }
+
+    /// Every field on the way to `keys` must show a map or nothing: writing `s.x` never turns a
+    /// string `s` into a map silently. - Returns: what the field at `keys` shows.
+    private func checkedTarget(_ keys: [String], _ path: FieldPath) throws(DocumentStateError) -> FieldPart? {
+        let parts = parts(along: keys)
+        for (i, part) in parts.enumerated() where i < keys.count - 1 {
+            guard let part else { return nil }
+            guard part.kind != .map else { continue }
+            let prefix = FieldPath(components: keys[...i].map { .key($0) })
+            guard let value = part.value else {
+                throw DocumentStateError(
+                    message: "cannot write '\(path)': '\(prefix)' holds a value evicted from this node")
+            }
+            throw DocumentStateError(message: "cannot write '\(path)': '\(prefix)' holds \(value.typeName), not a map")
+        }
+        return parts.count == keys.count ? parts.last! : nil
+    }
+
+    /// Navigates to the field at `keys` and runs `body` on it with the context in force above it.
+    /// With `stamp`, missing maps on the way are created and every map on the way records a "map"
+    /// entry; without, a missing step skips `body` and returns `nil`.
+    @discardableResult
+    private mutating func withField<R>(
+        _ keys: [String], stamp: Stamp?, _ body: (inout FieldNode, VersionVector) -> R
+    ) -> R? {
+        Self.withField(in: &root, keys[...], context: removed, stamp: stamp, body)
     }
 
     private static func withField<R>(
-        in map: inout MapNode, _ key: String, _ rest: ArraySlice<FieldPath.Component>, stamp: Stamp, create: Bool,
-        _ body: (inout FieldNode) throws(DocumentStateError) -> R
-    ) throws(DocumentStateError) -> R? {
-        guard create || map.entries[key] != nil else { return nil }
-        var node = map.entries.removeValue(forKey: key) ?? FieldNode()
-        defer { map.entries[key] = node }
-        guard let next = rest.first else { return try body(&node) }
-        guard case .key(let childKey) = next else {
-            throw DocumentStateError(
-                message: "'\(key)' holds an array, which is one register: set the whole array, not an element")
+        in map: inout MapNode, _ keys: ArraySlice<String>, context: VersionVector, stamp: Stamp?,
+        _ body: (inout FieldNode, VersionVector) -> R
+    ) -> R? {
+        let rest = keys.dropFirst()
+        let result = map.modify(keys.first!, create: stamp != nil) { node -> R? in
+            guard !rest.isEmpty else { return body(&node, context) }
+            if let stamp { node.note(FieldEntry(stamp: stamp, content: .map)) }
+            return withField(in: &node.map, rest, context: context.joined(node.removed), stamp: stamp, body)
         }
-        guard create || node.map != nil else { return nil }
-        if create, node.mapStamp.map({ $0 < stamp }) ?? true { node.mapStamp = stamp }
-        var child = node.map ?? MapNode()
-        defer { node.map = child }
-        return try withField(in: &child, childKey, rest.dropFirst(), stamp: stamp, create: create, body)
+        return result ?? nil
     }
+
+    // MARK: Local operations
 
     /// Sets the field at `path` to `value`, replacing whatever it held (a map value replaces the
-    /// map: keys not in it are removed).
+    /// map: keys not in it are removed). A number written to a field that shows a counter
+    /// restarts the counter at that number (Ditto's `RESTART WITH`), also inside a map value.
     ///
-    /// - Throws: ``DocumentStateError`` for a path through an array index.
+    /// - Throws: ``DocumentStateError`` for a path through an array index or below a field that is
+    ///   not a map.
+    /// - Complexity: O(size of the field plus `value`).
     public mutating func set(_ path: FieldPath, to value: Value, stamp: Stamp) throws(DocumentStateError) {
-        try checkParents(of: path)
-        try withField(path, stamp: stamp) { node in
-            if Self.restartIfCounter(&node, with: value, stamp: stamp) { return }
-            Self.kill(&node, stamp: stamp, includingOwnStamp: false)
-            Self.write(value, into: &node, stamp: stamp, replace: true)
+        let keys = try Self.keys(of: path)
+        _ = try checkedTarget(keys, path)
+        withField(keys, stamp: stamp) { node, context in
+            Self.write(value, into: &node, context: context, stamp: stamp, replace: true)
         }
+        adds.include(stamp)
         writes.include(stamp)
-    }
-
-    /// Every map on the way to `path` must be a map or absent: writing `s.x` never turns a string
-    /// `s` into a map silently.
-    private func checkParents(of path: FieldPath) throws(DocumentStateError) {
-        guard path.components.count > 1 else { return }
-        for length in 1..<path.components.count {
-            let prefix = FieldPath(components: Array(path.components.prefix(length)))
-            guard let value = value(at: prefix) else { return }
-            guard case .map = value else {
-                throw DocumentStateError(
-                    message: "cannot write '\(path)': '\(prefix)' holds \(value.typeName), not a map")
-            }
-        }
-    }
-
-    /// Writing a number to a field that shows a counter restarts the counter at that number
-    /// (Ditto's `RESTART WITH`): increments the writer had seen are not counted again, concurrent
-    /// ones still are.
-    ///
-    /// - Returns: whether the write was a restart.
-    static func restartIfCounter(_ node: inout FieldNode, with value: Value, stamp: Stamp) -> Bool {
-        guard let number = value.numberValue, var counter = node.counter, node.visible([:])?.kind == .counter else {
-            return false
-        }
-        counter.restart = Register(value: .double(number), stamp: stamp)
-        counter.seeAllTotals()
-        node.counter = counter
-        return true
-    }
-
-    /// Removes everything under a field that this replica has seen: its writes join the field's
-    /// remove context, and counters restart at 0 having seen their current totals (so a concurrent
-    /// increment from elsewhere counts only itself when it arrives).
-    ///
-    /// - Parameter includingOwnStamp: the operation's own stamp joins the context too (unset,
-    ///   remove), hiding the counter restarts it writes.
-    static func kill(_ node: inout FieldNode, stamp: Stamp, includingOwnStamp: Bool) {
-        var seen = VersionVector()
-        node.versionVector(into: &seen)
-        if includingOwnStamp { seen.include(stamp) }
-        node.removed.join(seen)
-        restartCounters(&node, stamp: stamp)
-    }
-
-    static func restartCounters(_ node: inout FieldNode, stamp: Stamp) {
-        if var counter = node.counter, counter.restart.map({ $0.stamp < stamp }) ?? true {
-            counter.restart = Register(value: .double(0), stamp: stamp)
-            counter.seeAllTotals()
-            node.counter = counter
-        }
-        if var map = node.map {
-            for key in Array(map.entries.keys) {
-                restartCounters(&map.entries[key]!, stamp: stamp)
-            }
-            node.map = map
-        }
+        normalize(key: keys[0])
     }
 
     /// Writes top-level fields as Ditto's `merge` upsert does: nested maps merge per key, every
-    /// other value replaces the field.
-    public mutating func merge(fields: [String: Value], stamp: Stamp) {
+    /// other value replaces the field (a number restarts a field that shows a counter).
+    ///
+    /// - Complexity: O(size of the fields written and of the fields they land on).
+    public mutating func merge(fields: UTF8Map<Value>, stamp: Stamp) {
         for (key, value) in fields {
-            var node = root.entries[key] ?? FieldNode()
-            Self.write(value, into: &node, stamp: stamp, replace: false)
-            root.entries[key] = node
+            root.modify(key) { node in
+                Self.write(value, into: &node, context: removed, stamp: stamp, replace: false)
+                node.normalize(removed)
+            }
         }
+        adds.include(stamp)
         writes.include(stamp)
     }
 
-    private static func write(_ value: Value, into node: inout FieldNode, stamp: Stamp, replace: Bool) {
-        if case .map(let entries) = value {
-            if node.mapStamp.map({ $0 < stamp }) ?? true { node.mapStamp = stamp }
-            var map = node.map ?? MapNode()
-            for (key, child) in entries {
-                var childNode = map.entries[key] ?? FieldNode()
-                write(child, into: &childNode, stamp: stamp, replace: replace)
-                map.entries[key] = childNode
+    /// Writes `value` into `node`. A leaf replaces everything the field held (it is covered); a
+    /// map value records a "map" entry and writes its keys (with `replace`, first covering
+    /// everything the field held); a number over a visible counter restarts it.
+    private static func write(
+        _ value: Value, into node: inout FieldNode, context: VersionVector, stamp: Stamp, replace: Bool
+    ) {
+        if node.isEmpty {
+            // A new field: nothing to restart or cover.
+            if case .map(let children) = value {
+                node.note(FieldEntry(stamp: stamp, content: .map))
+                for (key, child) in children {
+                    node.map.modify(key) { write(child, into: &$0, context: context, stamp: stamp, replace: false) }
+                }
+            } else {
+                node.note(FieldEntry(stamp: stamp, content: .value(value)))
             }
-            node.map = map
+            return
+        }
+        if CounterNumber.isNumber(value), node.part(context)?.kind == .counter {
+            node.note(FieldEntry(stamp: stamp, content: .restart(Restart(value: value, seen: node.runningTotals()))))
+            return
+        }
+        var seen = VersionVector()
+        if case .map(let children) = value {
+            if replace { node.versionVector(into: &seen) }
+            node.note(FieldEntry(stamp: stamp, content: .map))
+            // Children decide restarts against what they showed before this write.
+            let inner = context.joined(node.removed)
+            for (key, child) in children {
+                node.map.modify(key) { write(child, into: &$0, context: inner, stamp: stamp, replace: false) }
+            }
+            if replace { node.kill(seen: seen) }
         } else {
-            if !replace {
-                if restartIfCounter(&node, with: value, stamp: stamp) { return }
-                // A leaf replaces whatever was there (a map): it is seen and removed.
-                kill(&node, stamp: stamp, includingOwnStamp: false)
-            }
-            node.register = Register(value: value, stamp: stamp)
+            node.versionVector(into: &seen)
+            node.note(FieldEntry(stamp: stamp, content: .value(value)))
+            node.kill(seen: seen)
         }
     }
 
     /// Removes the field at `path` (observed-remove: concurrent writes not seen here survive).
+    /// The unset's stamp is recorded in ``writes``, also when there was nothing to remove.
     ///
     /// - Returns: whether the field was visible before.
+    /// - Complexity: O(size of the field).
     @discardableResult
     public mutating func unset(_ path: FieldPath, stamp: Stamp) throws(DocumentStateError) -> Bool {
+        let keys = try Self.keys(of: path)
         let existed = value(at: path) != nil
-        try withField(path, stamp: stamp, create: false) { node in
-            Self.kill(&node, stamp: stamp, includingOwnStamp: true)
+        withField(keys, stamp: nil) { node, _ in
+            var seen = VersionVector()
+            node.versionVector(into: &seen)
+            node.kill(seen: seen)
         }
+        writes.include(stamp)
+        normalize(key: keys[0])
         return existed
     }
 
-    /// Adds `amount` to the counter at `path` (Ditto's `increment(by:)`). A field holding a number
-    /// becomes a counter starting from that number; a missing field, a counter starting from 0.
+    /// Adds `amount` to the counter at `path` (Ditto's `increment(by:)`). A field that shows a
+    /// number becomes a counter starting from that number (a restart at it); a field that shows
+    /// nothing, a counter starting from 0.
     ///
-    /// - Throws: ``DocumentStateError`` when the field holds something other than a number, or the
-    ///   amount is not finite.
-    public mutating func increment(_ path: FieldPath, by amount: Double, stamp: Stamp) throws(DocumentStateError) {
-        guard amount.isFinite else { throw DocumentStateError(message: "cannot increment '\(path)' by \(amount)") }
-        try checkParents(of: path)
-        let current = value(at: path)
-        switch current {
-        case nil, .int?, .double?: break
-        case let other?: throw DocumentStateError(message: "cannot increment '\(path)': it holds \(other.typeName)")
+    /// - Parameter amount: an `.int` or a finite `.double`; ints keep the counter exact.
+    /// - Throws: ``DocumentStateError`` when the field holds something other than a number or a
+    ///   value evicted from this node, the amount is not a finite number, or this site's running
+    ///   total would leave Int64 (or the finite doubles).
+    /// - Complexity: O(size of the field).
+    public mutating func increment(_ path: FieldPath, by amount: Value, stamp: Stamp) throws(DocumentStateError) {
+        guard CounterNumber.isNumber(amount) else {
+            throw DocumentStateError(
+                message: "cannot increment '\(path)' by \(amount): the amount must be a finite number")
         }
-        try withField(path, stamp: stamp) { node in
-            var counter = node.counter ?? Counter()
-            let counterIsCurrent = current != nil && node.visible([:])?.kind == .counter
-            if !counterIsCurrent {
-                // Start (again) from what the field shows; earlier totals are not counted twice.
-                counter.restart = Register(value: .double(current?.numberValue ?? 0), stamp: stamp)
-                counter.seeAllTotals()
+        let keys = try Self.keys(of: path)
+        let shown = try checkedTarget(keys, path)
+        var restartAt: Value?
+        if let shown, shown.kind != .counter {
+            guard let value = shown.value else {
+                throw DocumentStateError(
+                    message:
+                        "cannot increment '\(path)': its value was evicted from this node; fetch the document first")
             }
-            let previous = counter.totals[stamp.site]?.total ?? 0
-            counter.totals[stamp.site] = CounterTotal(total: previous + amount, stamp: stamp)
-            node.counter = counter
+            guard CounterNumber.isNumber(value), shown.kind == .value else {
+                throw DocumentStateError(message: "cannot increment '\(path)': it holds \(value.typeName)")
+            }
+            restartAt = value
         }
+        let previous = node(at: keys)?.runningTotal(of: stamp.site)?.total ?? .int(0)
+        guard let next = CounterNumber.add(previous, amount) else {
+            let range = previous.intValue != nil && amount.intValue != nil ? "Int64" : "the finite doubles"
+            throw DocumentStateError(
+                message: "cannot increment '\(path)' by \(amount): this node's total \(previous) would leave \(range)")
+        }
+        withField(keys, stamp: stamp) { node, _ in
+            if let restartAt {
+                node.note(
+                    FieldEntry(stamp: stamp, content: .restart(Restart(value: restartAt, seen: node.runningTotals()))))
+            }
+            node.totals[stamp.site] = CounterTotal(total: next, stamp: stamp)
+        }
+        adds.include(stamp)
         writes.include(stamp)
+        normalize(key: keys[0])
+    }
+
+    /// The node at `keys`, if the state has one.
+    private func node(at keys: [String]) -> FieldNode? {
+        var node = root[keys[0]]
+        for key in keys.dropFirst() { node = node?.map[key] }
+        return node
     }
 
     /// Removes the document as the local node sees it: every write this state holds becomes
-    /// covered by the remove context (a tombstone); counters restart having seen their totals.
+    /// covered by the remove context (a tombstone); counters record the totals seen.
+    ///
+    /// - Complexity: O(size of the state).
     public mutating func remove(stamp: Stamp) {
+        root.updateEach {
+            $0.recordRemovedTotals()
+            return true
+        }
         removed.join(writes)
         removed.include(stamp)
-        for key in Array(root.entries.keys) {
-            Self.restartCounters(&root.entries[key]!, stamp: stamp)
-        }
+        normalizeDocument()
     }
 
-    /// Joins another replica's state of the same document into this one.
+    /// Whether default data (stamped at HLC time zero by `site`) may be written at `path`: the
+    /// field shows nothing, nothing in it names `site`, and no remove context on the way to it
+    /// (the document's included) names `site` (docs/DATA-MODEL.md rule 3). With a `nil` path,
+    /// whether the whole document holds nothing of `site`.
     ///
-    /// - Returns: `true` when this state changed.
-    /// - Complexity: O(size of `other`).
+    /// A context naming `site` covers its time zero, so `site` may once have written default data
+    /// there: writing again could give two different values one stamp.
+    ///
+    /// - Complexity: O(size of the field).
+    public func admitsDefaultData(at path: FieldPath?, site: SiteID) -> Bool {
+        guard removed[site] == nil else { return false }
+        guard let path else { return writes[site] == nil }
+        guard let keys = try? Self.keys(of: path) else { return false }
+        if !isDeleted, let shown = parts(along: keys).last, shown != nil { return false }
+        var map = root
+        for (i, key) in keys.enumerated() {
+            guard let node = map[key] else { return true }
+            if i == keys.count - 1 { return !node.mentions(site) }
+            guard node.removed[site] == nil else { return false }
+            map = node.map
+        }
+        return true
+    }
+
+    /// A copy for a document evicted from this node: every stamp, context, counter total and
+    /// restart, with every value dropped (entries stay, withheld). It shows only counters; merging
+    /// the full state into it restores the full state exactly (docs/DATA-MODEL.md rule 8).
+    ///
+    /// - Complexity: O(size of the state).
+    public func evictionStub() -> DocumentState {
+        var stub = self
+        stub.root.updateEach {
+            $0.withholdValues()
+            return true
+        }
+        return stub
+    }
+
+    // MARK: Merge and normal form
+
+    /// Joins another replica's state of the same document into this one, keeping the normal form.
+    ///
+    /// - Returns: `true` when this state changed (exactly: `false` when `other` adds nothing).
+    /// - Complexity: O(size of `other`), plus O(size of this state) when `other`'s remove
+    ///   contexts cover more than this state's.
     @discardableResult
     public mutating func merge(_ other: DocumentState) -> Bool {
-        var changed = root.join(other.root)
-        if writes.join(other.writes) { changed = true }
-        if removed.join(other.removed) { changed = true }
+        var changed = writes.join(other.writes)
+        let grew = removed.join(other.removed)
+        if grew {
+            changed = true
+            if adds.contains(where: { removed.covers(Stamp(time: $0.value, site: $0.key)) }) {
+                adds = adds.filter { !removed.covers(Stamp(time: $0.value, site: $0.key)) }
+            }
+        }
+        for (site, time) in other.adds where !removed.covers(Stamp(time: time, site: site)) {
+            if adds.include(Stamp(time: time, site: site)) { changed = true }
+        }
+        if root.join(other.root, context: removed, contextGrew: grew) { changed = true }
         return changed
     }
 
-    /// The visible value at a field path (array indexes look inside arrays), `nil` when absent.
+    /// Brings the whole state to its normal form.
+    mutating func normalizeDocument() {
+        if !removed.isEmpty {
+            if adds.contains(where: { removed.covers(Stamp(time: $0.value, site: $0.key)) }) {
+                adds = adds.filter { !removed.covers(Stamp(time: $0.value, site: $0.key)) }
+            }
+        }
+        root.normalize(removed)
+    }
+
+    /// Brings one top-level field to its normal form (the rest is untouched by the operation).
+    private mutating func normalize(key: String) {
+        root.modify(key, create: false) { $0.normalize(removed) }
+    }
+
+    // MARK: Reading
+
+    /// The visible value at a field path (array indexes look inside arrays), `nil` when absent or
+    /// withheld in an eviction stub.
     public func value(at path: FieldPath) -> Value? {
         guard !isDeleted, case .key(let first)? = path.components.first,
-            let (value, _) = root.entries[first]?.materialize(removed)
+            let value = root[first]?.part(removed)?.value
         else { return nil }
         return value.value(at: FieldPath(components: Array(path.components.dropFirst())))
     }
 
-    /// The document as applications see it: a map of the visible fields plus `_id`, or `nil` when
-    /// the document is removed.
+    /// The stamp of the write that decides what the field at `path` shows (for a map, its latest
+    /// visible write at or below it), `nil` when it shows nothing.
+    public func stamp(at path: FieldPath) -> Stamp? {
+        guard !isDeleted, let keys = try? Self.keys(of: path) else { return nil }
+        let parts = parts(along: keys)
+        guard parts.count == keys.count else { return nil }
+        return parts.last!?.stamp
+    }
+
+    /// The document as applications see it: a map of the visible fields that have values plus
+    /// `_id`, or `nil` when the document is removed.
     ///
     /// - Complexity: O(size of the state).
     public func materialize(id: Value) -> Value? {
         guard !isDeleted else { return nil }
-        var out: [String: Value] = [:]
-        out.reserveCapacity(root.entries.count + 1)
-        for (key, node) in root.entries {
-            if let (value, _) = node.materialize(removed) { out[key] = value }
-        }
+        var out = root.materialize(removed)
         out["_id"] = id
         return .map(out)
     }
 
-    /// The highest HLC timestamp in this state, for advancing the local clock on receive.
+    /// The highest HLC timestamp in this state, for advancing the local clock on receive and for
+    /// the drift check. Every stamp inside the state is at most this (decoding refuses states
+    /// where one is not).
     public var maxTime: HLCTimestamp {
         var m = HLCTimestamp.zero
         for t in writes.values where t > m { m = t }

@@ -1,65 +1,232 @@
-// The CBOR shape of a DocumentState (docs/PROTOCOL.md §3):
+// The CBOR shape of a DocumentState, encoding version 2 (docs/PROTOCOL.md §3):
 //
-//   { "s": [site, ...],                       site table; stamps name sites by index
-//     "w": [[i, time], ...], "r": [[i, time], ...],   writes and the document's remove context
-//     "m": { key: field, ... } }
-//   field = { "r": [value, time, i]?,          register
-//             "m": { key: field, ... }?, "ms": [time, i]?,   map entries and map stamp
-//             "c": { "t": [[i, total, time, i], ...], "b": [value, time, i]?, "o": [[i, total, time, i], ...] }?,
-//             "x": [[i, time], ...]? }         the field's remove context
+//   state = { "a": [[i, time], ...]?,      adds: per site, its latest write that adds to the document
+//             "m": { key: field, ... }?,   the fields
+//             "r": [[i, time], ...]?,      the document's remove context
+//             "s": [site, ...],            site table, ascending; stamps name sites by index i
+//             "v": 2,
+//             "w": [[i, time], ...] }      per site, the latest stamp of any of its operations
+//   field = { "b": [[i, time, number, seen], ...]?,   restart entries; seen = [[i, time, number], ...]
+//             "e": [[i, time, value], ...]?,          value entries
+//             "h": [[i, time, kind], ...]?,           withheld entries (kind 0 value, 1 map): stubs only
+//             "m": { key: field, ... }?,              child fields
+//             "o": [[i, time, number], ...]?,         removed totals
+//             "p": [[i, time], ...]?,                 "map" entries
+//             "t": [[i, time, number], ...]?,         counter totals
+//             "x": [[i, time], ...]? }                the field's remove context
 //
-// Times and sites are 64-bit integers (bit-cast from unsigned). Vectors are sorted by site index
-// and the site table by site, so the encoding is deterministic.
+// Every list is sorted by site index, one element per site (and one entry per site across b, e, h,
+// p); absent parts are left out. Times and sites are the Int64 bit patterns of their UInt64 values.
 
 extension DocumentState {
-    static func collectSites(_ map: MapNode, into sites: inout Set<SiteID>) {
-        for node in map.entries.values {
-            if let r = node.register { sites.insert(r.stamp.site) }
-            if let s = node.mapStamp { sites.insert(s.site) }
-            if let m = node.map { collectSites(m, into: &sites) }
-            if let c = node.counter {
-                for (s, t) in c.totals {
-                    sites.insert(s)
-                    sites.insert(t.stamp.site)
-                }
-                if let r = c.restart { sites.insert(r.stamp.site) }
-                for (s, t) in c.restartSeen {
-                    sites.insert(s)
-                    sites.insert(t.stamp.site)
-                }
-            }
-            for s in node.removed.keys { sites.insert(s) }
-        }
-    }
+    /// The version of the state encoding ``cbor()`` writes (docs/PROTOCOL.md §3).
+    public static let encodingVersion: Int64 = 2
 
-    /// Decodes a state from its CBOR value (the bytes of ``cbor()``, decoded by ``CBOR/decode(_:options:)``).
+    /// Decodes a state from its CBOR value (the bytes of ``cbor()``, decoded by
+    /// ``CBOR/decode(_:options:)``), and brings it to the normal form.
     ///
-    /// - Throws: ``DocumentStateError`` naming the malformed part; input from peers is untrusted
-    ///   (non-finite numbers, bad site indexes, wrong shapes are all errors, never traps).
+    /// A state without `"v"` is read as encoding version 1 (what earlier Trellis versions stored)
+    /// and converted; its write vector is raised to cover every stamp it holds.
+    ///
+    /// - Throws: ``DocumentStateError`` naming the malformed part: wrong shapes, bad site indexes,
+    ///   counter numbers that are not ints or finite doubles, values that cannot be stored, maps
+    ///   nested too deep, and any stamp or context entry `(t, s)` with `t > max(w[s], r[s])`
+    ///   (docs/DATA-MODEL.md rule 9). Input from peers is untrusted: never a trap.
+    /// - Complexity: O(size of the state).
     public init(encoded value: Value) throws(DocumentStateError) {
         guard case .map(let m) = value else { throw DocumentStateError(message: "document state is not a map") }
         guard case .array(let siteValues)? = m["s"] else {
             throw DocumentStateError(message: "document state has no site table")
         }
         var sites: [SiteID] = []
+        sites.reserveCapacity(siteValues.count)
         for v in siteValues {
             guard case .int(let s) = v else { throw DocumentStateError(message: "site table holds \(v.typeName)") }
             sites.append(SiteID(bitPattern: s))
         }
-        let decoder = StateDecoder(sites: sites)
-        let writes = try decoder.vector(m["w"], "w")
-        let removed = try decoder.vector(m["r"], "r")
-        let root = try decoder.map(m["m"] ?? .map([:]), depth: 0)
-        self.init(root: root, writes: writes, removed: removed)
+        switch m["v"] {
+        case nil:
+            self = try LegacyStateDecoder(sites: sites).state(m)
+        case .int(Self.encodingVersion)?:
+            var decoder = StateDecoder(sites: sites)
+            try decoder.checkKeys(m, StateDecoder.documentKeys, "the document")
+            let writes = try decoder.vector(m["w"], "w", "the document", bounded: false)
+            let removed = try decoder.vector(m["r"], "r", "the document", bounded: false)
+            decoder.bound = writes.joined(removed)
+            let adds = try decoder.vector(m["a"], "a", "the document", bounded: true)
+            let root = try decoder.map(m["m"] ?? .map([:]), path: [])
+            self.init(root: root, writes: writes, removed: removed, adds: adds)
+        case let version?:
+            throw DocumentStateError(
+                message: "document state encoding version \(version) is not supported (this node reads 1 and 2)")
+        }
+        normalizeDocument()
     }
 }
 
+/// Reads the version-2 shape, checking every stamp against the state's own vectors.
 private struct StateDecoder {
     let sites: [SiteID]
+    /// `w` joined with `r`: no stamp inside the state may be above it.
+    var bound: VersionVector = [:]
     static let maxDepth = Value.maximumDepth + 1
+
+    init(sites: [SiteID]) { self.sites = sites }
 
     func fail(_ message: String) -> DocumentStateError {
         DocumentStateError(message: "malformed document state: \(message)")
+    }
+
+    static func describe(_ path: [String]) -> String {
+        path.isEmpty ? "the document" : "field '\(path.joined(separator: "."))'"
+    }
+
+    static let documentKeys: Set<String> = ["a", "m", "r", "s", "v", "w"]
+
+    func checkKeys(_ m: UTF8Map<Value>, _ allowed: Set<String>, _ place: @autoclosure () -> String)
+        throws(DocumentStateError)
+    {
+        for key in m.keys where !allowed.contains(key) { throw fail("\(place()) has an unknown part '\(key)'") }
+    }
+
+    func site(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> SiteID {
+        guard case .int(let i) = v, i >= 0, i < sites.count else { throw fail("\(place()): bad site index \(v)") }
+        return sites[Int(i)]
+    }
+
+    func time(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> HLCTimestamp {
+        guard case .int(let t) = v else { throw fail("\(place()): time is \(v.typeName)") }
+        return HLCTimestamp(rawValue: UInt64(bitPattern: t))
+    }
+
+    /// A stamp from `[i, time, ...]`, checked against ``bound``.
+    func stamp(_ parts: [Value], _ place: @autoclosure () -> String) throws(DocumentStateError) -> Stamp {
+        let stamp = Stamp(time: try time(parts[1], place()), site: try site(parts[0], place()))
+        guard bound.covers(stamp) else {
+            throw fail(
+                "\(place()) holds a stamp (time \(stamp.time.rawValue), site \(String(stamp.site, radix: 16))) above "
+                    + "the state's write vector and remove context: every stamp must be covered by them")
+        }
+        return stamp
+    }
+
+    func number(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> Value {
+        guard CounterNumber.isNumber(v) else { throw fail("\(place()): a counter number is \(v.typeName)") }
+        return v
+    }
+
+    /// The elements of a list of arrays of `count` items each.
+    func rows(_ v: Value, _ count: Int, _ name: String, _ place: @autoclosure () -> String) throws(DocumentStateError)
+        -> [[Value]]
+    {
+        guard case .array(let items) = v else { throw fail("\(place()): '\(name)' is not an array") }
+        var out: [[Value]] = []
+        out.reserveCapacity(items.count)
+        for item in items {
+            guard case .array(let parts) = item, parts.count == count else {
+                throw fail("\(place()): an element of '\(name)' is not an array of \(count)")
+            }
+            out.append(parts)
+        }
+        return out
+    }
+
+    func vector(_ v: Value?, _ name: String, _ place: @autoclosure () -> String, bounded: Bool)
+        throws(DocumentStateError)
+        -> VersionVector
+    {
+        guard let v else { return [:] }
+        var out: VersionVector = [:]
+        for parts in try rows(v, 2, name, place()) {
+            if bounded {
+                out.include(try stamp(parts, "\(place()) '\(name)'"))
+            } else {
+                out.include(Stamp(time: try time(parts[1], place()), site: try site(parts[0], place())))
+            }
+        }
+        return out
+    }
+
+    func totals(_ v: Value?, _ name: String, _ place: @autoclosure () -> String) throws(DocumentStateError) -> [SiteID:
+        CounterTotal]
+    {
+        guard let v else { return [:] }
+        var out: [SiteID: CounterTotal] = [:]
+        for parts in try rows(v, 3, name, place()) {
+            let total = CounterTotal(
+                total: try number(parts[2], place()), stamp: try stamp(parts, "\(place()) '\(name)'"))
+            out[total.stamp.site] = CounterTotal.later(out[total.stamp.site], total)
+        }
+        return out
+    }
+
+    func map(_ v: Value, path: [String]) throws(DocumentStateError) -> MapNode {
+        guard path.count < Self.maxDepth else { throw fail("maps nested deeper than \(Self.maxDepth)") }
+        guard case .map(let entries) = v else { throw fail("\(Self.describe(path)) holds \(v.typeName), not fields") }
+        var node = MapNode()
+        for (key, fieldValue) in entries {
+            node[key] = try field(fieldValue, parent: path, key: key)
+        }
+        return node
+    }
+
+    func field(_ v: Value, parent: [String], key: String) throws(DocumentStateError) -> FieldNode {
+        let place = { Self.describe(parent + [key]) }
+        guard case .map(let f) = v else { throw fail("\(place()) is \(v.typeName)") }
+        var field = FieldNode()
+        // One pass over the parts (no lookups per possible key).
+        for (name, part) in f {
+            switch name {
+            case "e":
+                for parts in try rows(part, 3, "e", place()) {
+                    if (try? parts[2].validate()) == nil {
+                        do { try parts[2].validate(path: (parent + [key]).joined(separator: ".")) } catch {
+                            throw fail(error.description)
+                        }
+                    }
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: .value(parts[2])))
+                }
+            case "p":
+                for parts in try rows(part, 2, "p", place()) {
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: .map))
+                }
+            case "h":
+                for parts in try rows(part, 3, "h", place()) {
+                    let content: FieldEntry.Content
+                    switch parts[2] {
+                    case .int(0): content = .withheldValue
+                    case .int(1): content = .withheldMap
+                    default: throw fail("\(place()): a withheld entry's kind is \(parts[2]), not 0 or 1")
+                    }
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: content))
+                }
+            case "b":
+                for parts in try rows(part, 4, "b", place()) {
+                    let restart = Restart(
+                        value: try number(parts[2], place()), seen: try totals(parts[3], "seen", "\(place()) restart"))
+                    field.note(FieldEntry(stamp: try stamp(parts, place()), content: .restart(restart)))
+                }
+            case "t": field.totals = try totals(part, "t", place())
+            case "o": field.removedTotals = try totals(part, "o", place())
+            case "x": field.removed = try vector(part, "x", place(), bounded: true)
+            case "m": field.map = try map(part, path: parent + [key])
+            default: throw fail("\(place()) has an unknown part '\(name)'")
+            }
+        }
+        return field
+    }
+}
+
+/// Reads encoding version 1 (Trellis before protocol 2: one register, one map stamp and one
+/// counter restart per field) and converts it.
+private struct LegacyStateDecoder {
+    let sites: [SiteID]
+    /// Every stamp seen, so `w` can be raised to cover them (version 1 did not record unsets in `w`).
+    final class Stamps { var all: VersionVector = [:] }
+    let stamps = Stamps()
+
+    func fail(_ message: String) -> DocumentStateError {
+        DocumentStateError(message: "malformed document state (encoding version 1): \(message)")
     }
 
     func site(_ v: Value) throws(DocumentStateError) -> SiteID {
@@ -67,107 +234,135 @@ private struct StateDecoder {
         return sites[Int(i)]
     }
 
-    func time(_ v: Value) throws(DocumentStateError) -> HLCTimestamp {
-        guard case .int(let t) = v else { throw fail("time is \(v.typeName)") }
-        return HLCTimestamp(rawValue: UInt64(bitPattern: t))
+    func stamp(time: Value, site s: Value) throws(DocumentStateError) -> Stamp {
+        guard case .int(let t) = time else { throw fail("time is \(time.typeName)") }
+        let stamp = Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: t)), site: try site(s))
+        stamps.all.include(stamp)
+        return stamp
     }
 
-    func number(_ v: Value) throws(DocumentStateError) -> Double {
-        switch v {
-        case .double(let d) where d.isFinite: return d
-        case .int(let i): return Double(i)
-        default: throw fail("counter amount is \(v.typeName)")
-        }
-    }
-
-    func finite(_ v: Value, _ key: String) throws(DocumentStateError) -> Value {
-        do { try v.validate(path: key) } catch { throw fail(error.description) }
-        return v
-    }
-
-    func vector(_ v: Value?, _ name: String) throws(DocumentStateError) -> VersionVector {
+    func vector(_ v: Value?) throws(DocumentStateError) -> VersionVector {
         guard let v else { return [:] }
-        guard case .array(let entries) = v else { throw fail("'\(name)' is not an array") }
+        guard case .array(let items) = v else { throw fail("a vector is not an array") }
         var out: VersionVector = [:]
-        for entry in entries {
-            guard case .array(let pair) = entry, pair.count == 2 else {
-                throw fail("'\(name)' entry is not [site, time]")
-            }
-            out.include(Stamp(time: try time(pair[1]), site: try site(pair[0])))
+        for item in items {
+            guard case .array(let p) = item, p.count == 2 else { throw fail("a vector entry is not [site, time]") }
+            out.include(try stamp(time: p[1], site: p[0]))
         }
         return out
     }
 
-    func register(_ v: Value, _ key: String) throws(DocumentStateError) -> Register {
-        guard case .array(let parts) = v, parts.count == 3 else {
-            throw fail("register '\(key)' is not [value, time, site]")
+    /// `[value, time, i]`.
+    func entry(_ v: Value, _ key: String) throws(DocumentStateError) -> (Value, Stamp) {
+        guard case .array(let p) = v, p.count == 3 else { throw fail("register '\(key)' is not [value, time, site]") }
+        do { try p[0].validate(path: key) } catch { throw fail(error.description) }
+        return (p[0], try stamp(time: p[1], site: p[2]))
+    }
+
+    func totals(_ v: Value?, _ key: String) throws(DocumentStateError) -> [SiteID: CounterTotal] {
+        guard let v else { return [:] }
+        guard case .array(let items) = v else { throw fail("counter totals of '\(key)' are not an array") }
+        var out: [SiteID: CounterTotal] = [:]
+        for item in items {
+            guard case .array(let p) = item, p.count == 4, CounterNumber.isNumber(p[1]) else {
+                throw fail("counter total of '\(key)'")
+            }
+            let stamp = try stamp(time: p[2], site: p[3])
+            guard try site(p[0]) == stamp.site else { throw fail("counter total of '\(key)' keyed by another site") }
+            out[stamp.site] = CounterTotal.later(out[stamp.site], CounterTotal(total: p[1], stamp: stamp))
         }
-        return Register(
-            value: try finite(parts[0], key), stamp: Stamp(time: try time(parts[1]), site: try site(parts[2])))
+        return out
     }
 
     func map(_ v: Value, depth: Int) throws(DocumentStateError) -> MapNode {
-        guard depth < Self.maxDepth else { throw fail("maps nested deeper than \(Self.maxDepth)") }
+        guard depth <= Value.maximumDepth else { throw fail("maps nested too deep") }
         guard case .map(let entries) = v else { throw fail("map node is \(v.typeName)") }
         var node = MapNode()
-        node.entries.reserveCapacity(entries.count)
         for (key, fieldValue) in entries {
             guard case .map(let f) = fieldValue else { throw fail("field '\(key)' is \(fieldValue.typeName)") }
             var field = FieldNode()
-            if let r = f["r"] { field.register = try register(r, key) }
-            if let m = f["m"] { field.map = try map(m, depth: depth + 1) }
-            if let s = f["ms"] {
-                guard case .array(let parts) = s, parts.count == 2 else { throw fail("map stamp of '\(key)'") }
-                field.mapStamp = Stamp(time: try time(parts[0]), site: try site(parts[1]))
-            }
             if let c = f["c"] {
                 guard case .map(let cm) = c else { throw fail("counter '\(key)' is not a map") }
-                var counter = Counter()
-                if case .array(let totals)? = cm["t"] {
-                    for t in totals {
-                        guard case .array(let p) = t, p.count == 4 else { throw fail("counter total of '\(key)'") }
-                        counter.totals[try site(p[0])] = CounterTotal(
-                            total: try number(p[1]), stamp: Stamp(time: try time(p[2]), site: try site(p[3])))
-                    }
+                field.totals = try totals(cm["t"], key)
+                let seen = try totals(cm["o"], key)
+                // Version 1 subtracted these whatever restart won: keep that as removed totals.
+                field.removedTotals = seen
+                if let b = cm["b"] {
+                    let (value, stamp) = try entry(b, key)
+                    guard CounterNumber.isNumber(value) else { throw fail("counter restart of '\(key)'") }
+                    field.note(FieldEntry(stamp: stamp, content: .restart(Restart(value: value, seen: seen))))
                 }
-                if let b = cm["b"] { counter.restart = try register(b, key) }
-                if case .array(let seen)? = cm["o"] {
-                    for o in seen {
-                        guard case .array(let p) = o, p.count == 4 else { throw fail("counter restart of '\(key)'") }
-                        counter.restartSeen[try site(p[0])] = CounterTotal(
-                            total: try number(p[1]), stamp: Stamp(time: try time(p[2]), site: try site(p[3])))
-                    }
-                }
-                field.counter = counter
             }
-            field.removed = try vector(f["x"], "x")
-            node.entries[key] = field
+            if let s = f["ms"] {
+                guard case .array(let p) = s, p.count == 2 else { throw fail("map stamp of '\(key)'") }
+                field.note(FieldEntry(stamp: try stamp(time: p[0], site: p[1]), content: .map))
+            }
+            if let r = f["r"] {
+                // On equal stamps version 1 showed the register (a set that also restarted at 0).
+                let (value, stamp) = try entry(r, key)
+                field.entries.removeAll { $0.stamp == stamp }
+                field.note(FieldEntry(stamp: stamp, content: .value(value)))
+            }
+            if let m = f["m"] { field.map = try map(m, depth: depth + 1) }
+            field.removed = try vector(f["x"])
+            node[key] = field
         }
         return node
+    }
+
+    func state(_ m: UTF8Map<Value>) throws(DocumentStateError) -> DocumentState {
+        let writes = try vector(m["w"])
+        let removed = try vector(m["r"])
+        let root = try map(m["m"] ?? .map([:]), depth: 0)
+        // Version 1's `w` held only writes that add; unset stamps were only in field contexts.
+        var all = writes
+        all.join(stamps.all)
+        return DocumentState(root: root, writes: all, removed: removed, adds: writes)
     }
 }
 
 // MARK: - Direct encoding
 
 extension DocumentState {
-    /// The state's CBOR bytes (the shape above, RFC 8949 §4.2.1 deterministic encoding), written
-    /// straight into a buffer without building an intermediate `Value` tree.
+    /// Every site named anywhere in the fields.
+    static func collectSites(_ map: MapNode, into sites: inout Set<SiteID>) {
+        for node in map.entries.values {
+            for entry in node.entries {
+                sites.insert(entry.stamp.site)
+                if case .restart(let r) = entry.content { for s in r.seen.keys { sites.insert(s) } }
+            }
+            for s in node.totals.keys { sites.insert(s) }
+            for s in node.removedTotals.keys { sites.insert(s) }
+            for s in node.removed.keys { sites.insert(s) }
+            collectSites(node.map, into: &sites)
+        }
+    }
+
+    /// The state's CBOR bytes (encoding version 2, docs/PROTOCOL.md §3; RFC 8949 §4.2.1
+    /// deterministic encoding), written straight into a buffer without building a `Value` tree.
     ///
-    /// - Complexity: O(size of the state), plus sorting each map's keys.
+    /// - Complexity: O(size of the state), plus sorting each map's keys and each list's sites.
     public func cbor() -> [UInt8] {
         var sites = Set<SiteID>()
         for s in writes.keys { sites.insert(s) }
         for s in removed.keys { sites.insert(s) }
+        for s in adds.keys { sites.insert(s) }
         Self.collectSites(root, into: &sites)
         let table = sites.sorted()
         var index: [SiteID: Int64] = [:]
         index.reserveCapacity(table.count)
         for (i, s) in table.enumerated() { index[s] = Int64(i) }
         var w = CBORWriter(capacity: 256)
-        // Keys in deterministic order: "m", "r", "s", "w" (one byte each, bytewise).
-        w.writeMapHeader(count: removed.isEmpty ? 3 : 4)
-        w.writeText("m")
-        Self.write(root, index, into: &w)
+        // Keys in deterministic order: "a", "m", "r", "s", "v", "w" (one byte each, byte-wise).
+        w.writeMapHeader(count: 3 + (adds.isEmpty ? 0 : 1) + (root.isEmpty ? 0 : 1) + (removed.isEmpty ? 0 : 1))
+        if !adds.isEmpty {
+            w.writeText("a")
+            Self.write(adds, index, into: &w)
+        }
+        if !root.isEmpty {
+            w.writeText("m")
+            Self.write(root, index, into: &w)
+        }
         if !removed.isEmpty {
             w.writeText("r")
             Self.write(removed, index, into: &w)
@@ -175,6 +370,8 @@ extension DocumentState {
         w.writeText("s")
         w.writeArrayHeader(count: table.count)
         for s in table { w.writeInt(Int64(bitPattern: s)) }
+        w.writeText("v")
+        w.writeInt(Self.encodingVersion)
         w.writeText("w")
         Self.write(writes, index, into: &w)
         return w.bytes
@@ -194,74 +391,122 @@ extension DocumentState {
         }
     }
 
-    private static func write(_ r: Register, _ index: [SiteID: Int64], into w: inout CBORWriter) {
-        w.writeArrayHeader(count: 3)
-        w.write(r.value)
-        writeTime(r.stamp.time, into: &w)
-        w.writeInt(index[r.stamp.site]!)
-    }
-
-    private static func write(
-        _ totals: [SiteID: CounterTotal], _ index: [SiteID: Int64], into w: inout CBORWriter
-    ) {
+    private static func write(_ totals: [SiteID: CounterTotal], _ index: [SiteID: Int64], into w: inout CBORWriter) {
         let entries = totals.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }
         w.writeArrayHeader(count: entries.count)
         for (i, total) in entries {
-            w.writeArrayHeader(count: 4)
+            w.writeArrayHeader(count: 3)
             w.writeInt(i)
-            w.writeDouble(total.total)
             writeTime(total.stamp.time, into: &w)
-            w.writeInt(index[total.stamp.site]!)
+            w.write(total.total)
         }
     }
 
     private static func write(_ map: MapNode, _ index: [SiteID: Int64], into w: inout CBORWriter) {
-        let keys = map.entries.keys.sorted(by: CBORWriter.keyPrecedes)
+        let keys = map.sortedKeys()
         w.writeMapHeader(count: keys.count)
         for key in keys {
-            let node = map.entries[key]!
             w.writeText(key)
-            // Field keys in deterministic order: "c", "m", "r", "x", then "ms".
-            var count = 0
-            if node.counter != nil { count += 1 }
-            if node.map != nil { count += 1 }
-            if node.register != nil { count += 1 }
-            if !node.removed.isEmpty { count += 1 }
-            if node.mapStamp != nil { count += 1 }
-            w.writeMapHeader(count: count)
-            if let c = node.counter {
-                w.writeText("c")
-                // Counter keys: "b", "o", "t".
-                w.writeMapHeader(count: 1 + (c.restart == nil ? 0 : 1) + (c.restartSeen.isEmpty ? 0 : 1))
-                if let r = c.restart {
-                    w.writeText("b")
-                    write(r, index, into: &w)
-                }
-                if !c.restartSeen.isEmpty {
-                    w.writeText("o")
-                    write(c.restartSeen, index, into: &w)
-                }
-                w.writeText("t")
-                write(c.totals, index, into: &w)
-            }
-            if let m = node.map {
-                w.writeText("m")
-                write(m, index, into: &w)
-            }
-            if let r = node.register {
-                w.writeText("r")
-                write(r, index, into: &w)
-            }
-            if !node.removed.isEmpty {
-                w.writeText("x")
-                write(node.removed, index, into: &w)
-            }
-            if let s = node.mapStamp {
-                w.writeText("ms")
-                w.writeArrayHeader(count: 2)
-                writeTime(s.time, into: &w)
-                w.writeInt(index[s.site]!)
+            write(map[key]!, index, into: &w)
+        }
+    }
+
+    /// The list a field entry is written in.
+    private enum EntryList {
+        case restarts, values, withheld, maps
+
+        init(_ content: FieldEntry.Content) {
+            switch content {
+            case .restart: self = .restarts
+            case .value: self = .values
+            case .withheldValue, .withheldMap: self = .withheld
+            case .map: self = .maps
             }
         }
+    }
+
+    private static func write(_ node: FieldNode, _ index: [SiteID: Int64], into w: inout CBORWriter) {
+        var (restarts, values, withheld, maps) = (0, 0, 0, 0)
+        for entry in node.entries {
+            switch EntryList(entry.content) {
+            case .restarts: restarts += 1
+            case .values: values += 1
+            case .withheld: withheld += 1
+            case .maps: maps += 1
+            }
+        }
+        // Field keys in deterministic order: "b", "e", "h", "m", "o", "p", "t", "x".
+        var count = 0
+        for present in [restarts, values, withheld, maps] where present > 0 { count += 1 }
+        for present in [node.map.isEmpty, node.removedTotals.isEmpty, node.totals.isEmpty, node.removed.isEmpty]
+        where !present { count += 1 }
+        w.writeMapHeader(count: count)
+        if restarts > 0 {
+            w.writeText("b")
+            write(node, .restarts, restarts, index, into: &w) { entry, w in
+                guard case .restart(let r) = entry.content else { return }
+                w.write(r.value)
+                write(r.seen, index, into: &w)
+            }
+        }
+        if values > 0 {
+            w.writeText("e")
+            write(node, .values, values, index, into: &w) { entry, w in
+                if case .value(let v) = entry.content { w.write(v) }
+            }
+        }
+        if withheld > 0 {
+            w.writeText("h")
+            write(node, .withheld, withheld, index, into: &w) { entry, w in
+                w.writeInt(entry.content == .withheldMap ? 1 : 0)
+            }
+        }
+        if !node.map.isEmpty {
+            w.writeText("m")
+            write(node.map, index, into: &w)
+        }
+        if !node.removedTotals.isEmpty {
+            w.writeText("o")
+            write(node.removedTotals, index, into: &w)
+        }
+        if maps > 0 {
+            w.writeText("p")
+            write(node, .maps, maps, index, into: &w) { _, _ in }
+        }
+        if !node.totals.isEmpty {
+            w.writeText("t")
+            write(node.totals, index, into: &w)
+        }
+        if !node.removed.isEmpty {
+            w.writeText("x")
+            write(node.removed, index, into: &w)
+        }
+    }
+
+    /// Writes the `count` entries of one list as `[[i, time, rest...], ...]` in site-index order;
+    /// `rest` writes what follows the stamp.
+    private static func write(
+        _ node: FieldNode, _ list: EntryList, _ count: Int, _ index: [SiteID: Int64], into w: inout CBORWriter,
+        _ rest: (FieldEntry, inout CBORWriter) -> Void
+    ) {
+        let extra: Int
+        switch list {
+        case .restarts: extra = 2
+        case .values, .withheld: extra = 1
+        case .maps: extra = 0
+        }
+        func one(_ i: Int64, _ entry: FieldEntry) {
+            w.writeArrayHeader(count: 2 + extra)
+            w.writeInt(i)
+            writeTime(entry.stamp.time, into: &w)
+            rest(entry, &w)
+        }
+        w.writeArrayHeader(count: count)
+        if count == 1, let entry = node.entries.first(where: { EntryList($0.content) == list }) {
+            one(index[entry.stamp.site]!, entry)
+            return
+        }
+        let entries = node.entries.filter { EntryList($0.content) == list }.map { (index[$0.stamp.site]!, $0) }
+        for (i, entry) in entries.sorted(by: { $0.0 < $1.0 }) { one(i, entry) }
     }
 }

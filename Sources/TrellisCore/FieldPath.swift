@@ -4,10 +4,30 @@
 /// (`[A-Za-z_$][A-Za-z0-9_$]*`). Keys that are not identifiers are reachable through the
 /// ``components`` initialiser.
 public struct FieldPath: Hashable, Sendable, CustomStringConvertible {
-    /// One step of a path.
+    /// One step of a path. Keys compare and hash by their UTF-8 bytes (``UTF8Key``): the key
+    /// "é" (U+00E9) and the key "e" + U+0301 are different steps.
     public enum Component: Hashable, Sendable {
         case key(String)
         case index(Int)
+
+        public static func == (lhs: Component, rhs: Component) -> Bool {
+            switch (lhs, rhs) {
+            case (.key(let a), .key(let b)): return UTF8Key.equal(a, b)
+            case (.index(let a), .index(let b)): return a == b
+            default: return false
+            }
+        }
+
+        public func hash(into hasher: inout Hasher) {
+            switch self {
+            case .key(let k):
+                hasher.combine(0)
+                UTF8Key.hash(k, into: &hasher)
+            case .index(let i):
+                hasher.combine(1)
+                hasher.combine(i)
+            }
+        }
     }
 
     public var components: [Component]

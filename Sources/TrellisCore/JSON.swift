@@ -15,7 +15,8 @@ public enum JSON {
     /// Parses one JSON text (any top-level value).
     ///
     /// - Throws: ``JSONError`` naming the byte offset (in the text's UTF-8) and what was expected.
-    /// - Complexity: O(n) in the length of the text (expected; object keys are hashed).
+    /// - Complexity: O(n) in the length of the text, plus O(k log k) for each object of k
+    ///   members whose keys do not come in byte order.
     public static func parse(_ text: String) throws(JSONError) -> Value {
         let result = text.utf8.withContiguousStorageIfAvailable { buffer in
             catching { () throws(JSONError) in try JSONParser.parse(UnsafeRawBufferPointer(buffer)) }
@@ -44,10 +45,12 @@ public enum JSON {
     /// feed, carriage return) and optionally preceded by a UTF-8 byte order mark. Strings must be
     /// well-formed UTF-8 without raw control characters; escapes are `\" \\ \/ \b \f \n \r \t`
     /// and `\uXXXX`, where a surrogate must be part of a pair. Numbers follow the RFC's grammar
-    /// (no leading zeros, `+`, `.5`, `1.`, `NaN` or `Infinity`). In an object a repeated key
-    /// replaces the earlier member's value. `{"$bytes": "<base64>"}` with exactly that one key
-    /// and valid padded base64 is `.bytes`. Not accepted: trailing commas, comments, single
-    /// quotes, and text in UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8 between systems).
+    /// (no leading zeros, `+`, `.5`, `1.`, `NaN` or `Infinity`). Keys are byte strings: in an
+    /// object a key repeated byte for byte replaces the earlier member's value, while two spellings
+    /// of the same text in different Unicode forms are two keys. `{"$bytes": "<base64>"}` with
+    /// exactly that one key and valid padded base64 is `.bytes`. Not accepted: trailing commas,
+    /// comments, single quotes, and text in UTF-16 or UTF-32 (RFC 8259 §8.1 requires UTF-8
+    /// between systems).
     ///
     /// - Parameter buffer: the text; read only during the call.
     /// - Returns: the value; integer literals that fit are `.int`, other numbers `.double`
@@ -68,23 +71,23 @@ public enum JSON {
         }
     }
 
-    /// Writes a value as compact JSON with map keys sorted byte-wise (deterministic output).
+    /// Writes a value as compact JSON with map keys in byte-wise order of their UTF-8 (the order
+    /// ``UTF8Map`` keeps), so the same value always gives the same text.
     ///
     /// Strings escape only `"`, `\` and U+0000–U+001F (as `\"` `\\` `\n` `\r` `\t` or `\u00xx`);
-    /// doubles are spelled by ``formatDouble(_:)``.
+    /// doubles are spelled by ``formatDouble(_:)``. Keys are written as they are, never
+    /// normalised: `{"é": 1, "e\u{301}": 2}` keeps both.
     ///
-    /// - Parameter sortedKeys: sort map keys by their UTF-8 bytes; when `false` keys come in the
-    ///   dictionary's iteration order.
-    /// - Complexity: O(n log n) in the size of the value (key sorting).
-    public static func string(_ value: Value, sortedKeys: Bool = true) -> String {
-        String(decoding: bytes(value, sortedKeys: sortedKeys), as: UTF8.self)
+    /// - Complexity: O(n) in the size of the value.
+    public static func string(_ value: Value) -> String {
+        String(decoding: bytes(value), as: UTF8.self)
     }
 
-    /// The UTF-8 bytes of ``string(_:sortedKeys:)``, without making a `String`.
+    /// The UTF-8 bytes of ``string(_:)``, without making a `String`.
     ///
-    /// - Complexity: O(n log n) in the size of the value (key sorting).
-    public static func bytes(_ value: Value, sortedKeys: Bool = true) -> [UInt8] {
-        var writer = JSONWriter(sortedKeys: sortedKeys)
+    /// - Complexity: O(n) in the size of the value.
+    public static func bytes(_ value: Value) -> [UInt8] {
+        var writer = JSONWriter()
         writer.write(value)
         return writer.output
     }
@@ -100,40 +103,6 @@ public enum JSON {
             s += ".0"
         }
         return s
-    }
-
-    /// Whether `a` sorts before `b` when both are compared byte-wise as UTF-8 (unlike `<` on
-    /// `String`, which compares canonically equivalent forms).
-    static func utf8Precedes(_ a: String, _ b: String) -> Bool {
-        let fast = a.utf8.withContiguousStorageIfAvailable { x in
-            b.utf8.withContiguousStorageIfAvailable { y in
-                let common = min(x.count, y.count)
-                let order = common == 0 ? 0 : memcmp(x.baseAddress!, y.baseAddress!, common)
-                return order < 0 || (order == 0 && x.count < y.count)
-            }
-        }
-        if let fast, let result = fast { return result }
-        return a.utf8.lexicographicallyPrecedes(b.utf8)
-    }
-}
-
-extension JSON {
-    /// The first eight UTF-8 bytes of `s` as a big-endian integer (zero-padded), so comparing
-    /// prefixes orders most keys without looking at their bytes again.
-    static func utf8Prefix(_ s: String) -> UInt64 {
-        let prefix = s.utf8.withContiguousStorageIfAvailable { bytes in
-            var value: UInt64 = 0
-            for k in 0..<8 { value = value << 8 | UInt64(k < bytes.count ? bytes[k] : 0) }
-            return value
-        }
-        if let prefix { return prefix }
-        var value: UInt64 = 0
-        var k = 0
-        for byte in s.utf8.prefix(8) {
-            value |= UInt64(byte) << (56 - 8 * k)
-            k += 1
-        }
-        return value
     }
 }
 

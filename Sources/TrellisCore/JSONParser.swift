@@ -141,7 +141,7 @@ struct JSONParser {
                     }
                     guard next == UInt8(ascii: "}") else { throw expected("',' or '}'", at: position) }
                     position += 1
-                    try closeObject(frame, endingAt: position)
+                    closeObject(frame)
                 } else {
                     if next == UInt8(ascii: ",") {
                         position += 1
@@ -183,40 +183,24 @@ struct JSONParser {
         values.append(.array(array))
     }
 
-    /// Builds the map of the innermost object. A key that appears again, byte for byte,
-    /// replaces the earlier member's value (the last one wins, as with `JSONSerialization`).
-    /// Two keys that are the same text in different Unicode forms (precomposed `é` and `e` +
-    /// U+0301) are an error: `[String: Value]` compares keys by Swift `String` equality, so one
-    /// would silently replace the other, and Trellis never drops a field silently.
-    private mutating func closeObject(_ frame: Frame, endingAt offset: Int) throws(JSONError) {
+    /// Builds the map of the innermost object. Keys are byte strings: a key that appears again,
+    /// byte for byte, replaces the earlier member's value (the last one wins, as with
+    /// `JSONSerialization`), while two spellings of the same text in different Unicode forms
+    /// (precomposed `é` and `e` + U+0301) are two keys, both kept.
+    ///
+    /// - Complexity: O(k) for k members in sorted order, O(k log k) otherwise.
+    private mutating func closeObject(_ frame: Frame) {
         let count = values.count - frame.valueStart
-        var map: [String: Value] = Dictionary(minimumCapacity: count)
-        for k in 0..<count {
-            let key = keys[frame.keyStart + k]
-            if let existing = map.index(forKey: key), !map.keys[existing].utf8.elementsEqual(key.utf8) {
-                throw fail(
-                    "keys \(Self.escaped(map.keys[existing])) and \(Self.escaped(key)) are the same text in "
-                        + "different Unicode forms, which one map cannot hold apart (normalise them); in the object ending",
-                    at: offset)
-            }
-            map[key] = values[frame.valueStart + k]
-        }
+        var members: [(String, Value)] = []
+        members.reserveCapacity(count)
+        for k in 0..<count { members.append((keys[frame.keyStart + k], values[frame.valueStart + k])) }
+        let map = UTF8Map(members, uniquingKeysWith: { _, last in last })
         keys.removeSubrange(frame.keyStart...)
         values.removeSubrange(frame.valueStart...)
         values.append(Self.bytesOrMap(map))
     }
 
-    /// `{"$bytes": "<base64>"}` (exactly one key, valid padded base64) is `.bytes`.
-    /// A key for an error message, with its code points spelled out.
-    private static func escaped(_ key: String) -> String {
-        "\""
-            + key.unicodeScalars.map {
-                $0.isASCII && $0.value >= 0x20 ? String($0) : "\\u{\(String($0.value, radix: 16))}"
-            }
-            .joined() + "\""
-    }
-
-    private static func bytesOrMap(_ map: [String: Value]) -> Value {
+    private static func bytesOrMap(_ map: UTF8Map<Value>) -> Value {
         if map.count == 1, case .string(let text)? = map["$bytes"], let data = Data(base64Encoded: text) {
             return .bytes([UInt8](data))
         }

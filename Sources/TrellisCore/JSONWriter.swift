@@ -1,18 +1,15 @@
 /// Writes a ``Value`` as compact JSON into a byte buffer.
 ///
 /// Output format (stable; stored documents and subscription keys depend on it):
-/// - no whitespace; map keys sorted byte-wise by their UTF-8 when `sortedKeys`, otherwise in the
-///   dictionary's iteration order;
+/// - no whitespace; map keys sorted byte-wise by their UTF-8 (the order ``UTF8Map`` keeps);
 /// - ints in decimal; doubles as ``JSON/formatDouble(_:)`` spells them;
 /// - strings escape `"` `\` and the control characters U+0000–U+001F only: `\"` `\\` `\n` `\r`
 ///   `\t`, and `\u00xx` (lowercase hex) for the other controls; everything else is raw UTF-8;
 /// - bytes as `{"$bytes":"<base64>"}` (RFC 4648 §4 alphabet, padded).
 struct JSONWriter {
     private(set) var output: [UInt8] = []
-    private let sortedKeys: Bool
 
-    init(sortedKeys: Bool, capacity: Int = 256) {
-        self.sortedKeys = sortedKeys
+    init(capacity: Int = 256) {
         output.reserveCapacity(capacity)
     }
 
@@ -37,34 +34,16 @@ struct JSONWriter {
             }
             output.append(UInt8(ascii: "]"))
         case .map(let m):
+            // UTF8Map iterates in byte order of the keys: the output is sorted without sorting.
             output.append(UInt8(ascii: "{"))
-            if sortedKeys && m.count > 1 {
-                // Sorted by the 8-byte prefix first; equal prefixes fall back to the whole key.
-                var entries: [Entry] = []
-                entries.reserveCapacity(m.count)
-                for (key, member) in m { entries.append(Entry(prefix: JSON.utf8Prefix(key), key: key, value: member)) }
-                entries.sort { $0.prefix != $1.prefix ? $0.prefix < $1.prefix : JSON.utf8Precedes($0.key, $1.key) }
-                for (i, entry) in entries.enumerated() {
-                    if i > 0 { output.append(UInt8(ascii: ",")) }
-                    writeMember(entry.key, entry.value)
-                }
-            } else {
-                var first = true
-                for (key, member) in m {
-                    if !first { output.append(UInt8(ascii: ",")) }
-                    first = false
-                    writeMember(key, member)
-                }
+            var first = true
+            for (key, member) in m {
+                if !first { output.append(UInt8(ascii: ",")) }
+                first = false
+                writeMember(key, member)
             }
             output.append(UInt8(ascii: "}"))
         }
-    }
-
-    /// A map member and the first eight bytes of its key, for sorting.
-    private struct Entry {
-        var prefix: UInt64
-        var key: String
-        var value: Value
     }
 
     private mutating func writeMember(_ key: String, _ value: Value) {

@@ -105,7 +105,7 @@ public struct Query: Sendable, Hashable, CustomStringConvertible {
     /// - Throws: ``QueryEvaluationError/missingArgument(name:)`` naming the first missing argument,
     ///   ``QueryEvaluationError/invalidArgument(name:reason:)`` for NaN or ±Infinity.
     /// - Complexity: O(size of the predicate + size of the argument values used).
-    public func bind(args: [String: Value]) throws(QueryEvaluationError) -> Query {
+    public func bind(args: UTF8Map<Value>) throws(QueryEvaluationError) -> Query {
         guard needsArguments else { return self }
         return Query(predicate: try predicate.bound(to: args))
     }
@@ -120,7 +120,7 @@ public struct Query: Sendable, Hashable, CustomStringConvertible {
     ///   looking at the document). Nothing about the document itself is an error: comparisons
     ///   across types are simply false.
     /// - Complexity: O(size of the predicate × size of the values it compares), plus binding.
-    public func matches(_ document: Value, args: [String: Value] = [:]) throws(QueryEvaluationError) -> Bool {
+    public func matches(_ document: Value, args: UTF8Map<Value> = [:]) throws(QueryEvaluationError) -> Bool {
         if needsArguments {
             return try predicate.bound(to: args).matches(document)
         }

@@ -258,7 +258,7 @@ struct QueryParser {
         try enter()
         defer { leave() }
         try advance()  // "{"
-        var entries: [String: Value] = [:]
+        var entries = UTF8Map<Value>()
         if token.kind == .rightBrace {
             try advance()
             return .map(entries)

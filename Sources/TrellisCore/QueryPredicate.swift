@@ -111,12 +111,13 @@ extension Predicate {
 
     /// The same predicate with every `$args` reference replaced by its value.
     ///
-    /// - Parameter args: the arguments map; `$args.a.b` reads `args["a"]` and then its key `b`.
+    /// - Parameter args: the arguments map; `$args.a.b` reads `args["a"]` and then its key `b`
+    ///   (keys compared byte-wise).
     /// - Throws: ``QueryEvaluationError/missingArgument(name:)`` for the first reference with no
     ///   value, ``QueryEvaluationError/invalidArgument(name:reason:)`` for one holding NaN or
     ///   ±Infinity.
     /// - Complexity: O(number of nodes + size of the values bound).
-    public func bound(to args: [String: Value]) throws(QueryEvaluationError) -> Predicate {
+    public func bound(to args: UTF8Map<Value>) throws(QueryEvaluationError) -> Predicate {
         switch self {
         case .constant:
             return self
@@ -151,7 +152,7 @@ extension Predicate.Operand {
     /// A literal for an argument reference, resolved from `args`; other operands unchanged.
     ///
     /// - Throws: ``QueryEvaluationError`` when the argument is missing or not finite.
-    public func bound(to args: [String: Value]) throws(QueryEvaluationError) -> Predicate.Operand {
+    public func bound(to args: UTF8Map<Value>) throws(QueryEvaluationError) -> Predicate.Operand {
         guard case .argument(let path) = self else { return self }
         let name = path.description
         guard let value = Value.map(args).value(at: path) else { throw .missingArgument(name: name) }
@@ -281,12 +282,11 @@ enum QueryText {
             out += "]"
         case .map(let m):
             out += "{"
-            let keys = m.keys.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
-            for (i, key) in keys.enumerated() {
+            for (i, (key, member)) in m.enumerated() {  // in byte order of the keys
                 if i > 0 { out += ", " }
                 writeQuoted(key, quote: "'", into: &out)
                 out += ": "
-                writeLiteral(m[key] ?? .null, into: &out)
+                writeLiteral(member, into: &out)
             }
             out += "}"
         }

@@ -6,7 +6,7 @@ extension Predicate {
     /// A SQLite expression selecting exactly the documents this predicate matches, or `nil` when
     /// the predicate cannot be expressed (the caller then evaluates ``matches(_:)`` in memory).
     ///
-    /// The column must hold each document as JSON text in the shape ``JSON/string(_:sortedKeys:)``
+    /// The column must hold each document as JSON text in the shape ``JSON/string(_:)``
     /// writes. Every comparison checks the JSON type with `json_type` before comparing the value
     /// from `json_extract`, so the SQL keeps the query semantics: type classes never mix, `true` is
     /// not `1`, a missing field is not `null`, `!=` is `NOT (==)`. Each sub-expression yields 0 or
@@ -92,15 +92,32 @@ struct QuerySQLWriter {
         }
     }
 
+    /// Lists longer than this are written as a balanced tree of parenthesised halves.
+    static let flatListLimit = 64
+
+    /// `(p1 OP p2 OP …)`. SQLite parses a flat chain into a tree as deep as the chain is long and
+    /// refuses trees deeper than 1000, so a long list is split into parenthesised halves
+    /// recursively: the depth grows with the logarithm of the length.
     private mutating func writeList(_ ps: [Predicate], separator: String, empty: String) -> Bool {
         guard !ps.isEmpty else {
             sql += empty
             return true
         }
+        return writeList(ps[...], separator: separator)
+    }
+
+    private mutating func writeList(_ ps: ArraySlice<Predicate>, separator: String) -> Bool {
         sql += "("
-        for (i, p) in ps.enumerated() {
-            if i > 0 { sql += separator }
-            guard write(p) else { return false }
+        if ps.count > Self.flatListLimit {
+            let middle = ps.startIndex + ps.count / 2
+            guard writeList(ps[..<middle], separator: separator) else { return false }
+            sql += separator
+            guard writeList(ps[middle...], separator: separator) else { return false }
+        } else {
+            for (i, p) in ps.enumerated() {
+                if i > 0 { sql += separator }
+                guard write(p) else { return false }
+            }
         }
         sql += ")"
         return true
@@ -179,9 +196,55 @@ struct QuerySQLWriter {
         return true
     }
 
-    /// `path IN [elements]`: an equality per element.
+    /// `path IN [elements]`, however long the list: one term per type class present, each a
+    /// type check and, for numbers and strings, one `IN` over a bound JSON array:
+    ///
+    ///     (COALESCE(json_type(doc, '$.x') IN ('integer', 'real'), 0)
+    ///         AND json_extract(doc, '$.x') IN (SELECT value FROM json_each(?)))
+    ///
+    /// with `?` bound to `[1,4.0,…]`. SQLite compares an integer and a real numerically and two
+    /// texts byte-wise (BINARY), which is ``Value/queryEquals(_:_:)`` on these classes; `null`
+    /// and booleans need only `json_type`. An expression index on `json_extract(doc, '$.x')`
+    /// serves the `IN`. A one-element class is written as the plain equality.
     private mutating func writeIn(_ path: FieldPath, _ elements: [Value]) -> Bool {
-        writeList(elements.map { .compare(.field(path), .equal, .literal($0)) }, separator: " OR ", empty: "0")
+        var hasNull = false
+        var booleans: Set<Bool> = []
+        var numbers: [Value] = []
+        var strings: [Value] = []
+        for element in elements {
+            switch element {
+            case .null: hasNull = true
+            case .bool(let b): booleans.insert(b)
+            case .int, .double: numbers.append(element)
+            case .string: strings.append(element)
+            case .array, .map, .bytes: return false
+            }
+        }
+        guard let jsonPath = Self.jsonPath(path) else { return false }
+        let type = "json_type(\(column), '\(jsonPath)')"
+        let extract = "json_extract(\(column), '\(jsonPath)')"
+        var terms: [String] = []
+        var termBindings: [Value] = []
+        if hasNull { terms.append("(\(type) IS 'null')") }
+        for b in [false, true] where booleans.contains(b) { terms.append("(\(type) IS '\(b)')") }
+        for (members, check) in [
+            (numbers, "COALESCE(\(type) IN ('integer', 'real'), 0)"), (strings, "\(type) IS 'text'"),
+        ] where !members.isEmpty {
+            if members.count == 1 {
+                terms.append("(\(check) AND \(extract) = ?)")
+                termBindings.append(members[0])
+            } else {
+                terms.append("(\(check) AND \(extract) IN (SELECT value FROM json_each(?)))")
+                termBindings.append(.string(JSON.string(.array(members))))
+            }
+        }
+        switch terms.count {
+        case 0: sql += "0"
+        case 1: sql += terms[0]
+        default: sql += "(" + terms.joined(separator: " OR ") + ")"
+        }
+        bindings += termBindings
+        return true
     }
 
     /// SQLite JSON path for a field path, escaped for use inside a single-quoted SQL literal, or

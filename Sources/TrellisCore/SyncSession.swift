@@ -64,9 +64,10 @@ public struct SyncSession: Sendable {
     private(set) var phase = Phase.awaitingHello
     /// The peer's hello, once received.
     public private(set) var remote: Hello?
-    private var outbound: [String: Outbound] = [:]
+    /// By subscription key, in byte order (keys are byte strings).
+    private var outbound = UTF8Map<Outbound>()
     /// Keys of the subscriptions this side sent; batches for others are dropped.
-    private var inbound: Set<String> = []
+    private var inbound: Set<UTF8Key> = []
 
     public init(configuration: Configuration) {
         self.configuration = configuration
@@ -118,7 +119,7 @@ public struct SyncSession: Sendable {
                     "limit",
                     "\(subs.count) subscriptions; this node serves at most \(configuration.maxSubscriptions) per peer")
             }
-            var next: [String: Outbound] = [:]
+            var next = UTF8Map<Outbound>()
             var directives: [Directive] = []
             for sub in subs {
                 let key = sub.spec.key
@@ -138,10 +139,10 @@ public struct SyncSession: Sendable {
             }
             outbound = next
             directives.append(.remoteSubscriptionsChanged(subs))
-            for key in outbound.keys.sorted() { directives += scanIfReady(key) }
+            for key in outbound.keys { directives += scanIfReady(key) }
             return directives
         case (.established, .batch(let sub, let docs, let upTo)):
-            guard inbound.contains(sub) else { return [] }
+            guard inbound.contains(UTF8Key(sub)) else { return [] }
             return [.apply(subscription: sub, documents: docs, upTo: upTo)]
         case (.established, .ack(let sub, _)):
             guard var out = outbound[sub] else { return [] }
@@ -164,7 +165,7 @@ public struct SyncSession: Sendable {
     /// Sends this node's subscription set (replacing the previous one).
     public mutating func subscribe(_ subscriptions: [WireSubscription]) -> [Directive] {
         guard phase == .established else { return [] }
-        inbound = Set(subscriptions.map(\.spec.key))
+        inbound = Set(subscriptions.map { UTF8Key($0.spec.key) })
         return [.send(.subscriptions(subscriptions))]
     }
 
@@ -203,7 +204,7 @@ public struct SyncSession: Sendable {
     public mutating func localChanged() -> [Directive] {
         guard phase == .established else { return [] }
         var directives: [Directive] = []
-        for key in outbound.keys.sorted() {
+        for key in outbound.keys {
             outbound[key]?.pending = true
             directives += scanIfReady(key)
         }

@@ -15,7 +15,8 @@ public enum Value: Sendable {
     case string(String)
     case bytes([UInt8])
     case array([Value])
-    case map([String: Value])
+    /// A map; keys are byte strings, kept in UTF-8 byte order (see ``UTF8Map``).
+    case map(UTF8Map<Value>)
 }
 
 extension Value: Hashable {
@@ -28,12 +29,7 @@ extension Value: Hashable {
         case (.string(let a), .string(let b)): return a.utf8.elementsEqual(b.utf8)
         case (.bytes(let a), .bytes(let b)): return a == b
         case (.array(let a), .array(let b)): return a == b
-        case (.map(let a), .map(let b)):
-            guard a.count == b.count else { return false }
-            for (key, value) in a {
-                guard let other = b[key], other == value else { return false }
-            }
-            return true
+        case (.map(let a), .map(let b)): return a == b
         default: return false
         }
     }
@@ -52,7 +48,7 @@ extension Value: Hashable {
             hasher.combine(d.bitPattern)
         case .string(let s):
             hasher.combine(4)
-            hasher.combine(s)
+            UTF8Key.hash(s, into: &hasher)
         case .bytes(let b):
             hasher.combine(5)
             hasher.combine(b)
@@ -61,23 +57,14 @@ extension Value: Hashable {
             hasher.combine(a)
         case .map(let m):
             hasher.combine(7)
-            hasher.combine(m.count)
-            // Order-independent: combine per-entry hashes commutatively.
-            var sum = 0
-            for (key, value) in m {
-                var entry = Hasher()
-                entry.combine(key)
-                entry.combine(value)
-                sum &+= entry.finalize()
-            }
-            hasher.combine(sum)
+            hasher.combine(m)
         }
     }
 }
 
 extension Value {
     /// The map entries, or `nil` when this is not a map.
-    public var mapValue: [String: Value]? {
+    public var mapValue: UTF8Map<Value>? {
         if case .map(let m) = self { return m }
         return nil
     }
@@ -103,14 +90,17 @@ extension Value {
         }
     }
 
-    /// Member of a map by key; `nil` when absent or when this is not a map.
+    /// Member of a map by key, compared byte-wise; `nil` when absent or when this is not a map.
+    ///
+    /// - Complexity: O(log n) in the number of keys.
     public subscript(key: String) -> Value? {
         mapValue?[key]
     }
 
-    /// The value at a field path, `nil` when any step is missing.
+    /// The value at a field path, `nil` when any step is missing. Keys match byte-wise: the
+    /// path `é` (U+00E9) does not reach the key `e` + U+0301.
     ///
-    /// - Complexity: O(path length).
+    /// - Complexity: O(path length × log of the map sizes on the way).
     public func value(at path: FieldPath) -> Value? {
         var current = self
         for component in path.components {
@@ -208,8 +198,9 @@ extension Value: ExpressibleByNilLiteral, ExpressibleByBooleanLiteral, Expressib
     public init(floatLiteral value: Double) { self = .double(value) }
     public init(stringLiteral value: String) { self = .string(value) }
     public init(arrayLiteral elements: Value...) { self = .array(elements) }
+    /// A map; a key written twice (byte-wise) keeps its last value.
     public init(dictionaryLiteral elements: (String, Value)...) {
-        self = .map(Dictionary(elements, uniquingKeysWith: { _, last in last }))
+        self = .map(UTF8Map(elements, uniquingKeysWith: { _, last in last }))
     }
 }
 

@@ -1,15 +1,16 @@
 /// A subscription: the documents of one collection matching a query with arguments.
 ///
 /// Its ``key`` names it on the wire and in checkpoints: the same (collection, query, args) from
-/// any node has the same key.
+/// any node has the same key. Equality and hashing compare the collection name and query text
+/// byte-wise (collections "é" and "e" + U+0301 are two subscriptions).
 public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
     public var collection: String
     /// Query text in Ditto's predicate syntax (docs/QUERIES.md); `"true"` for the whole collection.
     public var query: String
     /// Values for `$args.name` in the query: a map.
-    public var args: [String: Value]
+    public var args: UTF8Map<Value>
 
-    public init(collection: String, query: String = "true", args: [String: Value] = [:]) {
+    public init(collection: String, query: String = "true", args: UTF8Map<Value> = [:]) {
         self.collection = collection
         self.query = query.isEmpty ? "true" : query
         self.args = args
@@ -27,6 +28,16 @@ public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
 
     public var description: String {
         args.isEmpty ? "\(collection): \(query)" : "\(collection): \(query) \(JSON.string(.map(args)))"
+    }
+
+    public static func == (lhs: SubscriptionSpec, rhs: SubscriptionSpec) -> Bool {
+        UTF8Key.equal(lhs.collection, rhs.collection) && UTF8Key.equal(lhs.query, rhs.query) && lhs.args == rhs.args
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        UTF8Key.hash(collection, into: &hasher)
+        UTF8Key.hash(query, into: &hasher)
+        hasher.combine(args)
     }
 }
 
@@ -192,7 +203,7 @@ public struct WireError: Error, Equatable, Sendable, CustomStringConvertible {
     public var description: String { "malformed message: \(message)" }
 }
 
-extension Dictionary where Key == String, Value == TrellisCore.Value {
+extension UTF8Map where Mapped == TrellisCore.Value {
     fileprivate func int(_ key: String) throws(WireError) -> Int64 {
         guard case .int(let i)? = self[key] else { throw WireError("'\(key)' is missing or not an integer") }
         return i

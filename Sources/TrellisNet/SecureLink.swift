@@ -1,27 +1,38 @@
 import Dispatch
 import Foundation
+internal import Glibc
 import Synchronization
 public import TrellisCrypto
 
 /// A ``MessageLink`` over TCP, encrypted with `Noise_XXpsk3_25519_ChaChaPoly_SHA256`.
 ///
-/// Wire format (docs/PROTOCOL.md):
+/// Wire format (docs/PROTOCOL.md §1):
 /// - Every Noise message (handshake or transport) is framed as a 2-byte big-endian length and the
 ///   message (at most 65535 bytes, Noise spec rev 34 §3).
 /// - The handshake is XXpsk3 with prologue ``prologue`` and psk = the mesh key; the dialer is the
 ///   initiator. Handshake payloads are empty.
 /// - After the handshake the transport plaintexts form one byte stream carrying application
 ///   messages, each a 4-byte big-endian length and that many bytes (at most
-///   ``maxMessageBytes``); one application message may span many transport messages.
+///   ``LinkLimits/maxMessageBytes``); one application message may span many transport messages
+///   and one transport message may carry many application messages.
 /// - A transport message with an empty plaintext is the authenticated close.
 /// - Each direction rekeys (`Rekey()`, §11.3) after every ``rekeyInterval`` transport messages.
+///
+/// Threads: each started link has a reader thread, which owns the receiving cipher state and runs
+/// `onMessage`, and a writer thread, which owns the sending cipher state and drains the outbound
+/// queue; ``send(_:)`` only appends to that queue. The writer never waits on the socket once the
+/// link is closing, and ``close()`` shuts the socket down at once when the writer is waiting for
+/// the peer, so a peer that stops reading can hold neither a caller of ``send(_:)`` nor one of
+/// ``close()``.
 public final class SecureLink: MessageLink {
     /// Bytes mixed into the handshake: the protocol and its version.
     public static let prologue = Array("trellis/1".utf8)
-    /// Largest application message, bytes.
-    public static let maxMessageBytes = 64 * 1024 * 1024
+    /// Largest application message, bytes (``LinkLimits/maxMessageBytes``).
+    public static let maxMessageBytes = LinkLimits.maxMessageBytes
     /// Transport messages per direction between rekeys.
     public static let rekeyInterval = 1 << 16
+    /// Bytes the reader asks the socket for at once: one full transport message and its length.
+    static let readChunk = 65537
 
     public let remotePeerKey: [UInt8]
     public let isInitiator: Bool
@@ -30,184 +41,383 @@ public final class SecureLink: MessageLink {
     public let handshakeHash: [UInt8]
 
     private let socket: TCPSocket
-    private struct Sender {
-        var transport: NoiseTransport
-        var count = 0
-        var closed = false
-    }
-    private let sender: Mutex<Sender>
-    // Used only by the reader thread once started.
-    private let receiver: Mutex<NoiseTransport>
-    private let started = Atomic<Bool>(false)
+    /// The two halves of the transport until ``start(onMessage:onDrain:onClose:)`` hands each to
+    /// its thread.
+    private let halves: Mutex<(sender: TransportSender, receiver: TransportReceiver)?>
+    /// Signalled when the writer waits for messages (`writerIdle`) and something arrives.
+    private let writerWakeup = DispatchSemaphore(value: 0)
 
-    private init(socket: TCPSocket, transport: NoiseTransport, initiator: Bool, address: String) {
+    private struct Shared {
+        /// Messages not yet taken by the writer.
+        var queue: [[UInt8]] = []
+        /// Bytes queued and not yet written (4-byte prefixes included).
+        var queued = 0
+        var drainArmed = false
+        var started = false
+        /// Set by ``close()`` or when a thread ends: `send` throws, the writer stops waiting.
+        var closing = false
+        /// The writer is waiting on `writerWakeup` for messages.
+        var writerIdle = false
+        /// The writer is waiting for the socket to take more bytes.
+        var writerWaiting = false
+        /// Why the link ended (the first reason wins).
+        var reason: String?
+        /// Threads still running; the last one calls `onClose`.
+        var running = 0
+        var onDrain: (@Sendable () -> Void)?
+        var onClose: (@Sendable (String) -> Void)?
+    }
+    private let shared = Mutex(Shared())
+
+    private init(socket: TCPSocket, transport: NoiseTransport, initiator: Bool, address: String, rekeyInterval: Int) {
         self.socket = socket
         self.remotePeerKey = transport.remoteStaticPublicKey
         self.handshakeHash = transport.handshakeHash
         self.isInitiator = initiator
         self.remoteAddress = address
-        self.sender = Mutex(Sender(transport: transport))
-        self.receiver = Mutex(transport)
+        self.halves = Mutex(
+            (
+                TransportSender(transport.sender, rekeyInterval: rekeyInterval),
+                TransportReceiver(transport.receiver, rekeyInterval: rekeyInterval)
+            ))
     }
 
     /// Runs the XXpsk3 handshake on a connected socket.
     ///
+    /// On failure the socket is shut down and nothing else keeps it: its descriptor is released as
+    /// soon as the caller drops it.
+    ///
     /// - Parameters:
+    ///   - socket: a connected socket; the link owns it from now on.
     ///   - initiator: `true` on the dialing side.
     ///   - identity: this node's static key pair.
     ///   - meshKey: the 32-byte mesh key (the psk).
+    ///   - address: the peer's address for logs (``remoteAddress``).
     ///   - admit: decides whether the authenticated remote peer key may join (an allowlist).
-    ///   - timeout: seconds to wait for each handshake message.
-    /// - Throws: ``SocketError`` for I/O, ``NoiseError`` when the peer does not hold the mesh key
-    ///   (`decryptionFailed`) or sends malformed handshake messages, ``LinkError`` when refused.
+    ///   - timeout: seconds the whole handshake may take (a peer dripping one byte at a time cannot
+    ///     extend it).
+    /// - Returns: a link, not yet started.
+    /// - Throws: ``SocketError`` for I/O and when `timeout` passes (`call` is "handshake"),
+    ///   ``NoiseError`` when the peer does not hold the mesh key (`decryptionFailed`) or sends
+    ///   malformed handshake messages, ``LinkError/notAdmitted`` when `admit` refuses the peer.
     public static func handshake(
         socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKey: SecretBytes, address: String,
         admit: ([UInt8]) -> Bool = { _ in true }, timeout: Int = 10
     ) throws -> SecureLink {
-        socket.setReceiveTimeout(seconds: timeout)
-        // The whole handshake has `timeout` seconds, not each read: a peer dripping one byte at a
-        // time cannot hold the connection (and its thread) open.
-        let finished = Mutex(false)
-        DispatchQueue.global().asyncAfter(deadline: .now() + .seconds(timeout)) {
-            finished.withLock { done in if !done { socket.close() } }
-        }
-        defer { finished.withLock { $0 = true } }
-        var handshake = try HandshakeState(
-            pattern: .xxpsk3, role: initiator ? .initiator : .responder, prologue: prologue,
-            staticKeyPair: identity, psk: meshKey)
+        try handshake(
+            socket: socket, initiator: initiator, identity: identity, meshKey: meshKey, address: address,
+            admit: admit, timeout: timeout, rekeyInterval: rekeyInterval)
+    }
+
+    /// ``handshake(socket:initiator:identity:meshKey:address:admit:timeout:)`` with another rekey
+    /// interval (tests; both ends must use the same).
+    static func handshake(
+        socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKey: SecretBytes, address: String,
+        admit: ([UInt8]) -> Bool, timeout: Int, rekeyInterval: Int
+    ) throws -> SecureLink {
+        // No timer holds the socket: every read and write polls against this deadline, so a
+        // connection that fails or finishes releases its descriptor at once.
+        let deadline = ContinuousClock.now + .seconds(timeout)
         do {
+            var handshake = try HandshakeState(
+                pattern: .xxpsk3, role: initiator ? .initiator : .responder, prologue: prologue,
+                staticKeyPair: identity, psk: meshKey)
             while !handshake.isComplete {
                 if handshake.isWriteTurn {
-                    try writeFrame(socket, handshake.writeMessage())
+                    try writeFrame(socket, handshake.writeMessage(), deadline: deadline)
                 } else {
-                    _ = try handshake.readMessage(readFrame(socket))
+                    _ = try handshake.readMessage(readFrame(socket, deadline: deadline))
                 }
             }
+            let transport = try handshake.split()
+            guard admit(transport.remoteStaticPublicKey) else { throw LinkError.notAdmitted }
+            return SecureLink(
+                socket: socket, transport: transport, initiator: initiator, address: address,
+                rekeyInterval: rekeyInterval)
+        } catch let error as SocketError where error.code == ETIMEDOUT && error.call == "poll" {
+            socket.close()
+            throw SocketError("handshake", message: "not finished within \(timeout) s")
         } catch {
             socket.close()
             throw error
         }
-        let transport = try handshake.split()
-        guard admit(transport.remoteStaticPublicKey) else {
-            socket.close()
-            throw LinkError.notAdmitted
-        }
-        socket.setReceiveTimeout(seconds: 0)
-        return SecureLink(socket: socket, transport: transport, initiator: initiator, address: address)
     }
 
-    static func writeFrame(_ socket: TCPSocket, _ message: [UInt8]) throws {
+    static func writeFrame(_ socket: TCPSocket, _ message: [UInt8], deadline: ContinuousClock.Instant) throws {
         var frame = [UInt8(message.count >> 8), UInt8(message.count & 0xFF)]
         frame += message
-        try socket.write(frame)
+        try socket.write(frame, deadline: deadline)
     }
 
-    static func readFrame(_ socket: TCPSocket) throws -> [UInt8] {
-        let header = try socket.read(exactly: 2)
+    static func readFrame(_ socket: TCPSocket, deadline: ContinuousClock.Instant) throws -> [UInt8] {
+        let header = try socket.read(exactly: 2, deadline: deadline)
         let length = Int(header[0]) << 8 | Int(header[1])
-        return try socket.read(exactly: length)
+        return try socket.read(exactly: length, deadline: deadline)
     }
 
-    public func start(onMessage: @escaping @Sendable ([UInt8]) -> Void, onClose: @escaping @Sendable (String) -> Void) {
-        guard !started.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        let thread = Thread { [self] in
-            let reason = readLoop(onMessage)
-            socket.close()
-            sender.withLock { $0.closed = true }
-            onClose(reason)
+    // MARK: MessageLink
+
+    public func start(
+        onMessage: @escaping @Sendable ([UInt8]) -> Void,
+        onDrain: @escaping @Sendable () -> Void,
+        onClose: @escaping @Sendable (String) -> Void
+    ) {
+        let first = shared.withLock { s in
+            guard !s.started else { return false }
+            s.started = true
+            s.running = 2
+            s.onDrain = onDrain
+            s.onClose = onClose
+            return true
         }
-        thread.name = "trellis.link.\(remoteAddress)"
-        thread.start()
+        guard first,
+            let (sender, receiver) = halves.withLock({ h in
+                defer { h = nil }
+                return h
+            }).map({ ($0.sender, $0.receiver) })
+        else { return }
+        let reader = Thread { [self] in
+            var receiver = receiver
+            let reason = readLoop(&receiver, onMessage)
+            end(reason)
+            threadFinished()
+        }
+        reader.name = "trellis.link.read.\(remoteAddress)"
+        let writer = Thread { [self] in
+            var sender = sender
+            if let failure = writeLoop(&sender) { end(failure) }
+            threadFinished()
+        }
+        writer.name = "trellis.link.write.\(remoteAddress)"
+        reader.start()
+        writer.start()
     }
 
-    private func readLoop(_ onMessage: @Sendable ([UInt8]) -> Void) -> String {
-        var buffer: [UInt8] = []
-        var count = 0
+    @discardableResult
+    public func send(_ message: [UInt8]) throws -> Int {
+        guard message.count <= LinkLimits.maxMessageBytes else { throw LinkError.messageTooLarge(message.count) }
+        let (queued, wake) = try shared.withLock { s throws(LinkError) in
+            guard !s.closing else { throw LinkError.closed }
+            s.queue.append(message)
+            s.queued += 4 + message.count
+            if s.queued >= highWater { s.drainArmed = true }
+            defer { s.writerIdle = false }
+            return (s.queued, s.writerIdle)
+        }
+        if wake { writerWakeup.signal() }
+        return queued
+    }
+
+    public var queuedBytes: Int { shared.withLock { $0.queued } }
+
+    public func close() {
+        let (shutdownNow, wake) = shared.withLock { s in
+            guard !s.closing else { return (false, false) }
+            s.closing = true
+            if s.reason == nil { s.reason = "closed by this node" }
+            defer { s.writerIdle = false }
+            // A writer waiting for the peer would wait for good: shut down now. A free writer
+            // sends what the socket takes at once, then the authenticated close, then shuts down.
+            return (s.writerWaiting || !s.started, s.writerIdle)
+        }
+        if shutdownNow { socket.close() }
+        if wake { writerWakeup.signal() }
+    }
+
+    // MARK: Threads
+
+    /// Records why the link ended (unless a reason is already known), shuts the socket down and
+    /// wakes the writer.
+    private func end(_ reason: String) {
+        let wake = shared.withLock { s in
+            if s.reason == nil { s.reason = reason }
+            s.closing = true
+            defer { s.writerIdle = false }
+            return s.writerIdle
+        }
+        socket.close()
+        if wake { writerWakeup.signal() }
+    }
+
+    /// Called by each thread as it ends; the last one runs `onClose`.
+    private func threadFinished() {
+        let close = shared.withLock { s -> (@Sendable (String) -> Void, String)? in
+            s.running -= 1
+            guard s.running == 0, let onClose = s.onClose else { return nil }
+            s.onClose = nil
+            s.onDrain = nil
+            return (onClose, s.reason ?? "closed")
+        }
+        if let (onClose, reason) = close { onClose(reason) }
+    }
+
+    private struct PeerClosed: Error {}
+
+    /// Reads frames, decrypts them and delivers whole messages until the stream ends.
+    ///
+    /// - Returns: why it ended.
+    private func readLoop(_ receiver: inout TransportReceiver, _ onMessage: @Sendable ([UInt8]) -> Void) -> String {
+        var frames = FrameDecoder()
+        var assembler = MessageAssembler(limit: LinkLimits.maxMessageBytes)
+        var buffer = [UInt8](repeating: 0, count: Self.readChunk)
         while true {
-            let plaintext: [UInt8]
+            let count: Int
             do {
-                let frame = try Self.readFrame(socket)
-                plaintext = try receiver.withLock { transport in try transport.decrypt(frame) }
-            } catch let error as NoiseError {
-                return "\(error)"
+                count = try buffer.withUnsafeMutableBytes { try socket.receive(into: $0) }
             } catch {
                 return "\(error)"
             }
-            count += 1
-            if count % Self.rekeyInterval == 0 { receiver.withLock { $0.rekeyReceive() } }
-            if plaintext.isEmpty { return "peer closed the connection" }
-            buffer += plaintext
-            // Deliver every whole application message in the buffer.
-            var offset = 0
-            while buffer.count - offset >= 4 {
-                let length =
-                    Int(buffer[offset]) << 24 | Int(buffer[offset + 1]) << 16 | Int(buffer[offset + 2]) << 8
-                    | Int(buffer[offset + 3])
-                guard length <= Self.maxMessageBytes else {
-                    return "peer sent a \(length)-byte message, above the \(Self.maxMessageBytes)-byte limit"
+            if count == 0 { return "connection closed by peer without an authenticated close" }
+            do {
+                try frames.feed(buffer[0..<count]) { (message: [UInt8]) throws(any Error) in
+                    let plaintext = try receiver.open(message)
+                    if plaintext.isEmpty { throw PeerClosed() }
+                    try assembler.append(plaintext, onMessage)
                 }
-                guard buffer.count - offset - 4 >= length else { break }
-                onMessage(Array(buffer[(offset + 4)..<(offset + 4 + length)]))
-                offset += 4 + length
+            } catch is PeerClosed {
+                return "peer closed the connection"
+            } catch {
+                return "\(error)"
             }
-            if offset > 0 { buffer.removeFirst(offset) }
         }
     }
 
-    /// Sends one application message, split into transport messages.
+    /// Encrypts and writes queued messages until the link closes.
     ///
-    /// - Throws: ``LinkError/closed`` after close, ``LinkError/messageTooLarge(_:)``, or I/O errors.
-    public func send(_ message: [UInt8]) throws {
-        guard message.count <= Self.maxMessageBytes else { throw LinkError.messageTooLarge(message.count) }
-        var stream = [
-            UInt8(truncatingIfNeeded: message.count >> 24), UInt8(truncatingIfNeeded: message.count >> 16),
-            UInt8(truncatingIfNeeded: message.count >> 8), UInt8(truncatingIfNeeded: message.count),
-        ]
-        stream += message
-        try sender.withLock { s in
-            guard !s.closed else { throw LinkError.closed }
-            var offset = 0
-            var out: [UInt8] = []
-            out.reserveCapacity(stream.count + (stream.count / NoiseTransport.maxPlaintextLength + 1) * 18)
-            while offset < stream.count {
-                let end = min(stream.count, offset + NoiseTransport.maxPlaintextLength)
-                let ciphertext = try s.transport.encrypt(Array(stream[offset..<end]))
-                out.append(UInt8(ciphertext.count >> 8))
-                out.append(UInt8(ciphertext.count & 0xFF))
-                out += ciphertext
-                offset = end
-                s.count += 1
-                if s.count % Self.rekeyInterval == 0 { s.transport.rekeySend() }
+    /// - Returns: an error that ended the link, or nil when it ended because it was closing.
+    private func writeLoop(_ sender: inout TransportSender) -> String? {
+        var stream = OutboundStream()
+        while true {
+            let chunk = stream.nextChunk {
+                shared.withLock { s in
+                    defer { s.queue = [] }
+                    return s.queue
+                }
             }
-            try socket.write(out)
+            if chunk.isEmpty {
+                enum Next { case more, wait, finish }
+                let next = shared.withLock { s -> Next in
+                    if !s.queue.isEmpty { return .more }
+                    if s.closing { return .finish }
+                    s.writerIdle = true
+                    return .wait
+                }
+                switch next {
+                case .more: continue
+                case .wait:
+                    writerWakeup.wait()
+                    continue
+                case .finish:
+                    // The authenticated close, if the socket takes it at once; then shut down.
+                    if let frame = try? sender.seal([]) {
+                        _ = try? frame.withUnsafeBytes { bytes throws(SocketError) in
+                            try socket.sendWithoutWaiting(bytes)
+                        }
+                    }
+                    socket.close()
+                    return nil
+                }
+            }
+            let frame: [UInt8]
+            do {
+                frame = try sender.seal(chunk)
+            } catch {
+                return "\(error)"
+            }
+            do {
+                guard try write(frame) else {
+                    socket.close()
+                    return nil
+                }
+            } catch {
+                return "\(error)"
+            }
+            let drain = shared.withLock { s -> (@Sendable () -> Void)? in
+                s.queued -= chunk.count
+                guard s.drainArmed, s.queued <= lowWater, !s.closing else { return nil }
+                s.drainArmed = false
+                return s.onDrain
+            }
+            drain?()
         }
     }
 
-    /// Sends the authenticated close (an empty transport message) and shuts the socket down.
-    public func close() {
-        sender.withLock { s in
-            guard !s.closed else { return }
-            s.closed = true
-            if let ciphertext = try? s.transport.encrypt([]) {
-                try? socket.write([UInt8(ciphertext.count >> 8), UInt8(ciphertext.count & 0xFF)] + ciphertext)
+    /// Writes one whole frame, waiting for the socket as long as the link is not closing.
+    ///
+    /// - Returns: false when the link is closing and the socket would make it wait.
+    /// - Throws: ``SocketError`` when the connection failed or was shut down.
+    private func write(_ frame: [UInt8]) throws -> Bool {
+        var offset = 0
+        while offset < frame.count {
+            let n = try frame.withUnsafeBytes { bytes in
+                try socket.sendWithoutWaiting(UnsafeRawBufferPointer(rebasing: bytes[offset...]))
             }
+            if n > 0 {
+                offset += n
+                continue
+            }
+            let wait = shared.withLock { s in
+                guard !s.closing else { return false }
+                s.writerWaiting = true
+                return true
+            }
+            guard wait else { return false }
+            socket.waitUntilWritable()
+            shared.withLock { $0.writerWaiting = false }
         }
-        socket.close()
+        return true
     }
 }
 
-/// Errors of a ``SecureLink`` beyond socket and Noise errors.
-public enum LinkError: Error, Sendable, CustomStringConvertible {
-    case closed
-    case messageTooLarge(Int)
-    case notAdmitted
+/// The writer's view of the outbound byte stream: messages taken from the queue, cut into
+/// transport plaintexts of at most `NoiseTransport.maxPlaintextLength` bytes, each message preceded
+/// by its 4-byte big-endian length.
+struct OutboundStream {
+    private var messages: [[UInt8]] = []
+    private var next = 0
+    private var current: [UInt8]?
+    /// Position in the current message's stream: 0..<4 inside the prefix, then 4 + message offset.
+    private var offset = 0
 
-    public var description: String {
-        switch self {
-        case .closed: return "the link is closed"
-        case .messageTooLarge(let n):
-            return "message of \(n) bytes is above the \(SecureLink.maxMessageBytes)-byte limit"
-        case .notAdmitted: return "the peer's key is not on the allowlist"
+    /// The next transport plaintext: as many queued bytes as fit, spanning messages; empty when
+    /// nothing is queued.
+    ///
+    /// - Parameter refill: takes the messages queued since the last call (called only when the
+    ///   messages taken so far are used up).
+    mutating func nextChunk(refill: () -> [[UInt8]]) -> [UInt8] {
+        let capacity = NoiseTransport.maxPlaintextLength
+        var chunk: [UInt8] = []
+        while chunk.count < capacity {
+            if current == nil {
+                if next == messages.count {
+                    messages = refill()
+                    next = 0
+                    if messages.isEmpty { break }
+                }
+                current = messages[next]
+                messages[next] = []
+                next += 1
+                offset = 0
+                if chunk.isEmpty { chunk.reserveCapacity(min(capacity, 4 + current!.count)) }
+            }
+            let message = current!
+            let room = capacity - chunk.count
+            if offset < 4 {
+                let count = UInt32(message.count)
+                let prefix = [
+                    UInt8(count >> 24), UInt8((count >> 16) & 0xFF), UInt8((count >> 8) & 0xFF), UInt8(count & 0xFF),
+                ]
+                let take = min(4 - offset, room)
+                chunk += prefix[offset..<(offset + take)]
+                offset += take
+            } else {
+                let start = offset - 4
+                let take = min(message.count - start, room)
+                chunk += message[start..<(start + take)]
+                offset += take
+            }
+            if offset == 4 + message.count { current = nil }
         }
+        return chunk
     }
 }

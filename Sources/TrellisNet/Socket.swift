@@ -82,7 +82,16 @@ public final class TCPSocket: Sendable {
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_KEEPIDLE, &idle, socklen_t(MemoryLayout<Int32>.size))
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_KEEPINTVL, &interval, socklen_t(MemoryLayout<Int32>.size))
         setsockopt(fd, Int32(IPPROTO_TCP), TCP_KEEPCNT, &count, socklen_t(MemoryLayout<Int32>.size))
+        // Keepalive does not run while sent data is unacknowledged; TCP_USER_TIMEOUT covers that
+        // case (and a peer that keeps its receive window closed): the kernel ends the connection
+        // when data stays unacknowledged for this long.
+        var userTimeout = UInt32(TCPSocket.userTimeoutMilliseconds)
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_USER_TIMEOUT, &userTimeout, socklen_t(MemoryLayout<UInt32>.size))
     }
+
+    /// How long, in milliseconds, sent data may stay unacknowledged before the kernel ends the
+    /// connection (`TCP_USER_TIMEOUT`, RFC 5482): 30 000.
+    public static let userTimeoutMilliseconds = 30_000
 
     /// The remote address as `host:port`, or `"unknown"`.
     public var peerAddress: String {
@@ -182,10 +191,95 @@ public final class TCPSocket: Sendable {
         return out
     }
 
-    /// Sets the receive timeout in seconds (0 = none).
-    public func setReceiveTimeout(seconds: Int) {
-        var tv = timeval(tv_sec: seconds, tv_usec: 0)
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    /// Reads exactly `count` bytes, giving up at `deadline`.
+    ///
+    /// - Throws: ``SocketError`` on error, when the peer closes first, or with code `ETIMEDOUT`
+    ///   when `deadline` passes first (a peer sending one byte at a time cannot extend it).
+    public func read(exactly count: Int, deadline: ContinuousClock.Instant) throws(SocketError) -> [UInt8] {
+        var out = [UInt8](repeating: 0, count: count)
+        var offset = 0
+        while offset < count {
+            try wait(for: Int16(POLLIN), until: deadline)
+            let n = out.withUnsafeMutableBytes { buffer in
+                recv(fd, buffer.baseAddress! + offset, count - offset, Int32(MSG_DONTWAIT))
+            }
+            if n < 0 {
+                if errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK { continue }
+                throw SocketError("recv")
+            }
+            if n == 0 { throw SocketError("recv", message: "connection closed by peer") }
+            offset += n
+        }
+        return out
+    }
+
+    /// Writes all bytes (with `MSG_NOSIGNAL`), giving up at `deadline`.
+    ///
+    /// - Throws: ``SocketError`` on error, or with code `ETIMEDOUT` when `deadline` passes first.
+    public func write(_ bytes: [UInt8], deadline: ContinuousClock.Instant) throws(SocketError) {
+        var offset = 0
+        while offset < bytes.count {
+            try wait(for: Int16(POLLOUT), until: deadline)
+            let n = bytes.withUnsafeBytes { buffer in
+                send(fd, buffer.baseAddress! + offset, buffer.count - offset, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+            }
+            if n < 0 {
+                if errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK { continue }
+                throw SocketError("send")
+            }
+            offset += n
+        }
+    }
+
+    /// Receives what is available, at most `buffer.count` bytes, waiting until something is.
+    ///
+    /// - Returns: the number of bytes received; 0 when the peer has closed its side (or this side
+    ///   was shut down).
+    /// - Throws: ``SocketError`` on error (for example `ETIMEDOUT` from `TCP_USER_TIMEOUT`).
+    func receive(into buffer: UnsafeMutableRawBufferPointer) throws(SocketError) -> Int {
+        while true {
+            let n = recv(fd, buffer.baseAddress!, buffer.count, 0)
+            if n >= 0 { return n }
+            if errno == EINTR { continue }
+            throw SocketError("recv")
+        }
+    }
+
+    /// Sends as much of `bytes` as the socket takes without waiting.
+    ///
+    /// - Returns: the number of bytes sent: 0 when the socket's send buffer is full.
+    /// - Throws: ``SocketError`` on error (`EPIPE` after a shutdown, `ETIMEDOUT`, `ECONNRESET`).
+    func sendWithoutWaiting(_ bytes: UnsafeRawBufferPointer) throws(SocketError) -> Int {
+        while true {
+            let n = send(fd, bytes.baseAddress!, bytes.count, Int32(MSG_NOSIGNAL | MSG_DONTWAIT))
+            if n >= 0 { return n }
+            if errno == EINTR { continue }
+            if errno == EAGAIN || errno == EWOULDBLOCK { return 0 }
+            throw SocketError("send")
+        }
+    }
+
+    /// Waits until the socket can take more bytes, has failed, or was shut down (the next send then
+    /// reports which). Never times out by itself: `TCP_USER_TIMEOUT` or ``close()`` ends the wait.
+    func waitUntilWritable() {
+        var pfd = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
+        while poll(&pfd, 1, -1) < 0 && errno == EINTR {}
+    }
+
+    /// Waits for `events` until `deadline`.
+    ///
+    /// - Throws: ``SocketError`` with code `ETIMEDOUT` when the deadline passes first.
+    private func wait(for events: Int16, until deadline: ContinuousClock.Instant) throws(SocketError) {
+        while true {
+            let remaining = deadline - ContinuousClock.now
+            guard remaining > .zero else { throw SocketError("poll", code: ETIMEDOUT) }
+            let (seconds, attoseconds) = remaining.components
+            let milliseconds = Int32(clamping: seconds * 1000 + attoseconds / 1_000_000_000_000_000 + 1)
+            var pfd = pollfd(fd: fd, events: events, revents: 0)
+            let rc = poll(&pfd, 1, milliseconds)
+            if rc > 0 { return }  // ready, failed or shut down: the call that follows reports which
+            if rc < 0 && errno != EINTR { throw SocketError("poll") }
+        }
     }
 
     /// Shuts the connection down in both directions: a blocked `read` returns and later calls

@@ -44,9 +44,10 @@ public enum DocumentMutation: Sendable, Hashable, CustomStringConvertible {
     /// Removes the field (observed-remove); inside an array, removes the element. A missing field
     /// is left alone and yields no result.
     case unset(FieldPath)
-    /// Adds the amount to a counter (a missing field starts at 0; a number becomes a counter
-    /// starting from it). Inside an array the element is read, added to and written back.
-    case increment(FieldPath, Double)
+    /// Adds the amount (an `.int` or a finite `.double`) to a counter (a missing field starts at 0;
+    /// a number becomes a counter starting from it). Ints keep the counter exact. Inside an array
+    /// the element is read, added to and written back.
+    case increment(FieldPath, Value)
 
     /// The field the mutation changes.
     public var path: FieldPath {
@@ -76,8 +77,8 @@ public enum DocumentMutation: Sendable, Hashable, CustomStringConvertible {
         switch self {
         case .set(_, let value, _):
             do { try value.validate(path: path.description) } catch { throw .invalidValue(error.description) }
-        case .increment(_, let amount) where !amount.isFinite:
-            throw .invalidValue("cannot increment '\(path)' by \(amount); only finite amounts are allowed")
+        case .increment(_, let amount) where !amount.isCounterNumber:
+            throw .invalidValue("cannot increment '\(path)' by \(amount); only finite numbers are allowed")
         default:
             break
         }
@@ -124,7 +125,7 @@ public enum UpdateResult: Sendable, Hashable, CustomStringConvertible {
     /// The field at `path` was removed.
     case removed(docID: Value, path: String)
     /// The counter at `path` was incremented by `amount`.
-    case incremented(docID: Value, path: String, amount: Double)
+    case incremented(docID: Value, path: String, amount: Value)
 
     /// The `_id` of the document the mutation applied to.
     public var docID: Value {
@@ -186,15 +187,13 @@ extension Value {
             }
             return a.count == b.count ? .equal : (a.count < b.count ? .less : .greater)
         case (.map(let a), .map(let b)):
-            let ak = a.keys.sorted(by: Self.utf8Less)
-            let bk = b.keys.sorted(by: Self.utf8Less)
-            for (x, y) in zip(ak, bk) {
-                let keyOrder = compare(.string(x), .string(y)) ?? .equal
-                if keyOrder != .equal { return keyOrder }
-                let o = sortOrder(a[x], b[y])
+            for (x, y) in zip(a, b) {  // maps iterate in byte order of their keys
+                let keyOrder = UTF8Key.compare(x.key, y.key)
+                if keyOrder != 0 { return keyOrder < 0 ? .less : .greater }
+                let o = sortOrder(x.value, y.value)
                 if o != .equal { return o }
             }
-            return ak.count == bk.count ? .equal : (ak.count < bk.count ? .less : .greater)
+            return a.count == b.count ? .equal : (a.count < b.count ? .less : .greater)
         default:
             return compare(lhs, rhs) ?? .equal  // null, null; NaN never reaches a store
         }
@@ -214,7 +213,7 @@ extension Value {
     }
 
     static func utf8Less(_ a: String, _ b: String) -> Bool {
-        compare(.string(a), .string(b)) == .less
+        UTF8Key.compare(a, b) < 0
     }
 }
 
@@ -280,7 +279,7 @@ extension DocumentStore {
                 return wrote
             }
         }
-        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if wrote { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return prepared.map(\.id)
     }
 
@@ -289,8 +288,8 @@ extension DocumentStore {
 
     /// The parts of `new` whose leaves differ (bit-exactly) from `current`, walking maps present
     /// in both.
-    static func differingLeaves(_ new: [String: Value], _ current: [String: Value]) -> [String: Value] {
-        var out: [String: Value] = [:]
+    static func differingLeaves(_ new: UTF8Map<Value>, _ current: UTF8Map<Value>) -> UTF8Map<Value> {
+        var out = UTF8Map<Value>()
         for (key, value) in new {
             if case .map(let newMap) = value, case .map(let currentMap)? = current[key] {
                 let nested = differingLeaves(newMap, currentMap)
@@ -365,7 +364,7 @@ extension DocumentStore {
                 return (results, wrote)
             }
         }
-        if wrote { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if wrote { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return results
     }
 
@@ -393,8 +392,9 @@ extension DocumentStore {
         do {
             switch mutation {
             case .set(_, let value, let isDefault):
-                // Default data only fills a register that is absent (inside an array: the array).
-                if isDefault, doc.value(at: field) != nil { return nil }
+                // Default data only fills a field that is absent and that this site never wrote or
+                // saw removed (inside an array: the array), so no stamp names two writes.
+                if isDefault, !doc.admitsDefaultData(at: field, site: siteID) { return nil }
                 let stamp = isDefault ? defaultStamp : stamp()
                 if split == nil {
                     try doc.set(path, to: value, stamp: stamp)
@@ -456,7 +456,7 @@ extension DocumentStore {
         let evicted = try withState { s -> [Value] in
             try s.db.transaction { () throws -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil, evicted: true)) }
         return evicted
     }
 
@@ -470,7 +470,7 @@ extension DocumentStore {
             try st.run()
             if s.db.changes > 0 {
                 evicted.append(id)
-                s.changedKeys[collection, default: []].insert(key)
+                s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
             }
         }
         if !evicted.isEmpty {
@@ -541,9 +541,9 @@ extension DocumentStore {
         let total = sql.utf8.count
         guard sql.hasPrefix(head), total > fixed, (total - fixed) % 2 == 0 else { return nil }
         let literal = String(decoding: sql.utf8.dropFirst(head.utf8.count).prefix((total - fixed) / 2), as: UTF8.self)
-        guard head + literal + middle + literal + tail == sql, literal.hasPrefix("'"), literal.hasSuffix("'") else {
-            return nil
-        }
+        guard UTF8Key.equal(head + literal + middle + literal + tail, sql), literal.hasPrefix("'"),
+            literal.hasSuffix("'")
+        else { return nil }
         return ("json_extract(value, \(literal))", String(literal.dropFirst().dropLast()))
     }
 
@@ -590,7 +590,7 @@ extension DocumentStore {
     /// - Complexity: O(n) in the collection's documents without an index, O(k log n) for k
     ///   matches with one; plus O(k log k) to sort.
     public func documents(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -604,22 +604,24 @@ extension DocumentStore {
     ///
     /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
     /// - Complexity: O(n) without an index; the count runs inside SQLite when the query translates.
-    public func count(in collection: String, matching query: Query, args: [String: Value] = [:]) throws(StoreError)
+    public func count(in collection: String, matching query: Query, args: UTF8Map<Value> = [:]) throws(StoreError)
         -> Int
     {
         let bound = try Self.bind(query, args)
-        guard let pushed = bound.sqlWhere(column: "documents.value") else {
-            return try documents(in: collection) { try bound.matches($0) }.count
-        }
-        return try withState { s -> Int in
+        let translated = bound.sqlWhere(column: "documents.value")
+        let counted = try withState { s -> Int? in
             let (term, termBindings) = Self.collectionTerm(collection)
-            let st = try s.db.prepare(
-                "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND (\(pushed.sql))")
-            Self.bind(st, termBindings + pushed.bindings)
-            defer { st.reset() }
-            _ = try st.step()
-            return Int(st.int64(0))
+            let (prepared, pushed) = try Self.preparePushedDown(s.db, translated) {
+                "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND (\($0?.sql ?? "1"))"
+            }
+            guard let pushed else { return nil }
+            Self.bind(prepared, termBindings + pushed.bindings)
+            defer { prepared.reset() }
+            _ = try prepared.step()
+            return Int(prepared.int64(0))
         }
+        if let counted { return counted }
+        return try documents(in: collection) { try bound.matches($0) }.count
     }
 
     /// Removes the documents a query selects, in one transaction (tombstones, replicated).
@@ -628,7 +630,7 @@ extension DocumentStore {
     /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
     @discardableResult
     public func remove(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -648,7 +650,7 @@ extension DocumentStore {
                 return removed
             }
         }
-        if !removed.isEmpty { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if !removed.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return removed
     }
 
@@ -658,7 +660,7 @@ extension DocumentStore {
     /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
     @discardableResult
     public func evict(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
@@ -669,11 +671,11 @@ extension DocumentStore {
                 return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
             }
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [collection], origin: nil, evicted: true)) }
+        if !evicted.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil, evicted: true)) }
         return evicted
     }
 
-    static func bind(_ query: Query, _ args: [String: Value]) throws(StoreError) -> Query {
+    static func bind(_ query: Query, _ args: UTF8Map<Value>) throws(StoreError) -> Query {
         do { return try query.bind(args: args) } catch { throw .invalidValue("\(error)") }
     }
 
@@ -698,10 +700,34 @@ extension DocumentStore {
         }
     }
 
+    /// A query translated to SQL: the condition and its bindings (``Query/sqlWhere(column:)``).
+    typealias PushedQuery = (sql: String, bindings: [Value])
+
+    /// Prepares the statement `sql(pushed)` for a query translated to SQL, or, when SQLite refuses
+    /// that statement, the statement `sql(nil)`, for which the caller evaluates the query in
+    /// memory. SQLite refuses conditions nested deeper than its parser allows (about 45
+    /// parentheses; the query language allows 200), expression trees deeper than 1000, and more
+    /// bound parameters than it was built for; none of these is a reason to fail a query that
+    /// in-memory evaluation answers. Only preparing falls back: errors while stepping are thrown.
+    ///
+    /// - Returns: the statement and the translation it runs (`nil`: evaluate in memory).
+    static func preparePushedDown(
+        _ db: Connection, _ pushed: PushedQuery?, _ sql: (PushedQuery?) -> String
+    ) throws(SQLiteError) -> (Statement, PushedQuery?) {
+        if let pushed {
+            do {
+                return (try db.prepare(sql(pushed)), pushed)
+            } catch {
+                // Refused as SQL: fall through to the statement without the condition.
+            }
+        }
+        return (try db.prepare(sql(nil)), nil)
+    }
+
     /// The SQL and bindings selecting `(id, value)` rows for a bound query: the filter pushed down
     /// when it translates, and the window when there is no sort and the filter is pushed.
     static func selectSQL(
-        _ collection: String, _ pushed: (sql: String, bindings: [Value])?, window: (limit: Int?, offset: Int)?
+        _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?
     ) -> (sql: String, bindings: [Value]) {
         let (term, termBindings) = collectionTerm(collection)
         var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
@@ -722,11 +748,14 @@ extension DocumentStore {
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
     ) throws -> [(key: String, value: Value)] {
-        let pushed = bound.sqlWhere(column: "documents.value")
-        let windowInSQL = pushed != nil && sort.isEmpty
-        let (sql, bindings) = Self.selectSQL(collection, pushed, window: windowInSQL ? (limit, offset) : nil)
-        let st = try s.db.prepare(sql)
-        Self.bind(st, bindings)
+        func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
+            pushed != nil && sort.isEmpty ? (limit, offset) : nil
+        }
+        let (st, pushed) = try Self.preparePushedDown(s.db, bound.sqlWhere(column: "documents.value")) {
+            Self.selectSQL(collection, $0, window: window($0)).sql
+        }
+        let windowInSQL = window(pushed) != nil
+        Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed)).bindings)
         defer { st.reset() }
         var rows: [(key: String, value: Value)] = []
         while try st.step() {
@@ -757,16 +786,20 @@ extension DocumentStore {
     /// ``documents(in:matching:args:sort:limit:offset:)`` runs; empty when the query is
     /// evaluated in memory only. For tests and diagnostics.
     func queryPlan(
-        in collection: String, matching query: Query, args: [String: Value] = [:], sort: [SortKey] = [],
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey] = [],
         limit: Int? = nil, offset: Int = 0
     ) throws(StoreError) -> [String] {
         let bound = try Self.bind(query, args)
-        let pushed = bound.sqlWhere(column: "documents.value")
-        let (sql, bindings) = Self.selectSQL(
-            collection, pushed, window: pushed != nil && sort.isEmpty ? (limit, offset) : nil)
+        let translated = bound.sqlWhere(column: "documents.value")
         return try withState { s -> [String] in
-            let st = try s.db.prepare("EXPLAIN QUERY PLAN " + sql)
-            Self.bind(st, bindings)
+            func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
+                pushed != nil && sort.isEmpty ? (limit, offset) : nil
+            }
+            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
+                "EXPLAIN QUERY PLAN " + Self.selectSQL(collection, $0, window: window($0)).sql
+            }
+            guard pushed != nil else { return [] }
+            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed)).bindings)
             defer { st.reset() }
             var rows: [String] = []
             while try st.step() { rows.append(st.string(3) ?? "") }
@@ -780,7 +813,7 @@ extension DocumentStore {
 enum FieldEdit {
     case set(Value)
     case remove
-    case increment(Double)
+    case increment(Value)
 
     /// Applies the edit at `components` below `value`.
     ///
@@ -800,17 +833,20 @@ enum FieldEdit {
             case .remove:
                 return false  // handled by the parent
             case .increment(let amount):
-                guard let number = value.numberValue else {
+                guard value.isCounterNumber else {
                     throw .invalidValue("cannot increment '\(path)': it holds \(value.typeName)")
                 }
-                value = .double(number + amount)
+                guard let sum = Value.counterSum(value, amount) else {
+                    throw .invalidValue("cannot increment '\(path)' by \(amount): the sum leaves the range of numbers")
+                }
+                value = sum
                 return true
             }
         }
         let rest = components.dropFirst()
         switch first {
         case .key(let key):
-            var map: [String: Value]
+            var map: UTF8Map<Value>
             if case .map(let m) = value {
                 map = m
             } else {
@@ -828,7 +864,7 @@ enum FieldEdit {
             } else {
                 switch self {
                 case .remove: return false
-                case .increment where rest.isEmpty: child = .double(0)
+                case .increment where rest.isEmpty: child = .int(0)
                 default: child = .map([:])
                 }
             }

@@ -89,8 +89,9 @@ public struct Checkpoint: Sendable, Equatable {
 
 /// What a commit changed, delivered to observers after the transaction commits.
 public struct StoreEvent: Sendable {
-    /// Collections with at least one changed document.
-    public var collections: Set<String>
+    /// Collections with at least one changed document. Names compare byte-wise (``UTF8Key``):
+    /// "é" and "e" + U+0301 are two collections.
+    public var collections: Set<UTF8Key>
     /// The peer whose batch caused the change; `nil` for local writes.
     public var origin: [UInt8]?
     /// `true` when documents were evicted (their subscriptions' checkpoints were forgotten, so
@@ -101,7 +102,8 @@ public struct StoreEvent: Sendable {
     /// Every committed change to a document row (write, remove, merge, evict) is reported in the
     /// event of its own commit or of a commit that ended concurrently; a collection in
     /// ``collections`` may then have no keys here because another event already carried them.
-    public var changedKeys: [String: Set<String>] = [:]
+    /// Collection names and keys compare byte-wise (``UTF8Key``).
+    public var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
 }
 
 /// A per-document outcome of merging a remote batch.
@@ -124,7 +126,7 @@ public final class DocumentStore: Sendable {
         var clock: HybridLogicalClock
         var nextSeq: Int64
         /// Documents changed since the last ``DocumentStore/notify(_:)``, by collection.
-        var changedKeys: [String: Set<String>] = [:]
+        var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
     }
 
     let state: Mutex<State>
@@ -362,7 +364,7 @@ public final class DocumentStore: Sendable {
         st.bind(7, source)
         try st.run()
         s.nextSeq += 1
-        s.changedKeys[collection, default: []].insert(key)
+        s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
     }
 
     func saveClock(_ s: State) throws {
@@ -399,7 +401,7 @@ public final class DocumentStore: Sendable {
                 try saveClock(s)
             }
         }
-        notify(StoreEvent(collections: [collection], origin: nil))
+        notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil))
         return prepared.map(\.0)
     }
 
@@ -407,9 +409,8 @@ public final class DocumentStore: Sendable {
     /// key and its other fields.
     ///
     /// - Throws: ``StoreError`` for a non-map, a bad `_id` or a value that cannot be stored.
-    static func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: [String: Value])]
-    {
-        var prepared: [(id: Value, key: String, fields: [String: Value])] = []
+    static func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: UTF8Map<Value>)] {
+        var prepared: [(id: Value, key: String, fields: UTF8Map<Value>)] = []
         prepared.reserveCapacity(documents.count)
         for document in documents {
             guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
@@ -436,7 +437,7 @@ public final class DocumentStore: Sendable {
                 return true
             }
         }
-        if removed { notify(StoreEvent(collections: [collection], origin: nil)) }
+        if removed { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return removed
     }
 
@@ -527,15 +528,16 @@ public final class DocumentStore: Sendable {
     /// - Throws: ``StoreError`` for SQLite errors, a corrupt state, or a query whose `$args` are missing.
     /// - Complexity: O(limit · log n) through the `(collection, seq)` index.
     public func changes(
-        in collection: String, after: Int64, limit: Int, matching query: Query = .all, args: [String: Value] = [:]
+        in collection: String, after: Int64, limit: Int, matching query: Query = .all, args: UTF8Map<Value> = [:]
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
-        let pushed = bound.sqlWhere(column: "documents.value")
+        let translated = bound.sqlWhere(column: "documents.value")
         return try withState { s -> ChangePage in
-            let matchSQL = pushed.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
-            let st = try s.db.prepare(
-                "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
-                    + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?")
+            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
+                let matchSQL = $0.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
+                return "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
+                    + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
+            }
             let bindings = pushed?.bindings ?? []
             Self.bind(st, bindings)
             let index = Int32(bindings.count) + 1
@@ -583,7 +585,7 @@ public final class DocumentStore: Sendable {
     /// - Throws: ``StoreError/invalidValue(_:)`` naming a missing `$args` value.
     /// - Complexity: O(n) in the collection's documents without an index.
     public func documents(
-        in collection: String, matching query: Query, args: [String: Value] = [:]
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:]
     ) throws(StoreError) -> [Value] {
         try documents(in: collection, matching: query, args: args, sort: [])
     }
@@ -605,7 +607,7 @@ public final class DocumentStore: Sendable {
         _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (String, Checkpoint)?
     ) throws(StoreError) -> MergeOutcome {
         var outcome = MergeOutcome(applied: 0, rejected: [])
-        var touched: Set<String> = []
+        var touched: Set<UTF8Key> = []
         let now = options.now()
         try withState { s in
             try s.db.transaction {
@@ -641,7 +643,7 @@ public final class DocumentStore: Sendable {
                         continue
                     }
                     outcome.applied += 1
-                    touched.insert(remote.collection)
+                    touched.insert(UTF8Key(remote.collection))
                 }
                 if let (subscription, cp) = checkpoint {
                     let st = try s.db.prepare(

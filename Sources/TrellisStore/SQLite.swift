@@ -16,7 +16,10 @@ public struct SQLiteError: Error, Sendable, CustomStringConvertible {
 /// One SQLite connection. Not `Sendable`: it is owned by one serial owner (``DocumentStore``).
 final class Connection {
     let handle: OpaquePointer
-    private var cache: [String: Statement] = [:]
+    /// Prepared statements by SQL text, compared byte-wise: SQL that inlines a collection name or
+    /// a JSON path differs from another only in Unicode form ("é" against "e" + U+0301) is
+    /// another statement.
+    private var cache: [UTF8Key: Statement] = [:]
 
     init(path: String, readOnly: Bool = false) throws(SQLiteError) {
         var db: OpaquePointer?
@@ -53,7 +56,8 @@ final class Connection {
 
     /// A cached prepared statement, reset and with bindings cleared.
     func prepare(_ sql: String) throws(SQLiteError) -> Statement {
-        if let statement = cache[sql] {
+        let key = UTF8Key(sql)
+        if let statement = cache[key] {
             statement.reset()
             return statement
         }
@@ -61,7 +65,7 @@ final class Connection {
         let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil)
         guard rc == SQLITE_OK, let stmt else { throw error(rc, "preparing \(sql.prefix(60))") }
         let statement = Statement(stmt, connection: self)
-        cache[sql] = statement
+        cache[key] = statement
         return statement
     }
 

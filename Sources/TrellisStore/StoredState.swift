@@ -2,11 +2,11 @@ import TrellisCore
 
 /// How a document's CRDT state is kept in the `state` column.
 ///
-/// Most documents were written by one write (an import, one upsert): every field holds a register
+/// Most documents were written by one write (an import, one upsert): every field holds one entry
 /// with the same stamp, nothing was removed and no field is a counter. Such a state is exactly
-/// "the materialised value, every register and map stamped with one stamp", so the column keeps
-/// only that stamp, `{"u": [time, site]}` (about 24 bytes), and the values come from the `value`
-/// column. Every other state is kept whole (``DocumentState/cbor()``). Peers always receive the
+/// "the materialised value upserted at one stamp into nothing" (``DocumentState/init(fields:stamp:)``),
+/// so the column keeps only that stamp, `{"u": [time, site]}` (about 24 bytes), and the values come
+/// from the `value` column. Every other state is kept whole (``DocumentState/cbor()``). Peers always receive the
 /// whole state.
 enum StoredState {
     /// The column bytes for `state`, whose materialised value is `materialized`.
@@ -42,28 +42,14 @@ enum StoredState {
 
     /// The one stamp of a state written by a single write, if it is one.
     static func uniformStamp(_ state: DocumentState) -> Stamp? {
-        guard state.removed.isEmpty, state.writes.count == 1, let (site, time) = state.writes.first else { return nil }
+        guard state.removed.isEmpty, state.writes.count == 1, state.adds == state.writes,
+            let (site, time) = state.writes.first
+        else { return nil }
         return Stamp(time: time, site: site)
     }
 
-    /// Every field a register (or, for maps, a map) stamped `stamp`.
-    static func expand(fields: [String: Value], stamp: Stamp) -> DocumentState {
-        DocumentState(root: map(fields, stamp), writes: [stamp.site: stamp.time], removed: [:])
-    }
-
-    private static func map(_ fields: [String: Value], _ stamp: Stamp) -> MapNode {
-        var node = MapNode()
-        node.entries.reserveCapacity(fields.count)
-        for (key, value) in fields {
-            var field = FieldNode()
-            if case .map(let entries) = value {
-                field.map = map(entries, stamp)
-                field.mapStamp = stamp
-            } else {
-                field.register = Register(value: value, stamp: stamp)
-            }
-            node.entries[key] = field
-        }
-        return node
+    /// The state of one upsert of `fields` at `stamp` into nothing.
+    static func expand(fields: UTF8Map<Value>, stamp: Stamp) -> DocumentState {
+        DocumentState(fields: fields, stamp: stamp)
     }
 }

@@ -143,14 +143,21 @@ private final class ObservedLink: MessageLink {
     var isInitiator: Bool { base.isInitiator }
     var remoteAddress: String { base.remoteAddress }
 
-    func start(onMessage: @escaping @Sendable ([UInt8]) -> Void, onClose close: @escaping @Sendable (String) -> Void) {
+    var queuedBytes: Int { base.queuedBytes }
+    var highWater: Int { base.highWater }
+    var lowWater: Int { base.lowWater }
+
+    func start(
+        onMessage: @escaping @Sendable ([UInt8]) -> Void, onDrain: @escaping @Sendable () -> Void,
+        onClose close: @escaping @Sendable (String) -> Void
+    ) {
         let notify = onClose
-        base.start(onMessage: onMessage) { reason in
+        base.start(onMessage: onMessage, onDrain: onDrain) { reason in
             close(reason)
             notify()
         }
     }
 
-    func send(_ message: [UInt8]) throws { try base.send(message) }
+    func send(_ message: [UInt8]) throws -> Int { try base.send(message) }
     func close() { base.close() }
 }

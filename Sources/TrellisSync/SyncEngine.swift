@@ -46,10 +46,11 @@ public final class SyncEngine: @unchecked Sendable {
     }
 
     private var entries: [ObjectIdentifier: Entry] = [:]
-    private var local: [String: SubscriptionSpec] = [:]
+    /// Subscriptions by key; keys compare byte-wise, like every name from users.
+    private var local: [UTF8Key: SubscriptionSpec] = [:]
     /// How many `subscribe` calls hold each local subscription (two apps may subscribe alike).
-    private var localCounts: [String: Int] = [:]
-    private var queries: [String: Query?] = [:]
+    private var localCounts: [UTF8Key: Int] = [:]
+    private var queries: [UTF8Key: Query?] = [:]
     private var observerToken: UInt64 = 0
     private var closing = false
 
@@ -89,31 +90,33 @@ public final class SyncEngine: @unchecked Sendable {
     /// - Throws: ``QueryParseError`` when the query does not parse.
     public func subscribe(_ spec: SubscriptionSpec) throws {
         _ = try Query(spec.query).bind(args: spec.args)
+        let key = UTF8Key(spec.key)
         queue.sync {
-            localCounts[spec.key, default: 0] += 1
-            guard local[spec.key] == nil else { return }
-            local[spec.key] = spec
+            localCounts[key, default: 0] += 1
+            guard local[key] == nil else { return }
+            local[key] = spec
             updateSubscriptions()
         }
     }
 
     /// Releases one ``subscribe(_:)`` of `spec`; peers stop being asked for it when none is left.
     public func unsubscribe(_ spec: SubscriptionSpec) {
+        let key = UTF8Key(spec.key)
         queue.sync {
-            guard let count = localCounts[spec.key] else { return }
+            guard let count = localCounts[key] else { return }
             if count > 1 {
-                localCounts[spec.key] = count - 1
+                localCounts[key] = count - 1
                 return
             }
-            localCounts.removeValue(forKey: spec.key)
-            local.removeValue(forKey: spec.key)
+            localCounts.removeValue(forKey: key)
+            local.removeValue(forKey: key)
             updateSubscriptions()
         }
     }
 
     /// This node's own subscriptions.
     public var subscriptions: [SubscriptionSpec] {
-        queue.sync { local.values.sorted { $0.key < $1.key } }
+        queue.sync { local.sorted { $0.key < $1.key }.map(\.value) }
     }
 
     /// The peers with an established session.
@@ -260,7 +263,8 @@ public final class SyncEngine: @unchecked Sendable {
     }
 
     private func query(for spec: SubscriptionSpec) -> Query? {
-        if let cached = queries[spec.key] { return cached }
+        let key = UTF8Key(spec.key)
+        if let cached = queries[key] { return cached }
         if queries.count >= 4096 { queries.removeAll(keepingCapacity: true) }  // bounded, whatever peers send
         let parsed: Query?
         do {
@@ -269,7 +273,7 @@ public final class SyncEngine: @unchecked Sendable {
             log("a peer's subscription '\(spec)' cannot run (\(error)); it matches nothing")
             parsed = nil
         }
-        queries[spec.key] = parsed
+        queries[key] = parsed
         return parsed
     }
 
@@ -307,7 +311,7 @@ public final class SyncEngine: @unchecked Sendable {
         let collection = SubscriptionSpec.collection(ofKey: key)
         var accepted: [RemoteDocument] = []
         for document in documents {
-            if document.collection == collection {
+            if UTF8Key.equal(document.collection, collection) {
                 accepted.append(document)
             } else {
                 log(
@@ -338,11 +342,11 @@ public final class SyncEngine: @unchecked Sendable {
 
     private func sendSubscriptions(to entry: Entry) {
         guard let remote = entry.session.remote else { return }
-        var wanted: [String: (SubscriptionSpec, Int)] = [:]
-        for spec in local.values { wanted[spec.key] = (spec, 0) }
+        var wanted: [UTF8Key: (SubscriptionSpec, Int)] = [:]
+        for (key, spec) in local { wanted[key] = (spec, 0) }
         for other in entries.values where other !== entry {
             for sub in other.remoteSubscriptions where sub.hops + 1 <= maxHops {
-                let key = sub.spec.key
+                let key = UTF8Key(sub.spec.key)
                 if let existing = wanted[key], existing.1 <= sub.hops + 1 { continue }
                 wanted[key] = (sub.spec, sub.hops + 1)
             }
@@ -350,7 +354,8 @@ public final class SyncEngine: @unchecked Sendable {
         var list: [WireSubscription] = []
         for (key, (spec, hops)) in wanted.sorted(by: { $0.key < $1.key }) {
             var since: Int64 = 0
-            if let cp = try? store.checkpoint(peer: remote.peerKey, subscription: key), cp.epoch == remote.epoch {
+            if let cp = try? store.checkpoint(peer: remote.peerKey, subscription: key.string), cp.epoch == remote.epoch
+            {
                 since = cp.seq
             }
             list.append(WireSubscription(spec: spec, since: since, hops: hops))

@@ -22,7 +22,7 @@ public func randomValue(depth: Int, using rng: inout some RandomNumberGenerator)
         let count = Int.random(in: 0...4, using: &rng)
         return .array((0..<count).map { _ in randomValue(depth: depth - 1, using: &rng) })
     default:
-        var entries: [String: Value] = [:]
+        var entries = UTF8Map<Value>()
         for _ in 0..<Int.random(in: 0...4, using: &rng) {
             entries[randomString(using: &rng)] = randomValue(depth: depth - 1, using: &rng)
         }

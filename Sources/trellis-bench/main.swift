@@ -62,7 +62,7 @@ func loadCars(_ carsPath: String?) -> [Value] {
     }
     let origins = ["USA", "Europe", "Japan"]
     return (0..<406).map { (n: Int) -> Value in
-        var car: [String: Value] = [:]
+        var car = UTF8Map<Value>()
         car["Name"] = .string("car \(n)")
         car["Miles_per_Gallon"] = .double(Double(n % 40) + 0.5)
         car["Cylinders"] = .int(Int64(4 + n % 5))
@@ -231,6 +231,10 @@ figures.append(
 
 figures += try liveQueryFigures(scratch: scratch)
 
+// MARK: Links (LinkBench.swift)
+
+figures += try linkFigures()
+
 // MARK: Contacts (ContactsBench.swift)
 
 figures += try contactsFigures(scratch: scratch)
@@ -239,7 +243,7 @@ figures += try contactsFigures(scratch: scratch)
 
 if jsonOutput {
     for f in figures {
-        var object: [String: Value] = ["name": .string(f.name), "value": .double(f.value), "unit": .string(f.unit)]
+        var object: UTF8Map<Value> = ["name": .string(f.name), "value": .double(f.value), "unit": .string(f.unit)]
         if let b = f.baseline, let r = f.ratio {
             object["baseline"] = .double(b)
             object["ratio"] = .double(r)

@@ -122,7 +122,7 @@ enum ContactsCommand {
         }
         let done = DispatchSemaphore(value: 0)
         let wake = DispatchSemaphore(value: 0)
-        let token = store.addObserver { event in if event.collections.contains(collection) { wake.signal() } }
+        let token = store.addObserver { event in if event.collections.contains(UTF8Key(collection)) { wake.signal() } }
         var sources: [any DispatchSourceSignal] = []
         for sig in [SIGINT, SIGTERM] {
             signal(sig, SIG_IGN)

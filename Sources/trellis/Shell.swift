@@ -52,9 +52,11 @@ final class Shell {
 
     let node: TrellisNode
     let interactive: Bool
-    var subscriptions: [String: Subscription] = [:]
-    var observers: [String: LiveQuery] = [:]
-    var idObservers: [String: LiveQuery] = [:]
+    // Keyed by collection name and query or ID, compared byte-wise: collections "é" and
+    // "e" + U+0301 are two collections here as everywhere else.
+    var subscriptions = UTF8Map<Subscription>()
+    var observers = UTF8Map<LiveQuery>()
+    var idObservers = UTF8Map<LiveQuery>()
 
     init(node: TrellisNode, interactive: Bool) {
         self.node = node
@@ -95,11 +97,16 @@ final class Shell {
         for subscription in subscriptions.values { subscription.cancel() }
     }
 
-    /// Splits `word rest` once.
+    /// Splits `word rest` once at a space or tab. Works on UTF-8 bytes, not `Character`s, so a
+    /// word ending before a space followed by a combining mark is still split there and kept
+    /// byte for byte.
     static func head(_ text: Substring) -> (String, Substring) {
-        let t = text.drop(while: { $0 == " " || $0 == "\t" })
-        guard let space = t.firstIndex(where: { $0 == " " || $0 == "\t" }) else { return (String(t), "") }
-        return (String(t[..<space]), t[t.index(after: space)...].drop(while: { $0 == " " || $0 == "\t" }))
+        func blank(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x09 }
+        let bytes = text.utf8
+        guard let first = bytes.firstIndex(where: { !blank($0) }) else { return ("", "") }
+        guard let space = bytes[first...].firstIndex(where: blank) else { return (String(text[first...]), "") }
+        let restStart = bytes[space...].firstIndex(where: { !blank($0) }) ?? text.endIndex
+        return (String(text[first..<space]), text[restStart...])
     }
 
     /// An ID argument: JSON when it starts with `{` or `"`, otherwise the text as a string.
@@ -177,7 +184,7 @@ final class Shell {
             subscription.cancel()
             print("unsubscribed: \(key)")
         case "subscriptions":
-            for key in subscriptions.keys.sorted() { print(key) }
+            for key in subscriptions.keys { print(key) }  // in byte order
         case "observe":
             try needCollection()
             let key = "\(collection) \(query)"

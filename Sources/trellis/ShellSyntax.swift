@@ -14,26 +14,31 @@ enum ShellSyntax {
 
     /// Splits text into chunks.
     ///
+    /// Scanning goes by Unicode scalar, not by `Character`: a quote, bracket or space followed by
+    /// a combining mark (`"\u{301}"`) still quotes, brackets or separates, so names are taken
+    /// byte for byte.
+    ///
     /// - Throws: ``UsageError`` for an unclosed quote or bracket.
     static func chunks(_ text: Substring) throws -> [Chunk] {
         var out: [Chunk] = []
-        var i = text.startIndex
-        while i < text.endIndex {
-            if text[i].isWhitespace {
-                i = text.index(after: i)
+        let scalars = text.unicodeScalars
+        var i = scalars.startIndex
+        while i < scalars.endIndex {
+            if scalars[i].properties.isWhitespace {
+                i = scalars.index(after: i)
                 continue
             }
             let start = i
             var depth = 0
-            while i < text.endIndex, depth > 0 || !text[i].isWhitespace {
-                let c = text[i]
+            while i < scalars.endIndex, depth > 0 || !scalars[i].properties.isWhitespace {
+                let c = scalars[i]
                 if c == "'" || c == "\"" || c == "`" {
                     i = try skipQuoted(text, from: i)
                     continue
                 }
                 if c == "{" || c == "[" { depth += 1 }
                 if c == "}" || c == "]" { depth = max(0, depth - 1) }
-                i = text.index(after: i)
+                i = scalars.index(after: i)
             }
             if depth > 0 { throw UsageError("unclosed bracket in '\(text[start...])'") }
             out.append(Chunk(text: text[start..<i], range: start..<i))
@@ -41,38 +46,40 @@ enum ShellSyntax {
         return out
     }
 
-    /// The index after the quoted run starting at `start` (whose character is the quote).
+    /// The index after the quoted run starting at `start` (whose scalar is the quote).
     static func skipQuoted(_ text: Substring, from start: String.Index) throws -> String.Index {
-        let quote = text[start]
-        var i = text.index(after: start)
-        while i < text.endIndex {
-            if text[i] == "\\" {
-                i = text.index(after: i)
-                if i < text.endIndex { i = text.index(after: i) }
+        let scalars = text.unicodeScalars
+        let quote = scalars[start]
+        var i = scalars.index(after: start)
+        while i < scalars.endIndex {
+            if scalars[i] == "\\" {
+                i = scalars.index(after: i)
+                if i < scalars.endIndex { i = scalars.index(after: i) }
                 continue
             }
-            if text[i] == quote { return text.index(after: i) }
-            i = text.index(after: i)
+            if scalars[i] == quote { return scalars.index(after: i) }
+            i = scalars.index(after: i)
         }
         throw UsageError("unclosed \(quote) in '\(text[start...])'")
     }
 
-    /// Splits on `;` outside quotes.
+    /// Splits on `;` outside quotes (scanning by Unicode scalar, as ``chunks(_:)``).
     static func splitStatements(_ text: Substring) throws -> [Substring] {
         var parts: [Substring] = []
-        var start = text.startIndex
-        var i = text.startIndex
-        while i < text.endIndex {
-            let c = text[i]
+        let scalars = text.unicodeScalars
+        var start = scalars.startIndex
+        var i = scalars.startIndex
+        while i < scalars.endIndex {
+            let c = scalars[i]
             if c == "'" || c == "\"" || c == "`" {
                 i = try skipQuoted(text, from: i)
                 continue
             }
             if c == ";" {
                 parts.append(text[start..<i])
-                start = text.index(after: i)
+                start = scalars.index(after: i)
             }
-            i = text.index(after: i)
+            i = scalars.index(after: i)
         }
         parts.append(text[start...])
         return parts
@@ -82,7 +89,8 @@ enum ShellSyntax {
     static func id(_ text: Substring) throws -> Value {
         let t = text.trimmingCharacters(in: .whitespaces)
         guard !t.isEmpty else { throw UsageError("missing ID") }
-        if t.hasPrefix("{") || t.hasPrefix("\"") { return try JSON.parse(t) }
+        // By byte: `{` or `"` followed by a combining mark still starts JSON.
+        if t.utf8.first == UInt8(ascii: "{") || t.utf8.first == UInt8(ascii: "\"") { return try JSON.parse(t) }
         return .string(t)
     }
 
@@ -155,7 +163,9 @@ enum ShellSyntax {
             guard operand.isEmpty else { throw UsageError("unexpected '\(operand)' after unset \(path)") }
             return .unset(path)
         case "increment":
-            guard chunks.count == 3, let amount = Double(chunks[2].text), amount.isFinite else {
+            // A JSON number: `2` increments by the int 2 (the counter stays exact), `2.5` by a double.
+            guard chunks.count == 3, let amount = try? JSON.parse(String(chunks[2].text)), amount.isCounterNumber
+            else {
                 throw UsageError("increment \(path) needs one finite NUMBER, got '\(operand)'")
             }
             return .increment(path, amount)

@@ -1,7 +1,7 @@
 @testable import TrellisCore
 
 /// A second, straightforward encoder of document states, kept as the specification the direct
-/// encoder (`DocumentState.cbor()`) is checked against.
+/// encoder (`DocumentState.cbor()`) is checked against (docs/PROTOCOL.md §3).
 extension DocumentState {
     /// The state as a `Value`, built independently of `cbor()`: `CBOR.encode` of it must give the
     /// same bytes (the deterministic encoding sorts the keys).
@@ -9,16 +9,19 @@ extension DocumentState {
         var sites = Set<SiteID>()
         for s in writes.keys { sites.insert(s) }
         for s in removed.keys { sites.insert(s) }
+        for s in adds.keys { sites.insert(s) }
         Self.collectSites(root, into: &sites)
         let table = sites.sorted()
         var index: [SiteID: Int64] = [:]
         for (i, s) in table.enumerated() { index[s] = Int64(i) }
-        var out: [String: Value] = [
+        var out: UTF8Map<Value> = [
             "s": .array(table.map { .int(Int64(bitPattern: $0)) }),
+            "v": 2,
             "w": Self.referenceEncode(writes, index),
-            "m": Self.referenceEncode(root, index),
         ]
+        if !adds.isEmpty { out["a"] = Self.referenceEncode(adds, index) }
         if !removed.isEmpty { out["r"] = Self.referenceEncode(removed, index) }
+        if !root.entries.isEmpty { out["m"] = Self.referenceEncode(root, index) }
         return .map(out)
     }
 
@@ -31,44 +34,37 @@ extension DocumentState {
             })
     }
 
+    private static func referenceEncode(_ totals: [SiteID: CounterTotal], _ index: [SiteID: Int64]) -> Value {
+        .array(
+            totals.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }.map {
+                .array([.int($0.0), referenceTime($0.1.stamp.time), $0.1.total])
+            })
+    }
+
     private static func referenceEncode(_ map: MapNode, _ index: [SiteID: Int64]) -> Value {
-        var out: [String: Value] = [:]
-        out.reserveCapacity(map.entries.count)
+        var out: UTF8Map<Value> = [:]
         for (key, node) in map.entries {
-            var field: [String: Value] = [:]
-            if let r = node.register {
-                field["r"] = .array([r.value, referenceTime(r.stamp.time), .int(index[r.stamp.site]!)])
-            }
-            if let m = node.map { field["m"] = referenceEncode(m, index) }
-            if let s = node.mapStamp { field["ms"] = .array([referenceTime(s.time), .int(index[s.site]!)]) }
-            if let c = node.counter {
-                var counter: [String: Value] = [
-                    "t": .array(
-                        c.totals.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }.map {
-                            .array([
-                                .int($0.0), .double($0.1.total), referenceTime($0.1.stamp.time),
-                                .int(index[$0.1.stamp.site]!),
-                            ])
-                        })
-                ]
-                if let r = c.restart {
-                    counter["b"] = .array([r.value, referenceTime(r.stamp.time), .int(index[r.stamp.site]!)])
+            var field: UTF8Map<Value> = [:]
+            var lists: [String: [(Int64, Value)]] = [:]
+            for entry in node.entries {
+                let i = index[entry.stamp.site]!
+                let time = referenceTime(entry.stamp.time)
+                switch entry.content {
+                case .value(let v): lists["e", default: []].append((i, [.int(i), time, v]))
+                case .map: lists["p", default: []].append((i, [.int(i), time]))
+                case .withheldValue: lists["h", default: []].append((i, [.int(i), time, 0]))
+                case .withheldMap: lists["h", default: []].append((i, [.int(i), time, 1]))
+                case .restart(let r):
+                    lists["b", default: []].append((i, [.int(i), time, r.value, referenceEncode(r.seen, index)]))
                 }
-                if !c.restartSeen.isEmpty {
-                    counter["o"] = .array(
-                        c.restartSeen.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }.map {
-                            .array([
-                                .int($0.0), .double($0.1.total), referenceTime($0.1.stamp.time),
-                                .int(index[$0.1.stamp.site]!),
-                            ])
-                        })
-                }
-                field["c"] = .map(counter)
             }
+            for (name, list) in lists { field[name] = .array(list.sorted { $0.0 < $1.0 }.map(\.1)) }
+            if !node.map.entries.isEmpty { field["m"] = referenceEncode(node.map, index) }
+            if !node.totals.isEmpty { field["t"] = referenceEncode(node.totals, index) }
+            if !node.removedTotals.isEmpty { field["o"] = referenceEncode(node.removedTotals, index) }
             if !node.removed.isEmpty { field["x"] = referenceEncode(node.removed, index) }
             out[key] = .map(field)
         }
         return .map(out)
     }
-
 }

@@ -103,7 +103,7 @@ private func randomDocumentValue(depth: Int, using rng: inout RNG) -> Value {
         let count = Int.random(in: 0...4, using: &rng)
         return .array((0..<count).map { _ in randomDocumentValue(depth: depth - 1, using: &rng) })
     default:
-        var m: [String: Value] = [:]
+        var m: UTF8Map<Value> = [:]
         for _ in 0..<Int.random(in: 0...3, using: &rng) {
             m[keys.randomElement(using: &rng)!] = randomDocumentValue(depth: depth - 1, using: &rng)
         }
@@ -131,7 +131,7 @@ private func randomPredicate(depth: Int, using rng: inout RNG) -> Query.Predicat
         case 0:
             return .contains(randomOperand(using: &rng), .literal(randomScalar(using: &rng)))
         case 1:
-            let count = Int.random(in: 0...3, using: &rng)
+            let count = Int.random(in: 0...6, using: &rng)
             let list = Value.array((0..<count).map { _ in randomScalar(using: &rng) })
             return rng.next() % 4 == 0
                 ? .isIn(.literal(randomScalar(using: &rng)), .field(randomPath(using: &rng)))
@@ -161,7 +161,7 @@ extension QueryTests {
         let table = try DocumentTable()
         var documents: [Value] = []
         for id in 0..<80 {
-            var fields: [String: Value] = ["_id": .string("d\(id)")]
+            var fields: UTF8Map<Value> = ["_id": .string("d\(id)")]
             for key in keys where rng.next() % 3 != 0 {
                 fields[key] = randomDocumentValue(depth: 2, using: &rng)
             }
@@ -200,18 +200,8 @@ extension QueryTests {
     /// Every double and int that JSON.string writes reads back in SQLite as the same number, so
     /// `n == value` in SQL finds exactly the document holding it.
     @Test func sqlWhereFindsEveryStoredNumber() throws {
-        var rng = RNG(state: QueryTests.seed("sqlWhereFindsEveryStoredNumber"))
         let table = try DocumentTable()
-        var numbers: [Value] = []
-        while numbers.count < 600 {
-            let bits = rng.next()
-            let d = Double(bitPattern: bits)
-            if !d.isFinite { continue }
-            numbers.append(rng.next() % 4 == 0 ? .int(Int64(bitPattern: bits)) : .double(d))
-        }
-        for (id, number) in numbers.enumerated() {
-            try table.insert(id: id, json: JSON.string(["n": number]))
-        }
+        let numbers = try storeRandomNumbers(in: table, seed: "sqlWhereFindsEveryStoredNumber")
         var mismatches: [String] = []
         for (id, number) in numbers.enumerated() {
             let n = FieldPath(components: [.key("n")])
@@ -225,6 +215,48 @@ extension QueryTests {
             }
         }
         #expect(mismatches.isEmpty, "\(mismatches.count) numbers: \(mismatches.prefix(5))")
+    }
+
+    /// `IN` lists bind their numbers as one JSON array, which SQLite parses itself: every stored
+    /// number is still found by a list holding it, and only by lists holding an equal number.
+    @Test func inListsFindEveryStoredNumber() throws {
+        let table = try DocumentTable()
+        let numbers = try storeRandomNumbers(in: table, seed: "inListsFindEveryStoredNumber")
+        let n = FieldPath(components: [.key("n")])
+        var mismatches: [String] = []
+        for start in stride(from: 0, to: numbers.count, by: 40) {
+            let chunk = Array(numbers[start..<min(start + 40, numbers.count)]) + ["not a number", nil]
+            let predicate = Query.Predicate.isIn(.field(n), .literal(.array(chunk)))
+            let (sql, bindings) = try #require(predicate.sqlWhere(column: "doc"))
+            #expect(sql.contains("json_each(?)") && bindings.count == 2)
+            let expected = Set(numbers.indices.filter { predicate.matches(["n": numbers[$0]]) })
+            #expect(expected.isSuperset(of: start..<min(start + 40, numbers.count)))
+            let selected = try table.ids(where: sql, bindings)
+            if selected != expected {
+                mismatches.append("chunk at \(start): SQL \(selected.sorted()), memory \(expected.sorted())")
+            }
+        }
+        #expect(mismatches.isEmpty, "\(mismatches.prefix(3))")
+    }
+
+    /// 600 random finite doubles and ints (a quarter), then the edge cases, each stored as
+    /// `{"n": number}` with the row id its position.
+    private func storeRandomNumbers(in table: DocumentTable, seed: String) throws -> [Value] {
+        var rng = RNG(state: QueryTests.seed(seed))
+        var numbers: [Value] = []
+        while numbers.count < 600 {
+            let bits = rng.next()
+            let d = Double(bitPattern: bits)
+            if !d.isFinite { continue }
+            numbers.append(rng.next() % 4 == 0 ? .int(Int64(bitPattern: bits)) : .double(d))
+        }
+        numbers += [
+            .int(.min), .int(.max), .double(-0.0), 0, .int(9_007_199_254_740_993), .double(9_007_199_254_740_992),
+        ]
+        for (id, number) in numbers.enumerated() {
+            try table.insert(id: id, json: JSON.string(["n": number]))
+        }
+        return numbers
     }
 
     private func smallestDisagreement(
@@ -252,6 +284,22 @@ extension QueryTests {
             try Query("`it's`.`a b` == null").sqlWhere(column: "doc")?.sql
                 == "(json_type(doc, '$.\"it''s\".\"a b\"') IS 'null')")
         #expect(try Query("1 < 2 && !('a' IN [])").sqlWhere(column: "doc")?.sql == "(1 AND (NOT 0))")
+        // IN: one term per type class; numbers and strings through one bound JSON array each, a
+        // single element as plain equality.
+        let list = try #require(try Query("a IN [2, 'x', null, 'y', 2.5, true]").sqlWhere(column: "doc"))
+        #expect(
+            list.sql
+                == "((json_type(doc, '$.a') IS 'null') OR (json_type(doc, '$.a') IS 'true') OR "
+                + "(COALESCE(json_type(doc, '$.a') IN ('integer', 'real'), 0) AND json_extract(doc, '$.a') IN "
+                + "(SELECT value FROM json_each(?))) OR (json_type(doc, '$.a') IS 'text' AND "
+                + "json_extract(doc, '$.a') IN (SELECT value FROM json_each(?))))")
+        #expect(list.bindings == [#"[2,2.5]"#, #"["x","y"]"#])
+        #expect(
+            try Query("a IN ['x']").sqlWhere(column: "doc")?.sql
+                == "(json_type(doc, '$.a') IS 'text' AND json_extract(doc, '$.a') = ?)")
+        // Long && and || lists nest as balanced halves, so SQLite's expression depth stays small.
+        let chain = try Query((0..<200).map { "a == \($0)" }.joined(separator: " || ")).sqlWhere(column: "doc")
+        #expect(chain?.sql.hasPrefix("((((") == true && chain?.bindings.count == 200)
         // No translation: unbound arguments, two fields, container literals, unnameable keys.
         for text in [
             "a == $args.x", "a == b", "a == [1]", "contains(a, {})", "a IN [[1]]", "a == x'00'",

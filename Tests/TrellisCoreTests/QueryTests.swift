@@ -34,7 +34,7 @@ private func parseErrorMessage(_ text: String) -> String {
     }
 }
 
-private func matches(_ query: String, _ document: Value, args: [String: Value] = [:]) throws -> Bool {
+private func matches(_ query: String, _ document: Value, args: UTF8Map<Value> = [:]) throws -> Bool {
     try Query(query).matches(document, args: args)
 }
 
@@ -608,7 +608,7 @@ private func randomValue(depth: Int, using rng: inout SplitMix64) -> Value {
         let count = Int.random(in: 0...3, using: &rng)
         return .array((0..<count).map { _ in randomValue(depth: depth - 1, using: &rng) })
     default:
-        var m: [String: Value] = [:]
+        var m: UTF8Map<Value> = [:]
         for _ in 0..<Int.random(in: 0...3, using: &rng) {
             m[randomString(using: &rng)] = randomValue(depth: depth - 1, using: &rng)
         }

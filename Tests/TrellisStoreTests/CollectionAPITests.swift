@@ -68,7 +68,7 @@ import TrellisTestKit
             try cars.findByID("c").exec()?.value
                 == [
                     "_id": "c", "Name": "renamed", "Tags": ["a", "B"], "Specs": ["hp": 90, "engine": ["cylinders": 6]],
-                    "Sold": 3.0,
+                    "Sold": 3,
                 ])
         #expect(node.store.documents.lastSeq == before + 1)  // one transaction, one seq
     }

@@ -66,12 +66,12 @@ import TrellisTestKit
             let store = try open()
             clock.set(5_000_000)
             try store.upsert(["_id": "d", "v": 1], in: "c")
-            stamp = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
+            stamp = try #require(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.time)
         }
         clock.set(1_000)  // the wall clock went back across the restart
         let store = try open()
         try store.upsert(["_id": "d", "v": 2], in: "c")
-        let after = try #require(try store.state(id: "d", in: "c")?.root.entries["v"]?.register?.stamp.time)
+        let after = try #require(try store.state(id: "d", in: "c")?.stamp(at: .key("v"))?.time)
         #expect(after > stamp)
         #expect(try store.document(id: "d", in: "c")?["v"] == 2)
         #expect(store.lastSeq == 2)
@@ -136,7 +136,7 @@ import TrellisTestKit
         let values: [Value] = [1, 2, 2.5, -0.0, "2", "a", "é", true, false, nil, [1, 2], ["k": 1]]
         var docs: [Value] = []
         for n in 0..<300 {
-            var m: [String: Value] = ["_id": .string("d\(n)")]
+            var m: UTF8Map<Value> = ["_id": .string("d\(n)")]
             for key in ["a", "b", "c"] where Bool.random(using: &random) {
                 m[key] = values.randomElement(using: &random)!
             }
@@ -149,7 +149,7 @@ import TrellisTestKit
         ]
         for text in queries {
             let query = try Query(text)
-            let args: [String: Value] = ["x": 1]
+            let args: UTF8Map<Value> = ["x": 1]
             let fast = try store.documents(in: "c", matching: query, args: args)
             let slow = try store.documents(in: "c") { try query.matches($0, args: args) }
             #expect(fast == slow, "\(text), seed \(seed)")
@@ -177,7 +177,7 @@ import TrellisTestKit
 
     @Test func observersHearCommitsAfterTheyCommit() throws {
         let store = try open()
-        let heard = Mutex<[Set<String>]>([])
+        let heard = Mutex<[Set<UTF8Key>]>([])
         let token = store.addObserver { event in heard.withLock { $0.append(event.collections) } }
         try store.upsert(["_id": "x"], in: "one")
         try store.upsert([["_id": "y"], ["_id": "z"]], in: "two")
@@ -199,7 +199,7 @@ import TrellisTestKit
         var random = rng
         var written: [Value] = []
         for n in 0..<300 {
-            var fields: [String: Value] = ["_id": .string("doc\(n)")]
+            var fields: UTF8Map<Value> = ["_id": .string("doc\(n)")]
             for k in 0..<Int.random(in: 0...6, using: &random) {
                 let value = randomValue(depth: 3, using: &random)
                 if (try? value.validate()) != nil { fields["f\(k)"] = value }

@@ -18,7 +18,7 @@ import TrellisTestKit
         var compact = 0
         for round in 0..<500 {
             var state = DocumentState()
-            var fields: [String: Value] = [:]
+            var fields: UTF8Map<Value> = [:]
             for k in 0..<Int.random(in: 0...5, using: &random) {
                 let v = randomValue(depth: 3, using: &random)
                 if (try? v.validate()) != nil { fields["f\(k)"] = v }

@@ -1,0 +1,429 @@
+/// An ordered map from string keys compared by their UTF-8 bytes: the map type of ``Value/map(_:)``
+/// and of every map whose keys come from users.
+///
+/// Keys are byte strings (docs/DATA-MODEL.md): a precomposed "é" (U+00E9) and "e" + U+0301 are
+/// two keys here, as they are in SQLite, JSON text and CBOR, whereas `[String: …]` would make
+/// them one. Nothing is normalised.
+///
+/// The surface follows `Dictionary` so code reads the same: `map["name"]` gets and sets (setting
+/// `nil` removes), `keys`, `values`, `count`, `isEmpty`, iteration as `(key:value:)` pairs,
+/// `removeValue(forKey:)`, `updateValue(_:forKey:)`, `mapValues`, dictionary literals and
+/// `init(uniqueKeysWithValues:)`. Unlike `Dictionary` it is ordered: entries are kept sorted by
+/// the keys' UTF-8 bytes (``UTF8Key/compare(_:_:)``), so iteration, `keys`, `description` and
+/// JSON output are deterministic, and two maps with the same entries iterate alike.
+///
+/// Storage is two parallel arrays (keys, members) sorted by key:
+/// - lookup is a binary search, O(log n) comparisons;
+/// - inserting a key greater than every key present (copying from another sorted map, building
+///   from sorted input) appends, O(1) amortised; inserting or removing elsewhere shifts the tail,
+///   O(n);
+/// - building from an unsorted sequence sorts once, O(n log n), and says what happens to
+///   duplicate keys: ``init(uniqueKeysWithValues:)`` traps (a programming error, as with
+///   `Dictionary`), ``init(checkingUniqueKeysWithValues:)`` throws ``DuplicateKeyError``, and
+///   ``init(_:uniquingKeysWith:)`` combines.
+///
+/// For a hashed set or dictionary of keys (collection names, `_id` keys) use ``UTF8Key``.
+public struct UTF8Map<Mapped> {
+    /// Keys in ascending byte order, no two equal byte-wise.
+    @usableFromInline var storedKeys: [String]
+    /// `storedValues[i]` is the member of `storedKeys[i]`.
+    @usableFromInline var storedValues: [Mapped]
+
+    /// An empty map.
+    @inlinable
+    public init() {
+        storedKeys = []
+        storedValues = []
+    }
+
+    /// An empty map with room for `minimumCapacity` entries.
+    public init(minimumCapacity: Int) {
+        self.init()
+        reserveCapacity(minimumCapacity)
+    }
+
+    /// A map from pairs whose keys are all different byte-wise, in any order.
+    ///
+    /// - Precondition: no key appears twice (byte-wise); a duplicate traps, as with `Dictionary`.
+    ///   For input from outside the program use ``init(checkingUniqueKeysWithValues:)``.
+    /// - Complexity: O(n) when the keys come sorted, O(n log n) otherwise.
+    public init<S: Sequence>(uniqueKeysWithValues pairs: S) where S.Element == (String, Mapped) {
+        self.init(sortingPairs: Array(pairs)) { key, _, _ in
+            preconditionFailure("UTF8Map(uniqueKeysWithValues:): duplicate key \(key.debugDescription)")
+        }
+    }
+
+    /// A map from pairs whose keys must all be different byte-wise, in any order.
+    ///
+    /// - Throws: ``DuplicateKeyError`` naming the first key (in byte order) that appears twice.
+    /// - Complexity: O(n) when the keys come sorted, O(n log n) otherwise.
+    public init<S: Sequence>(checkingUniqueKeysWithValues pairs: S) throws(DuplicateKeyError)
+    where S.Element == (String, Mapped) {
+        var duplicate: String?
+        self.init(sortingPairs: Array(pairs)) { key, first, _ in
+            if duplicate == nil { duplicate = key }
+            return first
+        }
+        if let duplicate { throw DuplicateKeyError(key: duplicate) }
+    }
+
+    /// A map from pairs in any order, combining the members of a key that appears more than once.
+    ///
+    /// - Parameter combine: called with the member seen earlier in `pairs` and the later one, for
+    ///   each repeat of a key (byte-wise), in the order of `pairs`; returns the member to keep.
+    /// - Complexity: O(n) when the keys come sorted, O(n log n) otherwise.
+    public init<S: Sequence>(
+        _ pairs: S, uniquingKeysWith combine: (Mapped, Mapped) throws -> Mapped
+    ) rethrows where S.Element == (String, Mapped) {
+        try self.init(sortingPairs: Array(pairs)) { _, first, second in try combine(first, second) }
+    }
+
+    /// Sorts pairs stably by key bytes and merges runs of equal keys with `combine`.
+    private init(
+        sortingPairs pairs: [(String, Mapped)], combine: (String, Mapped, Mapped) throws -> Mapped
+    ) rethrows {
+        self.init()
+        reserveCapacity(pairs.count)
+        var sorted = true
+        for i in pairs.indices.dropFirst() where UTF8Key.compare(pairs[i - 1].0, pairs[i].0) >= 0 {
+            sorted = false
+            break
+        }
+        if sorted {
+            for (key, member) in pairs {
+                storedKeys.append(key)
+                storedValues.append(member)
+            }
+            return
+        }
+        // Sort positions with the original position as a tie-break, so repeats combine in input order.
+        var order = Array(pairs.indices)
+        order.sort { a, b in
+            let c = UTF8Key.compare(pairs[a].0, pairs[b].0)
+            return c != 0 ? c < 0 : a < b
+        }
+        for position in order {
+            let (key, member) = pairs[position]
+            if let last = storedKeys.last, UTF8Key.equal(last, key) {
+                storedValues[storedValues.count - 1] = try combine(key, storedValues[storedValues.count - 1], member)
+            } else {
+                storedKeys.append(key)
+                storedValues.append(member)
+            }
+        }
+    }
+
+    // MARK: Lookup
+
+    /// The position of `key` if present, otherwise where it would be inserted.
+    ///
+    /// - Complexity: O(log n) comparisons; O(1) when `key` sorts after every key present.
+    @inlinable
+    func search(_ key: String) -> (found: Bool, index: Int) {
+        guard let last = storedKeys.last else { return (false, 0) }
+        let c = UTF8Key.compare(last, key)
+        if c < 0 { return (false, storedKeys.count) }
+        if c == 0 { return (true, storedKeys.count - 1) }
+        var low = 0
+        var high = storedKeys.count - 1
+        while low < high {
+            let mid = low + (high - low) / 2
+            let d = UTF8Key.compare(storedKeys[mid], key)
+            if d == 0 { return (true, mid) }
+            if d < 0 { low = mid + 1 } else { high = mid }
+        }
+        return (false, low)
+    }
+
+    /// The position of `key`, or `nil` when the map has no such key (byte-wise).
+    ///
+    /// - Complexity: O(log n).
+    @inlinable
+    public func index(forKey key: String) -> Int? {
+        let (found, index) = search(key)
+        return found ? index : nil
+    }
+
+    /// The member for `key` (compared byte-wise), or `nil`; setting `nil` removes the key.
+    ///
+    /// - Complexity: get O(log n); set O(log n) to replace, O(1) amortised to add a key that sorts
+    ///   after every key present, O(n) to add or remove elsewhere.
+    @inlinable
+    public subscript(key: String) -> Mapped? {
+        get {
+            let (found, index) = search(key)
+            return found ? storedValues[index] : nil
+        }
+        set {
+            let (found, index) = search(key)
+            switch (found, newValue) {
+            case (true, let member?): storedValues[index] = member
+            case (true, nil):
+                storedKeys.remove(at: index)
+                storedValues.remove(at: index)
+            case (false, let member?):
+                storedKeys.insert(key, at: index)
+                storedValues.insert(member, at: index)
+            case (false, nil): break
+            }
+        }
+    }
+
+    /// The member for `key`, or `defaultValue` when absent; mutating through it stores the result.
+    ///
+    /// - Complexity: as the key subscript.
+    @inlinable
+    public subscript(key: String, default defaultValue: @autoclosure () -> Mapped) -> Mapped {
+        get { self[key] ?? defaultValue() }
+        set { self[key] = newValue }
+    }
+
+    /// Sets the member of `key`, returning the member it replaced (`nil` when the key is new).
+    ///
+    /// - Complexity: as setting through the subscript.
+    @inlinable
+    @discardableResult
+    public mutating func updateValue(_ member: Mapped, forKey key: String) -> Mapped? {
+        let (found, index) = search(key)
+        if found {
+            let old = storedValues[index]
+            storedValues[index] = member
+            return old
+        }
+        storedKeys.insert(key, at: index)
+        storedValues.insert(member, at: index)
+        return nil
+    }
+
+    /// Removes `key`, returning its member (`nil` when absent).
+    ///
+    /// - Complexity: O(n) (the entries after it shift), O(log n) for the last key.
+    @inlinable
+    @discardableResult
+    public mutating func removeValue(forKey key: String) -> Mapped? {
+        guard let index = index(forKey: key) else { return nil }
+        storedKeys.remove(at: index)
+        return storedValues.remove(at: index)
+    }
+
+    /// Removes every entry.
+    public mutating func removeAll(keepingCapacity keepCapacity: Bool = false) {
+        storedKeys.removeAll(keepingCapacity: keepCapacity)
+        storedValues.removeAll(keepingCapacity: keepCapacity)
+    }
+
+    /// Reserves room for `minimumCapacity` entries.
+    public mutating func reserveCapacity(_ minimumCapacity: Int) {
+        storedKeys.reserveCapacity(minimumCapacity)
+        storedValues.reserveCapacity(minimumCapacity)
+    }
+
+    // MARK: Views
+
+    /// The keys in ascending byte order.
+    @inlinable
+    public var keys: Keys { Keys(storage: storedKeys) }
+
+    /// The members, in the order of their keys.
+    @inlinable
+    public var values: [Mapped] { storedValues }
+
+    /// The keys of a ``UTF8Map`` in ascending byte order; `contains` is a byte-wise binary search.
+    public struct Keys: RandomAccessCollection, Sendable {
+        @usableFromInline let storage: [String]
+
+        @inlinable init(storage: [String]) { self.storage = storage }
+
+        @inlinable public var startIndex: Int { 0 }
+        @inlinable public var endIndex: Int { storage.count }
+        @inlinable public subscript(position: Int) -> String { storage[position] }
+
+        /// Whether the map has `key`, compared byte-wise (not by canonical equivalence, as
+        /// `Sequence.contains` on strings would).
+        ///
+        /// - Complexity: O(log n).
+        @inlinable
+        public func contains(_ key: String) -> Bool {
+            var low = 0
+            var high = storage.count
+            while low < high {
+                let mid = low + (high - low) / 2
+                let d = UTF8Key.compare(storage[mid], key)
+                if d == 0 { return true }
+                if d < 0 { low = mid + 1 } else { high = mid }
+            }
+            return false
+        }
+
+        @inlinable
+        public func _customContainsEquatableElement(_ element: String) -> Bool? { contains(element) }
+    }
+
+    // MARK: Transformations
+
+    /// The same keys with each member transformed.
+    ///
+    /// - Complexity: O(n) calls of `transform`.
+    @inlinable
+    public func mapValues<T, E: Error>(_ transform: (Mapped) throws(E) -> T) throws(E) -> UTF8Map<T> {
+        var out = UTF8Map<T>()
+        out.storedKeys = storedKeys
+        out.storedValues.reserveCapacity(storedValues.count)
+        for member in storedValues { out.storedValues.append(try transform(member)) }
+        return out
+    }
+
+    /// The keys whose transformed member is not `nil`, with those members.
+    ///
+    /// - Complexity: O(n).
+    public func compactMapValues<T, E: Error>(_ transform: (Mapped) throws(E) -> T?) throws(E) -> UTF8Map<T> {
+        var out = UTF8Map<T>()
+        for (key, member) in zip(storedKeys, storedValues) {
+            if let t = try transform(member) {
+                out.storedKeys.append(key)
+                out.storedValues.append(t)
+            }
+        }
+        return out
+    }
+
+    /// The entries that satisfy `isIncluded`, as a map.
+    ///
+    /// - Complexity: O(n).
+    public func filter<E: Error>(_ isIncluded: (Element) throws(E) -> Bool) throws(E) -> UTF8Map {
+        var out = UTF8Map()
+        for (key, member) in zip(storedKeys, storedValues) where try isIncluded((key, member)) {
+            out.storedKeys.append(key)
+            out.storedValues.append(member)
+        }
+        return out
+    }
+
+    /// Adds the entries of `other`; for a key in both, `combine(mine, theirs)` decides.
+    ///
+    /// - Complexity: O(n + m) (a merge of two sorted lists).
+    public mutating func merge(_ other: UTF8Map, uniquingKeysWith combine: (Mapped, Mapped) throws -> Mapped) rethrows {
+        self = try merging(other, uniquingKeysWith: combine)
+    }
+
+    /// This map with the entries of `other` added; for a key in both, `combine(mine, theirs)`
+    /// decides.
+    ///
+    /// - Complexity: O(n + m) (a merge of two sorted lists).
+    public func merging(_ other: UTF8Map, uniquingKeysWith combine: (Mapped, Mapped) throws -> Mapped) rethrows
+        -> UTF8Map
+    {
+        if other.isEmpty { return self }
+        if isEmpty { return other }
+        var out = UTF8Map(minimumCapacity: count + other.count)
+        var i = 0
+        var j = 0
+        while i < count || j < other.count {
+            let c =
+                i == count ? 1 : j == other.count ? -1 : UTF8Key.compare(storedKeys[i], other.storedKeys[j])
+            if c < 0 {
+                out.storedKeys.append(storedKeys[i])
+                out.storedValues.append(storedValues[i])
+                i += 1
+            } else if c > 0 {
+                out.storedKeys.append(other.storedKeys[j])
+                out.storedValues.append(other.storedValues[j])
+                j += 1
+            } else {
+                out.storedKeys.append(storedKeys[i])
+                out.storedValues.append(try combine(storedValues[i], other.storedValues[j]))
+                i += 1
+                j += 1
+            }
+        }
+        return out
+    }
+}
+
+// MARK: - Collection
+
+extension UTF8Map: RandomAccessCollection {
+    public typealias Element = (key: String, value: Mapped)
+    public typealias Index = Int
+    public typealias Indices = Range<Int>
+
+    @inlinable public var startIndex: Int { 0 }
+    @inlinable public var endIndex: Int { storedKeys.count }
+    @inlinable public var count: Int { storedKeys.count }
+    @inlinable public var isEmpty: Bool { storedKeys.isEmpty }
+
+    /// The entry at a position (positions run in key order).
+    @inlinable
+    public subscript(position: Int) -> Element { (storedKeys[position], storedValues[position]) }
+
+    @inlinable
+    public func index(after i: Int) -> Int { i + 1 }
+
+    @inlinable
+    public func index(before i: Int) -> Int { i - 1 }
+}
+
+extension UTF8Map: ExpressibleByDictionaryLiteral {
+    /// A map from a literal; the keys may come in any order.
+    ///
+    /// - Precondition: no key appears twice (byte-wise), as with `Dictionary`.
+    public init(dictionaryLiteral elements: (String, Mapped)...) {
+        self.init(uniqueKeysWithValues: elements)
+    }
+}
+
+extension UTF8Map: Equatable where Mapped: Equatable {
+    /// Same keys (byte-wise) with equal members.
+    ///
+    /// - Complexity: O(n).
+    public static func == (lhs: UTF8Map, rhs: UTF8Map) -> Bool {
+        guard lhs.count == rhs.count else { return false }
+        for i in 0..<lhs.count {
+            guard UTF8Key.equal(lhs.storedKeys[i], rhs.storedKeys[i]), lhs.storedValues[i] == rhs.storedValues[i]
+            else { return false }
+        }
+        return true
+    }
+}
+
+extension UTF8Map: Hashable where Mapped: Hashable {
+    /// Hashes the count, then every key's bytes and member in key order.
+    ///
+    /// - Complexity: O(n).
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(count)
+        for i in 0..<count {
+            UTF8Key.hash(storedKeys[i], into: &hasher)
+            hasher.combine(storedValues[i])
+        }
+    }
+}
+
+extension UTF8Map: Sendable where Mapped: Sendable {}
+
+extension UTF8Map: CustomStringConvertible, CustomDebugStringConvertible {
+    /// `["a": 1, "b": 2]` in key order, like `Dictionary`.
+    public var description: String {
+        guard !isEmpty else { return "[:]" }
+        var out = "["
+        for (i, (key, member)) in zip(storedKeys, storedValues).enumerated() {
+            if i > 0 { out += ", " }
+            debugPrint(key, terminator: "", to: &out)
+            out += ": "
+            debugPrint(member, terminator: "", to: &out)
+        }
+        return out + "]"
+    }
+
+    public var debugDescription: String { description }
+}
+
+/// Two entries with the same key (byte-wise) where keys must be unique.
+public struct DuplicateKeyError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// The repeated key.
+    public var key: String
+
+    public init(key: String) { self.key = key }
+
+    public var description: String { "key \(key.debugDescription) appears twice" }
+}

@@ -1,0 +1,194 @@
+import TrellisCrypto
+
+/// Splits a TCP byte stream into Noise messages, each framed as a 2-byte big-endian length and
+/// that many bytes (docs/PROTOCOL.md §1; Noise spec rev 34 §3 caps a message at 65535 bytes).
+///
+/// Feed it whatever each read returned, one byte or many frames at a time; it hands out every
+/// complete frame in order and keeps only the unfinished tail (at most 65536 bytes).
+public struct FrameDecoder: Sendable {
+    /// Bytes of a frame not yet complete (its header included).
+    private var partial: [UInt8] = []
+
+    /// A decoder at the start of a stream.
+    public init() {}
+
+    /// Bytes held for a frame not yet complete.
+    public var bufferedBytes: Int { partial.count }
+
+    /// Consumes `bytes` and calls `body` with each complete frame's message (header stripped).
+    ///
+    /// - Parameters:
+    ///   - bytes: the next bytes of the stream.
+    ///   - body: receives each message, 0 to 65535 bytes; when it throws, decoding stops and the
+    ///     error propagates (the decoder should then be discarded).
+    /// - Complexity: O(`bytes.count`) plus O(message length) per frame.
+    public mutating func feed<E: Error>(
+        _ bytes: ArraySlice<UInt8>, _ body: ([UInt8]) throws(E) -> Void
+    ) throws(E) {
+        var index = bytes.startIndex
+        // Finish a frame begun by earlier reads.
+        if !partial.isEmpty {
+            if partial.count < 2 {
+                let take = min(2 - partial.count, bytes.endIndex - index)
+                partial += bytes[index..<(index + take)]
+                index += take
+                if partial.count < 2 { return }
+            }
+            let total = 2 + (Int(partial[0]) << 8 | Int(partial[1]))
+            let take = min(total - partial.count, bytes.endIndex - index)
+            partial += bytes[index..<(index + take)]
+            index += take
+            guard partial.count == total else { return }
+            let message = Array(partial[2...])
+            partial = []
+            try body(message)
+        }
+        // Whole frames straight from the read, without copying them into `partial`.
+        while bytes.endIndex - index >= 2 {
+            let length = Int(bytes[index]) << 8 | Int(bytes[index + 1])
+            guard bytes.endIndex - index - 2 >= length else { break }
+            try body(Array(bytes[(index + 2)..<(index + 2 + length)]))
+            index += 2 + length
+        }
+        if index < bytes.endIndex { partial += bytes[index...] }
+    }
+}
+
+/// Why a ``MessageAssembler`` stopped.
+public struct FramingError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The length the peer announced, bytes.
+    public var announced: Int
+    /// The largest length allowed, bytes.
+    public var limit: Int
+
+    /// The error in words, naming both lengths.
+    public var description: String {
+        "peer announced a \(announced)-byte message, above the \(limit)-byte limit"
+    }
+}
+
+/// Reassembles application messages from the plaintext byte stream of a link: each message is a
+/// 4-byte big-endian length and that many bytes (docs/PROTOCOL.md §1). A message may span many
+/// transport messages and one transport message may carry many messages.
+///
+/// Memory is linear in the message being assembled: the buffer is reserved from the announced
+/// length (the allocator commits pages only as bytes arrive) and filled by appending; no bytes are
+/// moved once stored.
+public struct MessageAssembler: Sendable {
+    /// The largest message accepted, bytes.
+    public let limit: Int
+    private var header: [UInt8] = []
+    private var expected: Int?
+    private var message: [UInt8] = []
+
+    /// An assembler at the start of a stream.
+    ///
+    /// - Parameter limit: the largest message accepted, bytes (``LinkLimits/maxMessageBytes`` on
+    ///   a link).
+    public init(limit: Int = LinkLimits.maxMessageBytes) {
+        self.limit = limit
+    }
+
+    /// Bytes held for the message being assembled (its length prefix included).
+    public var bufferedBytes: Int { header.count + message.count }
+
+    /// Consumes `bytes` and calls `deliver` with each whole message, in order.
+    ///
+    /// - Throws: ``FramingError`` when a length prefix is above ``limit`` (the stream is then
+    ///   unusable; messages before it were delivered).
+    /// - Complexity: O(`bytes.count`).
+    public mutating func append(_ bytes: [UInt8], _ deliver: ([UInt8]) -> Void) throws(FramingError) {
+        var index = 0
+        while index < bytes.count {
+            guard let length = expected else {
+                let take = min(4 - header.count, bytes.count - index)
+                header += bytes[index..<(index + take)]
+                index += take
+                guard header.count == 4 else { return }
+                let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
+                header.removeAll(keepingCapacity: true)
+                guard length <= limit else { throw FramingError(announced: length, limit: limit) }
+                if length == 0 {
+                    deliver([])
+                } else {
+                    expected = length
+                    message = []
+                    message.reserveCapacity(length)
+                }
+                continue
+            }
+            let take = min(length - message.count, bytes.count - index)
+            message += bytes[index..<(index + take)]
+            index += take
+            if message.count == length {
+                let whole = message
+                message = []
+                expected = nil
+                deliver(whole)
+            }
+        }
+    }
+}
+
+/// One direction of a Noise transport on a link: its `CipherState`, the count of transport
+/// messages it has handled and the rekey schedule (Noise spec rev 34 §5.1, §11.3).
+struct TransportDirection: Sendable {
+    private var cipher: CipherState
+    private var count = 0
+    let rekeyInterval: Int
+
+    init(_ cipher: CipherState, rekeyInterval: Int) {
+        self.cipher = cipher
+        self.rekeyInterval = rekeyInterval
+    }
+
+    /// Runs one encryption or decryption, counts it, and rekeys after every `rekeyInterval`.
+    mutating func next<T>(_ body: (inout CipherState) throws(NoiseError) -> T) throws(NoiseError) -> T {
+        let result = try body(&cipher)
+        count += 1
+        if count % rekeyInterval == 0 { try cipher.rekey() }
+        return result
+    }
+}
+
+/// The sending half of a Noise transport on a link. Owned by one writer.
+struct TransportSender: Sendable {
+    private var direction: TransportDirection
+
+    init(_ cipher: CipherState, rekeyInterval: Int) {
+        direction = TransportDirection(cipher, rekeyInterval: rekeyInterval)
+    }
+
+    /// Encrypts one transport message and frames it (2-byte length, ciphertext).
+    ///
+    /// - Parameter plaintext: at most `NoiseTransport.maxPlaintextLength` (65519) bytes; empty is
+    ///   the authenticated close.
+    /// - Throws: ``NoiseError`` when the nonce is exhausted.
+    mutating func seal(_ plaintext: [UInt8]) throws(NoiseError) -> [UInt8] {
+        precondition(plaintext.count <= NoiseTransport.maxPlaintextLength, "transport plaintext too long")
+        let ciphertext = try direction.next { cipher throws(NoiseError) in try cipher.encryptWithAd([], plaintext) }
+        var frame: [UInt8] = []
+        frame.reserveCapacity(2 + ciphertext.count)
+        frame.append(UInt8(ciphertext.count >> 8))
+        frame.append(UInt8(ciphertext.count & 0xFF))
+        frame += ciphertext
+        return frame
+    }
+}
+
+/// The receiving half of a Noise transport on a link, mirroring ``TransportSender``. Owned by one
+/// reader.
+struct TransportReceiver: Sendable {
+    private var direction: TransportDirection
+
+    init(_ cipher: CipherState, rekeyInterval: Int) {
+        direction = TransportDirection(cipher, rekeyInterval: rekeyInterval)
+    }
+
+    /// Authenticates and decrypts one transport message (the frame's content, length stripped).
+    ///
+    /// - Throws: ``NoiseError`` when it does not authenticate or is shorter than the tag.
+    mutating func open(_ message: [UInt8]) throws(NoiseError) -> [UInt8] {
+        try direction.next { cipher throws(NoiseError) in try cipher.decryptWithAd([], message) }
+    }
+}

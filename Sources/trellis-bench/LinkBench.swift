@@ -1,0 +1,128 @@
+import Foundation
+import Synchronization
+import TrellisCrypto
+import TrellisNet
+
+// Link figures: the encrypted link (SecureLink) against plain loopback TCP in the same run.
+
+/// Two handshaken ``SecureLink``s over loopback, not started.
+func secureLinkPair() throws -> (client: SecureLink, server: SecureLink) {
+    Sodium.initialize()
+    let meshKey = SecretBytes.random(count: 32)
+    let listener = try TCPListener(endpoint: Endpoint(host: "127.0.0.1", port: 0))
+    defer { listener.close() }
+    let accepted = Mutex<SecureLink?>(nil)
+    let done = DispatchSemaphore(value: 0)
+    let identity = KeyPair.generate()
+    Thread {
+        if let socket = try? listener.accept() {
+            let link = try? SecureLink.handshake(
+                socket: socket, initiator: false, identity: identity, meshKey: meshKey, address: "client")
+            accepted.withLock { $0 = link }
+        }
+        done.signal()
+    }.start()
+    let socket = try TCPSocket.connect(to: Endpoint(host: "127.0.0.1", port: listener.port))
+    let client = try SecureLink.handshake(
+        socket: socket, initiator: true, identity: .generate(), meshKey: meshKey, address: "server")
+    done.wait()
+    guard let server = accepted.withLock({ $0 }) else { throw CocoaError(.fileReadUnknown) }
+    return (client, server)
+}
+
+/// Seconds to move `messages` messages of `size` bytes one way over a SecureLink, from the first
+/// send until the receiver has the last one.
+func secureLinkBulkSeconds(messages: Int, size: Int) throws -> Double {
+    let (client, server) = try secureLinkPair()
+    let received = Atomic<Int>(0)
+    let finished = DispatchSemaphore(value: 0)
+    server.start(
+        onMessage: { _ in
+            if received.add(1, ordering: .relaxed).newValue == messages { finished.signal() }
+        }, onClose: { _ in })
+    client.start(onMessage: { _ in }, onClose: { _ in })
+    let payload = [UInt8](repeating: 0x5A, count: size)
+    let start = nowNanos()
+    for _ in 0..<messages { _ = try client.send(payload) }
+    guard finished.wait(timeout: .now() + 120) == .success else { throw CocoaError(.fileReadUnknown) }
+    let elapsed = Double(nowNanos() - start) / 1e9
+    client.close()
+    server.close()
+    return elapsed
+}
+
+/// Seconds to move `bytes` bytes one way over a plain loopback TCP connection in this process, in
+/// writes of `chunk` bytes.
+func rawLoopbackBulkSeconds(bytes: Int, chunk: Int) throws -> Double {
+    let listener = try TCPListener(endpoint: Endpoint(host: "127.0.0.1", port: 0))
+    defer { listener.close() }
+    let accepted = Mutex<TCPSocket?>(nil)
+    let ready = DispatchSemaphore(value: 0)
+    Thread {
+        accepted.withLock { $0 = try? listener.accept() }
+        ready.signal()
+    }.start()
+    let client = try TCPSocket.connect(to: Endpoint(host: "127.0.0.1", port: listener.port))
+    ready.wait()
+    guard let server = accepted.withLock({ $0 }) else { throw CocoaError(.fileReadUnknown) }
+    let finished = DispatchSemaphore(value: 0)
+    Thread {
+        var got = 0
+        while got < bytes, let data = try? server.read(exactly: min(chunk, bytes - got)) { got += data.count }
+        finished.signal()
+    }.start()
+    let payload = [UInt8](repeating: 0x5A, count: chunk)
+    let start = nowNanos()
+    var sent = 0
+    while sent < bytes {
+        try client.write(sent + chunk <= bytes ? payload : Array(payload[0..<(bytes - sent)]))
+        sent += chunk
+    }
+    finished.wait()
+    let elapsed = Double(nowNanos() - start) / 1e9
+    client.close()
+    server.close()
+    return elapsed
+}
+
+/// Round trips of a 64-byte message over a SecureLink (the peer echoes it), in milliseconds.
+func secureLinkRoundTrips(_ count: Int) throws -> [Double] {
+    let (client, server) = try secureLinkPair()
+    server.start(onMessage: { message in _ = try? server.send(message) }, onClose: { _ in })
+    let arrived = DispatchSemaphore(value: 0)
+    client.start(onMessage: { _ in arrived.signal() }, onClose: { _ in })
+    let payload = [UInt8](repeating: 7, count: 64)
+    var samples: [Double] = []
+    for round in 0..<(count + 50) {
+        let start = nowNanos()
+        _ = try client.send(payload)
+        guard arrived.wait(timeout: .now() + 10) == .success else { throw CocoaError(.fileReadUnknown) }
+        if round >= 50 { samples.append(Double(nowNanos() - start) / 1e6) }
+    }
+    client.close()
+    server.close()
+    return samples
+}
+
+func linkFigures() throws -> [Figure] {
+    let messages = 512
+    let size = 1 << 20
+    let megabytes = Double(messages * size) / 1e6
+    let raw = megabytes / (try rawLoopbackBulkSeconds(bytes: messages * size, chunk: 1 << 20))
+    let link = megabytes / (try secureLinkBulkSeconds(messages: messages, size: size))
+    let rawRTT = quantile(try loopbackRoundTrips(2000), 0.5)
+    let linkRTT = try secureLinkRoundTrips(2000)
+    return [
+        Figure(name: "raw_loopback_tcp_mb_per_s", value: raw, unit: "MB/s"),
+        Figure(
+            name: "link_bulk_mb_per_s", value: link, unit: "MB/s", baseline: raw,
+            baselineName: "raw_loopback_tcp_mb_per_s"),
+        Figure(name: "raw_loopback_rtt_p50_ms", value: rawRTT, unit: "ms"),
+        Figure(
+            name: "link_round_trip_p50_ms", value: quantile(linkRTT, 0.5), unit: "ms", baseline: rawRTT,
+            baselineName: "raw_loopback_rtt_p50_ms"),
+        Figure(
+            name: "link_round_trip_p99_ms", value: quantile(linkRTT, 0.99), unit: "ms",
+            baseline: quantile(try loopbackRoundTrips(2000), 0.99), baselineName: "raw_loopback_rtt_p99_ms"),
+    ]
+}
