@@ -18,14 +18,15 @@ public struct NodeOptions: Sendable {
 /// with peers over encrypted TCP. (The counterpart of a `Ditto` instance.)
 ///
 /// The data directory holds `store.sqlite` (with its WAL) and `identity.key` (the node's static
-/// X25519 private key, mode 0600).
+/// X25519 private key, mode 0600). The directory is locked (`DIR/lock`) for as long as the node's
+/// store exists: another node on the same directory, in this process or another, is refused until
+/// then, so there is never a second writer.
 public final class TrellisNode: Sendable {
     public let store: Store
     public let identity: KeyPair
     public let directory: URL
     let engine: SyncEngine
     let network: MeshNetwork
-    let lock: DataDirectoryLock
 
     /// Opens (creating if needed) a node in `directory`.
     ///
@@ -33,16 +34,22 @@ public final class TrellisNode: Sendable {
     public init(directory: URL, meshKey: MeshKey, options: NodeOptions = NodeOptions()) throws {
         Sodium.initialize()
         try Files.makeDirectory(directory.path)
-        lock = try DataDirectoryLock(directory: directory.path)
+        // The store owns the lock: it is released only when the store is, that is when nothing
+        // (the engine, a network thread, the app) can write through it any more.
+        let lock = try DataDirectoryLock(directory: directory.path)
         self.directory = directory
         let identityFile = directory.appendingPathComponent("identity.key")
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
-            path: directory.appendingPathComponent("store.sqlite").path, options: options.store)
+            path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
         engine = SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
         network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
         store = Store(documents: documents, engine: engine)
     }
+
+    /// A node dropped without ``stop()`` stops its networking, so its threads end and release
+    /// the store (and with it the directory's lock).
+    deinit { network.stop() }
 
     static func loadOrCreateIdentity(_ file: URL) throws -> KeyPair {
         if FileManager.default.fileExists(atPath: file.path) {
@@ -74,9 +81,17 @@ public final class TrellisNode: Sendable {
         network.dial(endpoint)
     }
 
-    /// Stops all networking.
+    /// Stops all networking. The local store stays usable.
     public func stop() {
         network.stop()
+    }
+
+    /// Stops all networking and closes the store cleanly (``DocumentStore/close()``): the next
+    /// open knows that no commit can have been lost. Call it before a process exits; the node
+    /// cannot be used afterwards (store calls throw ``StoreError/closed``).
+    public func close() {
+        network.stop()
+        store.documents.close()
     }
 
     /// The directly connected peers.

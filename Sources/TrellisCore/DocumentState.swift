@@ -629,15 +629,27 @@ extension FieldEntry {
 
 /// A map merged per key: the child fields by key.
 ///
-/// Entries are reached only through the helpers below, so the key type can change in one place.
+/// Keys are byte strings (docs/DATA-MODEL.md, "Keys are byte strings"): "é" (U+00E9) and "e" +
+/// U+0301 are two children, whatever order their writes arrive in. Entries change only through
+/// the subscript, ``modify(_:create:_:)``, ``updateEach(_:)`` and ``join(_:context:contextGrew:)``,
+/// which change children in place and drop those left empty (normal form).
 public struct MapNode: Hashable, Sendable {
-    /// The child fields.
-    public internal(set) var entries: [String: FieldNode] = [:]
+    /// The child fields, in ascending byte order of their keys.
+    public internal(set) var entries = UTF8Map<FieldNode>()
 
     public init() {}
 
+    /// An empty map with room for `minimumCapacity` children (added in ascending key order, each
+    /// is an append).
+    init(minimumCapacity: Int) {
+        entries.reserveCapacity(minimumCapacity)
+    }
+
     var isEmpty: Bool { entries.isEmpty }
 
+    /// The child at `key` (compared byte-wise); setting `nil` removes it.
+    ///
+    /// - Complexity: O(log n) to read or replace; adding or removing a key shifts the keys after it.
     subscript(key: String) -> FieldNode? {
         get { entries[key] }
         set { entries[key] = newValue }
@@ -646,53 +658,106 @@ public struct MapNode: Hashable, Sendable {
     /// Runs `body` on the child at `key` in place (on a new, empty child when there is none, if
     /// `create`); a child left empty is dropped (normal form). - Returns: `body`'s result, or
     /// `nil` when there was no child and not `create`.
+    ///
+    /// - Complexity: O(log n) plus `body`; adding or dropping a key shifts the keys after it.
     @discardableResult
     mutating func modify<R>(_ key: String, create: Bool = true, _ body: (inout FieldNode) throws -> R) rethrows -> R? {
-        if let i = entries.index(forKey: key) {
-            let result = try body(&entries.values[i])
-            if entries.values[i].isEmpty { entries.remove(at: i) }
+        let (found, position) = entries.search(key)
+        if found {
+            let (result, emptied) = try entries.modifyMember(at: position) { node in
+                let result = try body(&node)
+                return (result, node.isEmpty)
+            }
+            if emptied { entries.remove(at: position) }
             return result
         }
         guard create else { return nil }
         var node = FieldNode()
         let result = try body(&node)
-        if !node.isEmpty { entries[key] = node }
+        if !node.isEmpty { entries.insert(key, node, at: position) }
         return result
     }
 
     /// Changes every child in place, dropping those left empty. - Returns: whether any `body`
     /// returned `true`.
+    ///
+    /// - Complexity: O(n) plus the calls of `body`.
     @discardableResult
     mutating func updateEach(_ body: (inout FieldNode) -> Bool) -> Bool {
         guard !entries.isEmpty else { return false }
         var changed = false
-        var emptied: [String] = []
-        var i = entries.values.startIndex
-        while i != entries.values.endIndex {
-            if body(&entries.values[i]) { changed = true }
-            if entries.values[i].isEmpty { emptied.append(entries.keys[i]) }
-            entries.values.formIndex(after: &i)
+        var emptied = false
+        for position in entries.indices {
+            entries.modifyMember(at: position) { node in
+                if body(&node) { changed = true }
+                if node.isEmpty { emptied = true }
+            }
         }
-        for key in emptied { entries.removeValue(forKey: key) }
+        if emptied { entries.removeMembers(where: \.isEmpty) }
         return changed
     }
 
-    /// The keys in CBOR's deterministic order (shorter UTF-8 first, then byte-wise).
+    /// The keys in CBOR's deterministic order (shorter UTF-8 first, then byte-wise; RFC 8949
+    /// §4.2.1), which is not the map's own byte order.
+    ///
+    /// - Complexity: O(n log n).
     func sortedKeys() -> [String] { entries.keys.sorted(by: CBORWriter.keyPrecedes) }
 
     /// Joins `other`'s children into these (see ``FieldNode/join(_:inherited:inheritedGrew:)``);
     /// when the context grew, the children `other` does not have are normalised too.
+    ///
+    /// Both maps are walked in key order: children in both join in place; children only in
+    /// `other` are appended when they sort after every child here, otherwise inserted in one pass
+    /// at the end.
+    ///
     /// - Returns: whether anything changed.
+    /// - Complexity: O(m log n) key comparisons for `m` children of `other` and `n` of these (O(n + m)
+    ///   when the context grew), plus the joins and O(n + m) to insert new children.
     mutating func join(_ other: MapNode, context: VersionVector, contextGrew: Bool) -> Bool {
+        if other.isEmpty, !contextGrew { return false }
+        if isEmpty { entries.reserveCapacity(other.entries.count) }
         var changed = false
-        if contextGrew {
-            for key in entries.keys where other.entries[key] == nil {
-                if modify(key, create: false, { $0.normalize(context) }) == true { changed = true }
+        var emptied = false
+        var added: [(index: Int, key: String, member: FieldNode)] = []
+        /// This map's first position not yet visited.
+        var next = 0
+        func normalizeMine(before end: Int) {
+            guard contextGrew else { return }
+            for position in next..<end {
+                entries.modifyMember(at: position) { node in
+                    if node.normalize(context) { changed = true }
+                    if node.isEmpty { emptied = true }
+                }
             }
         }
-        for (key, node) in other.entries {
-            if modify(key, { $0.join(node, inherited: context, inheritedGrew: contextGrew) }) == true { changed = true }
+        for (key, theirs) in other.entries {
+            let (found, position) = entries.search(key, from: next)
+            normalizeMine(before: position)
+            if found {
+                entries.modifyMember(at: position) { node in
+                    if node.join(theirs, inherited: context, inheritedGrew: contextGrew) { changed = true }
+                    if node.isEmpty { emptied = true }
+                }
+                next = position + 1
+            } else {
+                var node = FieldNode()
+                if node.join(theirs, inherited: context, inheritedGrew: contextGrew) { changed = true }
+                if node.isEmpty {
+                    next = position
+                } else if position == entries.count {
+                    // After every key here (always, when joining into an empty map): append. The
+                    // keys in `added` sort before it and their positions stay valid.
+                    entries.insert(key, node, at: position)
+                    next = position + 1
+                } else {
+                    added.append((position, key, node))
+                    next = position
+                }
+            }
         }
+        normalizeMine(before: entries.count)
+        if !added.isEmpty { entries.insert(sorted: added) }
+        if emptied { entries.removeMembers(where: \.isEmpty) }
         return changed
     }
 
@@ -702,13 +767,10 @@ public struct MapNode: Hashable, Sendable {
     }
 
     /// The visible fields with values.
+    ///
+    /// - Complexity: O(size of the map).
     func materialize(_ context: VersionVector) -> UTF8Map<Value> {
-        var out: UTF8Map<Value> = [:]
-        out.reserveCapacity(entries.count)
-        for (key, node) in entries {
-            if let v = node.part(context)?.value { out[key] = v }
-        }
-        return out
+        entries.compactMapValues { $0.part(context)?.value }
     }
 }
 
@@ -876,6 +938,7 @@ public struct DocumentState: Hashable, Sendable {
     ///
     /// - Complexity: O(size of the fields written and of the fields they land on).
     public mutating func merge(fields: UTF8Map<Value>, stamp: Stamp) {
+        if root.isEmpty { root = MapNode(minimumCapacity: fields.count) }
         for (key, value) in fields {
             root.modify(key) { node in
                 Self.write(value, into: &node, context: removed, stamp: stamp, replace: false)
@@ -896,6 +959,7 @@ public struct DocumentState: Hashable, Sendable {
             // A new field: nothing to restart or cover.
             if case .map(let children) = value {
                 node.note(FieldEntry(stamp: stamp, content: .map))
+                node.map = MapNode(minimumCapacity: children.count)
                 for (key, child) in children {
                     node.map.modify(key) { write(child, into: &$0, context: context, stamp: stamp, replace: false) }
                 }

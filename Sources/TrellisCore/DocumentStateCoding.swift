@@ -81,12 +81,15 @@ private struct StateDecoder {
         path.isEmpty ? "the document" : "field '\(path.joined(separator: "."))'"
     }
 
-    static let documentKeys: Set<String> = ["a", "m", "r", "s", "v", "w"]
+    /// The parts of a state, compared byte-wise like every key from outside.
+    static let documentKeys: Set<UTF8Key> = ["a", "m", "r", "s", "v", "w"]
 
-    func checkKeys(_ m: UTF8Map<Value>, _ allowed: Set<String>, _ place: @autoclosure () -> String)
+    func checkKeys(_ m: UTF8Map<Value>, _ allowed: Set<UTF8Key>, _ place: @autoclosure () -> String)
         throws(DocumentStateError)
     {
-        for key in m.keys where !allowed.contains(key) { throw fail("\(place()) has an unknown part '\(key)'") }
+        for key in m.keys where !allowed.contains(UTF8Key(key)) {
+            throw fail("\(place()) has an unknown part '\(key)'")
+        }
     }
 
     func site(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> SiteID {
@@ -163,7 +166,7 @@ private struct StateDecoder {
     func map(_ v: Value, path: [String]) throws(DocumentStateError) -> MapNode {
         guard path.count < Self.maxDepth else { throw fail("maps nested deeper than \(Self.maxDepth)") }
         guard case .map(let entries) = v else { throw fail("\(Self.describe(path)) holds \(v.typeName), not fields") }
-        var node = MapNode()
+        var node = MapNode(minimumCapacity: entries.count)
         for (key, fieldValue) in entries {
             node[key] = try field(fieldValue, parent: path, key: key)
         }
@@ -174,9 +177,9 @@ private struct StateDecoder {
         let place = { Self.describe(parent + [key]) }
         guard case .map(let f) = v else { throw fail("\(place()) is \(v.typeName)") }
         var field = FieldNode()
-        // One pass over the parts (no lookups per possible key).
+        // One pass over the parts (no lookups per possible key); names match byte-wise.
         for (name, part) in f {
-            switch name {
+            switch UTF8Key(name) {
             case "e":
                 for parts in try rows(part, 3, "e", place()) {
                     if (try? parts[2].validate()) == nil {
@@ -277,7 +280,7 @@ private struct LegacyStateDecoder {
     func map(_ v: Value, depth: Int) throws(DocumentStateError) -> MapNode {
         guard depth <= Value.maximumDepth else { throw fail("maps nested too deep") }
         guard case .map(let entries) = v else { throw fail("map node is \(v.typeName)") }
-        var node = MapNode()
+        var node = MapNode(minimumCapacity: entries.count)
         for (key, fieldValue) in entries {
             guard case .map(let f) = fieldValue else { throw fail("field '\(key)' is \(fieldValue.typeName)") }
             var field = FieldNode()

@@ -124,8 +124,17 @@ public struct UTF8Map<Mapped> {
         let c = UTF8Key.compare(last, key)
         if c < 0 { return (false, storedKeys.count) }
         if c == 0 { return (true, storedKeys.count - 1) }
-        var low = 0
-        var high = storedKeys.count - 1
+        return search(key, between: 0, storedKeys.count - 1)
+    }
+
+    /// Binary search for `key` among the positions `low...high`, where the key at `high` sorts
+    /// after `key`: its position if present, otherwise where it would be inserted.
+    ///
+    /// - Complexity: O(log(high − low)) comparisons.
+    @inlinable
+    func search(_ key: String, between low: Int, _ high: Int) -> (found: Bool, index: Int) {
+        var low = low
+        var high = high
         while low < high {
             let mid = low + (high - low) / 2
             let d = UTF8Key.compare(storedKeys[mid], key)
@@ -155,16 +164,17 @@ public struct UTF8Map<Mapped> {
             return found ? storedValues[index] : nil
         }
         set {
+            // No `switch (found, newValue)`: building that tuple copies the member.
             let (found, index) = search(key)
-            switch (found, newValue) {
-            case (true, let member?): storedValues[index] = member
-            case (true, nil):
+            if let newValue {
+                if found {
+                    storedValues[index] = newValue
+                } else {
+                    insert(key, newValue, at: index)
+                }
+            } else if found {
                 storedKeys.remove(at: index)
                 storedValues.remove(at: index)
-            case (false, let member?):
-                storedKeys.insert(key, at: index)
-                storedValues.insert(member, at: index)
-            case (false, nil): break
             }
         }
     }
@@ -190,9 +200,23 @@ public struct UTF8Map<Mapped> {
             storedValues[index] = member
             return old
         }
-        storedKeys.insert(key, at: index)
-        storedValues.insert(member, at: index)
+        insert(key, member, at: index)
         return nil
+    }
+
+    /// Inserts a key the map does not hold at `index`, where ``search(_:)`` or
+    /// ``search(_:from:)`` places it; at the end it appends (cheaper than `Array.insert`).
+    ///
+    /// - Complexity: O(n − index); O(1) amortised at the end.
+    @inlinable
+    mutating func insert(_ key: String, _ member: Mapped, at index: Int) {
+        if index == storedKeys.count {
+            storedKeys.append(key)
+            storedValues.append(member)
+        } else {
+            storedKeys.insert(key, at: index)
+            storedValues.insert(member, at: index)
+        }
     }
 
     /// Removes `key`, returning its member (`nil` when absent).
@@ -277,7 +301,7 @@ public struct UTF8Map<Mapped> {
     ///
     /// - Complexity: O(n).
     public func compactMapValues<T, E: Error>(_ transform: (Mapped) throws(E) -> T?) throws(E) -> UTF8Map<T> {
-        var out = UTF8Map<T>()
+        var out = UTF8Map<T>(minimumCapacity: count)
         for (key, member) in zip(storedKeys, storedValues) {
             if let t = try transform(member) {
                 out.storedKeys.append(key)
@@ -337,6 +361,91 @@ public struct UTF8Map<Mapped> {
             }
         }
         return out
+    }
+}
+
+// MARK: - In place by position (the CRDT's maps)
+
+extension UTF8Map {
+    /// The position of `key` among the keys at or after `start`, or where it would be inserted
+    /// there. Keys before `start` must all sort before `key`.
+    ///
+    /// Walking two sorted maps in step, the key is usually at `start`: that is tried first.
+    ///
+    /// - Complexity: O(1) when `key` is at `start`, belongs there, or sorts after every key;
+    ///   otherwise O(log(n − start)) comparisons.
+    func search(_ key: String, from start: Int) -> (found: Bool, index: Int) {
+        guard start < storedKeys.count else { return (false, storedKeys.count) }
+        let first = UTF8Key.compare(storedKeys[start], key)
+        if first >= 0 { return (first == 0, start) }
+        let last = UTF8Key.compare(storedKeys[storedKeys.count - 1], key)
+        if last < 0 { return (false, storedKeys.count) }
+        if last == 0 { return (true, storedKeys.count - 1) }
+        return search(key, between: start + 1, storedKeys.count - 1)
+    }
+
+    /// Runs `body` on the member at `position`, in place (no copy of the member while the map's
+    /// storage is uniquely referenced).
+    @inlinable
+    mutating func modifyMember<R, E: Error>(at position: Int, _ body: (inout Mapped) throws(E) -> R) throws(E) -> R {
+        try body(&storedValues[position])
+    }
+
+    /// Removes the entry at `position`.
+    ///
+    /// - Complexity: O(n − position).
+    mutating func remove(at position: Int) {
+        storedKeys.remove(at: position)
+        storedValues.remove(at: position)
+    }
+
+    /// Inserts keys the map does not hold, each at the index (in the map as it is now) that
+    /// ``search(_:from:)`` gave; `insertions` are in ascending key order.
+    ///
+    /// - Complexity: O(k · n) for a few insertions, otherwise O(n + k): entries move, none is copied.
+    mutating func insert(sorted insertions: [(index: Int, key: String, member: Mapped)]) {
+        if insertions.count < 4 {
+            for (shift, insertion) in insertions.enumerated() {
+                insert(insertion.key, insertion.member, at: insertion.index + shift)
+            }
+            return
+        }
+        // Build both arrays back to front, moving entries out of the old ones, then reverse.
+        var oldKeys: [String] = []
+        var oldValues: [Mapped] = []
+        swap(&oldKeys, &storedKeys)
+        swap(&oldValues, &storedValues)
+        storedKeys.reserveCapacity(oldKeys.count + insertions.count)
+        storedValues.reserveCapacity(oldKeys.count + insertions.count)
+        var next = insertions.count - 1
+        while next >= 0 || !oldKeys.isEmpty {
+            if next >= 0, insertions[next].index >= oldKeys.count {
+                storedKeys.append(insertions[next].key)
+                storedValues.append(insertions[next].member)
+                next -= 1
+            } else {
+                storedKeys.append(oldKeys.removeLast())
+                storedValues.append(oldValues.removeLast())
+            }
+        }
+        storedKeys.reverse()
+        storedValues.reverse()
+    }
+
+    /// Removes the entries whose member satisfies `shouldRemove`, keeping the others in order.
+    ///
+    /// - Complexity: O(n); entries move by swapping, none is copied.
+    mutating func removeMembers(where shouldRemove: (Mapped) throws -> Bool) rethrows {
+        var kept = 0
+        for i in storedValues.indices where !(try shouldRemove(storedValues[i])) {
+            if kept != i {
+                storedKeys.swapAt(kept, i)
+                storedValues.swapAt(kept, i)
+            }
+            kept += 1
+        }
+        storedKeys.removeSubrange(kept...)
+        storedValues.removeSubrange(kept...)
     }
 }
 

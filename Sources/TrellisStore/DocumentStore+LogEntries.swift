@@ -1,4 +1,3 @@
-internal import CSQLite
 import Foundation
 public import TrellisCore
 
@@ -11,7 +10,7 @@ public struct LogEntry: Sendable, Equatable {
     public var key: String
     /// The document's `_id`.
     public var id: Value
-    /// The live value; `nil` for a tombstone.
+    /// The live value; `nil` for a removed or evicted document.
     public var value: Value?
 
     public init(seq: Int64, key: String, id: Value, value: Value?) {
@@ -26,12 +25,16 @@ extension DocumentStore {
     /// Log entries of a collection with `after < seq <= through`, in `seq` order (each document
     /// once, at its latest `seq`).
     ///
+    /// A damaged row (its `_id` key or JSON value does not parse) is skipped, logged once and
+    /// listed by ``damagedDocuments()``; the page is filled from the rows after it.
+    ///
     /// - Parameters:
     ///   - after: exclusive lower bound (a cursor: the last `seq` already seen).
     ///   - through: inclusive upper bound, or `nil` for the end of the log.
     ///   - limit: at most this many entries are returned.
-    ///   - includeDeleted: whether tombstones are returned (with a `nil` value).
-    /// - Throws: ``StoreError`` for SQLite errors or a corrupt row.
+    ///   - includeDeleted: whether removed and evicted documents are returned (with a `nil` value):
+    ///     to a reader of the log, an evicted document is deleted.
+    /// - Throws: ``StoreError`` for SQLite errors.
     /// - Complexity: O(limit · log n) through the `(collection, seq)` index when tombstones are
     ///   included; without them, also O(tombstones skipped in the range).
     public func entries(
@@ -41,24 +44,40 @@ extension DocumentStore {
             let st = try s.db.prepare(
                 "SELECT seq, id, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
                     + (includeDeleted ? "" : " AND deleted = 0") + " ORDER BY seq LIMIT ?")
-            st.bind(1, collection)
-            st.bind(2, after)
-            st.bind(3, through ?? Int64.max)
-            st.bind(4, Int64(max(0, limit)))
-            defer { st.reset() }
+            let wanted = max(0, limit)
             var result: [LogEntry] = []
-            while try st.step() {
-                let key = st.string(1) ?? ""
-                let id: Value
-                let value: Value?
-                do {
-                    id = try JSON.parse(key)
-                    value = try st.string(2).map { text throws(JSONError) in try JSON.parse(text) }
-                } catch {
-                    throw StoreError.corrupt("document \(key) in \(collection): \(error)")
+            var cursor = after
+            // A damaged row is skipped (and remembered); read on so the page still holds `limit`
+            // entries when the log has them, which is how readers tell that more are coming.
+            while result.count < wanted {
+                let need = wanted - result.count
+                st.reset()
+                st.bind(1, collection)
+                st.bind(2, cursor)
+                st.bind(3, through ?? Int64.max)
+                st.bind(4, Int64(need))
+                var rows = 0
+                while try st.step() {
+                    rows += 1
+                    cursor = st.int64(0)
+                    let key = st.string(1) ?? ""
+                    guard let id = try? JSON.parse(key) else {
+                        noteDamaged(&s, collection, key, "its _id key is not JSON")
+                        continue
+                    }
+                    var value: Value?
+                    if let text = st.string(2) {
+                        guard let parsed = try? JSON.parse(text) else {
+                            noteDamaged(&s, collection, key, "its JSON value does not parse")
+                            continue
+                        }
+                        value = parsed
+                    }
+                    result.append(LogEntry(seq: cursor, key: key, id: id, value: value))
                 }
-                result.append(LogEntry(seq: st.int64(0), key: key, id: id, value: value))
+                if rows < need { break }  // the end of the range
             }
+            st.reset()
             return result
         }
     }
@@ -67,15 +86,7 @@ extension DocumentStore {
     /// lower or equal `seq` may have been reaped (``reapTombstones(in:through:)``), so a reader
     /// whose cursor is below it has missed removals and must start over. 0 when nothing was reaped.
     public func retainedFloor(in collection: String) throws(StoreError) -> Int64 {
-        try withState { s -> Int64 in
-            let st = try s.db.prepare("SELECT value FROM meta WHERE key = ?")
-            st.bind(1, "floor:" + collection)
-            defer { st.reset() }
-            guard try st.step(), let bytes = st.bytes(0) else { return 0 }
-            var v: Int64 = 0
-            for b in bytes.prefix(8) { v = v << 8 | Int64(b) }
-            return v
-        }
+        try withState { s -> Int64 in try Self.metaInt64(s.db, "floor:" + collection) ?? 0 }
     }
 
     /// Deletes the tombstones of a collection with `seq <= through` and raises the collection's
@@ -89,32 +100,17 @@ extension DocumentStore {
     /// - Complexity: O(tombstones in the collection).
     @discardableResult
     public func reapTombstones(in collection: String, through: Int64) throws(StoreError) -> Int {
-        try withState { s -> Int in
-            try s.db.transaction { () throws -> Int in
-                let del = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
-                del.bind(1, collection)
-                del.bind(2, through)
-                try del.run()
-                let count = Int(sqlite3_changes(s.db.handle))
-                let old = try s.db.prepare("SELECT value FROM meta WHERE key = ?")
-                old.bind(1, "floor:" + collection)
-                var current: Int64 = 0
-                if try old.step(), let bytes = old.bytes(0) {
-                    for b in bytes.prefix(8) { current = current << 8 | Int64(b) }
-                }
-                old.reset()
-                let floor = max(current, through)
-                let set = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)")
-                set.bind(1, "floor:" + collection)
-                set.bind(2, (0..<8).map { UInt8(truncatingIfNeeded: floor >> (56 - 8 * $0)) })
-                try set.run()
-                // A reaped row may have held the highest seq; remember it so no seq is issued twice.
-                let hw = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('seq', ?)")
-                let high = UInt64(bitPattern: s.nextSeq - 1)
-                hw.bind(1, (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) })
-                try hw.run()
-                return count
-            }
+        try write { s -> Int in
+            let del = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
+            del.bind(1, collection)
+            del.bind(2, through)
+            try del.run()
+            let count = s.db.changes
+            let floor = max(try Self.metaInt64(s.db, "floor:" + collection) ?? 0, through)
+            try Self.setMetaInt64(s.db, "floor:" + collection, floor)
+            // A reaped row may have held the highest seq; remember it so no seq is issued twice.
+            try Self.setMetaInt64(s.db, "seq", s.nextSeq - 1)
+            return count
         }
     }
 }

@@ -4,7 +4,7 @@ public import TrellisCore
 // Ditto-shaped store operations beyond the basic upsert/remove (docs/API.md): write strategies,
 // field-level updates, evict, expression indexes, and sorted / limited / offset queries.
 // Every write here is one SQLite transaction: one `seq` per changed document, the HLC saved,
-// observers notified after the commit.
+// observers told after the commit.
 
 /// How ``DocumentStore/upsert(_:in:writeStrategy:)`` treats a document that may already exist
 /// (Ditto's `DittoWriteStrategy`).
@@ -13,13 +13,15 @@ public enum WriteStrategy: String, Sendable, Hashable, CaseIterable, CustomStrin
     /// fields not given are kept. The default.
     case merge
     /// Writes the document only when no live document with its `_id` exists locally; otherwise
-    /// writes nothing. A local tombstone counts as absent: the write brings the document back.
+    /// writes nothing. A local tombstone counts as absent: the write brings the document back. So
+    /// does an evicted document, whose write starts from its local stub.
     case insertIfAbsent
     /// When no document with the `_id` is known locally (neither live nor removed), writes it as
     /// *default data*: every field is stamped with HLC time zero and the local site ID, so any
     /// real write to the same field, on any node, earlier or later, wins when the two meet.
     /// Meant for initial data that many peers create identically. Writes nothing when the
-    /// document exists or was removed here (a remove is a real write).
+    /// document exists, was removed here (a remove is a real write) or was evicted here (its
+    /// writes were seen here; default data written again could carry a stamp it already used).
     case insertDefaultIfAbsent
     /// Writes only the leaves whose value differs from the current local value (walking nested
     /// maps; values compare bit-exactly, so `4` and `4.0` differ). Removes nothing. When nothing
@@ -248,43 +250,35 @@ extension DocumentStore {
         if writeStrategy == .merge { return try upsert(documents, in: collection) }
         let prepared = try Self.prepare(documents)
         let now = options.now()
-        let wrote = try withState { s -> Bool in
-            try s.db.transaction { () throws -> Bool in
-                var wrote = false
-                for (id, key, fields) in prepared {
-                    let existing = try load(s.db, collection, key)
-                    let live = existing.map { !$0.isDeleted } ?? false
-                    var doc = existing ?? DocumentState()
-                    switch writeStrategy {
-                    case .merge:
-                        preconditionFailure("handled by upsert(_:in:)")
-                    case .insertIfAbsent:
-                        guard !live else { continue }
-                        doc.merge(fields: fields, stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
-                    case .insertDefaultIfAbsent:
-                        guard existing == nil else { continue }
-                        doc.merge(fields: fields, stamp: defaultStamp)
-                    case .updateDifferentValues:
-                        var changes = fields
-                        if live, case .map(let current)? = doc.materialize(id: id) {
-                            changes = Self.differingLeaves(fields, current)
-                            if changes.isEmpty { continue }
-                        }
-                        doc.merge(fields: changes, stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
+        try write { s in
+            for (id, key, fields) in prepared {
+                // An evicted document's stub counts as present (its writes were seen here) but
+                // not live; writes start from it, so counters continue.
+                let existing = try row(&s, collection, key)
+                let live = existing?.kind == .live
+                var doc = existing?.state ?? DocumentState()
+                switch writeStrategy {
+                case .merge:
+                    preconditionFailure("handled by upsert(_:in:)")
+                case .insertIfAbsent:
+                    guard !live else { continue }
+                    doc.merge(fields: fields, stamp: s.stamp(now: now))
+                case .insertDefaultIfAbsent:
+                    guard existing == nil else { continue }
+                    doc.merge(fields: fields, stamp: s.defaultStamp)
+                case .updateDifferentValues:
+                    var changes = fields
+                    if live, case .map(let current)? = doc.materialize(id: id) {
+                        changes = Self.differingLeaves(fields, current)
+                        if changes.isEmpty { continue }
                     }
-                    try persist(&s, collection, key, id, doc, source: nil)
-                    wrote = true
+                    doc.merge(fields: changes, stamp: s.stamp(now: now))
                 }
-                if wrote { try saveClock(s) }
-                return wrote
+                try persist(&s, collection, key, id, doc)
             }
         }
-        if wrote { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return prepared.map(\.id)
     }
-
-    /// The stamp of default data: HLC time zero and this store's site, below every real write.
-    var defaultStamp: Stamp { Stamp(time: .zero, site: siteID) }
 
     /// The parts of `new` whose leaves differ (bit-exactly) from `current`, walking maps present
     /// in both.
@@ -338,34 +332,25 @@ extension DocumentStore {
             for mutation in mutations { try mutation.validate() }
         }
         let now = options.now()
-        let (results, wrote) = try withState { s -> ([[UpdateResult]?], Bool) in
-            try s.db.transaction { () throws -> ([[UpdateResult]?], Bool) in
-                var results: [[UpdateResult]?] = []
-                var wrote = false
-                for ((id, mutations), key) in zip(batch, keys) {
-                    guard let original = try load(s.db, collection, key), !original.isDeleted else {
-                        results.append(nil)
-                        continue
-                    }
-                    var doc = original
-                    var applied: [UpdateResult] = []
-                    for mutation in mutations {
-                        if let result = try apply(mutation, to: &doc, id: id, s: &s, now: now) {
-                            applied.append(result)
-                        }
-                    }
-                    results.append(applied)
-                    if doc != original {
-                        try persist(&s, collection, key, id, doc, source: nil)
-                        wrote = true
+        return try write { s -> [[UpdateResult]?] in
+            var results: [[UpdateResult]?] = []
+            for ((id, mutations), key) in zip(batch, keys) {
+                guard let original = try loadLive(&s, collection, key) else {
+                    results.append(nil)
+                    continue
+                }
+                var doc = original
+                var applied: [UpdateResult] = []
+                for mutation in mutations {
+                    if let result = try apply(mutation, to: &doc, id: id, s: &s, now: now) {
+                        applied.append(result)
                     }
                 }
-                if wrote { try saveClock(s) }
-                return (results, wrote)
+                results.append(applied)
+                if doc != original { try persist(&s, collection, key, id, doc) }
             }
+            return results
         }
-        if wrote { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
-        return results
     }
 
     /// Applies one validated mutation to a document's state.
@@ -379,7 +364,7 @@ extension DocumentStore {
         // Everything from the first array index on lives inside one register: the array.
         let field = path.register
         let split = field.components.count < path.components.count ? field.components.count : nil
-        func stamp() -> Stamp { Stamp(time: s.clock.now(physicalMillis: now), site: siteID) }
+        func stamp() -> Stamp { s.stamp(now: now) }
         func writeArray(_ edit: FieldEdit, _ stamp: Stamp) throws(StoreError) -> Bool {
             guard var array = doc.value(at: field), case .array = array else {
                 throw .invalidValue("cannot change '\(path)': '\(field)' does not hold an array")
@@ -394,8 +379,8 @@ extension DocumentStore {
             case .set(_, let value, let isDefault):
                 // Default data only fills a field that is absent and that this site never wrote or
                 // saw removed (inside an array: the array), so no stamp names two writes.
-                if isDefault, !doc.admitsDefaultData(at: field, site: siteID) { return nil }
-                let stamp = isDefault ? defaultStamp : stamp()
+                if isDefault, !doc.admitsDefaultData(at: field, site: s.siteID) { return nil }
+                let stamp = isDefault ? s.defaultStamp : stamp()
                 if split == nil {
                     try doc.set(path, to: value, stamp: stamp)
                 } else {
@@ -431,62 +416,61 @@ extension DocumentStore {
 
     // MARK: Evict
 
-    /// Deletes the local copy of a document without a tombstone (Ditto's `evict`): nothing is
-    /// replicated, and the document leaves the change log. Only live documents are evicted; a
-    /// tombstone stays (it keeps the remove from being undone by peers).
+    /// Drops the local copy of a document without telling peers (Ditto's `evict`).
+    ///
+    /// The row is replaced by a local **stub** at a new `seq`: it is never sent to peers and never
+    /// shown by reads, queries or counts, and readers of the change log (the contacts enumerator)
+    /// see the document as deleted. The stub keeps what this node must not forget about its own
+    /// writes, so writing to the `_id` again starts from it (counters continue), default data
+    /// (``WriteStrategy/insertDefaultIfAbsent``) is not written again, and a state merged from a
+    /// peer brings the document back. Only live documents are evicted; a tombstone stays (it keeps
+    /// the remove from being undone by peers).
     ///
     /// While a subscription of this node (or a peer's subscription this node relays) still
     /// matches the document, peers send it back; Ditto documents the same: cancel the
-    /// subscription, evict, then subscribe again to a narrower query.
+    /// subscription, evict, then subscribe again to a narrower query. For that, the same
+    /// transaction raises the collection's ``rescanGeneration(collection:)`` and resets to 0 the
+    /// checkpoints of every subscription to the collection, for every peer, so the next exchange
+    /// of subscriptions asks peers to scan their logs again.
     ///
     /// - Returns: `true` when a live document existed and was evicted.
-    /// - Complexity: one indexed delete.
+    /// - Complexity: one indexed lookup and write, plus the collection's checkpoints.
     @discardableResult
     public func evict(id: Value, in collection: String) throws(StoreError) -> Bool {
         try evict(ids: [id], in: collection).count == 1
     }
 
-    /// Evicts several documents in one transaction.
+    /// Evicts several documents in one transaction (see ``evict(id:in:)``).
     ///
     /// - Returns: the `_id`s that were live and are now evicted, in order.
     @discardableResult
     public func evict(ids: [Value], in collection: String) throws(StoreError) -> [Value] {
         var keys: [String] = []
         for id in ids { keys.append(try Self.key(for: id)) }
-        let evicted = try withState { s -> [Value] in
-            try s.db.transaction { () throws -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
-        }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil, evicted: true)) }
+        let evicted = try write { s -> [Value] in try evictRows(&s, collection, Array(zip(ids, keys))) }
         return evicted
     }
 
     private func evictRows(_ s: inout State, _ collection: String, _ rows: [(Value, String)]) throws -> [Value] {
-        let st = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
         var evicted: [Value] = []
         for (id, key) in rows {
-            st.reset()
-            st.bind(1, collection)
-            st.bind(2, key)
-            try st.run()
-            if s.db.changes > 0 {
-                evicted.append(id)
-                s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
-            }
+            guard let doc = try loadLive(&s, collection, key) else { continue }
+            // Every stamp, context and counter total stays; the values go (docs/DATA-MODEL.md rule 8).
+            try writeRow(&s, collection, key, kind: .stub, state: doc.evictionStub().cbor(), value: nil)
+            evicted.append(id)
         }
         if !evicted.isEmpty {
             // Peers send evicted documents back while a subscription matches them (Ditto's rule):
-            // forget the checkpoints of this collection's subscriptions so the next exchange of
-            // subscriptions starts them from the beginning (merging what is still here is a no-op).
-            let forget = try s.db.prepare(
-                "DELETE FROM checkpoints WHERE substr(subscription, 1, length(?1) + 1) = ?1 || char(31)")
-            forget.bind(1, collection)
-            try forget.run()
-            // The evicted row may have held the highest seq; remember it so no seq is issued
-            // twice after a restart (peers' checkpoints name seqs).
-            let hw = try s.db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES ('seq', ?)")
-            let high = UInt64(bitPattern: s.nextSeq - 1)
-            hw.bind(1, (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) })
-            try hw.run()
+            // a new rescan generation, and the checkpoints of this collection's subscriptions back
+            // to 0, so the next exchange of subscriptions starts them from the beginning (merging
+            // what is still here is a no-op).
+            let generation = (s.rescanGenerations[UTF8Key(collection)] ?? 0) &+ 1
+            try Self.setMetaInt64(s.db, "rescan:" + collection, Int64(generation))
+            s.rescanGenerations[UTF8Key(collection)] = generation
+            let reset = try s.db.prepare("UPDATE checkpoints SET seq = 0 WHERE collection = ?")
+            reset.bind(1, collection)
+            try reset.run()
+            s.evictedInCommit = true
         }
         return evicted
     }
@@ -547,16 +531,7 @@ extension DocumentStore {
         return ("json_extract(value, \(literal))", String(literal.dropFirst().dropLast()))
     }
 
-    static func hex(_ text: String) -> String {
-        let digits = Array("0123456789abcdef")
-        var out = ""
-        out.reserveCapacity(text.utf8.count * 2)
-        for byte in text.utf8 {
-            out.append(digits[Int(byte >> 4)])
-            out.append(digits[Int(byte & 15)])
-        }
-        return out
-    }
+    static func hex(_ text: String) -> String { hex(Array(text.utf8)) }
 
     static func sqlLiteral(_ text: String) -> String {
         var out = "'"
@@ -611,14 +586,21 @@ extension DocumentStore {
         let translated = bound.sqlWhere(column: "documents.value")
         let counted = try withState { s -> Int? in
             let (term, termBindings) = Self.collectionTerm(collection)
-            let (prepared, pushed) = try Self.preparePushedDown(s.db, translated) {
-                "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND (\($0?.sql ?? "1"))"
+            func count(_ condition: @escaping (PushedQuery) -> String) throws -> Int? {
+                let (prepared, pushed) = try Self.preparePushedDown(s.db, translated) {
+                    "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND \($0.map(condition) ?? "1")"
+                }
+                guard let pushed else { return nil }
+                Self.bind(prepared, termBindings + pushed.bindings)
+                defer { prepared.reset() }
+                _ = try prepared.step()
+                return Int(prepared.int64(0))
             }
-            guard let pushed else { return nil }
-            Self.bind(prepared, termBindings + pushed.bindings)
-            defer { prepared.reset() }
-            _ = try prepared.step()
-            return Int(prepared.int64(0))
+            do { return try count { "(\($0.sql))" } } catch let error as SQLiteError where error.isMalformedJSON {
+                // A damaged row: count the others.
+                try noteDamagedJSON(&s, collection)
+                return try count { Self.guarded($0.sql) }
+            }
         }
         if let counted { return counted }
         return try documents(in: collection) { try bound.matches($0) }.count
@@ -636,21 +618,17 @@ extension DocumentStore {
         let bound = try Self.bind(query, args)
         try Self.checkWindow(limit: limit, offset: offset)
         let now = options.now()
-        let removed = try withState { s -> [Value] in
-            try s.db.transaction { () throws -> [Value] in
-                var removed: [Value] = []
-                for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
-                    guard var doc = try load(s.db, collection, key), !doc.isDeleted else { continue }
-                    let id = value["_id"] ?? .null
-                    doc.remove(stamp: Stamp(time: s.clock.now(physicalMillis: now), site: siteID))
-                    try persist(&s, collection, key, id, doc, source: nil)
-                    removed.append(id)
-                }
-                if !removed.isEmpty { try saveClock(s) }
-                return removed
+        let removed = try write { s -> [Value] in
+            var removed: [Value] = []
+            for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
+                guard var doc = try loadLive(&s, collection, key) else { continue }
+                let id = value["_id"] ?? .null
+                doc.remove(stamp: s.stamp(now: now))
+                try persist(&s, collection, key, id, doc)
+                removed.append(id)
             }
+            return removed
         }
-        if !removed.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return removed
     }
 
@@ -665,13 +643,10 @@ extension DocumentStore {
     ) throws(StoreError) -> [Value] {
         let bound = try Self.bind(query, args)
         try Self.checkWindow(limit: limit, offset: offset)
-        let evicted = try withState { s -> [Value] in
-            try s.db.transaction { () throws -> [Value] in
-                let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset)
-                return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
-            }
+        let evicted = try write { s -> [Value] in
+            let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset)
+            return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
         }
-        if !evicted.isEmpty { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil, evicted: true)) }
         return evicted
     }
 
@@ -726,14 +701,17 @@ extension DocumentStore {
 
     /// The SQL and bindings selecting `(id, value)` rows for a bound query: the filter pushed down
     /// when it translates, and the window when there is no sort and the filter is pushed.
+    ///
+    /// - Parameter guarded: evaluate the filter only on rows whose JSON is valid (after SQLite
+    ///   refused the query over a damaged row); rows with damaged JSON are left out.
     static func selectSQL(
-        _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?
+        _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?, guarded: Bool = false
     ) -> (sql: String, bindings: [Value]) {
         let (term, termBindings) = collectionTerm(collection)
         var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
         var bindings = termBindings
         if let pushed {
-            sql += " AND (\(pushed.sql))"
+            sql += " AND " + (guarded ? Self.guarded(pushed.sql) : "(\(pushed.sql))")
             bindings += pushed.bindings
         }
         sql += " ORDER BY id"
@@ -744,26 +722,52 @@ extension DocumentStore {
         return (sql, bindings)
     }
 
+    /// A pushed-down filter evaluated only on valid JSON (`CASE` fixes the order of evaluation).
+    static func guarded(_ sql: String) -> String { "(CASE WHEN json_valid(value) THEN (\(sql)) ELSE 0 END)" }
+
     /// Selects `(id key, value)` rows: filter, sort, window. Runs under the store lock.
+    ///
+    /// A damaged row (its JSON value does not parse) is left out and remembered
+    /// (``damagedDocuments()``); the window applies to the others.
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
     ) throws -> [(key: String, value: Value)] {
         func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
             pushed != nil && sort.isEmpty ? (limit, offset) : nil
         }
-        let (st, pushed) = try Self.preparePushedDown(s.db, bound.sqlWhere(column: "documents.value")) {
-            Self.selectSQL(collection, $0, window: window($0)).sql
+        let translated = bound.sqlWhere(column: "documents.value")
+        var windowInSQL = false
+        func rows(guarded: Bool) throws -> (rows: [(key: String, value: Value)], damaged: Bool) {
+            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
+                Self.selectSQL(collection, $0, window: window($0), guarded: guarded).sql
+            }
+            windowInSQL = window(pushed) != nil
+            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed), guarded: guarded).bindings)
+            defer { st.reset() }
+            var rows: [(key: String, value: Value)] = []
+            var damaged = false
+            while try st.step() {
+                guard let key = st.string(0), let text = st.string(1) else { continue }
+                guard let value = try? JSON.parse(text) else {
+                    noteDamaged(&s, collection, key, "its JSON value does not parse")
+                    damaged = true
+                    continue
+                }
+                if pushed == nil, try !bound.matches(value) { continue }
+                rows.append((key, value))
+            }
+            return (rows, damaged)
         }
-        let windowInSQL = window(pushed) != nil
-        Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed)).bindings)
-        defer { st.reset() }
-        var rows: [(key: String, value: Value)] = []
-        while try st.step() {
-            guard let key = st.string(0), let text = st.string(1) else { continue }
-            let value = try JSON.parse(text)
-            if pushed == nil, try !bound.matches(value) { continue }
-            rows.append((key, value))
+        var selected: [(key: String, value: Value)]
+        do {
+            let first = try rows(guarded: false)
+            // A damaged row inside a window SQLite counted: count again without it.
+            selected = first.damaged && windowInSQL ? try rows(guarded: true).rows : first.rows
+        } catch let error as SQLiteError where error.isMalformedJSON {
+            try noteDamagedJSON(&s, collection)
+            selected = try rows(guarded: true).rows
         }
+        var rows = selected
         if windowInSQL { return rows }
         if !sort.isEmpty { rows = Self.sorted(rows, by: sort) }
         return Array(rows.dropFirst(offset).prefix(limit ?? Int.max))

@@ -9,9 +9,23 @@ public struct StoreOptions: Sendable {
     public var maxDocumentBytes: Int = 5 * 1024 * 1024
     /// Documents above this size are accepted with a warning. Bytes.
     public var warnDocumentBytes: Int = 256 * 1024
-    /// How far ahead of local physical time a remote stamp may be, milliseconds. Documents carrying
-    /// later stamps are refused (see docs/DATA-MODEL.md, "Stamps and the clock").
+    /// How far a remote document's latest stamp may lead this node's time, milliseconds: the
+    /// later of its physical clock and the latest stamp its hybrid logical clock has issued or
+    /// seen. A document further ahead is deferred (kept, and applied once the clock has caught
+    /// up); see docs/DATA-MODEL.md, "Stamps and the clock".
     public var maxClockDrift: UInt64 = 60_000
+    /// At most this many deferred documents are kept per peer; a batch that would keep more is
+    /// refused whole (``StoreError/deferredLimit(_:)``), its checkpoint not stored.
+    public var maxDeferredDocumentsPerPeer = 10_000
+    /// At most this many bytes of deferred states are kept per peer; beyond, as
+    /// ``maxDeferredDocumentsPerPeer``.
+    public var maxDeferredBytesPerPeer = 64 * 1024 * 1024
+    /// How commits reach the disk; see ``Durability``.
+    public var durability = Durability.normal
+    /// The file holding the system's boot ID (Linux: `/proc/sys/kernel/random/boot_id`), read at
+    /// open to tell a restart of the process from a restart of the system. Unreadable means
+    /// unknown: an unclean shutdown is then always treated as one across a restart of the system.
+    public var bootIDPath = "/proc/sys/kernel/random/boot_id"
     /// Open without writing anything (inspecting a store a running node owns); writes then fail.
     public var readOnly = false
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
@@ -24,6 +38,20 @@ public struct StoreOptions: Sendable {
     public init() {}
 }
 
+/// How commits reach the disk.
+public enum Durability: Sendable, Hashable {
+    /// SQLite's `synchronous=NORMAL` in WAL mode (the default): a commit survives a crash of the
+    /// process, but a power loss or a crash of the system may take back the last commits, after
+    /// peers may have received them. The store detects that case when it is next opened (it was
+    /// not closed, and the system restarted since) and rotates its log (``DocumentStore/rotateLog(reason:)``),
+    /// so peers resync and no `seq` or stamp is issued twice.
+    case normal
+    /// SQLite's `synchronous=FULL`: every commit is on disk before it returns (an `fsync` per
+    /// commit), so no commit is ever taken back. Slower for small transactions; see
+    /// docs/BENCHMARKS.md.
+    case full
+}
+
 /// Errors from the document store.
 public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     case notAMap(String)
@@ -33,6 +61,11 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     case invalidValue(String)
     case corrupt(String)
     case sqlite(String)
+    /// A remote batch was refused whole because the documents deferred from its peer would exceed
+    /// the bounds of ``StoreOptions``; nothing of it was applied and its checkpoint was not stored.
+    case deferredLimit(String)
+    /// The store was closed (``DocumentStore/close()``).
+    case closed
 
     public var description: String {
         switch self {
@@ -44,25 +77,55 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
         case .invalidValue(let why): return why
         case .corrupt(let why): return "corrupt store: \(why)"
         case .sqlite(let why): return why
+        case .deferredLimit(let why): return why
+        case .closed: return "the store is closed"
         }
     }
 }
 
 /// One entry of the change log: a document's latest state at its `seq`.
-public struct ChangeRecord: Sendable {
+public struct ChangeRecord: Sendable, Equatable {
+    /// The entry's position in this store's change log.
     public var seq: Int64
     public var collection: String
     /// The document's `_id`.
     public var id: Value
-    /// The CRDT state, CBOR-encoded as stored (sent to peers unchanged).
+    /// The canonical key of the `_id` (``DocumentStore/key(for:)``).
+    public var key: String
+    /// The whole CRDT state, CBOR-encoded (``DocumentState/cbor()``), as peers receive it.
     public var state: [UInt8]
     /// `true` for a tombstone.
     public var isDeleted: Bool
-    /// The peer whose state this is exactly (it need not be sent back to it), if any.
-    public var source: [UInt8]?
+
+    public init(seq: Int64, collection: String, id: Value, key: String, state: [UInt8], isDeleted: Bool) {
+        self.seq = seq
+        self.collection = collection
+        self.id = id
+        self.key = key
+        self.state = state
+        self.isDeleted = isDeleted
+    }
 }
 
-/// A page of the change log.
+/// A change-log entry that a page passed over without returning it: a damaged row (its state or
+/// JSON does not decode) or a state above this store's size limit.
+public struct SkippedRecord: Sendable, Equatable {
+    public var seq: Int64
+    public var collection: String
+    /// The canonical key of the document's `_id`.
+    public var key: String
+    /// Why it was skipped, naming the problem.
+    public var reason: String
+
+    public init(seq: Int64, collection: String, key: String, reason: String) {
+        self.seq = seq
+        self.collection = collection
+        self.key = key
+        self.reason = reason
+    }
+}
+
+/// A page of one collection's change log (``DocumentStore/changes(in:after:limit:maxBytes:matching:args:)``).
 public struct ChangePage: Sendable {
     /// The entries that match (plus every tombstone), in `seq` order.
     public var records: [ChangeRecord]
@@ -70,6 +133,15 @@ public struct ChangePage: Sendable {
     public var scannedUpTo: Int64
     /// `true` when the page reached the end of the log.
     public var exhausted: Bool
+    /// Entries examined but not returned (damaged rows, states above the size limit), in `seq` order.
+    public var skipped: [SkippedRecord]
+
+    public init(records: [ChangeRecord], scannedUpTo: Int64, exhausted: Bool, skipped: [SkippedRecord] = []) {
+        self.records = records
+        self.scannedUpTo = scannedUpTo
+        self.exhausted = exhausted
+        self.skipped = skipped
+    }
 }
 
 /// A document received from a peer, to be merged: its collection, `_id` and CBOR state.
@@ -87,31 +159,69 @@ public struct Checkpoint: Sendable, Equatable {
     }
 }
 
-/// What a commit changed, delivered to observers after the transaction commits.
+/// What a commit changed, delivered to observers after the transaction commits, on the store's
+/// event queue (see ``DocumentStore/addObserver(_:)``).
 public struct StoreEvent: Sendable {
     /// Collections with at least one changed document. Names compare byte-wise (``UTF8Key``):
     /// "é" and "e" + U+0301 are two collections.
     public var collections: Set<UTF8Key>
     /// The peer whose batch caused the change; `nil` for local writes.
     public var origin: [UInt8]?
-    /// `true` when documents were evicted (their subscriptions' checkpoints were forgotten, so
-    /// peers send matching documents again).
+    /// `true` when documents were evicted (the collection's rescan generation was raised and the
+    /// checkpoints of its subscriptions reset to 0, so peers send matching documents again).
     public var evicted = false
-    /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection.
-    ///
-    /// Every committed change to a document row (write, remove, merge, evict) is reported in the
-    /// event of its own commit or of a commit that ended concurrently; a collection in
-    /// ``collections`` may then have no keys here because another event already carried them.
-    /// Collection names and keys compare byte-wise (``UTF8Key``).
+    /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection:
+    /// exactly the document rows this commit changed (write, remove, merge, evict). Collection
+    /// names and keys compare byte-wise (``UTF8Key``).
     public var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
 }
 
-/// A per-document outcome of merging a remote batch.
+/// The per-document outcome of merging a remote batch (``DocumentStore/merge(_:from:checkpoint:)``).
+///
+/// Every document of the batch is counted in exactly one place: applied (or already known),
+/// `deferred` (kept in the store and retried), or `rejected` (it cannot even be named).
 public struct MergeOutcome: Sendable {
     /// Documents whose local state changed.
     public var applied: Int
-    /// Documents refused, with the reason (they do not block the rest of the batch).
+    /// Documents kept in the deferred table instead of being applied: their canonical `_id` key
+    /// and why (see ``DocumentStore/deferredDocuments()``).
+    public var deferred: [(key: String, reason: String)]
+    /// Documents that cannot be kept because they cannot be named (a bad `_id`): the `_id` as JSON
+    /// text and why.
     public var rejected: [(id: String, reason: String)]
+
+    public init(
+        applied: Int = 0, deferred: [(key: String, reason: String)] = [], rejected: [(id: String, reason: String)] = []
+    ) {
+        self.applied = applied
+        self.deferred = deferred
+        self.rejected = rejected
+    }
+}
+
+/// A remote document state kept because it could not be applied yet
+/// (``DocumentStore/deferredDocuments()``).
+public struct DeferredDocument: Sendable, Equatable {
+    public var collection: String
+    /// The canonical key of the `_id` (``DocumentStore/key(for:)``).
+    public var key: String
+    /// The peer key of the peer that sent it.
+    public var peer: [UInt8]
+    /// Why it is not applied yet (the latest attempt's reason).
+    public var reason: String
+    /// When it was first deferred: milliseconds since the Unix epoch, by this store's clock.
+    public var since: UInt64
+    /// How many times ``DocumentStore/retryDeferred()`` tried it again.
+    public var attempts: Int
+
+    public init(collection: String, key: String, peer: [UInt8], reason: String, since: UInt64, attempts: Int) {
+        self.collection = collection
+        self.key = key
+        self.peer = peer
+        self.reason = reason
+        self.since = since
+        self.attempts = attempts
+    }
 }
 
 /// The local document store: SQLite in WAL mode holding every document's CRDT state, its
@@ -119,30 +229,56 @@ public struct MergeOutcome: Sendable {
 /// change log ordered by `seq`.
 ///
 /// All access goes through one lock that owns the connection (the single writer). Observers are
-/// called after commit, outside the lock.
+/// called after commit on the store's own serial event queue, never under the lock and never on
+/// the thread that committed.
 public final class DocumentStore: Sendable {
     struct State {
         let db: Connection
         var clock: HybridLogicalClock
         var nextSeq: Int64
-        /// Documents changed since the last ``DocumentStore/notify(_:)``, by collection.
+        /// The site ID stamping this store's writes; changes only when the log is rotated.
+        var siteID: SiteID
+        /// The random ID of this life of the log; changes only when the log is rotated.
+        var epoch: [UInt8]
+        /// Documents changed by the transaction under way, by collection.
         var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
+        /// Whether the transaction under way evicted documents.
+        var evictedInCommit = false
+        /// The number of rows in the `deferred` table (0 lets merges skip looking there).
+        var deferredRows = 0
+        /// Set by ``DocumentStore/close()``: every later access throws ``StoreError/closed``.
+        var closed = false
+        /// Damaged rows met since open, with the reason (``DocumentStore/damagedDocuments()``).
+        var damaged: [DocumentKey: String] = [:]
+        /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
+        var rescanGenerations: [UTF8Key: UInt32] = [:]
+
+        /// A new stamp for a local write at physical time `now` (milliseconds).
+        mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
+
+        /// The stamp of default data: HLC time zero and this store's site, below every real write.
+        var defaultStamp: Stamp { Stamp(time: .zero, site: siteID) }
     }
 
     let state: Mutex<State>
-    private let observers = Mutex<[UInt64: @Sendable (StoreEvent) -> Void]>([:])
-    private let nextObserver = Atomic<UInt64>(0)
+    let observers = ObserverList()
+    /// Delivers commit events to observers, one at a time, in commit order.
+    let events = DispatchQueue(label: "trellis.store.events")
+    /// Whatever the owner handed in to live as long as the store (the data directory's lock).
+    private let lock: (any Sendable)?
     public let options: StoreOptions
-    /// The site ID stamping this store's writes (random, persistent).
-    public let siteID: SiteID
-    /// The random ID of this life of the store's log.
-    public let epoch: [UInt8]
+    /// The site ID stamping this store's writes: random, persistent, replaced when the log is
+    /// rotated (``rotateLog(reason:)``). Read under the store lock.
+    public var siteID: SiteID { state.withLock { $0.siteID } }
+    /// The random ID of this life of the store's log (16 bytes): peers' checkpoints and contacts
+    /// anchors name it; replaced when the log is rotated (``rotateLog(reason:)``). Read under the
+    /// store lock.
+    public var epoch: [UInt8] { state.withLock { $0.epoch } }
     /// The path of the SQLite database file.
     public let path: String
 
     static let schema = """
         PRAGMA journal_mode=WAL;
-        PRAGMA synchronous=NORMAL;
         CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value BLOB) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS documents(
             collection TEXT NOT NULL,
@@ -151,7 +287,6 @@ public final class DocumentStore: Sendable {
             deleted INTEGER NOT NULL,
             state BLOB NOT NULL,
             value TEXT,
-            source BLOB,
             PRIMARY KEY(collection, id)
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS documents_by_collection_seq ON documents(collection, seq);
@@ -160,60 +295,84 @@ public final class DocumentStore: Sendable {
             subscription TEXT NOT NULL,
             epoch BLOB NOT NULL,
             seq INTEGER NOT NULL,
+            collection TEXT NOT NULL DEFAULT '',
             PRIMARY KEY(peer, subscription)
         ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS deferred(
+            collection TEXT NOT NULL,
+            id TEXT NOT NULL,
+            peer BLOB NOT NULL,
+            state BLOB NOT NULL,
+            reason TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            ready INTEGER NOT NULL,
+            since INTEGER NOT NULL,
+            attempts INTEGER NOT NULL,
+            PRIMARY KEY(collection, id, peer)
+        ) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS deferred_by_peer ON deferred(peer);
         """
 
     /// Opens (creating if needed) the store at `path`.
     ///
-    /// - Throws: ``StoreError/sqlite(_:)`` when the file cannot be opened or is not a Trellis store.
-    public init(path: String, options: StoreOptions = StoreOptions()) throws(StoreError) {
+    /// Opening for writing records that the store is open (with the system's boot ID) until
+    /// ``close()``; when the previous run did not close the store and the system restarted since,
+    /// its last commits may have been lost after peers received them, so the log is rotated
+    /// (``rotateLog(reason:)``). The next `seq` is above every `seq` issued before, also for a store
+    /// restored from a backup (see ``lastSeq``).
+    ///
+    /// - Parameters:
+    ///   - path: the SQLite database file.
+    ///   - options: limits, clock, durability; see ``StoreOptions``.
+    ///   - lock: an object the store keeps alive until it is released itself, such as the data
+    ///     directory's lock: then the lock lasts as long as anything can write through the store.
+    /// - Throws: ``StoreError/corrupt(_:)`` when the file is not a Trellis store,
+    ///   ``StoreError/sqlite(_:)`` when it cannot be opened.
+    public init(path: String, options: StoreOptions = StoreOptions(), lock: (any Sendable)? = nil) throws(StoreError) {
         self.path = path
         self.options = options
+        self.lock = lock
         do {
             let db = try Connection(path: path, readOnly: options.readOnly)
+            let opened: OpenedLog
             if options.readOnly {
                 // Inspect without writing anything, not even the schema.
                 guard try Self.hasTable(db, "meta"), try Self.meta(db, "site") != nil else {
                     throw StoreError.corrupt("\(path) is not a Trellis store (no site ID)")
                 }
+                opened = try db.transaction(readOnly: true) { try Self.readLog(db) }
             } else {
                 try db.execute(Self.schema)
+                try Self.migrate(db)
+                // The open marker and any rotation are on disk before anything else is written.
+                try db.execute("PRAGMA synchronous=FULL")
+                opened = try db.transaction { try Self.openLog(db, path: path, options: options) }
+                try db.execute(Self.synchronousPragma(options.durability))
             }
-            let (site, epoch, hlc) = try db.transaction(readOnly: options.readOnly) {
-                () throws -> (SiteID, [UInt8], UInt64) in
-                let site =
-                    try Self.meta(db, "site")
-                    ?? {
-                        let fresh = Array(withUnsafeBytes(of: UInt64.random(in: 1...UInt64.max)) { Array($0) })
-                        try Self.setMeta(db, "site", fresh)
-                        return fresh
-                    }()
-                let epoch =
-                    try Self.meta(db, "epoch")
-                    ?? {
-                        let fresh = (0..<16).map { _ in UInt8.random(in: 0...255) }
-                        try Self.setMeta(db, "epoch", fresh)
-                        return fresh
-                    }()
-                let hlc = try Self.meta(db, "hlc").map { Self.uint64($0) } ?? 0
-                guard site.count == 8 else { throw StoreError.corrupt("site ID is \(site.count) bytes") }
-                return (Self.uint64(site), epoch, hlc)
+            for message in opened.messages { options.log(message) }
+            var state = State(
+                db: db,
+                clock: HybridLogicalClock(last: opened.clock, maxForwardDrift: options.maxClockDrift),
+                nextSeq: opened.nextSeq, siteID: opened.site, epoch: opened.epoch)
+            let generations = try db.prepare("SELECT key, value FROM meta WHERE key >= 'rescan:' AND key < 'rescan;'")
+            while try generations.step() {
+                let key = generations.string(0) ?? ""
+                state.rescanGenerations[
+                    UTF8Key(String(decoding: key.utf8.dropFirst("rescan:".utf8.count), as: UTF8.self))] = UInt32(
+                        truncatingIfNeeded: Self.uint64(generations.bytes(1) ?? []))
             }
-            let maxSeq = try db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
-            _ = try maxSeq.step()
-            // Evicted rows leave the log, so the highest seq ever issued is also kept in meta:
-            // a seq is never issued twice.
-            let issued = try Self.meta(db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
-            let next = max(maxSeq.int64(0), issued) + 1
-            maxSeq.reset()
-            self.siteID = site
-            self.epoch = epoch
-            self.state = Mutex(
-                State(
-                    db: db,
-                    clock: HybridLogicalClock(
-                        last: HLCTimestamp(rawValue: hlc), maxForwardDrift: options.maxClockDrift), nextSeq: next))
+            generations.reset()
+            if try Self.hasTable(db, "deferred") {
+                let count = try db.prepare("SELECT count(*) FROM deferred")
+                _ = try count.step()
+                state.deferredRows = Int(count.int64(0))
+                count.reset()
+                if !options.readOnly {
+                    // A new version or new limits may accept what an earlier run could not.
+                    try db.execute("UPDATE deferred SET ready = 0 WHERE kind != 'clock'")
+                }
+            }
+            self.state = Mutex(state)
         } catch let error as StoreError {
             throw error
         } catch let error as SQLiteError where error.code == 26 {  // SQLITE_NOTADB
@@ -223,65 +382,46 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    private static func hasTable(_ db: Connection, _ name: String) throws -> Bool {
+    deinit { close() }
+
+    static func hasTable(_ db: Connection, _ name: String) throws -> Bool {
         let s = try db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?")
         s.bind(1, name)
         defer { s.reset() }
         return try s.step()
     }
 
-    private static func uint64(_ bytes: [UInt8]) -> UInt64 {
+    static func uint64(_ bytes: [UInt8]) -> UInt64 {
         var v: UInt64 = 0
         for b in bytes.prefix(8) { v = v << 8 | UInt64(b) }
         return v
     }
 
-    private static func bytes(_ v: UInt64) -> [UInt8] {
+    static func bytes(_ v: UInt64) -> [UInt8] {
         (0..<8).map { UInt8(truncatingIfNeeded: v >> (56 - 8 * $0)) }
     }
 
-    private static func meta(_ db: Connection, _ key: String) throws -> [UInt8]? {
+    static func meta(_ db: Connection, _ key: String) throws -> [UInt8]? {
         let s = try db.prepare("SELECT value FROM meta WHERE key = ?")
         s.bind(1, key)
         defer { s.reset() }
         return try s.step() ? s.bytes(0) : nil
     }
 
-    private static func setMeta(_ db: Connection, _ key: String, _ value: [UInt8]) throws {
+    static func setMeta(_ db: Connection, _ key: String, _ value: [UInt8]) throws {
         let s = try db.prepare("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)")
         s.bind(1, key)
         s.bind(2, value)
         try s.run()
     }
 
-    // MARK: Observers
-
-    /// Registers a callback run after every commit that changed documents, outside the store lock.
-    ///
-    /// - Returns: a token for ``removeObserver(_:)``.
-    @discardableResult
-    public func addObserver(_ callback: @escaping @Sendable (StoreEvent) -> Void) -> UInt64 {
-        let token = nextObserver.add(1, ordering: .relaxed).newValue
-        observers.withLock { $0[token] = callback }
-        return token
+    /// A meta value holding a big-endian 64-bit integer.
+    static func metaInt64(_ db: Connection, _ key: String) throws -> Int64? {
+        try meta(db, key).map { Int64(bitPattern: uint64($0)) }
     }
 
-    public func removeObserver(_ token: UInt64) {
-        _ = observers.withLock { $0.removeValue(forKey: token) }
-    }
-
-    /// The number of registered observers (for leak tests).
-    public var observerCount: Int { observers.withLock { $0.count } }
-
-    func notify(_ event: StoreEvent) {
-        guard !event.collections.isEmpty else { return }
-        var event = event
-        event.changedKeys = state.withLock { s in
-            defer { s.changedKeys = [:] }
-            return s.changedKeys
-        }
-        let callbacks = observers.withLock { Array($0.values) }
-        for callback in callbacks { callback(event) }
+    static func setMetaInt64(_ db: Connection, _ key: String, _ value: Int64) throws {
+        try setMeta(db, key, bytes(UInt64(bitPattern: value)))
     }
 
     // MARK: IDs
@@ -303,7 +443,10 @@ public final class DocumentStore: Sendable {
 
     func withState<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
         do {
-            return try state.withLock { (s: inout State) throws -> R in try body(&s) }
+            return try state.withLock { (s: inout State) throws -> R in
+                guard !s.closed else { throw StoreError.closed }
+                return try body(&s)
+            }
         } catch let error as StoreError {
             throw error
         } catch let error as SQLiteError {
@@ -313,24 +456,89 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    func load(_ db: Connection, _ collection: String, _ key: String) throws -> DocumentState? {
-        let s = try db.prepare("SELECT state, value FROM documents WHERE collection = ? AND id = ?")
-        s.bind(1, collection)
-        s.bind(2, key)
-        defer { s.reset() }
-        guard try s.step(), let bytes = s.bytes(0) else { return nil }
-        do {
-            return try StoredState.decode(bytes, value: s.string(1))
-        } catch {
-            throw StoreError.corrupt("document \(key) in \(collection): \(error)")
+    /// Runs `body` as one write transaction under the store lock, saving the clock when it moved.
+    /// After the commit, and before the lock is released, the changes it made are queued as one
+    /// ``StoreEvent`` for observers, so events follow commit order.
+    ///
+    /// When `body` or the commit fails, everything is rolled back and the in-memory state is
+    /// restored with it (next `seq`, changed keys, epoch, site ID, counts), so nothing rolled back
+    /// is reported or left issued. The clock keeps what it issued (stamps that never committed
+    /// harm no one, and the clock must not go back).
+    ///
+    /// - Parameters:
+    ///   - durable: commit with `synchronous=FULL` whatever ``StoreOptions/durability`` says (for
+    ///     the rare commits that must never be taken back, such as a rotation of the log).
+    ///   - origin: the peer whose batch this is, for the commit's event.
+    func write<R: Sendable>(
+        durable: Bool = false, origin: [UInt8]? = nil, _ body: (inout State) throws -> R
+    ) throws(StoreError) -> R {
+        guard !options.readOnly else { throw .invalidValue("the store was opened read-only; it cannot be written") }
+        return try withState { s in
+            let saved = s
+            let relax = durable && options.durability != .full
+            if relax { try s.db.execute("PRAGMA synchronous=FULL") }
+            defer { if relax { try? s.db.execute(Self.synchronousPragma(options.durability)) } }
+            do {
+                let result = try s.db.transaction { () throws -> R in
+                    let before = s.clock.last
+                    let result = try body(&s)
+                    if s.clock.last != before { try saveClock(s) }
+                    return result
+                }
+                queueEvent(&s, origin: origin)
+                return result
+            } catch {
+                let (clock, damaged) = (s.clock, s.damaged)
+                s = saved
+                s.clock = clock
+                // Damage found on the way stays known; a repair that rolled back is forgotten.
+                s.damaged.merge(damaged) { _, found in found }
+                throw error
+            }
         }
     }
 
+    /// What a document row is (the `deleted` column).
+    enum RowKind: Int64 {
+        /// A live document: shown by reads, sent to peers.
+        case live = 0
+        /// A tombstone: hidden from reads, sent to peers (the remove replicates).
+        case tombstone = 1
+        /// An evicted document's local stub: hidden from reads, never sent to peers.
+        case stub = 2
+    }
+
+    /// The stored state of a document and what its row is, or `nil` when there is no row.
+    ///
+    /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row does not decode.
+    func row(_ s: inout State, _ collection: String, _ key: String) throws -> (state: DocumentState, kind: RowKind)? {
+        let st = try s.db.prepare("SELECT state, value, deleted FROM documents WHERE collection = ? AND id = ?")
+        st.bind(1, collection)
+        st.bind(2, key)
+        defer { st.reset() }
+        guard try st.step(), let bytes = st.bytes(0) else { return nil }
+        do {
+            return (try StoredState.decode(bytes, value: st.string(1)), RowKind(rawValue: st.int64(2)) ?? .tombstone)
+        } catch {
+            let reason = "its state does not decode: \(error)"
+            noteDamaged(&s, collection, key, reason)
+            throw StoreError.corrupt("document \(key) in \(collection): \(reason)")
+        }
+    }
+
+    /// The stored state of a document (live, removed or evicted), or `nil` when there is no row.
+    func load(_ s: inout State, _ collection: String, _ key: String) throws -> DocumentState? {
+        try row(&s, collection, key)?.state
+    }
+
+    /// The stored state of a live document, or `nil` when it is absent, removed or evicted.
+    func loadLive(_ s: inout State, _ collection: String, _ key: String) throws -> DocumentState? {
+        guard let row = try row(&s, collection, key), row.kind == .live else { return nil }
+        return row.state
+    }
+
     /// Writes a document state with the next `seq`. Checks the size limit.
-    func persist(
-        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
-        source: [UInt8]?
-    ) throws {
+    func persist(_ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState) throws {
         let materialized = doc.materialize(id: id)
         // Whatever path wrote it (upsert, an update at a deep path, a merge), the document as a
         // whole must be storable and decodable by every peer.
@@ -352,19 +560,25 @@ public final class DocumentStore: Sendable {
             options.log(
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
+        try writeRow(&s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value)
+    }
+
+    /// Writes a document row with the next `seq` and records the change for observers.
+    func writeRow(
+        _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?
+    ) throws {
         let st = try s.db.prepare(
-            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, source) VALUES (?,?,?,?,?,?,?)"
-        )
+            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value) VALUES (?,?,?,?,?,?)")
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
-        st.bind(4, Int64(value == nil ? 1 : 0))
+        st.bind(4, kind.rawValue)
         st.bind(5, bytes)
         st.bind(6, value)
-        st.bind(7, source)
         try st.run()
         s.nextSeq += 1
         s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
+        if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
     }
 
     func saveClock(_ s: State) throws {
@@ -390,18 +604,13 @@ public final class DocumentStore: Sendable {
     public func upsert(_ documents: [Value], in collection: String) throws(StoreError) -> [Value] {
         let prepared = try Self.prepare(documents)
         let now = options.now()
-        try withState { s in
-            try s.db.transaction {
-                for (id, key, fields) in prepared {
-                    var doc = try load(s.db, collection, key) ?? DocumentState()
-                    let stamp = Stamp(time: s.clock.now(physicalMillis: now), site: siteID)
-                    doc.merge(fields: fields, stamp: stamp)
-                    try persist(&s, collection, key, id, doc, source: nil)
-                }
-                try saveClock(s)
+        try write { s in
+            for (id, key, fields) in prepared {
+                var doc = try load(&s, collection, key) ?? DocumentState()
+                doc.merge(fields: fields, stamp: s.stamp(now: now))
+                try persist(&s, collection, key, id, doc)
             }
         }
-        notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil))
         return prepared.map(\.0)
     }
 
@@ -427,23 +636,21 @@ public final class DocumentStore: Sendable {
     @discardableResult
     public func remove(id: Value, in collection: String) throws(StoreError) -> Bool {
         let key = try Self.key(for: id)
-        let removed = try withState { s -> Bool in
-            try s.db.transaction {
-                guard var doc = try load(s.db, collection, key), !doc.isDeleted else { return false }
-                // The remove is an event on this node's clock, so later local writes order after it.
-                doc.remove(stamp: Stamp(time: s.clock.now(physicalMillis: options.now()), site: siteID))
-                try persist(&s, collection, key, id, doc, source: nil)
-                try saveClock(s)
-                return true
-            }
+        let removed = try write { s -> Bool in
+            guard var doc = try loadLive(&s, collection, key) else { return false }
+            // The remove is an event on this node's clock, so later local writes order after it.
+            doc.remove(stamp: s.stamp(now: options.now()))
+            try persist(&s, collection, key, id, doc)
+            return true
         }
-        if removed { notify(StoreEvent(collections: [UTF8Key(collection)], origin: nil)) }
         return removed
     }
 
     // MARK: Reads
 
     /// The live document with this `_id`, or `nil`.
+    ///
+    /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row is damaged.
     public func document(id: Value, in collection: String) throws(StoreError) -> Value? {
         let key = try Self.key(for: id)
         return try withState { s -> Value? in
@@ -452,28 +659,55 @@ public final class DocumentStore: Sendable {
             st.bind(2, key)
             defer { st.reset() }
             guard try st.step(), let text = st.string(0) else { return nil }
-            return try JSON.parse(text)
+            do { return try JSON.parse(text) } catch {
+                let reason = "its JSON value does not parse: \(error)"
+                noteDamaged(&s, collection, key, reason)
+                throw StoreError.corrupt("document \(key) in \(collection): \(reason)")
+            }
         }
     }
 
     /// Every live document of a collection, ordered by `_id` key, optionally filtered.
     ///
+    /// The rows are read under the store lock; `filter` runs after it was released, so it may
+    /// call the store (or anything else) freely. A damaged row (its JSON value does not parse) is
+    /// skipped, logged once and listed by ``damagedDocuments()``; the others are returned.
+    ///
+    /// - Throws: ``StoreError`` for SQLite errors; an error thrown by `filter` that is not a
+    ///   ``StoreError`` is rethrown as ``StoreError/invalidValue(_:)``.
     /// - Complexity: O(n) in the collection's documents.
     public func documents(in collection: String, where filter: (Value) throws -> Bool = { _ in true })
         throws(StoreError) -> [Value]
     {
-        try withState { s -> [Value] in
-            let st = try s.db.prepare("SELECT value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
+        let rows = try withState { s -> [(key: String, text: String)] in
+            let st = try s.db.prepare(
+                "SELECT id, value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
             st.bind(1, collection)
             defer { st.reset() }
-            var out: [Value] = []
+            var rows: [(key: String, text: String)] = []
             while try st.step() {
-                guard let text = st.string(0) else { continue }
-                let value = try JSON.parse(text)
-                if try filter(value) { out.append(value) }
+                guard let text = st.string(1) else { continue }
+                rows.append((st.string(0) ?? "", text))
             }
-            return out
+            return rows
         }
+        var out: [Value] = []
+        var damaged: [String] = []
+        for row in rows {
+            guard let value = try? JSON.parse(row.text) else {
+                damaged.append(row.key)
+                continue
+            }
+            do { if try filter(value) { out.append(value) } } catch let error as StoreError { throw error } catch {
+                throw .invalidValue("\(error)")
+            }
+        }
+        if !damaged.isEmpty {
+            state.withLock { s in
+                for key in damaged { noteDamaged(&s, collection, key, "its JSON value does not parse") }
+            }
+        }
+        return out
     }
 
     /// Number of live documents in a collection.
@@ -487,10 +721,11 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    /// The current CRDT state of a document (tombstones included), or `nil` when never seen.
+    /// The current CRDT state of a document, or `nil` when never seen: also a removed document's
+    /// (its tombstone) and an evicted one's (its local stub).
     public func state(id: Value, in collection: String) throws(StoreError) -> DocumentState? {
         let key = try Self.key(for: id)
-        return try withState { s in try load(s.db, collection, key) }
+        return try withState { s in try load(&s, collection, key) }
     }
 
     /// Copies the write-ahead log into the database file and truncates it
@@ -505,75 +740,7 @@ public final class DocumentStore: Sendable {
     public var lastSeq: Int64 {
         guard options.readOnly else { return state.withLock { $0.nextSeq - 1 } }
         // A read-only store watches a log another process writes: read it from the database.
-        return
-            (try? withState { s -> Int64 in
-                let st = try s.db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
-                defer { st.reset() }
-                _ = try st.step()
-                let fromLog = st.int64(0)
-                let issued = try Self.meta(s.db, "seq").map { Int64(bitPattern: Self.uint64($0)) } ?? 0
-                return max(fromLog, issued)
-            }) ?? state.withLock { $0.nextSeq - 1 }
-    }
-
-    /// One page of a collection's change log after `after`, in `seq` order: the entries whose
-    /// document matches `query` with `args`, and every tombstone (a removed document matches no
-    /// query, but whoever holds it must learn of the remove).
-    ///
-    /// The query runs inside SQLite (``Query/sqlWhere(column:)`` over the materialised JSON) when
-    /// it translates; otherwise each entry's state is decoded and the query evaluated in memory.
-    ///
-    /// - Parameters:
-    ///   - limit: at most this many log entries are examined (matching or not).
-    /// - Throws: ``StoreError`` for SQLite errors, a corrupt state, or a query whose `$args` are missing.
-    /// - Complexity: O(limit · log n) through the `(collection, seq)` index.
-    public func changes(
-        in collection: String, after: Int64, limit: Int, matching query: Query = .all, args: UTF8Map<Value> = [:]
-    ) throws(StoreError) -> ChangePage {
-        let bound = try Self.bind(query, args)
-        let translated = bound.sqlWhere(column: "documents.value")
-        return try withState { s -> ChangePage in
-            let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
-                let matchSQL = $0.map { "(deleted = 1 OR (\($0.sql)))" } ?? "1"
-                return "SELECT seq, id, state, deleted, source, \(matchSQL), value FROM documents "
-                    + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
-            }
-            let bindings = pushed?.bindings ?? []
-            Self.bind(st, bindings)
-            let index = Int32(bindings.count) + 1
-            st.bind(index, collection)
-            st.bind(index + 1, after)
-            st.bind(index + 2, Int64(limit))
-            defer { st.reset() }
-            var records: [ChangeRecord] = []
-            var scanned = 0
-            var last = after
-            while try st.step() {
-                scanned += 1
-                last = st.int64(0)
-                guard st.int64(5) != 0 else { continue }
-                let id = try JSON.parse(st.string(1) ?? "null")
-                let stored = st.bytes(2) ?? []
-                let deleted = st.int64(3) != 0
-                let compact = StoredState.isCompact(stored)
-                var doc: DocumentState?
-                if compact || (pushed == nil && !deleted) {
-                    do { doc = try StoredState.decode(stored, value: st.string(6)) } catch {
-                        throw StoreError.corrupt("document \(id) in \(collection): \(error)")
-                    }
-                }
-                if pushed == nil, !deleted {
-                    guard let value = doc?.materialize(id: id), try bound.matches(value) else { continue }
-                }
-                // Peers receive the whole state, whatever form the row keeps.
-                let state = compact ? doc?.cbor() ?? [] : stored
-                records.append(
-                    ChangeRecord(
-                        seq: last, collection: collection, id: id, state: state, isDeleted: deleted,
-                        source: st.bytes(4)))
-            }
-            return ChangePage(records: records, scannedUpTo: last, exhausted: scanned < limit)
-        }
+        return (try? withState { s -> Int64 in try Self.highestSeq(s.db) }) ?? state.withLock { $0.nextSeq - 1 }
     }
 
     /// The live documents of a collection matching `query`, ordered by `_id` key.
@@ -590,86 +757,11 @@ public final class DocumentStore: Sendable {
         try documents(in: collection, matching: query, args: args, sort: [])
     }
 
-    // MARK: Remote merge
-
-    /// Merges documents from a peer and stores the checkpoint in the same transaction, so after
-    /// a crash neither is applied without the other.
+    /// The rescan generation of a collection: raised by every evict in it, so that batches asked
+    /// for before the evict can be told from those asked for after it.
     ///
-    /// A document that fails to decode or is above the size limit is skipped and reported; the rest
-    /// of the batch is applied.
-    ///
-    /// - Parameters:
-    ///   - documents: the peer's document states.
-    ///   - peer: the peer key of the sender.
-    ///   - checkpoint: `(subscription key, checkpoint)` to store, or `nil`.
-    /// - Complexity: O(total size of the batch) plus one indexed lookup per document.
-    public func merge(
-        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (String, Checkpoint)?
-    ) throws(StoreError) -> MergeOutcome {
-        var outcome = MergeOutcome(applied: 0, rejected: [])
-        var touched: Set<UTF8Key> = []
-        let now = options.now()
-        try withState { s in
-            try s.db.transaction {
-                for remote in documents {
-                    let key: String
-                    let incoming: DocumentState
-                    do {
-                        key = try Self.key(for: remote.id)
-                        incoming = try DocumentState(encoded: CBOR.decode(remote.state))
-                    } catch {
-                        outcome.rejected.append((JSON.string(remote.id), "\(error)"))
-                        continue
-                    }
-                    // A stamp far ahead of this node's clock would win every later local write to
-                    // its fields until the wall clock caught up: refuse the document instead.
-                    guard incoming.maxTime.millis <= now &+ options.maxClockDrift else {
-                        let ahead = incoming.maxTime.millis &- now
-                        outcome.rejected.append(
-                            (
-                                key,
-                                "it carries a stamp \(ahead) ms ahead of this node's clock, more than the allowed "
-                                    + "\(options.maxClockDrift) ms; fix the writer's clock (a later change is sent again)"
-                            ))
-                        continue
-                    }
-                    s.clock.receive(incoming.maxTime, physicalMillis: now)
-                    var doc = try load(s.db, remote.collection, key) ?? DocumentState()
-                    guard doc.merge(incoming) else { continue }
-                    do {
-                        try persist(&s, remote.collection, key, remote.id, doc, source: doc == incoming ? peer : nil)
-                    } catch let error as StoreError {
-                        outcome.rejected.append((key, error.description))
-                        continue
-                    }
-                    outcome.applied += 1
-                    touched.insert(UTF8Key(remote.collection))
-                }
-                if let (subscription, cp) = checkpoint {
-                    let st = try s.db.prepare(
-                        "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq) VALUES (?,?,?,?)")
-                    st.bind(1, peer)
-                    st.bind(2, subscription)
-                    st.bind(3, cp.epoch)
-                    st.bind(4, cp.seq)
-                    try st.run()
-                }
-                try saveClock(s)
-            }
-        }
-        notify(StoreEvent(collections: touched, origin: peer))
-        return outcome
-    }
-
-    /// The checkpoint stored for a peer and subscription, if any.
-    public func checkpoint(peer: [UInt8], subscription: String) throws(StoreError) -> Checkpoint? {
-        try withState { s -> Checkpoint? in
-            let st = try s.db.prepare("SELECT epoch, seq FROM checkpoints WHERE peer = ? AND subscription = ?")
-            st.bind(1, peer)
-            st.bind(2, subscription)
-            defer { st.reset() }
-            guard try st.step() else { return nil }
-            return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
-        }
+    /// Persisted in the store; 0 for a collection never evicted in.
+    public func rescanGeneration(collection: String) -> UInt32 {
+        state.withLock { $0.rescanGenerations[UTF8Key(collection)] ?? 0 }
     }
 }

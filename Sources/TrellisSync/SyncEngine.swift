@@ -289,13 +289,12 @@ public final class SyncEngine: @unchecked Sendable {
         let page: ChangePage
         do {
             page = try store.changes(
-                in: spec.collection, after: after, limit: limit, matching: query, args: spec.args)
+                in: spec.collection, after: after, limit: limit, maxBytes: .max, matching: query, args: spec.args)
         } catch {
             perform([.close(reason: "reading the change log failed: \(error)")], on: id)
             return
         }
-        let remote = entry.link.remotePeerKey
-        let documents = page.records.filter { $0.source != remote }.map {
+        let documents = page.records.map {
             WireDocument(collection: $0.collection, id: $0.id, state: $0.state)
         }
         perform(

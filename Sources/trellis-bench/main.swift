@@ -98,27 +98,31 @@ func path(_ name: String) -> String { scratch.appendingPathComponent(name).path 
 
 // MARK: Baseline: raw SQLite batched inserts of the same JSON rows (WAL, one transaction, prepared).
 
-func rawInsert(_ file: String, rows: [String]) -> Double {
+/// Inserts the rows into a fresh table: in one transaction, or (`singly`) one transaction each,
+/// with `synchronous` NORMAL or FULL. Returns the seconds taken.
+func rawInsert(_ file: String, rows: [String], singly: Bool = false, full: Bool = false) -> Double {
     var db: OpaquePointer?
     sqlite3_open(file, &db)
     defer { sqlite3_close(db) }
-    sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", nil, nil, nil)
+    sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=\(full ? "FULL" : "NORMAL");", nil, nil, nil)
     sqlite3_exec(db, "CREATE TABLE docs(id TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID", nil, nil, nil)
     var stmt: OpaquePointer?
     sqlite3_prepare_v2(db, "INSERT INTO docs(id, body) VALUES (?, ?)", -1, &stmt, nil)
     defer { sqlite3_finalize(stmt) }
     return seconds {
-        sqlite3_exec(db, "BEGIN", nil, nil, nil)
+        if !singly { sqlite3_exec(db, "BEGIN", nil, nil, nil) }
         for (n, row) in rows.enumerated() {
             let id = String(format: "car-%08d", n)
+            if singly { sqlite3_exec(db, "BEGIN", nil, nil, nil) }
             sqlite3_bind_text(
                 stmt, 1, id, -1, unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self))
             sqlite3_bind_text(
                 stmt, 2, row, -1, unsafeBitCast(OpaquePointer(bitPattern: -1), to: sqlite3_destructor_type.self))
             sqlite3_step(stmt)
             sqlite3_reset(stmt)
+            if singly { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
         }
-        sqlite3_exec(db, "COMMIT", nil, nil, nil)
+        if !singly { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
     }
 }
 
@@ -158,9 +162,51 @@ figures.append(
         name: "local_upserts_single_per_s", value: Double(singleCount) / singleTime, unit: "docs/s",
         baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
 
+// MARK: Durability: synchronous=FULL (an fsync per commit) against the default NORMAL.
+
+// One transaction per document is where FULL costs: raw SQLite first, then Trellis, each against
+// its NORMAL counterpart measured in this run. Fewer documents: each commit waits for the disk.
+let durableCount = min(documentCount, 2_000)
+let rawSingleRate =
+    Double(durableCount)
+    / rawInsert(path("raw-single.sqlite"), rows: Array(jsonRows.prefix(durableCount)), singly: true)
+let rawSingleFullRate =
+    Double(durableCount)
+    / rawInsert(path("raw-single-full.sqlite"), rows: Array(jsonRows.prefix(durableCount)), singly: true, full: true)
+figures.append(Figure(name: "sqlite_raw_single_inserts_per_s", value: rawSingleRate, unit: "rows/s"))
+figures.append(
+    Figure(
+        name: "sqlite_raw_single_inserts_full_per_s", value: rawSingleFullRate, unit: "rows/s",
+        baseline: rawSingleRate, baselineName: "sqlite_raw_single_inserts_per_s"))
+
+var fullOptions = StoreOptions()
+fullOptions.durability = .full
+let singleNormalStore = try DocumentStore(path: path("single-normal.sqlite"))
+let singleNormalRate =
+    try Double(durableCount)
+    / seconds { for document in documents.prefix(durableCount) { try singleNormalStore.upsert(document, in: "cars") } }
+let singleFullStore = try DocumentStore(path: path("single-full.sqlite"), options: fullOptions)
+let singleFullRate =
+    try Double(durableCount)
+    / seconds { for document in documents.prefix(durableCount) { try singleFullStore.upsert(document, in: "cars") } }
+figures.append(
+    Figure(
+        name: "local_upserts_single_normal_per_s", value: singleNormalRate, unit: "docs/s", baseline: rawSingleRate,
+        baselineName: "sqlite_raw_single_inserts_per_s"))
+figures.append(
+    Figure(
+        name: "local_upserts_single_full_per_s", value: singleFullRate, unit: "docs/s", baseline: singleNormalRate,
+        baselineName: "local_upserts_single_normal_per_s"))
+let batchedFullStore = try DocumentStore(path: path("batched-full.sqlite"), options: fullOptions)
+let batchedFullTime = try seconds { try batchedFullStore.upsert(documents, in: "cars") }
+figures.append(
+    Figure(
+        name: "local_upserts_batched_full_per_s", value: Double(documentCount) / batchedFullTime, unit: "docs/s",
+        baseline: Double(documentCount) / batchedTime, baselineName: "local_upserts_batched_per_s"))
+
 // MARK: Remote merges: apply the batched store's log into an empty store, 256 per transaction.
 
-let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount).records
+let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount, maxBytes: .max).records
 let remote = log.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
 let mergeStore = try DocumentStore(path: path("merge.sqlite"))
 let peer: [UInt8] = Array(repeating: 1, count: 32)
@@ -257,10 +303,10 @@ if jsonOutput {
         let value = String(format: "%14.3f %-10@", f.value, f.unit)
         if let r = f.ratio, let name = f.baselineName {
             print(
-                "  \(f.name.padding(toLength: 34, withPad: " ", startingAt: 0)) \(value)  ratio \(String(format: "%.3f", r)) vs \(name)"
+                "  \(f.name.padding(toLength: 40, withPad: " ", startingAt: 0)) \(value)  ratio \(String(format: "%.3f", r)) vs \(name)"
             )
         } else {
-            print("  \(f.name.padding(toLength: 34, withPad: " ", startingAt: 0)) \(value)")
+            print("  \(f.name.padding(toLength: 40, withPad: " ", startingAt: 0)) \(value)")
         }
     }
 }

@@ -156,7 +156,7 @@ enum ContactsCommand {
         }
         done.wait()
         store.removeObserver(token)
-        node?.stop()
+        node?.close()
         withExtendedLifetime((subscription, sources)) {}
         if let message = failure.message { throw UsageError("contacts mirror: \(message)") }
     }

@@ -58,7 +58,7 @@ enum NodeCommand {
 
         if interactive {
             Shell(node: node, interactive: isatty(0) != 0).run()
-            node.stop()
+            node.close()
             withExtendedLifetime(kept) {}
             return
         }
@@ -74,7 +74,7 @@ enum NodeCommand {
         }
         done.wait()
         options.log("stopping")
-        node.stop()
+        node.close()
         withExtendedLifetime((kept, sources)) {}
     }
 

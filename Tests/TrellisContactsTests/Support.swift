@@ -42,7 +42,7 @@ final class ContactsFixture: Sendable {
 
     /// Merges into this store every change `other` has after `after` (a remote batch).
     func mergeFrom(_ other: DocumentStore, after: Int64 = 0) throws {
-        let page = try other.changes(in: collection, after: after, limit: 100_000)
+        let page = try other.changes(in: collection, after: after, limit: 100_000, maxBytes: .max)
         let docs = page.records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
         _ = try store.merge(docs, from: Array(repeating: 7, count: 32), checkpoint: nil)
     }

@@ -68,6 +68,32 @@ struct VdirTests {
         #expect(try mirror.files().isEmpty)
     }
 
+    @Test("an evicted contact is reported deleted: hosts drop it and the mirror removes its file")
+    func evictedContactsAreDeleted() async throws {
+        let f = try ContactsFixture()
+        let vdir = f.dir.url.appendingPathComponent("vdir")
+        for i in 0..<3 { try f.put("c\(i)", "g\(i)") }
+        let mirror = try VdirMirror(directory: vdir)
+        let host = ContactProviderHost(provider: TrellisContactProvider(store: f.store), sink: mirror)
+        try await host.enable()
+        #expect(try mirror.files() == ["c0.vcf", "c1.vcf", "c2.vcf"])
+        // What the enumerator reports after the content's snapshot.
+        let run = try await enumerateContent(f.enumerator, pageSize: 10)
+        #expect(try f.store.evict(id: "c1", in: "contacts"))
+        var contacts = Dictionary(uniqueKeysWithValues: run.items.map { ($0.identifier.value, $0.contact.givenName) })
+        var batches: [RecordingChangeObserver] = []
+        try await applyChanges(
+            f.enumerator, from: ContactItemSyncAnchor(generationMarker: run.marker, offset: 0), batchSize: 10,
+            to: &contacts, batches: &batches)
+        #expect(contacts == ["c0": "g0", "c2": "g2"])
+        #expect(batches.flatMap(\.deletes).map(\.value) == ["c1"] && batches.flatMap(\.updates).isEmpty)
+        try await host.signalEnumerator()
+        #expect(try mirror.files() == ["c0.vcf", "c2.vcf"])
+        // A fresh content enumeration does not list it either.
+        let fresh = try await enumerateContent(f.enumerator, pageSize: 10)
+        #expect(fresh.items.map(\.identifier.value).sorted() == ["c0", "c2"])
+    }
+
     @Test("khard lists the mirrored contacts and vobject parses every file")
     func khardAndVobject() async throws {
         let f = try ContactsFixture()

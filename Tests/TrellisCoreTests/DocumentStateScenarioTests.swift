@@ -373,4 +373,61 @@ import TrellisTestKit
         #expect(!contains(nested.cbor(), secret))
         #expect(nested.materialize(id: id) == ["_id": "d1", "m": [:]])
     }
+
+    // MARK: Keys are byte strings (item 10)
+
+    /// "é" as U+00E9 and as "e" + U+0301: canonically equivalent, different bytes.
+    static let nfc = "\u{E9}"
+    static let nfd = "e\u{301}"
+
+    /// Two replicas write the two spellings concurrently, at the top level and inside a map: every
+    /// merge order gives the same state, the same CBOR bytes and the same JSON bytes, with two
+    /// fields wherever both spellings were written.
+    @Test func concurrentWritesToTheTwoSpellingsOfAKeyStayTwoFields() throws {
+        let (nfc, nfd) = (Self.nfc, Self.nfd)
+        let base = DocumentState(fields: ["m": [:]], stamp: at(10, siteA))
+        var a = base
+        var b = base
+        try a.set(.key(nfc), to: 1, stamp: at(11, siteA))
+        try b.set(.key(nfd), to: 2, stamp: at(11, siteB))
+        a.merge(fields: ["m": [nfc: "a"]], stamp: at(12, siteA))
+        b.merge(fields: ["m": [nfd: "b"]], stamp: at(12, siteB))
+        let ab = joined(a, b)
+        let ba = joined(b, a)
+        #expect(ab == ba)
+        #expect(ab.cbor() == ba.cbor())
+        #expect(try DocumentState(encoded: CBOR.decode(ab.cbor())) == ab)
+        #expect(ab.cbor() == CBOR.encode(ab.referenceEncoding))
+        #expect(contains(ab.cbor(), nfc) && contains(ab.cbor(), nfd))
+
+        let document = try #require(ab.materialize(id: id))
+        #expect(document == ba.materialize(id: id))
+        #expect(document.mapValue?.count == 4)  // _id, m and the two spellings
+        #expect(document[nfc] == 1 && document[nfd] == 2)
+        #expect(document["m"]?.mapValue?.count == 2)
+        #expect(document["m"]?[nfc] == "a" && document["m"]?[nfd] == "b")
+        #expect(ab.value(at: .key(nfc)) == 1 && ab.value(at: .key(nfd)) == 2)
+
+        // JSON keys in byte order: "_id", "e" U+0301 (0x65…), "m", U+00E9 (0xC3…).
+        let json = JSON.string(document)
+        let expected = #"{"_id":"d1","\#(nfd)":2,"m":{"\#(nfd)":"b","\#(nfc)":"a"},"\#(nfc)":1}"#
+        #expect(Array(json.utf8) == Array(expected.utf8))
+        #expect(Array(JSON.string(try #require(ba.materialize(id: id))).utf8) == Array(expected.utf8))
+        #expect(try JSON.parse(json) == document)
+        #expect(try CBOR.decode(CBOR.encode(document)) == document)
+    }
+
+    /// One replica writes one spelling after the other: two fields; unsetting one leaves the other.
+    @Test func writingOneSpellingLeavesTheOtherAlone() throws {
+        let (nfc, nfd) = (Self.nfc, Self.nfd)
+        var doc = DocumentState(fields: [nfc: 1], stamp: at(10, siteA))
+        doc.merge(fields: [nfd: 2], stamp: at(11, siteA))
+        try doc.increment(.key(nfd), by: 1, stamp: at(12, siteA))
+        try doc.set(FieldPath(components: [.key("m"), .key(nfc)]), to: "x", stamp: at(13, siteA))
+        #expect(doc.materialize(id: id) == ["_id": "d1", nfc: 1, nfd: 3, "m": [nfc: "x"]])
+        #expect(try doc.unset(.key(nfc), stamp: at(14, siteA)))
+        #expect(!(try doc.unset(FieldPath(components: [.key("m"), .key(nfd)]), stamp: at(15, siteA))))
+        #expect(doc.materialize(id: id) == ["_id": "d1", nfd: 3, "m": [nfc: "x"]])
+        #expect(try DocumentState(encoded: CBOR.decode(doc.cbor())) == doc)
+    }
 }

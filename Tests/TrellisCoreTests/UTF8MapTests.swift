@@ -1,6 +1,7 @@
 import Testing
-import TrellisCore
 import TrellisTestKit
+
+@testable import TrellisCore
 
 /// Precomposed "é" (U+00E9, UTF-8 c3 a9) and decomposed "e" + U+0301 (65 cc 81): canonically
 /// equivalent text, different bytes. Swift's `String ==` calls them equal.
@@ -152,6 +153,45 @@ private let nfd = "e\u{301}"
         #expect(map.values == sorted.map(\.value), "seed \(seed)")
         let rebuilt = UTF8Map(uniqueKeysWithValues: map.reversed().map { ($0.key, $0.value) })
         #expect(rebuilt == map, "seed \(seed)")
+    }
+
+    /// The positional operations the CRDT's maps use (search from a position, insert many keys in
+    /// one pass, drop members in place) agree with the keyed surface.
+    @Test func positionalOperationsMatchTheKeyedSurface() {
+        let (seeded, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: .min ... .max))
+        var rng = seeded
+        print("UTF8Map positional seed: \(seed) (replay: TRELLIS_SEED=\(seed))")
+        let alphabet = ["a", "b", nfc, nfd, "\u{301}", "\u{1F600}", ""]
+        func randomKeys(_ count: Int) -> [String] {
+            (0..<count).map { _ in
+                (0..<Int.random(in: 0...3, using: &rng)).map { _ in alphabet.randomElement(using: &rng)! }.joined()
+            }
+        }
+        for round in 0..<300 {
+            var map = UTF8Map<Int>(randomKeys(Int.random(in: 0...12, using: &rng)).map { ($0, 0) }) { a, _ in a }
+            let incoming = UTF8Map<Int>(randomKeys(Int.random(in: 0...12, using: &rng)).map { ($0, 1) }) { a, _ in a }
+            // What `MapNode.join` does: walk `incoming` in order, bump shared keys, insert new ones.
+            var expected = map
+            for (key, _) in incoming { expected[key, default: 0] += 1 }
+            var added: [(index: Int, key: String, member: Int)] = []
+            var next = 0
+            for (key, _) in incoming {
+                let (found, index) = map.search(key, from: next)
+                #expect(map.search(key) == (found, index), "seed \(seed)")
+                if found {
+                    map.modifyMember(at: index) { $0 += 1 }
+                    next = index + 1
+                } else {
+                    added.append((index, key, 1))
+                    next = index
+                }
+            }
+            map.insert(sorted: added)
+            #expect(map == expected, "round \(round), seed \(seed)")
+            expected = expected.filter { $0.value != 1 }
+            map.removeMembers { $0 == 1 }
+            #expect(map == expected, "round \(round), seed \(seed)")
+        }
     }
 }
 

@@ -68,7 +68,8 @@ import TrellisTestKit
     func answers(_ store: DocumentStore, _ documents: [Value], _ query: Query) throws -> [[Value]] {
         let expected = try documents.filter { try query.matches($0) }.compactMap { $0["_id"] }
         let found = try store.documents(in: "c", matching: query).compactMap { $0["_id"] }
-        let logged = try store.changes(in: "c", after: 0, limit: 10_000, matching: query).records.map(\.id)
+        let logged = try store.changes(in: "c", after: 0, limit: 10_000, maxBytes: .max, matching: query).records.map(
+            \.id)
         #expect(try store.count(in: "c", matching: query) == expected.count)
         return [expected, found, logged.sorted { JSON.string($0) < JSON.string($1) }]
     }

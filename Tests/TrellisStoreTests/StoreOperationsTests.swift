@@ -20,7 +20,7 @@ import TrellisTestKit
 
     /// Merges every change of `from`'s collection into `to`, as a peer's batch would.
     func sync(_ from: DocumentStore, into to: DocumentStore, _ collection: String = "c") throws {
-        let records = try from.changes(in: collection, after: 0, limit: 10_000).records
+        let records = try from.changes(in: collection, after: 0, limit: 10_000, maxBytes: .max).records
         _ = try to.merge(
             records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }, from: [9],
             checkpoint: nil)
@@ -32,33 +32,42 @@ import TrellisTestKit
 
     /// Counts commit events.
     final class Events: Sendable {
-        let count = Atomic<Int>(0)
+        final class Counter: Sendable { let count = Atomic<Int>(0) }
+        let counter = Counter()
+        let store: DocumentStore
         init(_ store: DocumentStore) {
-            store.addObserver { [self] _ in count.add(1, ordering: .relaxed) }
+            self.store = store
+            store.addObserver { [counter] _ in counter.count.add(1, ordering: .relaxed) }
         }
-        var value: Int { count.load(ordering: .relaxed) }
+        /// The events delivered for every commit so far.
+        var value: Int {
+            store.waitForObservers()
+            return counter.count.load(ordering: .relaxed)
+        }
     }
 
     // MARK: Write strategies
 
     @Test func mergeStrategyIsThePlainUpsert() throws {
         let store = try open()
+        let start = store.lastSeq
         try store.upsert(["_id": "d", "a": 1, "m": ["x": 1, "y": 2]], in: "c", writeStrategy: .merge)
         clock.advance(by: 1)
         try store.upsert(["_id": "d", "b": 2, "m": ["y": 3]], in: "c", writeStrategy: .merge)
         #expect(try store.document(id: "d", in: "c") == ["_id": "d", "a": 1, "b": 2, "m": ["x": 1, "y": 3]])
-        #expect(store.lastSeq == 2)
+        #expect(store.lastSeq == start + 2)
     }
 
     @Test func insertIfAbsentWritesOnlyWhenNoLiveDocumentExists() throws {
         let store = try open()
+        let start = store.lastSeq
         let events = Events(store)
         #expect(try store.upsert(["_id": "d", "a": 1], in: "c", writeStrategy: .insertIfAbsent) == "d")
-        #expect(store.lastSeq == 1 && events.value == 1)
+        #expect(store.lastSeq == start + 1 && events.value == 1)
         clock.advance(by: 1)
         #expect(try store.upsert(["_id": "d", "a": 2, "b": 2], in: "c", writeStrategy: .insertIfAbsent) == "d")
         #expect(try store.document(id: "d", in: "c") == ["_id": "d", "a": 1])
-        #expect(store.lastSeq == 1 && events.value == 1)  // no write, no seq, no event
+        #expect(store.lastSeq == start + 1 && events.value == 1)  // no write, no seq, no event
         // A removed document is absent: the insert brings it back with only the new fields.
         try store.remove(id: "d", in: "c")
         clock.advance(by: 1)
@@ -116,6 +125,7 @@ import TrellisTestKit
 
     @Test func updateDifferentValuesWritesOnlyTheLeavesThatDiffer() throws {
         let store = try open()
+        let start = store.lastSeq
         let events = Events(store)
         try store.upsert(["_id": "d", "a": 1, "b": "x", "n": 4, "m": ["p": 1, "q": 2], "keep": true], in: "c")
         let before = try (stamp(store, "d", "a"), stamp(store, "d", "m", "p"), stamp(store, "d", "m", "q"))
@@ -131,11 +141,11 @@ import TrellisTestKit
         #expect(
             try store.document(id: "d", in: "c")
                 == ["_id": "d", "a": 1, "b": "y", "n": 4.0, "m": ["p": 1, "q": 3], "keep": true])
-        #expect(store.lastSeq == 2 && events.value == 2)
+        #expect(store.lastSeq == start + 2 && events.value == 2)
         // Nothing differs: no write, no seq, no event.
         clock.advance(by: 10)
         try store.upsert(["_id": "d", "a": 1, "m": ["q": 3]], in: "c", writeStrategy: .updateDifferentValues)
-        #expect(store.lastSeq == 2 && events.value == 2)
+        #expect(store.lastSeq == start + 2 && events.value == 2)
         // A missing document is written whole, even with no fields.
         try store.upsert(["_id": "e"], in: "c", writeStrategy: .updateDifferentValues)
         #expect(try store.document(id: "e", in: "c") == ["_id": "e"])
@@ -159,6 +169,7 @@ import TrellisTestKit
 
     @Test func upsertWithAStrategyRejectsBadDocumentsAndWritesNothing() throws {
         let store = try open()
+        let start = store.lastSeq
         for strategy in WriteStrategy.allCases {
             #expect(throws: StoreError.notAMap("array")) {
                 try store.upsert(Value.array([1]), in: "c", writeStrategy: strategy)
@@ -168,13 +179,14 @@ import TrellisTestKit
                 try store.upsert(["_id": "n", "x": .double(.infinity)], in: "c", writeStrategy: strategy)
             }
         }
-        #expect(store.lastSeq == 0)
+        #expect(store.lastSeq == start)
     }
 
     // MARK: Update
 
     @Test func updateSetsNestedFieldsAndArrayElementsAndReportsResults() throws {
         let store = try open()
+        let start = store.lastSeq
         let id: Value = ["vin": "A1", "plant": 3]  // composite _id
         try store.upsert(["_id": id, "name": "car", "tags": ["a", "b", ["k": 1]], "specs": ["hp": 100]], in: "c")
         clock.advance(by: 1)
@@ -198,7 +210,7 @@ import TrellisTestKit
         #expect(
             try store.document(id: id, in: "c")
                 == ["_id": id, "tags": ["a", "B", ["k": 2]], "specs": ["hp": 100, "engine": ["cyl": 6]], "sold": 2.5])
-        #expect(store.lastSeq == 2)  // one seq for the whole update
+        #expect(store.lastSeq == start + 2)  // one seq for the whole update
     }
 
     @Test func laterMutationsOfTheSameFieldWinWithinOneUpdate() throws {
@@ -215,6 +227,7 @@ import TrellisTestKit
 
     @Test func updateRefusesIDChangesAndBadPathsAtomically() throws {
         let store = try open()
+        let start = store.lastSeq
         try store.upsert(["_id": "d", "a": 1, "s": "text", "arr": [1]], in: "c")
         let before = try store.document(id: "d", in: "c")
         let ok = DocumentMutation.set(.key("a"), 2, isDefault: false)
@@ -237,22 +250,23 @@ import TrellisTestKit
             }
         }
         #expect(try store.document(id: "d", in: "c") == before)
-        #expect(store.lastSeq == 1)
+        #expect(store.lastSeq == start + 1)
     }
 
     @Test func updatingAMissingDocumentWritesNothing() throws {
         let store = try open()
+        let start = store.lastSeq
         let events = Events(store)
         #expect(try store.update(id: "nope", in: "c", operations: [.set(.key("a"), 1, isDefault: false)]) == [])
         try store.upsert(["_id": "gone"], in: "c")
         try store.remove(id: "gone", in: "c")
         #expect(try store.update(id: "gone", in: "c", operations: [.set(.key("a"), 1, isDefault: false)]) == [])
         #expect(try store.document(id: "gone", in: "c") == nil)
-        #expect(store.lastSeq == 2 && events.value == 2)
+        #expect(store.lastSeq == start + 2 && events.value == 2)
         // A no-op update (unset of an absent field) writes nothing either.
         try store.upsert(["_id": "d"], in: "c")
         #expect(try store.update(id: "d", in: "c", operations: [.unset(.key("x"))]) == [])
-        #expect(store.lastSeq == 3)
+        #expect(store.lastSeq == start + 3)
     }
 
     @Test func incrementsFromTwoReplicasAddUp() throws {
@@ -326,35 +340,148 @@ import TrellisTestKit
 
     // MARK: Evict
 
-    @Test func evictLeavesNoTombstoneWhileRemoveDoes() throws {
+    @Test func evictLeavesALocalStubWhileRemoveLeavesATombstone() throws {
         let store = try open()
         let events = Events(store)
         try store.upsert([["_id": "e", "v": 1], ["_id": "r", "v": 2]], in: "c")
+        let before = store.lastSeq
         #expect(try store.evict(id: "e", in: "c"))
+        #expect(store.lastSeq == before + 1)  // the stub takes a new seq
         #expect(try store.remove(id: "r", in: "c"))
         #expect(try store.document(id: "e", in: "c") == nil && store.document(id: "r", in: "c") == nil)
-        let log = try store.changes(in: "c", after: 0, limit: 100).records
-        #expect(log.map(\.id) == ["r"] && log[0].isDeleted)  // the evicted document left the log
-        #expect(try store.state(id: "e", in: "c") == nil)
+        // Peers never see the stub; readers of the log see the document deleted.
+        let log = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records
+        #expect(log.map(\.id) == ["r"] && log[0].isDeleted)
+        let entries = try store.entries(in: "c", after: 0, limit: 100, includeDeleted: true)
+        #expect(entries.map(\.id) == ["e", "r"] && entries.allSatisfy { $0.value == nil })
+        #expect(try store.entries(in: "c", after: 0, limit: 100, includeDeleted: false).isEmpty)
+        // Queries and counts do not show it.
+        #expect(try store.count(in: "c") == 0 && store.count(in: "c", matching: .all) == 0)
+        #expect(try store.documents(in: "c", matching: Query("v == 1")).isEmpty)
+        #expect(try store.state(id: "e", in: "c") != nil)  // the stub
         #expect(events.value == 3)
-        // Evicting something missing, or a tombstone, does nothing.
+        // Evicting something missing, a stub or a tombstone does nothing.
         #expect(try !store.evict(id: "e", in: "c"))
         #expect(try !store.evict(id: "r", in: "c"))
-        #expect(try store.changes(in: "c", after: 0, limit: 100).records.count == 1)
+        #expect(try !store.evict(id: "never", in: "c"))
+        #expect(try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.count == 1)
         #expect(events.value == 3)
+        // update, remove and insertDefaultIfAbsent treat it as absent or present as documented.
+        #expect(
+            try store.update(id: "e", in: "c", operations: [.set(FieldPath(parsing: "v"), 9, isDefault: false)]).isEmpty
+        )
+        #expect(try !store.remove(id: "e", in: "c"))
+        try store.upsert(["_id": "e", "d": 1], in: "c", writeStrategy: .insertDefaultIfAbsent)
+        #expect(try store.document(id: "e", in: "c") == nil)
+    }
+
+    /// Writing to an evicted `_id` starts from the stub: this site's counter total continues
+    /// (issue 8 item 7d: 9 must not become 4).
+    @Test func writingToAnEvictedDocumentContinuesItsCounters() throws {
+        let a = try open("a.sqlite")
+        let b = try open("b.sqlite")
+        try a.upsert(["_id": "d"], in: "c")
+        for _ in 0..<5 { try a.update(id: "d", in: "c", operations: [.increment(FieldPath(parsing: "likes"), 1)]) }
+        try sync(a, into: b)
+        try b.update(id: "d", in: "c", operations: [.increment(FieldPath(parsing: "likes"), 3)])
+        try sync(b, into: a)
+        #expect(try a.document(id: "d", in: "c")?["likes"]?.numberValue == 8)
+        #expect(try a.evict(id: "d", in: "c"))
+        clock.advance(by: 1)
+        try a.upsert(["_id": "d", "x": 1], in: "c", writeStrategy: .insertIfAbsent)
+        try a.update(id: "d", in: "c", operations: [.increment(FieldPath(parsing: "likes"), 1)])
+        try sync(a, into: b)
+        try sync(b, into: a)
+        #expect(try a.document(id: "d", in: "c")?["likes"]?.numberValue == 9)
+        #expect(try b.document(id: "d", in: "c")?["likes"]?.numberValue == 9)
+    }
+
+    /// Evict raises the collection's rescan generation and resets its subscriptions' checkpoints
+    /// to 0 for every peer (keeping their epochs), in the same transaction; other collections keep
+    /// theirs.
+    @Test func evictResetsTheCollectionsCheckpointsAndRaisesItsRescanGeneration() throws {
+        let store = try open()
+        try store.upsert(["_id": "d"], in: "c")
+        let c1 = SubscriptionSpec(collection: "c").key
+        let c2 = SubscriptionSpec(collection: "c", query: "x == 1").key
+        let other = SubscriptionSpec(collection: "cx").key
+        for (peer, key) in [([1], c1), ([2], c1), ([1], c2), ([1], other)] as [([UInt8], String)] {
+            _ = try store.merge([], from: peer, checkpoint: (subscription: key, Checkpoint(epoch: [7], seq: 40)))
+        }
+        #expect(store.rescanGeneration(collection: "c") == 0)
+        #expect(try store.evict(id: "d", in: "c"))
+        #expect(store.rescanGeneration(collection: "c") == 1 && store.rescanGeneration(collection: "cx") == 0)
+        #expect(
+            try store.checkpoints(peer: [1]) == [
+                c1: .init(epoch: [7], seq: 0), c2: .init(epoch: [7], seq: 0), other: .init(epoch: [7], seq: 40),
+            ])
+        #expect(try store.checkpoints(peer: [2]) == [c1: .init(epoch: [7], seq: 0)])
+        // Evicting nothing changes nothing.
+        #expect(try !store.evict(id: "d", in: "c"))
+        #expect(store.rescanGeneration(collection: "c") == 1)
+        // The generation survives a restart.
+        let reopened = try open()
+        #expect(reopened.rescanGeneration(collection: "c") == 1)
+    }
+
+    /// A store written by the version that kept the peer a row's state came from (`source`, once
+    /// used to suppress echoes) opens and works; the column is ignored.
+    @Test func aStoreWithTheOldSourceColumnOpensAndWorks() throws {
+        do {
+            let store = try open("old.sqlite")
+            try store.upsert([["_id": "a", "v": 1], ["_id": "b"]], in: "c")
+            try store.withState { s in
+                try s.db.execute("ALTER TABLE documents ADD COLUMN source BLOB; UPDATE documents SET source = x'0707'")
+            }
+        }
+        let store = try open("old.sqlite")
+        let other = try open("other.sqlite")
+        clock.advance(by: 1)
+        try store.upsert(["_id": "a", "v": 2], in: "c")
+        try other.upsert(["_id": "o"], in: "c")
+        try sync(other, into: store)
+        let log = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
+        #expect(Set(log.map(\.id)) == ["a", "b", "o"])
+        #expect(try store.document(id: "a", in: "c") == ["_id": "a", "v": 2])
+        // What it sends back to the peer its rows came from, that peer merges without change.
+        let peer = try open("peer.sqlite")
+        try sync(store, into: peer)
+        #expect(try peer.documents(in: "c").count == 3)
+    }
+
+    /// A store written by the version that kept no collection beside its checkpoints opens and
+    /// fills it in from the subscription keys.
+    @Test func checkpointsOfAnOlderStoreLearnTheirCollection() throws {
+        do {
+            let store = try open("old.sqlite")
+            _ = try store.merge(
+                [], from: [1],
+                checkpoint: (subscription: SubscriptionSpec(collection: "c").key, Checkpoint(epoch: [7], seq: 5)))
+            try store.withState { s in
+                try s.db.execute("DROP INDEX checkpoints_by_collection; ALTER TABLE checkpoints DROP COLUMN collection")
+            }
+        }
+        let store = try open("old.sqlite")
+        try store.upsert(["_id": "d"], in: "c")
+        #expect(try store.evict(id: "d", in: "c"))
+        #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [0])
     }
 
     @Test func seqsAreNeverReusedAfterEvictingTheNewestDocument() throws {
+        var issued: Int64
         do {
             let store = try open()
             try store.upsert(["_id": "a"], in: "c")
             try store.upsert(["_id": "b"], in: "c")
             #expect(try store.evict(id: "b", in: "c"))
+            issued = store.lastSeq
         }
+        clock.set(1_000)  // a wall clock far behind cannot bring old seqs back either
         let store = try open()
-        #expect(store.lastSeq == 2)
+        #expect(store.lastSeq == issued)
         try store.upsert(["_id": "x"], in: "c")
-        #expect(try store.changes(in: "c", after: 0, limit: 10).records.map(\.seq) == [1, 3])
+        let seqs = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records.map(\.seq)
+        #expect(seqs.count == 2 && seqs[1] == issued + 1)
     }
 
     @Test func evictedDocumentsComeBackWhenAPeerSendsThemAgain() throws {
@@ -363,8 +490,14 @@ import TrellisTestKit
         try a.upsert(["_id": "d", "v": 1], in: "c")
         try sync(a, into: b)
         #expect(try b.evict(id: "d", in: "c"))
-        try sync(a, into: b)  // what a matching subscription does
+        try sync(a, into: b)  // what a matching subscription does: the state adds nothing to the stub
         #expect(try b.document(id: "d", in: "c") == ["_id": "d", "v": 1])
+        // Also a document this node wrote itself, which a peer holds unchanged.
+        try b.upsert(["_id": "own", "v": 2], in: "c")
+        try sync(b, into: a)
+        #expect(try b.evict(id: "own", in: "c"))
+        try sync(a, into: b)
+        #expect(try b.document(id: "own", in: "c") == ["_id": "own", "v": 2])
     }
 
     @Test func cursorRemoveAndEvictTakeTheSortedWindow() throws {
@@ -376,7 +509,7 @@ import TrellisTestKit
         let evicted = try store.evict(in: "c", matching: try Query("n < 2"), limit: 2, offset: 1)
         #expect(evicted == ["d1", "d5"])
         #expect(try store.documents(in: "c").map { $0["_id"]! } == ["d0", "d2", "d6", "d7", "d8"])
-        #expect(try store.changes(in: "c", after: 0, limit: 100).records.filter(\.isDeleted).count == 3)
+        #expect(try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.filter(\.isDeleted).count == 3)
     }
 
     // MARK: Sort, limit, offset

@@ -23,6 +23,7 @@ import TrellisTestKit
                 let v = randomValue(depth: 3, using: &random)
                 if (try? v.validate()) != nil { fields["f\(k)"] = v }
             }
+            for key in ["\u{E9}", "e\u{301}"] where Bool.random(using: &random) { fields[key] = .int(Int64(round)) }
             state.merge(fields: fields, stamp: stamp(10))
             switch Int.random(in: 0..<4, using: &random) {
             case 0: try state.set(.key("later"), to: 1, stamp: stamp(11))  // two stamps
@@ -41,5 +42,22 @@ import TrellisTestKit
             #expect(try StoredState.decode(bytes, value: value) == state, "round \(round), seed \(seed)")
         }
         #expect(compact > 50, "seed \(seed)")
+    }
+
+    /// "é" (U+00E9) and "e" + U+0301 in one write stay two fields in the compact form and in the
+    /// whole state.
+    @Test func bothSpellingsOfAKeyReadBackFromEitherForm() throws {
+        let (nfc, nfd) = ("\u{E9}", "e\u{301}")
+        var state = DocumentState(fields: [nfc: 1, nfd: 2, "m": [nfd: 3, nfc: 4]], stamp: stamp(10))
+        for compact in [true, false] {
+            let materialized = try #require(state.materialize(id: "d"))
+            #expect(materialized[nfc] == 1 && materialized[nfd] == 2 && materialized["m"]?.mapValue?.count == 2)
+            let bytes = StoredState.bytes(for: state, materialized: materialized)
+            #expect(StoredState.isCompact(bytes) == compact)
+            let decoded = try StoredState.decode(bytes, value: JSON.string(materialized))
+            #expect(decoded == state)
+            #expect(decoded.materialize(id: "d") == materialized)
+            try state.set(.key("later"), to: 1, stamp: stamp(11))
+        }
     }
 }

@@ -13,7 +13,9 @@ import TrellisTestKit
     /// The remote form of a document's current state on `node`.
     func snapshot(_ node: TestNode, _ id: Value, _ collection: String = "items") throws -> RemoteDocument {
         let record = try #require(
-            try node.store.changes(in: collection, after: 0, limit: 1_000_000).records.first { $0.id == id })
+            try node.store.changes(in: collection, after: 0, limit: 1_000_000, maxBytes: .max).records.first {
+                $0.id == id
+            })
         return RemoteDocument(collection: collection, id: id, state: record.state)
     }
 
@@ -44,7 +46,7 @@ import TrellisTestKit
         #expect(try a.store.document(id: "d1", in: "items") == expected)
         #expect(try b.store.document(id: "d1", in: "items") == expected)
         // B's change enumeration from the anchor ends with d1 present.
-        let page = try b.store.changes(in: "items", after: anchor, limit: 100)
+        let page = try b.store.changes(in: "items", after: anchor, limit: 100, maxBytes: .max)
         #expect(page.records.map(\.id) == ["d1"])
         #expect(page.records.last?.isDeleted == false)
     }
@@ -76,7 +78,7 @@ import TrellisTestKit
         let states = try [a, b, c].map { try #require(try $0.store.state(id: "d1", in: "items")) }
         #expect(states.allSatisfy { $0 == states[0] })
         for (node, anchor) in [(a, anchorA), (b, anchorB), (c, 0)] {
-            let page = try node.store.changes(in: "items", after: anchor, limit: 100)
+            let page = try node.store.changes(in: "items", after: anchor, limit: 100, maxBytes: .max)
             #expect(page.records.filter { $0.id == "d1" }.count == 1)
             #expect(page.records.last?.isDeleted == false)
         }
@@ -100,7 +102,7 @@ import TrellisTestKit
         #expect(try c.store.state(id: "d1", in: "items")?.isDeleted == true)  // it holds the tombstone
         // A's content omits d1; its change enumeration from the start reports at most a deletion.
         #expect(try a.ids("items") == ["d2"])
-        let d1 = try a.store.changes(in: "items", after: 0, limit: 100).records.filter { $0.id == "d1" }
+        let d1 = try a.store.changes(in: "items", after: 0, limit: 100, maxBytes: .max).records.filter { $0.id == "d1" }
         #expect(d1.count == 1 && d1[0].isDeleted)
     }
 

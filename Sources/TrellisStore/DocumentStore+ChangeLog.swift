@@ -1,0 +1,190 @@
+import Foundation
+public import TrellisCore
+
+// The change log as peers read it, and damaged rows.
+//
+// One damaged row never blocks the others: a row whose state or JSON does not decode is skipped
+// by the change log, reads, queries and the contacts enumerator, each time with an error that
+// names it (logged once, listed by `damagedDocuments()`); a good state merged from a peer
+// replaces it.
+
+/// A document named by its collection and canonical `_id` key, both compared byte-wise.
+struct DocumentKey: Hashable {
+    var collection: UTF8Key
+    var key: UTF8Key
+
+    init(collection: String, key: String) {
+        self.collection = UTF8Key(collection)
+        self.key = UTF8Key(key)
+    }
+}
+
+extension SQLiteError {
+    /// Whether SQLite refused a statement because a JSON function met text that is not JSON (a
+    /// damaged row's materialised value).
+    var isMalformedJSON: Bool { message.contains("malformed JSON") }
+}
+
+extension DocumentStore {
+    /// One page of a collection's change log after `after`, in `seq` order: the entries whose
+    /// document matches `query` with `args`, and every tombstone (a removed document matches no
+    /// query, but whoever holds it must learn of the remove). This is what a peer subscribed to
+    /// `(collection, query, args)` is sent. An evicted document's local stub is never returned.
+    ///
+    /// The query runs inside SQLite (``Query/sqlWhere(column:)`` over the materialised JSON) when
+    /// it translates and SQLite accepts the translation; otherwise each entry's state is decoded
+    /// and the query evaluated in memory.
+    ///
+    /// The page is cut by entries and by bytes: it ends after `limit` entries were examined, or
+    /// after the record whose state brings the page's total state bytes to `maxBytes` or more
+    /// (then `scannedUpTo` is that record's `seq` and `exhausted` is `false`). So a page holds at
+    /// least one record whenever one matches after `after`, however large: one document always
+    /// fits.
+    ///
+    /// A damaged row (its state or JSON value does not decode) and a state above
+    /// ``StoreOptions/maxDocumentBytes`` (stored under a larger limit) are passed over and listed in
+    /// ``ChangePage/skipped`` with the reason; the rest of the log flows. Damaged rows are also
+    /// logged once and listed by ``damagedDocuments()``.
+    ///
+    /// - Parameters:
+    ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
+    ///   - limit: at most this many log entries are examined (matching or not); at least 1.
+    ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
+    /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
+    /// - Complexity: O(limit · log n) through the `(collection, seq)` index, plus the size of the
+    ///   states returned.
+    public func changes(
+        in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
+        args: UTF8Map<Value> = [:]
+    ) throws(StoreError) -> ChangePage {
+        let bound = try Self.bind(query, args)
+        let translated = bound.sqlWhere(column: "documents.value")
+        return try withState { s -> ChangePage in
+            do {
+                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, guarded: false)
+            } catch let error as SQLiteError where error.isMalformedJSON {
+                // A damaged JSON value in the page: evaluate the query only on valid JSON.
+                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, guarded: true)
+            }
+        }
+    }
+
+    private func changePage(
+        _ s: inout State, _ collection: String, _ after: Int64, _ limit: Int, _ maxBytes: Int, _ bound: Query,
+        _ translated: PushedQuery?, guarded: Bool
+    ) throws -> ChangePage {
+        // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged.
+        // A translation SQLite refuses to prepare is evaluated in memory instead.
+        let (st, pushed) = try Self.preparePushedDown(s.db, translated) { pushed in
+            var match = "1"
+            if let pushed {
+                match =
+                    guarded
+                    ? "CASE WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN (\(pushed.sql)) ELSE 2 END"
+                    : "CASE WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
+            }
+            return "SELECT seq, id, state, deleted, \(match), value FROM documents "
+                + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
+        }
+        let bindings = pushed?.bindings ?? []
+        Self.bind(st, bindings)
+        let index = Int32(bindings.count) + 1
+        st.bind(index, collection)
+        st.bind(index + 1, after)
+        st.bind(index + 2, Int64(max(1, limit)))
+        defer { st.reset() }
+        var page = ChangePage(records: [], scannedUpTo: after, exhausted: false)
+        var scanned = 0
+        var bytes = 0
+        while try st.step() {
+            scanned += 1
+            let seq = st.int64(0)
+            page.scannedUpTo = seq
+            let matched = st.isNull(4) ? 0 : st.int64(4)
+            guard matched != 0 else { continue }
+            // An evicted document's stub is local: never sent to peers.
+            guard let kind = RowKind(rawValue: st.int64(3)), kind != .stub else { continue }
+            let key = st.string(1) ?? ""
+            func skip(_ reason: String, damaged: Bool = true) {
+                page.skipped.append(SkippedRecord(seq: seq, collection: collection, key: key, reason: reason))
+                if damaged { noteDamaged(&s, collection, key, reason) }
+            }
+            guard let id = try? JSON.parse(key) else {
+                skip("its _id key is not JSON")
+                continue
+            }
+            guard matched != 2 else {
+                skip("its JSON value does not parse")
+                continue
+            }
+            let stored = st.bytes(2) ?? []
+            let deleted = kind == .tombstone
+            let compact = StoredState.isCompact(stored)
+            var doc: DocumentState?
+            do {
+                if compact || (pushed == nil && !deleted) {
+                    doc = try StoredState.decode(stored, value: st.string(5))
+                } else {
+                    _ = try CBOR.decode(stored)  // sent as stored: at least well-formed
+                }
+            } catch {
+                skip("its state does not decode: \(error)")
+                continue
+            }
+            if pushed == nil, !deleted {
+                guard let value = doc?.materialize(id: id), try bound.matches(value) else { continue }
+            }
+            // Peers receive the whole state, whatever form the row keeps.
+            let state = compact ? doc?.cbor() ?? [] : stored
+            guard state.count <= options.maxDocumentBytes else {
+                skip(
+                    "its state is \(state.count) bytes, above the limit of \(options.maxDocumentBytes) bytes "
+                        + "(stored under a larger limit)", damaged: false)
+                continue
+            }
+            page.records.append(
+                ChangeRecord(seq: seq, collection: collection, id: id, key: key, state: state, isDeleted: deleted))
+            bytes += state.count
+            if bytes >= maxBytes { return page }
+        }
+        page.exhausted = scanned < max(1, limit)
+        return page
+    }
+
+    // MARK: Damaged rows
+
+    /// The damaged rows met since the store was opened (a state or JSON value that does not
+    /// decode), by collection and canonical `_id` key, with the reason: skipped by reads, queries
+    /// and the change log (the rest flows), and replaced by the next good state a peer sends.
+    ///
+    /// - Complexity: O(d log d) for d damaged rows.
+    public func damagedDocuments() -> [(collection: String, key: String, reason: String)] {
+        state.withLock { s in
+            s.damaged.sorted { ($0.key.collection, $0.key.key) < ($1.key.collection, $1.key.key) }
+                .map { (collection: $0.key.collection.string, key: $0.key.key.string, reason: $0.value) }
+        }
+    }
+
+    /// Remembers a damaged row and logs it the first time.
+    func noteDamaged(_ s: inout State, _ collection: String, _ key: String, _ reason: String) {
+        let name = DocumentKey(collection: collection, key: key)
+        if s.damaged[name] == nil {
+            options.log(
+                "document \(key) in \(collection) is damaged and skipped (\(reason)); a peer holding it "
+                    + "repairs it by sending its state")
+        }
+        s.damaged[name] = reason
+    }
+
+    /// Finds and remembers the live rows of a collection whose JSON value is damaged (after SQLite
+    /// refused a query over them).
+    func noteDamagedJSON(_ s: inout State, _ collection: String) throws {
+        let st = try s.db.prepare(
+            "SELECT id FROM documents WHERE collection = ? AND deleted = 0 AND NOT json_valid(value)")
+        st.bind(1, collection)
+        var keys: [String] = []
+        while try st.step() { keys.append(st.string(0) ?? "") }
+        st.reset()
+        for key in keys { noteDamaged(&s, collection, key, "its JSON value does not parse") }
+    }
+}

@@ -1,0 +1,82 @@
+import Dispatch
+import Glibc
+import Synchronization
+
+// Commit events for observers. User code never runs under the store lock or on the thread that
+// committed (for a merge, the sync engine's queue): each commit's event is queued, under the lock
+// so events keep commit order, on the store's own serial event queue, which calls the observers.
+
+/// The registered observers of one store, and which thread is delivering to them.
+final class ObserverList: Sendable {
+    private let callbacks = Mutex<[UInt64: @Sendable (StoreEvent) -> Void]>([:])
+    private let next = Atomic<UInt64>(0)
+    /// The thread running observers right now, if any (so ``DocumentStore/waitForObservers()``
+    /// called from an observer does not wait for itself).
+    private let delivering = Mutex<pthread_t?>(nil)
+
+    func add(_ callback: @escaping @Sendable (StoreEvent) -> Void) -> UInt64 {
+        let token = next.add(1, ordering: .relaxed).newValue
+        callbacks.withLock { $0[token] = callback }
+        return token
+    }
+
+    func remove(_ token: UInt64) { _ = callbacks.withLock { $0.removeValue(forKey: token) } }
+
+    var count: Int { callbacks.withLock { $0.count } }
+
+    /// Calls every observer registered now, in the order they were added.
+    func deliver(_ event: StoreEvent) {
+        let current = callbacks.withLock { $0.sorted { $0.key < $1.key }.map(\.value) }
+        delivering.withLock { $0 = pthread_self() }
+        defer { delivering.withLock { $0 = nil } }
+        for callback in current { callback(event) }
+    }
+
+    var isDeliveringOnThisThread: Bool {
+        delivering.withLock { thread in thread.map { pthread_equal($0, pthread_self()) != 0 } ?? false }
+    }
+}
+
+extension DocumentStore {
+    /// Registers a callback run after every commit that changed documents.
+    ///
+    /// Callbacks run on the store's own serial event queue, one commit's event at a time, in
+    /// commit order, never under the store lock and never on the thread that committed, so they
+    /// may call the store and the sync engine (a merge commits on the engine's queue). Several
+    /// observers run in the order they were added.
+    ///
+    /// - Returns: a token for ``removeObserver(_:)``.
+    @discardableResult
+    public func addObserver(_ callback: @escaping @Sendable (StoreEvent) -> Void) -> UInt64 {
+        observers.add(callback)
+    }
+
+    /// Stops calling an observer: after this returns it is not called again (except by a delivery
+    /// already running on the event queue).
+    public func removeObserver(_ token: UInt64) { observers.remove(token) }
+
+    /// The number of registered observers (for leak tests).
+    public var observerCount: Int { observers.count }
+
+    /// Waits until the observers were called for every commit that returned before this call
+    /// (tests, and tools that must see their own writes' events). Called from an observer, it
+    /// returns at once.
+    public func waitForObservers() {
+        guard !observers.isDeliveringOnThisThread else { return }
+        events.sync {}
+    }
+
+    /// Queues the event of the transaction that just committed (called under the store lock).
+    func queueEvent(_ s: inout State, origin: [UInt8]?) {
+        defer {
+            s.changedKeys = [:]
+            s.evictedInCommit = false
+        }
+        guard !s.changedKeys.isEmpty else { return }
+        let event = StoreEvent(
+            collections: Set(s.changedKeys.keys), origin: origin, evicted: s.evictedInCommit,
+            changedKeys: s.changedKeys)
+        let observers = self.observers
+        events.async { observers.deliver(event) }
+    }
+}

@@ -1,0 +1,193 @@
+import Foundation
+import TrellisCore
+
+// Opening and closing a store, and the identity of its log (epoch, site ID, seq, clock).
+//
+// Nothing is reissued: no `seq` and no HLC stamp is issued twice by one site and epoch, also across
+// crashes, power loss and backup restores.
+// - A rolled-back transaction restores the next `seq` (``DocumentStore/write(durable:_:)``).
+// - At open the next `seq` is above the highest issued and above physical time (ms) × 1024, so a
+//   store restored from a backup continues above anything it issued after the backup was taken
+//   (as long as it issued fewer than 1024 seqs per millisecond on average, which SQLite cannot).
+// - Commits use `synchronous=NORMAL` by default, which a power loss can take back after peers
+//   received them. The store records "open" with the boot ID at open and clears it at a clean
+//   close; finding it at the next open after a restart of the system (or with an unknown boot ID)
+//   means commits may have been lost, and the log is rotated: a new epoch (peers resync) and a new
+//   site ID (whose stamps cannot repeat old ones).
+
+/// The identity and position of a log as read (or set up) at open.
+struct OpenedLog {
+    var site: SiteID
+    var epoch: [UInt8]
+    var clock: HLCTimestamp
+    var nextSeq: Int64
+    /// What the open did that the log should say (rotations).
+    var messages: [String] = []
+}
+
+extension DocumentStore {
+    /// Reads the log's identity without writing (a read-only open).
+    static func readLog(_ db: Connection) throws -> OpenedLog {
+        guard let site = try meta(db, "site"), site.count == 8 else { throw StoreError.corrupt("no valid site ID") }
+        return OpenedLog(
+            site: uint64(site), epoch: try meta(db, "epoch") ?? [],
+            clock: HLCTimestamp(rawValue: try meta(db, "hlc").map(uint64) ?? 0), nextSeq: try highestSeq(db) + 1)
+    }
+
+    /// Sets up the log's identity at a writable open (inside a transaction): creates a new store's
+    /// site ID and epoch, rotates them after an unclean shutdown across a restart of the system,
+    /// starts a new site ID with the clock at now when the saved clock is more than
+    /// ``StoreOptions/maxClockDrift`` ahead of physical time, places the next `seq`, and records
+    /// that the store is open.
+    static func openLog(_ db: Connection, path: String, options: StoreOptions) throws -> OpenedLog {
+        let now = options.now()
+        let boot = bootID(at: options.bootIDPath)
+        var log = OpenedLog(
+            site: randomSite(), epoch: randomEpoch(),
+            clock: HLCTimestamp(rawValue: try meta(db, "hlc").map(uint64) ?? 0),
+            nextSeq: 1)
+        if let site = try meta(db, "site"), let epoch = try meta(db, "epoch") {
+            guard site.count == 8 else {
+                throw StoreError.corrupt("\(path): the site ID is \(site.count) bytes, not 8")
+            }
+            log.site = uint64(site)
+            log.epoch = epoch
+            if let marker = try meta(db, "open") {
+                let previous = String(decoding: marker, as: UTF8.self)
+                if previous.isEmpty || boot == nil || previous != boot {
+                    log.site = randomSite()
+                    log.epoch = randomEpoch()
+                    log.messages.append(
+                        "\(path) was not closed cleanly and the system has restarted since (boot ID "
+                            + "\(previous.isEmpty ? "unknown" : previous) -> \(boot ?? "unknown")): its last commits may "
+                            + "have been lost after peers received them, so its log starts a new epoch "
+                            + "\(hex(log.epoch)) and site ID \(String(log.site, radix: 16)); peers resync from it")
+                }
+            }
+        }
+        // A clock that was once far ahead (set a day forward, an RTC reset to 2040) left the HLC
+        // there; every peer would defer this node's writes until real time caught up. A fresh site
+        // ID has no history, so its clock can restart at now without ever repeating a stamp.
+        if log.clock.millis > now, log.clock.millis - now > options.maxClockDrift {
+            let ahead = log.clock.millis - now
+            log.site = randomSite()
+            log.clock = HLCTimestamp(millis: now, logical: 0)
+            try setMeta(db, "hlc", bytes(log.clock.rawValue))
+            log.messages.append(
+                "the clock of \(path) had been \(ahead) ms ahead of the system clock (more than the allowed "
+                    + "\(options.maxClockDrift) ms): it restarts at the system time with a new site ID "
+                    + "\(String(log.site, radix: 16)); documents written while the clock was ahead keep their "
+                    + "stamps and win against later writes until that time")
+        }
+        // Above everything issued, and above physical time × 1024 so that a restored backup (whose
+        // highest issued seq is old) continues above what it issued after the backup.
+        let (scaled, overflow) = Int64(clamping: now).multipliedReportingOverflow(by: 1024)
+        log.nextSeq = max(try highestSeq(db) + 1, overflow ? Int64.max / 2 : scaled)
+        try setMeta(db, "site", bytes(log.site))
+        try setMeta(db, "epoch", log.epoch)
+        try setMetaInt64(db, "seq", log.nextSeq - 1)
+        try setMeta(db, "open", Array((boot ?? "").utf8))
+        return log
+    }
+
+    /// Brings a store written by an earlier version up to the current schema.
+    ///
+    /// - Checkpoints gain the collection of their subscription (filled from the subscription key),
+    ///   so evicting in a collection finds its checkpoints without parsing keys in SQL.
+    /// - The `source` column of `documents` (the peer a row's state came from, once used to
+    ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
+    static func migrate(_ db: Connection) throws {
+        let columns = try db.prepare("SELECT name FROM pragma_table_info('checkpoints')")
+        var names: Set<String> = []
+        while try columns.step() { names.insert(columns.string(0) ?? "") }
+        columns.reset()
+        if !names.contains("collection") {
+            try db.transaction {
+                try db.execute("ALTER TABLE checkpoints ADD COLUMN collection TEXT NOT NULL DEFAULT ''")
+                let keys = try db.prepare("SELECT DISTINCT subscription FROM checkpoints")
+                var subscriptions: [String] = []
+                while try keys.step() { subscriptions.append(keys.string(0) ?? "") }
+                keys.reset()
+                let fill = try db.prepare("UPDATE checkpoints SET collection = ? WHERE subscription = ?")
+                for key in subscriptions {
+                    fill.reset()
+                    fill.bind(1, SubscriptionSpec.collection(ofKey: key))
+                    fill.bind(2, key)
+                    try fill.run()
+                }
+            }
+        }
+        try db.execute("CREATE INDEX IF NOT EXISTS checkpoints_by_collection ON checkpoints(collection)")
+    }
+
+    /// The highest `seq` issued so far: in the log, or remembered in meta (rows that left the log).
+    static func highestSeq(_ db: Connection) throws -> Int64 {
+        let st = try db.prepare("SELECT coalesce(max(seq), 0) FROM documents")
+        defer { st.reset() }
+        _ = try st.step()
+        return max(st.int64(0), try metaInt64(db, "seq") ?? 0)
+    }
+
+    /// The system's boot ID read from `path`, or `nil` when it cannot be read.
+    static func bootID(at path: String) -> String? {
+        // procfs files report size 0: read to the end rather than by size.
+        guard let handle = FileHandle(forReadingAtPath: path) else { return nil }
+        defer { try? handle.close() }
+        guard let data = try? handle.readToEnd(), let text = String(data: data, encoding: .utf8) else { return nil }
+        let id = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        return id.isEmpty ? nil : id
+    }
+
+    static func synchronousPragma(_ durability: Durability) -> String {
+        durability == .full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL"
+    }
+
+    /// Closes the store cleanly: records that it was closed (so the next open knows no commit can
+    /// have been lost) and refuses every later call with ``StoreError/closed``. Called by `deinit`;
+    /// call it earlier when a process may exit while other references to the store still exist.
+    /// Calling it again does nothing.
+    public func close() {
+        state.withLock { s in
+            guard !s.closed else { return }
+            s.closed = true
+            guard !options.readOnly else { return }
+            try? s.db.execute("DELETE FROM meta WHERE key = 'open'")
+        }
+    }
+
+    // MARK: Log identity
+
+    /// Starts a new life of the log: a new epoch and a new site ID, in one durable transaction,
+    /// logged with `reason`.
+    ///
+    /// Peers holding checkpoints on this store's log see the new epoch and start over from 0 (the
+    /// merges that follow change nothing they already have); contacts anchors expire. The new
+    /// site ID has no history, so no stamp it issues can repeat one issued before. `seq`s keep
+    /// growing. Called when the log may have regressed (a restored backup, a power loss after
+    /// peers received commits, a peer holding a checkpoint beyond the end of the log), by the
+    /// store itself at open after an unclean shutdown across a restart of the system, and on demand.
+    ///
+    /// - Throws: ``StoreError`` when the store is read-only or SQLite fails (nothing changes then).
+    public func rotateLog(reason: String) throws(StoreError) {
+        let (old, new, site) = try write(durable: true) { s -> ([UInt8], [UInt8], SiteID) in
+            let old = s.epoch
+            s.epoch = Self.randomEpoch()
+            s.siteID = Self.randomSite()
+            try Self.setMeta(s.db, "epoch", s.epoch)
+            try Self.setMeta(s.db, "site", Self.bytes(s.siteID))
+            return (old, s.epoch, s.siteID)
+        }
+        options.log(
+            "rotated the log of \(path): epoch \(Self.hex(old)) -> \(Self.hex(new)), site ID "
+                + "\(String(site, radix: 16)): \(reason)")
+    }
+
+    static func randomEpoch() -> [UInt8] { (0..<16).map { _ in UInt8.random(in: 0...255) } }
+
+    static func randomSite() -> SiteID { SiteID.random(in: 1...SiteID.max) }
+
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef")
+        return String(bytes.flatMap { [digits[Int($0 >> 4)], digits[Int($0 & 15)]] })
+    }
+}

@@ -1,0 +1,377 @@
+import Foundation
+public import TrellisCore
+
+// Remote merges, deferred documents and checkpoints.
+//
+// Every document of a remote batch is either applied (or found already known) or kept in the
+// `deferred` table, in the same transaction as the batch's checkpoint: a checkpoint never covers
+// a document that is neither applied nor kept. Only a document that cannot even be named (a bad
+// `_id`) is rejected.
+
+/// Why a remote state was not applied; decides when trying again can help.
+enum DeferralKind: String {
+    /// Its latest stamp leads this node's time by more than the allowed drift: retried once the
+    /// physical clock or the HLC has come within the drift of it.
+    case clock
+    /// Its state does not decode here (damaged, or from a newer version).
+    case decode
+    /// Merged, the document would be above the size limit.
+    case size
+    /// Merged, the document would not validate (too deep, a bad value).
+    case invalid
+}
+
+/// The outcome of merging one remote state into the store.
+enum StateMerge {
+    /// The local state changed and was written.
+    case applied
+    /// The local state already held everything in it.
+    case unchanged
+    /// Not applied: why, and from when (milliseconds) trying again may succeed (clock refusals).
+    case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
+}
+
+extension DocumentStore {
+    // MARK: Remote merge
+
+    /// Merges documents from a peer and stores the checkpoint in the same transaction, so after a
+    /// crash neither is applied without the other.
+    ///
+    /// Each document is applied (when it adds something) or, when it cannot be applied yet, kept
+    /// in the deferred table and reported in ``MergeOutcome/deferred``: a stamp further ahead than
+    /// ``StoreOptions/maxClockDrift`` of this node's time (its physical clock or its HLC, whichever
+    /// is later), a state that does not decode here, a merged document above the size limit or
+    /// one that does not validate. ``retryDeferred()`` applies them once the condition clears.
+    /// Per peer and (collection, `_id`) the deferred table keeps one state: the newest, joined with
+    /// the one it held when both decode. Only documents whose `_id` is not a valid key are
+    /// rejected (``MergeOutcome/rejected``). So the checkpoint never covers a document that was
+    /// neither applied nor kept.
+    ///
+    /// After a document is applied, the clock has moved past its latest stamp.
+    ///
+    /// - Parameters:
+    ///   - documents: the peer's document states.
+    ///   - peer: the peer key of the sender.
+    ///   - checkpoint: `(subscription key, checkpoint)` to store, or `nil`.
+    /// - Throws: ``StoreError/deferredLimit(_:)`` when the documents deferred from this peer would
+    ///   exceed ``StoreOptions/maxDeferredDocumentsPerPeer`` or
+    ///   ``StoreOptions/maxDeferredBytesPerPeer``; ``StoreError`` for SQLite errors. Nothing of the
+    ///   batch is applied then, and the checkpoint is not stored (the peer sends it again).
+    /// - Complexity: O(total size of the batch) plus a few indexed lookups per document.
+    public func merge(
+        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?
+    ) throws(StoreError) -> MergeOutcome {
+        var outcome = MergeOutcome()
+        let now = options.now()
+        try write(origin: peer) { s in
+            var deferredHere = false
+            for remote in documents {
+                let key: String
+                do { key = try Self.key(for: remote.id) } catch {
+                    outcome.rejected.append((JSON.string(remote.id), "\(error)"))
+                    continue
+                }
+                let result = try mergeState(&s, remote.collection, key, remote.id, remote.state, now: now)
+                switch result {
+                case .applied, .unchanged:
+                    if case .applied = result { outcome.applied += 1 }
+                    try dropDeferredIfCovered(&s, remote.collection, key, peer)
+                case .refused(let kind, let reason, let ready, let decoded):
+                    try keepDeferred(
+                        &s, remote.collection, key, peer, remote.state, decoded, kind, reason, ready: ready, now: now)
+                    outcome.deferred.append((key, reason))
+                    deferredHere = true
+                }
+            }
+            if deferredHere { try checkDeferredBounds(&s, peer) }
+            if let (subscription, cp) = checkpoint {
+                let st = try s.db.prepare(
+                    "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq, collection) VALUES (?,?,?,?,?)")
+                st.bind(1, peer)
+                st.bind(2, subscription)
+                st.bind(3, cp.epoch)
+                st.bind(4, cp.seq)
+                // Kept beside the checkpoint so an evict finds its collection's checkpoints.
+                st.bind(5, SubscriptionSpec.collection(ofKey: subscription))
+                try st.run()
+            }
+        }
+        for (key, reason) in outcome.deferred {
+            options.log("deferred document \(key) from peer \(Self.hex(Array(peer.prefix(8)))): \(reason)")
+        }
+        return outcome
+    }
+
+    /// Merges one remote state into the stored document (inside a write transaction).
+    ///
+    /// - Throws: SQLite errors only; every refusal is a ``StateMerge/refused(_:reason:ready:decoded:)``.
+    func mergeState(
+        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ bytes: [UInt8], now: UInt64
+    ) throws -> StateMerge {
+        let incoming: DocumentState
+        do { incoming = try DocumentState(encoded: CBOR.decode(bytes)) } catch {
+            return .refused(
+                .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
+                ready: 0, decoded: nil)
+        }
+        // A damaged row (its state or its JSON does not decode) is replaced by the good state.
+        var repair = s.damaged[DocumentKey(collection: collection, key: key)] != nil
+        var stored: (state: DocumentState, kind: RowKind)?
+        do { stored = try row(&s, collection, key) } catch StoreError.corrupt { repair = true }
+        var doc = stored?.state ?? DocumentState()
+        // Merging into an evicted document's stub brings the document back, even when the state
+        // adds nothing to the stub.
+        guard doc.merge(incoming) || stored?.kind == .stub || repair else { return .unchanged }
+        // A stamp far ahead would win every later local write to its fields until the clock caught
+        // up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later
+        // of the physical clock and the HLC: a node whose own clock is behind defers instead of
+        // dropping, and accepts once its clock or its HLC has moved.
+        let horizon = max(now, s.clock.last.millis)
+        let latest = incoming.maxTime.millis
+        if latest > horizon, latest - horizon > options.maxClockDrift {
+            return .refused(
+                .clock,
+                reason: "it carries a stamp \(latest - horizon) ms ahead of this node's clock, more than the allowed "
+                    + "\(options.maxClockDrift) ms; kept until the clock reaches it (if this node's clock is right, "
+                    + "fix the writer's clock)",
+                ready: latest - options.maxClockDrift, decoded: incoming)
+        }
+        do {
+            try persist(&s, collection, key, id, doc)
+        } catch let error as StoreError {
+            switch error {
+            case .documentTooLarge:
+                return .refused(.size, reason: error.description, ready: 0, decoded: incoming)
+            case .invalidValue:
+                return .refused(.invalid, reason: error.description, ready: 0, decoded: incoming)
+            default:
+                throw error
+            }
+        }
+        s.clock.receive(incoming.maxTime, physicalMillis: horizon)
+        if repair { options.log("document \(key) in \(collection) was damaged and is repaired from a peer's state") }
+        return .applied
+    }
+
+    // MARK: Deferred documents
+
+    /// Keeps a refused state in the deferred table: the newest per (collection, key, peer), joined
+    /// with the one kept before when both decode.
+    private func keepDeferred(
+        _ s: inout State, _ collection: String, _ key: String, _ peer: [UInt8], _ bytes: [UInt8],
+        _ decoded: DocumentState?, _ kind: DeferralKind, _ reason: String, ready: UInt64, now: UInt64
+    ) throws {
+        let old = try s.db.prepare(
+            "SELECT state, since, attempts, kind FROM deferred WHERE collection = ? AND id = ? AND peer = ?")
+        old.bind(1, collection)
+        old.bind(2, key)
+        old.bind(3, peer)
+        var stored = bytes
+        var kind = kind
+        var ready = ready
+        var since = now
+        var attempts: Int64 = 0
+        let existed = try old.step()
+        if existed {
+            since = UInt64(max(0, old.int64(1)))
+            attempts = old.int64(2)
+            if var decoded, let previous = old.bytes(0),
+                let before = try? DocumentState(encoded: CBOR.decode(previous))
+            {
+                decoded.merge(before)
+                stored = decoded.cbor()
+                if kind == .clock || DeferralKind(rawValue: old.string(3) ?? "") == .clock {
+                    let latest = decoded.maxTime.millis
+                    kind = .clock
+                    ready = latest > options.maxClockDrift ? latest - options.maxClockDrift : 0
+                }
+            }
+        }
+        old.reset()
+        if kind != .clock { ready = now &+ Self.retryDelay(attempts: attempts) }
+        let st = try s.db.prepare(
+            "INSERT OR REPLACE INTO deferred(collection, id, peer, state, reason, kind, ready, since, attempts) "
+                + "VALUES (?,?,?,?,?,?,?,?,?)")
+        st.bind(1, collection)
+        st.bind(2, key)
+        st.bind(3, peer)
+        st.bind(4, stored)
+        st.bind(5, reason)
+        st.bind(6, kind.rawValue)
+        st.bind(7, Int64(clamping: ready))
+        st.bind(8, Int64(clamping: since))
+        st.bind(9, attempts)
+        try st.run()
+        if !existed { s.deferredRows += 1 }
+    }
+
+    /// How long a refusal other than the clock waits before it is tried again: one second, doubling
+    /// with each attempt, at most an hour (a new open tries them all again).
+    static func retryDelay(attempts: Int64) -> UInt64 {
+        min(1000 << UInt64(min(max(attempts, 0), 12)), 3_600_000)
+    }
+
+    /// Deletes the state deferred from `peer` for a document once the stored document holds all of it.
+    private func dropDeferredIfCovered(_ s: inout State, _ collection: String, _ key: String, _ peer: [UInt8])
+        throws
+    {
+        guard s.deferredRows > 0 else { return }
+        let st = try s.db.prepare("SELECT state FROM deferred WHERE collection = ? AND id = ? AND peer = ?")
+        st.bind(1, collection)
+        st.bind(2, key)
+        st.bind(3, peer)
+        guard try st.step(), let bytes = st.bytes(0) else {
+            st.reset()
+            return
+        }
+        st.reset()
+        guard let pending = try? DocumentState(encoded: CBOR.decode(bytes)),
+            var doc = try? load(&s, collection, key), !doc.merge(pending)
+        else { return }
+        try deleteDeferred(&s, collection, key, peer)
+    }
+
+    private func deleteDeferred(_ s: inout State, _ collection: String, _ key: String, _ peer: [UInt8]) throws {
+        let del = try s.db.prepare("DELETE FROM deferred WHERE collection = ? AND id = ? AND peer = ?")
+        del.bind(1, collection)
+        del.bind(2, key)
+        del.bind(3, peer)
+        try del.run()
+        s.deferredRows -= s.db.changes
+    }
+
+    /// Throws ``StoreError/deferredLimit(_:)`` when the documents deferred from `peer` exceed the bounds.
+    private func checkDeferredBounds(_ s: inout State, _ peer: [UInt8]) throws {
+        let st = try s.db.prepare("SELECT count(*), coalesce(sum(length(state)), 0) FROM deferred WHERE peer = ?")
+        st.bind(1, peer)
+        defer { st.reset() }
+        _ = try st.step()
+        let (count, bytes) = (Int(st.int64(0)), Int(st.int64(1)))
+        guard count > options.maxDeferredDocumentsPerPeer || bytes > options.maxDeferredBytesPerPeer else { return }
+        throw StoreError.deferredLimit(
+            "refused a batch from peer \(Self.hex(Array(peer.prefix(8)))): it would leave \(count) documents "
+                + "(\(bytes) bytes) from that peer deferred, above the limit of "
+                + "\(options.maxDeferredDocumentsPerPeer) documents or \(options.maxDeferredBytesPerPeer) bytes; "
+                + "nothing of the batch was applied and its checkpoint was not stored, so it will be sent again "
+                + "(see the deferred documents for why they wait)")
+    }
+
+    /// Merges again the deferred documents whose condition may have cleared: clock refusals whose
+    /// stamp this node's time (physical clock or HLC) has come within the drift of, and the others
+    /// after a delay that doubles with each attempt (one second to one hour; all of them again
+    /// after the store is opened). Meant to run on a timer; it takes the store lock for one small
+    /// transaction at a time, so writes and merges go on in between.
+    ///
+    /// A document applied, or found already held, leaves the table; one still refused stays with
+    /// its new reason and one more attempt counted.
+    ///
+    /// - Returns: how many were applied, and how many stay deferred.
+    /// - Throws: ``StoreError`` for SQLite errors (the transactions committed before stay).
+    /// - Complexity: O(size of the states tried), 128 per transaction.
+    public func retryDeferred() throws(StoreError) -> (applied: Int, remaining: Int) {
+        guard !options.readOnly else { return (0, try withState { $0.deferredRows }) }
+        let now = options.now()
+        var applied = 0
+        while true {
+            let (count, more) = try write { s -> (Int, Bool) in
+                guard s.deferredRows > 0 else { return (0, false) }
+                let horizon = max(now, s.clock.last.millis)
+                let st = try s.db.prepare(
+                    "SELECT collection, id, peer, state, attempts FROM deferred "
+                        + "WHERE (kind = 'clock' AND ready <= ?) OR (kind != 'clock' AND ready <= ?) "
+                        + "ORDER BY collection, id, peer LIMIT 128")
+                st.bind(1, Int64(clamping: horizon))
+                st.bind(2, Int64(clamping: now))
+                var rows: [(collection: String, key: String, peer: [UInt8], state: [UInt8], attempts: Int64)] = []
+                while try st.step() {
+                    rows.append(
+                        (st.string(0) ?? "", st.string(1) ?? "", st.bytes(2) ?? [], st.bytes(3) ?? [], st.int64(4)))
+                }
+                st.reset()
+                var count = 0
+                for row in rows {
+                    guard let id = try? JSON.parse(row.key) else {
+                        try deleteDeferred(&s, row.collection, row.key, row.peer)  // not a key this store wrote
+                        continue
+                    }
+                    switch try mergeState(&s, row.collection, row.key, id, row.state, now: now) {
+                    case .applied:
+                        count += 1
+                        try deleteDeferred(&s, row.collection, row.key, row.peer)
+                    case .unchanged:
+                        try deleteDeferred(&s, row.collection, row.key, row.peer)
+                    case .refused(let kind, let reason, let ready, _):
+                        let update = try s.db.prepare(
+                            "UPDATE deferred SET reason = ?, kind = ?, ready = ?, attempts = attempts + 1 "
+                                + "WHERE collection = ? AND id = ? AND peer = ?")
+                        update.bind(1, reason)
+                        update.bind(2, kind.rawValue)
+                        update.bind(
+                            3,
+                            Int64(clamping: kind == .clock ? ready : now &+ Self.retryDelay(attempts: row.attempts + 1))
+                        )
+                        update.bind(4, row.collection)
+                        update.bind(5, row.key)
+                        update.bind(6, row.peer)
+                        try update.run()
+                    }
+                }
+                return (count, rows.count == 128)
+            }
+            applied += count
+            if !more { break }
+        }
+        return (applied, try withState { $0.deferredRows })
+    }
+
+    /// The remote documents kept because they could not be applied yet, oldest first.
+    ///
+    /// - Complexity: O(n) in the deferred documents.
+    public func deferredDocuments() throws(StoreError) -> [DeferredDocument] {
+        try withState { s -> [DeferredDocument] in
+            guard s.deferredRows > 0 else { return [] }
+            let st = try s.db.prepare(
+                "SELECT collection, id, peer, reason, since, attempts FROM deferred ORDER BY since, collection, id, peer"
+            )
+            defer { st.reset() }
+            var out: [DeferredDocument] = []
+            while try st.step() {
+                out.append(
+                    DeferredDocument(
+                        collection: st.string(0) ?? "", key: st.string(1) ?? "", peer: st.bytes(2) ?? [],
+                        reason: st.string(3) ?? "", since: UInt64(max(0, st.int64(4))), attempts: Int(st.int64(5))))
+            }
+            return out
+        }
+    }
+
+    // MARK: Checkpoints
+
+    /// The checkpoint stored for a peer and subscription, if any.
+    public func checkpoint(peer: [UInt8], subscription: String) throws(StoreError) -> Checkpoint? {
+        try withState { s -> Checkpoint? in
+            let st = try s.db.prepare("SELECT epoch, seq FROM checkpoints WHERE peer = ? AND subscription = ?")
+            st.bind(1, peer)
+            st.bind(2, subscription)
+            defer { st.reset() }
+            guard try st.step() else { return nil }
+            return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
+        }
+    }
+
+    /// Every checkpoint stored for a peer, by subscription key.
+    ///
+    /// - Complexity: O(k log n) for the peer's k checkpoints.
+    public func checkpoints(peer: [UInt8]) throws(StoreError) -> [String: Checkpoint] {
+        try withState { s -> [String: Checkpoint] in
+            let st = try s.db.prepare("SELECT subscription, epoch, seq FROM checkpoints WHERE peer = ?")
+            st.bind(1, peer)
+            defer { st.reset() }
+            var out: [String: Checkpoint] = [:]
+            while try st.step() {
+                out[st.string(0) ?? ""] = Checkpoint(epoch: st.bytes(1) ?? [], seq: st.int64(2))
+            }
+            return out
+        }
+    }
+}

@@ -1,0 +1,164 @@
+import Foundation
+import Synchronization
+import Testing
+import TrellisCore
+import TrellisTestKit
+
+@testable import TrellisStore
+
+/// Nothing is reissued: no `seq` and no stamp is issued twice by one site and epoch, across
+/// rolled-back transactions, restarts, restored backups and power loss (issue 8 item 6).
+@Suite struct LogIdentityTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+    let log = LogLines()
+
+    /// Opens a store as if on the system boot `boot` (`nil`: no boot ID can be read).
+    func open(_ name: String, boot: String? = "boot-a", _ configure: (inout StoreOptions) -> Void = { _ in }) throws
+        -> DocumentStore
+    {
+        let bootFile = dir.path(boot.map { "boot_id-\($0)" } ?? "no-such-boot-id")
+        if let boot { try Data("\(boot)\n".utf8).write(to: URL(fileURLWithPath: bootFile)) }
+        return try openStore(dir, name, clock: clock, log: log) { options in
+            options.bootIDPath = bootFile
+            configure(&options)
+        }
+    }
+
+    /// What a power loss or a crash of the system leaves: the files of a store that is still open.
+    func crashImage(_ name: String, as copy: String) throws {
+        for suffix in ["", "-wal"] where FileManager.default.fileExists(atPath: dir.path(name + suffix)) {
+            try FileManager.default.copyItem(atPath: dir.path(name + suffix), toPath: dir.path(copy + suffix))
+        }
+    }
+
+    @Test func aRolledBackTransactionIssuesNoSeqAndReportsNoChange() throws {
+        let store = try open("s.sqlite") { $0.maxDocumentBytes = 2_000 }
+        let start = store.lastSeq
+        let heard = Mutex<[[UTF8Key: Set<UTF8Key>]]>([])
+        store.addObserver { event in heard.withLock { $0.append(event.changedKeys) } }
+        try store.upsert(["_id": "a"], in: "c")
+        #expect(throws: StoreError.self) {
+            try store.upsert(
+                [["_id": "ok"], ["_id": "big", "s": .string(String(repeating: "x", count: 5_000))]], in: "c")
+        }
+        #expect(store.lastSeq == start + 1)
+        try store.upsert(["_id": "b"], in: "c")
+        #expect(store.lastSeq == start + 2)
+        let log = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
+        #expect(log.map(\.seq) == [start + 1, start + 2] && log.map(\.id) == ["a", "b"])
+        store.waitForObservers()
+        #expect(heard.withLock { $0 } == [["c": ["\"a\""]], ["c": ["\"b\""]]])
+    }
+
+    @Test func aStoreRestoredFromABackupContinuesAboveEverySeqItIssued() throws {
+        var issued: Int64
+        do {
+            let store = try open("s.sqlite")
+            try store.upsert(["_id": "a"], in: "c")
+            try store.checkpointWAL()
+            try FileManager.default.copyItem(atPath: dir.path("s.sqlite"), toPath: dir.path("backup.sqlite"))
+            clock.advance(by: 1_000)
+            try store.upsert((0..<100).map { ["_id": .string("n\($0)")] }, in: "c")
+            issued = store.lastSeq
+        }
+        // Restore the backup, a millisecond later.
+        clock.advance(by: 1)
+        for suffix in ["", "-wal", "-shm"] {
+            try? FileManager.default.removeItem(atPath: dir.path("s.sqlite" + suffix))
+        }
+        try FileManager.default.copyItem(atPath: dir.path("backup.sqlite"), toPath: dir.path("s.sqlite"))
+        let restored = try open("s.sqlite")
+        #expect(restored.lastSeq > issued)
+        try restored.upsert(["_id": "after"], in: "c")
+        let seqs = try restored.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records.map(\.seq)
+        #expect(seqs.count == 2 && seqs[1] > issued)
+    }
+
+    @Test func anUncleanShutdownAcrossARestartOfTheSystemRotatesTheLog() throws {
+        let store = try open("s.sqlite", boot: "boot-a")
+        try store.upsert(["_id": "a", "v": 1], in: "c")
+        let (epoch, site) = (store.epoch, store.siteID)
+        try crashImage("s.sqlite", as: "same-boot.sqlite")
+        try crashImage("s.sqlite", as: "new-boot.sqlite")
+        try crashImage("s.sqlite", as: "unknown-boot.sqlite")
+        // The process died, the system did not: the last commits are on disk.
+        let sameBoot = try open("same-boot.sqlite", boot: "boot-a")
+        #expect(sameBoot.epoch == epoch && sameBoot.siteID == site)
+        #expect(log.lines.isEmpty)
+        // The system restarted: commits may have been lost after peers received them.
+        let newBoot = try open("new-boot.sqlite", boot: "boot-b")
+        #expect(newBoot.epoch != epoch && newBoot.siteID != site)
+        #expect(log.lines.count == 1 && log.lines[0].contains("not closed cleanly"))
+        #expect(try newBoot.document(id: "a", in: "c") == ["_id": "a", "v": 1])  // the data stays
+        clock.advance(by: 1)
+        try newBoot.upsert(["_id": "a", "v": 2], in: "c")
+        #expect(try newBoot.state(id: "a", in: "c")?.stamp(at: .key("v"))?.site == newBoot.siteID)
+        // No boot ID to compare: treated as a restart of the system.
+        let unknown = try open("unknown-boot.sqlite", boot: nil)
+        #expect(unknown.epoch != epoch && unknown.siteID != site)
+        // A clean close records it: the next open keeps the log, whatever the boot.
+        store.close()
+        #expect(throws: StoreError.closed) { try store.upsert(["_id": "b"], in: "c") }
+        let reopened = try open("s.sqlite", boot: "boot-c")
+        #expect(reopened.epoch == epoch && reopened.siteID == site)
+    }
+
+    /// A clock once set a day ahead does not keep this node's writes in the future: at open, a
+    /// saved clock beyond now + the drift restarts at now with a new site ID (issue 8 item 2).
+    @Test func aForwardClockJumpIsNotPermanent() throws {
+        let day: UInt64 = 86_400_000
+        let oldSite: SiteID
+        do {
+            let jumped = ManualClock(startingAt: clock.now + day)
+            let store = try open("s.sqlite") { $0.now = jumped.source }
+            try store.upsert(["_id": "early", "v": 1], in: "c")
+            oldSite = store.siteID
+        }
+        let store = try open("s.sqlite")  // the clock is right again
+        #expect(store.siteID != oldSite)
+        #expect(log.lines.count == 1 && log.lines[0].contains("ms ahead of the system clock"))
+        try store.upsert(["_id": "late", "v": 1], in: "c")
+        let stamp = try #require(try store.state(id: "late", in: "c")?.stamp(at: .key("v")))
+        #expect(stamp.site == store.siteID && stamp.time.millis == clock.now)
+        // A peer with a right clock applies the new writes at once.
+        let peer = try open("peer.sqlite")
+        let docs = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records.map {
+            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
+        }
+        let outcome = try peer.merge(docs, from: [1], checkpoint: nil)
+        // The caveat: what was written while the clock was ahead keeps its stamp (peers keep it
+        // deferred until their clocks reach it).
+        #expect(outcome.applied == 1 && outcome.deferred.map(\.key) == ["\"early\""])
+        // Reopening does not rotate again.
+        let again = try open("s.sqlite")
+        #expect(again.siteID == store.siteID)
+    }
+
+    @Test func droppingTheStoreIsACleanClose() throws {
+        let epoch: [UInt8]
+        do {
+            let store = try open("s.sqlite", boot: "boot-a")
+            try store.upsert(["_id": "a"], in: "c")
+            epoch = store.epoch
+        }
+        #expect(try open("s.sqlite", boot: "boot-b").epoch == epoch)
+    }
+
+    @Test func durabilityChoosesSQLitesSynchronousSetting() throws {
+        func synchronous(_ store: DocumentStore) throws -> Int64 {
+            try store.withState { s -> Int64 in
+                let st = try s.db.prepare("PRAGMA synchronous")
+                defer { st.reset() }
+                _ = try st.step()
+                return st.int64(0)
+            }
+        }
+        let normal = try open("normal.sqlite")
+        let full = try open("full.sqlite") { $0.durability = .full }
+        #expect(try synchronous(normal) == 1 && synchronous(full) == 2)
+        // A rotation commits durably whatever the setting, and the setting stays.
+        try normal.rotateLog(reason: "test")
+        #expect(try synchronous(normal) == 1)
+    }
+}
