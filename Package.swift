@@ -18,6 +18,7 @@ let package = Package(
         .library(name: "TrellisCore", targets: ["TrellisCore"]),
         .library(name: "ContactProvider", targets: ["ContactProvider"]),
         .library(name: "TrellisContacts", targets: ["TrellisContacts"]),
+        .library(name: "TrellisSimulation", targets: ["TrellisSimulation"]),
         .executable(name: "trellis", targets: ["trellis"]),
         .executable(name: "trellis-bench", targets: ["trellis-bench"]),
     ],
@@ -46,6 +47,10 @@ let package = Package(
         .target(
             name: "TrellisContacts",
             dependencies: ["ContactProvider", "TrellisCore", "TrellisStore", "Trellis", "TrellisCrypto"]),
+        // Deterministic simulated meshes of real nodes, for Trellis's tests and apps' own.
+        .target(
+            name: "TrellisSimulation",
+            dependencies: ["Trellis", "TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet"]),
         // Shared test helpers.
         .target(
             name: "TrellisTestKit",
@@ -53,12 +58,13 @@ let package = Package(
                 "Trellis", "TrellisCore", "TrellisStore", "TrellisCrypto", "TrellisContacts", "ContactProvider",
             ]),
 
-        .executableTarget(name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider"]),
+        .executableTarget(
+            name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider", "TrellisSimulation"]),
         .executableTarget(
             name: "trellis-bench",
             dependencies: [
                 "Trellis", "TrellisStore", "TrellisCore", "TrellisNet", "TrellisCrypto", "CSQLite", "ContactProvider",
-                "TrellisContacts",
+                "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
 
@@ -67,6 +73,7 @@ let package = Package(
         .testTarget(name: "TrellisCryptoTests", dependencies: ["TrellisCrypto", "TrellisTestKit"]),
         .testTarget(name: "TrellisSyncTests", dependencies: ["Trellis", "TrellisSync", "TrellisTestKit"]),
         .testTarget(name: "TrellisCLITests", dependencies: ["TrellisTestKit"]),
+        .testTarget(name: "TrellisSimulationTests", dependencies: ["TrellisSimulation", "Trellis", "TrellisTestKit"]),
         .testTarget(
             name: "TrellisContactsTests",
             dependencies: ["ContactProvider", "TrellisContacts", "TrellisStore", "Trellis", "TrellisTestKit"]),

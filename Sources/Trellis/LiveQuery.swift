@@ -170,6 +170,8 @@ enum LiveChange {
 /// A registered observer, driven by the registry's evaluation queue.
 protocol LiveObservation: AnyObject, Sendable {
     var collection: String { get }
+    /// Where its callbacks run.
+    var queue: DispatchQueue { get }
     var isStopped: Bool { get }
     /// Re-evaluates after a commit. Evaluation queue only.
     func refresh(_ change: LiveChange)
@@ -219,6 +221,31 @@ final class LiveQueryRegistry: Sendable {
 
     /// The number of registered observers.
     var count: Int { state.withLock { $0.observations.count } }
+
+    /// Waits until every commit made before the call is evaluated and the callbacks it caused
+    /// have run (including the evaluations their signals trigger). Must not be called from a
+    /// live query's delivery queue or the evaluation queue.
+    func settle() {
+        var lastPasses = -1
+        var rounds = 0
+        while rounds < 64 {
+            rounds += 1
+            evaluation.sync {}
+            let queues = state.withLock { s -> [DispatchQueue] in
+                var seen: Set<ObjectIdentifier> = []
+                return s.observations.keys.sorted().compactMap { id in
+                    let queue = s.observations[id]!.queue
+                    return seen.insert(ObjectIdentifier(queue)).inserted ? queue : nil
+                }
+            }
+            for queue in queues { queue.sync {} }
+            evaluation.sync {}
+            let passes = stats.passes.load(ordering: .relaxed) + stats.deliveries.load(ordering: .relaxed)
+            let idle = state.withLock { !$0.scheduled && $0.pending.isEmpty }
+            if idle, passes == lastPasses { return }
+            lastPasses = passes
+        }
+    }
 
     func add(_ observation: any LiveObservation) -> UInt64 {
         state.withLock { s in
@@ -310,6 +337,8 @@ final class LiveQueryStats: Sendable {
     let patches = Atomic<Int>(0)
     /// Cursor evaluations that ran the query (registration, windowed queries, unknown changes).
     let reruns = Atomic<Int>(0)
+    /// Callbacks queued for delivery.
+    let deliveries = Atomic<Int>(0)
 }
 
 // MARK: - Observation
@@ -379,6 +408,7 @@ final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchec
 
     private func deliver() {
         guard let current else { return }
+        registry.stats.deliveries.add(1, ordering: .relaxed)
         awaiting = true
         generation &+= 1
         let previous = delivered

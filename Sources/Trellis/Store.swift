@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 @_exported public import TrellisCore
 public import TrellisStore
-import TrellisSync
+public import TrellisSync
 
 /// A document as returned by queries: its `_id` and its value (a map including `_id`).
 public struct Document: Sendable, Hashable, CustomStringConvertible {
@@ -28,18 +28,28 @@ public struct Document: Sendable, Hashable, CustomStringConvertible {
 public final class Store: Sendable {
     /// The underlying SQLite document store.
     public let documents: DocumentStore
-    let engine: SyncEngine
+    let engine: any SubscriptionService
     let liveQueries: LiveQueryRegistry
 
-    init(documents: DocumentStore, engine: SyncEngine) {
+    /// A store over `documents` whose subscriptions go to `subscriptions` (a node's sync engine,
+    /// or a simulated node's).
+    package init(documents: DocumentStore, subscriptions: any SubscriptionService) {
         self.documents = documents
-        self.engine = engine
+        self.engine = subscriptions
         self.liveQueries = LiveQueryRegistry(documents: documents)
     }
 
     /// The number of running local observers (``LiveQuery``s and live query sequences); back to
     /// its previous value once the observers started since are stopped, dropped or cancelled.
     public var liveQueryCount: Int { liveQueries.count }
+
+    /// Waits until every live query has evaluated the commits made before this call and the
+    /// callbacks they caused have run (for tests, and for simulated meshes between steps).
+    ///
+    /// Do not call it from a live query callback (it would wait for itself).
+    public func flushLiveQueries() {
+        liveQueries.settle()
+    }
 
     /// A collection by name (created on first write).
     public func collection(_ name: String) -> Collection {
@@ -348,12 +358,12 @@ public struct PendingCursorOperation: Sendable {
 
 /// A subscription to peers' documents; `cancel()` (or dropping it) stops replication of it.
 public final class Subscription: Sendable {
-    let engine: SyncEngine
+    let engine: any SubscriptionService
     public let spec: SubscriptionSpec
     public let label: String
     private let cancelled = LockedFlag()
 
-    init(engine: SyncEngine, spec: SubscriptionSpec, label: String) throws {
+    init(engine: any SubscriptionService, spec: SubscriptionSpec, label: String) throws {
         self.engine = engine
         self.spec = spec
         self.label = label

@@ -42,9 +42,9 @@ public final class TrellisNode: Sendable {
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
-        engine = SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
+        engine = try SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
         network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
-        store = Store(documents: documents, engine: engine)
+        store = Store(documents: documents, subscriptions: engine)
     }
 
     /// A node dropped without ``stop()`` stops its networking, so its threads end and release

@@ -55,33 +55,43 @@ extension DocumentStore {
     ///   states returned.
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
-        args: UTF8Map<Value> = [:]
+        args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
+        let now = options.now()
         return try withState { s -> ChangePage in
+            var scope: Int64?
+            if let subscription, !subscription.isWholeCollection {
+                try registerServed(&s, subscription, bound: bound, now: now)
+                scope = Self.scopeHash(subscription.key)
+            }
             do {
-                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, guarded: false)
+                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: false)
             } catch let error as SQLiteError where error.isMalformedJSON {
                 // A damaged JSON value in the page: evaluate the query only on valid JSON.
-                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, guarded: true)
+                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: true)
             }
         }
     }
 
     private func changePage(
         _ s: inout State, _ collection: String, _ after: Int64, _ limit: Int, _ maxBytes: Int, _ bound: Query,
-        _ translated: PushedQuery?, guarded: Bool
+        _ translated: PushedQuery?, _ scope: Int64?, guarded: Bool
     ) throws -> ChangePage {
-        // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged.
-        // A translation SQLite refuses to prepare is evaluated in memory instead.
+        // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged,
+        // 3: send whatever it holds (it left the subscription's scope, DocumentStore+Scope.swift).
+        // A translation SQLite refuses to prepare is evaluated in memory instead. Without a scope
+        // (a whole collection, or no subscription named) every tombstone is sent.
         let (st, pushed) = try Self.preparePushedDown(s.db, translated) { pushed in
-            var match = "1"
+            let left =
+                scope.map { "WHEN deleted != 2 AND \(Self.leftScopeSQL($0)) THEN 3 WHEN deleted = 1 THEN 0 " } ?? ""
+            var match = scope == nil ? "1" : "CASE \(left)ELSE 1 END"
             if let pushed {
                 match =
                     guarded
-                    ? "CASE WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN (\(pushed.sql)) ELSE 2 END"
-                    : "CASE WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
+                    ? "CASE \(left)WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN (\(pushed.sql)) ELSE 2 END"
+                    : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
             }
             return "SELECT seq, id, state, deleted, \(match), value FROM documents "
                 + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
@@ -131,7 +141,7 @@ extension DocumentStore {
                 skip("its state does not decode: \(error)")
                 continue
             }
-            if pushed == nil, !deleted {
+            if pushed == nil, !deleted, matched != 3 {
                 guard let value = doc?.materialize(id: id), try bound.matches(value) else { continue }
             }
             // Peers receive the whole state, whatever form the row keeps.

@@ -43,7 +43,7 @@ extension DocumentStore {
         let now = options.now()
         let boot = bootID(at: options.bootIDPath)
         var log = OpenedLog(
-            site: randomSite(), epoch: randomEpoch(),
+            site: randomSite(options.random), epoch: randomEpoch(options.random),
             clock: HLCTimestamp(rawValue: try meta(db, "hlc").map(uint64) ?? 0),
             nextSeq: 1)
         if let site = try meta(db, "site"), let epoch = try meta(db, "epoch") {
@@ -55,8 +55,8 @@ extension DocumentStore {
             if let marker = try meta(db, "open") {
                 let previous = String(decoding: marker, as: UTF8.self)
                 if previous.isEmpty || boot == nil || previous != boot {
-                    log.site = randomSite()
-                    log.epoch = randomEpoch()
+                    log.site = randomSite(options.random)
+                    log.epoch = randomEpoch(options.random)
                     log.messages.append(
                         "\(path) was not closed cleanly and the system has restarted since (boot ID "
                             + "\(previous.isEmpty ? "unknown" : previous) -> \(boot ?? "unknown")): its last commits may "
@@ -70,7 +70,7 @@ extension DocumentStore {
         // ID has no history, so its clock can restart at now without ever repeating a stamp.
         if log.clock.millis > now, log.clock.millis - now > options.maxClockDrift {
             let ahead = log.clock.millis - now
-            log.site = randomSite()
+            log.site = randomSite(options.random)
             log.clock = HLCTimestamp(millis: now, logical: 0)
             try setMeta(db, "hlc", bytes(log.clock.rawValue))
             log.messages.append(
@@ -171,8 +171,8 @@ extension DocumentStore {
     public func rotateLog(reason: String) throws(StoreError) {
         let (old, new, site) = try write(durable: true) { s -> ([UInt8], [UInt8], SiteID) in
             let old = s.epoch
-            s.epoch = Self.randomEpoch()
-            s.siteID = Self.randomSite()
+            s.epoch = Self.randomEpoch(options.random)
+            s.siteID = Self.randomSite(options.random)
             try Self.setMeta(s.db, "epoch", s.epoch)
             try Self.setMeta(s.db, "site", Self.bytes(s.siteID))
             return (old, s.epoch, s.siteID)
@@ -182,9 +182,29 @@ extension DocumentStore {
                 + "\(String(site, radix: 16)): \(reason)")
     }
 
-    static func randomEpoch() -> [UInt8] { (0..<16).map { _ in UInt8.random(in: 0...255) } }
+    /// A new epoch: 16 bytes from the store's random source (``StoreOptions/random``).
+    static func randomEpoch(_ random: () -> UInt64) -> [UInt8] {
+        withUnsafeBytes(of: (random(), random())) { Array($0) }
+    }
 
-    static func randomSite() -> SiteID { SiteID.random(in: 1...SiteID.max) }
+    /// A new site ID (never 0) from the store's random source.
+    static func randomSite(_ random: () -> UInt64) -> SiteID { max(1, random()) }
+
+    /// A new `_id` for a document given without one: a version 4 UUID string (RFC 9562 §5.4),
+    /// from the store's random source.
+    static func newID(_ random: () -> UInt64) -> Value {
+        var bytes = withUnsafeBytes(of: (random(), random())) { Array($0) }
+        bytes[6] = bytes[6] & 0x0F | 0x40
+        bytes[8] = bytes[8] & 0x3F | 0x80
+        let digits = Array("0123456789ABCDEF")
+        var text = ""
+        for (i, byte) in bytes.enumerated() {
+            if [4, 6, 8, 10].contains(i) { text.append("-") }
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 15)])
+        }
+        return .string(text)
+    }
 
     static func hex(_ bytes: [UInt8]) -> String {
         let digits = Array("0123456789abcdef")

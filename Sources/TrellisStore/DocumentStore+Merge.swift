@@ -25,8 +25,9 @@ enum DeferralKind: String {
 enum StateMerge {
     /// The local state changed and was written.
     case applied
-    /// The local state already held everything in it.
-    case unchanged
+    /// The local state already held everything in it; `behind` when it holds more (the sender's
+    /// state is older than this node's).
+    case unchanged(behind: Bool)
     /// Not applied: why, and from when (milliseconds) trying again may succeed (clock refusals).
     case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
 }
@@ -53,18 +54,29 @@ extension DocumentStore {
     ///   - documents: the peer's document states.
     ///   - peer: the peer key of the sender.
     ///   - checkpoint: `(subscription key, checkpoint)` to store, or `nil`.
+    ///   - holders: the query subscriptions this node serves to the sending peer: the peer holds
+    ///     every document it sends, so the store records them in those subscriptions' scope and
+    ///     later changes to them go back to the peer even when its queries do not match them
+    ///     (DocumentStore+Scope.swift).
     /// - Throws: ``StoreError/deferredLimit(_:)`` when the documents deferred from this peer would
     ///   exceed ``StoreOptions/maxDeferredDocumentsPerPeer`` or
     ///   ``StoreOptions/maxDeferredBytesPerPeer``; ``StoreError`` for SQLite errors. Nothing of the
     ///   batch is applied then, and the checkpoint is not stored (the peer sends it again).
     /// - Complexity: O(total size of the batch) plus a few indexed lookups per document.
     public func merge(
-        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?
+        _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?,
+        heldBy holders: [SubscriptionSpec] = []
     ) throws(StoreError) -> MergeOutcome {
         var outcome = MergeOutcome()
         let now = options.now()
+        let holders = holders.filter { !$0.isWholeCollection }
+        var bound: [(SubscriptionSpec, Query)] = []
+        for spec in holders {
+            if let query = try? Query(spec.query).bind(args: spec.args) { bound.append((spec, query)) }
+        }
         try write(origin: peer) { s in
             var deferredHere = false
+            for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
             for remote in documents {
                 let key: String
                 do { key = try Self.key(for: remote.id) } catch {
@@ -75,6 +87,16 @@ extension DocumentStore {
                 switch result {
                 case .applied, .unchanged:
                     if case .applied = result { outcome.applied += 1 }
+                    // The sender holds this document whatever its queries match: later changes to it
+                    // go back to it (DocumentStore+Scope.swift).
+                    var entered = false
+                    for (spec, _) in bound where UTF8Key.equal(spec.collection, remote.collection) {
+                        entered = try recordHeld(&s, remote.collection, key, by: spec) || entered
+                    }
+                    // It entered a scope with an older state than this node's, at a row the
+                    // subscription's cursor may have passed: the row is logged again so the newer
+                    // state (a tombstone, say) reaches the sender.
+                    if entered, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
                     try dropDeferredIfCovered(&s, remote.collection, key, peer)
                 case .refused(let kind, let reason, let ready, let decoded):
                     try keepDeferred(
@@ -121,7 +143,7 @@ extension DocumentStore {
         var doc = stored?.state ?? DocumentState()
         // Merging into an evicted document's stub brings the document back, even when the state
         // adds nothing to the stub.
-        guard doc.merge(incoming) || stored?.kind == .stub || repair else { return .unchanged }
+        guard doc.merge(incoming) || stored?.kind == .stub || repair else { return .unchanged(behind: doc != incoming) }
         // A stamp far ahead would win every later local write to its fields until the clock caught
         // up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later
         // of the physical clock and the HLC: a node whose own clock is behind defers instead of

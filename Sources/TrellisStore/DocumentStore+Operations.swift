@@ -248,7 +248,7 @@ extension DocumentStore {
         -> [Value]
     {
         if writeStrategy == .merge { return try upsert(documents, in: collection) }
-        let prepared = try Self.prepare(documents)
+        let prepared = try prepare(documents)
         let now = options.now()
         try write { s in
             for (id, key, fields) in prepared {

@@ -28,6 +28,10 @@ public struct StoreOptions: Sendable {
     public var bootIDPath = "/proc/sys/kernel/random/boot_id"
     /// Open without writing anything (inspecting a store a running node owns); writes then fail.
     public var readOnly = false
+    /// Where the store draws a new store's site ID and epoch, and the `_id`s of documents given
+    /// without one, from: the system's random source by default; a simulation passes a seeded one
+    /// so that a seed fixes every identity.
+    public var random: @Sendable () -> UInt64 = { UInt64.random(in: .min ... .max) }
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
     public var now: @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1000) }
     /// Where warnings go (oversized documents, far-future remote stamps).
@@ -147,18 +151,6 @@ public struct ChangePage: Sendable {
 /// A document received from a peer, to be merged: its collection, `_id` and CBOR state.
 public typealias RemoteDocument = WireDocument
 
-/// How far this store has durably applied one peer's log for one subscription.
-public struct Checkpoint: Sendable, Equatable {
-    /// The epoch of the peer's log the `seq` belongs to.
-    public var epoch: [UInt8]
-    public var seq: Int64
-
-    public init(epoch: [UInt8], seq: Int64) {
-        self.epoch = epoch
-        self.seq = seq
-    }
-}
-
 /// What a commit changed, delivered to observers after the transaction commits, on the store's
 /// event queue (see ``DocumentStore/addObserver(_:)``).
 public struct StoreEvent: Sendable {
@@ -252,6 +244,11 @@ public final class DocumentStore: Sendable {
         var damaged: [DocumentKey: String] = [:]
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
         var rescanGenerations: [UTF8Key: UInt32] = [:]
+        /// The query subscriptions served to peers, by collection (DocumentStore+Scope.swift).
+        var servedScopes: [UTF8Key: [ServedScope]] = [:]
+        /// When each served subscription was last recorded as used (ms), this run.
+        var servedUsed: [Int64: UInt64] = [:]
+        var servedCount = 0
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -343,6 +340,7 @@ public final class DocumentStore: Sendable {
                 opened = try db.transaction(readOnly: true) { try Self.readLog(db) }
             } else {
                 try db.execute(Self.schema)
+                try db.execute(Self.scopeSchema)
                 try Self.migrate(db)
                 // The open marker and any rotation are on disk before anything else is written.
                 try db.execute("PRAGMA synchronous=FULL")
@@ -362,6 +360,8 @@ public final class DocumentStore: Sendable {
                         truncatingIfNeeded: Self.uint64(generations.bytes(1) ?? []))
             }
             generations.reset()
+            state.servedScopes = try Self.loadServedScopes(db)
+            state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }
             if try Self.hasTable(db, "deferred") {
                 let count = try db.prepare("SELECT count(*) FROM deferred")
                 _ = try count.step()
@@ -560,6 +560,7 @@ public final class DocumentStore: Sendable {
             options.log(
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
+        try trackScope(&s, collection, key, new: materialized)
         try writeRow(&s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value)
     }
 
@@ -602,7 +603,7 @@ public final class DocumentStore: Sendable {
     /// - Complexity: O(total size) plus one indexed lookup per document.
     @discardableResult
     public func upsert(_ documents: [Value], in collection: String) throws(StoreError) -> [Value] {
-        let prepared = try Self.prepare(documents)
+        let prepared = try prepare(documents)
         let now = options.now()
         try write { s in
             for (id, key, fields) in prepared {
@@ -618,14 +619,14 @@ public final class DocumentStore: Sendable {
     /// key and its other fields.
     ///
     /// - Throws: ``StoreError`` for a non-map, a bad `_id` or a value that cannot be stored.
-    static func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: UTF8Map<Value>)] {
+    func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: UTF8Map<Value>)] {
         var prepared: [(id: Value, key: String, fields: UTF8Map<Value>)] = []
         prepared.reserveCapacity(documents.count)
         for document in documents {
             guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
             do { try document.validate() } catch { throw .invalidValue(error.description) }
-            let id = fields.removeValue(forKey: "_id") ?? .string(UUID().uuidString)
-            prepared.append((id, try key(for: id), fields))
+            let id = fields.removeValue(forKey: "_id") ?? Self.newID(options.random)
+            prepared.append((id, try Self.key(for: id), fields))
         }
         return prepared
     }
@@ -736,6 +737,9 @@ public final class DocumentStore: Sendable {
 
     // MARK: Change log
 
+    /// The latest HLC timestamp this store issued or adopted.
+    public var lastTimestamp: HLCTimestamp { state.withLock { $0.clock.last } }
+
     /// The highest `seq` committed so far (0 for an empty store).
     public var lastSeq: Int64 {
         guard options.readOnly else { return state.withLock { $0.nextSeq - 1 } }
@@ -763,5 +767,10 @@ public final class DocumentStore: Sendable {
     /// Persisted in the store; 0 for a collection never evicted in.
     public func rescanGeneration(collection: String) -> UInt32 {
         state.withLock { $0.rescanGenerations[UTF8Key(collection)] ?? 0 }
+    }
+
+    /// Every collection's rescan generation that is not 0, by collection name.
+    public var rescanGenerations: [String: UInt32] {
+        state.withLock { s in Dictionary(s.rescanGenerations.map { ($0.key.string, $0.value) }, uniquingKeysWith: max) }
     }
 }

@@ -1,5 +1,6 @@
 import Dispatch
 import Foundation
+import Synchronization
 public import TrellisCore
 public import TrellisNet
 public import TrellisStore
@@ -10,362 +11,264 @@ public struct PeerInfo: Sendable, CustomStringConvertible {
     public var address: String
     public var isInitiator: Bool
     public var siteID: SiteID?
+    /// The session's phase: `established`, `awaiting hello`, `standby (duplicate)`.
+    public var phase: String
     /// The peer's subscriptions this node serves.
     public var servedSubscriptions: [SubscriptionSpec]
+    /// Subscriptions the peer said it cannot serve, with its reason.
+    public var refusedSubscriptions: [(SubscriptionSpec, String)]
 
     public var keyHex: String { peerKey.map { String(format: "%02x", $0) }.joined() }
 
     public var description: String {
-        "\(keyHex.prefix(16)) \(address) \(isInitiator ? "outbound" : "inbound"), serving \(servedSubscriptions.count) subscription(s)"
+        var text =
+            "\(keyHex.prefix(16)) \(address) \(isInitiator ? "outbound" : "inbound"), serving \(servedSubscriptions.count) subscription(s)"
+        if phase != "established" { text += " [\(phase)]" }
+        for (spec, reason) in refusedSubscriptions { text += "\n  cannot serve '\(spec)': \(reason)" }
+        return text
     }
 }
 
-/// The sync engine shell: owns one ``SyncSession`` per connected peer and carries out its
-/// directives against the ``DocumentStore`` and the ``MessageLink``.
+/// Where a ``Store``'s subscriptions go: a node's ``SyncEngine``, or a simulated node.
+public protocol SubscriptionService: AnyObject, Sendable {
+    /// Asks peers for the documents matching `spec` while held (two holders share it).
+    ///
+    /// - Throws: when the query does not parse or bind, or the collection name cannot travel.
+    func subscribe(_ spec: SubscriptionSpec) throws
+    /// Releases one ``subscribe(_:)``.
+    func unsubscribe(_ spec: SubscriptionSpec)
+}
+
+/// The sync engine over real links: one ``SyncHost`` (and so one ``Replicator``) driven on one
+/// serial queue, with a 100 ms tick for keepalives, liveness, retries and dials.
 ///
-/// All mutable state lives on one serial queue. Store I/O for sync runs on that queue too, so
-/// merges are applied in the order batches arrive.
-public final class SyncEngine: @unchecked Sendable {
-    // Invariant: every `var` below is read and written only on `queue`.
+/// Nothing on the queue blocks on a socket: links queue outbound messages and report
+/// congestion; each link's reader waits (inbound backpressure) while more than
+/// ``maxQueuedInbound`` of its messages wait for the queue. Public methods may be called from
+/// any thread, including from callbacks running on the engine's queue.
+public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Sendable {
+    // Invariant: `host`, `links`, `scanScheduled` are touched only on `queue`.
     private let queue = DispatchQueue(label: "trellis.sync")
+    /// Marks the engine queues (one key for all engines: a key must outlive every queue it is
+    /// set on), with the engine's identity as the value.
+    private static let onQueue = DispatchSpecificKey<ObjectIdentifier>()
     public let store: DocumentStore
     public let peerKey: [UInt8]
-    /// Subscriptions forwarded to other peers travel at most this many hops.
-    public let maxHops: Int
     private let log: @Sendable (String) -> Void
-
-    private final class Entry {
-        let link: any MessageLink
-        var session: SyncSession
-        var remoteSubscriptions: [WireSubscription] = []
-        var lastSent: [WireSubscription]?
-        init(link: any MessageLink, session: SyncSession) {
-            self.link = link
-            self.session = session
-        }
-    }
-
-    private var entries: [ObjectIdentifier: Entry] = [:]
-    /// Subscriptions by key; keys compare byte-wise, like every name from users.
-    private var local: [UTF8Key: SubscriptionSpec] = [:]
-    /// How many `subscribe` calls hold each local subscription (two apps may subscribe alike).
-    private var localCounts: [UTF8Key: Int] = [:]
-    private var queries: [UTF8Key: Query?] = [:]
+    private var host: SyncHost!
+    private var links: [LinkID: any MessageLink] = [:]
+    private let nextLink = Atomic<UInt64>(0)
+    private var scanScheduled = false
+    private var timer: (any DispatchSourceTimer)?
     private var observerToken: UInt64 = 0
-    private var closing = false
+    private let dialer = Mutex<(@Sendable (String) -> Void)?>(nil)
+    /// Messages read from one link and not yet handled, before its reader waits.
+    public static let maxQueuedInbound = 16
 
     /// - Parameters:
     ///   - store: the local store.
     ///   - peerKey: this node's static public key.
-    ///   - maxHops: hop limit for forwarded subscriptions.
+    ///   - configuration: replication limits and timings (its `peerKey` is replaced by `peerKey`).
     ///   - log: where session events go.
+    /// - Throws: ``StoreError`` reading the store's rescan generations.
     public init(
-        store: DocumentStore, peerKey: [UInt8], maxHops: Int = 4,
+        store: DocumentStore, peerKey: [UInt8], configuration: ReplicatorConfiguration? = nil,
         log: @escaping @Sendable (String) -> Void = { _ in }
-    ) {
+    ) throws {
         self.store = store
         self.peerKey = peerKey
-        self.maxHops = maxHops
         self.log = log
+        queue.setSpecific(key: Self.onQueue, value: ObjectIdentifier(self))
+        var config = configuration ?? ReplicatorConfiguration(peerKey: peerKey)
+        config.peerKey = peerKey
+        let seed = UInt64.random(in: .min ... .max)
+        let host = try SyncHost(
+            configuration: config, store: store, transport: self, seed: seed, now: Self.monotonicMillis, log: log)
+        queue.sync { self.host = host }
         let token = store.addObserver { [weak self] event in
             guard let self else { return }
-            self.queue.async {
-                if event.evicted {
-                    // Ask again from the (forgotten) checkpoints: peers send back what still matches.
-                    for entry in self.entries.values where entry.session.isEstablished { entry.lastSent = nil }
-                    self.updateSubscriptions()
-                }
-                self.localChanged()
-            }
+            self.queue.async { self.storeChanged(event) }
         }
-        queue.sync { observerToken = token }
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(deadline: .now() + .milliseconds(100), repeating: .milliseconds(100))
+        timer.setEventHandler { [weak self] in
+            guard let self else { return }
+            self.host.tick()
+            self.scheduleScans()
+        }
+        timer.resume()
+        queue.sync {
+            observerToken = token
+            self.timer = timer
+        }
     }
 
-    deinit { store.removeObserver(observerToken) }
+    deinit {
+        timer?.cancel()
+        store.removeObserver(observerToken)
+    }
+
+    static func monotonicMillis() -> Millis { Millis(DispatchTime.now().uptimeNanoseconds / 1_000_000) }
+
+    /// Runs `body` on the engine's queue and returns its result (inline when already there).
+    private func onEngine<R>(_ body: () throws -> R) rethrows -> R {
+        if DispatchQueue.getSpecific(key: Self.onQueue) == ObjectIdentifier(self) { return try body() }
+        return try queue.sync(execute: body)
+    }
+
+    /// Runs `body` on the engine queue after everything queued before it (for tests and tools).
+    public func sync<R: Sendable>(_ body: @Sendable () -> R) -> R { onEngine(body) }
 
     // MARK: Subscriptions
 
     /// Asks peers for the documents matching `spec` (replicated to this store while connected).
     ///
-    /// - Throws: ``QueryParseError`` when the query does not parse.
+    /// - Throws: ``QueryParseError`` or ``QueryEvaluationError`` when the query does not parse
+    ///   or bind, ``WireError`` for a collection name that cannot travel.
     public func subscribe(_ spec: SubscriptionSpec) throws {
-        _ = try Query(spec.query).bind(args: spec.args)
-        let key = UTF8Key(spec.key)
-        queue.sync {
-            localCounts[key, default: 0] += 1
-            guard local[key] == nil else { return }
-            local[key] = spec
-            updateSubscriptions()
+        try onEngine {
+            try host.subscribe(spec)
+            scheduleScans()
         }
     }
 
     /// Releases one ``subscribe(_:)`` of `spec`; peers stop being asked for it when none is left.
     public func unsubscribe(_ spec: SubscriptionSpec) {
-        let key = UTF8Key(spec.key)
-        queue.sync {
-            guard let count = localCounts[key] else { return }
-            if count > 1 {
-                localCounts[key] = count - 1
-                return
-            }
-            localCounts.removeValue(forKey: key)
-            local.removeValue(forKey: key)
-            updateSubscriptions()
+        onEngine {
+            host.unsubscribe(spec)
+            scheduleScans()
         }
     }
 
     /// This node's own subscriptions.
-    public var subscriptions: [SubscriptionSpec] {
-        queue.sync { local.sorted { $0.key < $1.key }.map(\.value) }
-    }
+    public var subscriptions: [SubscriptionSpec] { onEngine { host.replicator.subscriptions } }
 
-    /// The peers with an established session.
+    /// The peers with a session (established, or waiting for a duplicate to be resolved).
     public var peers: [PeerInfo] {
-        queue.sync {
-            entries.values.compactMap { entry in
-                guard let hello = entry.session.remote else { return nil }
-                return PeerInfo(
-                    peerKey: hello.peerKey, address: entry.link.remoteAddress, isInitiator: entry.link.isInitiator,
-                    siteID: hello.site, servedSubscriptions: entry.session.servedSubscriptions)
+        onEngine {
+            host.replicator.status.peers.filter { $0.phase != "awaiting hello" && $0.phase != "closed" }.map { p in
+                PeerInfo(
+                    peerKey: p.peerKey, address: p.address, isInitiator: p.initiator, siteID: p.siteID,
+                    phase: p.phase, servedSubscriptions: p.served.map(\.spec),
+                    refusedSubscriptions: p.asked.compactMap { s in s.error.map { (s.spec, $0) } })
             }
         }
     }
 
-    /// Runs `body` on the engine queue after everything queued before it (for tests and tools).
-    public func sync<R: Sendable>(_ body: @Sendable () -> R) -> R { queue.sync(execute: body) }
+    /// Every session and static peer as the replicator sees them.
+    public var status: ReplicatorStatus { onEngine { host.replicator.status } }
 
     // MARK: Links
 
+    /// Sets how ``ReplicatorDirective/dial(_:)`` connects (``MeshNetwork`` does).
+    public func setDialer(_ dial: @escaping @Sendable (String) -> Void) {
+        dialer.withLock { $0 = dial }
+    }
+
+    /// Keeps a connection to a static peer address (`host:port`), dialed by the replicator's schedule.
+    public func addPeer(_ endpoint: String) {
+        onEngine { host.addPeer(endpoint) }
+    }
+
     /// Starts a session over a new link.
-    public func attach(_ link: any MessageLink) {
-        let hello = Hello(
-            version: WireMessage.protocolVersion, peerKey: peerKey, site: store.siteID, epoch: store.epoch)
-        let id = ObjectIdentifier(link)
+    ///
+    /// - Parameter endpoint: the static peer address this link was dialed for; `nil` for inbound.
+    public func attach(_ link: any MessageLink, endpoint: String? = nil) {
+        let id = LinkID(nextLink.add(1, ordering: .relaxed).newValue)
+        let room = DispatchSemaphore(value: Self.maxQueuedInbound)
         queue.async { [self] in
-            guard !closing else {
-                link.start(onMessage: { _ in }, onClose: { _ in })
-                link.close()
-                return
-            }
-            let entry = Entry(
-                link: link, session: SyncSession(configuration: .init(hello: hello, remotePeerKey: link.remotePeerKey)))
-            entries[id] = entry
+            links[id] = link
             link.start(
                 onMessage: { [weak self] bytes in
                     guard let self else { return }
-                    let message: WireMessage
-                    do {
-                        message = try WireMessage(serialized: bytes)
-                    } catch {
-                        self.queue.async { self.fail(id, "\(error)") }
-                        return
+                    room.wait()
+                    self.queue.async {
+                        room.signal()
+                        self.host.received(bytes, on: id)
+                        self.scheduleScans()
                     }
-                    self.queue.async { self.receive(message, on: id) }
+                },
+                onDrain: { [weak self] in
+                    guard let self else { return }
+                    self.queue.async {
+                        self.host.linkDrained(id)
+                        self.scheduleScans()
+                    }
                 },
                 onClose: { [weak self] reason in
                     guard let self else { return }
-                    self.queue.async { self.detach(id, reason: reason) }
+                    self.queue.async {
+                        guard self.links.removeValue(forKey: id) != nil else { return }
+                        self.host.linkClosed(id, reason: reason)
+                        self.scheduleScans()
+                    }
                 })
-            perform(entry.session.start(), on: id)
+            host.linkOpened(
+                id, peerKey: link.remotePeerKey, initiator: link.isInitiator, address: link.remoteAddress,
+                endpoint: endpoint)
+            scheduleScans()
         }
     }
 
-    /// Closes every link and stops accepting new ones.
+    /// A dial the replicator asked for failed.
+    public func dialFailed(_ endpoint: String, reason: String) {
+        queue.async { [self] in host.dialFailed(endpoint, reason: reason) }
+    }
+
+    /// Closes every link and stops dialing.
     public func close() {
-        let links = queue.sync { () -> [any MessageLink] in
-            closing = true
-            return entries.values.map(\.link)
+        let open = onEngine { () -> [any MessageLink] in
+            host.stop()
+            timer?.cancel()
+            return Array(links.values)
         }
-        for link in links { link.close() }
+        for link in open { link.close() }
     }
 
-    private func fail(_ id: ObjectIdentifier, _ reason: String) {
-        guard let entry = entries[id] else { return }
-        log("closing session with \(entry.link.remoteAddress): \(reason)")
-        try? entry.link.send(WireMessage.error(code: "protocol", message: reason).serialized())
-        entry.link.close()
-    }
+    // MARK: SyncTransport
 
-    private func detach(_ id: ObjectIdentifier, reason: String) {
-        guard let entry = entries.removeValue(forKey: id) else { return }
-        let hint =
-            entry.session.remote == nil && entry.link.isInitiator
-            ? " (closed before any hello: check that both nodes use the same mesh key)" : ""
-        entry.session.closed()
-        log("session with \(entry.link.remoteAddress) ended: \(reason)\(hint)")
-        if !entry.remoteSubscriptions.isEmpty { updateSubscriptions() }
-    }
-
-    private func receive(_ message: WireMessage, on id: ObjectIdentifier) {
-        guard let entry = entries[id] else { return }
-        perform(entry.session.receive(message), on: id)
-    }
-
-    private func localChanged() {
-        for (id, entry) in entries where entry.session.isEstablished {
-            perform(entry.session.localChanged(), on: id)
-        }
-    }
-
-    // MARK: Directives
-
-    private func perform(_ directives: [SyncSession.Directive], on id: ObjectIdentifier) {
-        for directive in directives {
-            guard let entry = entries[id] else { return }
-            switch directive {
-            case .send(let message):
-                do {
-                    try entry.link.send(message.serialized())
-                } catch {
-                    log("send to \(entry.link.remoteAddress) failed: \(error)")
-                    entry.link.close()
-                    return
-                }
-            case .established(let hello):
-                if !admit(hello, id: id) { return }
-                log("session established with \(entry.link.remoteAddress) (peer \(hex(hello.peerKey).prefix(16)))")
-                sendSubscriptions(to: entry)
-            case .scan(let key, let spec, let after, let limit):
-                scan(entry, key: key, spec: spec, after: after, limit: limit, id: id)
-            case .apply(let key, let documents, let upTo):
-                apply(entry, key: key, documents: documents, upTo: upTo, id: id)
-            case .remoteSubscriptionsChanged(let subs):
-                entry.remoteSubscriptions = subs
-                updateSubscriptions(except: id)
-            case .close(let reason):
-                log("closing session with \(entry.link.remoteAddress): \(reason)")
-                entry.link.close()
-            }
-        }
-    }
-
-    /// One session per peer pair: of two links to the same peer keep the one dialed by the node
-    /// with the smaller peer key (both sides decide the same); a link to ourselves is refused.
-    private func admit(_ hello: Hello, id: ObjectIdentifier) -> Bool {
-        guard let entry = entries[id] else { return false }
-        if hello.peerKey == peerKey {
-            perform([.close(reason: "connected to itself")], on: id)
+    public func send(_ bytes: [UInt8], on link: LinkID) -> Bool {
+        guard let target = links[link] else { return false }
+        do {
+            return try target.send(bytes) >= target.highWater
+        } catch {
+            log("send to \(target.remoteAddress) failed: \(error)")
+            target.close()
             return false
         }
-        func dialer(_ e: Entry) -> [UInt8] { e.link.isInitiator ? peerKey : e.link.remotePeerKey }
-        for (otherID, other) in entries where otherID != id && other.session.remote?.peerKey == hello.peerKey {
-            let keepNew =
-                dialer(entry).lexicographicallyPrecedes(dialer(other))
-                || (dialer(entry) == dialer(other))
-            if keepNew {
-                other.link.close()
-            } else {
-                entry.link.close()
-                return false
-            }
-        }
-        return true
     }
 
-    private func query(for spec: SubscriptionSpec) -> Query? {
-        let key = UTF8Key(spec.key)
-        if let cached = queries[key] { return cached }
-        if queries.count >= 4096 { queries.removeAll(keepingCapacity: true) }  // bounded, whatever peers send
-        let parsed: Query?
-        do {
-            parsed = try Query(spec.query).bind(args: spec.args)
-        } catch {
-            log("a peer's subscription '\(spec)' cannot run (\(error)); it matches nothing")
-            parsed = nil
-        }
-        queries[key] = parsed
-        return parsed
+    public func close(_ link: LinkID, reason: String) {
+        links[link]?.close()
     }
 
-    private func scan(
-        _ entry: Entry, key: String, spec: SubscriptionSpec, after: Int64, limit: Int, id: ObjectIdentifier
-    ) {
-        guard let query = query(for: spec) else {
-            // A subscription that does not parse matches nothing; move its cursor to the end.
-            perform(
-                entry.session.scanned(subscription: key, documents: [], upTo: store.lastSeq, exhausted: true), on: id)
+    public func dial(_ endpoint: String) {
+        guard let dial = dialer.withLock({ $0 }) else {
+            queue.async { [self] in host.dialFailed(endpoint, reason: "this node has no network") }
             return
         }
-        let page: ChangePage
-        do {
-            page = try store.changes(
-                in: spec.collection, after: after, limit: limit, maxBytes: .max, matching: query, args: spec.args)
-        } catch {
-            perform([.close(reason: "reading the change log failed: \(error)")], on: id)
-            return
-        }
-        let documents = page.records.map {
-            WireDocument(collection: $0.collection, id: $0.id, state: $0.state)
-        }
-        perform(
-            entry.session.scanned(
-                subscription: key, documents: documents, upTo: page.scannedUpTo, exhausted: page.exhausted),
-            on: id)
+        dial(endpoint)
     }
 
-    private func apply(_ entry: Entry, key: String, documents: [WireDocument], upTo: Int64, id: ObjectIdentifier) {
-        guard let remote = entry.session.remote else { return }
-        // A batch answers one subscription, so every document must be of its collection: a peer
-        // cannot write into collections nobody asked it for.
-        let collection = SubscriptionSpec.collection(ofKey: key)
-        var accepted: [RemoteDocument] = []
-        for document in documents {
-            if UTF8Key.equal(document.collection, collection) {
-                accepted.append(document)
-            } else {
-                log(
-                    "refused document \(document.id) of collection '\(document.collection)' from "
-                        + "\(entry.link.remoteAddress): the batch is for a subscription to '\(collection)'")
-            }
+    // MARK: Internals
+
+    private func storeChanged(_ event: StoreEvent) {
+        if event.evicted {
+            for collection in event.collections.sorted() { host.evicted(collection.string) }
         }
-        do {
-            let outcome = try store.merge(
-                accepted, from: remote.peerKey, checkpoint: (key, Checkpoint(epoch: remote.epoch, seq: upTo)))
-            for (doc, reason) in outcome.rejected {
-                log("refused document \(doc) from \(entry.link.remoteAddress): \(reason)")
-            }
-        } catch {
-            perform([.close(reason: "merging a batch failed: \(error)")], on: id)
-            return
-        }
-        perform(entry.session.applied(subscription: key, upTo: upTo), on: id)
+        host.committed(collections: event.collections)
+        scheduleScans()
     }
 
-    /// Recomputes what each peer is asked for: this node's subscriptions plus those of its other
-    /// peers (forwarded, one hop more, up to ``maxHops``), each with the checkpoint held for that peer.
-    private func updateSubscriptions(except skip: ObjectIdentifier? = nil) {
-        for (id, entry) in entries where id != skip && entry.session.isEstablished {
-            sendSubscriptions(to: entry)
+    /// Serves queued scans one at a time, each as its own work item, so messages and commits
+    /// from other peers interleave with a long catch-up.
+    private func scheduleScans() {
+        guard !scanScheduled, host.hasPendingScans else { return }
+        scanScheduled = true
+        queue.async { [self] in
+            scanScheduled = false
+            host.runScans(limit: 1)
+            scheduleScans()
         }
-    }
-
-    private func sendSubscriptions(to entry: Entry) {
-        guard let remote = entry.session.remote else { return }
-        var wanted: [UTF8Key: (SubscriptionSpec, Int)] = [:]
-        for (key, spec) in local { wanted[key] = (spec, 0) }
-        for other in entries.values where other !== entry {
-            for sub in other.remoteSubscriptions where sub.hops + 1 <= maxHops {
-                let key = UTF8Key(sub.spec.key)
-                if let existing = wanted[key], existing.1 <= sub.hops + 1 { continue }
-                wanted[key] = (sub.spec, sub.hops + 1)
-            }
-        }
-        var list: [WireSubscription] = []
-        for (key, (spec, hops)) in wanted.sorted(by: { $0.key < $1.key }) {
-            var since: Int64 = 0
-            if let cp = try? store.checkpoint(peer: remote.peerKey, subscription: key.string), cp.epoch == remote.epoch
-            {
-                since = cp.seq
-            }
-            list.append(WireSubscription(spec: spec, since: since, hops: hops))
-        }
-        // Resend only when the set (ignoring checkpoints, which the peer tracks itself) changed.
-        let shape = list.map { WireSubscription(spec: $0.spec, since: 0, hops: $0.hops) }
-        if let last = entry.lastSent, last == shape { return }
-        entry.lastSent = shape
-        guard let id = entries.first(where: { $0.value === entry })?.key else { return }
-        perform(entry.session.subscribe(list), on: id)
     }
 }
-
-func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }

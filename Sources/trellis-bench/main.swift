@@ -24,10 +24,12 @@ let args = Array(CommandLine.arguments.dropFirst())
 var jsonOutput = false
 var documentCount = 100_000
 var carsPath: String?
+var simulationOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
     case "--json": jsonOutput = true
+    case "--simulation": simulationOnly = true
     case "--documents":
         i += 1
         guard i < args.count, let n = Int(args[i]), n > 0 else {
@@ -43,7 +45,7 @@ while i < args.count {
         }
         carsPath = args[i]
     case "--help", "-h":
-        print("usage: trellis-bench [--json] [--documents N] [--cars FILE]")
+        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -137,6 +139,13 @@ func fileSize(_ file: String) -> Double {
 }
 
 var figures: [Figure] = []
+
+if simulationOnly {
+    printFigures(
+        try simulationFigures(meshSizes: [16, 64, 256], seedsPerSize: 5),
+        heading: "trellis-bench --simulation: simulated meshes, release build expected")
+    exit(0)
+}
 let baselineTime = rawInsert(path("raw.sqlite"), rows: jsonRows)
 let baselineRate = Double(documentCount) / baselineTime
 figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: baselineRate, unit: "rows/s"))
@@ -287,26 +296,34 @@ figures += try contactsFigures(scratch: scratch)
 
 // MARK: Output
 
-if jsonOutput {
-    for f in figures {
-        var object: UTF8Map<Value> = ["name": .string(f.name), "value": .double(f.value), "unit": .string(f.unit)]
-        if let b = f.baseline, let r = f.ratio {
-            object["baseline"] = .double(b)
-            object["ratio"] = .double(r)
-            object["baseline_name"] = .string(f.baselineName ?? "")
+printFigures(figures)
+
+/// Prints the figures as a table, or as JSON lines with --json.
+@MainActor func printFigures(_ figures: [Figure], heading: String? = nil) {
+    if jsonOutput {
+        for f in figures {
+            var object: UTF8Map<Value> = ["name": .string(f.name), "value": .double(f.value), "unit": .string(f.unit)]
+            if let b = f.baseline, let r = f.ratio {
+                object["baseline"] = .double(b)
+                object["ratio"] = .double(r)
+                object["baseline_name"] = .string(f.baselineName ?? "")
+            }
+            print(JSON.string(.map(object)))
         }
-        print(JSON.string(.map(object)))
-    }
-} else {
-    print("trellis-bench: \(documentCount) cars-shaped documents (\(cars.count) distinct cars), release build expected")
-    for f in figures {
-        let value = String(format: "%14.3f %-10@", f.value, f.unit)
-        if let r = f.ratio, let name = f.baselineName {
-            print(
-                "  \(f.name.padding(toLength: 40, withPad: " ", startingAt: 0)) \(value)  ratio \(String(format: "%.3f", r)) vs \(name)"
-            )
-        } else {
-            print("  \(f.name.padding(toLength: 40, withPad: " ", startingAt: 0)) \(value)")
+    } else {
+        print(
+            heading
+                ?? "trellis-bench: \(documentCount) cars-shaped documents (\(cars.count) distinct cars), release build expected"
+        )
+        for f in figures {
+            let value = String(format: "%14.3f %-10@", f.value, f.unit)
+            if let r = f.ratio, let name = f.baselineName {
+                print(
+                    "  \(f.name.padding(toLength: 40, withPad: " ", startingAt: 0)) \(value)  ratio \(String(format: "%.3f", r)) vs \(name)"
+                )
+            } else {
+                print("  \(f.name.padding(toLength: 40, withPad: " ", startingAt: 0)) \(value)")
+            }
         }
     }
 }

@@ -123,16 +123,9 @@ enum ContactsCommand {
         let done = DispatchSemaphore(value: 0)
         let wake = DispatchSemaphore(value: 0)
         let token = store.addObserver { event in if event.collections.contains(UTF8Key(collection)) { wake.signal() } }
-        var sources: [any DispatchSourceSignal] = []
-        for sig in [SIGINT, SIGTERM] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler {
-                done.signal()
-                wake.signal()
-            }
-            source.resume()
-            sources.append(source)
+        Signals.onTermination {
+            done.signal()
+            wake.signal()
         }
         let failure = Failure()
         Thread.detachNewThread {
@@ -157,7 +150,7 @@ enum ContactsCommand {
         done.wait()
         store.removeObserver(token)
         node?.close()
-        withExtendedLifetime((subscription, sources)) {}
+        withExtendedLifetime(subscription) {}
         if let message = failure.message { throw UsageError("contacts mirror: \(message)") }
     }
 }

@@ -64,18 +64,11 @@ enum NodeCommand {
         }
         // Headless: run until SIGINT or SIGTERM.
         let done = DispatchSemaphore(value: 0)
-        var sources: [any DispatchSourceSignal] = []
-        for sig in [SIGINT, SIGTERM] {
-            signal(sig, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: sig, queue: .global())
-            source.setEventHandler { done.signal() }
-            source.resume()
-            sources.append(source)
-        }
+        Signals.onTermination { done.signal() }
         done.wait()
         options.log("stopping")
         node.close()
-        withExtendedLifetime((kept, sources)) {}
+        withExtendedLifetime(kept) {}
     }
 
     /// `COLLECTION [QUERY]` → (collection, query).

@@ -1,6 +1,13 @@
 import Foundation
 import Trellis
 
+// The commands that run until stopped take SIGINT and SIGTERM themselves: block them before any
+// thread starts (Signals.swift). Every other command keeps the default (Ctrl-C ends it).
+let commandLine = Array(CommandLine.arguments.dropFirst())
+if commandLine.first == "node" || (commandLine.first == "contacts" && commandLine.dropFirst().first == "mirror") {
+    Signals.block()
+}
+
 let usage = """
     trellis — a peer-to-peer mesh replication node
 
@@ -12,6 +19,7 @@ let usage = """
       trellis get    --data DIR COLLECTION ID
       trellis keygen FILE
       trellis contacts import|list|export|mirror --data DIR …
+      trellis simulate [--seeds N] [--nodes M] [--faults LIST] | --replay SEED
 
     Run `trellis COMMAND --help` for a command's details.
     """
@@ -31,6 +39,7 @@ do {
     case "find", "get": try InspectCommand.run(command, rest)
     case "keygen": try KeygenCommand.run(rest)
     case "contacts": try ContactsCommand.run(rest)
+    case "simulate": try SimulateCommand.run(rest)
     case "--help", "-h", "help": print(usage)
     default: throw UsageError("unknown command '\(command)'; run `trellis --help`")
     }

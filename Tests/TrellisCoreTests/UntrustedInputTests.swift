@@ -30,7 +30,7 @@ import TrellisTestKit
             var bytes = state.cbor()
             let message = WireMessage.batch(
                 subscription: "c\u{1F}true\u{1F}{}", documents: [WireDocument(collection: "c", id: "d", state: bytes)],
-                upTo: 5
+                upTo: 5, generation: 0
             ).serialized()
             var wire = message
             // Flip, insert or delete a few bytes.

@@ -225,8 +225,8 @@ import TrellisTestKit
         let wire = WireMessage.batch(
             subscription: "s",
             documents: page.records.map { WireDocument(collection: "c", id: $0.id, state: $0.state) },
-            upTo: page.scannedUpTo)
-        guard case .batch(_, let docs, _) = try WireMessage(serialized: wire.serialized()) else {
+            upTo: page.scannedUpTo, generation: 0)
+        guard case .batch(_, let docs, _, _) = try WireMessage(serialized: wire.serialized()) else {
             Issue.record("not a batch")
             return
         }

@@ -13,7 +13,7 @@ import TrellisTestKit
     let dir = TemporaryDirectory()
 
     /// The Ditto-shaped store over a test node's document store and engine.
-    func store(_ node: TestNode) -> Store { Store(documents: node.store, engine: node.engine) }
+    func store(_ node: TestNode) -> Store { Store(documents: node.store, subscriptions: node.engine) }
 
     /// F11: B is offline while A inserts 100 matching documents; B registers a live query, then
     /// connects: the live query fires and ends with the 100 documents.

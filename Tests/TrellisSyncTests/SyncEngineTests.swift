@@ -15,7 +15,7 @@ final class TestNode: Sendable {
     init(_ dir: TemporaryDirectory, _ name: String) throws {
         store = try DocumentStore(path: dir.path("\(name).sqlite"))
         key = Array(name.utf8) + Array(repeating: 0, count: 32 - name.utf8.count)
-        engine = SyncEngine(store: store, peerKey: key)
+        engine = try SyncEngine(store: store, peerKey: key)
     }
 
     /// Connects two nodes with an in-memory link; `self` dials.
@@ -82,11 +82,15 @@ func cars(_ n: Int) -> [Value] {
         mine.start(
             onMessage: { bytes in
                 if let m = try? WireMessage(serialized: bytes) { received.withLock { $0.append(m) } }
-            }, onClose: { _ in })
+            }, onDrain: {}, onClose: { _ in })
         a.engine.attach(theirs)
         try mine.send(
-            WireMessage.hello(Hello(version: 1, peerKey: evilKey, site: 9, epoch: Array(repeating: 1, count: 16)))
-                .serialized())
+            WireMessage.hello(
+                Hello(
+                    version: WireMessage.protocolVersion, peerKey: evilKey, site: 9,
+                    epoch: Array(repeating: 1, count: 16))
+            )
+            .serialized())
         #expect(
             eventually { received.withLock { $0.contains { if case .subscriptions = $0 { true } else { false } } } })
         let source = try DocumentStore(path: dir.path("evil.sqlite"))
@@ -97,7 +101,7 @@ func cars(_ n: Int) -> [Value] {
                 WireDocument(collection: collection, id: $0.id, state: $0.state)
             }
         }
-        try mine.send(WireMessage.batch(subscription: spec.key, documents: docs, upTo: 2).serialized())
+        try mine.send(WireMessage.batch(subscription: spec.key, documents: docs, upTo: 2, generation: 0).serialized())
         #expect(eventually { received.withLock { $0.contains(.ack(subscription: spec.key, upTo: 2)) } })
         #expect(try a.ids("cars") == ["c1"])
         #expect(try a.store.count(in: "secret") == 0)
@@ -127,8 +131,8 @@ func cars(_ n: Int) -> [Value] {
         #expect(eventually { (try? b.store.count(in: "cars")) == 50 })
     }
 
-    /// A subscription whose `$args` are missing is refused locally; sent by a peer, it matches
-    /// nothing and the session goes on serving the others.
+    /// A subscription whose `$args` are missing is refused locally; sent by a peer, it gets a
+    /// per-subscription error and the session goes on serving the others.
     @Test func subscriptionsWithMissingArgumentsAreRefusedAndDoNotBreakSessions() throws {
         let a = try TestNode(dir, "a")
         let b = try TestNode(dir, "b")
@@ -143,10 +147,14 @@ func cars(_ n: Int) -> [Value] {
         mine.start(
             onMessage: { bytes in
                 if let m = try? WireMessage(serialized: bytes) { received.withLock { $0.append(m) } }
-            }, onClose: { _ in })
+            }, onDrain: {}, onClose: { _ in })
         try mine.send(
-            WireMessage.hello(Hello(version: 1, peerKey: b.key, site: 9, epoch: Array(repeating: 1, count: 16)))
-                .serialized())
+            WireMessage.hello(
+                Hello(
+                    version: WireMessage.protocolVersion, peerKey: b.key, site: 9, epoch: Array(repeating: 1, count: 16)
+                )
+            )
+            .serialized())
         let bad = SubscriptionSpec(collection: "cars", query: "Cylinders == $args.x")
         let good = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
         try mine.send(
@@ -156,8 +164,14 @@ func cars(_ n: Int) -> [Value] {
         #expect(
             eventually {
                 received.withLock { messages in
-                    messages.contains { if case .batch(good.key, let docs, _) = $0 { docs.count == 2 } else { false } }
+                    messages.contains {
+                        if case .batch(good.key, let docs, _, _) = $0 { docs.count == 2 } else { false }
+                    }
                 }
+            })
+        #expect(
+            received.withLock { messages in
+                messages.contains { if case .subscriptionError(bad.key, "query", _) = $0 { true } else { false } }
             })
         #expect(a.engine.peers.count == 1)  // still connected
     }

@@ -1,0 +1,985 @@
+/// The sync policy of one node, as a pure state machine (docs/PROTOCOL.md).
+///
+/// It reads no socket, store or clock and draws randomness only from the seed it was given: the
+/// shell (``SyncHost`` over real sockets, or the simulator) feeds it events — links opening and
+/// closing, messages, commits, scan and merge results, clock ticks — and carries out the
+/// ``ReplicatorDirective``s it returns, in order. Every decision lives here: sessions and their
+/// hello, duplicate links, keepalive and liveness, which subscriptions to ask each peer for
+/// (forwarding, hop limit, caps), what to serve and from where, batch budgets, echo suppression,
+/// per-subscription errors, rescans after eviction, regressed-log detection, dial backoff.
+public struct Replicator: Sendable {
+    public let configuration: ReplicatorConfiguration
+    /// This node's log as last reported by the shell.
+    public private(set) var local: LocalLog
+    private var rng: SplitMix64
+    private var own: [UTF8Key: (spec: SubscriptionSpec, count: Int)] = [:]
+    private var generations: [UTF8Key: UInt32]
+    private var sessions: [LinkID: Session] = [:]
+    private var checkpointCache: [[UInt8]: [UTF8Key: Checkpoint]] = [:]
+    private var endpoints: [String: Endpoint] = [:]
+    private var queries: [UTF8Key: QueryResult] = [:]
+    private var lastRotation: Millis?
+    private var deferredPending = false
+    private var nextDeferredRetry: Millis = 0
+    private var stopped = false
+
+    enum QueryResult: Sendable {
+        case ready(Query)
+        case failed(String)
+    }
+
+    /// - Parameters:
+    ///   - configuration: limits and timings.
+    ///   - local: this node's log.
+    ///   - generations: the rescan generation of each collection (see ``evicted(_:generation:now:)``).
+    ///   - seed: fixes every random choice (nonces, jitter).
+    public init(
+        configuration: ReplicatorConfiguration, local: LocalLog, generations: [String: UInt32] = [:], seed: UInt64
+    ) {
+        self.configuration = configuration
+        self.local = local
+        self.generations = Dictionary(generations.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: max)
+        self.rng = SplitMix64(seed: seed)
+    }
+
+    // MARK: Local subscriptions
+
+    /// This node's own subscriptions.
+    public var subscriptions: [SubscriptionSpec] { own.keys.sorted().map { own[$0]!.spec } }
+
+    /// Asks peers for the documents matching `spec` while it is held. Two holders of one spec
+    /// share it; ``unsubscribe(_:now:)`` releases one.
+    ///
+    /// - Throws: ``QueryParseError`` or ``QueryEvaluationError`` when the query does not parse or
+    ///   bind, ``WireError`` for a bad collection name; nothing changes then.
+    public mutating func subscribe(_ spec: SubscriptionSpec, now: Millis) throws -> [ReplicatorDirective] {
+        try SubscriptionSpec.validateCollectionName(spec.collection)
+        _ = try Query(spec.query).bind(args: spec.args)
+        let key = UTF8Key(spec.key)
+        if let held = own[key] {
+            own[key] = (held.spec, held.count + 1)
+            return []
+        }
+        own[key] = (spec, 1)
+        return updateAsked(now: now)
+    }
+
+    /// Releases one ``subscribe(_:now:)`` of `spec`; peers stop being asked once none is left.
+    public mutating func unsubscribe(_ spec: SubscriptionSpec, now: Millis) -> [ReplicatorDirective] {
+        let key = UTF8Key(spec.key)
+        guard let held = own[key] else { return [] }
+        if held.count > 1 {
+            own[key] = (held.spec, held.count - 1)
+            return []
+        }
+        own.removeValue(forKey: key)
+        return updateAsked(now: now)
+    }
+
+    // MARK: Static peers
+
+    /// Keeps a connection to a static peer address, dialing it with jittered exponential backoff
+    /// whenever no session with the peer behind it exists.
+    public mutating func addPeer(_ endpoint: String, now: Millis) -> [ReplicatorDirective] {
+        guard !stopped, endpoints[endpoint] == nil else { return [] }
+        endpoints[endpoint] = Endpoint(next: now, backoff: configuration.dialBackoffInitial)
+        return tick(now: now)
+    }
+
+    /// Stops dialing a static peer (an open link to it stays).
+    public mutating func removePeer(_ endpoint: String) {
+        endpoints.removeValue(forKey: endpoint)
+    }
+
+    /// A dial failed before a link opened (refused, unreachable, handshake failed).
+    public mutating func dialFailed(_ endpoint: String, reason: String, now: Millis) -> [ReplicatorDirective] {
+        guard var e = endpoints[endpoint] else { return [] }
+        let first = e.lastError != reason
+        e.lastError = reason
+        scheduleRedial(&e, now: now)
+        endpoints[endpoint] = e
+        return first ? [.log("cannot connect to \(endpoint): \(reason)")] : []
+    }
+
+    private mutating func scheduleRedial(_ e: inout Endpoint, now: Millis) {
+        let jitter = Double.random(in: 0.5...1.5, using: &rng)
+        e.state = .idle
+        e.next = now + Millis(Double(e.backoff) * jitter)
+        e.backoff = min(configuration.dialBackoffMax, e.backoff * 2)
+    }
+
+    // MARK: Links
+
+    /// A link to a peer opened: its secure channel authenticated `peerKey`.
+    ///
+    /// - Parameters:
+    ///   - endpoint: the static peer address this link was dialed for (`nil` for inbound links).
+    ///   - checkpoints: the checkpoints stored for this peer, by subscription key.
+    public mutating func linkOpened(
+        _ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?,
+        checkpoints: [String: Checkpoint], now: Millis
+    ) -> [ReplicatorDirective] {
+        if stopped { return [.close(link, reason: "node is stopping")] }
+        let nonce = rng.next()
+        var session = Session(
+            link: link, peerKey: peerKey, initiator: initiator, address: address, endpoint: endpoint, opened: now,
+            nonce: nonce)
+        session.lastSent = now
+        sessions[link] = session
+        if let endpoint, var e = endpoints[endpoint] {
+            e.state = .connected(link)
+            e.knownKey = peerKey
+            endpoints[endpoint] = e
+        }
+        if checkpointCache[peerKey] == nil || !hasSession(with: peerKey, except: link) {
+            checkpointCache[peerKey] = Dictionary(
+                checkpoints.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: { a, _ in a })
+        }
+        let hello = Hello(
+            version: WireMessage.protocolVersion, peerKey: configuration.peerKey, site: local.site, epoch: local.epoch,
+            nonce: nonce)
+        return [.send(link, .hello(hello))]
+    }
+
+    /// A message arrived on a link.
+    public mutating func received(_ message: WireMessage, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard var s = sessions[link], s.phase != .closed else { return [] }
+        s.lastReceived = now
+        sessions[link] = s
+        switch (s.phase, message) {
+        case (_, .error(let code, let text)):
+            return close(link, "peer closed the session: \(code): \(text)")
+        case (_, .ping(let n)):
+            return [send(link, .pong(n), now)]
+        case (_, .pong(let n)):
+            return pong(n, on: link, now: now)
+        case (.awaitingHello, .hello(let hello)):
+            return helloReceived(hello, on: link, now: now)
+        case (.awaitingHello, _):
+            return fail(link, "protocol", "expected hello first", now)
+        case (_, .hello(let hello)):
+            if hello == s.remote { return [] }  // the same hello again (a duplicating transport)
+            return fail(link, "protocol", "hello sent twice", now)
+        case (_, .subscriptions(_, let version)) where version != 0 && version <= s.remoteSubscriptionsVersion:
+            return []  // an older set than one already received (a reordering transport)
+        case (.standby, .subscriptions(let subs, let version)):
+            sessions[link]?.remoteSubscriptions = subs  // served once this link is chosen
+            sessions[link]?.remoteSubscriptionsVersion = version
+            return []
+        case (.standby, _):
+            return []
+        case (.established, .subscriptions(let subs, let version)):
+            sessions[link]?.remoteSubscriptionsVersion = version
+            return serve(subs, on: link, now: now)
+        case (.established, .batch(let key, let documents, let upTo, let generation)):
+            return batch(key, documents, upTo, generation, on: link, now: now)
+        case (.established, .ack(let subscription, let upTo)):
+            let key = UTF8Key(subscription)
+            guard var served = sessions[link]?.served[key] else { return [] }
+            served.inFlight = max(0, served.inFlight - 1)
+            served.ackedUpTo = max(served.ackedUpTo, min(upTo, served.lastSentUpTo))
+            served.lastProgress = now
+            sessions[link]?.served[key] = served
+            return scanIfReady(link, key, now: now)
+        case (.established, .subscriptionError(let subscription, let code, let text)):
+            let key = UTF8Key(subscription)
+            guard sessions[link]?.asked[key] != nil else { return [] }
+            let previous = sessions[link]?.remoteErrors[key]
+            sessions[link]?.remoteErrors[key] = "\(code): \(text)"
+            guard previous != "\(code): \(text)" else { return [] }
+            let name = sessions[link]?.asked[key]?.spec.description ?? subscription
+            return [.log("\(s.address) cannot serve subscription '\(name)': \(code): \(text)")]
+        case (.closed, _):
+            return []
+        }
+    }
+
+    /// A message on the link did not decode: the peer is broken or hostile; close with an error.
+    public mutating func receiveFailed(on link: LinkID, error: String, now: Millis) -> [ReplicatorDirective] {
+        fail(link, "protocol", error, now)
+    }
+
+    /// The link closed (either side, or the transport failed).
+    public mutating func linkClosed(_ link: LinkID, reason: String, now: Millis) -> [ReplicatorDirective] {
+        guard let s = sessions.removeValue(forKey: link) else { return [] }
+        var directives: [ReplicatorDirective] = []
+        if s.closeReason == nil {  // closed by this side: already logged
+            let hint =
+                s.remote == nil && s.initiator
+                ? " (closed before any hello: check that both nodes use the same mesh key)" : ""
+            directives.append(.log("session with \(s.address) ended: \(reason)\(hint)"))
+        }
+        if let endpoint = s.endpoint, var e = endpoints[endpoint], case .connected(link) = e.state {
+            if s.remote != nil, now - s.opened >= configuration.stableSession {
+                e.backoff = configuration.dialBackoffInitial
+            }
+            scheduleRedial(&e, now: now)
+            endpoints[endpoint] = e
+        }
+        // A newer link waiting for this one to prove alive takes over.
+        for (other, waiting) in sessions where waiting.phase == .standby && waiting.rival == link {
+            directives += establish(other, now: now)
+        }
+        if s.phase == .established, !s.remoteSubscriptions.isEmpty { directives += updateAsked(now: now) }
+        return directives
+    }
+
+    /// The link's outbound queue went above its high-water mark: stop producing bulk data for it.
+    public mutating func linkCongested(_ link: LinkID) {
+        sessions[link]?.congested = true
+    }
+
+    /// The link's outbound queue drained: resume.
+    public mutating func linkDrained(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard sessions[link]?.congested == true else { return [] }
+        sessions[link]?.congested = false
+        return scanAll(link, now: now)
+    }
+
+    // MARK: Local log
+
+    /// The local store committed changes (local writes or merges from any peer) in `collections`.
+    /// Only the served subscriptions on those collections scan again.
+    public mutating func committed(collections: Set<UTF8Key>, lastSeq: Int64, now: Millis) -> [ReplicatorDirective] {
+        local.lastSeq = max(local.lastSeq, lastSeq)
+        var directives: [ReplicatorDirective] = []
+        for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
+            for key in sessions[link]!.served.keys.sorted()
+            where collections.contains(UTF8Key(sessions[link]!.served[key]!.spec.collection)) {
+                sessions[link]!.served[key]!.pending = true
+                directives += scanIfReady(link, key, now: now)
+            }
+        }
+        return directives
+    }
+
+    /// Documents of `collection` were evicted here: the store raised its rescan generation and
+    /// reset the checkpoints of its subscriptions, so ask every peer again from the start.
+    public mutating func evicted(_ collection: String, generation: UInt32, now: Millis) -> [ReplicatorDirective] {
+        let name = UTF8Key(collection)
+        generations[name] = generation
+        for (peer, checkpoints) in checkpointCache {
+            for (key, checkpoint) in checkpoints where askedCollection(key.string) == name {
+                checkpointCache[peer]?[key] = Checkpoint(epoch: checkpoint.epoch, seq: 0)
+            }
+        }
+        return updateAsked(now: now)
+    }
+
+    /// The shell started a new epoch and site ID (``ReplicatorDirective/rotateLog(reason:)``):
+    /// every session restarts so peers see the new epoch.
+    public mutating func logRotated(_ log: LocalLog, now: Millis) -> [ReplicatorDirective] {
+        local = log
+        checkpointCache.removeAll()
+        return sessions.keys.sorted().flatMap { close($0, "this node's log was rotated (new epoch)") }
+    }
+
+    /// The store reported how many deferred documents remain after a retry (or after a merge).
+    public mutating func deferredRetried(remaining: Int, now: Millis) {
+        deferredPending = remaining > 0
+        nextDeferredRetry = now + configuration.deferredRetryInterval
+    }
+
+    // MARK: Time
+
+    /// Advances time: keepalives, dead links, duplicate-link probes, retries, dials.
+    public mutating func tick(now: Millis) -> [ReplicatorDirective] {
+        var directives: [ReplicatorDirective] = []
+        for link in sessions.keys.sorted() {
+            guard let s = sessions[link], s.phase != .closed else { continue }
+            if now - s.lastReceived >= configuration.livenessTimeout {
+                directives += close(link, "no message from the peer for \(configuration.livenessTimeout / 1000) s")
+                continue
+            }
+            if case .standby = s.phase, now >= s.probeDeadline, let rival = s.rival {
+                directives += close(rival, "replaced by a newer connection from the same peer (no answer to a probe)")
+                continue
+            }
+            if now - s.lastSent >= configuration.keepaliveInterval {
+                directives.append(send(link, .ping(rng.next()), now))
+            }
+            for key in s.served.keys.sorted() {
+                guard var served = s.served[key] else { continue }
+                if served.inFlight > 0, !s.congested, now - served.lastProgress >= configuration.ackTimeout {
+                    // Batches sent and never acknowledged: send again from the last acknowledged point.
+                    served.cursor = served.ackedUpTo
+                    served.lastSentUpTo = served.ackedUpTo
+                    served.inFlight = 0
+                    served.pending = true
+                    served.lastProgress = now
+                } else if served.failure != nil, served.retryAt <= now, served.retryable {
+                    served.failure = nil
+                    served.pending = true
+                } else {
+                    continue
+                }
+                sessions[link]?.served[key] = served
+                directives += scanIfReady(link, key, now: now)
+            }
+        }
+        if deferredPending, now >= nextDeferredRetry {
+            nextDeferredRetry = now + configuration.deferredRetryInterval
+            directives.append(.retryDeferred)
+        }
+        guard !stopped else { return directives }
+        for name in endpoints.keys.sorted() {
+            guard let e = endpoints[name], e.state == .idle, !e.isSelf, now >= e.next else { continue }
+            if let key = e.knownKey, hasSession(with: key, except: nil) { continue }
+            endpoints[name]?.state = .dialing
+            directives.append(.dial(name))
+        }
+        return directives
+    }
+
+    /// Closes every link and stops dialing.
+    public mutating func stop() -> [ReplicatorDirective] {
+        stopped = true
+        endpoints.removeAll()
+        return sessions.keys.sorted().flatMap { close($0, "node is stopping") }
+    }
+
+    // MARK: Scans and merges
+
+    /// The result of a ``ReplicatorDirective/scan(_:_:)``.
+    public mutating func scanned(_ link: LinkID, _ request: ScanRequest, page: ScanPage, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        let key = UTF8Key(request.subscription)
+        guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key] else { return [] }
+        served.scanning = false
+        guard request.after == served.cursor else {
+            // The peer rewound this subscription while the scan ran: scan again from the new cursor.
+            served.pending = true
+            sessions[link]!.served[key] = served
+            return scanIfReady(link, key, now: now)
+        }
+        served.retryDelay = configuration.scanRetryInitial
+        var documents: [WireDocument] = []
+        var directives: [ReplicatorDirective] = []
+        var bytes = 0
+        for record in page.records where record.seq > served.cursor {
+            let echoKey = EchoKey(collection: record.document.collection, key: record.key)
+            if let digest = sessions[link]!.echo[echoKey] {
+                if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
+                sessions[link]!.echo.removeValue(forKey: echoKey)
+            }
+            guard record.document.state.count <= configuration.maxStateBytes else {
+                directives.append(
+                    .log(
+                        "document \(record.key) in \(record.document.collection) is not sent to \(sessions[link]!.address): "
+                            + "its state is \(record.document.state.count) bytes, above the "
+                            + "\(configuration.maxStateBytes)-byte limit of one message"))
+                continue
+            }
+            documents.append(record.document)
+            bytes += record.document.state.count
+        }
+        served.cursor = max(served.cursor, page.upTo)
+        if !page.exhausted { served.pending = true }
+        if !documents.isEmpty || (page.exhausted && served.cursor > served.lastSentUpTo) {
+            directives.append(
+                send(
+                    link,
+                    .batch(
+                        subscription: request.subscription, documents: documents, upTo: served.cursor,
+                        generation: served.generation),
+                    now))
+            if served.inFlight == 0 { served.lastProgress = now }
+            served.inFlight += 1
+            served.lastSentUpTo = served.cursor
+        }
+        sessions[link]!.served[key] = served
+        return directives + scanIfReady(link, key, now: now)
+    }
+
+    /// A scan failed (SQLite refused the query, an I/O error): this subscription alone stops, its
+    /// cursor stays, the peer is told, and the scan is retried with backoff.
+    public mutating func scanFailed(_ link: LinkID, _ request: ScanRequest, error: String, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        let key = UTF8Key(request.subscription)
+        guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key] else { return [] }
+        served.scanning = false
+        let changed = served.failure != error
+        served.failure = error
+        served.retryable = true
+        served.retryAt = now + served.retryDelay
+        served.retryDelay = min(configuration.scanRetryMax, served.retryDelay * 2)
+        sessions[link]!.served[key] = served
+        guard changed else { return [] }
+        return [
+            send(
+                link, .subscriptionError(subscription: request.subscription, code: "unavailable", message: error), now),
+            .log("cannot serve '\(served.spec)' to \(sessions[link]!.address): \(error)"),
+        ]
+    }
+
+    /// A ``ReplicatorDirective/apply(_:_:)`` committed.
+    ///
+    /// - Parameters:
+    ///   - checkpointStored: whether the checkpoint was written with it.
+    ///   - deferred: how many documents the store kept aside to retry (clock, size, decoding).
+    public mutating func applied(
+        _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int, now: Millis
+    ) -> [ReplicatorDirective] {
+        guard let s = sessions[link], s.phase == .established, let remote = s.remote else { return [] }
+        if checkpointStored {
+            checkpointCache[s.peerKey, default: [:]][UTF8Key(key)] = Checkpoint(epoch: remote.epoch, seq: upTo)
+        }
+        if deferred > 0, !deferredPending {
+            deferredPending = true
+            nextDeferredRetry = now + configuration.deferredRetryInterval
+        }
+        return [send(link, .ack(subscription: key, upTo: upTo), now)]
+    }
+
+    /// The store could not take a batch now because too many of this peer's documents already
+    /// wait to be retried: the batch is not acknowledged, so the peer sends it again after
+    /// ``ReplicatorConfiguration/ackTimeout``, by which time retries have made room.
+    public mutating func applyPostponed(_ link: LinkID, subscription key: String, reason: String, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        if !deferredPending {
+            deferredPending = true
+            nextDeferredRetry = now
+        }
+        return [.log("postponed a batch from \(sessions[link]?.address ?? "a peer"): \(reason)")]
+    }
+
+    /// A merge failed as a whole (disk full, I/O error): nothing was applied or acknowledged;
+    /// the session restarts from the stored checkpoint.
+    public mutating func applyFailed(_ link: LinkID, subscription key: String, error: String, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        close(link, "merging a batch failed: \(error)")
+    }
+
+    // MARK: Status
+
+    /// A snapshot of every session and static peer, for `peers` and `status`.
+    public var status: ReplicatorStatus {
+        ReplicatorStatus(
+            peers: sessions.values.sorted { $0.link < $1.link }.map { s in
+                ReplicatorStatus.Peer(
+                    link: s.link, peerKey: s.peerKey, address: s.address, initiator: s.initiator,
+                    phase: "\(s.phase)", siteID: s.remote?.site,
+                    served: s.served.keys.sorted().map { key in
+                        let v = s.served[key]!
+                        return .init(spec: v.spec, hops: v.hops, cursor: v.cursor, error: v.failure)
+                    },
+                    asked: s.asked.keys.sorted().map { key in
+                        let v = s.asked[key]!
+                        return .init(spec: v.spec, hops: v.hops, cursor: v.since, error: s.remoteErrors[key])
+                    })
+            },
+            endpoints: endpoints.keys.sorted().map { name in
+                let e = endpoints[name]!
+                return .init(address: name, state: "\(e.state)", lastError: e.lastError)
+            })
+    }
+
+    // MARK: - Internals
+
+    private func hasSession(with peerKey: [UInt8], except link: LinkID?) -> Bool {
+        sessions.contains { $0.key != link && $0.value.peerKey == peerKey && $0.value.phase == .established }
+    }
+
+    private mutating func send(_ link: LinkID, _ message: WireMessage, _ now: Millis) -> ReplicatorDirective {
+        sessions[link]?.lastSent = now
+        return .send(link, message)
+    }
+
+    private mutating func close(_ link: LinkID, _ reason: String) -> [ReplicatorDirective] {
+        guard var s = sessions[link], s.phase != .closed else { return [] }
+        s.phase = .closed
+        s.closeReason = reason
+        sessions[link] = s
+        return [.log("closing session with \(s.address): \(reason)"), .close(link, reason: reason)]
+    }
+
+    private mutating func fail(_ link: LinkID, _ code: String, _ message: String, _ now: Millis)
+        -> [ReplicatorDirective]
+    {
+        guard sessions[link]?.phase != .closed else { return [] }
+        return [send(link, .error(code: code, message: message), now)] + close(link, "\(code): \(message)")
+    }
+
+    private mutating func helloReceived(_ hello: Hello, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        let s = sessions[link]!
+        guard hello.version == WireMessage.protocolVersion else {
+            if let endpoint = s.endpoint {
+                endpoints[endpoint]?.lastError = "incompatible: protocol version \(hello.version)"
+            }
+            return fail(
+                link, "version",
+                "protocol version \(hello.version) is not supported; this node speaks \(WireMessage.protocolVersion)",
+                now)
+        }
+        guard hello.peerKey == s.peerKey else {
+            return fail(link, "identity", "hello names a peer key other than the one the channel authenticated", now)
+        }
+        sessions[link]!.remote = hello
+        if hello.peerKey == configuration.peerKey {
+            if let endpoint = s.endpoint { endpoints[endpoint]?.isSelf = true }
+            return close(link, "connected to itself")
+        }
+        // One session per pair: an established link to the same peer must prove alive first.
+        if let rival = sessions.values.first(where: {
+            $0.link != link && $0.peerKey == hello.peerKey && $0.phase == .established
+        }) {
+            let probe = rng.next()
+            sessions[link]!.phase = .standby
+            sessions[link]!.rival = rival.link
+            sessions[link]!.probe = probe
+            sessions[link]!.probeDeadline = now + configuration.duplicateProbeTimeout
+            return [send(rival.link, .ping(probe), now)]
+        }
+        return establish(link, now: now)
+    }
+
+    private mutating func pong(_ n: UInt64, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        // A pong on an established link may answer a duplicate probe: the older link is alive.
+        guard
+            let (waiting, _) = sessions.first(where: {
+                $0.value.phase == .standby && $0.value.rival == link && $0.value.probe == n
+            })
+        else { return [] }
+        let keepNew = Self.tieBreakKey(sessions[waiting]!, ours: configuration.peerKey)
+            .lexicographicallyPrecedes(Self.tieBreakKey(sessions[link]!, ours: configuration.peerKey))
+        if keepNew {
+            return close(link, "duplicate connection to the same peer (the other one is kept)")
+        }
+        return close(waiting, "duplicate connection to the same peer (the other one is kept)")
+    }
+
+    /// Both ends of two links between the same pair compute the same key for each link: the
+    /// dialer's peer key, then the dialer's hello nonce. The link with the smaller key is kept.
+    static func tieBreakKey(_ s: Session, ours: [UInt8]) -> [UInt8] {
+        let dialerKey = s.initiator ? ours : s.peerKey
+        let dialerNonce = s.initiator ? s.nonce : (s.remote?.nonce ?? 0)
+        return dialerKey + withUnsafeBytes(of: dialerNonce.bigEndian) { Array($0) }
+    }
+
+    private mutating func establish(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard var s = sessions[link] else { return [] }
+        s.phase = .established
+        s.rival = nil
+        let pendingSubs = s.remoteSubscriptions
+        s.remoteSubscriptions = []
+        sessions[link] = s
+        var directives: [ReplicatorDirective] = [
+            .log(
+                "session established with \(s.address) (peer \(s.peerKey.prefix(8).map { Self.hex($0) }.joined()))")
+        ]
+        directives += sendAsked(link, now: now)
+        if !pendingSubs.isEmpty { directives += serve(pendingSubs, on: link, now: now) }
+        return directives
+    }
+
+    static func hex(_ byte: UInt8) -> String {
+        let digits = Array("0123456789abcdef")
+        return String([digits[Int(byte >> 4)], digits[Int(byte & 15)]])
+    }
+
+    /// The peer's complete subscription set arrived: serve it.
+    private mutating func serve(_ subs: [WireSubscription], on link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        var directives: [ReplicatorDirective] = []
+        var accepted = subs
+        if subs.count > configuration.maxServedSubscriptions {
+            accepted = subs.sorted { ($0.hops, UTF8Key($0.spec.key)) < ($1.hops, UTF8Key($1.spec.key)) }
+            let refused = accepted[configuration.maxServedSubscriptions...]
+            accepted = Array(accepted[..<configuration.maxServedSubscriptions])
+            for sub in refused {
+                directives.append(
+                    send(
+                        link,
+                        .subscriptionError(
+                            subscription: sub.spec.key, code: "limit",
+                            message:
+                                "this node serves at most \(configuration.maxServedSubscriptions) subscriptions per peer"
+                        ),
+                        now))
+            }
+        }
+        var next: [UTF8Key: Served] = [:]
+        var regressed: Int64?
+        for sub in accepted {
+            let key = UTF8Key(sub.spec.key)
+            if var existing = sessions[link]!.served[key] {
+                existing.hops = sub.hops
+                if existing.generation != sub.generation {
+                    // The peer evicted documents and wants matching ones again from `since`,
+                    // including those it once sent here itself.
+                    let collection = sub.spec.collection
+                    sessions[link]!.echo = sessions[link]!.echo.filter { !UTF8Key.equal($0.key.collection, collection) }
+                    existing.generation = sub.generation
+                    existing.cursor = sub.since
+                    existing.lastSentUpTo = sub.since
+                    existing.ackedUpTo = sub.since
+                    existing.pending = true
+                }
+                next[key] = existing
+                continue
+            }
+            if sub.since > local.lastSeq { regressed = max(regressed ?? 0, sub.since) }
+            var served = Served(
+                spec: sub.spec, hops: sub.hops, generation: sub.generation, cursor: sub.since,
+                retryDelay: configuration.scanRetryInitial)
+            switch query(for: sub.spec) {
+            case .ready(let q):
+                served.query = q
+            case .failed(let reason):
+                served.failure = reason
+                served.retryable = false
+                directives.append(
+                    send(link, .subscriptionError(subscription: key.string, code: "query", message: reason), now))
+            }
+            next[key] = served
+        }
+        sessions[link]!.served = next
+        sessions[link]!.remoteSubscriptions = subs
+        if let since = regressed { directives += logRegressed(since, peer: sessions[link]!.address, now: now) }
+        directives += updateAsked(except: link, now: now)
+        directives += scanAll(link, now: now)
+        return directives
+    }
+
+    private mutating func logRegressed(_ since: Int64, peer: String, now: Millis) -> [ReplicatorDirective] {
+        if let last = lastRotation, now - last < configuration.minLogRotationInterval { return [] }
+        lastRotation = now
+        return [
+            .rotateLog(
+                reason:
+                    "\(peer) holds a checkpoint at seq \(since) of this node's log, which ends at \(local.lastSeq): the log "
+                    + "went back in time (a restored backup or a lost commit)")
+        ]
+    }
+
+    private mutating func query(for spec: SubscriptionSpec) -> QueryResult {
+        let key = UTF8Key(spec.key)
+        if let cached = queries[key] { return cached }
+        if queries.count >= 4096 { queries.removeAll(keepingCapacity: true) }  // bounded, whatever peers send
+        let result: QueryResult
+        do {
+            result = .ready(try Query(spec.query).bind(args: spec.args))
+        } catch {
+            result = .failed("\(error)")
+        }
+        queries[key] = result
+        return result
+    }
+
+    private mutating func scanAll(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard let keys = sessions[link]?.served.keys.sorted() else { return [] }
+        return keys.flatMap { scanIfReady(link, $0, now: now) }
+    }
+
+    private mutating func scanIfReady(_ link: LinkID, _ key: UTF8Key, now: Millis) -> [ReplicatorDirective] {
+        guard let s = sessions[link], s.phase == .established, !s.congested, var served = s.served[key],
+            served.pending, !served.scanning, served.failure == nil, let query = served.query,
+            served.inFlight < configuration.maxInFlight
+        else { return [] }
+        served.scanning = true
+        served.pending = false
+        sessions[link]!.served[key] = served
+        return [
+            .scan(
+                link,
+                ScanRequest(
+                    subscription: key.string, spec: served.spec, query: query, after: served.cursor,
+                    limit: configuration.batchEntries, maxBytes: configuration.batchBytes))
+        ]
+    }
+
+    private mutating func batch(
+        _ subscription: String, _ documents: [WireDocument], _ upTo: Int64, _ generation: UInt32, on link: LinkID,
+        now: Millis
+    ) -> [ReplicatorDirective] {
+        guard let s = sessions[link], let remote = s.remote, let asked = s.asked[UTF8Key(subscription)] else {
+            return []  // a batch for a subscription this side no longer asks for: in flight before the change
+        }
+        let collection = asked.spec.collection
+        var accepted: [WireDocument] = []
+        accepted.reserveCapacity(documents.count)
+        var directives: [ReplicatorDirective] = []
+        if sessions[link]!.echo.count + documents.count > configuration.echoMemory { sessions[link]!.echo.removeAll() }
+        for document in documents {
+            guard UTF8Key.equal(document.collection, collection) else {
+                // A batch answers one subscription: a peer cannot write into collections nobody asked it for.
+                directives.append(
+                    .log(
+                        "refused document \(document.id) of collection '\(document.collection)' from \(s.address): "
+                            + "the batch is for a subscription to '\(collection)'"))
+                continue
+            }
+            accepted.append(document)
+            let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
+            sessions[link]!.echo[echoKey] = StateDigest(document.state)
+        }
+        let current = generations[UTF8Key(collection)] ?? 0
+        let holders = s.served.keys.sorted().compactMap { key -> SubscriptionSpec? in
+            let spec = s.served[key]!.spec
+            return !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection) ? spec : nil
+        }
+        directives.append(
+            .apply(
+                link,
+                ApplyRequest(
+                    subscription: subscription, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
+                    documents: accepted, upTo: upTo, storeCheckpoint: generation == current, heldBy: holders)))
+        return directives
+    }
+
+    // MARK: What to ask each peer for
+
+    /// The collection of a subscription key: collection names hold no control characters, so
+    /// the first U+001F ends it.
+    private func askedCollection(_ key: String) -> UTF8Key {
+        UTF8Key(SubscriptionSpec.collection(ofKey: key))
+    }
+
+    /// Recomputes what each established peer is asked for, and re-sends where it changed.
+    private mutating func updateAsked(except skip: LinkID? = nil, now: Millis) -> [ReplicatorDirective] {
+        var directives: [ReplicatorDirective] = []
+        for link in sessions.keys.sorted() where link != skip && sessions[link]?.phase == .established {
+            directives += sendAsked(link, now: now)
+        }
+        return directives
+    }
+
+    /// This node's own subscriptions plus those of its other peers (one hop more, up to
+    /// ``ReplicatorConfiguration/maxHops``), deduplicated by key at the fewest hops, collapsed
+    /// into whole collections above ``ReplicatorConfiguration/maxAskedSubscriptions``.
+    private func wanted(for link: LinkID) -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)] {
+        var wanted: [UTF8Key: (spec: SubscriptionSpec, hops: Int)] = [:]
+        for (key, held) in own { wanted[key] = (held.spec, 0) }
+        for (other, s) in sessions
+        where other != link && s.phase == .established && s.peerKey != sessions[link]?.peerKey {
+            for sub in s.remoteSubscriptions where sub.hops < configuration.maxHops {
+                let key = UTF8Key(sub.spec.key)
+                if let existing = wanted[key], existing.hops <= sub.hops + 1 { continue }
+                wanted[key] = (sub.spec, sub.hops + 1)
+            }
+        }
+        // Above the cap, collapse the collection with the most subscriptions into the whole
+        // collection (a superset: relays store what passes), until it fits; when only whole
+        // collections are left, drop the farthest.
+        while wanted.count > configuration.maxAskedSubscriptions {
+            var byCollection: [UTF8Key: [UTF8Key]] = [:]
+            for (key, entry) in wanted where !entry.spec.isWholeCollection {
+                byCollection[UTF8Key(entry.spec.collection), default: []].append(key)
+            }
+            let busiest = byCollection.max { ($0.value.count, $1.key) < ($1.value.count, $0.key) }
+            guard let (collection, keys) = busiest, keys.count > 1 else {
+                let farthest = wanted.sorted { ($0.value.hops, $0.key) > ($1.value.hops, $1.key) }
+                for (key, _) in farthest.prefix(wanted.count - configuration.maxAskedSubscriptions) {
+                    wanted.removeValue(forKey: key)
+                }
+                break
+            }
+            let whole = SubscriptionSpec.all(collection.string)
+            let hops = keys.map { wanted[$0]!.hops }.min()!
+            for key in keys { wanted.removeValue(forKey: key) }
+            let wholeKey = UTF8Key(whole.key)
+            wanted[wholeKey] = (whole, min(hops, wanted[wholeKey]?.hops ?? hops))
+        }
+        return wanted
+    }
+
+    private mutating func sendAsked(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard let s = sessions[link], let remote = s.remote else { return [] }
+        let checkpoints = checkpointCache[s.peerKey] ?? [:]
+        var list: [WireSubscription] = []
+        for (key, entry) in wanted(for: link).sorted(by: { $0.key < $1.key }) {
+            var since: Int64 = 0
+            if let cp = checkpoints[key], cp.epoch == remote.epoch { since = cp.seq }
+            list.append(
+                WireSubscription(
+                    spec: entry.spec, since: since, hops: entry.hops,
+                    generation: generations[UTF8Key(entry.spec.collection)] ?? 0))
+        }
+        // Resend only when the set changed (the peer keeps its own cursors); a new rescan
+        // generation is a change.
+        let shape = list.map { WireSubscription(spec: $0.spec, since: 0, hops: $0.hops, generation: $0.generation) }
+        if s.askedShape == shape { return [] }
+        sessions[link]!.askedShape = shape
+        sessions[link]!.asked = Dictionary(list.map { (UTF8Key($0.spec.key), $0) }, uniquingKeysWith: { a, _ in a })
+        sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
+        sessions[link]!.askedVersion += 1
+        return [send(link, .subscriptions(list, version: sessions[link]!.askedVersion), now)]
+    }
+}
+
+// MARK: - Session state
+
+/// A document in the echo memory: collection and canonical `_id` key, compared byte-wise.
+struct EchoKey: Hashable, Sendable {
+    var collection: String
+    var key: String
+
+    static func == (a: EchoKey, b: EchoKey) -> Bool {
+        UTF8Key.equal(a.collection, b.collection) && UTF8Key.equal(a.key, b.key)
+    }
+
+    func hash(into hasher: inout Hasher) {
+        UTF8Key.hash(collection, into: &hasher)
+        UTF8Key.hash(key, into: &hasher)
+    }
+}
+
+extension Replicator {
+    enum Phase: Sendable, Equatable, CustomStringConvertible {
+        case awaitingHello, standby, established, closed
+
+        var description: String {
+            switch self {
+            case .awaitingHello: return "awaiting hello"
+            case .standby: return "standby (duplicate)"
+            case .established: return "established"
+            case .closed: return "closed"
+            }
+        }
+    }
+
+    struct Session: Sendable {
+        let link: LinkID
+        let peerKey: [UInt8]
+        let initiator: Bool
+        let address: String
+        let endpoint: String?
+        let opened: Millis
+        /// Our hello's nonce on this link.
+        let nonce: UInt64
+        var phase = Phase.awaitingHello
+        var remote: Hello?
+        var closeReason: String?
+        var lastReceived: Millis
+        var lastSent: Millis
+        var congested = false
+        /// While in standby: the established link to the same peer being probed.
+        var rival: LinkID?
+        var probe: UInt64 = 0
+        var probeDeadline: Millis = 0
+        /// What the peer asks this node for, by key, and the set as the peer sent it (forwarded
+        /// to other peers).
+        var served: [UTF8Key: Served] = [:]
+        var remoteSubscriptions: [WireSubscription] = []
+        var remoteSubscriptionsVersion: UInt64 = 0
+        /// What this node asks the peer for, by key, and the shape last sent.
+        var asked: [UTF8Key: WireSubscription] = [:]
+        var askedShape: [WireSubscription]?
+        var askedVersion: UInt64 = 0
+        var remoteErrors: [UTF8Key: String] = [:]
+        /// States received on this session, for echo suppression.
+        var echo: [EchoKey: StateDigest] = [:]
+
+        init(
+            link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?, opened: Millis,
+            nonce: UInt64
+        ) {
+            self.link = link
+            self.peerKey = peerKey
+            self.initiator = initiator
+            self.address = address
+            self.endpoint = endpoint
+            self.opened = opened
+            self.nonce = nonce
+            self.lastReceived = opened
+            self.lastSent = opened
+        }
+    }
+
+    /// One subscription this node serves to a peer.
+    struct Served: Sendable {
+        var spec: SubscriptionSpec
+        var hops: Int
+        var generation: UInt32
+        var query: Query?
+        /// The last `seq` scanned.
+        var cursor: Int64
+        /// The last `upTo` sent (an empty batch that advances nothing is skipped).
+        var lastSentUpTo: Int64
+        /// The highest `upTo` the peer acknowledged.
+        var ackedUpTo: Int64
+        /// When the last acknowledgement came (or the first unacknowledged batch went).
+        var lastProgress: Millis = 0
+        var inFlight = 0
+        var scanning = false
+        /// More entries may wait after `cursor` (a commit happened or the last scan was cut).
+        var pending = true
+        var failure: String?
+        var retryable = true
+        var retryAt: Millis = 0
+        var retryDelay: Millis
+
+        init(spec: SubscriptionSpec, hops: Int, generation: UInt32, cursor: Int64, retryDelay: Millis) {
+            self.spec = spec
+            self.hops = hops
+            self.generation = generation
+            self.cursor = cursor
+            self.lastSentUpTo = cursor
+            self.ackedUpTo = cursor
+            self.retryDelay = retryDelay
+        }
+    }
+
+    struct Endpoint: Sendable {
+        enum State: Sendable, Equatable, CustomStringConvertible {
+            case idle, dialing
+            case connected(LinkID)
+
+            var description: String {
+                switch self {
+                case .idle: return "waiting to dial"
+                case .dialing: return "dialing"
+                case .connected(let link): return "connected (\(link))"
+                }
+            }
+        }
+        var state = State.idle
+        var next: Millis
+        var backoff: Millis
+        var knownKey: [UInt8]?
+        var isSelf = false
+        var lastError: String?
+
+        init(next: Millis, backoff: Millis) {
+            self.next = next
+            self.backoff = backoff
+        }
+    }
+}
+
+/// A snapshot of a node's sessions and static peers (``Replicator/status``).
+public struct ReplicatorStatus: Sendable, Equatable {
+    public struct Subscription: Sendable, Equatable {
+        public var spec: SubscriptionSpec
+        public var hops: Int
+        /// For a served subscription, the last `seq` scanned; for an asked one, the `since` sent.
+        public var cursor: Int64
+        /// Why it is not being served, if it is not.
+        public var error: String?
+    }
+
+    public struct Peer: Sendable, Equatable {
+        public var link: LinkID
+        public var peerKey: [UInt8]
+        public var address: String
+        public var initiator: Bool
+        public var phase: String
+        public var siteID: SiteID?
+        /// The peer's subscriptions this node serves.
+        public var served: [Subscription]
+        /// What this node asks the peer for.
+        public var asked: [Subscription]
+    }
+
+    public struct StaticPeer: Sendable, Equatable {
+        public var address: String
+        public var state: String
+        public var lastError: String?
+    }
+
+    public var peers: [Peer]
+    public var endpoints: [StaticPeer]
+}

@@ -1,0 +1,172 @@
+/// Milliseconds. The ``Replicator`` only compares differences of these, so a monotonic clock
+/// (or a simulator's virtual clock) is the right source.
+public typealias Millis = Int64
+
+/// Names one connection (link) to a peer inside one node. Assigned by the shell; never reused.
+public struct LinkID: Hashable, Comparable, Sendable, CustomStringConvertible {
+    public var raw: UInt64
+    public init(_ raw: UInt64) { self.raw = raw }
+    public static func < (lhs: LinkID, rhs: LinkID) -> Bool { lhs.raw < rhs.raw }
+    public var description: String { "link#\(raw)" }
+}
+
+/// How far a receiver has durably applied one peer's log for one subscription.
+public struct Checkpoint: Sendable, Equatable, Hashable {
+    /// The epoch of the peer's log the `seq` belongs to.
+    public var epoch: [UInt8]
+    public var seq: Int64
+
+    public init(epoch: [UInt8], seq: Int64) {
+        self.epoch = epoch
+        self.seq = seq
+    }
+}
+
+/// This node's change log as the replicator needs to know it: its identity and how far it goes.
+public struct LocalLog: Sendable, Equatable {
+    /// The random ID of this life of the log (16 bytes).
+    public var epoch: [UInt8]
+    /// The site ID stamping this node's writes.
+    public var site: SiteID
+    /// The highest `seq` committed.
+    public var lastSeq: Int64
+
+    public init(epoch: [UInt8], site: SiteID, lastSeq: Int64) {
+        self.epoch = epoch
+        self.site = site
+        self.lastSeq = lastSeq
+    }
+}
+
+/// One entry of the local change log, as a scan returns it.
+public struct LogRecord: Sendable, Equatable {
+    /// The entry's position in the log.
+    public var seq: Int64
+    /// The canonical key of the document's `_id` (its compact JSON text).
+    public var key: String
+    /// The document as it travels.
+    public var document: WireDocument
+
+    public init(seq: Int64, key: String, document: WireDocument) {
+        self.seq = seq
+        self.key = key
+        self.document = document
+    }
+}
+
+/// The result of a ``ReplicatorDirective/scan(_:_:)``.
+public struct ScanPage: Sendable, Equatable {
+    /// Matching entries (and the tombstones a subscriber may hold), in `seq` order.
+    public var records: [LogRecord]
+    /// The last `seq` examined: the cursor for the next page.
+    public var upTo: Int64
+    /// `true` when the scan reached the end of the log.
+    public var exhausted: Bool
+
+    public init(records: [LogRecord], upTo: Int64, exhausted: Bool) {
+        self.records = records
+        self.upTo = upTo
+        self.exhausted = exhausted
+    }
+}
+
+/// What the shell must read from the local log: up to `limit` entries of `spec.collection` after
+/// `after` whose document matches `query` (plus tombstones), stopping once `maxBytes` of state
+/// is reached (always at least one entry), then call ``Replicator/scanned(_:_:page:now:)``
+/// or ``Replicator/scanFailed(_:_:error:now:)``.
+public struct ScanRequest: Sendable, Equatable {
+    public var subscription: String
+    public var spec: SubscriptionSpec
+    /// The query with its arguments bound.
+    public var query: Query
+    public var after: Int64
+    public var limit: Int
+    public var maxBytes: Int
+}
+
+/// What the shell must merge: `documents` from peer `peerKey`, and, when `storeCheckpoint`, the
+/// checkpoint (`peerEpoch`, `upTo`) for `subscription`, in one transaction; then call
+/// ``Replicator/applied(_:subscription:upTo:checkpointStored:deferred:now:)`` or
+/// ``Replicator/applyFailed(_:subscription:error:now:)``.
+public struct ApplyRequest: Sendable, Equatable {
+    public var subscription: String
+    public var collection: String
+    public var peerKey: [UInt8]
+    public var peerEpoch: [UInt8]
+    public var documents: [WireDocument]
+    public var upTo: Int64
+    /// `false` for a batch answering an older rescan generation: its documents merge, but its
+    /// `upTo` must not overwrite the checkpoint the rescan reset.
+    public var storeCheckpoint: Bool
+    /// The query subscriptions this node serves to the sender in the batch's collection: the
+    /// sender holds every document it sent, so later changes to them must reach it.
+    public var heldBy: [SubscriptionSpec] = []
+}
+
+/// What the shell must do, in order.
+public enum ReplicatorDirective: Sendable, Equatable {
+    /// Send this message on the link.
+    case send(LinkID, WireMessage)
+    /// Close the link (its `linkClosed` follows).
+    case close(LinkID, reason: String)
+    /// Read the change log (see ``ScanRequest``).
+    case scan(LinkID, ScanRequest)
+    /// Merge a batch (see ``ApplyRequest``).
+    case apply(LinkID, ApplyRequest)
+    /// Connect to this static peer address, then call ``Replicator/linkOpened(_:peerKey:initiator:address:endpoint:checkpoints:now:)``
+    /// or ``Replicator/dialFailed(_:reason:now:)``.
+    case dial(String)
+    /// This node's log went back in time (a peer holds a checkpoint beyond its last `seq`): start
+    /// a new epoch and site ID, then call ``Replicator/logRotated(_:now:)``.
+    case rotateLog(reason: String)
+    /// Re-merge the documents the store deferred, then call ``Replicator/deferredRetried(remaining:now:)``.
+    case retryDeferred
+    /// Report this event in the node's log.
+    case log(String)
+}
+
+/// Limits and timings of a ``Replicator``. Durations in milliseconds. Defaults are documented in
+/// docs/PROTOCOL.md §4.
+public struct ReplicatorConfiguration: Sendable {
+    /// This node's peer key (32 bytes).
+    public var peerKey: [UInt8]
+    /// Change-log entries examined per scan.
+    public var batchEntries = 256
+    /// A batch stops after the document that reaches this many bytes of state.
+    public var batchBytes = 4 << 20
+    /// A document state larger than this is never sent (it could not travel in one message).
+    public var maxStateBytes = (64 << 20) - (64 << 10)
+    /// Batches sent and not yet acknowledged, per served subscription.
+    public var maxInFlight = 4
+    /// Subscriptions one peer may ask this node to serve; beyond it each gets `suberr limit`.
+    public var maxServedSubscriptions = 1024
+    /// Subscriptions this node asks one peer for at most; beyond it those of the busiest
+    /// collection collapse into the whole collection.
+    public var maxAskedSubscriptions = 1024
+    /// Forwarded subscriptions travel at most this many hops.
+    public var maxHops = 4
+    /// A `ping` goes out on a link that sent nothing for this long.
+    public var keepaliveInterval: Millis = 5_000
+    /// A link that received nothing for this long is closed as dead.
+    public var livenessTimeout: Millis = 20_000
+    /// How long an older link to a peer may take to answer a probe before a newer one replaces it.
+    public var duplicateProbeTimeout: Millis = 3_000
+    /// Batches unacknowledged this long are sent again from the last acknowledged point.
+    public var ackTimeout: Millis = 30_000
+    /// First and largest delay between attempts to dial a static peer (jittered ×0.5…1.5).
+    public var dialBackoffInitial: Millis = 250
+    public var dialBackoffMax: Millis = 30_000
+    /// A session that lasted this long resets its dialer's backoff.
+    public var stableSession: Millis = 10_000
+    /// First and largest delay before retrying a subscription whose scan failed.
+    public var scanRetryInitial: Millis = 5_000
+    public var scanRetryMax: Millis = 300_000
+    /// Deferred documents are retried this often while there are some.
+    public var deferredRetryInterval: Millis = 5_000
+    /// Received states remembered per session for echo suppression; the memory is cleared when full.
+    public var echoMemory = 200_000
+    /// A regressed log rotates its epoch at most this often.
+    public var minLogRotationInterval: Millis = 600_000
+
+    public init(peerKey: [UInt8]) { self.peerKey = peerKey }
+}

@@ -1,0 +1,308 @@
+/// A subscription: the documents of one collection matching a query with arguments.
+///
+/// Its ``key`` names it on the wire and in checkpoints: the same (collection, query, args) from
+/// any node has the same key. The key is an opaque name: nothing parses it back (the collection
+/// travels beside it), so no collection name or query text can make two subscriptions collide.
+/// Equality and hashing compare the collection name and query text byte-wise (collections "é"
+/// and "e" + U+0301 are two subscriptions).
+public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
+    public var collection: String
+    /// Query text in Ditto's predicate syntax (docs/QUERIES.md); `"true"` for the whole collection.
+    public var query: String
+    /// Values for `$args.name` in the query: a map.
+    public var args: UTF8Map<Value>
+
+    public init(collection: String, query: String = "true", args: UTF8Map<Value> = [:]) {
+        self.collection = collection
+        self.query = query.isEmpty ? "true" : query
+        self.args = args
+    }
+
+    /// The whole collection.
+    public static func all(_ collection: String) -> SubscriptionSpec { SubscriptionSpec(collection: collection) }
+
+    /// `collection \u{1F} query \u{1F} JSON(args)`: deterministic. Collection names never hold
+    /// control characters (``validateCollectionName(_:)``), so the first U+001F ends the name.
+    public var key: String {
+        "\(collection)\u{1F}\(query)\u{1F}\(JSON.string(.map(args)))"
+    }
+
+    /// The collection named by a subscription ``key``: the text before the first U+001F (which
+    /// collection names never hold, ``validateCollectionName(_:)``).
+    public static func collection(ofKey key: String) -> String {
+        String(key.unicodeScalars.prefix { $0 != "\u{1F}" })
+    }
+
+    /// Whether this subscription asks for the whole collection.
+    public var isWholeCollection: Bool { query == "true" && args.isEmpty }
+
+    public var description: String {
+        args.isEmpty ? "\(collection): \(query)" : "\(collection): \(query) \(JSON.string(.map(args)))"
+    }
+
+    public static func == (lhs: SubscriptionSpec, rhs: SubscriptionSpec) -> Bool {
+        UTF8Key.equal(lhs.collection, rhs.collection) && UTF8Key.equal(lhs.query, rhs.query) && lhs.args == rhs.args
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        UTF8Key.hash(collection, into: &hasher)
+        UTF8Key.hash(query, into: &hasher)
+        hasher.combine(args)
+    }
+
+    /// Checks a collection name: not empty, at most 1,024 bytes of UTF-8, no control characters
+    /// (U+0000–U+001F, U+007F), which keeps subscription keys unambiguous and names printable.
+    ///
+    /// - Throws: ``WireError`` naming the problem.
+    public static func validateCollectionName(_ name: String) throws(WireError) {
+        guard !name.isEmpty else { throw WireError("empty collection name") }
+        guard name.utf8.count <= 1024 else { throw WireError("collection name longer than 1024 bytes") }
+        guard !name.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) else {
+            throw WireError("collection name holds a control character")
+        }
+    }
+}
+
+/// One subscription as sent to a peer: what the receiver wants and from where in the sender's log.
+public struct WireSubscription: Hashable, Sendable {
+    public var spec: SubscriptionSpec
+    /// The sender's `seq` after which to stream (the receiver's checkpoint; 0 for everything).
+    public var since: Int64
+    /// Hops this subscription has travelled (0 = the peer's own); at most ``WireMessage/maxHops``.
+    public var hops: Int
+    /// The receiver's rescan generation for the collection: it changes when the receiver evicted
+    /// documents and wants matching ones sent again from `since`. Echoed in every `batch`.
+    public var generation: UInt32
+
+    public init(spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0) {
+        self.spec = spec
+        self.since = since
+        self.hops = hops
+        self.generation = generation
+    }
+}
+
+/// A document state on the wire.
+public struct WireDocument: Sendable, Equatable {
+    public var collection: String
+    public var id: Value
+    /// The document's CRDT state: ``DocumentState/cbor()``.
+    public var state: [UInt8]
+
+    public init(collection: String, id: Value, state: [UInt8]) {
+        self.collection = collection
+        self.id = id
+        self.state = state
+    }
+}
+
+/// The `hello` that opens a session.
+public struct Hello: Sendable, Equatable {
+    public var version: Int
+    public var peerKey: [UInt8]
+    public var site: SiteID
+    public var epoch: [UInt8]
+    /// A random number naming this connection, chosen by the sender (duplicate-link tie-break).
+    public var nonce: UInt64
+
+    public init(version: Int, peerKey: [UInt8], site: SiteID, epoch: [UInt8], nonce: UInt64 = 0) {
+        self.version = version
+        self.peerKey = peerKey
+        self.site = site
+        self.epoch = epoch
+        self.nonce = nonce
+    }
+}
+
+/// A message of the Trellis sync protocol (docs/PROTOCOL.md §2). Each travels as one CBOR map
+/// with a `"t"` (type) key.
+public enum WireMessage: Sendable, Equatable {
+    /// `{t:"hello", v, key, site, epoch, n}`.
+    case hello(Hello)
+    /// `{t:"subs", subs:[{c, q, a, since, hops, gen}], v}`: the sender's complete subscription
+    /// set, replacing any earlier one; `v` grows with each set sent on a link, so a receiver
+    /// ignores a set older than one it already has.
+    case subscriptions([WireSubscription], version: UInt64 = 0)
+    /// `{t:"batch", sub, docs:[{c, id, s}], upTo, gen}`: changes for one subscription, in the
+    /// sender's `seq` order, covering the sender's log up to `upTo`.
+    case batch(subscription: String, documents: [WireDocument], upTo: Int64, generation: UInt32)
+    /// `{t:"ack", sub, upTo}`: the receiver durably applied the batch up to `upTo`.
+    case ack(subscription: String, upTo: Int64)
+    /// `{t:"suberr", sub, code, msg}`: the sender cannot serve this one subscription (its query
+    /// does not parse or bind here, reading the log failed, a limit); the session goes on.
+    case subscriptionError(subscription: String, code: String, message: String)
+    /// `{t:"ping", n}`: keepalive; answered by `pong` with the same `n`.
+    case ping(UInt64)
+    /// `{t:"pong", n}`.
+    case pong(UInt64)
+    /// `{t:"error", code, msg}`: the sender is closing the session for this reason.
+    case error(code: String, message: String)
+
+    /// The protocol version this build speaks.
+    public static let protocolVersion = 2
+    /// The most hops a forwarded subscription may carry on the wire.
+    public static let maxHops = 16
+
+    /// The message as a CBOR-ready value.
+    public var encoded: Value {
+        switch self {
+        case .hello(let h):
+            return [
+                "t": "hello", "v": .int(Int64(h.version)), "key": .bytes(h.peerKey),
+                "site": .int(Int64(bitPattern: h.site)), "epoch": .bytes(h.epoch),
+                "n": .int(Int64(bitPattern: h.nonce)),
+            ]
+        case .subscriptions(let subs, let version):
+            return [
+                "t": "subs", "v": .int(Int64(bitPattern: version)),
+                "subs": .array(
+                    subs.map {
+                        [
+                            "c": .string($0.spec.collection), "q": .string($0.spec.query), "a": .map($0.spec.args),
+                            "since": .int($0.since), "hops": .int(Int64($0.hops)), "gen": .int(Int64($0.generation)),
+                        ]
+                    }),
+            ]
+        case .batch(let sub, let docs, let upTo, let generation):
+            return [
+                "t": "batch", "sub": .string(sub),
+                "docs": .array(docs.map { ["c": .string($0.collection), "id": $0.id, "s": .bytes($0.state)] }),
+                "upTo": .int(upTo), "gen": .int(Int64(generation)),
+            ]
+        case .ack(let sub, let upTo):
+            return ["t": "ack", "sub": .string(sub), "upTo": .int(upTo)]
+        case .subscriptionError(let sub, let code, let message):
+            return ["t": "suberr", "sub": .string(sub), "code": .string(code), "msg": .string(message)]
+        case .ping(let n):
+            return ["t": "ping", "n": .int(Int64(bitPattern: n))]
+        case .pong(let n):
+            return ["t": "pong", "n": .int(Int64(bitPattern: n))]
+        case .error(let code, let message):
+            return ["t": "error", "code": .string(code), "msg": .string(message)]
+        }
+    }
+
+    /// Encodes to CBOR bytes.
+    public func serialized() -> [UInt8] { CBOR.encode(encoded) }
+
+    /// Decodes one message from CBOR bytes.
+    ///
+    /// - Throws: ``WireError`` naming the missing, mistyped or out-of-range field; peers are
+    ///   untrusted, so every integer is range-checked here.
+    public init(serialized bytes: [UInt8]) throws(WireError) {
+        let value: Value
+        do { value = try CBOR.decode(bytes) } catch { throw WireError("not CBOR: \(error)") }
+        try self.init(value)
+    }
+
+    /// Decodes one message from its CBOR value. See ``init(serialized:)``.
+    public init(_ value: Value) throws(WireError) {
+        guard case .map = value else { throw WireError("message is not a map") }
+        guard case .string(let type)? = value["t"] else { throw WireError("message has no type") }
+        let m = Fields(message: type, value: value)
+        switch type {
+        case "hello":
+            let key = try m.bytes("key")
+            let epoch = try m.bytes("epoch")
+            guard key.count == 32 else { throw WireError("hello: 'key' must be 32 bytes, not \(key.count)") }
+            guard epoch.count == 16 else { throw WireError("hello: 'epoch' must be 16 bytes, not \(epoch.count)") }
+            self = .hello(
+                Hello(
+                    version: Int(try m.int("v", in: 0...Int64(UInt16.max))), peerKey: key,
+                    site: SiteID(bitPattern: try m.int("site")), epoch: epoch,
+                    nonce: UInt64(bitPattern: try m.optionalInt("n") ?? 0)))
+        case "subs":
+            guard case .array(let list)? = value["subs"] else { throw WireError("subs: missing 'subs' array") }
+            var subs: [WireSubscription] = []
+            subs.reserveCapacity(list.count)
+            for item in list {
+                guard case .map = item else { throw WireError("subs: entry is not a map") }
+                let s = Fields(message: "subs", value: item)
+                let args: UTF8Map<Value>
+                switch item["a"] {
+                case nil: args = [:]
+                case .map(let a)?: args = a
+                case let other?: throw WireError("subs: 'a' is \(other.typeName), not a map")
+                }
+                let collection = try s.string("c")
+                try SubscriptionSpec.validateCollectionName(collection)
+                subs.append(
+                    WireSubscription(
+                        spec: SubscriptionSpec(collection: collection, query: try s.string("q"), args: args),
+                        since: try s.int("since", in: 0...Int64.max),
+                        hops: Int(try s.int("hops", in: 0...Int64(Self.maxHops))),
+                        generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0)))
+            }
+            self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
+        case "batch":
+            guard case .array(let list)? = value["docs"] else { throw WireError("batch: missing 'docs' array") }
+            var docs: [WireDocument] = []
+            docs.reserveCapacity(list.count)
+            for item in list {
+                guard case .map = item, let id = item["id"] else { throw WireError("batch: document without 'id'") }
+                let d = Fields(message: "batch", value: item)
+                docs.append(WireDocument(collection: try d.string("c"), id: id, state: try d.bytes("s")))
+            }
+            self = .batch(
+                subscription: try m.string("sub"), documents: docs, upTo: try m.int("upTo", in: 0...Int64.max),
+                generation: UInt32(try m.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0))
+        case "ack":
+            self = .ack(subscription: try m.string("sub"), upTo: try m.int("upTo", in: 0...Int64.max))
+        case "suberr":
+            self = .subscriptionError(
+                subscription: try m.string("sub"), code: try m.string("code"), message: try m.string("msg"))
+        case "ping":
+            self = .ping(UInt64(bitPattern: try m.int("n")))
+        case "pong":
+            self = .pong(UInt64(bitPattern: try m.int("n")))
+        case "error":
+            self = .error(code: try m.string("code"), message: try m.string("msg"))
+        default:
+            throw WireError("unknown message type '\(type)'")
+        }
+    }
+}
+
+/// A message that does not decode.
+public struct WireError: Error, Equatable, Sendable, CustomStringConvertible {
+    public var message: String
+    public init(_ message: String) { self.message = message }
+    public var description: String { "malformed message: \(message)" }
+}
+
+/// Typed, range-checked access to the fields of one decoded message map.
+private struct Fields {
+    let message: String
+    let value: Value
+
+    func int(_ key: String, in range: ClosedRange<Int64> = Int64.min...Int64.max) throws(WireError) -> Int64 {
+        guard let i = try optionalInt(key, in: range) else {
+            throw WireError("\(message): '\(key)' is missing or not an integer")
+        }
+        return i
+    }
+
+    func optionalInt(_ key: String, in range: ClosedRange<Int64> = Int64.min...Int64.max) throws(WireError) -> Int64? {
+        switch value[key] {
+        case nil: return nil
+        case .int(let i)?:
+            guard range.contains(i) else {
+                throw WireError("\(message): '\(key)' = \(i) is outside \(range.lowerBound)...\(range.upperBound)")
+            }
+            return i
+        case let other?: throw WireError("\(message): '\(key)' is \(other.typeName), not an integer")
+        }
+    }
+
+    func string(_ key: String) throws(WireError) -> String {
+        guard case .string(let s)? = value[key] else {
+            throw WireError("\(message): '\(key)' is missing or not a string")
+        }
+        return s
+    }
+
+    func bytes(_ key: String) throws(WireError) -> [UInt8] {
+        guard case .bytes(let b)? = value[key] else { throw WireError("\(message): '\(key)' is missing or not bytes") }
+        return b
+    }
+}

@@ -1,0 +1,316 @@
+import Foundation
+import Synchronization
+public import Trellis
+public import TrellisCore
+import TrellisStore
+
+/// A property every quiet, healed simulation must have. ``Simulation/check()`` runs the
+/// built-in ones and those in ``Simulation/invariants``.
+public struct Invariant: Sendable {
+    /// A short name, printed with each violation.
+    public var name: String
+    /// Returns one line per violation (empty when it holds).
+    public var check: @Sendable (Simulation) throws -> [String]
+
+    public init(_ name: String, check: @escaping @Sendable (Simulation) throws -> [String]) {
+        self.name = name
+        self.check = check
+    }
+}
+
+/// What the simulation remembers between checks: local writes, wipes, removals seen
+/// everywhere, clocks and checkpoints.
+struct History {
+    struct Write {
+        var node: Int
+        var collection: String
+        var key: String
+        var site: SiteID
+        var stamp: HLCTimestamp
+        var time: Millis
+    }
+
+    var writes: [Write] = []
+    var lastWrite: [UTF8Key: Millis] = [:]
+    /// Per node, spans of virtual time whose local writes may be lost by design (a wiped store,
+    /// a restored backup) if they had not travelled yet.
+    var lossWindows: [Int: [ClosedRange<Millis>]] = [:]
+    var evictions: [Int: [UTF8Key: Millis]] = [:]
+    /// Per node, when each document was last evicted there: a write its own node evicted may
+    /// be lost if it had not travelled yet (as in Ditto, eviction drops local data).
+    var evictedKeys: [Int: [UTF8Key: Millis]] = [:]
+    /// Documents removed on every node at a check, and when.
+    var removedEverywhere: [UTF8Key: Millis] = [:]
+    var clocks: [Int: HLCTimestamp] = [:]
+    var checkpoints: [Int: [String: Checkpoint]] = [:]
+    var lastCheck: Millis = -1
+
+    static func id(_ collection: String, _ key: String) -> UTF8Key { UTF8Key(collection + "\u{0}" + key) }
+
+    /// The node's store lost what it wrote between `from` and `to` (a wipe: from 0; a restored
+    /// backup: from the backup's time).
+    mutating func lost(_ node: Int, from: Millis, to: Millis) {
+        lossWindows[node, default: []].append(from...max(from, to))
+        clocks.removeValue(forKey: node)
+        checkpoints.removeValue(forKey: node)
+    }
+}
+
+extension SimulatedNode {
+    /// Keeps the result of a live query on this node, for the "live queries equal fresh
+    /// queries" invariant (and for apps' own checks via ``lastLiveResults``).
+    ///
+    /// - Throws: when the query does not parse.
+    public func watch(_ collection: String, query: String = "true") throws {
+        let box = LiveResults(collection: collection, query: query)
+        box.liveQuery = try store.collection(collection).find(query).observeLocal { documents, _ in
+            box.documents.withLock { $0 = documents }
+        }
+        watches.append(box)
+        watchSpecs.append((collection, query))
+    }
+
+    /// The last results every ``watch(_:query:)`` delivered, by "collection: query".
+    public var lastLiveResults: [String: [Document]] {
+        Dictionary(
+            watches.map { ("\($0.collection): \($0.query)", $0.documents.withLock { $0 }) },
+            uniquingKeysWith: { a, _ in a })
+    }
+}
+
+final class LiveResults: @unchecked Sendable {
+    let collection: String
+    let query: String
+    let documents = Mutex<[Document]>([])
+    var liveQuery: LiveQuery?
+
+    init(collection: String, query: String) {
+        self.collection = collection
+        self.query = query
+    }
+}
+
+extension Simulation {
+    /// Checks every invariant; call it once the mesh is healed and quiet (``runUntilQuiet(quietFor:timeout:)``).
+    ///
+    /// Built in: replicas with overlapping subscriptions hold the same documents and tombstones;
+    /// every write acknowledged to an app is present on every replica of its collection (unless
+    /// its node was wiped before it could travel); nothing removed everywhere comes back without
+    /// a new write; clocks and checkpoints never go backwards; every watched live query's last
+    /// result equals a fresh query.
+    ///
+    /// - Throws: ``SimulationFailure`` listing every violation, with the seed.
+    public func check() throws {
+        for node in nodes where node.isUp { node.store.flushLiveQueries() }
+        var violations: [String] = []
+        violations += convergence()
+        violations += writesPresent()
+        violations += noResurrection()
+        violations += monotonic()
+        violations += liveQueries()
+        for invariant in invariants {
+            violations += try invariant.check(self).map { "\(invariant.name): \($0)" }
+        }
+        history.lastCheck = now
+        guard violations.isEmpty else { throw SimulationFailure(seed: seed, violations: violations, trace: trace) }
+    }
+
+    /// Every document of a collection on a node, tombstones included: key → state bytes.
+    public func log(of node: SimulatedNode, collection: String) throws -> [UTF8Key: [UInt8]] {
+        var out: [UTF8Key: [UInt8]] = [:]
+        var after: Int64 = 0
+        while true {
+            let page = try node.documents.changes(in: collection, after: after, limit: 10_000, maxBytes: .max)
+            for record in page.records { out[UTF8Key(JSON.string(record.id))] = record.state }
+            if page.exhausted { break }
+            after = page.scannedUpTo
+        }
+        return out
+    }
+
+    /// Collections some up node subscribes to as a whole, with those nodes.
+    private func wholeSubscribers() -> [String: [SimulatedNode]] {
+        var out: [String: [SimulatedNode]] = [:]
+        for node in nodes where node.isUp {
+            for spec in node.replicator?.subscriptions ?? [] where spec.isWholeCollection {
+                out[spec.collection, default: []].append(node)
+            }
+        }
+        return out
+    }
+
+    private func convergence() -> [String] {
+        var violations: [String] = []
+        let whole = wholeSubscribers()
+        for collection in whole.keys.sorted() {
+            let holders = whole[collection]!
+            guard let reference = holders.first, let expected = try? log(of: reference, collection: collection) else {
+                continue
+            }
+            let shown = try? reference.documents.documents(in: collection).map { JSON.string($0) }
+            for other in holders.dropFirst() {
+                guard let actual = try? log(of: other, collection: collection) else {
+                    violations.append("\(other.name): cannot read \(collection)")
+                    continue
+                }
+                let found = differences(collection, reference, expected, other, actual)
+                violations += found
+                // Equal states must also show equal values, byte for byte.
+                if found.isEmpty, let shown,
+                    let otherShown = try? other.documents.documents(in: collection).map({ JSON.string($0) }),
+                    shown != otherShown
+                {
+                    let first = zip(shown, otherShown).first { $0 != $1 }
+                    violations.append(
+                        "\(collection): \(reference.name) and \(other.name) hold equal states but show different values"
+                            + (first.map { ": \($0.0) vs \($0.1)" } ?? ""))
+                }
+            }
+            // Query subscribers hold what their query matches, as the whole-collection replicas do.
+            for node in nodes where node.isUp {
+                for spec in node.replicator?.subscriptions ?? []
+                where spec.collection == collection && !spec.isWholeCollection {
+                    guard let query = try? Query(spec.query).bind(args: spec.args),
+                        let actual = try? log(of: node, collection: collection)
+                    else { continue }
+                    for (key, state) in expected.sorted(by: { $0.key < $1.key }) {
+                        guard let decoded = try? DocumentState(encoded: CBOR.decode(state)) else { continue }
+                        let id = (try? JSON.parse(key.string)) ?? .null
+                        let matches = decoded.materialize(id: id).map { (try? query.matches($0)) ?? false } ?? false
+                        let holds = actual[key] != nil
+                        guard matches || (decoded.isDeleted && holds) else { continue }
+                        if actual[key] != state {
+                            violations.append(
+                                "\(node.name) (\(spec)) \(holds ? "holds another state of" : "lacks") \(collection)/\(key) that \(reference.name) has"
+                            )
+                        }
+                    }
+                }
+            }
+        }
+        return violations
+    }
+
+    private func differences(
+        _ collection: String, _ a: SimulatedNode, _ left: [UTF8Key: [UInt8]], _ b: SimulatedNode,
+        _ right: [UTF8Key: [UInt8]]
+    ) -> [String] {
+        var out: [String] = []
+        for key in Set(left.keys).union(right.keys).sorted() where left[key] != right[key] {
+            let describe: ([UInt8]?) -> String = { bytes in
+                guard let bytes else { return "nothing" }
+                guard let state = try? DocumentState(encoded: CBOR.decode(bytes)) else { return "\(bytes.count) bytes" }
+                return state.isDeleted ? "a tombstone" : (state.materialize(id: .null).map { "\($0)" } ?? "?")
+            }
+            out.append(
+                "\(collection)/\(key): \(a.name) has \(describe(left[key])), \(b.name) has \(describe(right[key]))")
+            if out.count >= 10 {
+                out.append("(more differences in \(collection) left out)")
+                break
+            }
+        }
+        return out
+    }
+
+    private func writesPresent() -> [String] {
+        var violations: [String] = []
+        let whole = wholeSubscribers()
+        var logs: [String: [Int: [UTF8Key: [UInt8]]]] = [:]
+        for write in history.writes {
+            if history.lossWindows[write.node]?.contains(where: { $0.contains(write.time) }) == true { continue }
+            if let evicted = history.evictedKeys[write.node]?[History.id(write.collection, write.key)],
+                evicted >= write.time
+            {
+                continue
+            }
+            guard let holders = whole[write.collection] else { continue }
+            for holder in holders {
+                if logs[write.collection]?[holder.index] == nil {
+                    logs[write.collection, default: [:]][holder.index] =
+                        (try? log(of: holder, collection: write.collection)) ?? [:]
+                }
+                let state = logs[write.collection]![holder.index]![UTF8Key(write.key)].flatMap {
+                    try? DocumentState(encoded: CBOR.decode($0))
+                }
+                let seen = max(state?.writes[write.site] ?? .zero, state?.removed[write.site] ?? .zero)
+                if seen < write.stamp {
+                    violations.append(
+                        "\(holder.name) lacks the write to \(write.collection)/\(write.key) made on \(nodes[write.node].name) at \(write.time) ms"
+                    )
+                }
+            }
+        }
+        return Array(violations.prefix(20))
+    }
+
+    private func noResurrection() -> [String] {
+        var violations: [String] = []
+        let whole = wholeSubscribers()
+        var removedNow: [UTF8Key: Millis] = [:]
+        for collection in whole.keys.sorted() {
+            let holders = whole[collection]!
+            let logs = holders.compactMap { try? log(of: $0, collection: collection) }
+            guard logs.count == holders.count, let first = logs.first else { continue }
+            for key in first.keys.sorted() {
+                let id = History.id(collection, key.string)
+                let removed = logs.allSatisfy { log in
+                    log[key].flatMap { try? DocumentState(encoded: CBOR.decode($0)) }?.isDeleted ?? false
+                }
+                if removed {
+                    removedNow[id] = history.removedEverywhere[id] ?? now
+                } else if let since = history.removedEverywhere[id], (history.lastWrite[id] ?? -1) <= since {
+                    violations.append(
+                        "\(collection)/\(key) was removed everywhere at \(since) ms and came back with no new write")
+                }
+            }
+        }
+        history.removedEverywhere = removedNow
+        return violations
+    }
+
+    private func monotonic() -> [String] {
+        var violations: [String] = []
+        for node in nodes where node.isUp {
+            let clock = node.documents.lastTimestamp
+            if let previous = history.clocks[node.index], clock < previous {
+                violations.append("\(node.name)'s clock went back from \(previous) to \(clock)")
+            }
+            history.clocks[node.index] = clock
+            var now: [String: Checkpoint] = [:]
+            for peer in nodes where peer !== node {
+                guard let checkpoints = try? node.documents.checkpoints(peer: peer.peerKey) else { continue }
+                for (key, checkpoint) in checkpoints { now[peer.name + "\u{0}" + key] = checkpoint }
+            }
+            for (key, checkpoint) in now {
+                guard let previous = history.checkpoints[node.index]?[key], previous.epoch == checkpoint.epoch,
+                    checkpoint.seq < previous.seq
+                else { continue }
+                let collection = String(key.split(separator: "\u{0}").last?.split(separator: "\u{1F}").first ?? "")
+                if let evicted = history.evictions[node.index]?[UTF8Key(collection)], evicted > history.lastCheck {
+                    continue
+                }
+                violations.append(
+                    "\(node.name)'s checkpoint \(key.replacingOccurrences(of: "\u{0}", with: " ")) went back from \(previous.seq) to \(checkpoint.seq)"
+                )
+            }
+            history.checkpoints[node.index] = now
+        }
+        return violations
+    }
+
+    private func liveQueries() -> [String] {
+        var violations: [String] = []
+        for node in nodes where node.isUp {
+            for watch in node.watches {
+                let fresh = (try? node.store.collection(watch.collection).find(watch.query).exec()) ?? []
+                let last = watch.documents.withLock { $0 }
+                if fresh != last {
+                    violations.append(
+                        "\(node.name)'s live query \(watch.collection): \(watch.query) last showed \(last.count) documents, a fresh query \(fresh.count)"
+                    )
+                }
+            }
+        }
+        return violations
+    }
+}

@@ -1,0 +1,203 @@
+public import TrellisCore
+
+/// A fault a ``RandomWorkload`` may inject.
+public enum SimulatedFault: String, CaseIterable, Sendable, Comparable {
+    /// Split the mesh in two, heal later.
+    case partition
+    /// Take single links down and up.
+    case links
+    /// Kill nodes (store kept) and restart them.
+    case crash
+    /// Restart crashed nodes with a wiped store.
+    case wipe
+    /// Skew nodes' clocks by up to ±20 s.
+    case clock
+    /// Latency and jitter up to 200 ms, and bandwidth limits.
+    case latency
+    /// Connections reset now and then.
+    case reset
+    /// Messages vanish, arrive twice, or overtake each other on a link.
+    case unreliable
+    /// Apps evict documents.
+    case evict
+
+    public static func < (lhs: SimulatedFault, rhs: SimulatedFault) -> Bool { lhs.rawValue < rhs.rawValue }
+
+    /// Parses a comma-separated list (`partition,crash`), `all` or `none`.
+    ///
+    /// - Throws: ``WorkloadError`` naming an unknown fault.
+    public static func parse(_ text: String) throws(WorkloadError) -> Set<SimulatedFault> {
+        if text == "all" { return Set(allCases) }
+        if text == "none" || text.isEmpty { return [] }
+        var out: Set<SimulatedFault> = []
+        for name in text.split(separator: ",") {
+            guard let fault = SimulatedFault(rawValue: String(name)) else {
+                throw WorkloadError(
+                    "unknown fault '\(name)'; known: \(allCases.map(\.rawValue).joined(separator: ", ")), all, none")
+            }
+            out.insert(fault)
+        }
+        return out
+    }
+}
+
+/// A bad workload option.
+public struct WorkloadError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Random apps and faults on a random mesh, then heal and check every invariant: one seed, one
+/// run. `trellis simulate` and the test suite's sweep run many seeds.
+public struct RandomWorkload: Sendable {
+    /// How many nodes (drawn from the seed within this range).
+    public var nodes: ClosedRange<Int> = 3...8
+    /// Random steps (an app operation or a fault each) before the final heal.
+    public var steps = 60
+    /// Faults to inject.
+    public var faults: Set<SimulatedFault> = Set(SimulatedFault.allCases)
+    /// Distinct `_id`s written to (fewer means more conflicts).
+    public var documents = 12
+
+    public init() {}
+
+    /// Runs one seed.
+    ///
+    /// - Returns: the finished simulation (its ``Simulation/trace`` tells what happened).
+    /// - Throws: ``SimulationFailure`` when an invariant breaks or the mesh never goes quiet;
+    ///   the store's errors if a node cannot open its database.
+    @discardableResult
+    public func run(seed: UInt64, tracing: Bool = true) throws -> Simulation {
+        let sim = try Simulation(seed: seed)
+        sim.tracing = tracing
+        var random = SplitMix64(seed: seed ^ 0x5EED_5EED_5EED_5EED)
+        let count = Int.random(in: nodes, using: &random)
+        for _ in 0..<count { try sim.addNode() }
+        sim.connectRandomly(extraLinks: Int.random(in: 0...count, using: &random))
+        // Most nodes replicate the whole collection; one may hold only a query's documents.
+        var subscriptions: [Any] = []
+        for (i, node) in sim.nodes.enumerated() {
+            if i == count - 1, count > 3, Bool.random(using: &random) {
+                subscriptions.append(try node.store.collection("items").find("v >= 5").subscribe())
+                try node.watch("items", query: "v >= 5")
+            } else {
+                subscriptions.append(try node.store.collection("items").findAll().subscribe())
+                try node.watch("items")
+            }
+        }
+        var partitioned = false
+        for _ in 0..<steps {
+            sim.run(for: Millis.random(in: 0...1_500, using: &random))
+            if faults.isEmpty || Int.random(in: 0..<10, using: &random) < 6 {
+                try appOperation(sim, &random)
+            } else {
+                try fault(sim, &random, partitioned: &partitioned)
+            }
+        }
+        // Heal everything, restart what is down, let it settle, check.
+        sim.heal()
+        sim.defaultProfile = LinkProfile()
+        sim.resetProfiles()
+        for node in sim.nodes where !node.isUp { try sim.restart(node) }
+        try sim.runUntilQuiet()
+        try sim.check()
+        _ = subscriptions
+        return sim
+    }
+
+    private func appOperation(_ sim: Simulation, _ random: inout SplitMix64) throws {
+        let up = sim.nodes.filter(\.isUp)
+        guard let node = up.randomElement(using: &random) else { return }
+        let items = node.store.collection("items")
+        let id = Value.string("d\(Int.random(in: 0..<documents, using: &random))")
+        switch Int.random(in: 0..<10, using: &random) {
+        case 0...3:
+            var fields: UTF8Map<Value> = ["_id": id, "v": .int(Int64.random(in: 0...9, using: &random))]
+            if Bool.random(using: &random) {
+                fields["s"] = .string(["a", "b", "é", "e\u{301}"].randomElement(using: &random)!)
+            }
+            if Bool.random(using: &random) { fields["m"] = ["x": .int(Int64.random(in: 0...3, using: &random))] }
+            if Int.random(in: 0..<4, using: &random) == 0 {
+                // Canonically equivalent but byte-different field names stay two fields.
+                fields[["é", "e\u{301}"].randomElement(using: &random)!] = .int(Int64.random(in: 0...3, using: &random))
+            }
+            try items.upsert(.map(fields))
+            sim.note("\(node.name) app: upsert \(Value.map(fields))")
+        case 4:
+            let amount = Int64.random(in: -2...5, using: &random)
+            _ = try items.findByID(id).update { doc in doc?["n"].increment(by: .int(amount)) }
+            sim.note("\(node.name) app: increment \(id).n by \(amount)")
+        case 5:
+            let amount = [0.1, 0.2, 0.3, -0.7].randomElement(using: &random)!
+            _ = try items.findByID(id).update { doc in doc?["f"].increment(by: .double(amount)) }
+            sim.note("\(node.name) app: increment \(id).f by \(amount)")
+        case 6:
+            _ = try items.findByID(id).update { doc in doc?["s"].remove() }
+            sim.note("\(node.name) app: unset \(id).s")
+        case 7:
+            let v = Int64.random(in: 0...9, using: &random)
+            _ = try items.findByID(id).update { doc in doc?["v"].set(.int(v)) }
+            sim.note("\(node.name) app: set \(id).v = \(v)")
+        case 8:
+            try items.findByID(id).remove()
+            sim.note("\(node.name) app: remove \(id)")
+        default:
+            if faults.contains(.evict) {
+                try items.findByID(id).evict()
+                sim.note("\(node.name) app: evict \(id)")
+            }
+        }
+    }
+
+    private func fault(_ sim: Simulation, _ random: inout SplitMix64, partitioned: inout Bool) throws {
+        let choices = faults.sorted()
+        switch choices.randomElement(using: &random)! {
+        case .partition:
+            if partitioned {
+                sim.heal()
+            } else {
+                var shuffled = sim.nodes
+                shuffled.shuffle(using: &random)
+                let cut = Int.random(in: 1..<shuffled.count, using: &random)
+                sim.partition([Array(shuffled[..<cut]), Array(shuffled[cut...])])
+            }
+            partitioned.toggle()
+        case .links:
+            let a = sim.nodes.randomElement(using: &random)!
+            let b = sim.nodes.randomElement(using: &random)!
+            if a !== b { sim.setLink(a, b, up: Bool.random(using: &random)) }
+        case .crash:
+            let node = sim.nodes.randomElement(using: &random)!
+            if node.isUp, sim.nodes.filter(\.isUp).count > 1 {
+                sim.crash(node)
+            } else if !node.isUp {
+                try sim.restart(node)
+            }
+        case .wipe:
+            if let node = sim.nodes.first(where: { !$0.isUp }) { try sim.restart(node, wipe: true) }
+        case .clock:
+            let node = sim.nodes.randomElement(using: &random)!
+            sim.setClockOffset(node, Millis.random(in: -20_000...20_000, using: &random))
+        case .latency:
+            let a = sim.nodes.randomElement(using: &random)!
+            let b = sim.nodes.randomElement(using: &random)!
+            if a !== b {
+                sim.setProfile(
+                    LinkProfile(
+                        latency: Millis.random(in: 1...200, using: &random),
+                        jitter: Millis.random(in: 0...50, using: &random),
+                        bytesPerSecond: Bool.random(using: &random) ? 50_000 : nil), between: a, and: b)
+            }
+        case .reset:
+            let a = sim.nodes.randomElement(using: &random)!
+            let b = sim.nodes.randomElement(using: &random)!
+            if a !== b { sim.setProfile(LinkProfile(reset: 0.05), between: a, and: b) }
+        case .unreliable:
+            let a = sim.nodes.randomElement(using: &random)!
+            let b = sim.nodes.randomElement(using: &random)!
+            if a !== b { sim.setProfile(LinkProfile(loss: 0.05, duplicate: 0.05, reorder: 0.05), between: a, and: b) }
+        case .evict:
+            break  // an app operation (see appOperation)
+        }
+    }
+}

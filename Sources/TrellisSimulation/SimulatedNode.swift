@@ -1,0 +1,207 @@
+import Foundation
+import Synchronization
+public import Trellis
+public import TrellisCore
+public import TrellisStore
+public import TrellisSync
+
+/// One node of a ``Simulation``: a real ``DocumentStore`` (SQLite, in the simulation's
+/// directory), the real ``Replicator`` and ``SyncHost``, the Ditto-shaped ``Store`` with its live
+/// queries — everything a `TrellisNode` runs except sockets, threads and the wall clock, which
+/// the simulation replaces.
+///
+/// Use ``store`` as an app would (`node.store.collection("items").upsert(…)`); after
+/// ``Simulation/restart(_:wipe:)`` it is a new object, so fetch it again.
+public final class SimulatedNode: @unchecked Sendable {
+    // Invariant: used only from the thread running the simulation (which is single-threaded).
+    /// The node's name, also its address for dialing (``Simulation/connect(_:_:)``).
+    public let name: String
+    /// Its index in ``Simulation/nodes``.
+    public let index: Int
+    /// Its static public key (derived from the simulation's seed).
+    public let peerKey: [UInt8]
+    unowned let simulation: Simulation
+    let path: String
+    /// The app-facing store; `nil` while the node is crashed.
+    public private(set) var storeIfUp: Store?
+    var host: SyncHost?
+    /// Added to the simulation's wall clock for this node's store (clock skew), milliseconds.
+    public internal(set) var clockOffset: Millis = 0
+    /// Static peers it dials (node names).
+    var staticPeers: [String] = []
+    var links: [LinkID: Int] = [:]
+    var nextLink: UInt64 = 0
+    let commits = Mutex<Set<UTF8Key>>([])
+    /// Documents written locally (not merged) since the last flush, and evicted collections.
+    let localChanges = Mutex<(writes: [(String, String)], evicted: [String: Set<String>])>(([], [:]))
+    var watches: [LiveResults] = []
+    /// When each document first changed here (with ``Simulation/recordsArrivals``).
+    var arrivals: [UTF8Key: Millis] = [:]
+    var watchSpecs: [(String, String)] = []
+    var evictions: [(String, UInt32)] = []
+    let service: NodeSubscriptions
+    var observerToken: UInt64?
+    /// Writes made through ``write(_:)`` and when (for the "acknowledged writes" invariant).
+    var storeOptions: StoreOptions
+
+    init(simulation: Simulation, name: String, index: Int, peerKey: [UInt8], path: String, options: StoreOptions) {
+        self.simulation = simulation
+        self.name = name
+        self.index = index
+        self.peerKey = peerKey
+        self.path = path
+        self.storeOptions = options
+        service = NodeSubscriptions()
+        service.node = self
+    }
+
+    /// Whether the node is running.
+    public var isUp: Bool { storeIfUp != nil }
+
+    /// The app-facing store.
+    ///
+    /// - Precondition: the node is up.
+    public var store: Store {
+        guard let storeIfUp else { preconditionFailure("\(name) is crashed; restart it first") }
+        return storeIfUp
+    }
+
+    /// The underlying document store.
+    public var documents: DocumentStore { store.documents }
+
+    /// This node's replicator, for inspection (status, subscriptions).
+    public var replicator: Replicator? { host?.replicator }
+
+    func start() throws {
+        var options = storeOptions
+        let sim = simulation
+        let index = self.index
+        options.now = { [weak sim] in UInt64(max(0, sim?.wallClock(of: index) ?? 0)) }
+        let seed = simulation.nextRandom()
+        let random = Mutex(SplitMix64(seed: seed))
+        options.random = { random.withLock { $0.next() } }
+        options.log = { [weak sim] message in sim?.record("\(sim?.nodes[index].name ?? "?") warning: \(message)") }
+        let documents = try DocumentStore(path: path, options: options)
+        observerToken = documents.addObserver { [weak self] event in
+            guard let self else { return }
+            self.commits.withLock { $0.formUnion(event.collections) }
+            if self.simulation.recordsArrivals {
+                for (collection, keys) in event.changedKeys {
+                    for key in keys where self.arrivals[History.id(collection.string, key.string)] == nil {
+                        self.arrivals[History.id(collection.string, key.string)] = self.simulation.now
+                    }
+                }
+            }
+            guard event.origin == nil else { return }
+            self.localChanges.withLock { changes in
+                if event.evicted {
+                    for (collection, keys) in event.changedKeys {
+                        changes.evicted[collection.string, default: []].formUnion(keys.map(\.string))
+                    }
+                } else {
+                    for (collection, keys) in event.changedKeys.sorted(by: { $0.key < $1.key }) {
+                        for key in keys.sorted() { changes.writes.append((collection.string, key.string)) }
+                    }
+                }
+            }
+        }
+        let store = Store(documents: documents, subscriptions: service)
+        var configuration = ReplicatorConfiguration(peerKey: peerKey)
+        simulation.configure(&configuration)
+        let host = try SyncHost(
+            configuration: configuration, store: documents, transport: self, seed: simulation.nextRandom(),
+            now: { [weak sim] in sim?.now ?? 0 },
+            log: { [weak sim] message in sim?.record("\(sim?.nodes[index].name ?? "?") \(message)") })
+        storeIfUp = store
+        self.host = host
+        for spec in service.held { try host.subscribe(spec) }
+        for peer in staticPeers { host.addPeer(peer) }
+        let specs = watchSpecs
+        watchSpecs = []
+        for (collection, query) in specs { try watch(collection, query: query) }
+    }
+
+    func stop() {
+        if let token = observerToken { storeIfUp?.documents.removeObserver(token) }
+        observerToken = nil
+        for watch in watches { watch.liveQuery?.stop() }
+        watches = []
+        host = nil
+        storeIfUp = nil
+        links.removeAll()
+        commits.withLock { $0.removeAll() }
+    }
+
+    /// Hands commits made since the last call to the replicator, and records local writes.
+    func flushCommits() {
+        guard let host, let documents = storeIfUp?.documents else { return }
+        // Store events arrive on the store's own queue: take every one committed so far.
+        documents.waitForObservers()
+        let changes = localChanges.withLock { c -> (writes: [(String, String)], evicted: [String: Set<String>]) in
+            defer { c = ([], [:]) }
+            return c
+        }
+        for collection in changes.evicted.keys.sorted() {
+            simulation.history.evictions[index, default: [:]][UTF8Key(collection)] = simulation.now
+            for key in changes.evicted[collection]! {
+                simulation.history.evictedKeys[index, default: [:]][History.id(collection, key)] = simulation.now
+            }
+            host.evicted(collection)
+        }
+        let site = documents.siteID
+        for (collection, key) in changes.writes {
+            guard let id = try? JSON.parse(key), let state = try? documents.state(id: id, in: collection) else {
+                continue
+            }
+            let stamp = max(state.writes[site] ?? .zero, state.removed[site] ?? .zero)
+            simulation.history.writes.append(
+                History.Write(
+                    node: index, collection: collection, key: key, site: site, stamp: stamp, time: simulation.now))
+            simulation.history.lastWrite[History.id(collection, key)] = simulation.now
+        }
+        let collections = commits.withLock { c -> Set<UTF8Key> in
+            defer { c.removeAll() }
+            return c
+        }
+        if !collections.isEmpty { host.committed(collections: collections) }
+    }
+}
+
+extension SimulatedNode: SyncTransport {
+    public func send(_ bytes: [UInt8], on link: LinkID) -> Bool {
+        simulation.transmit(bytes, from: self, on: link)
+    }
+
+    public func close(_ link: LinkID, reason: String) {
+        simulation.closeConnection(from: self, link: link, reason: reason)
+    }
+
+    public func dial(_ endpoint: String) {
+        simulation.dial(from: self, to: endpoint)
+    }
+}
+
+/// The subscriptions a simulated node's app holds: kept across crashes (the app makes them again
+/// when it starts) and handed to the node's current replicator.
+final class NodeSubscriptions: SubscriptionService, @unchecked Sendable {
+    // Invariant: used only from the simulation's thread.
+    weak var node: SimulatedNode?
+    private var counts: [String: (spec: SubscriptionSpec, count: Int)] = [:]
+
+    var held: [SubscriptionSpec] { counts.keys.sorted().map { counts[$0]!.spec } }
+
+    func subscribe(_ spec: SubscriptionSpec) throws {
+        try node?.host?.subscribe(spec)
+        counts[spec.key, default: (spec, 0)].count += 1
+    }
+
+    func unsubscribe(_ spec: SubscriptionSpec) {
+        guard let held = counts[spec.key] else { return }
+        if held.count > 1 {
+            counts[spec.key]!.count -= 1
+        } else {
+            counts.removeValue(forKey: spec.key)
+        }
+        node?.host?.unsubscribe(spec)
+    }
+}

@@ -1,0 +1,190 @@
+internal import CSQLite
+import Foundation
+public import TrellisCore
+
+// Scope tracking: which documents a query subscription may hold although they no longer match it.
+//
+// A subscriber to `status == 'open'` holds X; X is closed (or removed). Matching alone would never
+// send X's new state again, and the subscriber would keep showing a stale X as open (F20), or keep
+// a document that was removed (F09). So the store remembers, per subscription it serves to peers,
+// the documents that left its scope: at every commit of a document (local write, merge, retry), for
+// each served query subscription of its collection, a document whose previous value matched and
+// whose new value does not (a removal included) is recorded in `scopes`; one that matches again is
+// taken out. A change-log page for that subscription returns the matching documents *and* the
+// recorded ones — so a tombstone reaches exactly the query subscribers that may hold the document,
+// and nobody else learns that the removed document existed. A whole-collection subscription matches
+// every document, so it gets every tombstone and needs no record. And a peer holds what it sent:
+// a document merged from a peer is recorded in the scope of that peer's query subscriptions too,
+// so a change made elsewhere to a document it wrote outside its own query reaches it as well.
+
+/// A query subscription this store serves (to any peer), kept to record documents leaving its
+/// scope.
+struct ServedScope: Sendable {
+    /// ``DocumentStore/scopeHash(_:)`` of the subscription key.
+    var hash: Int64
+    /// The query with its arguments bound.
+    var query: Query
+}
+
+extension DocumentStore {
+    /// Served query subscriptions remembered at most; beyond it the least recently used are
+    /// forgotten with their records.
+    static let maxServedScopes = 4096
+
+    /// The 64-bit name of a subscription key in the `scopes` and `served` tables.
+    static func scopeHash(_ key: String) -> Int64 {
+        Int64(bitPattern: StateDigest(Array(key.utf8)).high)
+    }
+
+    static let scopeSchema = """
+        CREATE TABLE IF NOT EXISTS served(
+            sub INTEGER PRIMARY KEY,
+            collection TEXT NOT NULL,
+            query TEXT NOT NULL,
+            args TEXT NOT NULL,
+            used INTEGER NOT NULL
+        );
+        CREATE TABLE IF NOT EXISTS scopes(
+            collection TEXT NOT NULL,
+            id TEXT NOT NULL,
+            sub INTEGER NOT NULL,
+            PRIMARY KEY(collection, id, sub)
+        ) WITHOUT ROWID;
+        """
+
+    /// The served query subscriptions recorded in the store, by collection.
+    static func loadServedScopes(_ db: Connection) throws -> [UTF8Key: [ServedScope]] {
+        guard try hasTable(db, "served") else { return [:] }
+        let st = try db.prepare("SELECT sub, collection, query, args FROM served ORDER BY sub")
+        defer { st.reset() }
+        var out: [UTF8Key: [ServedScope]] = [:]
+        while try st.step() {
+            guard let collection = st.string(1), let text = st.string(2),
+                case .map(let args)? = try? JSON.parse(st.string(3) ?? "{}"),
+                let query = try? Query(text).bind(args: args)
+            else { continue }
+            out[UTF8Key(collection), default: []].append(ServedScope(hash: st.int64(0), query: query))
+        }
+        return out
+    }
+
+    /// Remembers a query subscription served to a peer (from now on, documents leaving its scope
+    /// are recorded). Whole-collection subscriptions need nothing.
+    func registerServed(_ s: inout State, _ spec: SubscriptionSpec, bound: Query, now: UInt64) throws {
+        guard !spec.isWholeCollection, !options.readOnly else { return }
+        let hash = Self.scopeHash(spec.key)
+        let collection = UTF8Key(spec.collection)
+        if s.servedScopes[collection]?.contains(where: { $0.hash == hash }) == true {
+            // Seen this hour already: nothing to write.
+            if let used = s.servedUsed[hash], now &- used < 3_600_000 { return }
+            let touch = try s.db.prepare("UPDATE served SET used = ? WHERE sub = ?")
+            touch.bind(1, Int64(bitPattern: now))
+            touch.bind(2, hash)
+            try touch.run()
+            s.servedUsed[hash] = now
+            return
+        }
+        let insert = try s.db.prepare(
+            "INSERT OR REPLACE INTO served(sub, collection, query, args, used) VALUES (?, ?, ?, ?, ?)")
+        insert.bind(1, hash)
+        insert.bind(2, spec.collection)
+        insert.bind(3, spec.query)
+        insert.bind(4, JSON.string(.map(spec.args)))
+        insert.bind(5, Int64(bitPattern: now))
+        try insert.run()
+        s.servedScopes[collection, default: []].append(ServedScope(hash: hash, query: bound))
+        s.servedUsed[hash] = now
+        s.servedCount += 1
+        if s.servedCount > Self.maxServedScopes { try forgetLeastUsedScope(&s) }
+    }
+
+    private func forgetLeastUsedScope(_ s: inout State) throws {
+        let oldest = try s.db.prepare("SELECT sub FROM served ORDER BY used LIMIT 1")
+        guard try oldest.step() else {
+            oldest.reset()
+            return
+        }
+        let hash = oldest.int64(0)
+        oldest.reset()
+        for sql in ["DELETE FROM served WHERE sub = ?", "DELETE FROM scopes WHERE sub = ?"] {
+            let st = try s.db.prepare(sql)
+            st.bind(1, hash)
+            try st.run()
+        }
+        for (collection, scopes) in s.servedScopes {
+            s.servedScopes[collection] = scopes.filter { $0.hash != hash }
+        }
+        s.servedUsed[hash] = nil
+        s.servedCount -= 1
+    }
+
+    /// Records the documents leaving (or re-entering) the scope of the served query subscriptions
+    /// of `collection` as a document goes from its current row to `new` (`nil`: removed). Runs
+    /// inside the writing transaction, before the row is replaced.
+    ///
+    /// - Complexity: one indexed read of the current value and two query evaluations per served
+    ///   query subscription of the collection; nothing when it has none.
+    func trackScope(_ s: inout State, _ collection: String, _ key: String, new: Value?) throws {
+        guard let scopes = s.servedScopes[UTF8Key(collection)], !scopes.isEmpty else { return }
+        let current = try s.db.prepare("SELECT value, deleted FROM documents WHERE collection = ? AND id = ?")
+        current.bind(1, collection)
+        current.bind(2, key)
+        var old: Value?
+        if try current.step() {
+            // A stub's value is gone: what it matched is unknown, so nothing changes for it.
+            guard current.int64(1) != RowKind.stub.rawValue else {
+                current.reset()
+                return
+            }
+            old = current.string(0).flatMap { try? JSON.parse($0) }
+        }
+        current.reset()
+        for scope in scopes {
+            let matchedBefore = old.map { (try? scope.query.matches($0)) ?? false } ?? false
+            let matchesNow = new.map { (try? scope.query.matches($0)) ?? false } ?? false
+            guard matchedBefore != matchesNow else { continue }
+            let st = try s.db.prepare(
+                matchedBefore
+                    ? "INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)"
+                    : "DELETE FROM scopes WHERE collection = ? AND id = ? AND sub = ?")
+            st.bind(1, collection)
+            st.bind(2, key)
+            st.bind(3, scope.hash)
+            try st.run()
+        }
+    }
+
+    /// Records that the subscriber of `spec` holds a document (it sent it here), so that changes to
+    /// it are sent to that subscriber whatever its query matches.
+    ///
+    /// - Returns: `true` when the document was not recorded in that scope before.
+    @discardableResult
+    func recordHeld(_ s: inout State, _ collection: String, _ key: String, by spec: SubscriptionSpec) throws -> Bool {
+        let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
+        st.bind(1, collection)
+        st.bind(2, key)
+        st.bind(3, Self.scopeHash(spec.key))
+        try st.run()
+        return s.db.changes > 0
+    }
+
+    /// Gives a document's row the next `seq`, unchanged otherwise, so that change-log pages after
+    /// it return the row again.
+    func relog(_ s: inout State, _ collection: String, _ key: String) throws {
+        let st = try s.db.prepare("UPDATE documents SET seq = ? WHERE collection = ? AND id = ?")
+        st.bind(1, s.nextSeq)
+        st.bind(2, collection)
+        st.bind(3, key)
+        try st.run()
+        guard s.db.changes > 0 else { return }
+        s.nextSeq += 1
+        s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
+    }
+
+    /// The SQL term that is 1 when the current row left the scope of subscription `hash` (it is
+    /// recorded in `scopes`), for a change-log page. The hash is an integer literal, never text.
+    static func leftScopeSQL(_ hash: Int64) -> String {
+        "EXISTS (SELECT 1 FROM scopes WHERE scopes.collection = documents.collection AND scopes.id = documents.id "
+            + "AND scopes.sub = \(hash))"
+    }
+}

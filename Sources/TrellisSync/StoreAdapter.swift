@@ -1,0 +1,40 @@
+public import TrellisCore
+public import TrellisStore
+
+extension DocumentStore: SyncStore {
+    public var localLog: LocalLog { LocalLog(epoch: epoch, site: siteID, lastSeq: lastSeq) }
+
+    public func scan(_ request: ScanRequest) throws -> ScanPage {
+        let page = try changes(
+            in: request.spec.collection, after: request.after, limit: request.limit, maxBytes: request.maxBytes,
+            matching: request.query, servedAs: request.spec)
+        return ScanPage(
+            records: page.records.map { record in
+                LogRecord(
+                    seq: record.seq, key: record.key,
+                    document: WireDocument(collection: record.collection, id: record.id, state: record.state))
+            },
+            upTo: page.scannedUpTo, exhausted: page.exhausted)
+    }
+
+    public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) {
+        let outcome = try merge(
+            request.documents, from: request.peerKey,
+            checkpoint: request.storeCheckpoint
+                ? (request.subscription, Checkpoint(epoch: request.peerEpoch, seq: request.upTo)) : nil,
+            heldBy: request.heldBy)
+        let refusals =
+            outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
+            + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }
+        return (outcome.deferred.count, refusals)
+    }
+
+    public func retryDeferredDocuments() throws -> Int {
+        try retryDeferred().remaining
+    }
+
+    public func rotatedLog(reason: String) throws -> LocalLog {
+        try rotateLog(reason: reason)
+        return localLog
+    }
+}

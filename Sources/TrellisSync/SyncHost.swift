@@ -1,0 +1,233 @@
+public import TrellisCore
+public import TrellisStore
+
+/// What a ``SyncHost`` needs from the local store. ``DocumentStore`` provides it; the protocol
+/// keeps the host's contract in one place.
+public protocol SyncStore: AnyObject, Sendable {
+    /// The log's identity and extent now.
+    var localLog: LocalLog { get }
+    /// The rescan generation of every collection that has one (raised by evictions).
+    var rescanGenerations: [String: UInt32] { get }
+    /// The rescan generation of one collection (0 when never evicted in).
+    func rescanGeneration(collection: String) -> UInt32
+    /// The checkpoints stored for one peer, by subscription key.
+    func checkpoints(peer: [UInt8]) throws -> [String: Checkpoint]
+    /// Reads one page of the change log (``ScanRequest``).
+    func scan(_ request: ScanRequest) throws -> ScanPage
+    /// Merges a batch and, when asked, stores its checkpoint, in one transaction.
+    ///
+    /// - Returns: how many documents were kept aside to retry, and the refusals to report.
+    func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String])
+    /// Re-merges deferred documents whose condition cleared.
+    ///
+    /// - Returns: how many remain deferred.
+    func retryDeferredDocuments() throws -> Int
+    /// Starts a new epoch and site ID (the store's log rotation).
+    ///
+    /// - Returns: the log after the rotation.
+    func rotatedLog(reason: String) throws -> LocalLog
+}
+
+/// Moves bytes between a ``MessageLink``-like transport and the store for one node.
+public protocol SyncTransport: AnyObject {
+    /// Queues a message on a link.
+    ///
+    /// - Returns: `true` when the link's outbound queue is now above its high-water mark.
+    func send(_ bytes: [UInt8], on link: LinkID) -> Bool
+    /// Closes a link; the transport reports ``SyncHost/linkClosed(_:reason:)`` later.
+    func close(_ link: LinkID, reason: String)
+    /// Connects to a static peer address; the transport reports ``SyncHost/linkOpened(_:peerKey:initiator:address:endpoint:)``
+    /// or ``SyncHost/dialFailed(_:reason:)`` later.
+    func dial(_ endpoint: String)
+}
+
+/// Carries out a ``Replicator``'s directives: store work (scans, merges, deferred retries, log
+/// rotation) against a ``SyncStore``, link work against a ``SyncTransport``. The same host runs
+/// over real sockets (``SyncEngine``) and in the deterministic simulator.
+///
+/// Not thread-safe: its owner serialises every call (the engine's queue, the simulator's loop).
+/// Scans wait in a queue served one at a time, round-robin across links, by ``runScans(limit:)``,
+/// so one peer with many expensive subscriptions cannot starve the others.
+public final class SyncHost {
+    public private(set) var replicator: Replicator
+    public let store: any SyncStore
+    private unowned let transport: any SyncTransport
+    private let now: () -> Millis
+    private let log: (String) -> Void
+    private var scans: [LinkID: [ScanRequest]] = [:]
+    private var scanOrder: [LinkID] = []
+
+    /// - Parameters:
+    ///   - configuration: the replicator's limits.
+    ///   - seed: fixes the replicator's random choices.
+    ///   - now: the clock the replicator's timers run on (monotonic milliseconds).
+    /// - Throws: the store's errors reading generations.
+    public init(
+        configuration: ReplicatorConfiguration, store: any SyncStore, transport: any SyncTransport, seed: UInt64,
+        now: @escaping () -> Millis, log: @escaping (String) -> Void
+    ) throws {
+        self.store = store
+        self.transport = transport
+        self.now = now
+        self.log = log
+        replicator = Replicator(
+            configuration: configuration, local: store.localLog, generations: store.rescanGenerations, seed: seed)
+    }
+
+    /// Whether scans are waiting for ``runScans(limit:)``.
+    public var hasPendingScans: Bool { !scanOrder.isEmpty }
+
+    // MARK: Events
+
+    public func subscribe(_ spec: SubscriptionSpec) throws {
+        run(try replicator.subscribe(spec, now: now()))
+    }
+
+    public func unsubscribe(_ spec: SubscriptionSpec) {
+        run(replicator.unsubscribe(spec, now: now()))
+    }
+
+    public func addPeer(_ endpoint: String) {
+        run(replicator.addPeer(endpoint, now: now()))
+    }
+
+    public func removePeer(_ endpoint: String) {
+        replicator.removePeer(endpoint)
+    }
+
+    public func linkOpened(_ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?) {
+        let checkpoints: [String: Checkpoint]
+        do {
+            checkpoints = try store.checkpoints(peer: peerKey)
+        } catch {
+            log("reading checkpoints for \(address) failed: \(error); starting from 0")
+            checkpoints = [:]
+        }
+        run(
+            replicator.linkOpened(
+                link, peerKey: peerKey, initiator: initiator, address: address, endpoint: endpoint,
+                checkpoints: checkpoints, now: now()))
+    }
+
+    public func dialFailed(_ endpoint: String, reason: String) {
+        run(replicator.dialFailed(endpoint, reason: reason, now: now()))
+    }
+
+    /// One message arrived: decoded here, so the simulator exercises the codec too.
+    public func received(_ bytes: [UInt8], on link: LinkID) {
+        let message: WireMessage
+        do {
+            message = try WireMessage(serialized: bytes)
+        } catch {
+            run(replicator.receiveFailed(on: link, error: "\(error)", now: now()))
+            return
+        }
+        run(replicator.received(message, on: link, now: now()))
+    }
+
+    public func linkClosed(_ link: LinkID, reason: String) {
+        if scans.removeValue(forKey: link) != nil { scanOrder.removeAll { $0 == link } }
+        run(replicator.linkClosed(link, reason: reason, now: now()))
+    }
+
+    public func linkDrained(_ link: LinkID) {
+        run(replicator.linkDrained(link, now: now()))
+    }
+
+    /// The store committed changes in `collections` (any origin).
+    public func committed(collections: Set<UTF8Key>) {
+        run(replicator.committed(collections: collections, lastSeq: store.localLog.lastSeq, now: now()))
+    }
+
+    /// Documents of `collection` were evicted: the store raised its rescan generation.
+    public func evicted(_ collection: String) {
+        run(replicator.evicted(collection, generation: store.rescanGeneration(collection: collection), now: now()))
+    }
+
+    public func tick() {
+        run(replicator.tick(now: now()))
+    }
+
+    public func stop() {
+        run(replicator.stop())
+        scans.removeAll()
+        scanOrder.removeAll()
+    }
+
+    /// Runs up to `limit` queued scans, one per link in turn.
+    public func runScans(limit: Int = .max) {
+        var done = 0
+        while done < limit, !scanOrder.isEmpty {
+            let link = scanOrder.removeFirst()
+            guard var queue = scans[link], !queue.isEmpty else {
+                scans.removeValue(forKey: link)
+                continue
+            }
+            let request = queue.removeFirst()
+            if queue.isEmpty {
+                scans.removeValue(forKey: link)
+            } else {
+                scans[link] = queue
+                scanOrder.append(link)
+            }
+            done += 1
+            do {
+                let page = try store.scan(request)
+                run(replicator.scanned(link, request, page: page, now: now()))
+            } catch {
+                run(replicator.scanFailed(link, request, error: "\(error)", now: now()))
+            }
+        }
+    }
+
+    // MARK: Directives
+
+    private func run(_ directives: [ReplicatorDirective]) {
+        var work = directives[...]
+        while let directive = work.popFirst() {
+            var more: [ReplicatorDirective] = []
+            switch directive {
+            case .send(let link, let message):
+                if transport.send(message.serialized(), on: link) { replicator.linkCongested(link) }
+            case .close(let link, let reason):
+                transport.close(link, reason: reason)
+            case .scan(let link, let request):
+                if scans[link] == nil { scanOrder.append(link) }
+                scans[link, default: []].append(request)
+            case .apply(let link, let request):
+                do {
+                    let outcome = try store.apply(request)
+                    for refusal in outcome.refusals { log(refusal) }
+                    more = replicator.applied(
+                        link, subscription: request.subscription, upTo: request.upTo,
+                        checkpointStored: request.storeCheckpoint, deferred: outcome.deferred, now: now())
+                } catch StoreError.deferredLimit(let reason) {
+                    // Too much of this peer's data waits already: leave the batch unacknowledged;
+                    // the peer sends it again later, after retries have made room.
+                    more = replicator.applyPostponed(
+                        link, subscription: request.subscription, reason: reason, now: now())
+                } catch {
+                    more = replicator.applyFailed(
+                        link, subscription: request.subscription, error: "\(error)", now: now())
+                }
+            case .dial(let endpoint):
+                transport.dial(endpoint)
+            case .rotateLog(let reason):
+                do {
+                    more = replicator.logRotated(try store.rotatedLog(reason: reason), now: now())
+                } catch {
+                    log("rotating the log failed: \(error)")
+                }
+            case .retryDeferred:
+                do {
+                    replicator.deferredRetried(remaining: try store.retryDeferredDocuments(), now: now())
+                } catch {
+                    log("retrying deferred documents failed: \(error)")
+                }
+            case .log(let message):
+                log(message)
+            }
+            if !more.isEmpty { work = more[...] + work }
+        }
+    }
+}

@@ -1,0 +1,38 @@
+import Foundation
+
+/// SIGINT and SIGTERM for the commands that run until stopped (`node`, `contacts mirror`).
+///
+/// They are blocked in the main thread before anything else starts, so every thread created later
+/// inherits the mask and a signal stays pending until ``onTermination(_:)``'s thread takes it with
+/// `sigwait`: none is lost however early it arrives, and none kills the process half-way. (A
+/// dispatch signal source installs its handler asynchronously after `resume()`, so a signal sent
+/// right after start could be ignored or kill the process.)
+enum Signals {
+    static func termination() -> sigset_t {
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGINT)
+        sigaddset(&set, SIGTERM)
+        return set
+    }
+
+    /// Blocks SIGINT and SIGTERM in the calling thread and in threads it creates from now on.
+    /// Call first thing in `main`.
+    static func block() {
+        var set = termination()
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+    }
+
+    /// Runs `handler` on a dedicated thread at each SIGINT or SIGTERM (pending ones included).
+    static func onTermination(_ handler: @escaping @Sendable () -> Void) {
+        let thread = Thread {
+            var set = termination()
+            while true {
+                var received: Int32 = 0
+                if sigwait(&set, &received) == 0 { handler() }
+            }
+        }
+        thread.name = "trellis.signals"
+        thread.start()
+    }
+}

@@ -1,0 +1,498 @@
+import Testing
+import TrellisCore
+
+/// The sync policy, driven directly: each test feeds events to a ``Replicator`` and checks the
+/// directives it returns. No store, no sockets, no clock.
+@Suite struct ReplicatorTests {
+    static let keyA: [UInt8] = Array(repeating: 1, count: 32)
+    static let keyB: [UInt8] = Array(repeating: 2, count: 32)
+    static let keyC: [UInt8] = Array(repeating: 3, count: 32)
+    static let epochB: [UInt8] = Array(repeating: 0xB, count: 16)
+    let link = LinkID(1)
+
+    func replicator(
+        _ key: [UInt8] = keyA, lastSeq: Int64 = 100, configure: (inout ReplicatorConfiguration) -> Void = { _ in }
+    )
+        -> Replicator
+    {
+        var config = ReplicatorConfiguration(peerKey: key)
+        configure(&config)
+        return Replicator(
+            configuration: config, local: LocalLog(epoch: Array(repeating: 0xA, count: 16), site: 1, lastSeq: lastSeq),
+            seed: 42)
+    }
+
+    func hello(_ key: [UInt8] = keyB, version: Int = WireMessage.protocolVersion, nonce: UInt64 = 7) -> WireMessage {
+        .hello(Hello(version: version, peerKey: key, site: 2, epoch: Self.epochB, nonce: nonce))
+    }
+
+    /// A replicator with one established session to B on `link`.
+    func established(
+        _ key: [UInt8] = keyA, lastSeq: Int64 = 100, checkpoints: [String: Checkpoint] = [:],
+        configure: (inout ReplicatorConfiguration) -> Void = { _ in }
+    ) -> Replicator {
+        var r = replicator(key, lastSeq: lastSeq, configure: configure)
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints, now: 0)
+        _ = r.received(hello(), on: link, now: 0)
+        return r
+    }
+
+    static func sent(_ directives: [ReplicatorDirective]) -> [WireMessage] {
+        directives.compactMap { if case .send(_, let m) = $0 { m } else { nil } }
+    }
+
+    static func scans(_ directives: [ReplicatorDirective]) -> [ScanRequest] {
+        directives.compactMap { if case .scan(_, let r) = $0 { r } else { nil } }
+    }
+
+    static func closes(_ directives: [ReplicatorDirective]) -> [LinkID] {
+        directives.compactMap { if case .close(let l, _) = $0 { l } else { nil } }
+    }
+
+    static func record(_ seq: Int64, _ id: String, state: [UInt8] = [1, 2, 3], collection: String = "cars") -> LogRecord
+    {
+        LogRecord(
+            seq: seq, key: JSON.string(.string(id)),
+            document: WireDocument(collection: collection, id: .string(id), state: state))
+    }
+
+    // MARK: Session
+
+    @Test func helloThenSubscriptionsThenOneScanPerSubscription() throws {
+        var r = replicator()
+        let opened = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        guard case .hello(let mine)? = Self.sent(opened).first else {
+            Issue.record("no hello: \(opened)")
+            return
+        }
+        #expect(mine.peerKey == Self.keyA && mine.version == 2)
+        let spec = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
+        _ = try r.subscribe(spec, now: 0)
+        let established = r.received(hello(), on: link, now: 0)
+        #expect(
+            Self.sent(established) == [.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)], version: 1)])
+        let served = SubscriptionSpec(collection: "cars")
+        let directives = r.received(
+            .subscriptions([WireSubscription(spec: served, since: 5, hops: 0)]), on: link, now: 1)
+        let scans = Self.scans(directives)
+        #expect(scans.count == 1)
+        #expect(scans.first?.after == 5 && scans.first?.spec == served)
+    }
+
+    @Test func anUnknownVersionGetsAnExplicitErrorAndClose() {
+        var r = replicator()
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        let directives = r.received(hello(version: 99), on: link, now: 0)
+        guard case .error(let code, let message)? = Self.sent(directives).first else {
+            Issue.record("expected an error message, got \(directives)")
+            return
+        }
+        #expect(code == "version" && message.contains("99"))
+        #expect(Self.closes(directives) == [link])
+        #expect(r.received(hello(), on: link, now: 0).isEmpty)  // closed: nothing more
+    }
+
+    @Test func aHelloWithAnotherPeerKeyIsRefused() {
+        var r = replicator()
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        let directives = r.received(hello(Self.keyC), on: link, now: 0)
+        #expect(
+            Self.sent(directives).first
+                == .error(
+                    code: "identity", message: "hello names a peer key other than the one the channel authenticated"))
+        #expect(Self.closes(directives) == [link])
+    }
+
+    @Test func messagesBeforeHelloAreAProtocolError() {
+        var r = replicator()
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        let directives = r.received(.ack(subscription: "x", upTo: 1), on: link, now: 0)
+        #expect(Self.sent(directives).first == .error(code: "protocol", message: "expected hello first"))
+    }
+
+    // MARK: Item 13: integers from the wire
+
+    @Test func outOfRangeIntegersAreRefusedAtDecode() {
+        func subs(hops: Int64 = 0, since: Int64 = 0, gen: Int64 = 0) -> Value {
+            [
+                "t": "subs",
+                "subs": [
+                    ["c": "cars", "q": "true", "a": [:], "since": .int(since), "hops": .int(hops), "gen": .int(gen)]
+                ],
+            ]
+        }
+        #expect(throws: WireError.self) { try WireMessage(subs(hops: Int64.max)) }
+        #expect(throws: WireError.self) { try WireMessage(subs(hops: Int64(WireMessage.maxHops) + 1)) }
+        #expect(throws: WireError.self) { try WireMessage(subs(hops: -1)) }
+        #expect(throws: WireError.self) { try WireMessage(subs(since: -5)) }
+        #expect(throws: WireError.self) { try WireMessage(subs(gen: Int64(UInt32.max) + 1)) }
+        #expect(throws: WireError.self) {
+            try WireMessage(["t": "batch", "sub": "s", "docs": [], "upTo": -1])
+        }
+        #expect(throws: WireError.self) {
+            try WireMessage([
+                "t": "hello", "v": .int(1 << 40), "key": .bytes(Self.keyB), "site": 1, "epoch": .bytes(Self.epochB),
+            ])
+        }
+        #expect(throws: WireError.self) {
+            try WireMessage(["t": "subs", "subs": [["c": "a\u{1F}b", "q": "true", "since": 0, "hops": 0]]])
+        }
+        #expect((try? WireMessage(subs(hops: Int64(WireMessage.maxHops)))) != nil)
+    }
+
+    /// A peer that forwards subscriptions at the largest hop count the wire allows cannot make
+    /// this node overflow anything, and they are not forwarded further than the hop limit.
+    @Test func hostileButWellFormedSubscriptionsAreServedOrRefusedNeverTrap() throws {
+        var r = established()
+        let c = LinkID(2)
+        _ = r.linkOpened(c, peerKey: Self.keyC, initiator: false, address: "c", endpoint: nil, checkpoints: [:], now: 0)
+        _ = r.received(hello(Self.keyC), on: c, now: 0)
+        let far = WireSubscription(
+            spec: SubscriptionSpec(collection: "cars", query: "x == 1"), since: Int64.max, hops: WireMessage.maxHops)
+        let directives = r.received(.subscriptions([far]), on: link, now: 0)
+        // Not forwarded to C (beyond the hop limit) ...
+        #expect(!directives.contains { if case .send(c, .subscriptions) = $0 { true } else { false } })
+        // ... and `since` beyond this log means the log regressed: rotate, never trap.
+        #expect(directives.contains { if case .rotateLog = $0 { true } else { false } })
+    }
+
+    // MARK: Item 5: one bad subscription
+
+    @Test func aSubscriptionThatCannotRunGetsItsOwnErrorAndTheOthersAreServed() {
+        var r = established()
+        let bad = SubscriptionSpec(collection: "cars", query: "Cylinders == $args.x")
+        let good = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
+        let directives = r.received(
+            .subscriptions([
+                WireSubscription(spec: bad, since: 0, hops: 0), WireSubscription(spec: good, since: 0, hops: 0),
+            ]),
+            on: link, now: 0)
+        #expect(
+            Self.sent(directives).contains {
+                if case .subscriptionError(bad.key, "query", _) = $0 { true } else { false }
+            })
+        #expect(Self.scans(directives).map(\.spec) == [good])
+        #expect(Self.closes(directives).isEmpty)
+    }
+
+    /// A scan that fails (SQLite refusing a query) leaves the cursor alone, tells the peer, and is
+    /// retried with backoff; the session goes on.
+    @Test func aFailedScanIsRetriedFromTheSameCursor() throws {
+        var r = established()
+        let spec = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
+        let request = try #require(
+            Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 7, hops: 0)]), on: link, now: 0))
+                .first)
+        let failed = r.scanFailed(link, request, error: "SQLite error 1 (Expression tree is too large)", now: 10)
+        #expect(
+            Self.sent(failed).contains {
+                if case .subscriptionError(spec.key, "unavailable", _) = $0 { true } else { false }
+            })
+        #expect(Self.closes(failed).isEmpty)
+        #expect(Self.scans(r.tick(now: 1_000)).isEmpty)  // not yet
+        let retry = Self.scans(r.tick(now: 10 + 5_000))
+        #expect(retry.map(\.after) == [7])
+    }
+
+    @Test func moreSubscriptionsThanTheLimitAreRefusedOneByOneNotTheSession() {
+        var r = established { $0.maxServedSubscriptions = 3 }
+        let subs = (0..<5).map { WireSubscription(spec: SubscriptionSpec(collection: "c\($0)"), since: 0, hops: 0) }
+        let directives = r.received(.subscriptions(subs), on: link, now: 0)
+        let limited = Self.sent(directives).filter {
+            if case .subscriptionError(_, "limit", _) = $0 { true } else { false }
+        }
+        #expect(limited.count == 2)
+        #expect(Self.scans(directives).count == 3)
+        #expect(Self.closes(directives).isEmpty)
+    }
+
+    /// Subscriptions forwarded from many peers above the cap collapse into whole collections
+    /// instead of making the receiver refuse them.
+    @Test func forwardedSubscriptionsAboveTheCapCollapseIntoWholeCollections() throws {
+        var r = established { $0.maxAskedSubscriptions = 10 }
+        let c = LinkID(2)
+        _ = r.linkOpened(c, peerKey: Self.keyC, initiator: false, address: "c", endpoint: nil, checkpoints: [:], now: 0)
+        _ = r.received(hello(Self.keyC), on: c, now: 0)
+        let many = (0..<40).map {
+            WireSubscription(spec: SubscriptionSpec(collection: "items", query: "_id == 'd\($0)'"), since: 0, hops: 0)
+        }
+        let directives = r.received(
+            .subscriptions(many + [WireSubscription(spec: .all("other"), since: 0, hops: 1)]), on: c, now: 0)
+        let toB = Self.sent(directives).compactMap { if case .subscriptions(let s, _) = $0 { s } else { nil } }.last
+        let asked = try #require(toB)
+        #expect(asked.count == 2)
+        #expect(Set(asked.map(\.spec)) == [.all("items"), .all("other")])
+        #expect(asked.first { $0.spec == .all("items") }?.hops == 1)
+    }
+
+    // MARK: Item 3: echo suppression lives in the session
+
+    @Test func aStateIsNotSentBackToThePeerThatSentItInThisSessionOnly() throws {
+        var r = established()
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        // B sends p1; this node asked for cars.
+        _ = r.received(
+            .batch(
+                subscription: spec.key, documents: [Self.record(1, "p1", state: [9, 9]).document], upTo: 1,
+                generation: 0), on: link, now: 0)
+        let request = try #require(
+            Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0))
+                .first)
+        // The merged row is exactly what B sent: skipped. Another document goes.
+        let page = ScanPage(
+            records: [Self.record(101, "p1", state: [9, 9]), Self.record(102, "p2")], upTo: 102, exhausted: true)
+        let batch = Self.sent(r.scanned(link, request, page: page, now: 0))
+        #expect(batch.count == 1)
+        guard case .batch(_, let docs, 102, _)? = batch.first else {
+            Issue.record("no batch: \(batch)")
+            return
+        }
+        #expect(docs.map(\.id) == ["p2"])
+        // A new session (B evicted p1, wiped its store, restored a backup...) gets p1 again.
+        _ = r.linkClosed(link, reason: "gone", now: 1)
+        let again = LinkID(9)
+        _ = r.linkOpened(
+            again, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 2)
+        _ = r.received(hello(), on: again, now: 2)
+        let second = try #require(
+            Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: again, now: 2))
+                .first)
+        let resent = Self.sent(r.scanned(again, second, page: page, now: 2))
+        guard case .batch(_, let docs2, _, _)? = resent.first else {
+            Issue.record("no batch: \(resent)")
+            return
+        }
+        #expect(docs2.map(\.id) == ["p1", "p2"])
+    }
+
+    // MARK: Item 4: byte budget
+
+    @Test func aStateTooLargeForOneMessageIsReportedAndSkippedNotLooped() throws {
+        var r = established { $0.maxStateBytes = 10 }
+        let spec = SubscriptionSpec(collection: "cars")
+        let request = try #require(
+            Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0))
+                .first)
+        #expect(request.maxBytes == ReplicatorConfiguration(peerKey: Self.keyA).batchBytes)
+        let page = ScanPage(
+            records: [Self.record(1, "big", state: Array(repeating: 1, count: 11)), Self.record(2, "small")], upTo: 2,
+            exhausted: true)
+        let directives = r.scanned(link, request, page: page, now: 0)
+        #expect(directives.contains { if case .log(let text) = $0 { text.contains("big") } else { false } })
+        guard case .batch(_, let docs, 2, _)? = Self.sent(directives).first else {
+            Issue.record("no batch")
+            return
+        }
+        #expect(docs.map(\.id) == ["small"])
+    }
+
+    // MARK: Perf P1, P2
+
+    @Test func aCommitScansOnlyTheSubscriptionsOfItsCollections() throws {
+        var r = established()
+        let cars = SubscriptionSpec(collection: "cars")
+        let trucks = SubscriptionSpec(collection: "trucks")
+        let first = r.received(
+            .subscriptions([
+                WireSubscription(spec: cars, since: 0, hops: 0), WireSubscription(spec: trucks, since: 0, hops: 0),
+            ]),
+            on: link, now: 0)
+        for request in Self.scans(first) {
+            _ = r.scanned(link, request, page: ScanPage(records: [], upTo: 100, exhausted: true), now: 0)
+            _ = r.received(.ack(subscription: request.subscription, upTo: 100), on: link, now: 0)
+        }
+        let directives = r.committed(collections: ["trucks"], lastSeq: 101, now: 1)
+        #expect(Self.scans(directives).map(\.spec) == [trucks])
+    }
+
+    @Test func resentSubscriptionsDoNotRewindCursorsUnlessTheGenerationChanged() throws {
+        var r = established()
+        let cars = SubscriptionSpec(collection: "cars")
+        let request = try #require(
+            Self.scans(r.received(.subscriptions([WireSubscription(spec: cars, since: 0, hops: 0)]), on: link, now: 0))
+                .first)
+        _ = r.scanned(link, request, page: ScanPage(records: [Self.record(50, "x")], upTo: 90, exhausted: true), now: 0)
+        // The peer re-sends its set (another subscription came) with its durable checkpoint 0.
+        let trucks = SubscriptionSpec(collection: "trucks")
+        let resent = r.received(
+            .subscriptions([
+                WireSubscription(spec: cars, since: 0, hops: 0), WireSubscription(spec: trucks, since: 0, hops: 0),
+            ]),
+            on: link, now: 1)
+        #expect(Self.scans(resent).map(\.spec) == [trucks])
+        #expect(r.status.peers.first?.served.first { $0.spec == cars }?.cursor == 90)
+        // After an eviction the peer raises the generation: rescan from its `since`.
+        let rescan = r.received(
+            .subscriptions([WireSubscription(spec: cars, since: 0, hops: 0, generation: 1)]), on: link, now: 2)
+        _ = rescan
+        #expect(r.status.peers.first?.served.first { $0.spec == cars }?.cursor == 0)
+    }
+
+    /// A batch of an older rescan generation merges but does not overwrite the checkpoint an
+    /// eviction reset (else the evicted documents would never come back).
+    @Test func aBatchOfAnOlderGenerationDoesNotStoreItsCheckpoint() throws {
+        var r = established()
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        let evicted = r.evicted("cars", generation: 3, now: 1)
+        #expect(
+            Self.sent(evicted) == [
+                .subscriptions([WireSubscription(spec: spec, since: 0, hops: 0, generation: 3)], version: 3)
+            ])
+        let old = r.received(.batch(subscription: spec.key, documents: [], upTo: 80, generation: 0), on: link, now: 2)
+        let new = r.received(.batch(subscription: spec.key, documents: [], upTo: 10, generation: 3), on: link, now: 3)
+        func stores(_ d: [ReplicatorDirective]) -> Bool? {
+            d.compactMap { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { nil } }.first
+        }
+        #expect(stores(old) == false)
+        #expect(stores(new) == true)
+    }
+
+    // MARK: Item 6: regressed log
+
+    @Test func aPeerHoldingACheckpointBeyondThisLogRotatesIt() {
+        var r = established(lastSeq: 40)
+        let directives = r.received(
+            .subscriptions([WireSubscription(spec: .all("cars"), since: 41, hops: 0)]), on: link, now: 0)
+        #expect(directives.contains { if case .rotateLog = $0 { true } else { false } })
+        let rotated = r.logRotated(LocalLog(epoch: Array(repeating: 0xE, count: 16), site: 99, lastSeq: 40), now: 1)
+        #expect(Self.closes(rotated) == [link])  // peers reconnect and see the new epoch
+    }
+
+    // MARK: Item 15: liveness, duplicates, dialing
+
+    @Test func anIdleLinkSendsKeepalivesAndASilentOneIsClosed() {
+        var r = established()
+        let pings = Self.sent(r.tick(now: 5_000))
+        #expect(pings.count == 1 && pings.allSatisfy { if case .ping = $0 { true } else { false } })
+        #expect(Self.sent(r.received(.ping(5), on: link, now: 6_000)) == [.pong(5)])
+        #expect(Self.closes(r.tick(now: 25_999)).isEmpty)
+        #expect(Self.closes(r.tick(now: 26_000)) == [link])
+    }
+
+    /// A restarted peer dials again while this node still holds the old (dead) link: the old link
+    /// is probed, does not answer, and the new one takes over within the probe timeout.
+    @Test func aNewLinkReplacesAnOldOneThatNoLongerAnswers() {
+        var r = established()
+        let fresh = LinkID(2)
+        _ = r.linkOpened(
+            fresh, peerKey: Self.keyB, initiator: false, address: "b2", endpoint: nil, checkpoints: [:], now: 10)
+        let probe = r.received(hello(nonce: 99), on: fresh, now: 10)
+        #expect(probe.contains { if case .send(self.link, .ping) = $0 { true } else { false } })
+        #expect(Self.closes(r.tick(now: 3_000)).isEmpty)
+        #expect(Self.closes(r.tick(now: 3_010)) == [link])
+        _ = r.linkClosed(link, reason: "closed", now: 3_011)
+        #expect(r.status.peers.map(\.phase) == ["established"])
+        #expect(r.status.peers.map(\.link) == [fresh])
+    }
+
+    /// Two live links between the same pair: both ends keep the same one (dialer key, then the
+    /// dialer's nonce), whichever arrived first.
+    @Test func bothEndsKeepTheSameOfTwoLiveLinks() throws {
+        for order in [false, true] {
+            var a = replicator(Self.keyA)
+            var b = replicator(Self.keyB)
+            let ab = LinkID(1)  // dialed by A
+            let ba = LinkID(2)  // dialed by B
+            func hellos(_ d: [ReplicatorDirective]) -> Hello? {
+                d.compactMap { if case .send(_, .hello(let h)) = $0 { h } else { nil } }.first
+            }
+            let aHelloOnAB = try #require(
+                hellos(
+                    a.linkOpened(
+                        ab, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0))
+            )
+            let bHelloOnAB = try #require(
+                hellos(
+                    b.linkOpened(
+                        ab, peerKey: Self.keyA, initiator: false, address: "a", endpoint: nil, checkpoints: [:], now: 0)
+                ))
+            let bHelloOnBA = try #require(
+                hellos(
+                    b.linkOpened(
+                        ba, peerKey: Self.keyA, initiator: true, address: "a", endpoint: nil, checkpoints: [:], now: 0))
+            )
+            let aHelloOnBA = try #require(
+                hellos(
+                    a.linkOpened(
+                        ba, peerKey: Self.keyB, initiator: false, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+                ))
+            // A sees AB first, B sees BA first (or the other way round).
+            let aFirst: [(LinkID, Hello)] =
+                order ? [(ab, bHelloOnAB), (ba, bHelloOnBA)] : [(ba, bHelloOnBA), (ab, bHelloOnAB)]
+            let bFirst: [(LinkID, Hello)] =
+                order ? [(ba, aHelloOnBA), (ab, aHelloOnAB)] : [(ab, aHelloOnAB), (ba, aHelloOnBA)]
+            var aClosed: [LinkID] = []
+            var bClosed: [LinkID] = []
+            var aProbe: [ReplicatorDirective] = []
+            var bProbe: [ReplicatorDirective] = []
+            for (l, h) in aFirst { aProbe += a.received(.hello(h), on: l, now: 1) }
+            for (l, h) in bFirst { bProbe += b.received(.hello(h), on: l, now: 1) }
+            // Answer each side's probe ping with a pong on the same link.
+            for case .send(let l, .ping(let n)) in aProbe {
+                aClosed += Self.closes(a.received(.pong(n), on: l, now: 2))
+            }
+            for case .send(let l, .ping(let n)) in bProbe {
+                bClosed += Self.closes(b.received(.pong(n), on: l, now: 2))
+            }
+            #expect(
+                aClosed.count == 1 && aClosed == bClosed, "order \(order): A closed \(aClosed), B closed \(bClosed)")
+        }
+    }
+
+    @Test func aStaticPeerIsDialedWithBackoffAndNotWhileASessionExists() throws {
+        var r = replicator()
+        #expect(r.addPeer("b:4040", now: 0) == [.dial("b:4040")])
+        #expect(r.tick(now: 100).isEmpty)  // already dialing
+        _ = r.dialFailed("b:4040", reason: "refused", now: 100)
+        var attempts: [Millis] = []
+        var now: Millis = 100
+        while attempts.count < 8 {
+            now += 50
+            for case .dial(let e) in r.tick(now: now) {
+                #expect(e == "b:4040")
+                attempts.append(now)
+                _ = r.dialFailed(e, reason: "refused", now: now)
+            }
+        }
+        let gaps = zip(attempts.dropFirst(), attempts).map { $0 - $1 }
+        #expect(gaps.last! > gaps.first!)  // backing off
+        #expect(gaps.allSatisfy { $0 <= 45_000 })  // capped (30 s × 1.5 jitter)
+        // Connected: no dial while the session lasts, even if another link is the one kept.
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b:4040", endpoint: "b:4040", checkpoints: [:], now: now
+        )
+        _ = r.received(hello(), on: link, now: now)
+        let inbound = LinkID(2)
+        _ = r.linkOpened(
+            inbound, peerKey: Self.keyB, initiator: false, address: "b", endpoint: nil, checkpoints: [:], now: now)
+        _ = r.received(hello(nonce: 0), on: inbound, now: now)
+        _ = r.linkClosed(link, reason: "duplicate", now: now + 1)
+        var dialsWhileConnected = 0
+        for t in stride(from: now + 2, to: now + 120_000, by: 1_000) {
+            _ = r.received(.ping(1), on: inbound, now: t)
+            dialsWhileConnected += r.tick(now: t).filter { if case .dial = $0 { true } else { false } }.count
+        }
+        #expect(dialsWhileConnected == 0)
+    }
+
+    @Test func aNodeThatDialsItselfStopsDialingThatAddress() {
+        var r = replicator()
+        _ = r.addPeer("self:1", now: 0)
+        _ = r.linkOpened(
+            link, peerKey: Self.keyA, initiator: true, address: "self:1", endpoint: "self:1", checkpoints: [:], now: 0)
+        let directives = r.received(hello(Self.keyA), on: link, now: 0)
+        #expect(Self.closes(directives) == [link])
+        _ = r.linkClosed(link, reason: "closed", now: 1)
+        let dials = (1...100).flatMap { r.tick(now: Millis($0) * 1_000) }.filter {
+            if case .dial = $0 { true } else { false }
+        }
+        #expect(dials.isEmpty)
+    }
+}

@@ -1,0 +1,482 @@
+import Foundation
+import Testing
+import Trellis
+import TrellisSimulation
+
+/// The failure scenarios of ../shared/cases/FAILURES.md that concern sync, each on the simulator
+/// with the expected value written there.
+@Suite struct FieldCaseSimulationTests {
+    /// Every node subscribes to the whole collection; the subscriptions live as long as the test.
+    final class Mesh {
+        let sim: Simulation
+        var subscriptions: [Subscription] = []
+
+        init(seed: UInt64, nodes: Int, collection: String = "items", connect: Bool = true) throws {
+            sim = try Simulation(seed: seed)
+            for _ in 0..<nodes { try sim.addNode() }
+            if connect { sim.connectAll() }
+            for node in sim.nodes { try subscribe(node, collection) }
+        }
+
+        func subscribe(_ node: SimulatedNode, _ collection: String, query: String = "true") throws {
+            subscriptions.append(try node.store.collection(collection).find(query).subscribe())
+        }
+
+        subscript(_ i: Int) -> SimulatedNode { sim.nodes[i] }
+    }
+
+    static func get(_ node: SimulatedNode, _ id: String, in collection: String = "items") throws -> Document? {
+        try node.store.collection(collection).findByID(.string(id)).exec()
+    }
+
+    // MARK: Deletes and convergence
+
+    /// F01: A and B hold d1 {v:"one"}; A removes it; A writes d1 {v:"new"}; a fresh C joins.
+    @Test func f01ARecreatedIDIsNewEverywhere() throws {
+        let mesh = try Mesh(seed: 101, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert(["_id": "d1", "v": "one"])
+        try mesh.sim.runUntilQuiet()
+        try a.store.collection("items").findByID("d1").remove()
+        try mesh.sim.runUntilQuiet()
+        try a.store.collection("items").upsert(["_id": "d1", "v": "new"])
+        try mesh.sim.runUntilQuiet()
+        let c = try mesh.sim.addNode()
+        try mesh.subscribe(c, "items")
+        try c.watch("items")
+        mesh.sim.connect(c, a)
+        mesh.sim.connect(c, b)
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        for node in mesh.sim.nodes {
+            #expect(try Self.get(node, "d1")?["v"] == "new", "\(node.name)")
+            #expect(try node.store.collection("items").findAll().exec().count == 1)
+        }
+    }
+
+    /// F02: A and B hold d1 {n:1}; apart, A removes d1 and B sets n=2; heal; a new C joins. All
+    /// converge to the add-wins outcome: d1 present with what the remover had not seen.
+    @Test func f02AnOfflineEditSurvivesAConcurrentRemove() throws {
+        let mesh = try Mesh(seed: 102, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert(["_id": "d1", "n": 1])
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.partition([[a], [b]])
+        try a.store.collection("items").findByID("d1").remove()
+        _ = try b.store.collection("items").findByID("d1").update { $0?["n"].set(2) }
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        let c = try mesh.sim.addNode()
+        try mesh.subscribe(c, "items")
+        mesh.sim.connect(c, a)
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        for node in mesh.sim.nodes {
+            #expect(try Self.get(node, "d1")?.value == ["_id": "d1", "n": 2], "\(node.name)")
+        }
+    }
+
+    /// F03: created and removed inside one batch: a new C never shows d1, and no live query on C
+    /// ever reports it.
+    @Test func f03CreatedAndRemovedBeforeSyncIsNeverShown() throws {
+        let mesh = try Mesh(seed: 103, nodes: 1)
+        let a = mesh[0]
+        try a.store.collection("items").upsert(["_id": "d1", "v": 1])
+        try a.store.collection("items").findByID("d1").remove()
+        try a.store.collection("items").upsert(["_id": "d2", "v": 2])
+        let c = try mesh.sim.addNode()
+        let seen = SeenIDs()
+        let live = try c.store.collection("items").findAll().observeLocal { docs, _ in seen.add(docs.map(\.id)) }
+        try mesh.subscribe(c, "items")
+        mesh.sim.connect(c, a)
+        try mesh.sim.runUntilQuiet()
+        c.store.flushLiveQueries()
+        #expect(try Self.get(c, "d1") == nil)
+        #expect(try Self.get(c, "d2") != nil)
+        #expect(!seen.ids.contains("d1"))
+        #expect(seen.ids.contains("d2"))
+        live.stop()
+    }
+
+    // MARK: Change log and checkpoints
+
+    /// F05 on the simulator: B pulls 500 changes from A and is killed at many points; after each
+    /// restart it resyncs; B holds all 500 exactly once and its log has no duplicate entries.
+    @Test func f05ACrashAnywhereInAPullLosesAndRepeatsNothing() throws {
+        let mesh = try Mesh(seed: 105, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        mesh.sim.setProfile(LinkProfile(latency: 2, bytesPerSecond: 40_000), between: a, and: b)
+        try a.store.collection("items").upsert((0..<500).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        var kills = 0
+        for step in 0..<40 {
+            mesh.sim.run(for: Millis(37 + step * 11))
+            mesh.sim.crash(b)
+            kills += 1
+            mesh.sim.run(for: 50)
+            try mesh.sim.restart(b)
+        }
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        #expect(kills == 40)
+        let log = try mesh.sim.log(of: b, collection: "items")
+        #expect(log.count == 500)
+        #expect(try b.store.collection("items").findAll().exec().count == 500)
+        // Every entry once: as many log rows as documents.
+        let page = try b.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max)
+        #expect(page.records.count == 500)
+    }
+
+    /// F06: 1,000 changes of which 30 match, scanned 7 entries at a time, 10 more matching
+    /// written meanwhile: the subscriber gets exactly the 40 matching documents.
+    @Test func f06FilteredPagingNeitherOvershootsNorRepeats() throws {
+        let sim = try Simulation(seed: 106)
+        sim.replicatorConfiguration = { $0.batchEntries = 7 }
+        let a = try sim.addNode()
+        let b = try sim.addNode()
+        sim.connect(b, a)
+        try a.store.collection("items").upsert(
+            (0..<1_000).map { ["_id": .string("d\($0)"), "q": .bool($0 % 33 == 0 && $0 < 990)] })
+        let matching = try a.store.collection("items").find("q == true").count()
+        #expect(matching == 30)
+        let subscription = try b.store.collection("items").find("q == true").subscribe()
+        sim.run(for: 200)
+        try a.store.collection("items").upsert((0..<10).map { ["_id": .string("late\($0)"), "q": true] })
+        try sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 40)
+        #expect(try b.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max).records.count == 40)
+        subscription.cancel()
+    }
+
+    /// F08 (b): B's store is wiped but B keeps its peer key: it receives every document again.
+    /// (c): A's store is reset (new epoch): B notices and resyncs, and A gets back from B what it
+    /// lost.
+    @Test func f08WipedStoresResyncEitherWay() throws {
+        let mesh = try Mesh(seed: 108, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert((0..<50).map { ["_id": .string("d\($0)")] })
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.crash(b)
+        try mesh.sim.restart(b, wipe: true)
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 50)
+        mesh.sim.crash(a)
+        try mesh.sim.restart(a, wipe: true)
+        try a.store.collection("items").upsert(["_id": "after-reset"])
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        #expect(try a.store.collection("items").findAll().count() == 51)
+        #expect(try b.store.collection("items").findAll().count() == 51)
+    }
+
+    // MARK: Subscriptions and live queries
+
+    /// F09: B subscribes to city == 'Oslo' and holds d1; A removes d1 and moves d2 to Bergen. B
+    /// records d1 as removed (its live query drops it); re-subscribing does not bring d1 back.
+    @Test func f09ARemoveReachesASubscriberWhoseFilterTheTombstoneDoesNotMatch() throws {
+        let mesh = try Mesh(seed: 109, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        var oslo = try b.store.collection("items").find("city == 'Oslo'").subscribe()
+        try b.watch("items", query: "city == 'Oslo'")
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert([["_id": "d1", "city": "Oslo"], ["_id": "d2", "city": "Oslo"]])
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 2)
+        try a.store.collection("items").findByID("d1").remove()
+        _ = try a.store.collection("items").findByID("d2").update { $0?["city"].set("Bergen") }
+        try mesh.sim.runUntilQuiet()
+        b.store.flushLiveQueries()
+        #expect(try Self.get(b, "d1") == nil)
+        #expect(try b.documents.state(id: "d1", in: "items")?.isDeleted == true)
+        #expect(b.lastLiveResults["items: city == 'Oslo'"]?.map(\.id) == [])
+        oslo.cancel()
+        oslo = try b.store.collection("items").find("city == 'Oslo'").subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(b, "d1") == nil)
+        oslo.cancel()
+    }
+
+    /// F10: (a) evicting documents an active subscription matches brings them back once, with no
+    /// evict/re-fetch loop; (b) cancel, evict, subscribe again with no change on A: they come back.
+    @Test func f10EvictedDocumentsComeBackOnceWhileASubscriptionMatches() throws {
+        let mesh = try Mesh(seed: 110, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        var sub = try b.store.collection("items").findAll().subscribe()
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert((1...50).map { ["_id": .string("d\($0)")] })
+        try mesh.sim.runUntilQuiet()
+        for i in 1...10 { try b.store.collection("items").findByID(.string("d\(i)")).evict() }
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 50)
+        let batches = mesh.sim.messageCounts["batch"] ?? 0
+        mesh.sim.run(for: 60_000)
+        #expect(mesh.sim.messageCounts["batch"] ?? 0 == batches)  // nothing more moves
+        sub.cancel()
+        for i in 1...10 { try b.store.collection("items").findByID(.string("d\(i)")).evict() }
+        #expect(try b.store.collection("items").findAll().count() == 40)
+        sub = try b.store.collection("items").findAll().subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 50)
+        sub.cancel()
+    }
+
+    /// F11: B is offline while A inserts 100 matching documents; B registers a live query, then
+    /// connects: the live query ends with 100 results. Variant: B writes d1, A (having seen it)
+    /// removes it: B's live query reports d1 gone.
+    @Test func f11ALiveQueryFollowsACatchUp() throws {
+        let mesh = try Mesh(seed: 111, nodes: 1)
+        let a = mesh[0]
+        try a.store.collection("items").upsert((0..<100).map { ["_id": .string("d\($0)"), "k": "x"] })
+        let b = try mesh.sim.addNode()
+        try b.watch("items", query: "k == 'x'")
+        try mesh.subscribe(b, "items")
+        mesh.sim.connect(b, a)
+        try mesh.sim.runUntilQuiet()
+        b.store.flushLiveQueries()
+        #expect(b.lastLiveResults["items: k == 'x'"]?.count == 100)
+        try b.store.collection("items").upsert(["_id": "mine", "k": "x"])
+        try mesh.sim.runUntilQuiet()
+        try a.store.collection("items").findByID("mine").remove()
+        try mesh.sim.runUntilQuiet()
+        b.store.flushLiveQueries()
+        #expect(b.lastLiveResults["items: k == 'x'"]?.count == 100)
+        #expect(b.lastLiveResults["items: k == 'x'"]?.contains { $0.id == "mine" } == false)
+    }
+
+    // MARK: Payloads
+
+    /// F13: odd field names replicate byte for byte, and d2 is never blocked behind d1.
+    @Test func f13OddFieldNamesReplicateExactly() throws {
+        let mesh = try Mesh(seed: 113, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        let odd: Value = ["_id": "d1", "": 1, "_x": 2, "a.b": 3, "$c": 4]
+        try a.store.collection("items").upsert(odd)
+        try a.store.collection("items").upsert(["_id": "d2", "v": 1])
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(b, "d1")?.value == odd)
+        #expect(try Self.get(b, "d2") != nil)
+    }
+
+    /// F14: a document above the size limit is refused on the writing side with an error naming
+    /// it; a small d3 written after it always arrives.
+    @Test func f14BigDocumentsAreRefusedAtTheWriterAndNeverBlockOthers() throws {
+        let mesh = try Mesh(seed: 114, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        let big = String(repeating: "x", count: 8 << 20)
+        #expect(throws: StoreError.self) { try a.store.collection("items").upsert(["_id": "d1", "s": .string(big)]) }
+        #expect(throws: StoreError.self) {
+            try a.store.collection("items").upsert(["_id": "d2", "b": .bytes(Array(repeating: 1, count: 64 << 20))])
+        }
+        try a.store.collection("items").upsert(["_id": "d3", "v": 3])
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(b, "d3")?["v"] == 3)
+    }
+
+    // MARK: Network
+
+    /// F15: (a) A's port is closed for 60 s: B backs off (at most about 10 attempts a minute at
+    /// the plateau); (b) A restarts half-way through a 1,000-document push from B: all arrive,
+    /// none twice.
+    @Test func f15ReconnectionsBackOffAndATransferResumes() throws {
+        let mesh = try Mesh(seed: 115, nodes: 2, connect: false)
+        let (a, b) = (mesh[0], mesh[1])
+        mesh.sim.connect(b, a)
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.crash(a)
+        mesh.sim.run(for: 60_000)
+        let firstMinute = mesh.sim.dialCounts["n1->n0"] ?? 0
+        mesh.sim.run(for: 60_000)
+        let plateau = (mesh.sim.dialCounts["n1->n0"] ?? 0) - firstMinute
+        #expect(plateau <= 10, "\(plateau) dials in the second minute")
+        try mesh.sim.restart(a)
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.setProfile(LinkProfile(latency: 2, bytesPerSecond: 30_000), between: a, and: b)
+        try b.store.collection("items").upsert((0..<1_000).map { ["_id": .string("p\($0)"), "n": .int(Int64($0))] })
+        mesh.sim.run(for: 1_500)
+        let halfway = try a.store.collection("items").findAll().count()
+        #expect(halfway > 0 && halfway < 1_000, "\(halfway) arrived before the restart")
+        mesh.sim.crash(a)
+        try mesh.sim.restart(a)
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        #expect(try a.store.collection("items").findAll().count() == 1_000)
+        #expect(try a.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max).records.count == 1_000)
+    }
+
+    /// F16: a diamond A–B, A–C, B–D, C–D; A inserts 500 documents, then 20 with identical bodies,
+    /// and increments a counter 100 times; B restarts in the middle. D holds 520 documents, the
+    /// counter reads 100 everywhere, and a live query on D reports each document once.
+    @Test func f16DuplicatesThroughADiamond() throws {
+        let sim = try Simulation(seed: 116)
+        let a = try sim.addNode("A")
+        let b = try sim.addNode("B")
+        let c = try sim.addNode("C")
+        let d = try sim.addNode("D")
+        sim.connect(a, b)
+        sim.connect(a, c)
+        sim.connect(b, d)
+        sim.connect(c, d)
+        var subs: [Subscription] = []
+        for node in sim.nodes { subs.append(try node.store.collection("events").findAll().subscribe()) }
+        let seen = SeenIDs()
+        let live = try d.store.collection("events").findAll().observeLocal { docs, event in
+            seen.addInsertions(event, docs)
+        }
+        try a.store.collection("events").upsert(["_id": "counter", "n": 0])
+        try sim.runUntilQuiet()
+        try a.store.collection("events").upsert((0..<500).map { ["_id": .string("e\($0)"), "i": .int(Int64($0))] })
+        sim.run(for: 20)
+        sim.crash(b)
+        try a.store.collection("events").upsert((0..<20).map { ["_id": .string("same\($0)"), "body": "identical"] })
+        for _ in 0..<100 {
+            _ = try a.store.collection("events").findByID("counter").update { $0?["n"].increment(by: 1) }
+            sim.run(for: 3)
+        }
+        try sim.restart(b)
+        try sim.runUntilQuiet()
+        try sim.check()
+        d.store.flushLiveQueries()
+        #expect(try d.store.collection("events").findAll().count() == 521)  // 500 + 20 + the counter
+        for node in sim.nodes {
+            #expect(
+                try node.store.collection("events").findByID("counter").exec()?["n"]?.numberValue == 100, "\(node.name)"
+            )
+            #expect(try node.store.collection("events").find("body == 'identical'").count() == 20)
+        }
+        #expect(seen.duplicates.isEmpty, "reported twice: \(seen.duplicates)")
+        live.stop()
+        _ = subs
+    }
+
+    /// F17: five fully connected nodes split into {1,2} and {3,4,5}; 50 concurrent edits to the
+    /// same 10 documents on each side; heal: all converge, and soon links carry only keepalives
+    /// (no batch with the same documents is sent more than twice).
+    @Test func f17AHealedSplitGoesQuiet() throws {
+        let mesh = try Mesh(seed: 117, nodes: 5)
+        for i in 0..<10 { try mesh[0].store.collection("items").upsert(["_id": .string("d\(i)"), "v": 0]) }
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.partition([[mesh[0], mesh[1]], [mesh[2], mesh[3], mesh[4]]])
+        var random = SplitMix64(seed: 117)
+        for step in 0..<50 {
+            for side in [[0, 1], [2, 3, 4]] {
+                let node = mesh[side.randomElement(using: &random)!]
+                let id = Value.string("d\(Int.random(in: 0..<10, using: &random))")
+                _ = try node.store.collection("items").findByID(id).update { $0?["v"].set(.int(Int64(step))) }
+            }
+            mesh.sim.run(for: 100)
+        }
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.countRepeatedBatches()
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet(quietFor: 30_000, timeout: 120_000)
+        try mesh.sim.check()
+        let repeated = mesh.sim.batchRepeats.filter { $0.value > 2 }
+        #expect(repeated.isEmpty, "batches sent more than twice over one link: \(repeated)")
+        let before = mesh.sim.messageCounts
+        mesh.sim.run(for: 120_000)
+        let after = mesh.sim.messageCounts
+        for type in ["batch", "subs", "ack"] { #expect(before[type] == after[type], "\(type) kept flowing") }
+    }
+
+    /// F18: two nodes dial each other at the same instant, 200 times, a quarter of them with a
+    /// connection reset in one of the handshakes: exactly one session per pair every time,
+    /// keyed by identity, and both ends keep the same connection.
+    @Test func f18SimultaneousDialsEndWithOneSession() throws {
+        for round in 0..<200 {
+            let sim = try Simulation(seed: 1_800 + UInt64(round))
+            let a = try sim.addNode()
+            let b = try sim.addNode()
+            sim.setProfile(LinkProfile(latency: Millis(1 + round % 7), jitter: Millis(round % 3)), between: a, and: b)
+            if round % 4 == 0 { sim.setProfile(LinkProfile(latency: 3, reset: 0.5), between: a, and: b) }
+            sim.connect(a, b)
+            sim.connect(b, a)
+            sim.run(for: 200)
+            if round % 4 == 0 { sim.resetProfiles() }
+            try sim.runUntilQuiet(quietFor: 10_000, timeout: 600_000)
+            let aPeers = a.replicator?.status.peers.filter { $0.phase == "established" } ?? []
+            let bPeers = b.replicator?.status.peers.filter { $0.phase == "established" } ?? []
+            #expect(
+                aPeers.count == 1 && bPeers.count == 1, "round \(round): \(aPeers.count) and \(bPeers.count) sessions")
+            #expect(aPeers.first?.peerKey == b.peerKey && bPeers.first?.peerKey == a.peerKey)
+            #expect(
+                aPeers.first?.initiator != bPeers.first?.initiator,
+                "round \(round): the ends kept different connections")
+        }
+    }
+
+    /// F20: B subscribes to status == 'open' and holds X; in one transaction A edits X and closes
+    /// it. B learns of the change: neither `find` nor a live query on B returns X any more.
+    /// Policy (docs/PROTOCOL.md): B receives the new state of a document that leaves its scope,
+    /// and keeps it (it simply no longer matches).
+    @Test func f20ADocumentLeavingScopeIsSeenLeaving() throws {
+        let mesh = try Mesh(seed: 120, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        let open = try b.store.collection("items").find("status == 'open'").subscribe()
+        try b.watch("items", query: "status == 'open'")
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert(["_id": "X", "status": "open", "title": "draft"])
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").find("status == 'open'").count() == 1)
+        _ = try a.store.collection("items").findByID("X").update { doc in
+            doc?["title"].set("final")
+            doc?["status"].set("closed")
+        }
+        try mesh.sim.runUntilQuiet()
+        b.store.flushLiveQueries()
+        #expect(try b.store.collection("items").find("status == 'open'").count() == 0)
+        #expect(b.lastLiveResults["items: status == 'open'"]?.isEmpty == true)
+        #expect(try Self.get(b, "X")?["status"] == "closed")
+        open.cancel()
+    }
+}
+
+/// Collects the `_id`s a live query showed, and those it reported inserted twice.
+final class SeenIDs: @unchecked Sendable {
+    private let lock = NSLock()
+    private var all: Set<Value> = []
+    private var inserted: [Value: Int] = [:]
+
+    var ids: Set<Value> { lock.withLock { all } }
+    var duplicates: [Value] { lock.withLock { inserted.filter { $0.value > 1 }.map(\.key) } }
+
+    func add(_ ids: [Value]) { lock.withLock { all.formUnion(ids) } }
+
+    func addInsertions(_ event: LiveQueryEvent, _ docs: [Document]) {
+        lock.withLock {
+            switch event {
+            case .initial:
+                for doc in docs { inserted[doc.id, default: 0] += 1 }
+            case .update(let update):
+                for index in update.insertions { inserted[docs[index].id, default: 0] += 1 }
+            }
+        }
+    }
+}
+
+/// Issue 8 item 6 and F08: a store restored from an older backup goes back in time. Its next
+/// writes still reach every peer (no `seq` is issued twice), and what it lost comes back from them.
+@Suite struct RestoredStoreTests {
+    @Test func aRestoredBackupNeitherLosesNorHidesWrites() throws {
+        let sim = try Simulation(seed: 806)
+        let a = try sim.addNode()
+        let b = try sim.addNode()
+        sim.connect(a, b)
+        var subs: [Subscription] = []
+        for node in sim.nodes { subs.append(try node.store.collection("items").findAll().subscribe()) }
+        try a.store.collection("items").upsert((0..<20).map { ["_id": .string("old\($0)")] })
+        try sim.runUntilQuiet()
+        let backup = try sim.snapshot(a)
+        try a.store.collection("items").upsert((0..<20).map { ["_id": .string("lost\($0)")] })
+        try sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 40)
+        try sim.restore(a, from: backup)
+        #expect(try a.store.collection("items").findAll().count() == 20)
+        try a.store.collection("items").upsert(["_id": "after-restore"])
+        try sim.runUntilQuiet()
+        try sim.check()
+        for node in sim.nodes { #expect(try node.store.collection("items").findAll().count() == 41, "\(node.name)") }
+        _ = subs
+    }
+}

@@ -1,0 +1,120 @@
+import Testing
+import TrellisCore
+import TrellisStore
+import TrellisTestKit
+
+/// Documents leaving a query subscription's scope (F20), and tombstones only for the query
+/// subscribers that may hold the document (issue 8 item 17).
+@Suite struct ScopeTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+
+    func set(_ path: String, _ value: Value) throws -> DocumentMutation {
+        .set(try FieldPath(parsing: path), value, isDefault: false)
+    }
+
+    /// The `_id`s of a change-log page of `spec` served to a peer, from the start.
+    func served(_ store: DocumentStore, _ spec: SubscriptionSpec) throws -> [Value] {
+        try store.changes(
+            in: spec.collection, after: 0, limit: 10_000, maxBytes: .max, matching: Query(spec.query), args: spec.args,
+            servedAs: spec
+        ).records.map(\.id)
+    }
+
+    @Test func aRemovedDocumentReachesOnlyTheQuerySubscribersItMatched() throws {
+        let store = try openStore(dir, "a.sqlite", clock: clock)
+        let bob = SubscriptionSpec(collection: "messages", query: "to == 'bob'")
+        _ = try served(store, bob)  // a peer subscribes before anything is written
+        try store.upsert(
+            [["_id": "m1", "to": "alice", "body": "secret"], ["_id": "m2", "to": "bob", "body": "hi"]],
+            in: "messages")
+        #expect(try served(store, bob) == ["m2"])
+        try store.remove(id: "m1", in: "messages")
+        try store.remove(id: "m2", in: "messages")
+        // Bob's subscriber learns that m2, which it may hold, is gone; nothing about m1.
+        #expect(try served(store, bob) == ["m2"])
+        let query = try Query(bob.query)
+        let page = try store.changes(
+            in: "messages", after: 0, limit: 100, maxBytes: .max, matching: query, servedAs: bob)
+        #expect(page.records.allSatisfy { $0.isDeleted })
+        // A whole-collection subscriber may hold anything: it gets both tombstones.
+        #expect(try served(store, .all("messages")).count == 2)
+        // A subscription that starts after the removal never held them.
+        let late = SubscriptionSpec(collection: "messages", query: "to == 'carol'")
+        #expect(try served(store, late) == [])
+    }
+
+    @Test func aDocumentThatLeavesTheScopeIsStillSentUntilItComesBack() throws {
+        let store = try openStore(dir, "b.sqlite", clock: clock)
+        let open = SubscriptionSpec(collection: "items", query: "status == 'open'")
+        try store.upsert(["_id": "X", "status": "open", "title": "draft"], in: "items")
+        #expect(try served(store, open) == ["X"])
+        _ = try store.update(
+            id: "X", in: "items", operations: [try set("title", "final"), try set("status", "closed")])
+        #expect(try served(store, open) == ["X"])  // the subscriber learns it closed
+        _ = try store.update(id: "X", in: "items", operations: [try set("title", "archived")])
+        #expect(try served(store, open) == ["X"])  // and keeps learning of a copy it holds
+        try store.upsert(["_id": "Y", "status": "closed"], in: "items")
+        #expect(try served(store, open) == ["X"])  // never in scope: never sent
+        _ = try store.update(id: "X", in: "items", operations: [try set("status", "open")])
+        #expect(try served(store, open) == ["X"])  // back in scope: sent because it matches
+    }
+
+    @Test func servedSubscriptionsAreRememberedAcrossRestarts() throws {
+        let open = SubscriptionSpec(collection: "items", query: "status == 'open'")
+        do {
+            let store = try openStore(dir, "c.sqlite", clock: clock)
+            try store.upsert(["_id": "X", "status": "open"], in: "items")
+            _ = try served(store, open)
+            store.close()
+        }
+        let store = try openStore(dir, "c.sqlite", clock: clock)
+        _ = try store.update(id: "X", in: "items", operations: [try set("status", "closed")])
+        #expect(try served(store, open) == ["X"])
+    }
+}
+
+extension ScopeTests {
+    /// A peer holds what it sent: a document it wrote outside its own query still reaches it when
+    /// it changes here (a removal included).
+    @Test func aDocumentAPeerSentReachesItWhateverItsQuery() throws {
+        let store = try openStore(dir, "d.sqlite", clock: clock)
+        let source = try openStore(dir, "e.sqlite", clock: clock)
+        let mine = SubscriptionSpec(collection: "tasks", query: "assignee == 'me'")
+        try source.upsert(["_id": "t1", "assignee": "you"], in: "tasks")
+        _ = try store.merge(try batch(of: source, "tasks"), from: [7], checkpoint: nil, heldBy: [mine])
+        #expect(try served(store, mine) == ["t1"])
+        try store.remove(id: "t1", in: "tasks")
+        #expect(try served(store, mine) == ["t1"])
+    }
+}
+
+extension ScopeTests {
+    /// A peer that sends an older state of a document this node already changed (here: removed)
+    /// gets the newer state, even when its subscription's cursor passed the document's row before
+    /// the document entered its scope (a sweep seed found it: a wiped relay had the tombstone
+    /// before a query subscriber sent its stale copy).
+    @Test func aPeerThatSendsAnOlderStateGetsTheNewerOne() throws {
+        let store = try openStore(dir, "f.sqlite", clock: clock)
+        let source = try openStore(dir, "g.sqlite", clock: clock)
+        let high = SubscriptionSpec(collection: "items", query: "v >= 5")
+        try source.upsert(["_id": "d6", "v": 3], in: "items")
+        let stale = try batch(of: source, "items")
+        _ = try store.merge(stale, from: [1], checkpoint: nil)
+        try store.remove(id: "d6", in: "items")
+        let query = try Query(high.query)
+        let first = try store.changes(
+            in: "items", after: 0, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(first.records.isEmpty)  // never in scope: the tombstone is not sent
+        _ = try store.merge(stale, from: [7], checkpoint: nil, heldBy: [high])
+        let next = try store.changes(
+            in: "items", after: first.scannedUpTo, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(next.records.map(\.id) == ["d6"])
+        #expect(next.records.allSatisfy { $0.isDeleted })
+        // The same state again adds nothing: the row is not logged again.
+        _ = try store.merge(stale, from: [7], checkpoint: nil, heldBy: [high])
+        let after = try store.changes(
+            in: "items", after: next.scannedUpTo, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(after.records.isEmpty)
+    }
+}
