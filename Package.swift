@@ -4,7 +4,9 @@ import PackageDescription
 // libFuzzer entry points, one per decoder of untrusted input: Fuzz/Fuzz<Name>/Fuzz<Name>.swift calls its
 // check in TrellisTestKit's FuzzChecks (which the tests replay). scripts/fuzz.sh builds and runs them with
 // the sanitizers; docs/TESTING.md ("Fuzzing") says how to add one.
-let fuzzTargets: [Target] = ["CBOR", "JSON", "Query", "DocumentState", "WireMessage", "Handshake", "VCard"].map {
+let fuzzTargets: [Target] = [
+    "CBOR", "JSON", "Query", "DocumentState", "WireMessage", "Handshake", "VCard", "Frames", "Session",
+].map {
     .executableTarget(
         name: "Fuzz\($0)", dependencies: ["TrellisTestKit"], path: "Fuzz/Fuzz\($0)",
         exclude: ["Corpus", "Regressions"])
@@ -56,6 +58,7 @@ let package = Package(
             name: "TrellisTestKit",
             dependencies: [
                 "Trellis", "TrellisCore", "TrellisStore", "TrellisCrypto", "TrellisContacts", "ContactProvider",
+                "TrellisNet", "TrellisSync",
             ]),
 
         .executableTarget(

@@ -41,6 +41,7 @@ public enum FuzzChecks {
     public static let targets: [(name: String, check: Check)] = [
         ("FuzzCBOR", cbor), ("FuzzJSON", json), ("FuzzQuery", query), ("FuzzDocumentState", documentState),
         ("FuzzWireMessage", wireMessage), ("FuzzHandshake", handshake), ("FuzzVCard", vCard),
+        ("FuzzFrames", frames), ("FuzzSession", session),
     ]
 
     /// libFuzzer's `LLVMFuzzerTestOneInput`: runs `check` on the `count` bytes at `data` and traps
@@ -284,7 +285,7 @@ public enum FuzzChecks {
             throw fail("\(message) serialised as \(hex(bytes)) does not decode back equal")
         }
         guard again.serialized() == bytes else { throw fail("serialising \(message) is not deterministic") }
-        if case .subscriptions(let subscriptions) = message {
+        if case .subscriptions(let subscriptions, _) = message {
             for subscription in subscriptions {
                 _ = subscription.spec.key
                 _ = subscription.spec.description
@@ -362,11 +363,11 @@ public enum FuzzChecks {
 
     // MARK: Helpers
 
-    private static func failing(_ target: String, _ input: [UInt8]) -> (String) -> FuzzCheckFailure {
+    static func failing(_ target: String, _ input: [UInt8]) -> (String) -> FuzzCheckFailure {
         { message in FuzzCheckFailure(target: target, message: message, input: input) }
     }
 
-    private static func hex(_ bytes: [UInt8]) -> String {
+    static func hex(_ bytes: [UInt8]) -> String {
         bytes.prefix(256).map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
     }
 }
