@@ -379,7 +379,8 @@ import TrellisCore
         #expect(resent.first?.first?.since == 30)
         #expect(resent.first?.first?.generation != 0)
         // A batch sent before the peer saw the new request: merged, checkpoint not stored.
-        let behind = r.received(.batch(subscription: spec.key, documents: [], upTo: 50, generation: 0), on: link, now: 3)
+        let behind = r.received(
+            .batch(subscription: spec.key, documents: [], upTo: 50, generation: 0), on: link, now: 3)
         #expect(stores(behind) == false)
         let again = r.received(
             .batch(subscription: spec.key, documents: [], upTo: 40, generation: resent[0][0].generation), on: link,

@@ -20,7 +20,9 @@ import TrellisTestKit
         return (
             MeshNetwork(
                 engine: engine, identity: identity, meshKey: meshKey, handshakeTimeout: handshakeTimeout,
-                log: { message in if message.contains("accept") || message.contains("too many") { print("server: \(message)") } }), store
+                log: { message in
+                    if message.contains("accept") || message.contains("too many") { print("server: \(message)") }
+                }), store
         )
     }
 
