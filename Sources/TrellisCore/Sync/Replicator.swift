@@ -627,6 +627,9 @@ public struct Replicator: Sendable {
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
+                    // Batches in flight belong to the old request: their acks may still come
+                    // (and are bounded by `lastSentUpTo`), but they hold no slot of the new one.
+                    existing.inFlight = 0
                     existing.pending = true
                 }
                 next[key] = existing
