@@ -420,7 +420,9 @@ public struct Replicator: Sendable {
     ///
     /// - Parameters:
     ///   - checkpointStored: whether the checkpoint was written with it.
-    ///   - deferred: how many documents the store kept aside to retry (clock, size, decoding).
+    ///   - deferred: how many documents the store kept aside to retry (clock, size, invalid,
+    ///     decoding). A batch the store refused whole for the per-peer bound on deferred documents
+    ///     is reported to ``applyPostponed(_:subscription:reason:now:)`` instead.
     public mutating func applied(
         _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int, now: Millis
     ) -> [ReplicatorDirective] {
