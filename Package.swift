@@ -53,7 +53,8 @@ let package = Package(
         .target(
             name: "TrellisSimulation",
             dependencies: [
-                "Trellis", "TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet", "TrellisContacts", "ContactProvider",
+                "Trellis", "TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet", "TrellisContacts",
+                "ContactProvider",
             ]),
         // Shared test helpers.
         .target(
