@@ -127,7 +127,10 @@ public final class SimulatedNode: @unchecked Sendable {
     func stop() {
         if let token = observerToken { storeIfUp?.documents.removeObserver(token) }
         observerToken = nil
-        for watch in watches { watch.liveQuery?.stop() }
+        for watch in watches {
+            watch.liveQuery?.stop()
+            watch.liveQuery = nil  // the box and its live query hold each other
+        }
         watches = []
         host = nil
         storeIfUp = nil
