@@ -523,3 +523,40 @@ final class SeenIDs: @unchecked Sendable {
         _ = subs
     }
 }
+
+extension FieldCaseSimulationTests {
+    /// Issue 8 item 1 with the per-peer bound on deferred documents. A's clock is two minutes
+    /// ahead when it writes d0…d9; then C (true clock, linked to A only) writes e0…e29, which A
+    /// relays. B joins, takes two documents per batch and keeps at most 5 of A's documents
+    /// deferred: it postpones the batches beyond them while the batches of C's documents behind
+    /// them apply. No checkpoint may pass a postponed document: once B's clock reaches A's
+    /// stamps, all 40 are on B, and the mesh goes quiet (no loop of postponed batches).
+    @Test func postponedBatchesAreNotSkipped() throws {
+        let sim = try Simulation(seed: 121)
+        sim.replicatorConfiguration = { $0.batchEntries = 2 }
+        let a = try sim.addNode()
+        let c = try sim.addNode()
+        sim.storeOptions.maxDeferredDocumentsPerPeer = 5
+        let b = try sim.addNode()
+        let subscriptions = try [a, b, c].map { try $0.store.collection("items").findAll().subscribe() }
+        sim.connect(c, a)
+        sim.setClockOffset(a, 120_000)
+        try a.store.collection("items").upsert((0..<10).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        sim.setClockOffset(a, 0)
+        sim.run(for: 1_000)
+        try c.store.collection("items").upsert((0..<30).map { ["_id": .string("e\($0)"), "n": .int(Int64($0))] })
+        sim.run(for: 1_000)
+        #expect(try a.store.collection("items").findAll().exec().count == 40)
+        sim.connect(b, a)
+        sim.run(for: 10_000)
+        #expect(try b.store.collection("items").find("_id >= 'e'").exec().count == 30)  // C's documents flow
+        #expect(try b.store.collection("items").find("_id < 'e'").exec().isEmpty)  // A's wait
+        #expect(try b.documents.deferredDocuments().count <= 5)
+        sim.run(for: 180_000)  // B's clock passes A's stamps
+        try sim.runUntilQuiet()
+        try sim.check()
+        #expect(try b.store.collection("items").findAll().exec().count == 40)
+        #expect(try b.documents.deferredDocuments().isEmpty)
+        _ = subscriptions
+    }
+}
