@@ -456,3 +456,20 @@ struct Failure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
 }
+
+extension LiveQueryTests {
+    /// `stop()` releases the callback: an object that holds its live query and is captured by
+    /// the callback (the usual view-model shape) is freed once the query is stopped.
+    @Test func stopReleasesTheCallback() throws {
+        final class Owner: @unchecked Sendable { var live: LiveQuery? }
+        weak var released: Owner?
+        do {
+            let owner = Owner()
+            released = owner
+            owner.live = try cars.findAll().observeLocal { _, _ in _ = owner.live }
+            owner.live?.stop()
+        }
+        node.store.flushLiveQueries()
+        #expect(eventually(timeout: 5) { released == nil })
+    }
+}
