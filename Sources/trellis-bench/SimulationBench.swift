@@ -60,6 +60,10 @@ func simulationFigures(meshSizes: [Int], seedsPerSize: Int) throws -> [Figure] {
         figures.append(
             Figure(
                 name: "mesh_\(size)_batches_per_update_per_link_median", value: median(perLink), unit: "batches/link"))
+        figures.append(
+            Figure(
+                name: "mesh_\(size)_max_batches_with_the_update_one_direction", value: Double(worstDirection),
+                unit: "batches (goal: 1)"))
         figures.append(Figure(name: "mesh_\(size)_build_seconds", value: setup / Double(seedsPerSize), unit: "s"))
     }
     return figures
