@@ -39,8 +39,10 @@ public struct NodeStatus: Sendable {
                 + "seq \(lastSeq)"
         ]
         let lead = Int64(bitPattern: hlcMillis &- physicalMillis)
-        var clock = "clock \(Self.time(physicalMillis)), HLC \(Self.time(hlcMillis))"
-        if lead > 1_000 { clock += " (HLC \(lead) ms ahead: a peer's clock is ahead of this one)" }
+        var clock =
+            "clock \(Self.time(physicalMillis)), HLC "
+            + (hlcMillis == 0 ? "not started (nothing written or merged yet)" : Self.time(hlcMillis))
+        if hlcMillis != 0, lead > 1_000 { clock += " (HLC \(lead) ms ahead: a peer's clock is ahead of this one)" }
         lines.append(clock)
         lines.append("peers: \(peers.count) connected")
         for peer in peers {

@@ -112,7 +112,7 @@ extension FuzzChecks {
         }
         defer { store.close() }
         _ = try? store.upsert([["_id": "a", "n": 1], ["_id": "b", "tags": ["x"]]], in: "items")
-        try? store.remove(id: "b", in: "items")
+        _ = try? store.remove(id: "b", in: "items")
         let transport = FuzzTransport()
         let peerKey = [UInt8](repeating: 9, count: 32)
         guard
