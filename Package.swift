@@ -43,7 +43,7 @@ let package = Package(
             name: "TrellisSimulation",
             dependencies: ["Trellis", "TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet"]),
         // Shared test helpers.
-        .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore"]),
+        .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore", "CSQLite"]),
 
         .executableTarget(
             name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider", "TrellisSimulation"]),
