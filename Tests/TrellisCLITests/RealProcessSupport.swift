@@ -1,0 +1,171 @@
+import Foundation
+import Testing
+import TrellisCore
+import TrellisStore
+import TrellisTestKit
+
+/// Documents for the real-process tests: `doc-0000` … with bodies of varied sizes (mostly small,
+/// some of a few KB, a few of 8–24 KB), and a `round` field that tells which import wrote them.
+struct Workload {
+    /// Each document's body (the part every round shares).
+    let bodies: [String]
+
+    /// `count` documents whose body sizes are drawn from `rng`: 75 % of 20–300 bytes, the others
+    /// of 500–3,000 bytes, or (with `large`) 22 % so and 3 % of 8–24 KB.
+    init(count: Int, large: Bool = true, using rng: inout SeededRandom) {
+        let alphabet = Array("abcdefghijklmnopqrstuvwxyz0123456789".utf8)
+        bodies = (0..<count).map { index in
+            let roll = rng.next() % 100
+            let size =
+                roll < 75
+                ? 20 + rng.next() % 280 : roll < 97 || !large ? 500 + rng.next() % 2_500 : 8_000 + rng.next() % 16_000
+            return String(
+                decoding: (0..<Int(size)).map { alphabet[($0 &* 7 &+ index) % alphabet.count] }, as: UTF8.self)
+        }
+    }
+
+    /// The JSON lines of one import.
+    func lines(round: Int) -> [String] {
+        bodies.enumerated().map { index, body in
+            #"{"_id":"\#(Self.id(index))","n":\#(index),"round":\#(round),"tags":[\#(index % 7),\#(index % 11)],"body":"\#(body)"}"#
+        }
+    }
+
+    /// The `round` of a document's JSON text, `nil` when it has none.
+    static func round(of json: String?) -> Int? {
+        guard let json, let range = json.range(of: #""round":"#) else { return nil }
+        return Int(json[range.upperBound...].prefix { $0.isNumber })
+    }
+
+    static func id(_ index: Int) -> String { String(format: "doc-%04d", index) }
+
+    /// Writes the lines of one import to `path`.
+    func write(round: Int, to path: String) throws {
+        try lines(round: round).joined(separator: "\n").write(toFile: path, atomically: true, encoding: .utf8)
+    }
+}
+
+/// What a store holds, read from outside the process that owns it (read-only; also while it runs).
+struct StoreSnapshot {
+    /// Every row of the collection by `_id` key: its `seq` and materialised JSON text.
+    var rows: [String: (seq: Int64, value: String?)] = [:]
+    /// The highest `seq` issued (the log's extent, ``DocumentStore/lastSeq``).
+    var lastSeq: Int64 = 0
+    /// The log's epoch.
+    var epoch: [UInt8] = []
+    /// The checkpoints held on the given peer's log, by subscription key.
+    var checkpoints: [String: Checkpoint] = [:]
+    /// Remote documents kept to retry.
+    var deferred: [DeferredDocument] = []
+
+    static let empty = StoreSnapshot()
+
+    /// Reads the store in `data` (`DIR/store.sqlite`), collection `items`.
+    ///
+    /// - Parameter peer: whose checkpoints to read.
+    init(_ data: String, peer: [UInt8]? = nil) throws {
+        let path = data + "/store.sqlite"
+        for row in try SQLiteFile.query(path, "SELECT id, seq, value FROM documents WHERE collection = 'items'") {
+            rows[row[0] ?? ""] = (Int64(row[1] ?? "") ?? -1, row[2])
+        }
+        var options = StoreOptions()
+        options.readOnly = true
+        options.log = { _ in }
+        let store = try DocumentStore(path: path, options: options)
+        defer { store.close() }
+        lastSeq = store.lastSeq
+        epoch = store.epoch
+        if let peer { checkpoints = try store.checkpoints(peer: peer) }
+        deferred = try store.deferredDocuments()
+    }
+
+    private init() {}
+
+    /// The number of live documents in `data`'s `items` (0 before the store exists).
+    static func count(_ data: String) -> Int {
+        let rows = try? SQLiteFile.query(
+            data + "/store.sqlite", "SELECT count(*) FROM documents WHERE collection = 'items' AND deleted = 0")
+        return rows.flatMap { Int($0.first?.first.flatMap { $0 } ?? "") } ?? 0
+    }
+
+    /// The only checkpoint (the tests subscribe once), if any.
+    var checkpoint: Checkpoint? { checkpoints.values.first }
+}
+
+/// Checks shared by the real-process tests.
+enum Consistency {
+    /// Faults of a receiver's store against the source's documents and its own earlier snapshot:
+    /// a row the source never had or with another value; a row of `earlier` gone or written again
+    /// (a new `seq`: a batch applied twice); two rows with one `seq`; the log's extent or the
+    /// checkpoint moving back; a checkpoint on another epoch than the source's, or covering a
+    /// source document the receiver does not hold (skipped, never to come).
+    static func faults(_ now: StoreSnapshot, source: StoreSnapshot, earlier: StoreSnapshot) -> [String] {
+        var faults: [String] = []
+        let foreign = now.rows.filter { key, row in source.rows[key]?.value != row.value }.keys.sorted()
+        if !foreign.isEmpty { faults.append("rows not as the source holds them: \(foreign.prefix(5))") }
+        let rewritten = earlier.rows.filter { key, row in now.rows[key]?.seq != row.seq }.keys.sorted()
+        if !rewritten.isEmpty {
+            faults.append(
+                "rows lost or applied again (new seq): "
+                    + rewritten.prefix(5).map { "\($0) \(earlier.rows[$0]!.seq) -> \(now.rows[$0]?.seq ?? -1)" }
+                    .joined(separator: ", "))
+        }
+        if Set(now.rows.values.map(\.seq)).count != now.rows.count { faults.append("two rows share a seq") }
+        if let top = now.rows.values.map(\.seq).max(), top > now.lastSeq {
+            faults.append("a row has seq \(top) above the log's extent \(now.lastSeq)")
+        }
+        if now.lastSeq < earlier.lastSeq { faults.append("lastSeq went back: \(earlier.lastSeq) -> \(now.lastSeq)") }
+        if let before = earlier.checkpoint {
+            guard let after = now.checkpoint else { return faults + ["the checkpoint disappeared"] }
+            if after.epoch == before.epoch, after.seq < before.seq {
+                faults.append("the checkpoint went back: \(before.seq) -> \(after.seq)")
+            }
+        }
+        if let checkpoint = now.checkpoint {
+            if checkpoint.epoch != source.epoch {
+                faults.append("the checkpoint is on another epoch than the source's")
+            }
+            let skipped = source.rows.filter { key, row in row.seq <= checkpoint.seq && now.rows[key] == nil }
+            if !skipped.isEmpty {
+                faults.append(
+                    "the checkpoint (seq \(checkpoint.seq)) covers \(skipped.count) documents never received: "
+                        + "\(skipped.keys.sorted().prefix(5))")
+            }
+        }
+        return faults
+    }
+}
+
+/// Writes a new mesh key in `dir` and returns its path.
+func makeMeshKey(in dir: TemporaryDirectory, _ name: String = "mesh.key") throws -> String {
+    let path = dir.path(name)
+    let result = try TrellisProcess.run(["keygen", path])
+    guard result.status == 0 else { throw ProcessError("keygen: \(result.stderr)") }
+    return path
+}
+
+/// Imports the lines of `workload` (round `round`) into `data` with `trellis import`.
+func importWorkload(_ workload: Workload, round: Int, into data: String, file: String) throws {
+    try workload.write(round: round, to: file)
+    let result = try TrellisProcess.run(["import", "--data", data, "items", file], timeout: 120)
+    guard result.status == 0 else { throw ProcessError("import into \(data): \(result.stderr)") }
+}
+
+/// Milliseconds since `start`.
+func millis(since start: Date) -> Int { Int(Date().timeIntervalSince(start) * 1000) }
+
+extension TrellisProcess {
+    /// Sends a shell command and returns what it printed, or `nil` when no answer came within
+    /// `timeout` seconds. The end of the answer is marked by a `get` of a document that does not
+    /// exist (it prints `null`).
+    func ask(_ command: String, timeout: Double = 10) -> String? {
+        let before = stdout.utf8.count
+        send(command)
+        send(#"get items "end-of-answer""#)
+        guard eventually(timeout: timeout, { stdout.utf8.count > before && stdout.hasSuffix("null\n") }) else {
+            return nil
+        }
+        let answer = String(decoding: stdout.utf8.dropFirst(before), as: UTF8.self)
+        return String(answer.dropLast("null\n".count))
+    }
+}
