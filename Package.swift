@@ -1,6 +1,17 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// libFuzzer entry points, one per decoder of untrusted input: Fuzz/Fuzz<Name>/Fuzz<Name>.swift calls its
+// check in TrellisTestKit's FuzzChecks (which the tests replay). scripts/fuzz.sh builds and runs them with
+// the sanitizers; docs/TESTING.md ("Fuzzing") says how to add one.
+let fuzzTargets: [Target] = [
+    "CBOR", "JSON", "Query", "DocumentState", "WireMessage", "Handshake", "VCard", "Frames", "Session",
+].map {
+    .executableTarget(
+        name: "Fuzz\($0)", dependencies: ["TrellisTestKit"], path: "Fuzz/Fuzz\($0)",
+        exclude: ["Corpus", "Regressions"])
+}
+
 let package = Package(
     name: "Trellis",
     platforms: [.macOS(.v15)],
@@ -43,7 +54,12 @@ let package = Package(
             name: "TrellisSimulation",
             dependencies: ["Trellis", "TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet"]),
         // Shared test helpers.
-        .target(name: "TrellisTestKit", dependencies: ["Trellis", "TrellisCore", "TrellisStore", "CSQLite"]),
+        .target(
+            name: "TrellisTestKit",
+            dependencies: [
+                "Trellis", "TrellisCore", "TrellisStore", "TrellisCrypto", "TrellisContacts", "ContactProvider",
+                "TrellisNet", "TrellisSync", "CSQLite",
+            ]),
 
         .executableTarget(
             name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider", "TrellisSimulation"]),
@@ -54,9 +70,6 @@ let package = Package(
                 "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
-        // libFuzzer entry point; see Fuzz/README.md for the build command.
-        .executableTarget(
-            name: "FuzzCBOR", dependencies: ["TrellisCore"], path: "Fuzz/FuzzCBOR", exclude: ["Regressions"]),
 
         .testTarget(name: "TrellisCoreTests", dependencies: ["TrellisCore", "TrellisTestKit"]),
         .testTarget(name: "TrellisStoreTests", dependencies: ["TrellisStore", "Trellis", "TrellisTestKit"]),
@@ -67,7 +80,7 @@ let package = Package(
         .testTarget(
             name: "TrellisContactsTests",
             dependencies: ["ContactProvider", "TrellisContacts", "TrellisStore", "Trellis", "TrellisTestKit"]),
-    ],
+    ] + fuzzTargets,
     swiftLanguageModes: [.v6]
 )
 

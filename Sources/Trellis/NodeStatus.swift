@@ -1,4 +1,4 @@
-public import Foundation
+import Foundation
 public import TrellisCore
 public import TrellisStore
 public import TrellisSync

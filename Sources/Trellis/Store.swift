@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 @_exported public import TrellisCore
 public import TrellisStore
-public import TrellisSync
+package import TrellisSync
 
 /// A document as returned by queries: its `_id` and its value (a map including `_id`).
 public struct Document: Sendable, Hashable, CustomStringConvertible {

@@ -108,20 +108,34 @@ public enum VCard {
     }
 
     /// Joins folded lines: a line break followed by a space or tab continues the line.
+    ///
+    /// Lines end at LF, CRLF or a lone CR (as in old Mac files), so no value holds a raw CR or LF;
+    /// the writer escapes newlines as `\n` and writes no other CR.
     static func unfold(_ text: String) -> [(String, Int)] {
+        var lines: [String.UnicodeScalarView] = []
+        var current = String.UnicodeScalarView()
+        var afterCR = false
+        for scalar in text.unicodeScalars {
+            if scalar == "\n" && afterCR {
+                afterCR = false
+                continue
+            }
+            afterCR = scalar == "\r"
+            if scalar == "\n" || scalar == "\r" {
+                lines.append(current)
+                current = String.UnicodeScalarView()
+            } else {
+                current.append(scalar)
+            }
+        }
+        lines.append(current)
         var result: [(String, Int)] = []
-        var number = 0
-        // Split on LF, keeping CR out; Character-wise splitting treats CRLF as one character.
-        let lines = text.unicodeScalars.split(separator: "\n", omittingEmptySubsequences: false)
-        for raw in lines {
-            number += 1
-            var scalars = String.UnicodeScalarView(raw)
-            if scalars.last == "\r" { scalars.removeLast() }
+        for (index, scalars) in lines.enumerated() {
             let line = String(scalars)
             if let first = line.unicodeScalars.first, first == " " || first == "\t", !result.isEmpty {
                 result[result.count - 1].0 += String(line.unicodeScalars.dropFirst())
             } else {
-                result.append((line, number))
+                result.append((line, index + 1))
             }
         }
         return result
@@ -185,33 +199,51 @@ public enum VCard {
 
     /// Splits on an unescaped separator, then unescapes each part (RFC 6350 §3.4).
     static func components(_ value: String, _ separator: Character = ";") -> [String] {
+        split(value, at: separator).map(unescape)
+    }
+
+    /// Splits on every `separator` that is not escaped by a backslash, keeping the escapes as they
+    /// are (so a structured value can be split again: `N` parts hold comma-separated lists).
+    static func split(_ value: String, at separator: Character) -> [String] {
         var parts: [String] = []
         var current = ""
         var escaped = false
         for c in value {
             if escaped {
-                switch c {
-                case "n", "N": current.append("\n")
-                default: current.append(c)
-                }
                 escaped = false
             } else if c == "\\" {
                 escaped = true
             } else if c == separator {
                 parts.append(current)
                 current = ""
-            } else {
-                current.append(c)
+                continue
             }
+            current.append(c)
         }
-        if escaped { current.append("\\") }
         parts.append(current)
         return parts
     }
 
-    /// Unescapes a text value (`\n`, `\,`, `\;`, `\\`).
+    /// Unescapes a text value (`\n`, `\,`, `\;`, `\\`; any other escaped character stands for
+    /// itself, and a trailing backslash is kept).
     static func unescape(_ value: String) -> String {
-        components(value, "\u{0}").joined()
+        var out = ""
+        var escaped = false
+        for c in value {
+            if escaped {
+                switch c {
+                case "n", "N": out.append("\n")
+                default: out.append(c)
+                }
+                escaped = false
+            } else if c == "\\" {
+                escaped = true
+            } else {
+                out.append(c)
+            }
+        }
+        if escaped { out.append("\\") }
+        return out
     }
 
     static func label(_ params: [String: [String]]) -> String? {
@@ -247,7 +279,7 @@ public enum VCard {
                 uid = v.isEmpty ? nil : v
             case "FN": formatted = unescape(l.value)
             case "N":
-                let n = components(l.value)
+                let n = split(l.value, at: ";")
                 func part(_ i: Int) -> String {
                     i < n.count ? components(n[i], ",").filter { !$0.isEmpty }.joined(separator: " ") : ""
                 }
@@ -302,10 +334,15 @@ public enum VCard {
             }
         }
         guard version != nil else { throw VCardError(line: line, message: "card has no VERSION") }
-        if c.givenName.isEmpty && c.familyName.isEmpty && c.organizationName.isEmpty && !formatted.isEmpty {
+        let id = uid ?? UUID().uuidString.lowercased()
+        // A card named only by FN keeps that name as the given name, unless FN is what export would
+        // write anyway (name parts, nickname, email or UID), so exporting and importing again is stable.
+        if c.givenName.isEmpty && c.familyName.isEmpty && c.organizationName.isEmpty && !formatted.isEmpty
+            && formatted != formattedName(c, uid: id)
+        {
             c.givenName = formatted
         }
-        return VCardContact(uid: uid ?? UUID().uuidString.lowercased(), contact: c, line: line)
+        return VCardContact(uid: id, contact: c, line: line)
     }
 
     static func birthday(_ text: String) -> DateComponents? {
@@ -366,8 +403,15 @@ public enum VCard {
         case CNLabelPhoneNumberMobile: return ";TYPE=cell"
         case CNLabelOther: return ";TYPE=other"
         default:
-            let safe = label.filter { $0.isLetter || $0.isNumber || $0 == "-" || $0 == " " }
-            return safe.isEmpty ? "" : ";TYPE=\"\(safe)\""
+            // Written as the reader will take it back: letters, digits, '-' and spaces, lower case;
+            // a name the reader ignores (`pref`, `voice`, ...) or maps (`cell`, `home`, ...) is
+            // written as what it reads as.
+            let safe = String(label.lowercased().filter { $0.isLetter || $0.isNumber || $0 == "-" || $0 == " " })
+            guard let reread = Self.label(["TYPE": [safe]]) else { return "" }
+            switch reread {
+            case CNLabelHome, CNLabelWork, CNLabelPhoneNumberMobile, CNLabelOther: return typeParam(reread)
+            default: return ";TYPE=\"\(reread)\""
+            }
         }
     }
 
@@ -411,8 +455,15 @@ public enum VCard {
             lines.append("ORG:" + escape(c.organizationName) + dept)
         }
         if !c.jobTitle.isEmpty { lines.append("TITLE:" + escape(c.jobTitle)) }
-        for p in c.phoneNumbers { lines.append("TEL" + typeParam(p.label) + ":" + escape(p.value)) }
-        for e in c.emailAddresses { lines.append("EMAIL" + typeParam(e.label) + ":" + escape(e.value)) }
+        // The reader takes a `tel:` or `mailto:` URI prefix off; a value that starts with one itself
+        // is written with one more.
+        func uri(_ scheme: String, _ value: String) -> String {
+            value.lowercased().hasPrefix(scheme) ? scheme + value : value
+        }
+        for p in c.phoneNumbers { lines.append("TEL" + typeParam(p.label) + ":" + escape(uri("tel:", p.value))) }
+        for e in c.emailAddresses {
+            lines.append("EMAIL" + typeParam(e.label) + ":" + escape(uri("mailto:", e.value)))
+        }
         for a in c.postalAddresses {
             let v = a.value
             let parts = ["", "", v.street, v.city, v.state, v.postalCode, v.country].map(escape)

@@ -1,4 +1,4 @@
-public import TrellisCore
+import TrellisCore
 
 /// A fault a ``RandomWorkload`` may inject.
 public enum SimulatedFault: String, CaseIterable, Sendable, Comparable {

@@ -1,6 +1,6 @@
 internal import CSQLite
 import Foundation
-public import TrellisCore
+import TrellisCore
 
 // Scope tracking: which documents a query subscription may hold although they no longer match it.
 //

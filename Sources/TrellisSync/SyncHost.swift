@@ -1,5 +1,5 @@
 public import TrellisCore
-public import TrellisStore
+import TrellisStore
 
 /// What a ``SyncHost`` needs from the local store. ``DocumentStore`` provides it; the protocol
 /// keeps the host's contract in one place.

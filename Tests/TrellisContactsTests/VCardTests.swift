@@ -153,6 +153,42 @@ struct VCardTests {
         #expect(VCard.parse(folded).contacts.first?.contact.givenName == wide.givenName)
     }
 
+    @Test("values the writer and reader could once disagree on come back as written")
+    func awkwardValuesRoundTrip() throws {
+        var c = CNContact()
+        c.givenName = "Smith, Jr"  // a comma inside one name part
+        c.familyName = "O;Brien\\"
+        c.phoneNumbers = [CNLabeledValue(label: "voice", value: "tel:123")]  // an ignored TYPE; a tel: value
+        c.emailAddresses = [CNLabeledValue(label: "Private \"Box\"", value: "MAILTO:x@example.org")]
+        let text = VCard.serialize(c, uid: "awkward")
+        let back = try #require(VCard.parse(text).contacts.first)
+        #expect(back.contact.givenName == "Smith, Jr")
+        #expect(back.contact.familyName == "O;Brien\\")
+        #expect(back.contact.phoneNumbers == [CNLabeledValue(label: nil, value: "tel:123")])
+        #expect(back.contact.emailAddresses == [CNLabeledValue(label: "private box", value: "MAILTO:x@example.org")])
+        #expect(VCard.serialize(back.contact, uid: back.uid) == text)
+    }
+
+    @Test("a lone CR ends a line, as LF and CRLF do")
+    func loneCarriageReturn() throws {
+        let (cards, errors) = VCard.parse("BEGIN:VCARD\rVERSION:3.0\rUID:mac\rN:Doe;Jo;;;\rEND:VCARD\r")
+        #expect(errors.isEmpty)
+        #expect(cards.map(\.uid) == ["mac"])
+        #expect(cards.first?.contact.givenName == "Jo")
+    }
+
+    @Test("FN becomes the given name only when it says more than export would")
+    func formattedNameAsGivenName() throws {
+        let named = VCard.parse("BEGIN:VCARD\nVERSION:4.0\nUID:u1\nFN:Ada\nEND:VCARD\n").contacts
+        #expect(named.first?.contact.givenName == "Ada")
+        // Export writes the UID (or nickname, email) as FN when there is no name: not a name.
+        let unnamed = VCard.serialize(CNContact(), uid: "u2")
+        #expect(unnamed.contains("FN:u2\r\n"))
+        let back = try #require(VCard.parse(unnamed).contacts.first)
+        #expect(back.contact.givenName.isEmpty)
+        #expect(VCard.serialize(back.contact, uid: back.uid) == unnamed)
+    }
+
     @Test("import then export through the store keeps the contacts")
     func importExport() throws {
         let f = try ContactsFixture()

@@ -354,6 +354,48 @@ import TrellisCore
         #expect(stores(new) == true)
     }
 
+    /// A batch the store postpones (too many of the peer's documents wait to be retried) is not
+    /// acknowledged; the batches already in flight behind it must not move the checkpoint past
+    /// it: the subscription is asked again from the last stored checkpoint under a new
+    /// generation, and only batches of that generation store their checkpoint.
+    @Test func batchesBehindAPostponedOneDoNotSkipIt() throws {
+        var r = established(checkpoints: ["cars\u{1F}true\u{1F}{}": Checkpoint(epoch: Self.epochB, seq: 20)])
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        func stores(_ d: [ReplicatorDirective]) -> Bool? {
+            d.compactMap { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { nil } }.first
+        }
+        let first = r.received(.batch(subscription: spec.key, documents: [], upTo: 30, generation: 0), on: link, now: 1)
+        #expect(stores(first) == true)
+        _ = r.applied(link, subscription: spec.key, upTo: 30, checkpointStored: true, deferred: 0, now: 1)
+        let postponed = r.received(
+            .batch(subscription: spec.key, documents: [], upTo: 40, generation: 0), on: link, now: 2)
+        #expect(stores(postponed) == true)
+        let asked = r.applyPostponed(link, subscription: spec.key, reason: "limit", now: 2)
+        let resent = Self.sent(asked).compactMap { m -> [WireSubscription]? in
+            if case .subscriptions(let subs, _) = m { subs } else { nil }
+        }
+        #expect(resent.count == 1)
+        #expect(resent.first?.first?.since == 30)
+        #expect(resent.first?.first?.generation != 0)
+        // A batch sent before the peer saw the new request: merged, checkpoint not stored.
+        let behind = r.received(
+            .batch(subscription: spec.key, documents: [], upTo: 50, generation: 0), on: link, now: 3)
+        #expect(stores(behind) == false)
+        let again = r.received(
+            .batch(subscription: spec.key, documents: [], upTo: 40, generation: resent[0][0].generation), on: link,
+            now: 4)
+        #expect(stores(again) == true)
+    }
+
+    /// Documents deferred in an earlier run are retried soon after start, not only once this run
+    /// defers another one.
+    @Test func documentsDeferredBeforeARestartAreRetried() {
+        var r = replicator()
+        let directives = r.tick(now: 10_000)
+        #expect(directives.contains { if case .retryDeferred = $0 { true } else { false } })
+    }
+
     // MARK: Item 6: regressed log
 
     @Test func aPeerHoldingACheckpointBeyondThisLogRotatesIt() {
@@ -448,6 +490,7 @@ import TrellisCore
 
     @Test func aStaticPeerIsDialedWithBackoffAndNotWhileASessionExists() throws {
         var r = replicator()
+        r.deferredRetried(remaining: 0, now: 0)  // nothing deferred from an earlier run
         #expect(r.addPeer("b:4040", now: 0) == [.dial("b:4040")])
         #expect(r.tick(now: 100).isEmpty)  // already dialing
         _ = r.dialFailed("b:4040", reason: "refused", now: 100)

@@ -18,7 +18,11 @@ import TrellisTestKit
         let identity = KeyPair.generate()
         let engine = try SyncEngine(store: store, peerKey: identity.publicKey)
         return (
-            MeshNetwork(engine: engine, identity: identity, meshKey: meshKey, handshakeTimeout: handshakeTimeout), store
+            MeshNetwork(
+                engine: engine, identity: identity, meshKey: meshKey, handshakeTimeout: handshakeTimeout,
+                log: { message in
+                    if message.contains("accept") || message.contains("too many") { print("server: \(message)") }
+                }), store
         )
     }
 
@@ -67,7 +71,9 @@ import TrellisTestKit
         var accepted: Set<String> = []
         for _ in 0..<10 {
             let clients = try (0..<20).map { _ in try TCPSocket.connect(to: Endpoint(host: "127.0.0.1", port: port)) }
-            #expect(eventually { !acceptedSocketInodes(localPort: port).isEmpty })
+            #expect(
+                eventually { !acceptedSocketInodes(localPort: port).isEmpty },
+                "no accepted socket; sockets on port \(port) by state and inode: \(socketStates(port: port))")
             let round = acceptedSocketInodes(localPort: port)
             accepted.formUnion(round)
             for client in clients { client.close() }
@@ -168,6 +174,26 @@ func acceptedSocketInodes(localPort: UInt16) -> Set<String> {
         }
     }
     return inodes
+}
+
+/// The sockets whose local or remote port is `port`: (local?, state, inode) counts, for failure
+/// messages.
+func socketStates(port: UInt16) -> [String: Int] {
+    var counts: [String: Int] = [:]
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        guard let text = try? String(contentsOfFile: table, encoding: .utf8) else { continue }
+        for line in text.split(separator: "\n").dropFirst() {
+            let fields = line.split(separator: " ")
+            guard fields.count > 9 else { continue }
+            func portOf(_ field: Substring) -> UInt16? {
+                field.lastIndex(of: ":").flatMap { UInt16(field[field.index(after: $0)...], radix: 16) }
+            }
+            let side = portOf(fields[1]) == port ? "local" : portOf(fields[2]) == port ? "remote" : nil
+            guard let side else { continue }
+            counts["\(side) st=\(fields[3]) inode=\(fields[9] == "0" ? "0" : "set")", default: 0] += 1
+        }
+    }
+    return counts
 }
 
 /// How many of this process's descriptors (/proc/self/fd) refer to one of these socket inodes.

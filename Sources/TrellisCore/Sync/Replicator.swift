@@ -19,7 +19,9 @@ public struct Replicator: Sendable {
     private var endpoints: [String: Endpoint] = [:]
     private var queries: [UTF8Key: QueryResult] = [:]
     private var lastRotation: Millis?
-    private var deferredPending = false
+    /// Whether deferred documents may wait in the store. `true` at start: documents deferred in
+    /// an earlier run are retried on the first tick (the retry reports how many remain).
+    private var deferredPending = true
     private var nextDeferredRetry: Millis = 0
     private var stopped = false
 
@@ -434,8 +436,10 @@ public struct Replicator: Sendable {
     }
 
     /// The store could not take a batch now because too many of this peer's documents already
-    /// wait to be retried: the batch is not acknowledged, so the peer sends it again after
-    /// ``ReplicatorConfiguration/ackTimeout``, by which time retries have made room.
+    /// wait to be retried. The batch is not acknowledged, and the subscription is asked again
+    /// from its last stored checkpoint under a new generation: batches already in flight behind
+    /// the postponed one are merged without storing their checkpoint, so the checkpoint never
+    /// passes the postponed documents; the peer sends them again from that checkpoint.
     public mutating func applyPostponed(_ link: LinkID, subscription key: String, reason: String, now: Millis)
         -> [ReplicatorDirective]
     {
@@ -443,7 +447,14 @@ public struct Replicator: Sendable {
             deferredPending = true
             nextDeferredRetry = now
         }
-        return [.log("postponed a batch from \(sessions[link]?.address ?? "a peer"): \(reason)")]
+        var directives: [ReplicatorDirective] = [
+            .log("postponed a batch from \(sessions[link]?.address ?? "a peer"): \(reason)")
+        ]
+        let name = UTF8Key(key)
+        guard sessions[link]?.phase == .established, sessions[link]?.asked[name] != nil else { return directives }
+        sessions[link]!.resyncs[name, default: 0] &+= 1
+        directives += sendAsked(link, now: now)
+        return directives
     }
 
     /// A merge failed as a whole (disk full, I/O error): nothing was applied or acknowledged;
@@ -716,7 +727,10 @@ public struct Replicator: Sendable {
             let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
             sessions[link]!.echo[echoKey] = StateDigest(document.state)
         }
-        let current = generations[UTF8Key(collection)] ?? 0
+        // Only a batch of the generation asked for stores its checkpoint: one sent before an
+        // eviction or a postponed batch made this node ask again from an earlier point would
+        // otherwise move the checkpoint past documents not applied.
+        let current = asked.generation
         let holders = s.served.keys.sorted().compactMap { key -> SubscriptionSpec? in
             let spec = s.served[key]!.spec
             return !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection) ? spec : nil
@@ -796,7 +810,7 @@ public struct Replicator: Sendable {
             list.append(
                 WireSubscription(
                     spec: entry.spec, since: since, hops: entry.hops,
-                    generation: generations[UTF8Key(entry.spec.collection)] ?? 0))
+                    generation: (generations[UTF8Key(entry.spec.collection)] ?? 0) &+ (s.resyncs[key] ?? 0)))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change.
@@ -869,6 +883,10 @@ extension Replicator {
         var asked: [UTF8Key: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
         var askedVersion: UInt64 = 0
+        /// Per asked subscription, how often it was asked again after a postponed batch: added to
+        /// the collection's rescan generation in what is asked, so that batches sent before the
+        /// peer saw the new request do not store their checkpoint.
+        var resyncs: [UTF8Key: UInt32] = [:]
         var remoteErrors: [UTF8Key: String] = [:]
         /// States received on this session, for echo suppression.
         var echo: [EchoKey: StateDigest] = [:]

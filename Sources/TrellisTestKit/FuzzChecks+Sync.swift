@@ -1,0 +1,194 @@
+import Foundation
+import TrellisCore
+import TrellisNet
+import TrellisStore
+import TrellisSync
+
+// Fuzz checks for the sync path: the link framing and a sync session fed whatever a peer sends.
+
+extension FuzzChecks {
+    // MARK: Frames
+
+    /// `FrameDecoder` (2-byte Noise frames) and `MessageAssembler` (4-byte application messages),
+    /// docs/PROTOCOL.md §1. The first input byte chooses how the rest is cut into reads (as TCP
+    /// may cut it); the messages out must not depend on the cut, the decoder holds at most one
+    /// unfinished frame, and the assembler refuses a length above its limit at the same message
+    /// whatever the cut.
+    public static func frames(_ input: [UInt8]) throws(FuzzCheckFailure) {
+        let fail = failing("FuzzFrames", input)
+        guard let first = input.first else { return }
+        let stream = Array(input.dropFirst())
+        var cuts: [Int] = []
+        var random = SplitMix64(seed: UInt64(first))
+        var at = 0
+        while at < stream.count {
+            let step = first & 1 == 0 ? 1 + Int(random.next() % 7) : 1 + Int(random.next() % 300)
+            at = min(stream.count, at + step)
+            cuts.append(at)
+        }
+
+        // 2-byte frames: whole stream at once vs cut into reads.
+        var whole: [[UInt8]] = []
+        var decoder = FrameDecoder()
+        decoder.feed(stream[...]) { whole.append($0) }
+        var pieces: [[UInt8]] = []
+        var cutDecoder = FrameDecoder()
+        var start = 0
+        for end in cuts {
+            cutDecoder.feed(stream[start..<end]) { pieces.append($0) }
+            guard cutDecoder.bufferedBytes <= 65_536 + 1 else {
+                throw fail("FrameDecoder holds \(cutDecoder.bufferedBytes) bytes, more than one frame")
+            }
+            start = end
+        }
+        guard whole == pieces else {
+            throw fail("FrameDecoder gave \(whole.count) frames at once but \(pieces.count) when cut")
+        }
+        guard decoder.bufferedBytes == cutDecoder.bufferedBytes else {
+            throw fail("FrameDecoder keeps \(decoder.bufferedBytes) vs \(cutDecoder.bufferedBytes) bytes")
+        }
+        var consumed = 0
+        for frame in whole { consumed += 2 + frame.count }
+        guard consumed + decoder.bufferedBytes == stream.count else {
+            throw fail(
+                "FrameDecoder lost bytes: \(consumed) in frames + \(decoder.bufferedBytes) held of \(stream.count)")
+        }
+
+        // 4-byte messages with a small limit, so that both outcomes are reached.
+        let limit = Int(first) * 64
+        func assemble(_ reads: [ArraySlice<UInt8>]) -> (messages: [[UInt8]], error: FramingError?) {
+            var assembler = MessageAssembler(limit: limit)
+            var messages: [[UInt8]] = []
+            for read in reads {
+                do {
+                    try assembler.append(Array(read)) { messages.append($0) }
+                } catch {
+                    return (messages, error)
+                }
+            }
+            return (messages, nil)
+        }
+        var reads: [ArraySlice<UInt8>] = []
+        start = 0
+        for end in cuts {
+            reads.append(stream[start..<end])
+            start = end
+        }
+        let once = assemble([stream[...]])
+        let cut = assemble(reads)
+        guard once.messages == cut.messages, once.error == cut.error else {
+            throw fail(
+                "MessageAssembler gave \(once.messages.count) messages (\(String(describing: once.error))) at once but "
+                    + "\(cut.messages.count) (\(String(describing: cut.error))) when cut")
+        }
+        for message in once.messages where message.count > limit {
+            throw fail("MessageAssembler delivered \(message.count) bytes above its \(limit)-byte limit")
+        }
+    }
+
+    // MARK: Sync session
+
+    /// A sync session fed what a peer sends: a real ``DocumentStore`` (in memory, fixed clock and
+    /// seed) behind a ``SyncHost`` and its ``Replicator``, one link from a fixed peer key.
+    ///
+    /// The input is a sequence of messages, each a 2-byte big-endian length and that many bytes
+    /// (a short tail is one message); each is handed to the host as the link delivered it, then the
+    /// host runs its scans and its clock moves 0.1 s. The first input byte's low bit sends a valid
+    /// `hello` first, so that the fuzzer reaches the messages after it. Checks: nothing traps, and
+    /// everything this node sends decodes as a ``WireMessage`` (never a malformed reply), no
+    /// message follows the close of the link, and the store still answers queries.
+    public static func session(_ input: [UInt8]) throws(FuzzCheckFailure) {
+        let fail = failing("FuzzSession", input)
+        guard let flags = input.first else { return }
+        let clock = FuzzClock()
+        var options = StoreOptions()
+        options.now = { clock.wall }
+        let random = FuzzRandom()
+        options.random = { random.next() }
+        options.log = { _ in }
+        options.durability = .normal
+        guard let store = try? DocumentStore(path: ":memory:", options: options) else {
+            throw fail("an in-memory store does not open")
+        }
+        defer { store.close() }
+        _ = try? store.upsert([["_id": "a", "n": 1], ["_id": "b", "tags": ["x"]]], in: "items")
+        try? store.remove(id: "b", in: "items")
+        let transport = FuzzTransport()
+        let peerKey = [UInt8](repeating: 9, count: 32)
+        guard
+            let host = try? SyncHost(
+                configuration: ReplicatorConfiguration(peerKey: [UInt8](repeating: 1, count: 32)), store: store,
+                transport: transport, seed: 1, now: { clock.monotonic }, log: { _ in })
+        else { throw fail("the host does not start") }
+        try? host.subscribe(SubscriptionSpec(collection: "items"))
+        try? host.subscribe(SubscriptionSpec(collection: "notes", query: "n > 0"))
+        let link = LinkID(1)
+        host.linkOpened(link, peerKey: peerKey, initiator: flags & 2 != 0, address: "fuzz", endpoint: nil)
+        if flags & 1 == 1 {
+            let hello = WireMessage.hello(
+                Hello(version: 2, peerKey: peerKey, site: 0x5EED, epoch: [UInt8](repeating: 4, count: 16), nonce: 3))
+            host.received(hello.serialized(), on: link)
+        }
+        var index = 1
+        while index < input.count {
+            var length = input.count - index
+            if input.count - index >= 2 {
+                length = min(Int(input[index]) << 8 | Int(input[index + 1]), input.count - index - 2)
+                index += 2
+            }
+            host.received(Array(input[index..<(index + length)]), on: link)
+            index += length
+            if transport.closedAfter != nil {
+                host.linkClosed(link, reason: "closed by this node")
+                break
+            }
+            host.runScans()
+            clock.advance(100)
+            host.tick()
+        }
+        host.runScans()
+        clock.advance(60_000)
+        host.tick()
+        host.runScans()
+        for (n, message) in transport.sent.enumerated() {
+            guard (try? WireMessage(serialized: message)) != nil else {
+                throw fail("message \(n) sent to the peer does not decode: \(hex(message))")
+            }
+        }
+        if let closedAt = transport.closedAfter, transport.sent.count > closedAt {
+            throw fail("\(transport.sent.count - closedAt) messages sent after the link was closed")
+        }
+        guard (try? store.count(in: "items")) != nil else { throw fail("the store no longer answers") }
+        host.stop()
+    }
+}
+
+/// The fuzzed session's clocks: wall time for the store, monotonic for the replicator.
+private final class FuzzClock: @unchecked Sendable {
+    private(set) var monotonic: Millis = 1_000
+    var wall: UInt64 { 1_800_000_000_000 + UInt64(monotonic) }
+    func advance(_ ms: Millis) { monotonic += ms }
+}
+
+/// A fixed sequence of random numbers for the fuzzed store.
+private final class FuzzRandom: @unchecked Sendable {
+    private var generator = SplitMix64(seed: 42)
+    func next() -> UInt64 { generator.next() }
+}
+
+/// Records what the host sends and whether it closed the link.
+private final class FuzzTransport: SyncTransport {
+    var sent: [[UInt8]] = []
+    var closedAfter: Int?
+
+    func send(_ bytes: [UInt8], on link: LinkID) -> Bool {
+        sent.append(bytes)
+        return false
+    }
+
+    func close(_ link: LinkID, reason: String) {
+        if closedAfter == nil { closedAfter = sent.count }
+    }
+
+    func dial(_ endpoint: String) {}
+}
