@@ -68,9 +68,6 @@ public final class TrellisProcess: Sendable {
         try? input.fileHandleForWriting.close()
     }
 
-    /// The process ID.
-    public var pid: pid_t { process.processIdentifier }
-
     /// Whether the process is still running (a stopped process is running).
     public var isRunning: Bool { process.isRunning }
 

@@ -60,23 +60,25 @@ struct StoreSnapshot {
 
     static let empty = StoreSnapshot()
 
-    /// Reads the store in `data` (`DIR/store.sqlite`), collection `items`.
+    /// Reads the store in `data` (`DIR/store.sqlite`), collection `items`. While a node writes
+    /// it, the checkpoints are read first and the log's extent last, so the rows cover what the
+    /// checkpoints cover and `lastSeq` covers every row.
     ///
     /// - Parameter peer: whose checkpoints to read.
     init(_ data: String, peer: [UInt8]? = nil) throws {
         let path = data + "/store.sqlite"
-        for row in try SQLiteFile.query(path, "SELECT id, seq, value FROM documents WHERE collection = 'items'") {
-            rows[row[0] ?? ""] = (Int64(row[1] ?? "") ?? -1, row[2])
-        }
         var options = StoreOptions()
         options.readOnly = true
         options.log = { _ in }
         let store = try DocumentStore(path: path, options: options)
         defer { store.close() }
-        lastSeq = store.lastSeq
         epoch = store.epoch
         if let peer { checkpoints = try store.checkpoints(peer: peer) }
         deferred = try store.deferredDocuments()
+        for row in try SQLiteFile.query(path, "SELECT id, seq, value FROM documents WHERE collection = 'items'") {
+            rows[row[0] ?? ""] = (Int64(row[1] ?? "") ?? -1, row[2])
+        }
+        lastSeq = store.lastSeq
     }
 
     private init() {}
