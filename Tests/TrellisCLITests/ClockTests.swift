@@ -126,8 +126,7 @@ struct ClockTests {
     /// stamps it read).
     @Test(arguments: [false, true])
     func aNodeWhoseClockIsBehindDefersAndAppliesOnceItIsRight(restart: Bool) throws {
-        var (rng, seed) = SeededRandom.fromEnvironment(default: .random(in: .min ... .max))
-        print("F21 (restart: \(restart)): seed \(seed)")
+        var rng = seededRandom("F21 (restart: \(restart))")
         let key = try makeMeshKey(in: dir)
         let a = dir.path("A")
         try importWorkload(

@@ -16,8 +16,7 @@ import TrellisTestKit
     /// log only advances and never covers a document B lacks. At the end B holds exactly A's
     /// 5,000 documents.
     @Test func killingAPullingNodeFiftyTimesLosesNothingAndAppliesNothingTwice() throws {
-        var (rng, seed) = SeededRandom.fromEnvironment(default: .random(in: .min ... .max))
-        print("F05 pull: seed \(seed) (replay with TRELLIS_SEED=\(seed))")
+        var rng = seededRandom("F05 pull")
         let started = Date()
         let key = try makeMeshKey(in: dir)
         let a = dir.path("A")
@@ -103,8 +102,7 @@ import TrellisTestKit
     /// each document once (one new `seq` each, above every earlier one). At the end a last
     /// import leaves exactly the 5,000 documents of its round.
     @Test func killingAnImportFiftyTimesLeavesAllOrNothingAndLosesNothingAcknowledged() throws {
-        var (rng, seed) = SeededRandom.fromEnvironment(default: .random(in: .min ... .max))
-        print("F05 import: seed \(seed) (replay with TRELLIS_SEED=\(seed))")
+        var rng = seededRandom("F05 import")
         let started = Date()
         let workload = Workload(count: 5_000, large: false, using: &rng)
         let file = dir.path("round.jsonl")
@@ -178,8 +176,7 @@ import TrellisTestKit
     /// checkpoint, on the same epoch of the sender's log, so at most the documents after it are
     /// sent again (the count is printed; the CLI does not report what was re-sent).
     @Test func aSenderRestartedMidTransferResumesFromTheCheckpoint() throws {
-        var (rng, seed) = SeededRandom.fromEnvironment(default: .random(in: .min ... .max))
-        print("F15 b: seed \(seed) (replay with TRELLIS_SEED=\(seed))")
+        var rng = seededRandom("F15 b")
         let key = try makeMeshKey(in: dir)
         let (a, b) = (dir.path("A"), dir.path("B"))
         try importWorkload(Workload(count: 5_000, using: &rng), round: 0, into: a, file: dir.path("docs.jsonl"))

@@ -153,6 +153,14 @@ func importWorkload(_ workload: Workload, round: Int, into data: String, file: S
     guard result.status == 0 else { throw ProcessError("import into \(data): \(result.stderr)") }
 }
 
+/// The generator of a randomised test: seeded from `TRELLIS_SEED` when set, else at random; the
+/// seed is printed with the way to replay it.
+func seededRandom(_ test: String) -> SeededRandom {
+    let (rng, seed) = SeededRandom.fromEnvironment(default: .random(in: .min ... .max))
+    print("\(test): seed \(seed) (replay with TRELLIS_SEED=\(seed))")
+    return rng
+}
+
 /// Milliseconds since `start`.
 func millis(since start: Date) -> Int { Int(Date().timeIntervalSince(start) * 1000) }
 
