@@ -4,31 +4,54 @@ import Glibc
 
 /// Checks an SQLite database file the way an operator would after a crash.
 public enum SQLiteFile {
-    /// `PRAGMA integrity_check` on `path`, opened read-only (nothing is written, not even a WAL
-    /// checkpoint): `"ok"` for a sound file, otherwise SQLite's findings, one per line.
+    /// `PRAGMA integrity_check` on `path` (opened as ``query(_:_:_:)`` does): `"ok"` for a sound
+    /// file, otherwise SQLite's findings, one per line.
     ///
-    /// - Throws: ``ProcessError`` when the file cannot be opened or the pragma fails.
+    /// - Throws: when the file cannot be opened or the pragma fails.
     public static func integrityCheck(_ path: String) throws -> String {
         try query(path, "PRAGMA integrity_check").map { $0.first.flatMap { $0 } ?? "" }.joined(separator: "\n")
     }
 
-    /// Runs one read-only statement on `path` (opened read-only; also while another process
-    /// writes it, as WAL allows) and returns every row, each column as text (`NULL` as `nil`).
+    /// Runs one read-only statement on `path` and returns every row, each column as text (`NULL`
+    /// as `nil`).
+    ///
+    /// The file is opened read-only (also while another process writes it, as WAL allows). A WAL
+    /// database whose `-shm` file is missing (left by a process killed while it set the file up)
+    /// cannot be read that way; it is then opened read-write, which recovers it as the next node
+    /// to open it would.
     ///
     /// - Parameter bindings: text values for the statement's `?` parameters, in order.
     /// - Throws: ``ProcessError`` naming the file and SQLite's message.
     public static func query(_ path: String, _ sql: String, _ bindings: [String] = []) throws -> [[String?]] {
+        do {
+            return try query(path, sql, bindings, flags: SQLITE_OPEN_READONLY)
+        } catch let error as SQLiteFailure where [SQLITE_READONLY, SQLITE_CANTOPEN].contains(error.code & 0xFF) {
+            return try query(path, sql, bindings, flags: SQLITE_OPEN_READWRITE)
+        }
+    }
+
+    struct SQLiteFailure: Error, CustomStringConvertible {
+        var code: Int32
+        var description: String
+    }
+
+    static func query(_ path: String, _ sql: String, _ bindings: [String], flags: Int32) throws -> [[String?]] {
         var db: OpaquePointer?
         defer { sqlite3_close_v2(db) }
-        guard sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, nil) == SQLITE_OK, let db else {
-            throw ProcessError("cannot open \(path): \(db.map { String(cString: sqlite3_errmsg($0)) } ?? "no memory")")
+        let opened = sqlite3_open_v2(path, &db, flags, nil)
+        guard opened == SQLITE_OK, let db else {
+            throw SQLiteFailure(
+                code: opened,
+                description: "cannot open \(path): \(db.map { String(cString: sqlite3_errmsg($0)) } ?? "no memory")")
         }
         sqlite3_busy_timeout(db, 10_000)
+        func failure(_ code: Int32) -> SQLiteFailure {
+            SQLiteFailure(code: code, description: "\(sql) on \(path): \(String(cString: sqlite3_errmsg(db)))")
+        }
         var statement: OpaquePointer?
         defer { sqlite3_finalize(statement) }
-        guard sqlite3_prepare_v2(db, sql, -1, &statement, nil) == SQLITE_OK else {
-            throw ProcessError("\(sql) on \(path): \(String(cString: sqlite3_errmsg(db)))")
-        }
+        let prepared = sqlite3_prepare_v2(db, sql, -1, &statement, nil)
+        guard prepared == SQLITE_OK else { throw failure(prepared) }
         for (index, value) in bindings.enumerated() {
             trellis_sqlite3_bind_text_transient(statement, Int32(index + 1), value, -1)
         }
@@ -36,9 +59,7 @@ public enum SQLiteFile {
         while true {
             let rc = sqlite3_step(statement)
             if rc == SQLITE_DONE { break }
-            guard rc == SQLITE_ROW else {
-                throw ProcessError("\(sql) on \(path): \(String(cString: sqlite3_errmsg(db)))")
-            }
+            guard rc == SQLITE_ROW else { throw failure(rc) }
             rows.append(
                 (0..<sqlite3_column_count(statement)).map { column in
                     sqlite3_column_text(statement, column).map { String(cString: $0) }

@@ -8,7 +8,8 @@ import TrellisTestKit
 /// timestamp file and changed while it runs.
 @Suite(
     .serialized,
-    .enabled(if: FakeClock.isAvailable, "libfaketime or a C compiler is missing; scripts/setup.sh installs faketime"))
+    .enabled(
+        if: FakeClock.isAvailable, "libfaketime or a C compiler is missing; scripts/setup.sh installs faketime"))
 struct ClockTests {
     let dir = TemporaryDirectory("trellis-clocks")
     static let day = 86_400
@@ -45,7 +46,7 @@ struct ClockTests {
     /// +1 day 2 min) the deferred documents are applied and the three nodes hold the same `d1`
     /// and `d2` (A's stamps are the latest, so A's `from` wins; B's `b` stays), with nothing
     /// deferred.
-    @Test func skewedClocksDeferAndThenConverge() throws {
+    @Test func skewedClocksDeferAndThenConverge() async throws {
         let key = try makeMeshKey(in: dir)
         let clocks = try [("A", Self.day), ("B", -365 * Self.day), ("C", 0)].map { name, offset in
             try FakeClock(in: dir, name: name, offset: offset)
@@ -56,17 +57,17 @@ struct ClockTests {
         let portB = try #require(b.listeningPort(), "B: \(b.stderr)")
         let c = try shell("C", clocks[2], key: key, listen: false, peers: [portA, portB])
         let nodes = [a, b, c]
-        #expect(eventually { nodes.allSatisfy { $0.stderrCount(of: "session established") >= 2 } })
+        #expect(await waitUntil { nodes.allSatisfy { $0.stderrCount(of: "session established") >= 2 } })
 
         a.send(#"upsert items {"_id":"d1","from":"A","a":1}"#)
         b.send(#"upsert items {"_id":"d1","from":"B","b":1}"#)
         b.send(#"update items d1 set from "B2"; set b 2"#)
-        #expect(eventually { b.stdout.contains(" b = 2") }, "\(b.stdout) \(b.stderr)")
+        #expect(await waitUntil { b.stdout.contains(" b = 2") }, "\(b.stdout) \(b.stderr)")
         a.send(#"upsert items {"_id":"d2","from":"A"}"#)
 
         for (name, node) in [("C", c), ("B", b)] {
             #expect(
-                eventually(timeout: 30) {
+                await waitUntil(timeout: 30) {
                     let lines = Self.deferred(node)
                     return ["\"d1\"", "\"d2\""].allSatisfy { id in
                         lines.contains { $0.hasPrefix("  items \(id) from ") && $0.contains(Self.clockReason) }
@@ -79,8 +80,9 @@ struct ClockTests {
 
         for clock in clocks { try clock.set(offset: Self.day + 120) }
         let expected = #"{"_id":"d1","a":1,"b":2,"from":"A"}"# + "\n" + #"{"_id":"d2","from":"A"}"# + "\n"
-        #expect(eventually(timeout: 60) { ["A", "B", "C"].allSatisfy { find($0) == expected } }, "\(find("C"))")
-        for node in nodes { #expect(eventually(timeout: 30) { Self.deferred(node).isEmpty }) }
+        #expect(
+            await waitUntil(timeout: 60) { ["A", "B", "C"].allSatisfy { find($0) == expected } }, "\(find("C"))")
+        for node in nodes { #expect(await waitUntil(timeout: 30) { Self.deferred(node).isEmpty }) }
         for node in nodes { node.closeInput() }
         #expect(nodes.allSatisfy { $0.wait() == 0 })
     }
@@ -90,7 +92,7 @@ struct ClockTests {
     /// at the true time (logged), so X's next write `late` is accepted by Y within seconds, not a
     /// day later. `early` keeps its day-ahead stamps and stays deferred on Y, listed by `status`,
     /// until Y's clock reaches them (docs/DATA-MODEL.md, "A clock that jumped forward").
-    @Test func aClockThatWasADayAheadIsAcceptedAgainAfterARestart() throws {
+    @Test func aClockThatWasADayAheadIsAcceptedAgainAfterARestart() async throws {
         let key = try makeMeshKey(in: dir)
         let clockX = try FakeClock(in: dir, name: "X", offset: Self.day)
         let clockY = try FakeClock(in: dir, name: "Y", offset: 0)
@@ -99,21 +101,25 @@ struct ClockTests {
         var x = try shell("X", clockX, key: key, listen: false, peers: [portY])
         x.send(#"upsert items {"_id":"early","by":"X, a day ahead"}"#)
         #expect(
-            eventually(timeout: 30) {
-                Self.deferred(y).contains { $0.hasPrefix(#"  items "early" from "#) && $0.contains(Self.clockReason) }
+            await waitUntil(timeout: 30) {
+                Self.deferred(y).contains {
+                    $0.hasPrefix(#"  items "early" from "#) && $0.contains(Self.clockReason)
+                }
             }, "\(y.ask("status") ?? "no answer")")
 
         x.closeInput()
         #expect(x.wait() == 0)
         try clockX.set(offset: 0)
         x = try shell("X", clockX, key: key, listen: false, peers: [portY])
-        #expect(eventually { x.stderr.contains("restarts at the system time with a new site ID") }, "\(x.stderr)")
+        #expect(
+            await waitUntil { x.stderr.contains("restarts at the system time with a new site ID") }, "\(x.stderr)")
         x.send(#"upsert items {"_id":"late","by":"X, clock fixed"}"#)
         let began = Date()
-        #expect(eventually(timeout: 30) { find("Y").contains(#""_id":"late""#) }, "\(y.stderr)")
+        #expect(await waitUntil(timeout: 30) { find("Y").contains(#""_id":"late""#) }, "\(y.stderr)")
         print("item 2: Y accepted X's write \(millis(since: began)) ms after X's restart")
         #expect(!find("Y").contains("early"))
-        #expect(Self.deferred(y).contains { $0.hasPrefix(#"  items "early" from "#) && $0.contains(Self.clockReason) })
+        #expect(
+            Self.deferred(y).contains { $0.hasPrefix(#"  items "early" from "#) && $0.contains(Self.clockReason) })
         #expect(find("X").contains("early") && find("X").contains("late"))
         for node in [x, y] { node.closeInput() }
         #expect(x.wait() == 0 && y.wait() == 0)
@@ -125,12 +131,12 @@ struct ClockTests {
     /// on the right clock; and N's next write to one of them wins on A (N's clock moved past the
     /// stamps it read).
     @Test(arguments: [false, true])
-    func aNodeWhoseClockIsBehindDefersAndAppliesOnceItIsRight(restart: Bool) throws {
+    func aNodeWhoseClockIsBehindDefersAndAppliesOnceItIsRight(restart: Bool) async throws {
         var rng = seededRandom("F21 (restart: \(restart))")
         let key = try makeMeshKey(in: dir)
         let a = dir.path("A")
         try importWorkload(
-            Workload(count: 1_000, large: false, using: &rng), round: 0, into: a, file: dir.path("d.jsonl"))
+            Workload(count: 1_000, sizes: .small, using: &rng), round: 0, into: a, file: dir.path("d.jsonl"))
         let source = try StoreSnapshot(a)
         let nodeA = try TrellisProcess([
             "node", "--data", a, "--listen", "127.0.0.1:0", "--mesh-key", key, "--subscribe", "items",
@@ -139,7 +145,7 @@ struct ClockTests {
         let clock = try FakeClock(in: dir, name: "N", offset: -7_200)
         var n = try shell("N", clock, key: key, listen: false, peers: [port])
         #expect(
-            eventually(timeout: 60) {
+            await waitUntil(timeout: 60) {
                 let lines = Self.deferred(n)
                 return lines.count == 1_000 && lines.allSatisfy { $0.contains(Self.clockReason) }
             }, "\(n.ask("status")?.prefix(2_000) ?? "no answer")")
@@ -154,16 +160,18 @@ struct ClockTests {
             try clock.set(offset: 0)
         }
         #expect(
-            eventually(timeout: 60) { StoreSnapshot.count(dir.path("N")) == 1_000 },
+            await waitUntil(timeout: 60) { StoreSnapshot.count(dir.path("N")) == 1_000 },
             "N holds \(StoreSnapshot.count(dir.path("N"))): \(n.stderr.suffix(2_000))")
         let held = try StoreSnapshot(dir.path("N"))
         let different = source.rows.keys.filter { held.rows[$0]?.value != source.rows[$0]?.value }.sorted()
         #expect(different.count == 0, "documents that differ from A's: \(different.prefix(3))")
-        #expect(eventually { Self.deferred(n).isEmpty })
+        #expect(await waitUntil { Self.deferred(n).isEmpty })
 
         n.send("update items doc-0001 set round 99")
         #expect(
-            eventually(timeout: 30) { Workload.round(of: (try? StoreSnapshot(a))?.rows[#""doc-0001""#]?.value) == 99 })
+            await waitUntil(timeout: 30) {
+                Workload.round(of: (try? StoreSnapshot(a))?.rows[#""doc-0001""#]?.value) == 99
+            })
         n.closeInput()
         #expect(n.wait() == 0)
         #expect(nodeA.terminate() == 0)

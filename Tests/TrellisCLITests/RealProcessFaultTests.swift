@@ -15,7 +15,7 @@ import TrellisTestKit
     /// keeps its `seq`: merging it again would have logged it again), and its checkpoint on A's
     /// log only advances and never covers a document B lacks. At the end B holds exactly A's
     /// 5,000 documents.
-    @Test func killingAPullingNodeFiftyTimesLosesNothingAndAppliesNothingTwice() throws {
+    @Test func killingAPullingNodeFiftyTimesLosesNothingAndAppliesNothingTwice() async throws {
         var rng = seededRandom("F05 pull")
         let started = Date()
         let key = try makeMeshKey(in: dir)
@@ -31,42 +31,62 @@ import TrellisTestKit
             ["node", "--data", data, "--peer", "127.0.0.1:\(port)", "--mesh-key", key, "--subscribe", "items"]
         }
 
-        // Each kill waits a random time: mostly after the session is up, at most about twice the
-        // time the remaining documents, shared among the remaining kills, take to arrive (so the
-        // pull lasts past the last kill); sometimes before it (store open, WAL recovery, handshake).
+        // Each kill waits a random time. Either after the session is up, for at most about twice
+        // the time the remaining documents, shared among the remaining kills, take to arrive; or
+        // before it (store open, WAL recovery, dial, handshake), more often once fewer batches
+        // remain than kills (the last batch commits quickly), so that the pull outlasts the kills.
         var receiver = 0
         var b = dir.path("B0")
         var earlier = StoreSnapshot.empty
         var kills = 0
         var rate = 1.0  // documents per ms of session, measured as the pull goes
-        var (sessionMillis, received) = (0, 0)
+        var startup = 100.0  // ms from launch to the session, measured likewise
+        var (sessionMillis, received) = (0.0, 0)
         var (early, progressing) = (0, 0)
         while kills < 50 {
-            let node = try TrellisProcess(arguments(b))
+            let remaining = 5_000 - earlier.rows.count
+            let batchesLeft = Double((remaining + 255) / 256)
+            let earlyOdds = max(0.15, 1 - batchesLeft / Double(50 - kills + 1))
+            let killEarly = Double.random(in: 0..<1, using: &rng) < earlyOdds
+            let earlyDelay = Double.random(in: 0..<0.9, using: &rng) * startup / 1000
+            let window = min(2_000, max(5, Double(remaining) / Double(50 - kills + 1) / rate))
+            let sessionDelay = Double.random(in: 0..<window, using: &rng) / 1000
             let launched = Date()
-            var established: Date?
-            if rng.next() % 100 < 15 {
-                usleep(UInt32(rng.next() % 150_000))
-            } else if eventually(timeout: 20, { node.stderr.contains("session established") }) {
-                established = Date()
-                let share = Double(5_000 - earlier.rows.count) / Double(50 - kills + 1)
-                let window = min(2_000, max(5, share / rate))
-                usleep(UInt32(Double.random(in: 0..<window, using: &rng) * 1000))
-            } else {
+            let node = try TrellisProcess(arguments(b))
+            // Timed and killed on a dispatch thread: a task of the shared pool may wake up late.
+            // The result: nil when no session came; otherwise how long the session lasted (nil
+            // for a kill before it) and how long the node had run.
+            let timing = await offPool { () -> (session: Double?, run: Double, startup: Double)? in
+                defer { node.kill() }
+                if killEarly {
+                    usleep(UInt32(earlyDelay * 1_000_000))
+                    return (nil, Date().timeIntervalSince(launched) * 1000, 0)
+                }
+                guard eventually(timeout: 20, { node.stderr.contains("session established") }) else { return nil }
+                let established = Date()
+                usleep(UInt32(sessionDelay * 1_000_000))
+                return (
+                    Date().timeIntervalSince(established) * 1000, Date().timeIntervalSince(launched) * 1000,
+                    established.timeIntervalSince(launched) * 1000
+                )
+            }
+            guard let timing else {
                 Issue.record("B never established a session: \(node.stderr)")
                 return
             }
-            node.kill()
-            #expect(try SQLiteFile.integrityCheck(b + "/store.sqlite") == "ok", "kill \(kills + 1)")
+            if FileManager.default.fileExists(atPath: b + "/store.sqlite") {  // not when killed before it was made
+                #expect(try SQLiteFile.integrityCheck(b + "/store.sqlite") == "ok", "kill \(kills + 1)")
+            }
             let now = try StoreSnapshot(b, peer: peerA)
             let faults = Consistency.faults(now, source: source, earlier: earlier)
             #expect(faults.isEmpty, "after kill \(kills + 1) of receiver \(receiver): \(faults)")
             #expect(now.deferred.isEmpty)
             if !faults.isEmpty { return }
-            if let established {
-                sessionMillis += millis(since: established)
+            if let session = timing.session {
+                startup = 0.8 * startup + 0.2 * timing.startup
+                sessionMillis += session
                 received += now.rows.count - earlier.rows.count
-                if sessionMillis > 0, received > 0 { rate = Double(received) / Double(sessionMillis) }
+                if sessionMillis > 0, received > 0 { rate = Double(received) / sessionMillis }
             }
             if now.rows.count == 5_000 {
                 // This receiver finished before the kill: the kill is not counted, and a new
@@ -77,12 +97,12 @@ import TrellisTestKit
                 continue
             }
             kills += 1
-            if established == nil || millis(since: launched) < 20 { early += 1 }
+            if timing.session == nil || timing.run < 20 { early += 1 }
             if now.rows.count > earlier.rows.count { progressing += 1 }
             earlier = now
         }
         let last = try TrellisProcess(arguments(b))
-        #expect(eventually(timeout: 120) { StoreSnapshot.count(b) == 5_000 }, "B: \(last.stderr)")
+        #expect(await waitUntil(timeout: 120) { StoreSnapshot.count(b) == 5_000 }, "B: \(last.stderr)")
         #expect(last.terminate() == 0)
         #expect(try SQLiteFile.integrityCheck(b + "/store.sqlite") == "ok")
         let final = try StoreSnapshot(b, peer: peerA)
@@ -101,14 +121,15 @@ import TrellisTestKit
     /// mix), the round of the last import that reported success or a later one; each commit logs
     /// each document once (one new `seq` each, above every earlier one). At the end a last
     /// import leaves exactly the 5,000 documents of its round.
-    @Test func killingAnImportFiftyTimesLeavesAllOrNothingAndLosesNothingAcknowledged() throws {
+    @Test func killingAnImportFiftyTimesLeavesAllOrNothingAndLosesNothingAcknowledged() async throws {
         var rng = seededRandom("F05 import")
         let started = Date()
-        let workload = Workload(count: 5_000, large: false, using: &rng)
+        let workload = Workload(count: 5_000, sizes: .small, using: &rng)
         let file = dir.path("round.jsonl")
 
         // How long one import over the same documents takes here (in a scratch store), to spread
-        // the kills over it.
+        // the kills over it; the estimate follows the machine's load as the kills go (an import
+        // that reported success by a kill took at most that long, one that did not, at least).
         try workload.write(round: 0, to: file)
         var full = 0.0
         for _ in 0..<2 {
@@ -127,16 +148,27 @@ import TrellisTestKit
         for round in 1...50 {
             try workload.write(round: round, to: file)
             let importing = try TrellisProcess(["import", "--data", data, "items", file])
+            // Timed and killed on a dispatch thread: a task of the shared pool may wake up late.
             // Half of the kills anywhere in the run, half in its last part (the transaction, the
             // commit, the report).
             let fraction =
                 rng.next() % 2 == 0
                 ? Double.random(in: 0..<1.3, using: &rng) : Double.random(in: 0.75..<1.25, using: &rng)
-            usleep(UInt32(fraction * full * 1000))
-            importing.kill()
+            let delay = fraction * full
+            let offset = await offPool {
+                let launched = Date()
+                usleep(UInt32(delay * 1000))
+                importing.kill()
+                return Double(millis(since: launched))
+            }
             kills += 1
-            usleep(20_000)  // let the pipe handlers drain
-            if importing.stdout.contains("imported 5000 documents into items") { acknowledged = round }
+            await pause(0.02)  // let the pipe handlers drain
+            if importing.stdout.contains("imported 5000 documents into items") {
+                acknowledged = round
+                full = 0.7 * full + 0.3 * 0.9 * offset
+            } else if offset > full {
+                full = 0.7 * full + 0.3 * offset * 1.1
+            }
 
             #expect(try SQLiteFile.integrityCheck(data + "/store.sqlite") == "ok", "kill \(round)")
             let now = try StoreSnapshot(data)
@@ -166,7 +198,7 @@ import TrellisTestKit
         #expect(final.rows.count == 5_000)
         #expect(final.rows.values.allSatisfy { Workload.round(of: $0.value) == 51 })
         print(
-            "F05 import: \(kills) kills over one \(Int(full)) ms import; \(interrupted) interrupted it, "
+            "F05 import: \(kills) kills over imports of about \(Int(full)) ms; \(interrupted) interrupted one, "
                 + "\(kills - interrupted) came after its commit; \(millis(since: started)) ms")
     }
 
@@ -175,7 +207,7 @@ import TrellisTestKit
     /// the restart is applied again (same `seq`). The transfer resumes from the receiver's
     /// checkpoint, on the same epoch of the sender's log, so at most the documents after it are
     /// sent again (the count is printed; the CLI does not report what was re-sent).
-    @Test func aSenderRestartedMidTransferResumesFromTheCheckpoint() throws {
+    @Test func aSenderRestartedMidTransferResumesFromTheCheckpoint() async throws {
         var rng = seededRandom("F15 b")
         let key = try makeMeshKey(in: dir)
         let (a, b) = (dir.path("A"), dir.path("B"))
@@ -192,13 +224,13 @@ import TrellisTestKit
         var nodeA = try TrellisProcess(senderArguments)
         let peerA = try #require(nodeA.peerKey())
         let half = 1_500 + Int(rng.next() % 2_000)
-        #expect(eventually(timeout: 60) { StoreSnapshot.count(b) >= half }, "B: \(nodeB.stderr)")
+        #expect(await waitUntil(timeout: 60) { StoreSnapshot.count(b) >= half }, "B: \(nodeB.stderr)")
         #expect(nodeA.terminate() == 0)
         let atRestart = try StoreSnapshot(b, peer: peerA)
         try #require(atRestart.rows.count < 5_000, "the transfer ended before the restart; nothing to test")
         let checkpoint = try #require(atRestart.checkpoint, "B stored no checkpoint on A's log")
         nodeA = try TrellisProcess(senderArguments)
-        #expect(eventually(timeout: 60) { StoreSnapshot.count(b) == 5_000 }, "B: \(nodeB.stderr)")
+        #expect(await waitUntil(timeout: 60) { StoreSnapshot.count(b) == 5_000 }, "B: \(nodeB.stderr)")
         #expect(nodeB.terminate() == 0)
         #expect(nodeA.terminate() == 0)
 
@@ -218,7 +250,7 @@ import TrellisTestKit
     /// Issue 8 item 14: a peer frozen with SIGSTOP does not stall the others. A (a shell) serves
     /// B and X; X is stopped; A writes about 6 MB, which B receives in full while X's socket
     /// buffers are full, and A's shell keeps answering; after SIGCONT, X catches up.
-    @Test func aStoppedPeerDoesNotStallTheOthersAndCatchesUpAfterward() throws {
+    @Test func aStoppedPeerDoesNotStallTheOthersAndCatchesUpAfterward() async throws {
         let key = try makeMeshKey(in: dir)
         let (a, b, x) = (dir.path("A"), dir.path("B"), dir.path("X"))
         let shellA = try TrellisProcess(["shell", "--data", a, "--listen", "127.0.0.1:0", "--mesh-key", key])
@@ -231,16 +263,18 @@ import TrellisTestKit
         let nodeB = try subscriber(b)
         let nodeX = try subscriber(x)
         #expect(
-            eventually { nodeB.stderr.contains("session established") && nodeX.stderr.contains("session established") })
+            await waitUntil {
+                nodeB.stderr.contains("session established") && nodeX.stderr.contains("session established")
+            })
         nodeX.signal(SIGSTOP)
         let body = String(repeating: "0123456789abcdef", count: 2_500)  // 40 KB
         for i in 0..<150 { shellA.send(#"upsert items {"_id":"big-\#(i)","i":\#(i),"body":"\#(body)"}"#) }
-        #expect(eventually(timeout: 60) { StoreSnapshot.count(b) == 150 }, "B: \(nodeB.stderr)")
+        #expect(await waitUntil(timeout: 60) { StoreSnapshot.count(b) == 150 }, "B: \(nodeB.stderr)")
         shellA.send("peers")
-        #expect(eventually { shellA.stdout.contains("serving 1 subscription") }, "A's shell did not answer")
+        #expect(await waitUntil { shellA.stdout.contains("serving 1 subscription") }, "A's shell did not answer")
         #expect(StoreSnapshot.count(x) < 150)
         nodeX.signal(SIGCONT)
-        #expect(eventually(timeout: 60) { StoreSnapshot.count(x) == 150 }, "X: \(nodeX.stderr)")
+        #expect(await waitUntil(timeout: 60) { StoreSnapshot.count(x) == 150 }, "X: \(nodeX.stderr)")
         #expect(try StoreSnapshot(x).rows.mapValues(\.value) == StoreSnapshot(b).rows.mapValues(\.value))
         shellA.closeInput()
         #expect(shellA.wait() == 0)
@@ -252,7 +286,7 @@ import TrellisTestKit
     /// cleanly, A is killed with SIGKILL). After each
     /// restart there is again one session between them, and a write on either side reaches the
     /// other (polled with a generous timeout; the time it took is printed, not asserted).
-    @Test func aRestartedPeerIsBackWhoeverDials() throws {
+    @Test func aRestartedPeerIsBackWhoeverDials() async throws {
         let key = try makeMeshKey(in: dir)
         let (portA, portB) = (try TrellisProcess.freePort(), try TrellisProcess.freePort())
         let start = { (name: String, port: UInt16, peer: UInt16) in
@@ -263,16 +297,17 @@ import TrellisTestKit
         }
         var nodes = [try start("A", portA, portB), try start("B", portB, portA)]
         for node in nodes { node.send("subscribe items") }
-        func replicates(_ from: Int, _ to: Int, _ id: String) -> Bool {
+        func replicates(_ from: Int, _ to: Int, _ id: String) async -> Bool {
             nodes[from].send(#"upsert items {"_id":"\#(id)"}"#)
-            return eventually(timeout: 30) {
+            return await waitUntil(timeout: 30) {
                 (try? SQLiteFile.query(
                     dir.path(to == 0 ? "A" : "B") + "/store.sqlite",
                     "SELECT 1 FROM documents WHERE collection = 'items' AND id = ?", [JSON.string(.string(id))]))?
                     .isEmpty == false
             }
         }
-        #expect(replicates(0, 1, "before-a") && replicates(1, 0, "before-b"))
+        let before = (await replicates(0, 1, "before-a"), await replicates(1, 0, "before-b"))
+        #expect(before.0 && before.1)
         for restarted in [1, 0] {
             let name = restarted == 0 ? "A" : "B"
             if restarted == 1 {
@@ -284,14 +319,14 @@ import TrellisTestKit
             let began = Date()
             nodes[restarted] = try start(name, restarted == 0 ? portA : portB, restarted == 0 ? portB : portA)
             nodes[restarted].send("subscribe items")
-            let there = replicates(1 - restarted, restarted, "to-\(name)-after-restart")
-            let back = replicates(restarted, 1 - restarted, "from-\(name)-after-restart")
+            let there = await replicates(1 - restarted, restarted, "to-\(name)-after-restart")
+            let back = await replicates(restarted, 1 - restarted, "from-\(name)-after-restart")
             #expect(there && back, "after restarting \(name): \(nodes[0].stderr)\n\(nodes[1].stderr)")
             print("item 15: after restarting \(name), writes crossed both ways within \(millis(since: began)) ms")
             // One established session on each side (no duplicate left in standby).
             for node in nodes {
                 #expect(
-                    eventually(timeout: 30) {
+                    await waitUntil(timeout: 30) {
                         let lines = node.ask("peers")?.split(separator: "\n") ?? []
                         return lines.count == 1 && lines[0].contains("bound, serving 1 subscription")
                             && !lines[0].contains("[")

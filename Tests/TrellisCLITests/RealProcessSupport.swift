@@ -4,21 +4,32 @@ import TrellisCore
 import TrellisStore
 import TrellisTestKit
 
-/// Documents for the real-process tests: `doc-0000` … with bodies of varied sizes (mostly small,
-/// some of a few KB, a few of 8–24 KB), and a `round` field that tells which import wrote them.
+/// Documents for the real-process tests: `doc-0000` … with bodies of varied sizes, and a `round`
+/// field that tells which import wrote them.
 struct Workload {
+    /// How big the bodies are.
+    enum Sizes {
+        /// 75 % of 20–300 bytes, 22 % of 500–3,000 bytes, 3 % of 8–24 KB (about 1 KB on average).
+        case varied
+        /// 75 % of 20–300 bytes, the others of 300–1,000 bytes (about 300 bytes on average).
+        case small
+    }
+
     /// Each document's body (the part every round shares).
     let bodies: [String]
 
-    /// `count` documents whose body sizes are drawn from `rng`: 75 % of 20–300 bytes, the others
-    /// of 500–3,000 bytes, or (with `large`) 22 % so and 3 % of 8–24 KB.
-    init(count: Int, large: Bool = true, using rng: inout SeededRandom) {
+    /// `count` documents whose body sizes are drawn from `rng`.
+    init(count: Int, sizes: Sizes = .varied, using rng: inout SeededRandom) {
         let alphabet = Array("abcdefghijklmnopqrstuvwxyz0123456789".utf8)
         bodies = (0..<count).map { index in
             let roll = rng.next() % 100
-            let size =
-                roll < 75
-                ? 20 + rng.next() % 280 : roll < 97 || !large ? 500 + rng.next() % 2_500 : 8_000 + rng.next() % 16_000
+            let size: UInt64
+            switch (sizes, roll) {
+            case (_, 0..<75): size = 20 + rng.next() % 280
+            case (.small, _): size = 300 + rng.next() % 700
+            case (.varied, 75..<97): size = 500 + rng.next() % 2_500
+            case (.varied, _): size = 8_000 + rng.next() % 16_000
+            }
             return String(
                 decoding: (0..<Int(size)).map { alphabet[($0 &* 7 &+ index) % alphabet.count] }, as: UTF8.self)
         }
@@ -67,10 +78,7 @@ struct StoreSnapshot {
     /// - Parameter peer: whose checkpoints to read.
     init(_ data: String, peer: [UInt8]? = nil) throws {
         let path = data + "/store.sqlite"
-        var options = StoreOptions()
-        options.readOnly = true
-        options.log = { _ in }
-        let store = try DocumentStore(path: path, options: options)
+        guard FileManager.default.fileExists(atPath: path), let store = try Self.open(path) else { return }
         defer { store.close() }
         epoch = store.epoch
         if let peer { checkpoints = try store.checkpoints(peer: peer) }
@@ -82,6 +90,25 @@ struct StoreSnapshot {
     }
 
     private init() {}
+
+    /// The store at `path`, opened read-only; `nil` for a store killed while it was first set up,
+    /// before its first transaction committed (no site ID yet, no documents: the next writable
+    /// open sets it up).
+    static func open(_ path: String) throws -> DocumentStore? {
+        var options = StoreOptions()
+        options.readOnly = true
+        options.log = { _ in }
+        do {
+            return try DocumentStore(path: path, options: options)
+        } catch {
+            guard "\(error)".hasSuffix("(no site ID)") else { throw error }
+            let tables = try SQLiteFile.query(path, "SELECT name FROM sqlite_master WHERE name = 'documents'")
+            if !tables.isEmpty, try !SQLiteFile.query(path, "SELECT 1 FROM documents LIMIT 1").isEmpty {
+                throw ProcessError("\(path) holds documents but no site ID")
+            }
+            return nil
+        }
+    }
 
     /// The number of live documents in `data`'s `items` (0 before the store exists).
     static func count(_ data: String) -> Int {
