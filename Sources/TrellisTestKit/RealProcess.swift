@@ -2,7 +2,8 @@ internal import CSQLite
 import Foundation
 import Glibc
 
-/// Checks an SQLite database file the way an operator would after a crash.
+/// Reads an SQLite database file from outside the process that owns it, as an operator would
+/// after a crash.
 public enum SQLiteFile {
     /// `PRAGMA integrity_check` on `path` (opened as ``query(_:_:_:)`` does): `"ok"` for a sound
     /// file, otherwise SQLite's findings, one per line.
@@ -21,7 +22,7 @@ public enum SQLiteFile {
     /// to open it would.
     ///
     /// - Parameter bindings: text values for the statement's `?` parameters, in order.
-    /// - Throws: ``ProcessError`` naming the file and SQLite's message.
+    /// - Throws: an error naming the file, the statement and SQLite's message.
     public static func query(_ path: String, _ sql: String, _ bindings: [String] = []) throws -> [[String?]] {
         do {
             return try query(path, sql, bindings, flags: SQLITE_OPEN_READONLY)

@@ -31,8 +31,8 @@ import TrellisTestKit
             ["node", "--data", data, "--peer", "127.0.0.1:\(port)", "--mesh-key", key, "--subscribe", "items"]
         }
 
-        // Each kill waits a random time. Either after the session is up, for at most about twice
-        // the time the remaining documents, shared among the remaining kills, take to arrive; or
+        // Each kill waits a random time. Either after the session is up, for up to the time the
+        // remaining documents, shared among the remaining kills, take to arrive; or
         // before it (store open, WAL recovery, dial, handshake), more often once fewer batches
         // remain than kills (the last batch commits quickly), so that the pull outlasts the kills.
         var receiver = 0
