@@ -52,7 +52,10 @@ let package = Package(
         // Deterministic simulated meshes of real nodes, for Trellis's tests and apps' own.
         .target(
             name: "TrellisSimulation",
-            dependencies: ["Trellis", "TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet"]),
+            dependencies: [
+                "Trellis", "TrellisCore", "TrellisStore", "TrellisSync", "TrellisNet", "TrellisContacts",
+                "ContactProvider",
+            ]),
         // Shared test helpers.
         .target(
             name: "TrellisTestKit",

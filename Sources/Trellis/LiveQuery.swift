@@ -358,7 +358,9 @@ final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchec
     let queue: DispatchQueue
     let autoSignal: Bool
     let evaluate: (LiveChange) throws -> Results?
-    let handler: @Sendable (Results, Results?, @escaping @Sendable () -> Void) -> Void
+    /// The app's callback; released by ``stop()``, so a callback that captures the object
+    /// holding the live query forms no lasting cycle. Read and cleared under `gate`.
+    private var handler: (@Sendable (Results, Results?, @escaping @Sendable () -> Void) -> Void)?
     private var current: Results?
     private var delivered: Results?
     private var awaiting = false
@@ -417,7 +419,7 @@ final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchec
         queue.async { [self] in
             gate.lock()
             defer { gate.unlock() }
-            guard !isStopped else { return }
+            guard !isStopped, let handler else { return }
             handler(current, previous, signal)
             if autoSignal { signal() }
         }
@@ -434,8 +436,11 @@ final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchec
     func stop() {
         gate.lock()
         let wasStopped = stopped.exchange(true, ordering: .acquiringAndReleasing)
+        let released = handler
+        handler = nil
         gate.unlock()
         if !wasStopped { registry.remove(id) }
+        _ = released  // released here, outside the lock (it may hold the app's objects)
     }
 }
 

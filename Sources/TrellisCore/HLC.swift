@@ -1,8 +1,11 @@
 /// A hybrid logical clock timestamp: 48-bit physical milliseconds and a 16-bit logical counter,
 /// packed into one `UInt64` so that numeric order is timestamp order.
 ///
-/// Source: Kulkarni et al., "Logical Physical Clocks and Consistent Snapshots in Globally
-/// Distributed Databases" (2014), Algorithm 2.
+/// After Kulkarni et al., "Logical Physical Clocks and Consistent Snapshots in Globally
+/// Distributed Databases" (2014), Algorithm 2, simplified: a receive adopts the later of the two
+/// stamps without ticking (``HybridLogicalClock/receive(_:physicalMillis:)``), and the next local
+/// stamp (``HybridLogicalClock/now(physicalMillis:)``) orders after it; a full logical counter
+/// carries into the milliseconds.
 public struct HLCTimestamp: Hashable, Comparable, Sendable, CustomStringConvertible {
     /// `millis << 16 | logical`.
     public var rawValue: UInt64
@@ -29,8 +32,10 @@ public struct HLCTimestamp: Hashable, Comparable, Sendable, CustomStringConverti
 ///
 /// Rule for remote stamps far in the future: a stamp more than ``maxForwardDrift`` milliseconds
 /// ahead of local physical time is *not* adopted (the clock would otherwise be dragged forward for
-/// every later write); ``receive(_:physicalMillis:)`` returns `false`. The store goes further and
-/// refuses such documents altogether (docs/DATA-MODEL.md, "Stamps and the clock").
+/// every later write); ``receive(_:physicalMillis:)`` returns `false`. The store goes further: it
+/// does not apply a document whose latest stamp is that far ahead but defers it (keeps it and
+/// retries it), measuring the drift from the later of its physical clock and its HLC
+/// (docs/DATA-MODEL.md, "Stamps and the clock").
 public struct HybridLogicalClock: Sendable {
     public private(set) var last: HLCTimestamp
     /// Milliseconds a remote stamp may lead local physical time and still be adopted.

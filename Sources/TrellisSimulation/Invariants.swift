@@ -57,6 +57,23 @@ struct History {
 }
 
 extension SimulatedNode {
+    /// Mirrors `collection` as contacts (one vCard per document), through the real
+    /// ``ContactsEnumerator`` driven as a contacts host drives it (content, then changes from
+    /// its anchor; a full enumeration again when the anchor expires). ``Simulation/check()``
+    /// brings every mirror up to date and checks that it equals its store; call
+    /// ``syncContactMirrors()`` between steps to keep anchors across faults, as a host would.
+    public func mirrorContacts(_ collection: String) {
+        contactMirrors.append(SimulatedContactsMirror(collection: collection))
+    }
+
+    /// Brings this node's contacts mirrors up to date (nothing while the node is crashed).
+    ///
+    /// - Throws: an enumeration error other than an expired page or anchor.
+    public func syncContactMirrors() throws {
+        guard let documents = storeIfUp?.documents else { return }
+        for mirror in contactMirrors { try mirror.sync(documents) }
+    }
+
     /// Keeps the result of a live query on this node, for the "live queries equal fresh
     /// queries" invariant (and for apps' own checks via ``lastLiveResults``).
     ///
@@ -97,7 +114,8 @@ extension Simulation {
     /// every write acknowledged to an app is present on every replica of its collection (unless
     /// its node was wiped before it could travel); nothing removed everywhere comes back without
     /// a new write; clocks and checkpoints never go backwards; every watched live query's last
-    /// result equals a fresh query.
+    /// result equals a fresh query; every contacts mirror (``SimulatedNode/mirrorContacts(_:)``),
+    /// brought up to date, holds exactly its store's live documents as vCards.
     ///
     /// - Throws: ``SimulationFailure`` listing every violation, with the seed.
     public func check() throws {
@@ -108,6 +126,7 @@ extension Simulation {
         violations += noResurrection()
         violations += monotonic()
         violations += liveQueries()
+        violations += contactMirrors()
         for invariant in invariants {
             violations += try invariant.check(self).map { "\(invariant.name): \($0)" }
         }
@@ -294,6 +313,29 @@ extension Simulation {
                 )
             }
             history.checkpoints[node.index] = now
+        }
+        return violations
+    }
+
+    private func contactMirrors() -> [String] {
+        var violations: [String] = []
+        for node in nodes where node.isUp {
+            for mirror in node.contactMirrors {
+                do {
+                    try mirror.sync(node.documents)
+                    let expected = try SimulatedContactsMirror.expected(node.documents, collection: mirror.collection)
+                    let cards = mirror.cards
+                    guard cards != expected else { continue }
+                    let missing = expected.keys.filter { cards[$0] == nil }.sorted()
+                    let extra = cards.keys.filter { expected[$0] == nil }.sorted()
+                    let different = expected.keys.filter { cards[$0] != nil && cards[$0] != expected[$0] }.sorted()
+                    violations.append(
+                        "\(node.name)'s contacts mirror of '\(mirror.collection)' differs from its store: missing "
+                            + "\(missing), extra \(extra), different \(different)")
+                } catch {
+                    violations.append("\(node.name)'s contacts mirror of '\(mirror.collection)' failed: \(error)")
+                }
+            }
         }
         return violations
     }

@@ -84,10 +84,14 @@ public struct RandomWorkload: Sendable {
                 subscriptions.append(try node.store.collection("items").findAll().subscribe())
                 try node.watch("items")
             }
+            node.mirrorContacts("items")
         }
         var partitioned = false
         for _ in 0..<steps {
             sim.run(for: Millis.random(in: 0...1_500, using: &random))
+            if Int.random(in: 0..<5, using: &random) == 0, let node = sim.nodes.randomElement(using: &random) {
+                try node.syncContactMirrors()  // a contacts host catching up, anchors kept across faults
+            }
             if faults.isEmpty || Int.random(in: 0..<10, using: &random) < 6 {
                 try appOperation(sim, &random)
             } else {

@@ -38,6 +38,9 @@ public final class SimulatedNode: @unchecked Sendable {
     /// When each document first changed here (with ``Simulation/recordsArrivals``).
     var arrivals: [UTF8Key: Millis] = [:]
     var watchSpecs: [(String, String)] = []
+    /// Contacts mirrors of this node's collections (``mirrorContacts(_:)``); like a vdir on disk
+    /// they outlive crashes and restarts of the node.
+    var contactMirrors: [SimulatedContactsMirror] = []
     var evictions: [(String, UInt32)] = []
     let service: NodeSubscriptions
     var observerToken: UInt64?
@@ -124,7 +127,10 @@ public final class SimulatedNode: @unchecked Sendable {
     func stop() {
         if let token = observerToken { storeIfUp?.documents.removeObserver(token) }
         observerToken = nil
-        for watch in watches { watch.liveQuery?.stop() }
+        for watch in watches {
+            watch.liveQuery?.stop()
+            watch.liveQuery = nil  // the box and its live query hold each other
+        }
         watches = []
         host = nil
         storeIfUp = nil

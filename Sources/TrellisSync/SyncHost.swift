@@ -216,8 +216,9 @@ public final class SyncHost {
                         link, subscription: request.subscription, upTo: request.upTo,
                         checkpointStored: request.storeCheckpoint, deferred: outcome.deferred, now: now())
                 } catch StoreError.deferredLimit(let reason) {
-                    // Too much of this peer's data waits already: leave the batch unacknowledged;
-                    // the peer sends it again later, after retries have made room.
+                    // Too much of this peer's data waits already: the batch stays unacknowledged,
+                    // and the replicator asks the peer for the subscription again from its stored
+                    // checkpoint (the retries make room meanwhile).
                     more = replicator.applyPostponed(
                         link, subscription: request.subscription, reason: reason, now: now())
                 } catch {

@@ -365,27 +365,36 @@ import TrellisCore
         func stores(_ d: [ReplicatorDirective]) -> Bool? {
             d.compactMap { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { nil } }.first
         }
+        func asked(_ d: [ReplicatorDirective]) -> [WireSubscription]? {
+            Self.sent(d).compactMap { m -> [WireSubscription]? in
+                if case .subscriptions(let subs, _) = m { subs } else { nil }
+            }.first
+        }
         let first = r.received(.batch(subscription: spec.key, documents: [], upTo: 30, generation: 0), on: link, now: 1)
         #expect(stores(first) == true)
         _ = r.applied(link, subscription: spec.key, upTo: 30, checkpointStored: true, deferred: 0, now: 1)
         let postponed = r.received(
             .batch(subscription: spec.key, documents: [], upTo: 40, generation: 0), on: link, now: 2)
         #expect(stores(postponed) == true)
-        let asked = r.applyPostponed(link, subscription: spec.key, reason: "limit", now: 2)
-        let resent = Self.sent(asked).compactMap { m -> [WireSubscription]? in
-            if case .subscriptions(let subs, _) = m { subs } else { nil }
-        }
-        #expect(resent.count == 1)
-        #expect(resent.first?.first?.since == 30)
-        #expect(resent.first?.first?.generation != 0)
-        // A batch sent before the peer saw the new request: merged, checkpoint not stored.
+        #expect(asked(r.applyPostponed(link, subscription: spec.key, reason: "limit", now: 2)) == nil)
+        // A batch behind the postponed one: merged, its checkpoint not stored.
         let behind = r.received(
             .batch(subscription: spec.key, documents: [], upTo: 50, generation: 0), on: link, now: 3)
         #expect(stores(behind) == false)
-        let again = r.received(
-            .batch(subscription: spec.key, documents: [], upTo: 40, generation: resent[0][0].generation), on: link,
-            now: 4)
-        #expect(stores(again) == true)
+        #expect(r.applyPostponed(link, subscription: spec.key, reason: "limit", now: 3).isEmpty)  // once per round
+        // After the retry interval the subscription is asked again from the stored checkpoint.
+        #expect(asked(r.tick(now: 1_000)) == nil)
+        let again = try #require(
+            asked(r.tick(now: 2 + ReplicatorConfiguration(peerKey: Self.keyA).deferredRetryInterval)))
+        #expect(again.first?.since == 30)
+        let generation = try #require(again.first?.generation)
+        #expect(generation != 0)
+        let old = r.received(
+            .batch(subscription: spec.key, documents: [], upTo: 60, generation: 0), on: link, now: 6_000)
+        #expect(stores(old) == false)
+        let resent = r.received(
+            .batch(subscription: spec.key, documents: [], upTo: 40, generation: generation), on: link, now: 6_001)
+        #expect(stores(resent) == true)
     }
 
     /// Documents deferred in an earlier run are retried soon after start, not only once this run

@@ -98,6 +98,49 @@ import TrellisSimulation
         live.stop()
     }
 
+    /// F04, its sync part (reaping tombstones after a TTL is the mesh issue's): A creates and
+    /// removes 3,000 documents, and sets and unsets 3,000 keys of one document; a new C syncs. C
+    /// shows none of the removed documents but holds every tombstone (so no stale copy can bring
+    /// one back), the document whose keys were unset shows only its `_id`, and no removed or
+    /// unset value travels (removes and unsets keep stamps, not values). Scaled down from the
+    /// case's 1,000,000 so that it runs in the debug build in seconds.
+    @Test func f04TombstonesSyncWithoutTheirValues() throws {
+        let mesh = try Mesh(seed: 104, nodes: 1)
+        let a = mesh[0]
+        let items = a.store.collection("items")
+        let secret = String(repeating: "s", count: 64)
+        for start in stride(from: 0, to: 3_000, by: 500) {
+            try items.upsert((start..<(start + 500)).map { ["_id": .string("r\($0)"), "body": .string(secret)] })
+            _ = try items.find("_id >= 'r'").remove()
+        }
+        try items.upsert(["_id": "big"])
+        for chunk in stride(from: 0, to: 3_000, by: 500) {
+            _ = try items.findByID("big").update { doc in
+                for k in chunk..<(chunk + 500) { doc?["k\(k)"].set(.string(secret)) }
+            }
+            _ = try items.findByID("big").update { doc in
+                for k in chunk..<(chunk + 500) { doc?["k\(k)"].remove() }
+            }
+        }
+        let c = try mesh.sim.addNode()
+        try mesh.subscribe(c, "items")
+        c.mirrorContacts("items")
+        mesh.sim.connect(c, a)
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        #expect(try c.store.collection("items").findAll().exec().map(\.id) == ["big"])
+        #expect(try Self.get(c, "big")?.value == ["_id": "big"])
+        let page = try c.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max)
+        #expect(page.records.filter(\.isDeleted).count == 3_000)
+        // Not one removed or unset value reached C.
+        let secretBytes = Array(secret.utf8)
+        for record in page.records {
+            #expect(
+                !record.state.indices.contains { i in record.state[i...].starts(with: secretBytes) },
+                "\(record.id) carries a removed value")
+        }
+    }
+
     // MARK: Change log and checkpoints
 
     /// F05 on the simulator: B pulls 500 changes from A and is killed at many points; after each
@@ -478,5 +521,42 @@ final class SeenIDs: @unchecked Sendable {
         try sim.check()
         for node in sim.nodes { #expect(try node.store.collection("items").findAll().count() == 41, "\(node.name)") }
         _ = subs
+    }
+}
+
+extension FieldCaseSimulationTests {
+    /// Issue 8 item 1 with the per-peer bound on deferred documents. A's clock is two minutes
+    /// ahead when it writes d0…d9; then C (true clock, linked to A only) writes e0…e29, which A
+    /// relays. B joins, takes two documents per batch and keeps at most 5 of A's documents
+    /// deferred: it postpones the batches beyond them while the batches of C's documents behind
+    /// them apply. No checkpoint may pass a postponed document: once B's clock reaches A's
+    /// stamps, all 40 are on B, and the mesh goes quiet (no loop of postponed batches).
+    @Test func postponedBatchesAreNotSkipped() throws {
+        let sim = try Simulation(seed: 121)
+        sim.replicatorConfiguration = { $0.batchEntries = 2 }
+        let a = try sim.addNode()
+        let c = try sim.addNode()
+        sim.storeOptions.maxDeferredDocumentsPerPeer = 5
+        let b = try sim.addNode()
+        let subscriptions = try [a, b, c].map { try $0.store.collection("items").findAll().subscribe() }
+        sim.connect(c, a)
+        sim.setClockOffset(a, 120_000)
+        try a.store.collection("items").upsert((0..<10).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        sim.setClockOffset(a, 0)
+        sim.run(for: 1_000)
+        try c.store.collection("items").upsert((0..<30).map { ["_id": .string("e\($0)"), "n": .int(Int64($0))] })
+        sim.run(for: 1_000)
+        #expect(try a.store.collection("items").findAll().exec().count == 40)
+        sim.connect(b, a)
+        sim.run(for: 10_000)
+        #expect(try b.store.collection("items").find("_id >= 'e'").exec().count == 30)  // C's documents flow
+        #expect(try b.store.collection("items").find("_id < 'e'").exec().isEmpty)  // A's wait
+        #expect(try b.documents.deferredDocuments().count <= 5)
+        sim.run(for: 180_000)  // B's clock passes A's stamps
+        try sim.runUntilQuiet()
+        try sim.check()
+        #expect(try b.store.collection("items").findAll().exec().count == 40)
+        #expect(try b.documents.deferredDocuments().isEmpty)
+        _ = subscriptions
     }
 }

@@ -177,11 +177,14 @@ final class EventLog: Sendable {
     @Test func evaluationIsIncremental() throws {
         let stats = node.store.liveQueries.stats
         try cars.upsert((0..<20).map { ["_id": .string("c\($0)"), "hp": .int(Int64($0))] })
+        // The commit's event reaches the live queries before they start (else it may count as a rerun).
+        node.store.documents.waitForObservers()
         let all = EventLog()
         let top = EventLog()
         let live1 = try cars.find("hp >= 10").sort("hp").observeLocal { all.record($0, $1) }
         let live2 = try cars.findAll().sort("hp", direction: .descending).limit(3).observeLocal { top.record($0, $1) }
         #expect(eventually { all.count == 1 && top.count == 1 })
+        node.store.flushLiveQueries()
         let passes = stats.passes.load(ordering: .relaxed)
         let reruns = stats.reruns.load(ordering: .relaxed)
         for i in 0..<50 { try node.store.collection("boats").upsert(["_id": .string("b\(i)")]) }
@@ -452,4 +455,21 @@ final class EventLog: Sendable {
 struct Failure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
+}
+
+extension LiveQueryTests {
+    /// `stop()` releases the callback: an object that holds its live query and is captured by
+    /// the callback (the usual view-model shape) is freed once the query is stopped.
+    @Test func stopReleasesTheCallback() throws {
+        final class Owner: @unchecked Sendable { var live: LiveQuery? }
+        weak var released: Owner?
+        do {
+            let owner = Owner()
+            released = owner
+            owner.live = try cars.findAll().observeLocal { _, _ in _ = owner.live }
+            owner.live?.stop()
+        }
+        node.store.flushLiveQueries()
+        #expect(eventually(timeout: 5) { released == nil })
+    }
 }

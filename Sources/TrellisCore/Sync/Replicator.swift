@@ -300,6 +300,7 @@ public struct Replicator: Sendable {
             if now - s.lastSent >= configuration.keepaliveInterval {
                 directives.append(send(link, .ping(rng.next()), now))
             }
+            directives += askAgainAfterPostponed(link, now: now)
             for key in s.served.keys.sorted() {
                 guard var served = s.served[key] else { continue }
                 if served.inFlight > 0, !s.congested, now - served.lastProgress >= configuration.ackTimeout {
@@ -420,7 +421,9 @@ public struct Replicator: Sendable {
     ///
     /// - Parameters:
     ///   - checkpointStored: whether the checkpoint was written with it.
-    ///   - deferred: how many documents the store kept aside to retry (clock, size, decoding).
+    ///   - deferred: how many documents the store kept aside to retry (clock, size, invalid,
+    ///     decoding). A batch the store refused whole for the per-peer bound on deferred documents
+    ///     is reported to ``applyPostponed(_:subscription:reason:now:)`` instead.
     public mutating func applied(
         _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int, now: Millis
     ) -> [ReplicatorDirective] {
@@ -436,10 +439,13 @@ public struct Replicator: Sendable {
     }
 
     /// The store could not take a batch now because too many of this peer's documents already
-    /// wait to be retried. The batch is not acknowledged, and the subscription is asked again
-    /// from its last stored checkpoint under a new generation: batches already in flight behind
-    /// the postponed one are merged without storing their checkpoint, so the checkpoint never
-    /// passes the postponed documents; the peer sends them again from that checkpoint.
+    /// wait to be retried. The batch is not acknowledged; until the subscription is asked again,
+    /// batches behind it are merged without storing their checkpoint, so the checkpoint never
+    /// passes the postponed documents. After ``ReplicatorConfiguration/deferredRetryInterval``
+    /// (a deferred retry has run meanwhile) the subscription is asked again from its last stored
+    /// checkpoint under a new generation, and the peer sends the postponed documents again. So
+    /// a peer whose documents keep being postponed costs at most one round of batches per
+    /// interval, never a loop.
     public mutating func applyPostponed(_ link: LinkID, subscription key: String, reason: String, now: Millis)
         -> [ReplicatorDirective]
     {
@@ -447,14 +453,24 @@ public struct Replicator: Sendable {
             deferredPending = true
             nextDeferredRetry = now
         }
-        var directives: [ReplicatorDirective] = [
-            .log("postponed a batch from \(sessions[link]?.address ?? "a peer"): \(reason)")
-        ]
         let name = UTF8Key(key)
-        guard sessions[link]?.phase == .established, sessions[link]?.asked[name] != nil else { return directives }
-        sessions[link]!.resyncs[name, default: 0] &+= 1
-        directives += sendAsked(link, now: now)
-        return directives
+        guard sessions[link]?.phase == .established, sessions[link]?.asked[name] != nil,
+            sessions[link]?.postponed[name] == nil
+        else { return [] }
+        sessions[link]!.postponed[name] = now + configuration.deferredRetryInterval
+        return [.log("postponed a batch from \(sessions[link]!.address): \(reason)")]
+    }
+
+    /// Asks again for the subscriptions whose batches were postponed, once their delay is over.
+    private mutating func askAgainAfterPostponed(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard let s = sessions[link], s.phase == .established, !s.postponed.isEmpty else { return [] }
+        let due = s.postponed.filter { $0.value <= now }.keys
+        guard !due.isEmpty else { return [] }
+        for name in due {
+            sessions[link]!.postponed[name] = nil
+            sessions[link]!.resyncs[name, default: 0] &+= 1
+        }
+        return sendAsked(link, now: now)
     }
 
     /// A merge failed as a whole (disk full, I/O error): nothing was applied or acknowledged;
@@ -627,6 +643,9 @@ public struct Replicator: Sendable {
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
+                    // Batches in flight belong to the old request: their acks may still come
+                    // (and are bounded by `lastSentUpTo`), but they hold no slot of the new one.
+                    existing.inFlight = 0
                     existing.pending = true
                 }
                 next[key] = existing
@@ -731,6 +750,7 @@ public struct Replicator: Sendable {
         // eviction or a postponed batch made this node ask again from an earlier point would
         // otherwise move the checkpoint past documents not applied.
         let current = asked.generation
+        let postponed = s.postponed[UTF8Key(subscription)] != nil
         let holders = s.served.keys.sorted().compactMap { key -> SubscriptionSpec? in
             let spec = s.served[key]!.spec
             return !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection) ? spec : nil
@@ -740,7 +760,8 @@ public struct Replicator: Sendable {
                 link,
                 ApplyRequest(
                     subscription: subscription, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
-                    documents: accepted, upTo: upTo, storeCheckpoint: generation == current, heldBy: holders)))
+                    documents: accepted, upTo: upTo, storeCheckpoint: generation == current && !postponed,
+                    heldBy: holders)))
         return directives
     }
 
@@ -887,6 +908,8 @@ extension Replicator {
         /// the collection's rescan generation in what is asked, so that batches sent before the
         /// peer saw the new request do not store their checkpoint.
         var resyncs: [UTF8Key: UInt32] = [:]
+        /// Asked subscriptions with a postponed batch, and when to ask for them again.
+        var postponed: [UTF8Key: Millis] = [:]
         var remoteErrors: [UTF8Key: String] = [:]
         /// States received on this session, for echo suppression.
         var echo: [EchoKey: StateDigest] = [:]

@@ -86,8 +86,12 @@ public struct ScanRequest: Sendable, Equatable {
 
 /// What the shell must merge: `documents` from peer `peerKey`, and, when `storeCheckpoint`, the
 /// checkpoint (`peerEpoch`, `upTo`) for `subscription`, in one transaction; then call
-/// ``Replicator/applied(_:subscription:upTo:checkpointStored:deferred:now:)`` or
-/// ``Replicator/applyFailed(_:subscription:error:now:)``.
+/// ``Replicator/applied(_:subscription:upTo:checkpointStored:deferred:now:)`` when it committed
+/// (documents the store could not apply yet, for their clock, size, validity or decoding, are
+/// kept aside and counted as deferred),
+/// ``Replicator/applyPostponed(_:subscription:reason:now:)`` when the store took nothing because
+/// the peer's deferred documents would exceed their bound, or
+/// ``Replicator/applyFailed(_:subscription:error:now:)`` for any other failure.
 public struct ApplyRequest: Sendable, Equatable {
     public var subscription: String
     public var collection: String
@@ -95,8 +99,9 @@ public struct ApplyRequest: Sendable, Equatable {
     public var peerEpoch: [UInt8]
     public var documents: [WireDocument]
     public var upTo: Int64
-    /// `false` for a batch answering an older rescan generation: its documents merge, but its
-    /// `upTo` must not overwrite the checkpoint the rescan reset.
+    /// `false` for a batch whose generation is not the one this node asks for now (sent before
+    /// an eviction or a postponed batch made it ask again from an earlier point): its documents
+    /// merge, but its `upTo` must not move the checkpoint past documents not applied.
     public var storeCheckpoint: Bool
     /// The query subscriptions this node serves to the sender in the batch's collection: the
     /// sender holds every document it sent, so later changes to them must reach it.

@@ -1,9 +1,12 @@
 /// A 128-bit digest of a document state's bytes, used to recognise a state a peer sent us when
-/// it would be sent straight back (echo suppression inside one session).
+/// it would be sent straight back (echo suppression inside one session: one digest per document,
+/// of the last state that peer sent on the session). The store also names subscription keys by
+/// its high half (`DocumentStore.scopeHash`).
 ///
 /// Not cryptographic: two 64-bit multiply–xorshift lanes over 8-byte words (the construction of
-/// SplitMix64's finaliser, Steele et al. 2014), with the length mixed in. A collision can only
-/// make a node skip sending a peer the very state that peer sent it in the same session.
+/// SplitMix64's finaliser, Steele et al. 2014), with the length mixed in. A collision (another
+/// state of the same document with the same digest) would keep that state from that peer alone:
+/// it is not sent, and the peer's checkpoint moves past it, until the document changes again here.
 public struct StateDigest: Hashable, Sendable {
     public let high: UInt64
     public let low: UInt64

@@ -1,8 +1,10 @@
 /// A subscription: the documents of one collection matching a query with arguments.
 ///
 /// Its ``key`` names it on the wire and in checkpoints: the same (collection, query, args) from
-/// any node has the same key. The key is an opaque name: nothing parses it back (the collection
-/// travels beside it), so no collection name or query text can make two subscriptions collide.
+/// any node has the same key. Neither a collection name nor the JSON of the arguments holds a
+/// raw U+001F, so no collection name or query text can make two subscriptions collide. Peers
+/// never parse the key (the collection travels beside it); locally, the collection of a stored
+/// checkpoint is recovered as the text before the first U+001F (``collection(ofKey:)``).
 /// Equality and hashing compare the collection name and query text byte-wise (collections "é"
 /// and "e" + U+0301 are two subscriptions).
 public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
@@ -70,8 +72,10 @@ public struct WireSubscription: Hashable, Sendable {
     public var since: Int64
     /// Hops this subscription has travelled (0 = the peer's own); at most ``WireMessage/maxHops``.
     public var hops: Int
-    /// The receiver's rescan generation for the collection: it changes when the receiver evicted
-    /// documents and wants matching ones sent again from `since`. Echoed in every `batch`.
+    /// The receiver's rescan generation for the collection, plus how often the receiver asked for
+    /// this subscription again on this link after postponing a batch: it changes when the receiver
+    /// evicted documents or postponed a batch and wants matching ones sent again from `since`.
+    /// Echoed in every `batch`.
     public var generation: UInt32
 
     public init(spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0) {
@@ -121,12 +125,13 @@ public enum WireMessage: Sendable, Equatable {
     case hello(Hello)
     /// `{t:"subs", subs:[{c, q, a, since, hops, gen}], v}`: the sender's complete subscription
     /// set, replacing any earlier one; `v` grows with each set sent on a link, so a receiver
-    /// ignores a set older than one it already has.
+    /// ignores a set whose `v` is not above the last one it took (unless `v` is 0 or absent).
     case subscriptions([WireSubscription], version: UInt64 = 0)
     /// `{t:"batch", sub, docs:[{c, id, s}], upTo, gen}`: changes for one subscription, in the
     /// sender's `seq` order, covering the sender's log up to `upTo`.
     case batch(subscription: String, documents: [WireDocument], upTo: Int64, generation: UInt32)
-    /// `{t:"ack", sub, upTo}`: the receiver durably applied the batch up to `upTo`.
+    /// `{t:"ack", sub, upTo}`: the receiver committed the batch up to `upTo` (with SQLite's
+    /// `synchronous=NORMAL` by default: a power loss may still take the commit back).
     case ack(subscription: String, upTo: Int64)
     /// `{t:"suberr", sub, code, msg}`: the sender cannot serve this one subscription (its query
     /// does not parse or bind here, reading the log failed, a limit); the session goes on.
