@@ -61,7 +61,7 @@ let package = Package(
             name: "TrellisTestKit",
             dependencies: [
                 "Trellis", "TrellisCore", "TrellisStore", "TrellisCrypto", "TrellisContacts", "ContactProvider",
-                "TrellisNet", "TrellisSync",
+                "TrellisNet", "TrellisSync", "CSQLite",
             ]),
 
         .executableTarget(

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every Trellis test: installs what is missing (apt: libsodium-dev, libsqlite3-dev,
+# Runs every Trellis test: installs what is missing (apt: libsodium-dev, libsqlite3-dev, faketime,
 # pkg-config; PyPI into .venv: noiseprotocol, khard and vobject for the interoperability tests), checks formatting,
 # builds, and runs the whole suite.
 set -euo pipefail

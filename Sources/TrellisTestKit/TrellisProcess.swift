@@ -1,8 +1,9 @@
 public import Foundation
+import Glibc
 import Synchronization
 
 /// A running `trellis` process for multi-process tests: its output is collected, and it is
-/// terminated when dropped.
+/// terminated when dropped (continued first if stopped, killed if it does not exit within 10 s).
 public final class TrellisProcess: Sendable {
     public let process: Process
     private let output = TextBuffer()
@@ -10,7 +11,10 @@ public final class TrellisProcess: Sendable {
     private let input: Pipe
 
     /// Starts `trellis ARGS…` (the binary from ``Repository/trellisBinary``).
-    public init(_ arguments: [String]) throws {
+    ///
+    /// - Parameter environment: variables added to (or replacing) this process's environment,
+    ///   such as ``FakeClock/environment``.
+    public init(_ arguments: [String], environment: [String: String] = [:]) throws {
         let binary = Repository.trellisBinary
         guard FileManager.default.isExecutableFile(atPath: binary.path) else {
             throw ProcessError("no trellis binary at \(binary.path); run `swift build` (scripts/test.sh does)")
@@ -18,6 +22,9 @@ public final class TrellisProcess: Sendable {
         process = Process()
         process.executableURL = binary
         process.arguments = arguments
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
+        }
         let out = Pipe()
         let err = Pipe()
         input = Pipe()
@@ -26,12 +33,16 @@ public final class TrellisProcess: Sendable {
         process.standardInput = input
         let output = self.output
         let errors = self.errors
+        // At the end of the stream the handler is removed: otherwise it is called again and again
+        // with no data, and the descriptor stays open.
         out.fileHandleForReading.readabilityHandler = { handle in
             let data = handle.availableData
+            if data.isEmpty { handle.readabilityHandler = nil }
             output.append(data)
         }
         err.fileHandleForReading.readabilityHandler = { handle in
             let data = handle.availableData
+            if data.isEmpty { handle.readabilityHandler = nil }
             errors.append(data)
         }
         try process.run()
@@ -57,6 +68,14 @@ public final class TrellisProcess: Sendable {
         try? input.fileHandleForWriting.close()
     }
 
+    /// Whether the process is still running (a stopped process is running).
+    public var isRunning: Bool { process.isRunning }
+
+    /// Sends a signal (SIGSTOP, SIGCONT, …) without waiting.
+    public func signal(_ signal: Int32) {
+        if process.isRunning { Glibc.kill(process.processIdentifier, signal) }
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     @discardableResult
     public func terminate() -> Int32 {
@@ -65,12 +84,18 @@ public final class TrellisProcess: Sendable {
         return process.terminationStatus
     }
 
+    /// Kills the process with SIGKILL (it gets no chance to clean up) and waits until it is gone.
+    public func kill() {
+        signal(SIGKILL)
+        process.waitUntilExit()
+    }
+
     /// Waits for the process to exit by itself (up to `timeout` seconds, then SIGKILL).
     @discardableResult
     public func wait(timeout: Double = 30) -> Int32 {
         let deadline = Date().addingTimeInterval(timeout)
         while process.isRunning && Date() < deadline { usleep(10_000) }
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
         return process.terminationStatus
     }
@@ -107,9 +132,11 @@ public final class TrellisProcess: Sendable {
 
     deinit {
         if process.isRunning {
+            Glibc.kill(process.processIdentifier, SIGCONT)  // a stopped process cannot handle SIGTERM
             process.terminate()
-            process.waitUntilExit()
+            wait(timeout: 10)
         }
+        closeInput()
     }
 }
 

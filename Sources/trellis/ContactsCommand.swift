@@ -146,6 +146,8 @@ enum ContactsCommand {
                 }
                 step.wait()
             }
+            // The loop may have taken the stop meant for the main thread below: pass it on.
+            done.signal()
         }
         done.wait()
         store.removeObserver(token)

@@ -257,4 +257,33 @@ func cars(_ n: Int) -> [Value] {
         usleep(100_000)
         #expect(a.engine.peers.count == 1 && b.engine.peers.count == 1)
     }
+
+    /// F21 across a restart: documents an earlier run deferred (their stamps were ahead of this
+    /// node's clock) are applied once the node starts again with its clock right, although no
+    /// peer sends them again (the checkpoint covers them) and nothing new is deferred.
+    @Test func documentsDeferredByAnEarlierRunAreRetriedWhenTheEngineStarts() throws {
+        let clock = ManualClock()
+        var options = StoreOptions()
+        options.now = clock.source
+        options.log = { _ in }
+        var ahead = options
+        ahead.now = ManualClock(startingAt: clock.now + 7_200_000).source
+        let peer = try DocumentStore(path: dir.path("peer.sqlite"), options: ahead)
+        try peer.upsert(["_id": "d1", "v": 1], in: "c")
+        let documents = try peer.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records.map {
+            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
+        }
+        let before = try DocumentStore(path: dir.path("local.sqlite"), options: options)
+        let outcome = try before.merge(
+            documents, from: [1], checkpoint: (subscription: "c true", Checkpoint(epoch: peer.epoch, seq: 1)))
+        #expect(outcome.deferred.count == 1)
+        before.close()
+
+        clock.advance(by: 7_200_000)  // the clock was fixed while the node was down
+        let store = try DocumentStore(path: dir.path("local.sqlite"), options: options)
+        let engine = try SyncEngine(store: store, peerKey: Array(repeating: 7, count: 32))
+        defer { engine.close() }
+        #expect(eventually(timeout: 10) { (try? store.document(id: "d1", in: "c")) == ["_id": "d1", "v": 1] })
+        #expect(try store.deferredDocuments().isEmpty)
+    }
 }
