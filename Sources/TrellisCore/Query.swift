@@ -103,7 +103,8 @@ public struct Query: Sendable, Hashable, CustomStringConvertible {
     ///
     /// - Parameter args: the arguments map; `$args.a.b` reads key `b` of `args["a"]`.
     /// - Throws: ``QueryEvaluationError/missingArgument(name:)`` naming the first missing argument,
-    ///   ``QueryEvaluationError/invalidArgument(name:reason:)`` for NaN or ±Infinity.
+    ///   ``QueryEvaluationError/invalidArgument(name:reason:)`` for NaN or ±Infinity, or for an
+    ///   argument of `IN` that is not a list.
     /// - Complexity: O(size of the predicate + size of the argument values used).
     public func bind(args: UTF8Map<Value>) throws(QueryEvaluationError) -> Query {
         guard needsArguments else { return self }

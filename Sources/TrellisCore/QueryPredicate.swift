@@ -138,7 +138,18 @@ extension Predicate {
         case .contains(let l, let r):
             return .contains(try l.bound(to: args), try r.bound(to: args))
         case .isIn(let l, let r):
-            return .isIn(try l.bound(to: args), try r.bound(to: args))
+            let list = try r.bound(to: args)
+            // `x IN $args.a` needs a list: anything else is an error naming the argument, not a
+            // query that matches nothing (and whose text would not parse).
+            if case .argument(let path) = r, case .literal(let value) = list {
+                switch value {
+                case .array: break
+                default:
+                    throw .invalidArgument(
+                        name: path.description, reason: "IN needs a list, and it holds \(value.typeName)")
+                }
+            }
+            return .isIn(try l.bound(to: args), list)
         }
     }
 }

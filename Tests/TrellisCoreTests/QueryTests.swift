@@ -663,3 +663,17 @@ private func randomPredicate(depth: Int, using rng: inout SplitMix64) -> Predica
     default: return .or((0..<count).map { _ in randomPredicate(depth: depth - 1, using: &rng) })
     }
 }
+
+extension QueryTests {
+    /// `x IN $args.a` needs a list: another value is an error naming the argument (FuzzQuery found
+    /// that it bound to a query matching nothing whose text did not parse).
+    @Test func inWithAnArgumentThatIsNotAListIsAnError() throws {
+        let query = try Query("mG IN $args.s.m")
+        #expect(throws: QueryEvaluationError.invalidArgument(name: "s.m", reason: "IN needs a list, and it holds int"))
+        {
+            try query.bind(args: ["s": ["m": 1]])
+        }
+        let bound = try query.bind(args: ["s": ["m": [1, 2]]])
+        #expect(bound.predicate.matches(["mG": 2]))
+    }
+}
