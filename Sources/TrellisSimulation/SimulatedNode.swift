@@ -127,10 +127,7 @@ public final class SimulatedNode: @unchecked Sendable {
     func stop() {
         if let token = observerToken { storeIfUp?.documents.removeObserver(token) }
         observerToken = nil
-        for watch in watches {
-            watch.liveQuery?.stop()
-            watch.liveQuery = nil  // the box and its live query hold each other
-        }
+        for watch in watches { watch.liveQuery?.stop() }
         watches = []
         host = nil
         storeIfUp = nil

@@ -57,10 +57,6 @@ public final class SyncHost {
     private var scans: [LinkID: [ScanRequest]] = [:]
     private var scanOrder: [LinkID] = []
 
-    /// Starts by retrying the documents the store deferred in earlier runs
-    /// (``SyncStore/retryDeferredDocuments()``); those that remain are retried on the
-    /// replicator's schedule.
-    ///
     /// - Parameters:
     ///   - configuration: the replicator's limits.
     ///   - seed: fixes the replicator's random choices.
@@ -76,16 +72,6 @@ public final class SyncHost {
         self.log = log
         replicator = Replicator(
             configuration: configuration, local: store.localLog, generations: store.rescanGenerations, seed: seed)
-        // Documents an earlier run deferred are covered by checkpoints, so no peer sends them
-        // again and no new deferral may come to start the retries: try them now (the clock may
-        // have been fixed while the node was down), and on the replicator's schedule while any
-        // remain.
-        do {
-            replicator.deferredRetried(remaining: try store.retryDeferredDocuments(), now: now())
-        } catch {
-            log("retrying deferred documents failed: \(error)")
-            replicator.deferredRetried(remaining: 1, now: now())
-        }
     }
 
     /// Whether scans are waiting for ``runScans(limit:)``.

@@ -1,4 +1,5 @@
 import Foundation
+import TrellisCore
 
 /// A small, fast, seedable random number generator (SplitMix64) for reproducible tests.
 ///
@@ -8,22 +9,20 @@ import Foundation
 /// Randomised tests take their seed from ``fromEnvironment(default:)``, print it, and replay a
 /// failure with `TRELLIS_SEED=<seed> swift test --filter <test>`.
 public struct SeededRandom: RandomNumberGenerator, Sendable {
+    /// The generator: the pure core's ``SplitMix64``, so tests and the simulator draw the same
+    /// sequences from the same seed.
+    private var generator: SplitMix64
+
     /// The generator's state; the next output is a function of it alone.
-    public private(set) var state: UInt64
+    public var state: UInt64 { generator.state }
 
     /// A generator whose sequence is fixed by `seed`.
     public init(seed: UInt64) {
-        state = seed
+        generator = SplitMix64(seed: seed)
     }
 
     /// The next 64 random bits (one SplitMix64 step).
-    public mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
+    public mutating func next() -> UInt64 { generator.next() }
 
     /// The environment variable that overrides the seed of randomised tests.
     public static let environmentVariable = "TRELLIS_SEED"
