@@ -31,21 +31,33 @@ public final class TrellisProcess: Sendable {
         process.standardOutput = out
         process.standardError = err
         process.standardInput = input
-        let output = self.output
-        let errors = self.errors
-        // At the end of the stream the handler is removed: otherwise it is called again and again
-        // with no data, and the descriptor stays open.
-        out.fileHandleForReading.readabilityHandler = { handle in
-            let data = handle.availableData
-            if data.isEmpty { handle.readabilityHandler = nil }
-            output.append(data)
-        }
-        err.fileHandleForReading.readabilityHandler = { handle in
-            let data = handle.availableData
-            if data.isEmpty { handle.readabilityHandler = nil }
-            errors.append(data)
-        }
         try process.run()
+        // Each pipe is drained by a blocking read loop on its own thread, which ends at the end of
+        // the stream (the child's write ends are closed in this process by `run()`). Not
+        // `readabilityHandler`: tearing down its dispatch read source races the descriptor's close
+        // and can crash libdispatch's event loop on Linux (swift-corelibs-libdispatch #949).
+        Self.drain(out.fileHandleForReading, into: output)
+        Self.drain(err.fileHandleForReading, into: errors)
+    }
+
+    private static func drain(_ handle: FileHandle, into buffer: TextBuffer) {
+        let thread = Thread {
+            let descriptor = handle.fileDescriptor
+            var chunk = [UInt8](repeating: 0, count: 65_536)
+            while true {
+                let count = chunk.withUnsafeMutableBytes { Glibc.read(descriptor, $0.baseAddress, $0.count) }
+                if count > 0 {
+                    buffer.append(Data(chunk[..<count]))
+                } else if count < 0 && errno == EINTR {
+                    continue
+                } else {
+                    break
+                }
+            }
+            try? handle.close()
+            buffer.end()
+        }
+        thread.start()
     }
 
     /// Everything written to standard output so far.
@@ -81,6 +93,7 @@ public final class TrellisProcess: Sendable {
     public func terminate() -> Int32 {
         if process.isRunning { process.terminate() }
         process.waitUntilExit()
+        waitForOutput()
         return process.terminationStatus
     }
 
@@ -88,6 +101,7 @@ public final class TrellisProcess: Sendable {
     public func kill() {
         signal(SIGKILL)
         process.waitUntilExit()
+        waitForOutput()
     }
 
     /// Waits for the process to exit by itself (up to `timeout` seconds, then SIGKILL).
@@ -97,7 +111,15 @@ public final class TrellisProcess: Sendable {
         while process.isRunning && Date() < deadline { usleep(10_000) }
         if process.isRunning { Glibc.kill(process.processIdentifier, SIGKILL) }
         process.waitUntilExit()
+        waitForOutput()
         return process.terminationStatus
+    }
+
+    /// Waits until both output pipes have reached their end (the process and any child holding
+    /// them have exited), up to `timeout` seconds.
+    public func waitForOutput(timeout: Double = 5) {
+        let deadline = Date().addingTimeInterval(timeout)
+        while !(output.ended && errors.ended) && Date() < deadline { usleep(2_000) }
     }
 
     /// The port from the node's "listening on HOST:PORT" log line, once it appears.
@@ -126,7 +148,6 @@ public final class TrellisProcess: Sendable {
         if let input { p.send(input) }
         p.closeInput()
         let status = p.wait(timeout: timeout)
-        usleep(20_000)  // let the pipe handlers drain
         return (status, p.stdout, p.stderr)
     }
 
@@ -146,9 +167,12 @@ public struct ProcessError: Error, CustomStringConvertible {
     public init(_ description: String) { self.description = description }
 }
 
-/// Text collected from a pipe on another thread.
+/// Text collected from a pipe on another thread; decoded as UTF-8 when read, so that a character
+/// split between two reads is kept whole.
 final class TextBuffer: Sendable {
-    private let storage = Mutex<String>("")
-    func append(_ data: Data) { storage.withLock { $0 += String(decoding: data, as: UTF8.self) } }
-    var text: String { storage.withLock { $0 } }
+    private let storage = Mutex<(bytes: [UInt8], ended: Bool)>(([], false))
+    func append(_ data: Data) { storage.withLock { $0.bytes += data } }
+    func end() { storage.withLock { $0.ended = true } }
+    var text: String { storage.withLock { String(decoding: $0.bytes, as: UTF8.self) } }
+    var ended: Bool { storage.withLock { $0.ended } }
 }

@@ -162,7 +162,6 @@ import TrellisTestKit
                 return Double(millis(since: launched))
             }
             kills += 1
-            await pause(0.02)  // let the pipe handlers drain
             if importing.stdout.contains("imported 5000 documents into items") {
                 acknowledged = round
                 full = 0.7 * full + 0.3 * 0.9 * offset
