@@ -49,7 +49,7 @@ public final class TrellisNode: Sendable {
 
     /// A node dropped without ``stop()`` stops its networking, so its threads end and release
     /// the store (and with it the directory's lock).
-    deinit { network.stop() }
+    deinit { network.close() }
 
     static func loadOrCreateIdentity(_ file: URL) throws -> KeyPair {
         if FileManager.default.fileExists(atPath: file.path) {
@@ -68,29 +68,57 @@ public final class TrellisNode: Sendable {
     /// This node's peer key (static public key), hex.
     public var peerKeyHex: String { identity.publicKey.map { String(format: "%02x", $0) }.joined() }
 
-    /// Starts accepting connections on `endpoint`.
+    /// Starts accepting connections on `endpoint` (and starts sync if it was stopped: see
+    /// ``startSync()``). After ``stopSync()``, ``startSync()`` listens again on the same address
+    /// and port.
     ///
     /// - Returns: the bound port.
+    /// - Throws: ``SocketError`` when the address cannot be bound.
     @discardableResult
     public func listen(on endpoint: Endpoint) throws -> UInt16 {
-        try network.listen(on: endpoint)
+        try network.start()
+        return try network.listen(on: endpoint)
     }
 
-    /// Keeps a connection to a static peer.
+    /// Keeps a connection to a static peer: dialed whenever sync is active and no session with
+    /// the peer behind it exists (jittered exponential backoff, 0.25 s to 30 s). Added while sync
+    /// is stopped, it is dialed at the next ``startSync()``.
     public func connect(to endpoint: Endpoint) {
         network.dial(endpoint)
     }
 
-    /// Stops all networking. The local store stays usable.
+    /// Starts (or resumes) sync, as Ditto's `startSync()`: listens again where the node listened
+    /// before ``stopSync()``, dials the static peers at once (backoff reset), and serves and asks
+    /// for subscriptions on every new session. A node syncs from its creation, so calling this
+    /// first is harmless; it does nothing while sync is active. Repeatable.
+    ///
+    /// - Throws: ``SocketError`` when the listening port cannot be bound again; sync stays
+    ///   stopped then.
+    public func startSync() throws {
+        try network.start()
+    }
+
+    /// Stops sync, as Ditto's `stopSync()`: closes every session and the listener and stops
+    /// dialing. Subscriptions, static peers, the store and live queries stay; local writes go on
+    /// and are sent at the next ``startSync()``. Repeatable.
+    public func stopSync() {
+        network.stop()
+    }
+
+    /// Whether sync is active (between ``startSync()`` and ``stopSync()``; a new node is active).
+    public var isSyncActive: Bool { network.isRunning }
+
+    /// Stops all networking (``stopSync()``). The local store stays usable.
     public func stop() {
         network.stop()
     }
 
-    /// Stops all networking and closes the store cleanly (``DocumentStore/close()``): the next
-    /// open knows that no commit can have been lost. Call it before a process exits; the node
-    /// cannot be used afterwards (store calls throw ``StoreError/closed``).
+    /// Stops all networking for good and closes the store cleanly (``DocumentStore/close()``):
+    /// the next open knows that no commit can have been lost. Call it before a process exits; the
+    /// node cannot be used afterwards (store calls throw ``StoreError/closed``, ``startSync()``
+    /// does not resume).
     public func close() {
-        network.stop()
+        network.close()
         store.documents.close()
     }
 

@@ -15,7 +15,10 @@ public final class MeshNetwork: Sendable {
     private let meshKey: SecretBytes
     private let log: @Sendable (String) -> Void
     private let running = Atomic<Bool>(true)
+    private let closed = Atomic<Bool>(false)
     private let listener: Mutex<TCPListener?> = Mutex(nil)
+    /// What to listen on again after ``stop()``: the endpoint last listened on, with its bound port.
+    private let listenEndpoint: Mutex<Endpoint?> = Mutex(nil)
     private let pendingHandshakes = Atomic<Int>(0)
     /// Inbound handshakes allowed in progress at once; more connections are closed at once.
     public let maxPendingHandshakes = 32
@@ -42,14 +45,20 @@ public final class MeshNetwork: Sendable {
     @discardableResult
     public func listen(on endpoint: Endpoint) throws -> UInt16 {
         let socketListener = try TCPListener(endpoint: endpoint)
-        listener.withLock { $0 = socketListener }
+        let previous = listener.withLock { current in
+            defer { current = socketListener }
+            return current
+        }
+        previous?.close()
+        listenEndpoint.withLock { $0 = Endpoint(host: endpoint.host, port: socketListener.port) }
         let thread = Thread { [weak self] in
             while let self, self.running.load(ordering: .acquiring) {
                 let socket: TCPSocket
                 do {
                     socket = try socketListener.accept()
                 } catch {
-                    if self.running.load(ordering: .acquiring) { self.log("accept failed: \(error)") }
+                    let current = self.listener.withLock { $0 === socketListener }
+                    if current && self.running.load(ordering: .acquiring) { self.log("accept failed: \(error)") }
                     return
                 }
                 self.handshake(inbound: socket)
@@ -111,10 +120,46 @@ public final class MeshNetwork: Sendable {
         thread.start()
     }
 
-    /// Stops listening and dialing and closes every session.
+    /// Whether the network runs (between ``start()`` and ``stop()``).
+    public var isRunning: Bool { running.load(ordering: .acquiring) }
+
+    /// Stops listening and dialing and closes every session. Repeatable: ``start()`` resumes.
     public func stop() {
         running.store(false, ordering: .releasing)
-        listener.withLock { $0?.close() }
+        let old = listener.withLock { current in
+            defer { current = nil }
+            return current
+        }
+        old?.close()
+        engine.stop()
+    }
+
+    /// Resumes after ``stop()``: listens again on the endpoint and port listened on before (if
+    /// any) and dials the static peers again. Does nothing when running.
+    ///
+    /// - Throws: ``SocketError`` when the port cannot be bound again (the network stays
+    ///   stopped), or after ``close()``.
+    public func start() throws {
+        guard !closed.load(ordering: .acquiring) else {
+            throw SocketError("start", message: "the node was closed; open a new one")
+        }
+        guard !running.load(ordering: .acquiring) else { return }
+        running.store(true, ordering: .releasing)
+        if let endpoint = listenEndpoint.withLock({ $0 }) {
+            do {
+                try listen(on: endpoint)
+            } catch {
+                running.store(false, ordering: .releasing)
+                throw error
+            }
+        }
+        engine.start()
+    }
+
+    /// Stops for good: ``stop()``, and the engine's timer ends.
+    public func close() {
+        closed.store(true, ordering: .releasing)
+        stop()
         engine.close()
     }
 }

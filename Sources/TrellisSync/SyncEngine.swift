@@ -215,14 +215,31 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         queue.async { [self] in host.dialFailed(endpoint, reason: reason) }
     }
 
-    /// Closes every link and stops dialing.
-    public func close() {
+    /// Closes every link and stops dialing; subscriptions, static peers and the timer (deferred
+    /// retries) stay. Repeatable: ``start()`` resumes.
+    public func stop() {
         let open = onEngine { () -> [any MessageLink] in
             host.stop()
-            timer?.cancel()
             return Array(links.values)
         }
         for link in open { link.close() }
+    }
+
+    /// Resumes after ``stop()``: static peers are dialed again.
+    public func start() {
+        onEngine {
+            host.start()
+            scheduleScans()
+        }
+    }
+
+    /// Whether sessions may run (not stopped).
+    public var isActive: Bool { onEngine { !host.replicator.isStopped } }
+
+    /// Stops for good: ``stop()``, and the timer ends.
+    public func close() {
+        stop()
+        onEngine { timer?.cancel() }
     }
 
     // MARK: SyncTransport

@@ -148,10 +148,16 @@ public final class SyncHost {
         run(replicator.tick(now: now()))
     }
 
+    /// Closes every session and stops dialing (``Replicator/stop()``); ``start()`` resumes.
     public func stop() {
         run(replicator.stop())
         scans.removeAll()
         scanOrder.removeAll()
+    }
+
+    /// Resumes after ``stop()`` (``Replicator/start(now:)``).
+    public func start() {
+        run(replicator.start(now: now()))
     }
 
     /// Runs up to `limit` queued scans, one per link in turn.

@@ -82,10 +82,11 @@ public struct Replicator: Sendable {
 
     /// Keeps a connection to a static peer address, dialing it with jittered exponential backoff
     /// whenever no session with the peer behind it exists.
+    /// Added while stopped, the peer is kept and first dialed by ``start(now:)``.
     public mutating func addPeer(_ endpoint: String, now: Millis) -> [ReplicatorDirective] {
-        guard !stopped, endpoints[endpoint] == nil else { return [] }
+        guard endpoints[endpoint] == nil else { return [] }
         endpoints[endpoint] = Endpoint(next: now, backoff: configuration.dialBackoffInitial)
-        return tick(now: now)
+        return stopped ? [] : tick(now: now)
     }
 
     /// Stops dialing a static peer (an open link to it stays).
@@ -334,11 +335,29 @@ public struct Replicator: Sendable {
         return directives
     }
 
-    /// Closes every link and stops dialing.
+    /// Whether the replicator is stopped (``stop()``): no dials, and new links are closed.
+    public var isStopped: Bool { stopped }
+
+    /// Closes every link and stops dialing. Static peers and subscriptions are kept for
+    /// ``start(now:)``.
     public mutating func stop() -> [ReplicatorDirective] {
         stopped = true
-        endpoints.removeAll()
+        for name in endpoints.keys { endpoints[name]!.state = .idle }
         return sessions.keys.sorted().flatMap { close($0, "node is stopping") }
+    }
+
+    /// Resumes after ``stop()``: static peers are dialed again at once, with their backoff reset.
+    /// Does nothing when running.
+    public mutating func start(now: Millis) -> [ReplicatorDirective] {
+        guard stopped else { return [] }
+        stopped = false
+        for name in endpoints.keys {
+            endpoints[name]!.state = .idle
+            endpoints[name]!.next = now
+            endpoints[name]!.backoff = configuration.dialBackoffInitial
+            endpoints[name]!.lastError = nil
+        }
+        return tick(now: now)
     }
 
     // MARK: Scans and merges

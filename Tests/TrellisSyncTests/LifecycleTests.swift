@@ -1,0 +1,85 @@
+import Foundation
+import Testing
+import Trellis
+import TrellisCore
+import TrellisTestKit
+
+/// `startSync()` / `stopSync()`, as in Ditto: repeatable, on either side of a session.
+@Suite struct LifecycleTests {
+    let dir = TemporaryDirectory()
+
+    func node(_ name: String, _ key: MeshKey) throws -> TrellisNode {
+        try TrellisNode(directory: dir.url.appendingPathComponent(name), meshKey: key)
+    }
+
+    func has(_ node: TrellisNode, _ id: String) -> Bool {
+        (try? node.store.collection("c").findByID(.string(id)).exec()) != nil
+    }
+
+    /// The receiver stops and starts three times; the sender stops and starts (listening again
+    /// on its port) twice. Writes made while stopped arrive after the next start, nothing arrives
+    /// while stopped, and each stop closes every session.
+    @Test func syncStopsAndStartsAgainOnEitherSide() throws {
+        let key = MeshKey.generate()
+        let a = try node("a", key)
+        let b = try node("b", key)
+        defer {
+            a.close()
+            b.close()
+        }
+        let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+        let subscription = try b.store.collection("c").findAll().subscribe()
+        defer { subscription.cancel() }
+        b.connect(to: Endpoint(host: "127.0.0.1", port: port))
+        #expect(a.isSyncActive && b.isSyncActive)
+        try a.store.collection("c").upsert(["_id": "first"])
+        #expect(eventually { has(b, "first") })
+
+        for round in 0..<3 {
+            b.stopSync()
+            #expect(!b.isSyncActive)
+            #expect(b.peers.isEmpty)
+            #expect(eventually { a.peers.isEmpty }, "round \(round): A still has a session after B stopped")
+            try a.store.collection("c").upsert(["_id": .string("while-b-stopped-\(round)")])
+            try b.startSync()
+            try b.startSync()  // harmless when active
+            #expect(b.isSyncActive)
+            #expect(eventually { has(b, "while-b-stopped-\(round)") }, "round \(round)")
+        }
+        for round in 0..<2 {
+            a.stopSync()
+            #expect(eventually { b.peers.isEmpty })
+            try a.store.collection("c").upsert(["_id": .string("while-a-stopped-\(round)")])
+            try a.startSync()  // listens on the same port again; B's dials find it
+            #expect(eventually(timeout: 30) { has(b, "while-a-stopped-\(round)") }, "round \(round)")
+        }
+    }
+
+    /// A static peer added while sync is stopped is dialed at the next start, not before.
+    @Test func aPeerAddedWhileStoppedIsDialedAtStart() throws {
+        let key = MeshKey.generate()
+        let a = try node("a", key)
+        let b = try node("b", key)
+        defer {
+            a.close()
+            b.close()
+        }
+        let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+        try a.store.collection("c").upsert(["_id": "x"])
+        b.stopSync()
+        let subscription = try b.store.collection("c").findAll().subscribe()
+        defer { subscription.cancel() }
+        b.connect(to: Endpoint(host: "127.0.0.1", port: port))
+        #expect(b.peers.isEmpty && a.peers.isEmpty)
+        try b.startSync()
+        #expect(eventually { has(b, "x") })
+    }
+
+    /// A closed node cannot be started again: the error says so.
+    @Test func aClosedNodeSaysItCannotStart() throws {
+        let a = try node("a", .generate())
+        a.close()
+        #expect(throws: (any Error).self) { try a.startSync() }
+        #expect(!a.isSyncActive)
+    }
+}
