@@ -30,6 +30,8 @@ public struct NodeStatus: Sendable {
     public var deferred: [DeferredDocument]
     /// Damaged rows met since the store opened, skipped until a peer sends a good state.
     public var damaged: [(collection: String, key: String, reason: String)]
+    /// Per connected peer and subscription: what arrived, how far behind, initial sync complete.
+    public var sync: SyncStatus
 
     /// Several lines: identity and log, clocks, peers, subscriptions, then every deferred and
     /// damaged document with its reason.
@@ -50,6 +52,10 @@ public struct NodeStatus: Sendable {
         }
         lines.append("subscriptions: \(subscriptions.count)")
         for spec in subscriptions { lines.append("  \(spec)") }
+        if !sync.peers.isEmpty {
+            lines.append("sync:")
+            for line in sync.description.split(separator: "\n") { lines.append("  " + line) }
+        }
         lines.append("deferred: \(deferred.count) document(s) kept to retry")
         for doc in deferred {
             lines.append(
@@ -84,6 +90,6 @@ extension TrellisNode {
             peerKey: identity.publicKey, site: documents.siteID, epoch: documents.epoch, lastSeq: documents.lastSeq,
             physicalMillis: documents.options.now(), hlcMillis: documents.lastTimestamp.millis, peers: peers,
             subscriptions: subscriptions, deferred: try documents.deferredDocuments(),
-            damaged: documents.damagedDocuments())
+            damaged: documents.damagedDocuments(), sync: sync.status)
     }
 }

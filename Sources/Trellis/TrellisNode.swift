@@ -27,6 +27,11 @@ public final class TrellisNode: Sendable {
     public let directory: URL
     let engine: SyncEngine
     let network: MeshNetwork
+    /// Subscriptions and their sync status per peer (Ditto's `ditto.sync`).
+    public let sync: NodeSync
+    /// Who is in the mesh: direct peers, peers several hops away, incompatible peers (Ditto's
+    /// `ditto.presence`).
+    public let presence: Presence
 
     /// Opens (creating if needed) a node in `directory`.
     ///
@@ -45,6 +50,8 @@ public final class TrellisNode: Sendable {
         engine = try SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
         network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
         store = Store(documents: documents, subscriptions: engine)
+        sync = NodeSync(engine: engine)
+        presence = Presence(engine: engine)
     }
 
     /// A node dropped without ``stop()`` stops its networking, so its threads end and release

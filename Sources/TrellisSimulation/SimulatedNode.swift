@@ -75,6 +75,9 @@ public final class SimulatedNode: @unchecked Sendable {
     /// This node's replicator, for inspection (status, subscriptions).
     public var replicator: Replicator? { host?.replicator }
 
+    /// The mesh as this node knows it (``TrellisNode/presence``); `nil` while crashed.
+    public var presence: PresenceGraph? { replicator.map { PresenceGraph($0.status) } }
+
     func start() throws {
         var options = storeOptions
         let sim = simulation

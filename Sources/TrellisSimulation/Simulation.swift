@@ -580,7 +580,7 @@ public final class Simulation: @unchecked Sendable {
         let kind = Self.describe(bytes)
         messageCounts[kind.type, default: 0] += 1
         if countingBatches, kind.type == "batch", kind.carriesDocuments,
-            case .batch(_, let documents, _, _)? = try? WireMessage(serialized: bytes)
+            case .batch(_, let documents, _, _, _)? = try? WireMessage(serialized: bytes)
         {
             let digest = StateDigest(documents.flatMap { $0.state })
             batchRepeats["\(nodes[sender].name)->\(nodes[receiver].name) \(digest.high)", default: 0] += 1
@@ -733,17 +733,22 @@ public final class Simulation: @unchecked Sendable {
                 "subs",
                 "subs v\(version) [\(subs.map { "\($0.spec) since \($0.since) hops \($0.hops)" }.joined(separator: "; "))]"
             )
-        case .batch(let sub, let docs, let upTo, let generation):
+        case .batch(let sub, let docs, let upTo, let generation, let left):
             let ids = docs.prefix(8).map { $0.id.description }.joined(separator: ",")
             return (
                 "batch",
-                "batch \(sub.split(separator: "\u{1F}").first ?? "") \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation) \(bytes.count) B"
+                "batch \(sub.split(separator: "\u{1F}").first ?? "") \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(bytes.count) B"
             )
         case .ack(_, let upTo): return ("ack", "ack upTo \(upTo)")
         case .subscriptionError(_, let code, let text): return ("suberr", "suberr \(code): \(text)")
         case .ping: return ("ping", "ping")
         case .pong: return ("pong", "pong")
         case .error(let code, let text): return ("error", "error \(code): \(text)")
+        case .presence(let records):
+            let nodes = records.map { r in
+                "\(r.peerKey.prefix(4).map { String(format: "%02x", $0) }.joined()) seq \(r.seq) peers \(r.neighbors.count)"
+            }
+            return ("presence", "presence [\(nodes.joined(separator: "; "))]")
         }
     }
 }

@@ -722,6 +722,25 @@ public final class DocumentStore: Sendable {
         }
     }
 
+    /// Number of change-log entries of a collection after `seq` (live documents, tombstones and
+    /// eviction stubs), counted up to `cap`: how much a scan from `seq` may still have to read.
+    ///
+    /// - Complexity: O(min(result, cap)) over the `(collection, seq)` index.
+    public func logEntryCount(in collection: String, after seq: Int64, cap: Int64 = 10_000_000) throws(StoreError)
+        -> Int64
+    {
+        try withState { s -> Int64 in
+            let st = try s.db.prepare(
+                "SELECT count(*) FROM (SELECT 1 FROM documents WHERE collection = ? AND seq > ? LIMIT ?)")
+            st.bind(1, collection)
+            st.bind(2, seq)
+            st.bind(3, cap)
+            defer { st.reset() }
+            _ = try st.step()
+            return st.int64(0)
+        }
+    }
+
     /// The current CRDT state of a document, or `nil` when never seen: also a removed document's
     /// (its tombstone) and an evicted one's (its local stub).
     public func state(id: Value, in collection: String) throws(StoreError) -> DocumentState? {

@@ -14,7 +14,11 @@ extension DocumentStore: SyncStore {
                     seq: record.seq, key: record.key,
                     document: WireDocument(collection: record.collection, id: record.id, state: record.state))
             },
-            upTo: page.scannedUpTo, exhausted: page.exhausted)
+            upTo: page.scannedUpTo, exhausted: page.exhausted,
+            remaining: page.exhausted
+                ? 0
+                : request.countRemaining ? try logEntryCount(in: request.spec.collection, after: page.scannedUpTo) : nil
+        )
     }
 
     public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) {

@@ -62,6 +62,14 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     private var timer: (any DispatchSourceTimer)?
     private var observerToken: UInt64 = 0
     private let dialer = Mutex<(@Sendable (String) -> Void)?>(nil)
+    private var statusObservers: [UInt64: @Sendable (ReplicatorStatus) -> Void] = [:]
+    private var nextStatusObserver: UInt64 = 0
+    private var lastStatus: ReplicatorStatus?
+    private var lastStatusCheck: Millis = 0
+    /// Where status observers are called: one serial queue, in order, never on the engine's queue.
+    private let statusQueue = DispatchQueue(label: "trellis.sync.status")
+    /// How often observed status is compared with the last one delivered, in milliseconds.
+    public static let statusInterval: Millis = 250
     /// Messages read from one link and not yet handled, before its reader waits.
     public static let maxQueuedInbound = 16
 
@@ -95,6 +103,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
             guard let self else { return }
             self.host.tick()
             self.scheduleScans()
+            self.pushStatus()
         }
         timer.resume()
         queue.sync {
@@ -157,6 +166,44 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
 
     /// Every session and static peer as the replicator sees them.
     public var status: ReplicatorStatus { onEngine { host.replicator.status } }
+
+    /// Calls `handler` with the replicator's status now and then whenever it changed, checked
+    /// every ``statusInterval`` ms; calls come in order on one serial queue of the engine's
+    /// (never the engine's own queue, so a handler may call the engine).
+    ///
+    /// - Returns: a token for ``removeStatusObserver(_:)``.
+    public func addStatusObserver(_ handler: @escaping @Sendable (ReplicatorStatus) -> Void) -> UInt64 {
+        onEngine {
+            nextStatusObserver += 1
+            statusObservers[nextStatusObserver] = handler
+            let current = host.replicator.status
+            statusQueue.async { handler(current) }
+            return nextStatusObserver
+        }
+    }
+
+    /// Stops calling an observer; a call already queued may still run.
+    public func removeStatusObserver(_ token: UInt64) {
+        onEngine {
+            statusObservers[token] = nil
+            if statusObservers.isEmpty { lastStatus = nil }
+        }
+    }
+
+    /// The engine's clock, monotonic milliseconds (the one ``SyncProgress/lastReceived`` uses).
+    public static func now() -> Millis { monotonicMillis() }
+
+    private func pushStatus() {
+        guard !statusObservers.isEmpty else { return }
+        let now = Self.monotonicMillis()
+        guard now - lastStatusCheck >= Self.statusInterval else { return }
+        lastStatusCheck = now
+        let current = host.replicator.status
+        guard current != lastStatus else { return }
+        lastStatus = current
+        let handlers = statusObservers.keys.sorted().map { statusObservers[$0]! }
+        statusQueue.async { for handler in handlers { handler(current) } }
+    }
 
     // MARK: Links
 

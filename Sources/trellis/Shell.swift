@@ -45,8 +45,13 @@ final class Shell {
                                           then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
           unobserve-id COLLECTION ID      stop observing it
           peers                           list connected peers
-          status                          this node: identity, clocks, peers, subscriptions, and
-                                          every document held back (deferred, damaged) with why
+          presence                        the mesh as this node knows it: direct peers, peers
+                                          several hops away, incompatible peers
+          sync stop | sync start          stop sync (close sessions, stop listening and dialing) or
+                                          start it again; `sync` alone prints sync status
+          status                          this node: identity, clocks, peers, subscriptions, sync
+                                          status, and every document held back (deferred,
+                                          damaged) with why
           help                            this text
           quit                            leave (also end of input)
         Errors print one line starting with `error: `.
@@ -233,6 +238,19 @@ final class Shell {
             let peers = node.peers
             if peers.isEmpty { print("no peers connected") }
             for peer in peers { print(peer.description) }
+        case "presence":
+            print(node.presence.graph.description)
+        case "sync":
+            switch collection {
+            case "": print(node.sync.status.description)
+            case "stop":
+                node.stopSync()
+                print("sync stopped")
+            case "start":
+                try node.startSync()
+                print("sync started")
+            default: throw UsageError("sync takes `stop`, `start` or nothing, not '\(collection)'")
+            }
         case "status":
             print(try node.status().description)
         default:

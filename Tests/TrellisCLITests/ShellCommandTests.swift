@@ -225,6 +225,19 @@ import TrellisTestKit
 extension ShellCommandTests {
     /// A peer's write stamped a day ahead of this node's clock is kept, not dropped, and `status`
     /// says so with the reason (issue 8 item 1: refusals are visible, not only a log line).
+    @Test func syncAndPresenceCommands() throws {
+        let r = try shell(["sync", "presence", "sync stop", "sync stop", "sync", "sync start", "sync start", "sync go"])
+        #expect(r.status == 0)
+        #expect(r.stdout.count == 7, "\(r.stdout)")
+        #expect(r.stdout.first == "no peer connected")
+        #expect(r.stdout.dropFirst().first?.hasSuffix("(this node), 0 connection(s)") == true)
+        #expect(
+            Array(r.stdout.dropFirst(2)) == [
+                "sync stopped", "sync stopped", "no peer connected", "sync started", "sync started",
+            ])
+        #expect(r.stderr == ["error: sync takes `stop`, `start` or nothing, not 'go'"])
+    }
+
     @Test func statusListsDeferredDocumentsWithTheirReason() throws {
         let data = dir.path("D")
         try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)

@@ -71,8 +71,12 @@ import TrellisCore
         let spec = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
         _ = try r.subscribe(spec, now: 0)
         let established = r.received(hello(), on: link, now: 0)
+        // The subscriptions, then this node's presence record (it now has one neighbour: B).
         #expect(
-            Self.sent(established) == [.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)], version: 1)])
+            Self.sent(established) == [
+                .subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)], version: 1),
+                .presence([PresenceRecord(peerKey: Self.keyA, version: 2, seq: 1, neighbors: [Self.keyB])]),
+            ])
         let served = SubscriptionSpec(collection: "cars")
         let directives = r.received(
             .subscriptions([WireSubscription(spec: served, since: 5, hops: 0)]), on: link, now: 1)
@@ -249,7 +253,7 @@ import TrellisCore
             records: [Self.record(101, "p1", state: [9, 9]), Self.record(102, "p2")], upTo: 102, exhausted: true)
         let batch = Self.sent(r.scanned(link, request, page: page, now: 0))
         #expect(batch.count == 1)
-        guard case .batch(_, let docs, 102, _)? = batch.first else {
+        guard case .batch(_, let docs, 102, _, _)? = batch.first else {
             Issue.record("no batch: \(batch)")
             return
         }
@@ -264,7 +268,7 @@ import TrellisCore
             Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: again, now: 2))
                 .first)
         let resent = Self.sent(r.scanned(again, second, page: page, now: 2))
-        guard case .batch(_, let docs2, _, _)? = resent.first else {
+        guard case .batch(_, let docs2, _, _, _)? = resent.first else {
             Issue.record("no batch: \(resent)")
             return
         }
@@ -285,7 +289,7 @@ import TrellisCore
             exhausted: true)
         let directives = r.scanned(link, request, page: page, now: 0)
         #expect(directives.contains { if case .log(let text) = $0 { text.contains("big") } else { false } })
-        guard case .batch(_, let docs, 2, _)? = Self.sent(directives).first else {
+        guard case .batch(_, let docs, 2, _, _)? = Self.sent(directives).first else {
             Issue.record("no batch")
             return
         }
@@ -423,8 +427,8 @@ import TrellisCore
         let pings = Self.sent(r.tick(now: 5_000))
         #expect(pings.count == 1 && pings.allSatisfy { if case .ping = $0 { true } else { false } })
         #expect(Self.sent(r.received(.ping(5), on: link, now: 6_000)) == [.pong(5)])
-        #expect(Self.closes(r.tick(now: 25_999)).isEmpty)
-        #expect(Self.closes(r.tick(now: 26_000)) == [link])
+        #expect(Self.closes(r.tick(now: 20_999)).isEmpty)
+        #expect(Self.closes(r.tick(now: 21_000)) == [link])
     }
 
     /// A restarted peer dials again while this node still holds the old (dead) link: the old link

@@ -226,7 +226,7 @@ import TrellisTestKit
             subscription: "s",
             documents: page.records.map { WireDocument(collection: "c", id: $0.id, state: $0.state) },
             upTo: page.scannedUpTo, generation: 0)
-        guard case .batch(_, let docs, _, _) = try WireMessage(serialized: wire.serialized()) else {
+        guard case .batch(_, let docs, _, _, _) = try WireMessage(serialized: wire.serialized()) else {
             Issue.record("not a batch")
             return
         }

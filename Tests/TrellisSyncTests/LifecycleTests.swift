@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import Trellis
 import TrellisCore
@@ -81,5 +82,47 @@ import TrellisTestKit
         a.close()
         #expect(throws: (any Error).self) { try a.startSync() }
         #expect(!a.isSyncActive)
+    }
+}
+
+/// `node.sync.status` and its observer over real sockets.
+@Suite struct NodeSyncStatusTests {
+    let dir = TemporaryDirectory()
+
+    @Test func statusShowsTheInitialSyncCompleteAndTheObserverSeesIt() throws {
+        let key = MeshKey.generate()
+        let a = try TrellisNode(directory: dir.url.appendingPathComponent("a"), meshKey: key)
+        let b = try TrellisNode(directory: dir.url.appendingPathComponent("b"), meshKey: key)
+        defer {
+            a.close()
+            b.close()
+        }
+        try a.store.collection("c").upsert((0..<200).map { ["_id": .string("d\($0)")] })
+        let seen = Mutex<[SyncStatus]>([])
+        let observer = b.sync.observeStatus { status in seen.withLock { $0.append(status) } }
+        defer { observer.stop() }
+        #expect(b.sync.status.peers.isEmpty)
+        #expect(b.sync.status.description == "no peer connected")
+        let subscription = try b.store.collection("c").findAll().subscribe()
+        defer { subscription.cancel() }
+        let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+        b.connect(to: Endpoint(host: "127.0.0.1", port: port))
+        #expect(
+            eventually {
+                b.sync.status.peers.first?.subscriptions.first.map {
+                    $0.isInitialSyncComplete && $0.documentsReceived == 200
+                } ?? false
+            })
+        let status = b.sync.status
+        let sub = try #require(status.peers.first?.subscriptions.first)
+        #expect(sub.documentsBehind == 0)
+        #expect(sub.progress == 1)
+        #expect(sub.lastReceived.map { abs($0.timeIntervalSinceNow) < 60 } ?? false)
+        #expect(status.isInitialSyncComplete)
+        #expect(status.description.contains("up to date (200 document(s) received)"))
+        #expect(eventually { seen.withLock { $0.last?.isInitialSyncComplete == true && $0.last?.peers.count == 1 } })
+        #expect(seen.withLock { $0.first?.peers.isEmpty == true })
+        // A's side: it asks B for nothing, so its peer entry lists no subscription.
+        #expect(eventually { a.sync.status.peers.first?.subscriptions.isEmpty == true })
     }
 }

@@ -165,7 +165,7 @@ func cars(_ n: Int) -> [Value] {
             eventually {
                 received.withLock { messages in
                     messages.contains {
-                        if case .batch(good.key, let docs, _, _) = $0 { docs.count == 2 } else { false }
+                        if case .batch(good.key, let docs, _, _, _) = $0 { docs.count == 2 } else { false }
                     }
                 }
             })

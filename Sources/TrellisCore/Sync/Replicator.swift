@@ -14,7 +14,8 @@ public struct Replicator: Sendable {
     private var rng: SplitMix64
     private var own: [UTF8Key: (spec: SubscriptionSpec, count: Int)] = [:]
     private var generations: [UTF8Key: UInt32]
-    private var sessions: [LinkID: Session] = [:]
+    var sessions: [LinkID: Session] = [:]
+    var presenceState = PresenceState()
     private var checkpointCache: [[UInt8]: [UTF8Key: Checkpoint]] = [:]
     private var endpoints: [String: Endpoint] = [:]
     private var queries: [UTF8Key: QueryResult] = [:]
@@ -174,7 +175,8 @@ public struct Replicator: Sendable {
         case (.established, .subscriptions(let subs, let version)):
             sessions[link]?.remoteSubscriptionsVersion = version
             return serve(subs, on: link, now: now)
-        case (.established, .batch(let key, let documents, let upTo, let generation)):
+        case (.established, .batch(let key, let documents, let upTo, let generation, let left)):
+            noteProgress(key, documents: documents.count, left: left, on: link, now: now)
             return batch(key, documents, upTo, generation, on: link, now: now)
         case (.established, .ack(let subscription, let upTo)):
             let key = UTF8Key(subscription)
@@ -184,6 +186,8 @@ public struct Replicator: Sendable {
             served.lastProgress = now
             sessions[link]?.served[key] = served
             return scanIfReady(link, key, now: now)
+        case (.established, .presence(let records)):
+            return presenceReceived(records, on: link, now: now)
         case (.established, .subscriptionError(let subscription, let code, let text)):
             let key = UTF8Key(subscription)
             guard sessions[link]?.asked[key] != nil else { return [] }
@@ -321,6 +325,7 @@ public struct Replicator: Sendable {
                 directives += scanIfReady(link, key, now: now)
             }
         }
+        directives += presenceTick(now: now)
         if deferredPending, now >= nextDeferredRetry {
             nextDeferredRetry = now + configuration.deferredRetryInterval
             directives.append(.retryDeferred)
@@ -398,13 +403,27 @@ public struct Replicator: Sendable {
         }
         served.cursor = max(served.cursor, page.upTo)
         if !page.exhausted { served.pending = true }
-        if !documents.isEmpty || (page.exhausted && served.cursor > served.lastSentUpTo) {
+        // What is left: counted now and then, estimated in between (each page examined at most
+        // `limit` entries), never below 1 before the end.
+        if page.exhausted {
+            served.remainingEstimate = 0
+            served.pagesSinceCount = 0
+        } else if let counted = page.remaining {
+            served.remainingEstimate = counted
+            served.pagesSinceCount = 1
+        } else if let estimate = served.remainingEstimate {
+            served.remainingEstimate = max(1, estimate - Int64(request.limit))
+        }
+        // The first time the end of the log is reached, a batch goes even when it carries nothing:
+        // its `left: 0` tells the peer its initial sync of this subscription is complete.
+        if !documents.isEmpty || (page.exhausted && (served.cursor > served.lastSentUpTo || !served.reachedEnd)) {
+            if page.exhausted { served.reachedEnd = true }
             directives.append(
                 send(
                     link,
                     .batch(
                         subscription: request.subscription, documents: documents, upTo: served.cursor,
-                        generation: served.generation),
+                        generation: served.generation, left: served.remainingEstimate),
                     now))
             if served.inFlight == 0 { served.lastProgress = now }
             served.inFlight += 1
@@ -515,13 +534,16 @@ public struct Replicator: Sendable {
                     },
                     asked: s.asked.keys.sorted().map { key in
                         let v = s.asked[key]!
-                        return .init(spec: v.spec, hops: v.hops, cursor: v.since, error: s.remoteErrors[key])
+                        return .init(
+                            spec: v.spec, hops: v.hops, cursor: v.since, error: s.remoteErrors[key],
+                            progress: s.progress[key] ?? SyncProgress())
                     })
             },
             endpoints: endpoints.keys.sorted().map { name in
                 let e = endpoints[name]!
                 return .init(address: name, state: "\(e.state)", lastError: e.lastError)
-            })
+            },
+            presence: presence, incompatible: incompatiblePeers)
     }
 
     // MARK: - Internals
@@ -530,7 +552,7 @@ public struct Replicator: Sendable {
         sessions.contains { $0.key != link && $0.value.peerKey == peerKey && $0.value.phase == .established }
     }
 
-    private mutating func send(_ link: LinkID, _ message: WireMessage, _ now: Millis) -> ReplicatorDirective {
+    mutating func send(_ link: LinkID, _ message: WireMessage, _ now: Millis) -> ReplicatorDirective {
         sessions[link]?.lastSent = now
         return .send(link, message)
     }
@@ -553,6 +575,7 @@ public struct Replicator: Sendable {
     private mutating func helloReceived(_ hello: Hello, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         let s = sessions[link]!
         guard hello.version == WireMessage.protocolVersion else {
+            noteIncompatible(hello, address: s.address, now: now)
             if let endpoint = s.endpoint {
                 endpoints[endpoint]?.lastError = "incompatible: protocol version \(hello.version)"
             }
@@ -619,6 +642,7 @@ public struct Replicator: Sendable {
         ]
         directives += sendAsked(link, now: now)
         if !pendingSubs.isEmpty { directives += serve(pendingSubs, on: link, now: now) }
+        directives += presenceEstablished(link, now: now)
         return directives
     }
 
@@ -731,13 +755,29 @@ public struct Replicator: Sendable {
         served.scanning = true
         served.pending = false
         sessions[link]!.served[key] = served
-        return [
-            .scan(
-                link,
-                ScanRequest(
-                    subscription: key.string, spec: served.spec, query: query, after: served.cursor,
-                    limit: configuration.batchEntries, maxBytes: configuration.batchBytes))
-        ]
+        var request = ScanRequest(
+            subscription: key.string, spec: served.spec, query: query, after: served.cursor,
+            limit: configuration.batchEntries, maxBytes: configuration.batchBytes)
+        request.countRemaining = served.pagesSinceCount % 16 == 0
+        sessions[link]!.served[key]!.pagesSinceCount += 1
+        return [.scan(link, request)]
+    }
+
+    /// Records a batch's arrival for sync status (before the batch is checked or applied).
+    private mutating func noteProgress(
+        _ subscription: String, documents: Int, left: Int64?, on link: LinkID, now: Millis
+    ) {
+        let key = UTF8Key(subscription)
+        guard sessions[link]?.asked[key] != nil else { return }
+        var progress = sessions[link]!.progress[key] ?? SyncProgress()
+        progress.documents += documents
+        progress.batches += 1
+        progress.lastReceived = now
+        if let left {
+            progress.left = left
+            if left == 0 { progress.initialSyncComplete = true }
+        }
+        sessions[link]!.progress[key] = progress
     }
 
     private mutating func batch(
@@ -932,6 +972,8 @@ extension Replicator {
         var remoteErrors: [UTF8Key: String] = [:]
         /// States received on this session, for echo suppression.
         var echo: [EchoKey: StateDigest] = [:]
+        /// Per asked subscription, what arrived on this session (``SyncProgress``).
+        var progress: [UTF8Key: SyncProgress] = [:]
 
         init(
             link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?, opened: Millis,
@@ -971,6 +1013,12 @@ extension Replicator {
         var retryable = true
         var retryAt: Millis = 0
         var retryDelay: Millis
+        /// Whether a batch sent on this session reached the end of the log (told the peer `left: 0`).
+        var reachedEnd = false
+        /// Scans since the last one that counted the entries left, and that count less what was
+        /// examined since (``ScanRequest/countRemaining``).
+        var pagesSinceCount = 0
+        var remainingEstimate: Int64?
 
         init(spec: SubscriptionSpec, hops: Int, generation: UInt32, cursor: Int64, retryDelay: Millis) {
             self.spec = spec
@@ -1019,6 +1067,8 @@ public struct ReplicatorStatus: Sendable, Equatable {
         public var cursor: Int64
         /// Why it is not being served, if it is not.
         public var error: String?
+        /// For an asked subscription, what arrived from the peer in this session.
+        public var progress: SyncProgress?
     }
 
     public struct Peer: Sendable, Equatable {
@@ -1042,4 +1092,8 @@ public struct ReplicatorStatus: Sendable, Equatable {
 
     public var peers: [Peer]
     public var endpoints: [StaticPeer]
+    /// Presence records of every node reachable from this one, its own first (``Replicator/presence``).
+    public var presence: [PresenceRecord] = []
+    /// Peers that spoke another protocol version lately.
+    public var incompatible: [IncompatiblePeer] = []
 }

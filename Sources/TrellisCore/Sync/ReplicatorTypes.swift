@@ -62,11 +62,15 @@ public struct ScanPage: Sendable, Equatable {
     public var upTo: Int64
     /// `true` when the scan reached the end of the log.
     public var exhausted: Bool
+    /// When not exhausted, how many log entries of the collection follow `upTo` (an upper bound on
+    /// what is still to send; `nil` when the store did not count).
+    public var remaining: Int64?
 
-    public init(records: [LogRecord], upTo: Int64, exhausted: Bool) {
+    public init(records: [LogRecord], upTo: Int64, exhausted: Bool, remaining: Int64? = nil) {
         self.records = records
         self.upTo = upTo
         self.exhausted = exhausted
+        self.remaining = remaining
     }
 }
 
@@ -82,6 +86,10 @@ public struct ScanRequest: Sendable, Equatable {
     public var after: Int64
     public var limit: Int
     public var maxBytes: Int
+    /// Whether to count, when the page is not the last, the log entries of the collection after
+    /// it (``ScanPage/remaining``): asked on a subscription's first page and every 16th after, so
+    /// the count costs little on a long catch-up.
+    public var countRemaining = false
 }
 
 /// What the shell must merge: `documents` from peer `peerKey`, and, when `storeCheckpoint`, the
@@ -153,7 +161,7 @@ public struct ReplicatorConfiguration: Sendable {
     /// A `ping` goes out on a link that sent nothing for this long.
     public var keepaliveInterval: Millis = 5_000
     /// A link that received nothing for this long is closed as dead.
-    public var livenessTimeout: Millis = 20_000
+    public var livenessTimeout: Millis = 15_000
     /// How long an older link to a peer may take to answer a probe before a newer one replaces it.
     public var duplicateProbeTimeout: Millis = 3_000
     /// Batches unacknowledged this long are sent again from the last acknowledged point.
@@ -174,4 +182,32 @@ public struct ReplicatorConfiguration: Sendable {
     public var minLogRotationInterval: Millis = 600_000
 
     public init(peerKey: [UInt8]) { self.peerKey = peerKey }
+}
+
+/// What arrived from one peer for one subscription during one session: the receiving side of
+/// sync status (``ReplicatorStatus/Subscription/progress``).
+public struct SyncProgress: Sendable, Equatable {
+    /// Documents received (including tombstones and documents refused or deferred by the store).
+    public var documents: Int = 0
+    /// Batches received.
+    public var batches: Int = 0
+    /// When the last batch arrived, on the replicator's clock (monotonic milliseconds).
+    public var lastReceived: Millis?
+    /// The peer's count of log entries still to send after its last batch (an upper bound on
+    /// the documents still to come); `nil` before the first batch or when the peer did not say.
+    public var left: Int64?
+    /// Whether the peer has sent everything it held for this subscription at least once in this
+    /// session (a batch with `left` 0). Later changes keep flowing as they happen.
+    public var initialSyncComplete = false
+
+    public init() {}
+
+    /// Fraction of the initial sync done, 0...1: documents received against documents received
+    /// plus `left`; 1 once complete; `nil` before the first batch.
+    public var fraction: Double? {
+        if initialSyncComplete { return 1 }
+        guard let left, batches > 0 else { return nil }
+        let total = Double(documents) + Double(left)
+        return total == 0 ? 1 : Double(documents) / total
+    }
 }

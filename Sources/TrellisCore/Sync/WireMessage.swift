@@ -127,9 +127,12 @@ public enum WireMessage: Sendable, Equatable {
     /// set, replacing any earlier one; `v` grows with each set sent on a link, so a receiver
     /// ignores a set whose `v` is not above the last one it took (unless `v` is 0 or absent).
     case subscriptions([WireSubscription], version: UInt64 = 0)
-    /// `{t:"batch", sub, docs:[{c, id, s}], upTo, gen}`: changes for one subscription, in the
-    /// sender's `seq` order, covering the sender's log up to `upTo`.
-    case batch(subscription: String, documents: [WireDocument], upTo: Int64, generation: UInt32)
+    /// `{t:"batch", sub, docs:[{c, id, s}], upTo, gen, left}`: changes for one subscription, in
+    /// the sender's `seq` order, covering the sender's log up to `upTo`. `left` (optional) is the
+    /// sender's count of log entries of the collection after `upTo` when the batch was cut: an
+    /// upper bound on the documents still to come, 0 once the sender reached the end of its log
+    /// (the receiver's initial sync of the subscription is then complete).
+    case batch(subscription: String, documents: [WireDocument], upTo: Int64, generation: UInt32, left: Int64? = nil)
     /// `{t:"ack", sub, upTo}`: the receiver committed the batch up to `upTo` (with SQLite's
     /// `synchronous=NORMAL` by default: a power loss may still take the commit back).
     case ack(subscription: String, upTo: Int64)
@@ -142,6 +145,9 @@ public enum WireMessage: Sendable, Equatable {
     case pong(UInt64)
     /// `{t:"error", code, msg}`: the sender is closing the session for this reason.
     case error(code: String, message: String)
+    /// `{t:"presence", nodes:[{key, v, seq, peers:[key…]}]}`: presence records (link-state
+    /// gossip: who has a session with whom), at most ``PresenceRecord/maxPerMessage`` per message.
+    case presence([PresenceRecord])
 
     /// The protocol version this build speaks.
     public static let protocolVersion = 2
@@ -168,12 +174,14 @@ public enum WireMessage: Sendable, Equatable {
                         ]
                     }),
             ]
-        case .batch(let sub, let docs, let upTo, let generation):
-            return [
+        case .batch(let sub, let docs, let upTo, let generation, let left):
+            var map: UTF8Map<Value> = [
                 "t": "batch", "sub": .string(sub),
                 "docs": .array(docs.map { ["c": .string($0.collection), "id": $0.id, "s": .bytes($0.state)] }),
                 "upTo": .int(upTo), "gen": .int(Int64(generation)),
             ]
+            if let left { map["left"] = .int(left) }
+            return .map(map)
         case .ack(let sub, let upTo):
             return ["t": "ack", "sub": .string(sub), "upTo": .int(upTo)]
         case .subscriptionError(let sub, let code, let message):
@@ -184,6 +192,17 @@ public enum WireMessage: Sendable, Equatable {
             return ["t": "pong", "n": .int(Int64(bitPattern: n))]
         case .error(let code, let message):
             return ["t": "error", "code": .string(code), "msg": .string(message)]
+        case .presence(let records):
+            return [
+                "t": "presence",
+                "nodes": .array(
+                    records.map {
+                        [
+                            "key": .bytes($0.peerKey), "v": .int(Int64($0.version)),
+                            "seq": .int(Int64(bitPattern: $0.seq)), "peers": .array($0.neighbors.map { .bytes($0) }),
+                        ]
+                    }),
+            ]
         }
     }
 
@@ -250,7 +269,8 @@ public enum WireMessage: Sendable, Equatable {
             }
             self = .batch(
                 subscription: try m.string("sub"), documents: docs, upTo: try m.int("upTo", in: 0...Int64.max),
-                generation: UInt32(try m.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0))
+                generation: UInt32(try m.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
+                left: try m.optionalInt("left", in: 0...Int64.max))
         case "ack":
             self = .ack(subscription: try m.string("sub"), upTo: try m.int("upTo", in: 0...Int64.max))
         case "suberr":
@@ -262,6 +282,36 @@ public enum WireMessage: Sendable, Equatable {
             self = .pong(UInt64(bitPattern: try m.int("n")))
         case "error":
             self = .error(code: try m.string("code"), message: try m.string("msg"))
+        case "presence":
+            guard case .array(let list)? = value["nodes"] else { throw WireError("presence: missing 'nodes' array") }
+            guard list.count <= PresenceRecord.maxPerMessage else {
+                throw WireError("presence: \(list.count) records, more than \(PresenceRecord.maxPerMessage)")
+            }
+            var records: [PresenceRecord] = []
+            for item in list {
+                guard case .map = item else { throw WireError("presence: record is not a map") }
+                let r = Fields(message: "presence", value: item)
+                let key = try r.bytes("key")
+                guard key.count == 32 else { throw WireError("presence: 'key' must be 32 bytes, not \(key.count)") }
+                guard case .array(let peers)? = item["peers"] else {
+                    throw WireError("presence: missing 'peers' array")
+                }
+                guard peers.count <= PresenceRecord.maxNeighbors else {
+                    throw WireError("presence: \(peers.count) peers, more than \(PresenceRecord.maxNeighbors)")
+                }
+                var neighbors: [[UInt8]] = []
+                for peer in peers {
+                    guard case .bytes(let k) = peer, k.count == 32 else {
+                        throw WireError("presence: a peer is not a 32-byte key")
+                    }
+                    neighbors.append(k)
+                }
+                records.append(
+                    PresenceRecord(
+                        peerKey: key, version: Int(try r.int("v", in: 0...Int64(UInt16.max))),
+                        seq: UInt64(try r.int("seq", in: 0...Int64.max)), neighbors: neighbors))
+            }
+            self = .presence(records)
         default:
             throw WireError("unknown message type '\(type)'")
         }
