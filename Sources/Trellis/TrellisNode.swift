@@ -1,4 +1,5 @@
 public import Foundation
+public import TrellisCore
 public import TrellisCrypto
 public import TrellisNet
 public import TrellisStore
@@ -10,6 +11,10 @@ public struct NodeOptions: Sendable {
     public var store = StoreOptions()
     /// Where node events (sessions, refusals) are reported.
     public var log: @Sendable (String) -> Void = { _ in }
+    /// LAN discovery: `nil` (the default for a library node) keeps it off; set it to find the
+    /// nodes holding the same mesh key on the LAN and connect to them by themselves
+    /// (docs/MESH.md). `trellis node` turns it on unless given `--no-discovery`.
+    public var discovery: DiscoveryOptions?
 
     public init() {}
 }
@@ -45,6 +50,10 @@ public final class TrellisNode: Sendable {
         engine = try SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
         network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
         store = Store(documents: documents, subscriptions: engine)
+        if let discovery = options.discovery {
+            try network.startDiscovery(
+                port: discovery.port, scope: discovery.scope, configuration: discovery.configuration(identity.publicKey))
+        }
     }
 
     /// A node dropped without ``stop()`` stops its networking, so its threads end and release
@@ -124,6 +133,14 @@ public final class TrellisNode: Sendable {
 
     /// The directly connected peers.
     public var peers: [PeerInfo] { engine.peers }
+
+    /// The peers LAN discovery currently knows (heard from within the cache lifetime), by peer
+    /// key: key, source addresses, TCP port, protocol version, compatibility, epoch, last seen.
+    /// Empty when discovery is off.
+    public var discoveredPeers: [DiscoveredPeer] { engine.discoveredPeers }
+
+    /// Beacons sent, accepted and dropped; `nil` when discovery is off.
+    public var discoveryStatistics: DiscoveryStatistics? { engine.discoveryStatistics }
 
     /// This node's own subscriptions.
     public var subscriptions: [SubscriptionSpec] { engine.subscriptions }
@@ -212,5 +229,34 @@ func writeSecret(_ bytes: [UInt8], to file: URL) throws {
 
 /// A `host:port` address to listen on or dial.
 public typealias Endpoint = TrellisNet.Endpoint
-/// What a node knows about a connected peer.
-public typealias PeerInfo = TrellisSync.PeerInfo
+/// A peer found by LAN discovery.
+public typealias DiscoveredPeer = TrellisCore.DiscoveredPeer
+/// Where discovery beacons go.
+public typealias DiscoveryScope = TrellisNet.DiscoveryScope
+
+/// How a node runs LAN discovery (``NodeOptions/discovery``).
+public struct DiscoveryOptions: Sendable {
+    /// The UDP port every node of the LAN sends beacons to and listens on.
+    public var port: UInt16 = DiscoveryOptions.defaultPort
+    /// Where beacons go: every interface (the default), or loopback only (for tests and for
+    /// several nodes on one host that must not be seen from the LAN).
+    public var scope: DiscoveryScope = .allInterfaces
+    /// Beacon intervals and cache lifetime (docs/MESH.md); `nil` for the defaults. Its
+    /// `peerKey` is replaced by the node's.
+    public var timings: DiscoveryConfiguration?
+
+    /// The default discovery port, 4041 (the TCP port is 4040).
+    public static let defaultPort: UInt16 = 4041
+
+    public init(port: UInt16 = DiscoveryOptions.defaultPort, scope: DiscoveryScope = .allInterfaces) {
+        self.port = port
+        self.scope = scope
+    }
+
+    func configuration(_ peerKey: [UInt8]) -> DiscoveryConfiguration {
+        var config = timings ?? DiscoveryConfiguration(peerKey: peerKey)
+        config.peerKey = peerKey
+        return config
+    }
+}
+

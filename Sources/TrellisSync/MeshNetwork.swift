@@ -6,14 +6,19 @@ public import TrellisNet
 /// The TCP side of a node: a listener, and the dials the replicator schedules, each completed
 /// connection handed to the ``SyncEngine``.
 ///
-/// When and whom to dial (static peers, jittered exponential backoff from 0.25 s up to 30 s,
-/// never while a session with that peer exists) is decided by the ``Replicator``; this type
-/// only connects and runs handshakes, each on its own thread.
+/// When and whom to dial (static peers and the peers LAN discovery found, jittered exponential
+/// backoff from 0.25 s up to 30 s, never while a session with that peer exists) is decided by the
+/// ``Replicator``; this type only connects and runs handshakes, each on its own thread, and runs
+/// the discovery socket (MeshNetwork+Discovery.swift).
 public final class MeshNetwork: Sendable {
     public let engine: SyncEngine
-    private let identity: KeyPair
-    private let meshKey: SecretBytes
-    private let log: @Sendable (String) -> Void
+    let identity: KeyPair
+    let meshKey: SecretBytes
+    let log: @Sendable (String) -> Void
+    /// The discovery socket while discovery runs (MeshNetwork+Discovery.swift).
+    let discoverySocket = Mutex<DiscoverySocket?>(nil)
+    /// The TCP port listened on (0 when not listening); beacons announce it.
+    var listeningPort: UInt16 { listener.withLock { $0?.port ?? 0 } }
     private let running = Atomic<Bool>(true)
     private let closed = Atomic<Bool>(false)
     private let listener: Mutex<TCPListener?> = Mutex(nil)
@@ -51,6 +56,7 @@ public final class MeshNetwork: Sendable {
         }
         previous?.close()
         listenEndpoint.withLock { $0 = Endpoint(host: endpoint.host, port: socketListener.port) }
+        engine.setListeningPort(socketListener.port)
         let thread = Thread { [weak self] in
             while let self, self.running.load(ordering: .acquiring) {
                 let socket: TCPSocket
@@ -131,6 +137,7 @@ public final class MeshNetwork: Sendable {
             return current
         }
         old?.close()
+        stopDiscovery()
         engine.stop()
     }
 

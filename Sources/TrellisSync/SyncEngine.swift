@@ -47,21 +47,23 @@ public protocol SubscriptionService: AnyObject, Sendable {
 /// ``maxQueuedInbound`` of its messages wait for the queue. Public methods may be called from
 /// any thread, including from callbacks running on the engine's queue.
 public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Sendable {
-    // Invariant: `host`, `links`, `scanScheduled` are touched only on `queue`.
-    private let queue = DispatchQueue(label: "trellis.sync")
+    // Invariant: `host`, `links`, `scanScheduled`, `discovery` are touched only on `queue`.
+    let queue = DispatchQueue(label: "trellis.sync")
     /// Marks the engine queues (one key for all engines: a key must outlive every queue it is
     /// set on), with the engine's identity as the value.
     private static let onQueue = DispatchSpecificKey<ObjectIdentifier>()
     public let store: DocumentStore
     public let peerKey: [UInt8]
-    private let log: @Sendable (String) -> Void
-    private var host: SyncHost!
+    let log: @Sendable (String) -> Void
+    private(set) var host: SyncHost!
     private var links: [LinkID: any MessageLink] = [:]
     private let nextLink = Atomic<UInt64>(0)
     private var scanScheduled = false
     private var timer: (any DispatchSourceTimer)?
     private var observerToken: UInt64 = 0
     private let dialer = Mutex<(@Sendable (String) -> Void)?>(nil)
+    /// LAN discovery, when started (SyncEngine+Discovery.swift).
+    var discovery: DiscoveryState?
     /// Messages read from one link and not yet handled, before its reader waits.
     public static let maxQueuedInbound = 16
 
@@ -94,6 +96,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         timer.setEventHandler { [weak self] in
             guard let self else { return }
             self.host.tick()
+            self.discoveryTick()
             self.scheduleScans()
         }
         timer.resume()
@@ -111,7 +114,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     static func monotonicMillis() -> Millis { Millis(DispatchTime.now().uptimeNanoseconds / 1_000_000) }
 
     /// Runs `body` on the engine's queue and returns its result (inline when already there).
-    private func onEngine<R>(_ body: () throws -> R) rethrows -> R {
+    func onEngine<R>(_ body: () throws -> R) rethrows -> R {
         if DispatchQueue.getSpecific(key: Self.onQueue) == ObjectIdentifier(self) { return try body() }
         return try queue.sync(execute: body)
     }
@@ -279,7 +282,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
 
     /// Serves queued scans one at a time, each as its own work item, so messages and commits
     /// from other peers interleave with a long catch-up.
-    private func scheduleScans() {
+    func scheduleScans() {
         guard !scanScheduled, host.hasPendingScans else { return }
         scanScheduled = true
         queue.async { [self] in
