@@ -52,7 +52,8 @@ public final class TrellisNode: Sendable {
         store = Store(documents: documents, subscriptions: engine)
         if let discovery = options.discovery {
             try network.startDiscovery(
-                port: discovery.port, scope: discovery.scope, configuration: discovery.configuration(identity.publicKey))
+                port: discovery.port, scope: discovery.scope, configuration: discovery.configuration(identity.publicKey)
+            )
         }
     }
 
@@ -94,6 +95,20 @@ public final class TrellisNode: Sendable {
     /// is stopped, it is dialed at the next ``startSync()``.
     public func connect(to endpoint: Endpoint) {
         network.dial(endpoint)
+    }
+
+    /// Starts LAN discovery (if ``NodeOptions/discovery`` did not already): beacons announce
+    /// the port this node listens on, so start it after ``listen(on:)``.
+    ///
+    /// - Throws: ``SocketError`` when the discovery port cannot be bound.
+    public func startDiscovery(_ options: DiscoveryOptions = DiscoveryOptions()) throws {
+        try network.startDiscovery(
+            port: options.port, scope: options.scope, configuration: options.configuration(identity.publicKey))
+    }
+
+    /// Stops LAN discovery; sessions with discovered peers stay until they end.
+    public func stopDiscovery() {
+        network.stopDiscovery()
     }
 
     /// Starts (or resumes) sync, as Ditto's `startSync()`: listens again where the node listened
@@ -259,4 +274,3 @@ public struct DiscoveryOptions: Sendable {
         return config
     }
 }
-

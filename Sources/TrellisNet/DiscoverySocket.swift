@@ -138,7 +138,11 @@ public final class DiscoverySocket: Sendable {
             let name = "\(target.interface) (\(target.family == AF_INET ? "IPv4" : "IPv6"))"
             if let error {
                 let first = failing.withLock { $0.insert(name).inserted }
-                if first { log("discovery: cannot send beacons on \(name): \(error)") }
+                let hint =
+                    target.family == AF_INET6
+                    ? " (normal for a second or two after the interface comes up, while its link-local address is tentative)"
+                    : ""
+                if first { log("discovery: cannot send beacons on \(name): \(error)\(hint)") }
             } else {
                 sent += 1
                 let recovered = failing.withLock { $0.remove(name) != nil }
@@ -163,7 +167,9 @@ public final class DiscoverySocket: Sendable {
         if scope == .loopback {
             let lo = if_nametoindex("lo")
             return [
-                Target(interface: "lo", index: lo, family: AF_INET, source: [127, 0, 0, 1], destination: [127, 255, 255, 255])
+                Target(
+                    interface: "lo", index: lo, family: AF_INET, source: [127, 0, 0, 1],
+                    destination: [127, 255, 255, 255])
             ]
         }
         var list: UnsafeMutablePointer<ifaddrs>?
@@ -193,11 +199,22 @@ public final class DiscoverySocket: Sendable {
                     guard source.first == 127 else { continue }
                     destination = [127, 255, 255, 255]
                 } else {
-                    guard flags & Int32(IFF_BROADCAST) != 0, let broadcast = ifa.pointee.ifa_ifu.ifu_broadaddr
-                    else { continue }
-                    destination = broadcast.withMemoryRebound(to: sockaddr_in.self, capacity: 1) {
-                        Self.bytes(of: $0.pointee.sin_addr)
+                    guard flags & Int32(IFF_BROADCAST) != 0 else { continue }
+                    destination = [0, 0, 0, 0]
+                    if let broadcast = ifa.pointee.ifa_ifu.ifu_broadaddr {
+                        destination = broadcast.withMemoryRebound(to: sockaddr_in.self, capacity: 1) {
+                            Self.bytes(of: $0.pointee.sin_addr)
+                        }
                     }
+                    // An address added without a broadcast address (`ip addr add A/24`, no `brd +`)
+                    // reports itself (or 0.0.0.0): use the subnet's, from the netmask.
+                    if destination == [0, 0, 0, 0] || destination == source, let mask = ifa.pointee.ifa_netmask {
+                        let netmask = mask.withMemoryRebound(to: sockaddr_in.self, capacity: 1) {
+                            Self.bytes(of: $0.pointee.sin_addr)
+                        }
+                        destination = zip(source, netmask).map { $0 | ~$1 }
+                    }
+                    guard destination != source else { continue }  // a /32 address: no neighbours
                 }
                 guard seen.insert("\(name) \(destination)").inserted else { continue }
                 targets.append(
@@ -213,7 +230,8 @@ public final class DiscoverySocket: Sendable {
                 group[0] = 0xFF
                 group[1] = 0x02
                 group[15] = 1
-                targets.append(Target(interface: name, index: index, family: AF_INET6, source: source, destination: group))
+                targets.append(
+                    Target(interface: name, index: index, family: AF_INET6, source: source, destination: group))
             default:
                 continue
             }
@@ -286,7 +304,9 @@ public final class DiscoverySocket: Sendable {
             cmsg.cmsg_level = level
             cmsg.cmsg_type = type
             withUnsafeBytes(of: &cmsg) { raw.copyMemory(from: $0) }
-            withUnsafeBytes(of: info) { (raw.baseAddress! + header).copyMemory(from: $0.baseAddress!, byteCount: $0.count) }
+            withUnsafeBytes(of: info) {
+                (raw.baseAddress! + header).copyMemory(from: $0.baseAddress!, byteCount: $0.count)
+            }
         }
         var datagram = datagram
         let sent = datagram.withUnsafeMutableBytes { payload in
@@ -358,7 +378,8 @@ public final class DiscoverySocket: Sendable {
                 getnameinfo($0, length, &host, socklen_t(host.count), nil, 0, NI_NUMERICHOST)
             }
         }
-        let text = rc == 0 ? String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "unknown"
+        let text =
+            rc == 0 ? String(decoding: host.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "unknown"
         return (Array(buffer.prefix(n)), text)
     }
 }

@@ -31,7 +31,8 @@ extension FuzzChecks {
         config.replayMemory = 3
         var discovery = Discovery(
             configuration: config,
-            local: DiscoveryLocal(port: 4040, epoch: Array(repeating: 0, count: 16), collectionsDigest: Array(repeating: 0, count: 8)),
+            local: DiscoveryLocal(
+                port: 4040, epoch: Array(repeating: 0, count: 16), collectionsDigest: Array(repeating: 0, count: 8)),
             bootNonce: 1, seed: 1, now: 0)
         var now: Millis = 0
         var offset = 0

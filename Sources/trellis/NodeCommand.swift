@@ -48,7 +48,6 @@ enum NodeCommand {
         }
 
         var options = NodeOptions()
-        options.discovery = discovery
         if !parsed.switches.contains("quiet") {
             let name = URL(fileURLWithPath: data).lastPathComponent
             options.log = { message in
@@ -76,9 +75,12 @@ enum NodeCommand {
                     break
                 }
             }
-            guard let (endpoint, port) = bound else { throw UsageError("cannot listen on TCP port 4040 or any free port") }
+            guard let (endpoint, port) = bound else {
+                throw UsageError("cannot listen on TCP port 4040 or any free port")
+            }
             options.log("listening on \(Endpoint(host: endpoint.host, port: port)), peer key \(node.peerKeyHex)")
         }
+        if let discovery { try node.startDiscovery(discovery) }
         for peer in peers { node.connect(to: peer) }
 
         if interactive {

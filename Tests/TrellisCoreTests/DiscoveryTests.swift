@@ -51,7 +51,9 @@ import TrellisCore
     @Test func beaconOfAnyOtherLengthIsRefused() {
         let bytes = beacon().encoded()
         for length in 0..<bytes.count + 3 where length != bytes.count {
-            let input = length <= bytes.count ? Array(bytes.prefix(length)) : bytes + Array(repeating: 0, count: length - bytes.count)
+            let input =
+                length <= bytes.count
+                ? Array(bytes.prefix(length)) : bytes + Array(repeating: 0, count: length - bytes.count)
             #expect(throws: BeaconError.self) { try Beacon(decoding: input) }
         }
     }
@@ -174,7 +176,10 @@ import TrellisCore
     }
 
     @Test func theReplayMemoryAndTheCacheAreBounded() {
-        var d = discovery { $0.replayMemory = 2; $0.maxPeers = 2 }
+        var d = discovery {
+            $0.replayMemory = 2
+            $0.maxPeers = 2
+        }
         _ = d.received(beacon(Self.keyB), from: "10.0.0.2", now: 0)
         _ = d.received(beacon(Self.keyC), from: "10.0.0.3", now: 0)
         #expect(d.received(beacon(Array(repeating: 4, count: 32)), from: "10.0.0.4", now: 0).isEmpty)

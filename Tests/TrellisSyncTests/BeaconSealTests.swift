@@ -70,7 +70,8 @@ import TrellisCrypto
         let sealed = seal.seal(beacon.encoded())
         var discovery = Discovery(
             configuration: DiscoveryConfiguration(peerKey: Array(repeating: 1, count: 32)),
-            local: DiscoveryLocal(port: 1, epoch: Array(repeating: 0, count: 16), collectionsDigest: Array(repeating: 0, count: 8)),
+            local: DiscoveryLocal(
+                port: 1, epoch: Array(repeating: 0, count: 16), collectionsDigest: Array(repeating: 0, count: 8)),
             bootNonce: 1, seed: 1, now: 0)
         #expect(discovery.received(try Beacon(decoding: try seal.open(sealed)), from: "10.0.0.7", now: 0).count == 1)
         #expect(discovery.received(try Beacon(decoding: try seal.open(sealed)), from: "10.0.0.7", now: 1).isEmpty)
