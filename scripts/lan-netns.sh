@@ -14,7 +14,8 @@
 #
 # Environment: TRELLIS (the binary; default .build/debug/trellis), IDLE=SECONDS (after convergence,
 # measure the idle traffic a node receives for that long and print bytes per second per peer),
-# LOGS=DIR (keep the node logs there).
+# LOGS=DIR (keep the node logs there), VANISH=1 (then kill -9 one node and print how long until
+# another's discovery cache drops it).
 # Exit status: 0 on success, 1 on failure, 2 when not run as root or namespaces cannot be made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -170,5 +171,14 @@ if [ "${IDLE:-0}" -gt 0 ]; then
     sleep "$IDLE"
     after=$(rx)
     echo "  idle: n2 received $(((after - before) / IDLE)) bytes/s from $N peers ($(((after - before) / IDLE / N)) bytes/s per peer, beacons and keepalives, Ethernet frames)"
+fi
+if [ -n "${VANISH:-}" ]; then
+    # n2 loses power (SIGKILL: no goodbye on its sessions); how long until n1's discovery cache
+    # drops it?
+    killed=$(now)
+    kill -9 "${pids[1]}"
+    vanished() { grep -q "discovered peer ${key[n2]} vanished" "$WORK/n1.log"; }
+    wait_for 30 vanished || { echo "n1 did not notice n2 vanish"; exit 1; }
+    echo "  n1 noticed n2 vanish (SIGKILL) $(elapsed "$killed" "$(now)") s after it was killed"
 fi
 echo "lan-netns: OK"

@@ -13,8 +13,9 @@ extension SyncEngine {
         var collections: [String]
     }
 
-    /// Starts discovery: beacons are built on the engine's queue and handed to `send` (which
-    /// seals and sends them; it must not block).
+    /// Starts discovery (again: a running one is replaced, its cache forgotten): beacons are
+    /// built on the engine's queue and handed to `send` (which seals and sends them; it must not
+    /// block).
     ///
     /// - Parameters:
     ///   - configuration: timings (its `peerKey` is replaced by this node's).
@@ -24,6 +25,8 @@ extension SyncEngine {
         configuration: DiscoveryConfiguration, port: UInt16, send: @escaping @Sendable (Beacon) -> Void
     ) {
         onEngine {
+            // Started again: the previous cache is forgotten (its peers are no longer dialed).
+            for peer in discovery?.machine.peers ?? [] { host.discoveredPeerExpired(peer.peerKey) }
             var config = configuration
             config.peerKey = peerKey
             let collections = Self.collectionNames(host.replicator.subscriptions)

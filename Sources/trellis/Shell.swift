@@ -45,6 +45,7 @@ final class Shell {
                                           then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
           unobserve-id COLLECTION ID      stop observing it
           peers                           list connected peers
+          discovered                      list the peers LAN discovery hears (key, address, version)
           status                          this node: identity, clocks, peers, subscriptions, and
                                           every document held back (deferred, damaged) with why
           help                            this text
@@ -233,6 +234,18 @@ final class Shell {
             let peers = node.peers
             if peers.isEmpty { print("no peers connected") }
             for peer in peers { print(peer.description) }
+        case "discovered":
+            let found = node.discoveredPeers
+            if node.discoveryStatistics == nil {
+                print("discovery is off")
+            } else if found.isEmpty {
+                print("no peers discovered")
+            }
+            for peer in found {
+                let place = peer.endpoint ?? "\(peer.addresses.joined(separator: ", ")) (not listening)"
+                let version = peer.isCompatible ? "" : ", incompatible: protocol version \(peer.protocolVersion)"
+                print("\(peer.keyHex.prefix(16)) \(place)\(version)")
+            }
         case "status":
             print(try node.status().description)
         default:

@@ -38,6 +38,8 @@ import TrellisTestKit
                 eventually(timeout: 30) { node.stderr.components(separatedBy: "discovered peer").count - 1 >= 2 },
                 "\(name) did not discover both others: \(node.stderr)")
         }
+        let listed = try #require(a.ask("discovered"), "A's shell did not answer: \(a.stderr)")
+        #expect(listed.split(separator: "\n").filter { $0.contains("127.0.0.1:") }.count == 2, "\(listed)")
         a.send(#"upsert cars {"_id": "c1", "Name": "found by beacon"}"#)
         #expect(eventually(timeout: 30) { count(dir.path("B")) == 1 }, "B: \(b.stderr)")
         #expect(eventually(timeout: 30) { count(dir.path("C")) == 1 }, "C: \(c.stderr)")
