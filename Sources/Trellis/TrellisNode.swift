@@ -98,7 +98,8 @@ public final class TrellisNode: Sendable {
     }
 
     /// Starts LAN discovery (if ``NodeOptions/discovery`` did not already): beacons announce
-    /// the port this node listens on, so start it after ``listen(on:)``.
+    /// the port this node listens on, so start it after ``listen(on:)``. Started while sync is
+    /// stopped, it runs from the next ``startSync()``.
     ///
     /// - Throws: ``SocketError`` when the discovery port cannot be bound.
     public func startDiscovery(_ options: DiscoveryOptions = DiscoveryOptions()) throws {
@@ -112,8 +113,8 @@ public final class TrellisNode: Sendable {
     }
 
     /// Starts (or resumes) sync, as Ditto's `startSync()`: listens again where the node listened
-    /// before ``stopSync()``, dials the static peers at once (backoff reset), and serves and asks
-    /// for subscriptions on every new session. A node syncs from its creation, so calling this
+    /// before ``stopSync()``, runs discovery again if it ran, dials the static peers at once
+    /// (backoff reset), and serves and asks for subscriptions on every new session. A node syncs from its creation, so calling this
     /// first is harmless; it does nothing while sync is active. Repeatable.
     ///
     /// - Throws: ``SocketError`` when the listening port cannot be bound again; sync stays
@@ -123,7 +124,7 @@ public final class TrellisNode: Sendable {
     }
 
     /// Stops sync, as Ditto's `stopSync()`: closes every session and the listener and stops
-    /// dialing. Subscriptions, static peers, the store and live queries stay; local writes go on
+    /// dialing and discovery (its cache is forgotten). Subscriptions, static peers, the store and live queries stay; local writes go on
     /// and are sent at the next ``startSync()``. Repeatable.
     public func stopSync() {
         network.stop()

@@ -16,6 +16,41 @@ extension MeshNetwork {
     public func startDiscovery(
         port: UInt16 = 4041, scope: DiscoveryScope = .allInterfaces, configuration: DiscoveryConfiguration? = nil
     ) throws {
+        let parameters = DiscoveryParameters(port: port, scope: scope, configuration: configuration)
+        discoveryParameters.withLock { $0 = parameters }
+        guard isRunning else { return }  // ``start()`` runs it
+        try runDiscovery(parameters)
+    }
+
+    /// Stops discovery (open sessions stay); ``start()`` does not run it again.
+    public func stopDiscovery() {
+        discoveryParameters.withLock { $0 = nil }
+        pauseDiscovery()
+    }
+
+    /// Stops discovery until ``resumeDiscovery()``, for ``stop()``: the socket closes and the
+    /// discovered peers are forgotten (no longer dialed).
+    func pauseDiscovery() {
+        discoverySocket.withLock { held in
+            held?.close()
+            held = nil
+        }
+        engine.stopDiscovery()
+    }
+
+    /// Runs discovery again after ``pauseDiscovery()``, if it was started; a port that cannot be
+    /// bound again is logged (sync runs without discovery then).
+    func resumeDiscovery() {
+        guard let parameters = discoveryParameters.withLock({ $0 }) else { return }
+        do {
+            try runDiscovery(parameters)
+        } catch {
+            log("discovery: cannot bind UDP port \(parameters.port) again: \(error); running without discovery")
+        }
+    }
+
+    private func runDiscovery(_ parameters: DiscoveryParameters) throws {
+        let (port, scope) = (parameters.port, parameters.scope)
         let socket = try DiscoverySocket(port: port, scope: scope, log: log)
         let previous = discoverySocket.withLock { held in
             defer { held = socket }
@@ -24,7 +59,8 @@ extension MeshNetwork {
         previous?.close()
         let seal = BeaconSeal(meshKey: meshKey)
         engine.startDiscovery(
-            configuration: configuration ?? DiscoveryConfiguration(peerKey: identity.publicKey), port: listeningPort
+            configuration: parameters.configuration ?? DiscoveryConfiguration(peerKey: identity.publicKey),
+            port: listeningPort
         ) { beacon in
             socket.send(seal.seal(beacon.encoded()))
         }
@@ -53,12 +89,11 @@ extension MeshNetwork {
         log("discovery on UDP port \(port), \(scope)")
     }
 
-    /// Stops discovery (open sessions stay).
-    public func stopDiscovery() {
-        discoverySocket.withLock { held in
-            held?.close()
-            held = nil
-        }
-        engine.stopDiscovery()
-    }
+}
+
+/// How ``MeshNetwork/startDiscovery(port:scope:configuration:)`` was called.
+struct DiscoveryParameters: Sendable {
+    var port: UInt16
+    var scope: DiscoveryScope
+    var configuration: DiscoveryConfiguration?
 }

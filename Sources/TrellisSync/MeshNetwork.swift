@@ -17,6 +17,8 @@ public final class MeshNetwork: Sendable {
     let log: @Sendable (String) -> Void
     /// The discovery socket while discovery runs (MeshNetwork+Discovery.swift).
     let discoverySocket = Mutex<DiscoverySocket?>(nil)
+    /// How discovery was started, kept across ``stop()`` for ``start()``.
+    let discoveryParameters = Mutex<DiscoveryParameters?>(nil)
     /// The TCP port listened on (0 when not listening); beacons announce it.
     var listeningPort: UInt16 { listener.withLock { $0?.port ?? 0 } }
     private let running = Atomic<Bool>(true)
@@ -129,7 +131,8 @@ public final class MeshNetwork: Sendable {
     /// Whether the network runs (between ``start()`` and ``stop()``).
     public var isRunning: Bool { running.load(ordering: .acquiring) }
 
-    /// Stops listening and dialing and closes every session. Repeatable: ``start()`` resumes.
+    /// Stops listening, dialing and discovery, and closes every session. Repeatable: ``start()``
+    /// resumes.
     public func stop() {
         running.store(false, ordering: .releasing)
         let old = listener.withLock { current in
@@ -137,12 +140,13 @@ public final class MeshNetwork: Sendable {
             return current
         }
         old?.close()
-        stopDiscovery()
+        pauseDiscovery()
         engine.stop()
     }
 
     /// Resumes after ``stop()``: listens again on the endpoint and port listened on before (if
-    /// any) and dials the static peers again. Does nothing when running.
+    /// any), dials the static peers again, and runs discovery again if it ran. Does nothing when
+    /// running.
     ///
     /// - Throws: ``SocketError`` when the port cannot be bound again (the network stays
     ///   stopped), or after ``close()``.
@@ -161,6 +165,7 @@ public final class MeshNetwork: Sendable {
             }
         }
         engine.start()
+        resumeDiscovery()
     }
 
     /// Stops for good: ``stop()``, and the engine's timer ends.
