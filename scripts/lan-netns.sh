@@ -176,7 +176,7 @@ if [ -n "${VANISH:-}" ]; then
     # n2 loses power (SIGKILL: no goodbye on its sessions); how long until n1's discovery cache
     # drops it?
     killed=$(now)
-    kill -9 "${pids[1]}"
+    { kill -9 "${pids[1]}" && wait "${pids[1]}"; } 2>/dev/null || true
     vanished() { grep -q "discovered peer ${key[n2]} vanished" "$WORK/n1.log"; }
     wait_for 30 vanished || { echo "n1 did not notice n2 vanish"; exit 1; }
     echo "  n1 noticed n2 vanish (SIGKILL) $(elapsed "$killed" "$(now)") s after it was killed"
