@@ -155,6 +155,13 @@ public final class TrellisNode: Sendable {
     /// Empty when discovery is off.
     public var discoveredPeers: [DiscoveredPeer] { engine.discoveredPeers }
 
+    /// Calls `observer` with ``discoveredPeers`` whenever a peer appears, announces something
+    /// new, or leaves the cache (not when a beacon only refreshes it); `nil` removes it. One
+    /// observer at a time; it runs on the sync engine's queue and must not block.
+    public func observeDiscovery(_ observer: (@Sendable ([DiscoveredPeer]) -> Void)?) {
+        engine.observeDiscovery(observer)
+    }
+
     /// Beacons sent, accepted and dropped; `nil` when discovery is off.
     public var discoveryStatistics: DiscoveryStatistics? { engine.discoveryStatistics }
 

@@ -47,6 +47,7 @@ extension SyncEngine {
             guard let state = discovery else { return }
             discovery = nil
             for peer in state.machine.peers { host.discoveredPeerExpired(peer.peerKey) }
+            if !state.machine.peers.isEmpty { discoveryObserver?([]) }
         }
     }
 
@@ -71,6 +72,14 @@ extension SyncEngine {
     /// The peers discovery currently knows (the cache: peers heard from within the cache
     /// lifetime), by peer key; empty when discovery is off.
     public var discoveredPeers: [DiscoveredPeer] { onEngine { discovery?.machine.peers ?? [] } }
+
+    /// Calls `observer` with the whole discovery cache (``discoveredPeers``) whenever a peer
+    /// enters it, announces something new, or leaves it (expiry, or discovery stopping); not for
+    /// a beacon that only refreshes a peer's `lastSeen`. One observer at a time (`nil` removes
+    /// it). It runs on the engine's queue: it must not block, and may call the engine.
+    public func observeDiscovery(_ observer: (@Sendable ([DiscoveredPeer]) -> Void)?) {
+        onEngine { discoveryObserver = observer }
+    }
 
     /// Counts of beacons sent, accepted and dropped; `nil` when discovery is off.
     public var discoveryStatistics: DiscoveryStatistics? { onEngine { discovery?.machine.statistics } }
@@ -120,6 +129,9 @@ extension SyncEngine {
                 )
                 host.discoveredPeerExpired(peer.peerKey)
             }
+        }
+        if directives.contains(where: { if case .send = $0 { false } else { true } }) {
+            discoveryObserver?(discovery?.machine.peers ?? [])
         }
         scheduleScans()
     }

@@ -64,6 +64,8 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     private let dialer = Mutex<(@Sendable (String) -> Void)?>(nil)
     /// LAN discovery, when started (SyncEngine+Discovery.swift).
     var discovery: DiscoveryState?
+    /// Told the discovery cache after each change (``observeDiscovery(_:)``).
+    var discoveryObserver: (@Sendable ([DiscoveredPeer]) -> Void)?
     /// Messages read from one link and not yet handled, before its reader waits.
     public static let maxQueuedInbound = 16
 

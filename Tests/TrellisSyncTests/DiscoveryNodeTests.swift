@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import Trellis
 import TrellisTestKit
@@ -14,6 +15,8 @@ import TrellisTestKit
         options.discovery = DiscoveryOptions(port: try TrellisProcess.freePort(), scope: .loopback)
         let a = try TrellisNode(directory: dir.url.appendingPathComponent("a"), meshKey: key, options: options)
         let b = try TrellisNode(directory: dir.url.appendingPathComponent("b"), meshKey: key, options: options)
+        let notified = Notifications()
+        a.observeDiscovery { peers in notified.counts.withLock { $0.append(peers.count) } }
         // Discovery started before either listened: their first beacons say port 0 (not
         // dialable); listening puts the port in the next beacons.
         let portB = try b.listen(on: Endpoint(host: "127.0.0.1", port: 0))
@@ -29,7 +32,9 @@ import TrellisTestKit
         let subscription = try b.store.collection("notes").find("true").subscribe()
         #expect(eventually { (try? b.store.collection("notes").findByID("n1").exec()) != nil })
 
+        #expect(notified.counts.withLock { $0.last } == 1)
         a.stopSync()
+        #expect(notified.counts.withLock { $0.last } == 0, "stopping discovery empties the cache")
         #expect(a.discoveredPeers.isEmpty)
         #expect(a.discoveryStatistics == nil)
         #expect(eventually { b.peers.isEmpty })
@@ -40,4 +45,9 @@ import TrellisTestKit
         a.close()
         b.close()
     }
+}
+
+/// What a discovery observer was told: the cache size each time.
+final class Notifications: Sendable {
+    let counts = Mutex<[Int]>([])
 }

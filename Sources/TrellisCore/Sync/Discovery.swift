@@ -125,8 +125,8 @@ public struct DiscoveryStatistics: Sendable, Equatable {
 /// Beacons go out every ``DiscoveryConfiguration/fastInterval`` for
 /// ``DiscoveryConfiguration/fastPeriod`` after start and after every change of the peer set
 /// (a peer appears or expires), else every ``DiscoveryConfiguration/slowInterval``; each interval
-/// is jittered. A newly seen peer also makes the next beacon go out within a jittered fast
-/// interval, so a node that starts late is answered quickly.
+/// is jittered. A newly seen peer also makes the next beacon go out within half a fast interval
+/// (jittered), so a node that starts late is answered quickly.
 public struct Discovery: Sendable {
     public let configuration: DiscoveryConfiguration
     /// The boot nonce this node's beacons carry.
@@ -174,11 +174,6 @@ public struct Discovery: Sendable {
     /// - Complexity: O(n log n) in the number of cached peers.
     public var peers: [DiscoveredPeer] {
         cache.values.sorted { $0.peerKey.lexicographicallyPrecedes($1.peerKey) }
-    }
-
-    /// When ``tick(now:)`` next has something to do (a beacon or an expiry).
-    public var nextDeadline: Millis {
-        cache.values.reduce(nextSend) { min($0, $1.lastSeen + configuration.cacheLifetime) }
     }
 
     /// Advances time: sends a beacon when one is due, expires peers not heard from for the cache
