@@ -40,6 +40,9 @@ import TrellisTestKit
         }
         let listed = try #require(a.ask("discovered"), "A's shell did not answer: \(a.stderr)")
         #expect(listed.split(separator: "\n").filter { $0.contains("127.0.0.1:") }.count == 2, "\(listed)")
+        // At most one got port 4040; the others fell back to free ports, and beacons carried them.
+        let ports = nodes.compactMap { (_, node) in node.listeningPort() }
+        #expect(Set(ports).count == 3 && ports.filter { $0 == 4040 }.count <= 1, "ports \(ports)")
         a.send(#"upsert cars {"_id": "c1", "Name": "found by beacon"}"#)
         #expect(eventually(timeout: 30) { count(dir.path("B")) == 1 }, "B: \(b.stderr)")
         #expect(eventually(timeout: 30) { count(dir.path("C")) == 1 }, "C: \(c.stderr)")
