@@ -5,7 +5,7 @@ import PackageDescription
 // check in TrellisTestKit's FuzzChecks (which the tests replay). scripts/fuzz.sh builds and runs them with
 // the sanitizers; docs/TESTING.md ("Fuzzing") says how to add one.
 let fuzzTargets: [Target] = [
-    "CBOR", "JSON", "Query", "DocumentState", "WireMessage", "Handshake", "VCard", "Frames", "Session",
+    "CBOR", "JSON", "Query", "DocumentState", "WireMessage", "Handshake", "VCard", "Frames", "Session", "Beacon",
 ].map {
     .executableTarget(
         name: "Fuzz\($0)", dependencies: ["TrellisTestKit"], path: "Fuzz/Fuzz\($0)",

@@ -56,13 +56,13 @@ JAPAN=$("$PY" -c 'import json, sys; print(sum(c["Origin"] == "Japan" for c in js
 
 echo "== starting nodes A :$PA, B :$PB, C :$PC"
 start=$(now)
-"$T" node --data "$WORK/A" --listen "127.0.0.1:$PA" --mesh-key "$WORK/mesh.key" 2>"$WORK/A.log" &
+"$T" node --no-discovery --data "$WORK/A" --listen "127.0.0.1:$PA" --mesh-key "$WORK/mesh.key" 2>"$WORK/A.log" &
 pids+=($!)
-"$T" node --data "$WORK/C" --listen "127.0.0.1:$PC" --peer "127.0.0.1:$PA" --mesh-key "$WORK/mesh.key" \
+"$T" node --no-discovery --data "$WORK/C" --listen "127.0.0.1:$PC" --peer "127.0.0.1:$PA" --mesh-key "$WORK/mesh.key" \
     --subscribe "cars" 2>"$WORK/C.log" &
 pids+=($!)
 mkfifo "$WORK/B.in"
-"$T" shell --data "$WORK/B" --listen "127.0.0.1:$PB" --peer "127.0.0.1:$PA" --mesh-key "$WORK/mesh.key" \
+"$T" shell --no-discovery --data "$WORK/B" --listen "127.0.0.1:$PB" --peer "127.0.0.1:$PA" --mesh-key "$WORK/mesh.key" \
     <"$WORK/B.in" >"$WORK/B.out" 2>"$WORK/B.log" &
 pids+=($!)
 exec 3>"$WORK/B.in"

@@ -33,6 +33,10 @@ public struct PresencePeer: Sendable, Equatable {
     public var isOutbound: Bool?
     /// The sessions it has, as far as this node knows (its presence record).
     public var connections: [PresenceConnection]
+    /// Whether its LAN discovery beacons reach this node (within the discovery cache lifetime,
+    /// 15 s by default). Such a peer stays in the graph while its beacons arrive, with or
+    /// without a session.
+    public var isDiscovered = false
 
     /// ``peerKey`` as 64 lowercase hex digits.
     public var peerKeyString: String { hex(peerKey) }
@@ -42,7 +46,8 @@ public struct PresencePeer: Sendable, Equatable {
 
 /// Who is in the mesh, as this node knows it (Ditto's `DittoPresenceGraph`): the local node,
 /// its direct peers, peers reached over several hops (through presence records gossiped by
-/// every node), and peers that speak another protocol version.
+/// every node), peers heard by LAN discovery without a session, and peers that speak another
+/// protocol version.
 public struct PresenceGraph: Sendable, Equatable, CustomStringConvertible {
     public var localPeer: PresencePeer
     /// Every other known node: by hops, then by peer key; incompatible peers last.
@@ -61,6 +66,7 @@ public struct PresenceGraph: Sendable, Equatable, CustomStringConvertible {
             if let hops = peer.hops { line += hops == 1 ? " direct" : " \(hops) hops" }
             if let address = peer.address { line += " \(address)" }
             if let outbound = peer.isOutbound { line += outbound ? " outbound" : " inbound" }
+            if peer.hops == nil && peer.isDiscovered && peer.isCompatible { line += " discovered, no session" }
             if !peer.isCompatible {
                 line += " incompatible: protocol v\(peer.protocolVersion.map(String.init) ?? "?")"
             }
@@ -120,7 +126,23 @@ public struct PresenceGraph: Sendable, Equatable, CustomStringConvertible {
             let (ha, hb) = (a.hops ?? .max, b.hops ?? .max)
             return ha != hb ? ha < hb : a.peerKey.lexicographicallyPrecedes(b.peerKey)
         }
-        for incompatible in status.incompatible where hops[incompatible.peerKey] == nil {
+        let discovered = Dictionary(status.discovered.map { ($0.peerKey, $0) }, uniquingKeysWith: { a, _ in a })
+        for i in remotePeers.indices where discovered[remotePeers[i].peerKey] != nil {
+            remotePeers[i].isDiscovered = true
+        }
+        // Heard on the LAN, no session (yet, or none possible: another protocol version, or
+        // not listening): present all the same.
+        for peer in status.discovered where hops[peer.peerKey] == nil && peer.peerKey != own?.peerKey {
+            var entry = PresencePeer(
+                peerKey: peer.peerKey, protocolVersion: peer.protocolVersion, isCompatible: peer.isCompatible,
+                hops: nil,
+                address: peer.endpoint ?? peer.addresses.first, isOutbound: nil, connections: [])
+            entry.isDiscovered = true
+            remotePeers.append(entry)
+        }
+        let listed = Set(remotePeers.map(\.peerKey))
+        for incompatible in status.incompatible
+        where hops[incompatible.peerKey] == nil && !listed.contains(incompatible.peerKey) {
             remotePeers.append(
                 PresencePeer(
                     peerKey: incompatible.peerKey, protocolVersion: incompatible.version, isCompatible: false,

@@ -1,4 +1,5 @@
 public import Foundation
+public import TrellisCore
 public import TrellisCrypto
 public import TrellisNet
 public import TrellisStore
@@ -10,6 +11,10 @@ public struct NodeOptions: Sendable {
     public var store = StoreOptions()
     /// Where node events (sessions, refusals) are reported.
     public var log: @Sendable (String) -> Void = { _ in }
+    /// LAN discovery: `nil` (the default for a library node) keeps it off; set it to find the
+    /// nodes holding the same mesh key on the LAN and connect to them by themselves
+    /// (docs/MESH.md). `trellis node` turns it on unless given `--no-discovery`.
+    public var discovery: DiscoveryOptions?
 
     public init() {}
 }
@@ -52,6 +57,11 @@ public final class TrellisNode: Sendable {
         store = Store(documents: documents, subscriptions: engine)
         sync = NodeSync(engine: engine)
         presence = Presence(engine: engine)
+        if let discovery = options.discovery {
+            try network.startDiscovery(
+                port: discovery.port, scope: discovery.scope, configuration: discovery.configuration(identity.publicKey)
+            )
+        }
     }
 
     /// A node dropped without ``stop()`` stops its networking, so its threads end and release
@@ -94,9 +104,24 @@ public final class TrellisNode: Sendable {
         network.dial(endpoint)
     }
 
+    /// Starts LAN discovery (if ``NodeOptions/discovery`` did not already): beacons announce
+    /// the port this node listens on, so start it after ``listen(on:)``. Started while sync is
+    /// stopped, it runs from the next ``startSync()``.
+    ///
+    /// - Throws: ``SocketError`` when the discovery port cannot be bound.
+    public func startDiscovery(_ options: DiscoveryOptions = DiscoveryOptions()) throws {
+        try network.startDiscovery(
+            port: options.port, scope: options.scope, configuration: options.configuration(identity.publicKey))
+    }
+
+    /// Stops LAN discovery; sessions with discovered peers stay until they end.
+    public func stopDiscovery() {
+        network.stopDiscovery()
+    }
+
     /// Starts (or resumes) sync, as Ditto's `startSync()`: listens again where the node listened
-    /// before ``stopSync()``, dials the static peers at once (backoff reset), and serves and asks
-    /// for subscriptions on every new session. A node syncs from its creation, so calling this
+    /// before ``stopSync()``, runs discovery again if it ran, dials the static peers at once
+    /// (backoff reset), and serves and asks for subscriptions on every new session. A node syncs from its creation, so calling this
     /// first is harmless; it does nothing while sync is active. Repeatable.
     ///
     /// - Throws: ``SocketError`` when the listening port cannot be bound again; sync stays
@@ -106,7 +131,7 @@ public final class TrellisNode: Sendable {
     }
 
     /// Stops sync, as Ditto's `stopSync()`: closes every session and the listener and stops
-    /// dialing. Subscriptions, static peers, the store and live queries stay; local writes go on
+    /// dialing and discovery (its cache is forgotten). Subscriptions, static peers, the store and live queries stay; local writes go on
     /// and are sent at the next ``startSync()``. Repeatable.
     public func stopSync() {
         network.stop()
@@ -131,6 +156,21 @@ public final class TrellisNode: Sendable {
 
     /// The directly connected peers.
     public var peers: [PeerInfo] { engine.peers }
+
+    /// The peers LAN discovery currently knows (heard from within the cache lifetime), by peer
+    /// key: key, source addresses, TCP port, protocol version, compatibility, epoch, last seen.
+    /// Empty when discovery is off.
+    public var discoveredPeers: [DiscoveredPeer] { engine.discoveredPeers }
+
+    /// Calls `observer` with ``discoveredPeers`` whenever a peer appears, announces something
+    /// new, or leaves the cache (not when a beacon only refreshes it); `nil` removes it. One
+    /// observer at a time; it runs on the sync engine's queue and must not block.
+    public func observeDiscovery(_ observer: (@Sendable ([DiscoveredPeer]) -> Void)?) {
+        engine.observeDiscovery(observer)
+    }
+
+    /// Beacons sent, accepted and dropped; `nil` when discovery is off.
+    public var discoveryStatistics: DiscoveryStatistics? { engine.discoveryStatistics }
 
     /// This node's own subscriptions.
     public var subscriptions: [SubscriptionSpec] { engine.subscriptions }
@@ -219,5 +259,33 @@ func writeSecret(_ bytes: [UInt8], to file: URL) throws {
 
 /// A `host:port` address to listen on or dial.
 public typealias Endpoint = TrellisNet.Endpoint
-/// What a node knows about a connected peer.
-public typealias PeerInfo = TrellisSync.PeerInfo
+/// A peer found by LAN discovery.
+public typealias DiscoveredPeer = TrellisCore.DiscoveredPeer
+/// Where discovery beacons go.
+public typealias DiscoveryScope = TrellisNet.DiscoveryScope
+
+/// How a node runs LAN discovery (``NodeOptions/discovery``).
+public struct DiscoveryOptions: Sendable {
+    /// The UDP port every node of the LAN sends beacons to and listens on.
+    public var port: UInt16 = DiscoveryOptions.defaultPort
+    /// Where beacons go: every interface (the default), or loopback only (for tests and for
+    /// several nodes on one host that must not be seen from the LAN).
+    public var scope: DiscoveryScope = .allInterfaces
+    /// Beacon intervals and cache lifetime (docs/MESH.md); `nil` for the defaults. Its
+    /// `peerKey` is replaced by the node's.
+    public var timings: DiscoveryConfiguration?
+
+    /// The default discovery port, 4041 (the TCP port is 4040).
+    public static let defaultPort: UInt16 = 4041
+
+    public init(port: UInt16 = DiscoveryOptions.defaultPort, scope: DiscoveryScope = .allInterfaces) {
+        self.port = port
+        self.scope = scope
+    }
+
+    func configuration(_ peerKey: [UInt8]) -> DiscoveryConfiguration {
+        var config = timings ?? DiscoveryConfiguration(peerKey: peerKey)
+        config.peerKey = peerKey
+        return config
+    }
+}

@@ -6,14 +6,21 @@ public import TrellisNet
 /// The TCP side of a node: a listener, and the dials the replicator schedules, each completed
 /// connection handed to the ``SyncEngine``.
 ///
-/// When and whom to dial (static peers, jittered exponential backoff from 0.25 s up to 30 s,
-/// never while a session with that peer exists) is decided by the ``Replicator``; this type
-/// only connects and runs handshakes, each on its own thread.
+/// When and whom to dial (static peers and the peers LAN discovery found, jittered exponential
+/// backoff from 0.25 s up to 30 s, never while a session with that peer exists) is decided by the
+/// ``Replicator``; this type only connects and runs handshakes, each on its own thread, and runs
+/// the discovery socket (MeshNetwork+Discovery.swift).
 public final class MeshNetwork: Sendable {
     public let engine: SyncEngine
-    private let identity: KeyPair
-    private let meshKey: SecretBytes
-    private let log: @Sendable (String) -> Void
+    let identity: KeyPair
+    let meshKey: SecretBytes
+    let log: @Sendable (String) -> Void
+    /// The discovery socket while discovery runs (MeshNetwork+Discovery.swift).
+    let discoverySocket = Mutex<DiscoverySocket?>(nil)
+    /// How discovery was started, kept across ``stop()`` for ``start()``.
+    let discoveryParameters = Mutex<DiscoveryParameters?>(nil)
+    /// The TCP port listened on (0 when not listening); beacons announce it.
+    var listeningPort: UInt16 { listener.withLock { $0?.port ?? 0 } }
     private let running = Atomic<Bool>(true)
     private let closed = Atomic<Bool>(false)
     private let listener: Mutex<TCPListener?> = Mutex(nil)
@@ -51,6 +58,7 @@ public final class MeshNetwork: Sendable {
         }
         previous?.close()
         listenEndpoint.withLock { $0 = Endpoint(host: endpoint.host, port: socketListener.port) }
+        engine.setListeningPort(socketListener.port)
         let thread = Thread { [weak self] in
             while let self, self.running.load(ordering: .acquiring) {
                 let socket: TCPSocket
@@ -123,7 +131,8 @@ public final class MeshNetwork: Sendable {
     /// Whether the network runs (between ``start()`` and ``stop()``).
     public var isRunning: Bool { running.load(ordering: .acquiring) }
 
-    /// Stops listening and dialing and closes every session. Repeatable: ``start()`` resumes.
+    /// Stops listening, dialing and discovery, and closes every session. Repeatable: ``start()``
+    /// resumes.
     public func stop() {
         running.store(false, ordering: .releasing)
         let old = listener.withLock { current in
@@ -131,11 +140,13 @@ public final class MeshNetwork: Sendable {
             return current
         }
         old?.close()
+        pauseDiscovery()
         engine.stop()
     }
 
     /// Resumes after ``stop()``: listens again on the endpoint and port listened on before (if
-    /// any) and dials the static peers again. Does nothing when running.
+    /// any), dials the static peers again, and runs discovery again if it ran. Does nothing when
+    /// running.
     ///
     /// - Throws: ``SocketError`` when the port cannot be bound again (the network stays
     ///   stopped), or after ``close()``.
@@ -154,6 +165,7 @@ public final class MeshNetwork: Sendable {
             }
         }
         engine.start()
+        resumeDiscovery()
     }
 
     /// Stops for good: ``stop()``, and the engine's timer ends.

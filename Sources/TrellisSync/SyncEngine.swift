@@ -47,15 +47,15 @@ public protocol SubscriptionService: AnyObject, Sendable {
 /// ``maxQueuedInbound`` of its messages wait for the queue. Public methods may be called from
 /// any thread, including from callbacks running on the engine's queue.
 public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Sendable {
-    // Invariant: `host`, `links`, `scanScheduled` are touched only on `queue`.
-    private let queue = DispatchQueue(label: "trellis.sync")
+    // Invariant: `host`, `links`, `scanScheduled`, `discovery` are touched only on `queue`.
+    let queue = DispatchQueue(label: "trellis.sync")
     /// Marks the engine queues (one key for all engines: a key must outlive every queue it is
     /// set on), with the engine's identity as the value.
     private static let onQueue = DispatchSpecificKey<ObjectIdentifier>()
     public let store: DocumentStore
     public let peerKey: [UInt8]
-    private let log: @Sendable (String) -> Void
-    private var host: SyncHost!
+    let log: @Sendable (String) -> Void
+    private(set) var host: SyncHost!
     private var links: [LinkID: any MessageLink] = [:]
     private let nextLink = Atomic<UInt64>(0)
     private var scanScheduled = false
@@ -70,6 +70,10 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     private let statusQueue = DispatchQueue(label: "trellis.sync.status")
     /// How often observed status is compared with the last one delivered, in milliseconds.
     public static let statusInterval: Millis = 250
+    /// LAN discovery, when started (SyncEngine+Discovery.swift).
+    var discovery: DiscoveryState?
+    /// Told the discovery cache after each change (``observeDiscovery(_:)``).
+    var discoveryObserver: (@Sendable ([DiscoveredPeer]) -> Void)?
     /// Messages read from one link and not yet handled, before its reader waits.
     public static let maxQueuedInbound = 16
 
@@ -102,6 +106,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         timer.setEventHandler { [weak self] in
             guard let self else { return }
             self.host.tick()
+            self.discoveryTick()
             self.scheduleScans()
             self.pushStatus()
         }
@@ -120,7 +125,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     static func monotonicMillis() -> Millis { Millis(DispatchTime.now().uptimeNanoseconds / 1_000_000) }
 
     /// Runs `body` on the engine's queue and returns its result (inline when already there).
-    private func onEngine<R>(_ body: () throws -> R) rethrows -> R {
+    func onEngine<R>(_ body: () throws -> R) rethrows -> R {
         if DispatchQueue.getSpecific(key: Self.onQueue) == ObjectIdentifier(self) { return try body() }
         return try queue.sync(execute: body)
     }
@@ -165,7 +170,14 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     }
 
     /// Every session and static peer as the replicator sees them.
-    public var status: ReplicatorStatus { onEngine { host.replicator.status } }
+    public var status: ReplicatorStatus { onEngine { fullStatus } }
+
+    /// The replicator's status with the discovery cache.
+    private var fullStatus: ReplicatorStatus {
+        var status = host.replicator.status
+        status.discovered = discovery?.machine.peers ?? []
+        return status
+    }
 
     /// Calls `handler` with the replicator's status now and then whenever it changed, checked
     /// every ``statusInterval`` ms; calls come in order on one serial queue of the engine's
@@ -176,7 +188,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         onEngine {
             nextStatusObserver += 1
             statusObservers[nextStatusObserver] = handler
-            let current = host.replicator.status
+            let current = fullStatus
             statusQueue.async { handler(current) }
             return nextStatusObserver
         }
@@ -198,9 +210,12 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         let now = Self.monotonicMillis()
         guard now - lastStatusCheck >= Self.statusInterval else { return }
         lastStatusCheck = now
-        let current = host.replicator.status
-        guard current != lastStatus else { return }
-        lastStatus = current
+        let current = fullStatus
+        // A beacon that only refreshes when a discovered peer was last seen is not a change.
+        var comparable = current
+        for i in comparable.discovered.indices { comparable.discovered[i].lastSeen = 0 }
+        guard comparable != lastStatus else { return }
+        lastStatus = comparable
         let handlers = statusObservers.keys.sorted().map { statusObservers[$0]! }
         statusQueue.async { for handler in handlers { handler(current) } }
     }
@@ -326,7 +341,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
 
     /// Serves queued scans one at a time, each as its own work item, so messages and commits
     /// from other peers interleave with a long catch-up.
-    private func scheduleScans() {
+    func scheduleScans() {
         guard !scanScheduled, host.hasPendingScans else { return }
         scanScheduled = true
         queue.async { [self] in

@@ -95,6 +95,16 @@ public final class SyncHost {
         replicator.removePeer(endpoint)
     }
 
+    /// Discovery found a peer or it announces something new (``Replicator/discovered(_:grace:now:)``).
+    public func discovered(_ peer: DiscoveredPeer, grace: Millis) {
+        run(replicator.discovered(peer, grace: grace, now: now()))
+    }
+
+    /// A discovered peer's cache entry expired (``Replicator/discoveredPeerExpired(_:)``).
+    public func discoveredPeerExpired(_ peerKey: [UInt8]) {
+        replicator.discoveredPeerExpired(peerKey)
+    }
+
     public func linkOpened(_ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?) {
         let checkpoints: [String: Checkpoint]
         do {

@@ -41,7 +41,7 @@ public enum FuzzChecks {
     public static let targets: [(name: String, check: Check)] = [
         ("FuzzCBOR", cbor), ("FuzzJSON", json), ("FuzzQuery", query), ("FuzzDocumentState", documentState),
         ("FuzzWireMessage", wireMessage), ("FuzzHandshake", handshake), ("FuzzVCard", vCard),
-        ("FuzzFrames", frames), ("FuzzSession", session),
+        ("FuzzFrames", frames), ("FuzzSession", session), ("FuzzBeacon", beacon),
     ]
 
     /// libFuzzer's `LLVMFuzzerTestOneInput`: runs `check` on the `count` bytes at `data` and traps

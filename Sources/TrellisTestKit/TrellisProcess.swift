@@ -12,9 +12,14 @@ public final class TrellisProcess: Sendable {
 
     /// Starts `trellis ARGS…` (the binary from ``Repository/trellisBinary``).
     ///
+    /// A `node` or `shell` never runs LAN discovery beyond loopback from a test: unless the
+    /// arguments say `--discovery-loopback` or `--no-discovery`, `--no-discovery` is added
+    /// (``confined(_:)``).
+    ///
     /// - Parameter environment: variables added to (or replacing) this process's environment,
     ///   such as ``FakeClock/environment``.
     public init(_ arguments: [String], environment: [String: String] = [:]) throws {
+        let arguments = Self.confined(arguments)
         let binary = Repository.trellisBinary
         guard FileManager.default.isExecutableFile(atPath: binary.path) else {
             throw ProcessError("no trellis binary at \(binary.path); run `swift build` (scripts/test.sh does)")
@@ -141,6 +146,15 @@ public final class TrellisProcess: Sendable {
     /// Runs `trellis ARGS…` to completion.
     ///
     /// - Returns: exit status, standard output and standard error.
+    /// `arguments` with `--no-discovery` added after a `node` or `shell` command that has neither
+    /// `--discovery-loopback` nor `--no-discovery`: tests send traffic only to loopback.
+    public static func confined(_ arguments: [String]) -> [String] {
+        guard let command = arguments.first, command == "node" || command == "shell",
+            !arguments.contains("--discovery-loopback"), !arguments.contains("--no-discovery")
+        else { return arguments }
+        return [command, "--no-discovery"] + arguments.dropFirst()
+    }
+
     public static func run(_ arguments: [String], input: String? = nil, timeout: Double = 60) throws -> (
         status: Int32, stdout: String, stderr: String
     ) {

@@ -10,8 +10,15 @@ enum NodeCommand {
 
         Flags:
           --data DIR            the node's data directory (created if missing)
-          --listen HOST:PORT    accept peers here (e.g. 127.0.0.1:4040)
+          --listen HOST:PORT    accept peers here (default with discovery: port 4040 on every
+                                address, or a free port when 4040 is taken; without discovery:
+                                not listening)
           --peer HOST:PORT      keep a connection to this peer (repeatable)
+          --no-discovery        do not find peers on the LAN (only --peer and inbound connections)
+          --discovery-port PORT the UDP port for discovery beacons (default 4041)
+          --discovery-loopback  send and receive beacons on loopback only (127.255.255.255):
+                                nodes on this host find each other, nothing reaches the LAN;
+                                listens on 127.0.0.1 by default
           --mesh-key FILE       the mesh key file (`trellis keygen FILE`)
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
@@ -20,7 +27,8 @@ enum NodeCommand {
 
     static func run(_ args: [String], interactive: Bool) throws {
         let parsed = try Arguments(
-            args, valueFlags: ["data", "listen", "peer", "mesh-key", "subscribe"], switchFlags: ["quiet"])
+            args, valueFlags: ["data", "listen", "peer", "mesh-key", "subscribe", "discovery-port"],
+            switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -34,6 +42,7 @@ enum NodeCommand {
         let listen = try parsed.value("listen").map { try Endpoint(parsing: $0) }
         let peers = try parsed.all("peer").map { try Endpoint(parsing: $0) }
         let subscriptions = try parsed.all("subscribe").map { try parseSubscription($0) }
+        let discovery = try discoveryOptions(parsed)
         for (_, query) in subscriptions {
             do { _ = try Query(query) } catch { throw UsageError("--subscribe query: \(error)") }
         }
@@ -53,7 +62,25 @@ enum NodeCommand {
         if let listen {
             let port = try node.listen(on: listen)
             options.log("listening on \(Endpoint(host: listen.host, port: port)), peer key \(node.peerKeyHex)")
+        } else if let discovery {
+            // Discovered peers must be able to dial this node: listen on the default port, or on
+            // a free one when it is taken (beacons carry the real port).
+            let host = discovery.scope == .loopback ? "127.0.0.1" : "::"
+            var bound: (Endpoint, UInt16)?
+            for candidate in [Endpoint(host: host, port: 4040), Endpoint(host: host, port: 0)]
+                + (host == "::" ? [Endpoint(host: "0.0.0.0", port: 4040), Endpoint(host: "0.0.0.0", port: 0)] : [])
+            {
+                if let port = try? node.listen(on: candidate) {
+                    bound = (candidate, port)
+                    break
+                }
+            }
+            guard let (endpoint, port) = bound else {
+                throw UsageError("cannot listen on TCP port 4040 or any free port")
+            }
+            options.log("listening on \(Endpoint(host: endpoint.host, port: port)), peer key \(node.peerKeyHex)")
         }
+        if let discovery { try node.startDiscovery(discovery) }
         for peer in peers { node.connect(to: peer) }
 
         if interactive {
@@ -69,6 +96,26 @@ enum NodeCommand {
         options.log("stopping")
         node.close()
         withExtendedLifetime(kept) {}
+    }
+
+    /// `--no-discovery`, `--discovery-port`, `--discovery-loopback` → the node's discovery options.
+    static func discoveryOptions(_ parsed: Arguments) throws -> DiscoveryOptions? {
+        let port = try parsed.value("discovery-port").map { text in
+            guard let port = UInt16(text), port > 0 else {
+                throw UsageError("--discovery-port needs a port from 1 to 65535, not '\(text)'")
+            }
+            return port
+        }
+        if parsed.switches.contains("no-discovery") {
+            if port != nil || parsed.switches.contains("discovery-loopback") {
+                throw UsageError("--no-discovery cannot be combined with --discovery-port or --discovery-loopback")
+            }
+            return nil
+        }
+        var options = DiscoveryOptions()
+        if let port { options.port = port }
+        if parsed.switches.contains("discovery-loopback") { options.scope = .loopback }
+        return options
     }
 
     /// `COLLECTION [QUERY]` → (collection, query).

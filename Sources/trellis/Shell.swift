@@ -49,6 +49,7 @@ final class Shell {
                                           several hops away, incompatible peers
           sync stop | sync start          stop sync (close sessions, stop listening and dialing) or
                                           start it again; `sync` alone prints sync status
+          discovered                      list the peers LAN discovery hears (key, address, version)
           status                          this node: identity, clocks, peers, subscriptions, sync
                                           status, and every document held back (deferred,
                                           damaged) with why
@@ -250,6 +251,18 @@ final class Shell {
                 try node.startSync()
                 print("sync started")
             default: throw UsageError("sync takes `stop`, `start` or nothing, not '\(collection)'")
+            }
+        case "discovered":
+            let found = node.discoveredPeers
+            if node.discoveryStatistics == nil {
+                print("discovery is off")
+            } else if found.isEmpty {
+                print("no peers discovered")
+            }
+            for peer in found {
+                let place = peer.endpoint ?? "\(peer.addresses.joined(separator: ", ")) (not listening)"
+                let version = peer.isCompatible ? "" : ", incompatible: protocol version \(peer.protocolVersion)"
+                print("\(peer.keyHex.prefix(16)) \(place)\(version)")
             }
         case "status":
             print(try node.status().description)

@@ -17,14 +17,15 @@ public struct Replicator: Sendable {
     var sessions: [LinkID: Session] = [:]
     var presenceState = PresenceState()
     private var checkpointCache: [[UInt8]: [UTF8Key: Checkpoint]] = [:]
-    private var endpoints: [String: Endpoint] = [:]
+    /// Peers to keep connected: static ones and discovered ones (Replicator+Discovery.swift).
+    var endpoints: [String: Endpoint] = [:]
     private var queries: [UTF8Key: QueryResult] = [:]
     private var lastRotation: Millis?
     /// Whether deferred documents may wait in the store. `true` at start: documents deferred in
     /// an earlier run are retried on the first tick (the retry reports how many remain).
     private var deferredPending = true
     private var nextDeferredRetry: Millis = 0
-    private var stopped = false
+    var stopped = false
 
     enum QueryResult: Sendable {
         case ready(Query)
@@ -85,7 +86,10 @@ public struct Replicator: Sendable {
     /// whenever no session with the peer behind it exists.
     /// Added while stopped, the peer is kept and first dialed by ``start(now:)``.
     public mutating func addPeer(_ endpoint: String, now: Millis) -> [ReplicatorDirective] {
-        guard endpoints[endpoint] == nil else { return [] }
+        if endpoints[endpoint] != nil {
+            endpoints[endpoint]?.isStatic = true  // already known by discovery
+            return []
+        }
         endpoints[endpoint] = Endpoint(next: now, backoff: configuration.dialBackoffInitial)
         return stopped ? [] : tick(now: now)
     }
@@ -548,7 +552,7 @@ public struct Replicator: Sendable {
 
     // MARK: - Internals
 
-    private func hasSession(with peerKey: [UInt8], except link: LinkID?) -> Bool {
+    func hasSession(with peerKey: [UInt8], except link: LinkID?) -> Bool {
         sessions.contains { $0.key != link && $0.value.peerKey == peerKey && $0.value.phase == .established }
     }
 
@@ -1050,6 +1054,10 @@ extension Replicator {
         var knownKey: [UInt8]?
         var isSelf = false
         var lastError: String?
+        /// `false` for a peer known only from discovery: forgotten when its beacons stop.
+        var isStatic = true
+        /// The peer key of the discovered peer this address belongs to.
+        var discoveredKey: [UInt8]?
 
         init(next: Millis, backoff: Millis) {
             self.next = next
@@ -1096,4 +1104,6 @@ public struct ReplicatorStatus: Sendable, Equatable {
     public var presence: [PresenceRecord] = []
     /// Peers that spoke another protocol version lately.
     public var incompatible: [IncompatiblePeer] = []
+    /// The LAN discovery cache, when the shell runs discovery (the replicator leaves it empty).
+    public var discovered: [DiscoveredPeer] = []
 }
