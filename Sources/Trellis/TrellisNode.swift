@@ -15,6 +15,10 @@ public struct NodeOptions: Sendable {
     /// nodes holding the same mesh key on the LAN and connect to them by themselves
     /// (docs/MESH.md). `trellis node` turns it on unless given `--no-discovery`.
     public var discovery: DiscoveryOptions?
+    /// Most sessions at once (``ReplicatorConfiguration/maxSessions``): beyond it, new sessions
+    /// are refused as busy unless with a static peer, and discovered peers subscribing to the
+    /// same collections are dialed first.
+    public var maxSessions = 64
 
     public init() {}
 }
@@ -52,7 +56,10 @@ public final class TrellisNode: Sendable {
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
-        engine = try SyncEngine(store: documents, peerKey: identity.publicKey, log: options.log)
+        var configuration = ReplicatorConfiguration(peerKey: identity.publicKey)
+        configuration.maxSessions = max(1, options.maxSessions)
+        engine = try SyncEngine(
+            store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log)
         network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
         store = Store(documents: documents, subscriptions: engine)
         sync = NodeSync(engine: engine)

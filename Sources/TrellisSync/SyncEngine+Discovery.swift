@@ -122,7 +122,9 @@ extension SyncEngine {
                         ? "" : "; it speaks protocol version \(peer.protocolVersion), not dialed"
                     log("discovered peer \(peer.keyHex.prefix(16)) at \(place)\(compatibility)")
                 }
-                host.discovered(peer, grace: state.machine.configuration.dialGrace)
+                host.discovered(
+                    peer, grace: state.machine.configuration.dialGrace,
+                    sameCollections: peer.collectionsDigest == state.machine.local.collectionsDigest)
             case .expired(let peer):
                 log(
                     "discovered peer \(peer.keyHex.prefix(16)) vanished: no beacon for \(state.machine.configuration.cacheLifetime / 1000) s"

@@ -96,8 +96,8 @@ public final class SyncHost {
     }
 
     /// Discovery found a peer or it announces something new (``Replicator/discovered(_:grace:now:)``).
-    public func discovered(_ peer: DiscoveredPeer, grace: Millis) {
-        run(replicator.discovered(peer, grace: grace, now: now()))
+    public func discovered(_ peer: DiscoveredPeer, grace: Millis, sameCollections: Bool = false) {
+        run(replicator.discovered(peer, grace: grace, sameCollections: sameCollections, now: now()))
     }
 
     /// A discovered peer's cache entry expired (``Replicator/discoveredPeerExpired(_:)``).

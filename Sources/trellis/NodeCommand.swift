@@ -19,6 +19,9 @@ enum NodeCommand {
           --discovery-loopback  send and receive beacons on loopback only (127.255.255.255):
                                 nodes on this host find each other, nothing reaches the LAN;
                                 listens on 127.0.0.1 by default
+          --max-peers N         at most N sessions at once (default 64); beyond, new peers are
+                                refused as busy, --peer ones excepted, and discovered peers
+                                subscribing to the same collections are dialed first
           --mesh-key FILE       the mesh key file (`trellis keygen FILE`)
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
@@ -27,7 +30,7 @@ enum NodeCommand {
 
     static func run(_ args: [String], interactive: Bool) throws {
         let parsed = try Arguments(
-            args, valueFlags: ["data", "listen", "peer", "mesh-key", "subscribe", "discovery-port"],
+            args, valueFlags: ["data", "listen", "peer", "mesh-key", "subscribe", "discovery-port", "max-peers"],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
         if parsed.switches.contains("help") {
             print(help)
@@ -48,6 +51,12 @@ enum NodeCommand {
         }
 
         var options = NodeOptions()
+        if let text = parsed.value("max-peers") {
+            guard let n = Int(text), n >= 1, n <= 100_000 else {
+                throw UsageError("--max-peers needs a number from 1 to 100000, not '\(text)'")
+            }
+            options.maxSessions = n
+        }
         if !parsed.switches.contains("quiet") {
             let name = URL(fileURLWithPath: data).lastPathComponent
             options.log = { message in

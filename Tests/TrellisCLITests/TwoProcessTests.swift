@@ -144,6 +144,10 @@ import TrellisTestKit
             (["node", "--data", file, "--mesh-key", key], "\(file) exists and is not a directory"),
             (["node", "--data", dir.path("n"), "--mesh-key", dir.url.path], "it is a directory"),
             (["find", "--data", corrupt, "cars"], "is not a Trellis store"),
+            (
+                ["node", "--data", dir.path("m"), "--mesh-key", key, "--max-peers", "0"],
+                "--max-peers needs a number from 1 to 100000, not '0'"
+            ),
             (["keygen", dir.url.path], "is a directory"),
             (["node", "--data", dir.path("q"), "--mesh-key", key, "--subscribe", "c a =="], "--subscribe query"),
         ]

@@ -14,13 +14,19 @@ extension Replicator {
     /// - Parameters:
     ///   - peer: the cache entry.
     ///   - grace: how long the side with the larger peer key waits before its first dial.
-    public mutating func discovered(_ peer: DiscoveredPeer, grace: Millis, now: Millis) -> [ReplicatorDirective] {
+    ///   - sameCollections: whether the peer subscribes to the same collections as this node
+    ///     (its beacon's digest equals ours): dialed first when session slots are limited
+    ///     (``ReplicatorConfiguration/maxSessions``).
+    public mutating func discovered(_ peer: DiscoveredPeer, grace: Millis, sameCollections: Bool = false, now: Millis)
+        -> [ReplicatorDirective]
+    {
         guard !stopped, peer.peerKey != configuration.peerKey else { return [] }
         let target = peer.isCompatible ? peer.endpoint : nil
         forgetDiscovered(peer.peerKey, except: target)
         guard let target else { return [] }
         if endpoints[target] != nil {
             endpoints[target]?.discoveredKey = peer.peerKey
+            endpoints[target]?.preferred = sameCollections
             if endpoints[target]?.knownKey == nil { endpoints[target]?.knownKey = peer.peerKey }
             return []
         }
@@ -29,6 +35,7 @@ extension Replicator {
         e.isStatic = false
         e.discoveredKey = peer.peerKey
         e.knownKey = peer.peerKey
+        e.preferred = sameCollections
         endpoints[target] = e
         return dialsFirst ? tick(now: now) : []
     }

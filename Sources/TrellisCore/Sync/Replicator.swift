@@ -335,13 +335,31 @@ public struct Replicator: Sendable {
             directives.append(.retryDeferred)
         }
         guard !stopped else { return directives }
-        for name in endpoints.keys.sorted() {
+        // Static peers are always dialed; discovered ones while session slots are free, those
+        // that subscribe to the same collections as this node first.
+        var free = configuration.maxSessions - sessionsInUse
+        let order = endpoints.keys.sorted { a, b in
+            let (pa, pb) = (endpoints[a]!.preferred, endpoints[b]!.preferred)
+            return pa != pb ? pa : a < b
+        }
+        for name in order {
             guard let e = endpoints[name], e.state == .idle, !e.isSelf, now >= e.next else { continue }
             if let key = e.knownKey, hasSession(with: key, except: nil) { continue }
+            if !e.isStatic {
+                guard free > 0 else { continue }
+                free -= 1
+            }
             endpoints[name]?.state = .dialing
             directives.append(.dial(name))
         }
         return directives
+    }
+
+    /// Established sessions plus dials of discovered peers in progress: the slots
+    /// ``ReplicatorConfiguration/maxSessions`` counts.
+    var sessionsInUse: Int {
+        sessions.values.filter { $0.phase == .established }.count
+            + endpoints.values.filter { !$0.isStatic && $0.state == .dialing }.count
     }
 
     /// Whether the replicator is stopped (``stop()``): no dials, and new links are closed.
@@ -606,6 +624,13 @@ public struct Replicator: Sendable {
             sessions[link]!.probe = probe
             sessions[link]!.probeDeadline = now + configuration.duplicateProbeTimeout
             return [send(rival.link, .ping(probe), now)]
+        }
+        let established = sessions.values.filter { $0.phase == .established }.count
+        let isStatic = s.endpoint.map { endpoints[$0]?.isStatic ?? false } ?? false
+        if established >= configuration.maxSessions, !isStatic {
+            return fail(
+                link, "busy",
+                "this node has \(established) sessions, its limit (ReplicatorConfiguration.maxSessions)", now)
         }
         return establish(link, now: now)
     }
@@ -1056,6 +1081,9 @@ extension Replicator {
         var lastError: String?
         /// `false` for a peer known only from discovery: forgotten when its beacons stop.
         var isStatic = true
+        /// A discovered peer that subscribes to the same collections as this node: dialed first
+        /// when session slots are limited.
+        var preferred = false
         /// The peer key of the discovered peer this address belongs to.
         var discoveredKey: [UInt8]?
 

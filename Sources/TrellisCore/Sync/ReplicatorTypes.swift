@@ -160,6 +160,11 @@ public struct ReplicatorConfiguration: Sendable {
     public var maxHops = 4
     /// A `ping` goes out on a link that sent nothing for this long.
     public var keepaliveInterval: Millis = 5_000
+    /// Most sessions at once. A new session beyond it is refused with `error {code: "busy"}`,
+    /// unless it was dialed to a static peer (those are always kept); discovered peers are not
+    /// dialed while the slots are taken, and those subscribing to the same collections as this
+    /// node are dialed first.
+    public var maxSessions = 64
     /// A link that received nothing for this long is closed as dead.
     public var livenessTimeout: Millis = 15_000
     /// How long an older link to a peer may take to answer a probe before a newer one replaces it.
