@@ -49,6 +49,32 @@ import TrellisSimulation
         #expect(try b.store.collection("items").findAll().exec().count == 3_000)
     }
 
+    /// Under churn: a crashed peer leaves the status (its session ends); once it restarts, the
+    /// new session completes its initial sync again, including what was written meanwhile.
+    @Test func statusFollowsAPeerThatCrashesAndReturns() throws {
+        let sim = try Simulation(seed: 9)
+        let a = try sim.addNode()
+        let b = try sim.addNode()
+        try a.store.collection("items").upsert((0..<50).map { ["_id": .string("d\($0)")] })
+        let subscription = try b.store.collection("items").findAll().subscribe()
+        defer { subscription.cancel() }
+        sim.connect(a, b)
+        try sim.runUntilQuiet()
+        #expect(progress(b)?.initialSyncComplete == true)
+        #expect(progress(b)?.documents == 50)
+        sim.crash(a)
+        try sim.runUntilQuiet()
+        #expect(progress(b) == nil)
+        #expect(b.replicator?.status.peers.isEmpty == true)
+        try sim.restart(a)
+        try a.store.collection("items").upsert(["_id": "late"])
+        try sim.runUntilQuiet()
+        let after = try #require(progress(b))
+        #expect(after.initialSyncComplete)
+        #expect(after.documents == 1, "only what b did not hold yet: \(after)")
+        #expect(try b.store.collection("items").findAll().exec().count == 51)
+    }
+
     /// A subscription with nothing to send completes at once: the peer says `left: 0`.
     @Test func anEmptySubscriptionCompletesAtOnce() throws {
         let sim = try Simulation(seed: 8)
