@@ -282,6 +282,10 @@ figures.append(
         name: "stored_bytes_per_doc", value: fileSize(path("batched.sqlite")) / Double(documentCount), unit: "bytes",
         baseline: rawJSONBytes, baselineName: "raw_json_bytes_per_doc"))
 
+// MARK: Two nodes over encrypted loopback (ReplicationBench.swift)
+
+figures.append(try replicationFigure(scratch: scratch, documents: documents, baseline: baselineRate))
+
 // MARK: Live queries (LiveQueryBench.swift)
 
 figures += try liveQueryFigures(scratch: scratch)
