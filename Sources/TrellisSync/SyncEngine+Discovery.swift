@@ -57,8 +57,11 @@ extension SyncEngine {
     }
 
     /// A beacon that opened under the mesh key arrived from `host` (its numeric source address).
+    /// Dropped unread when ``maxDiscoveryBacklog`` datagrams already wait (counted).
     public func discoveryReceived(_ beacon: Beacon, from address: String) {
+        guard admitDiscoveryDatagram() else { return }
         queue.async { [self] in
+            discoveryBacklog.subtract(1, ordering: .relaxed)
             guard discovery != nil else { return }
             run(discovery!.machine.received(beacon, from: address, now: Self.monotonicMillis()))
         }
@@ -66,7 +69,20 @@ extension SyncEngine {
 
     /// A datagram on the discovery port was not a beacon of this mesh (counted, not logged).
     public func discoveryRejected(_ reason: String) {
-        queue.async { [self] in discovery?.machine.rejected(reason) }
+        guard admitDiscoveryDatagram() else { return }
+        queue.async { [self] in
+            discoveryBacklog.subtract(1, ordering: .relaxed)
+            discovery?.machine.rejected(reason)
+        }
+    }
+
+    private func admitDiscoveryDatagram() -> Bool {
+        guard discoveryBacklog.add(1, ordering: .relaxed).newValue <= Self.maxDiscoveryBacklog else {
+            discoveryBacklog.subtract(1, ordering: .relaxed)
+            discoveryDropped.add(1, ordering: .relaxed)
+            return false
+        }
+        return true
     }
 
     /// The peers discovery currently knows (the cache: peers heard from within the cache
@@ -82,7 +98,13 @@ extension SyncEngine {
     }
 
     /// Counts of beacons sent, accepted and dropped; `nil` when discovery is off.
-    public var discoveryStatistics: DiscoveryStatistics? { onEngine { discovery?.machine.statistics } }
+    public var discoveryStatistics: DiscoveryStatistics? {
+        onEngine {
+            guard var statistics = discovery?.machine.statistics else { return nil }
+            statistics.dropped = discoveryDropped.load(ordering: .relaxed)
+            return statistics
+        }
+    }
 
     /// The collections named in this node's subscriptions, sorted byte-wise, without repeats.
     static func collectionNames(_ subscriptions: [SubscriptionSpec]) -> [String] {

@@ -76,6 +76,13 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     var discoveryObserver: (@Sendable ([DiscoveredPeer]) -> Void)?
     /// Messages read from one link and not yet handled, before its reader waits.
     public static let maxQueuedInbound = 16
+    /// Discovery datagrams waiting for the engine's queue, and those dropped because too many
+    /// waited (SyncEngine+Discovery.swift).
+    let discoveryBacklog = Atomic<Int>(0)
+    let discoveryDropped = Atomic<Int>(0)
+    /// Discovery datagrams that may wait for the engine's queue; more are dropped unread, so a
+    /// flood on the discovery port cannot pile work on the queue sessions run on.
+    public static let maxDiscoveryBacklog = 64
 
     /// - Parameters:
     ///   - store: the local store.

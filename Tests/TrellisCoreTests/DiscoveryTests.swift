@@ -157,15 +157,44 @@ import TrellisCore
         #expect(d.peers.first?.endpoint == nil, "a peer that does not listen is not dialable")
     }
 
-    @Test func aNewBootNonceReplacesTheWindowAndTheAddresses() {
+    /// A restarted peer (new boot nonce) takes its entry over once its old boot's beacons have
+    /// stopped for `bootTakeover`; not before, so a replayed beacon of an earlier boot cannot
+    /// take over a peer whose beacons keep coming.
+    @Test func aNewBootNonceReplacesTheWindowAndTheAddressesOnceTheOldBootIsSilent() {
         var d = discovery()
+        let takeover = d.configuration.bootTakeover
         _ = d.received(beacon(boot: 1, counter: 50), from: "10.0.0.2", now: 0)
-        let restarted = d.received(beacon(boot: 2, counter: 1, port: 4041), from: "10.0.0.3", now: 10)
+        #expect(d.received(beacon(boot: 2, counter: 1, port: 4041), from: "10.0.0.3", now: 10).isEmpty)
+        #expect(d.peers.first?.addresses == ["10.0.0.2"])
+        let restarted = d.received(beacon(boot: 2, counter: 2, port: 4041), from: "10.0.0.3", now: takeover)
         #expect(restarted.count == 1)
         #expect(d.peers.first?.addresses == ["10.0.0.3"])
         #expect(d.peers.first?.endpoint == "10.0.0.3:4041")
-        #expect(d.received(beacon(boot: 2, counter: 1), from: "10.0.0.3", now: 20).isEmpty)
-        #expect(d.statistics.replayed == 1)
+        #expect(d.received(beacon(boot: 2, counter: 2), from: "10.0.0.3", now: takeover + 1).isEmpty)
+        // The earlier boot does not come back with what was seen of it.
+        #expect(d.received(beacon(boot: 1, counter: 50), from: "10.0.0.9", now: 3 * takeover).isEmpty)
+        #expect(d.statistics.replayed == 3)
+    }
+
+    /// The attack that used to partition a mesh: beacons replayed from another source address,
+    /// of an earlier boot and of the current one. The fake address is gone at the real peer's
+    /// next beacon, and an entry never holds more than `maxAddresses` addresses.
+    @Test func replayedBeaconsFromElsewhereCannotKeepAFakeAddress() {
+        var d = discovery()
+        let fake = "127.0.0.9"
+        _ = d.received(beacon(boot: 1, counter: 7), from: fake, now: 0)  // an earlier boot, replayed
+        _ = d.received(beacon(boot: 2, counter: 3), from: "10.0.0.2", now: d.configuration.bootTakeover)
+        _ = d.received(beacon(boot: 2, counter: 3), from: fake, now: d.configuration.bootTakeover + 1)
+        #expect(d.peers.first?.endpoint == "10.0.0.2:4040", "the real source came first")
+        for n in 0..<100 {
+            _ = d.received(beacon(boot: 2, counter: 3), from: "127.0.1.\(n)", now: d.configuration.bootTakeover + 2)
+        }
+        #expect(d.peers.first?.addresses.count == d.configuration.maxAddresses)
+        _ = d.received(beacon(boot: 2, counter: 4), from: "10.0.0.2", now: d.configuration.bootTakeover + 4_000)
+        #expect(d.peers.first?.addresses == ["10.0.0.2"])
+        // Replaying the earlier boot again changes nothing while the real peer's beacons come.
+        #expect(d.received(beacon(boot: 1, counter: 7), from: fake, now: d.configuration.bootTakeover + 5_000).isEmpty)
+        #expect(d.peers.first?.addresses == ["10.0.0.2"])
     }
 
     @Test func anIncompatiblePeerIsCachedAsIncompatible() {

@@ -77,12 +77,14 @@ import TrellisCore
             LinkID(1), peerKey: Self.key(2), initiator: false, address: "b", endpoint: nil, checkpoints: [:], now: 0)
         _ = a.received(hello(Self.key(2)), on: LinkID(1), now: 0)
         #expect(a.status.peers.filter { $0.phase == "established" }.count == 1)
-        _ = a.linkOpened(
+        // Refused as the link opens, before this side sends its hello: the other side never
+        // sees a session.
+        let refused = a.linkOpened(
             LinkID(2), peerKey: Self.key(3), initiator: false, address: "c", endpoint: nil, checkpoints: [:], now: 1)
-        let refused = a.received(hello(Self.key(3)), on: LinkID(2), now: 1)
         #expect(
             refused.contains { if case .send(LinkID(2), .error("busy", _)) = $0 { true } else { false } }, "\(refused)")
         #expect(refused.contains { if case .close(LinkID(2), _) = $0 { true } else { false } })
+        #expect(!refused.contains { if case .send(_, .hello) = $0 { true } else { false } })
         // A static peer is let in beyond the limit.
         let dialed = dials(a.addPeer("10.0.0.4:4040", now: 2))
         #expect(dialed == ["10.0.0.4:4040"])

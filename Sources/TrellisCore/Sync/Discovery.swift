@@ -6,13 +6,17 @@ public struct DiscoveryConfiguration: Sendable, Equatable {
     public var fastInterval: Millis = 1_000
     /// How long the fast interval lasts after start or after a change of the peer set.
     public var fastPeriod: Millis = 10_000
-    /// Beacon interval once the peer set is stable.
-    public var slowInterval: Millis = 5_000
+    /// Beacon interval once the peer set is stable (with the jitter, three intervals in a row
+    /// stay under ``cacheLifetime``: two lost beacons never make a peer flap).
+    public var slowInterval: Millis = 4_000
     /// Each interval is multiplied by a random factor in `1 - jitter ... 1 + jitter`.
     public var jitter: Double = 0.2
-    /// A peer whose beacons stop is forgotten after this long (three slow intervals: two beacons
-    /// in a row may be lost without the peer flapping).
+    /// A peer whose beacons stop is forgotten after this long (more than three jittered slow
+    /// intervals: two beacons in a row may be lost without the peer flapping).
     public var cacheLifetime: Millis = 15_000
+    /// Source addresses kept per peer: those its latest beacon came from (IPv4 and IPv6, or two
+    /// interfaces), in the order they arrived. Beyond it, more copies of that beacon are dropped.
+    public var maxAddresses = 4
     /// Replay-window entries (sender key and boot nonce) remembered at most; the least recently
     /// used is dropped beyond it.
     public var replayMemory = 4_096
@@ -25,6 +29,12 @@ public struct DiscoveryConfiguration: Sendable, Equatable {
     /// itself (two fast intervals): by then the other side, which dials at once, has normally
     /// connected.
     public var dialGrace: Millis { 2 * fastInterval }
+
+    /// How long the beacons of a peer's current boot must have stopped advancing before beacons
+    /// of another boot nonce take its entry over (the longest jittered slow interval plus 1 s).
+    /// A restarted peer is taken over as soon as its old boot's beacons stop; a replayed beacon of
+    /// an earlier boot cannot take over a peer whose beacons keep coming.
+    public var bootTakeover: Millis { Millis(Double(slowInterval) * (1 + jitter)) + 1_000 }
 }
 
 /// What this node puts in its beacons, as the shell last reported it.
@@ -107,10 +117,14 @@ public struct DiscoveryStatistics: Sendable, Equatable {
     public var accepted = 0
     /// This node's own beacons (looped back, or from another interface of this host).
     public var own = 0
-    /// Beacons whose counter was not above the last one seen for their sender and boot.
+    /// Beacons refused by the replay window: a counter not above the last one seen for their
+    /// sender and boot (or one more copy of it from yet another address), or an earlier boot
+    /// while the current one's beacons keep coming.
     public var replayed = 0
     /// Datagrams that were not sealed with this mesh's key, malformed, or from one peer too many.
     public var rejected = 0
+    /// Datagrams dropped unread because too many waited for the engine (a flood).
+    public var dropped = 0
     /// The latest rejection's reason.
     public var lastRejection: String?
 
@@ -148,8 +162,14 @@ public struct Discovery: Sendable {
     struct Window: Sendable {
         var bootNonce: UInt64
         var counter: UInt64
-        var addresses: Set<String>
+        /// In arrival order, at most ``DiscoveryConfiguration/maxAddresses``.
+        var addresses: [String]
         var used: UInt64
+        /// When the counter last advanced (or the boot was adopted).
+        var advanced: Millis
+        /// Boot nonces this entry left, with the highest counter seen under each (at most 4): one
+        /// comes back only with a counter above it.
+        var retired: [UInt64: UInt64] = [:]
     }
 
     /// - Parameters:
@@ -215,7 +235,7 @@ public struct Discovery: Sendable {
             statistics.own += 1
             return []
         }
-        guard accept(beacon, from: host) else {
+        guard let addresses = accept(beacon, from: host, now: now) else {
             statistics.replayed += 1
             return []
         }
@@ -239,12 +259,9 @@ public struct Discovery: Sendable {
         statistics.accepted += 1
         let before = peer
         peer.lastSeen = now
-        if !peer.addresses.contains(host) {
-            peer.addresses.append(host)
-            // IPv4 first, each family in the order first seen.
-            let v4 = peer.addresses.filter { !$0.contains(":") }
-            peer.addresses = v4 + peer.addresses.filter { $0.contains(":") }
-        }
+        // The addresses the latest beacon came from, IPv4 first, each family in arrival order: a
+        // copy of an earlier beacon replayed from elsewhere is forgotten at the peer's next one.
+        peer.addresses = addresses.filter { !Self.isIPv6($0) } + addresses.filter(Self.isIPv6)
         peer.port = beacon.port
         peer.protocolVersion = version
         peer.isCompatible = version == WireMessage.protocolVersion
@@ -264,37 +281,57 @@ public struct Discovery: Sendable {
 
     // MARK: Internals
 
-    /// The replay window: per sender, beacons of the boot nonce last seen are accepted only with a
-    /// counter above the last one accepted (or the same counter from a source address that beacon
-    /// has not come from yet); a new boot nonce replaces the entry.
-    private mutating func accept(_ beacon: Beacon, from host: String) -> Bool {
+    /// The replay window: per sender, beacons of its current boot nonce are accepted only with a
+    /// counter above the last one accepted, or with the same counter from a source address that
+    /// beacon has not come from yet (at most ``DiscoveryConfiguration/maxAddresses``). Another
+    /// boot nonce takes the entry over only once the current boot's counter has not advanced for
+    /// ``DiscoveryConfiguration/bootTakeover`` (the peer restarted), and a boot nonce the entry
+    /// left comes back only with a counter above the highest seen under it.
+    ///
+    /// - Returns: the source addresses of the accepted beacon's counter, or `nil` when refused.
+    private mutating func accept(_ beacon: Beacon, from host: String, now: Millis) -> [String]? {
         windowUse += 1
-        if var window = windows[beacon.peerKey], window.bootNonce == beacon.bootNonce {
-            if beacon.counter > window.counter {
+        if var window = windows[beacon.peerKey] {
+            if window.bootNonce == beacon.bootNonce {
+                if beacon.counter > window.counter {
+                    window.counter = beacon.counter
+                    window.addresses = [host]
+                    window.advanced = now
+                } else if beacon.counter == window.counter, !window.addresses.contains(host),
+                    window.addresses.count < configuration.maxAddresses
+                {
+                    window.addresses.append(host)
+                } else {
+                    return nil
+                }
+            } else {
+                guard now - window.advanced >= configuration.bootTakeover else { return nil }
+                if let highest = window.retired[beacon.bootNonce], beacon.counter <= highest { return nil }
+                window.retired[window.bootNonce] = window.counter
+                window.retired[beacon.bootNonce] = nil
+                if window.retired.count > 4, let oldest = window.retired.min(by: { $0.value < $1.value })?.key {
+                    window.retired[oldest] = nil
+                }
+                window.bootNonce = beacon.bootNonce
                 window.counter = beacon.counter
                 window.addresses = [host]
-            } else if beacon.counter == window.counter, !window.addresses.contains(host) {
-                window.addresses.insert(host)
-            } else {
-                return false
+                window.advanced = now
             }
             window.used = windowUse
             windows[beacon.peerKey] = window
-            return true
+            return window.addresses
         }
-        if windows[beacon.peerKey] == nil, windows.count >= configuration.replayMemory,
+        if windows.count >= configuration.replayMemory,
             let oldest = windows.min(by: { $0.value.used < $1.value.used })?.key
         {
             windows.removeValue(forKey: oldest)
         }
-        // A new boot: the peer restarted. Its entry in the cache takes the new addresses.
-        if let previous = windows[beacon.peerKey], previous.bootNonce != beacon.bootNonce {
-            cache[beacon.peerKey]?.addresses = []
-        }
         windows[beacon.peerKey] = Window(
-            bootNonce: beacon.bootNonce, counter: beacon.counter, addresses: [host], used: windowUse)
-        return true
+            bootNonce: beacon.bootNonce, counter: beacon.counter, addresses: [host], used: windowUse, advanced: now)
+        return [host]
     }
+
+    static func isIPv6(_ host: String) -> Bool { host.utf8.contains(UInt8(ascii: ":")) }
 
     private mutating func peerSetChanged(now: Millis) {
         fastUntil = now + configuration.fastPeriod

@@ -139,6 +139,10 @@ public struct Replicator: Sendable {
             e.knownKey = peerKey
             endpoints[endpoint] = e
         }
+        // No slot for a new peer: refused before any hello, so the other side never sees a session.
+        if let busy = busyReason(peerKey: peerKey, endpoint: endpoint, link: link) {
+            return fail(link, "busy", busy, now)
+        }
         if checkpointCache[peerKey] == nil || !hasSession(with: peerKey, except: link) {
             checkpointCache[peerKey] = Dictionary(
                 checkpoints.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: { a, _ in a })
@@ -353,6 +357,17 @@ public struct Replicator: Sendable {
             directives.append(.dial(name))
         }
         return directives
+    }
+
+    /// Why a new session with `peerKey` cannot be taken (all ``ReplicatorConfiguration/maxSessions``
+    /// slots are established sessions with other peers, and the link was not dialed to a static
+    /// peer), or `nil`.
+    func busyReason(peerKey: [UInt8], endpoint: String?, link: LinkID) -> String? {
+        let established = sessions.values.filter { $0.phase == .established && $0.link != link }
+        guard established.count >= configuration.maxSessions else { return nil }
+        if let endpoint, endpoints[endpoint]?.isStatic == true { return nil }
+        if established.contains(where: { $0.peerKey == peerKey }) { return nil }  // a duplicate: no new slot
+        return "this node is at its limit of \(configuration.maxSessions) session(s)"
     }
 
     /// Established sessions plus dials of discovered peers in progress: the slots
@@ -625,12 +640,8 @@ public struct Replicator: Sendable {
             sessions[link]!.probeDeadline = now + configuration.duplicateProbeTimeout
             return [send(rival.link, .ping(probe), now)]
         }
-        let established = sessions.values.filter { $0.phase == .established }.count
-        let isStatic = s.endpoint.map { endpoints[$0]?.isStatic ?? false } ?? false
-        if established >= configuration.maxSessions, !isStatic {
-            return fail(
-                link, "busy",
-                "this node has \(established) sessions, its limit (ReplicatorConfiguration.maxSessions)", now)
+        if let busy = busyReason(peerKey: hello.peerKey, endpoint: s.endpoint, link: link) {
+            return fail(link, "busy", busy, now)
         }
         return establish(link, now: now)
     }
