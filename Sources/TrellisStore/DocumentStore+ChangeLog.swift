@@ -41,6 +41,11 @@ extension DocumentStore {
     /// least one record whenever one matches after `after`, however large: one document always
     /// fits.
     ///
+    /// When `after` is above 0 but below the collection's ``retainedFloor(in:)`` (tombstones after
+    /// it were reaped, so the reader may have missed removes), the page starts from the beginning
+    /// of the log instead and ``ChangePage/restarted`` is `true`: a full resync, never a silent
+    /// "no changes".
+    ///
     /// A damaged row (its state or JSON value does not decode) and a state above
     /// ``StoreOptions/maxDocumentBytes`` (stored under a larger limit) are passed over and listed in
     /// ``ChangePage/skipped`` with the reason; the rest of the log flows. Damaged rows are also
@@ -66,12 +71,26 @@ extension DocumentStore {
                 try registerServed(&s, subscription, bound: bound, now: now)
                 scope = Self.scopeHash(subscription.key)
             }
+            // Below the retained floor the log no longer holds every remove: start over.
+            var after = after
+            var restarted = false
+            let floor = try Self.metaInt64(s.db, "floor:" + collection) ?? 0
+            if after > 0, after < floor {
+                after = 0
+                restarted = true
+            }
+            var page: ChangePage
             do {
-                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: false)
+                page = try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: false)
             } catch let error as SQLiteError where error.isMalformedJSON {
                 // A damaged JSON value in the page: evaluate the query only on valid JSON.
-                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: true)
+                page = try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: true)
             }
+            page.restarted = restarted
+            // Nothing is left between the last row and the floor: an exhausted page covers it, so
+            // the next page is not below the floor again.
+            if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }
+            return page
         }
     }
 

@@ -14,7 +14,7 @@ extension DocumentStore: SyncStore {
                     seq: record.seq, key: record.key,
                     document: WireDocument(collection: record.collection, id: record.id, state: record.state))
             },
-            upTo: page.scannedUpTo, exhausted: page.exhausted)
+            upTo: page.scannedUpTo, exhausted: page.exhausted, restarted: page.restarted)
     }
 
     public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) {
@@ -31,6 +31,10 @@ extension DocumentStore: SyncStore {
 
     public func retryDeferredDocuments() throws -> Int {
         try retryDeferred().remaining
+    }
+
+    public func reapTombstones(limit: Int) throws -> Bool {
+        try reapExpiredTombstones(limit: limit).more
     }
 
     public func rotatedLog(reason: String) throws -> LocalLog {

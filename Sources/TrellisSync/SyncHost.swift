@@ -22,6 +22,10 @@ public protocol SyncStore: AnyObject, Sendable {
     ///
     /// - Returns: how many remain deferred.
     func retryDeferredDocuments() throws -> Int
+    /// Reaps up to `limit` tombstones older than the store's TTL, in one bounded transaction.
+    ///
+    /// - Returns: whether more are waiting.
+    func reapTombstones(limit: Int) throws -> Bool
     /// Starts a new epoch and site ID (the store's log rotation).
     ///
     /// - Returns: the log after the rotation.
@@ -56,6 +60,13 @@ public final class SyncHost {
     private let log: (String) -> Void
     private var scans: [LinkID: [ScanRequest]] = [:]
     private var scanOrder: [LinkID] = []
+    /// How often the store's expired tombstones are reaped (milliseconds); the first tick reaps.
+    /// While a run leaves more waiting, every tick reaps one more bounded batch.
+    public var tombstoneReapInterval: Millis = 60_000
+    /// Rows per reaping transaction.
+    public var tombstoneReapBatch = 1000
+    private var nextReap: Millis = 0
+    private var reapError: String?
 
     /// - Parameters:
     ///   - configuration: the replicator's limits.
@@ -146,6 +157,24 @@ public final class SyncHost {
 
     public func tick() {
         run(replicator.tick(now: now()))
+        reapIfDue()
+    }
+
+    /// Reaps one bounded batch of expired tombstones when due (at the first tick, then every
+    /// ``tombstoneReapInterval``, and at every tick while a batch leaves more waiting).
+    private func reapIfDue() {
+        let time = now()
+        guard time >= nextReap else { return }
+        do {
+            let more = try store.reapTombstones(limit: tombstoneReapBatch)
+            nextReap = more ? time : time + tombstoneReapInterval
+            reapError = nil
+        } catch {
+            nextReap = time + tombstoneReapInterval
+            let message = "reaping tombstones failed: \(error)"
+            if reapError != message { log(message) }  // once, not every interval
+            reapError = message
+        }
     }
 
     public func stop() {

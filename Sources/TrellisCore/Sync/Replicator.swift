@@ -359,6 +359,10 @@ public struct Replicator: Sendable {
         served.retryDelay = configuration.scanRetryInitial
         var documents: [WireDocument] = []
         var directives: [ReplicatorDirective] = []
+        if page.restarted {
+            served.cursor = 0
+            directives += restartedBelowFloor(link, served.spec, now: now)
+        }
         var bytes = 0
         for record in page.records where record.seq > served.cursor {
             let echoKey = EchoKey(collection: record.document.collection, key: record.key)
@@ -674,6 +678,33 @@ public struct Replicator: Sendable {
         return directives
     }
 
+    /// A scan for a peer started over because the peer's checkpoint was below the lowest `seq`
+    /// this log still answers for (tombstones after it were reaped): the peer may have missed
+    /// removes, and may still hold documents removed here. It gets the subscription from the start,
+    /// and, once per session and collection, this node asks it again from the start for that
+    /// collection, so the stale copies it sends meet the reaped keys here and are removed again
+    /// (docs/DATA-MODEL.md, "Tombstones and reaping").
+    private mutating func restartedBelowFloor(_ link: LinkID, _ spec: SubscriptionSpec, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        guard let s = sessions[link] else { return [] }
+        let collection = UTF8Key(spec.collection)
+        let directives: [ReplicatorDirective] = [
+            .log(
+                "\(s.address) holds a checkpoint on '\(spec)' from before tombstones this node has reaped: it gets "
+                    + "the subscription again from the start")
+        ]
+        guard !s.floorResynced.contains(collection) else { return directives }
+        sessions[link]!.floorResynced.insert(collection)
+        for key in (checkpointCache[s.peerKey] ?? [:]).keys where askedCollection(key.string) == collection {
+            checkpointCache[s.peerKey]![key]!.seq = 0
+        }
+        for key in s.asked.keys where askedCollection(key.string) == collection {
+            sessions[link]!.resyncs[key, default: 0] &+= 1
+        }
+        return directives + sendAsked(link, now: now)
+    }
+
     private mutating func logRegressed(_ since: Int64, peer: String, now: Millis) -> [ReplicatorDirective] {
         if let last = lastRotation, now - last < configuration.minLogRotationInterval { return [] }
         lastRotation = now
@@ -913,6 +944,9 @@ extension Replicator {
         var remoteErrors: [UTF8Key: String] = [:]
         /// States received on this session, for echo suppression.
         var echo: [EchoKey: StateDigest] = [:]
+        /// Collections this node asked the peer for again from the start because the peer's
+        /// checkpoint on this log was below its retained floor (once per session).
+        var floorResynced: Set<UTF8Key> = []
 
         init(
             link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?, opened: Millis,
