@@ -239,6 +239,68 @@ import TrellisSimulation
         oslo.cancel()
     }
 
+    /// F04, expiry: S is away for longer than the tombstone TTL while A removes d1 and d2 and B
+    /// receives the removes; A and B reap the tombstones. When S comes back, still holding d1 and
+    /// d2, they do not come back: they stay removed on every node, S's own write made while away
+    /// arrives everywhere, and every node ends with the same documents.
+    @Test func f04ANodeAwayLongerThanTheTTLDoesNotBringReapedDocumentsBack() throws {
+        let mesh = try Mesh(seed: 204, nodes: 3)
+        let (a, b, s) = (mesh[0], mesh[1], mesh[2])
+        try a.store.collection("items").upsert((1...5).map { ["_id": .string("d\($0)"), "v": .int($0)] })
+        try mesh.sim.runUntilQuiet()
+        #expect(try s.store.collection("items").findAll().count() == 5)
+        mesh.sim.partition([[a, b], [s]])
+        try a.store.collection("items").findByID("d1").remove()
+        try a.store.collection("items").findByID("d2").remove()
+        try s.store.collection("items").upsert(["_id": "away", "v": 0])
+        try mesh.sim.runUntilQuiet()
+        try Self.passTheTTL(mesh)
+        for node in [a, b] { #expect(try node.documents.state(id: "d1", in: "items") == nil, "\(node.name) reaped") }
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        for node in mesh.sim.nodes {
+            let ids = try node.store.collection("items").findAll().exec().map { JSON.string($0.id) }
+            #expect(ids.sorted() == ["\"away\"", "\"d3\"", "\"d4\"", "\"d5\""], "\(node.name)")
+        }
+    }
+
+    /// F04, expiry through a relay: as above, but S comes back connected only to R, a node that
+    /// joined after the tombstones were reaped and so never saw d1 or its remove. R takes S's copy
+    /// for a moment; A removes it again when R relays it, and the remove travels back through R to
+    /// S: in the end no node shows d1.
+    @Test func f04AStaleNodeCannotBringReapedDocumentsBackThroughARelay() throws {
+        let mesh = try Mesh(seed: 214, nodes: 2)
+        let (a, s) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert((1...3).map { ["_id": .string("d\($0)")] })
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.partition([[a], [s]])
+        try a.store.collection("items").findByID("d1").remove()
+        try mesh.sim.runUntilQuiet()
+        try Self.passTheTTL(mesh)
+        #expect(try a.documents.state(id: "d1", in: "items") == nil)
+        let r = try mesh.sim.addNode()
+        try mesh.subscribe(r, "items")
+        mesh.sim.setClockOffset(r, mesh.sim.nodes[0].clockOffset)
+        mesh.sim.connect(r, a)
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.setLink(a, s, up: false)
+        mesh.sim.heal()
+        mesh.sim.connect(r, s)
+        try mesh.sim.runUntilQuiet()
+        for node in mesh.sim.nodes {
+            let ids = try node.store.collection("items").findAll().exec().map { JSON.string($0.id) }
+            #expect(ids.sorted() == ["\"d2\"", "\"d3\""], "\(node.name)")
+        }
+    }
+
+    /// Moves every node's clock past the tombstone TTL and lets their sync hosts reap.
+    static func passTheTTL(_ mesh: Mesh) throws {
+        let ttl = Millis(mesh.sim.storeOptions.tombstoneTTL)
+        for node in mesh.sim.nodes { mesh.sim.setClockOffset(node, node.clockOffset + ttl + 60_000) }
+        mesh.sim.run(for: 120_000)
+    }
+
     /// F10: (a) evicting documents an active subscription matches brings them back once, with no
     /// evict/re-fetch loop; (b) cancel, evict, subscribe again with no change on A: they come back.
     @Test func f10EvictedDocumentsComeBackOnceWhileASubscriptionMatches() throws {
