@@ -294,6 +294,10 @@ figures += try linkFigures()
 
 figures += try contactsFigures(scratch: scratch)
 
+// MARK: Tombstones (TombstoneBench.swift)
+
+figures += try tombstoneFigures(scratch: scratch, removed: documentCount)
+
 // MARK: Output
 
 printFigures(figures)
