@@ -140,7 +140,6 @@ import TrellisSimulation
                 !record.state.indices.contains { i in record.state[i...].starts(with: secretBytes) },
                 "\(record.id) carries a removed value")
         }
-        }
         try Self.passTheTTL(mesh)
         for node in [a, c] {
             let log = try node.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max)
