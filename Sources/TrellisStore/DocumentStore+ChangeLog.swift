@@ -53,6 +53,8 @@ extension DocumentStore {
     ///
     /// - Parameters:
     ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
+    ///   - keys: when given, only the rows of these canonical `_id` keys are read (a peer asking
+    ///     again for documents it evicted), found through the primary key.
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
     ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
     /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
@@ -60,7 +62,7 @@ extension DocumentStore {
     ///   states returned.
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
-        args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil
+        args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil, keys: [String]? = nil
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
@@ -81,10 +83,12 @@ extension DocumentStore {
             }
             var page: ChangePage
             do {
-                page = try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: false)
+                page = try changePage(
+                    &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: false)
             } catch let error as SQLiteError where error.isMalformedJSON {
                 // A damaged JSON value in the page: evaluate the query only on valid JSON.
-                page = try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: true)
+                page = try changePage(
+                    &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: true)
             }
             page.restarted = restarted
             // Nothing is left between the last row and the floor: an exhausted page covers it, so
@@ -96,7 +100,7 @@ extension DocumentStore {
 
     private func changePage(
         _ s: inout State, _ collection: String, _ after: Int64, _ limit: Int, _ maxBytes: Int, _ bound: Query,
-        _ translated: PushedQuery?, _ scope: Int64?, guarded: Bool
+        _ translated: PushedQuery?, _ scope: Int64?, _ keys: [String]?, guarded: Bool
     ) throws -> ChangePage {
         // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged,
         // 3: send whatever it holds (it left the subscription's scope, DocumentStore+Scope.swift).
@@ -113,13 +117,18 @@ extension DocumentStore {
                     : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
             }
             return "SELECT seq, id, state, deleted, \(match), value FROM documents "
-                + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
+                + "WHERE collection = ? AND seq > ?"
+                + (keys == nil ? "" : " AND id IN (SELECT value FROM json_each(?))") + " ORDER BY seq LIMIT ?"
         }
         let bindings = pushed?.bindings ?? []
         Self.bind(st, bindings)
-        let index = Int32(bindings.count) + 1
+        var index = Int32(bindings.count) + 1
         st.bind(index, collection)
         st.bind(index + 1, after)
+        if let keys {
+            st.bind(index + 2, JSON.string(.array(keys.map { .string($0) })))
+            index += 1
+        }
         st.bind(index + 2, Int64(max(1, limit)))
         defer { st.reset() }
         var page = ChangePage(records: [], scannedUpTo: after, exhausted: false)

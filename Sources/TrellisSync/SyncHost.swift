@@ -22,6 +22,8 @@ public protocol SyncStore: AnyObject, Sendable {
     ///
     /// - Returns: how many remain deferred.
     func retryDeferredDocuments() throws -> Int
+    /// The `_id`s of evicted documents of a collection, most recently evicted first, at most `limit`.
+    func evictedIDs(in collection: String, limit: Int) throws -> [Value]
     /// Reaps up to `limit` tombstones older than the store's TTL, in one bounded transaction.
     ///
     /// - Returns: whether more are waiting.
@@ -90,8 +92,16 @@ public final class SyncHost {
 
     // MARK: Events
 
+    /// Subscribes, and asks peers again for the documents of the collection evicted here (they
+    /// come back when the subscription matches them).
     public func subscribe(_ spec: SubscriptionSpec) throws {
         run(try replicator.subscribe(spec, now: now()))
+        do {
+            let ids = try store.evictedIDs(in: spec.collection, limit: Refetch.maxPerCollection)
+            run(replicator.refetch(spec.collection, ids: ids, now: now()))
+        } catch {
+            log("reading the evicted documents of \(spec.collection) failed: \(error)")
+        }
     }
 
     public func unsubscribe(_ spec: SubscriptionSpec) {
@@ -150,9 +160,13 @@ public final class SyncHost {
         run(replicator.committed(collections: collections, lastSeq: store.localLog.lastSeq, now: now()))
     }
 
-    /// Documents of `collection` were evicted: the store raised its rescan generation.
-    public func evicted(_ collection: String) {
-        run(replicator.evicted(collection, generation: store.rescanGeneration(collection: collection), now: now()))
+    /// Documents of `collection` were evicted: peers are asked for exactly those again while a
+    /// subscription in the collection is active (``Replicator/refetch(_:ids:now:)``).
+    ///
+    /// - Parameter keys: the canonical `_id` keys of the evicted documents (``StoreEvent/changedKeys``).
+    public func evicted(_ collection: String, keys: [String]) {
+        let ids = keys.compactMap { try? JSON.parse($0) }
+        run(replicator.refetch(collection, ids: ids, now: now()))
     }
 
     public func tick() {

@@ -42,7 +42,7 @@ func tombstoneFigures(scratch: URL, removed: Int, live: Int = 1_000) throws -> [
     try store.upsert(liveDocs, in: "t")
     for start in stride(from: 0, to: removed, by: 5_000) {
         try store.remove(
-            in: "t", matching: try Query("_id >= 'gone' AND _id < 'gonf' AND n < \(start + 5_000)"))
+            in: "t", matching: try Query("_id >= 'gone' && _id < 'gonf' && n < \(start + 5_000)"))
     }
     let count = try store.count(in: "t")
     precondition(count == live)
@@ -113,7 +113,8 @@ func tombstoneFigures(scratch: URL, removed: Int, live: Int = 1_000) throws -> [
             baselineName: "tomb_live_only_log_scan_per_s"),
         Figure(name: "tomb_reaped_per_s", value: Double(reaped) / reapSeconds, unit: "tombstones/s"),
         Figure(
-            name: "tomb_residue_bytes_per_removed_doc", value: (usedBytes(file) - usedBytes(baselineFile)) / Double(removed),
+            name: "tomb_residue_bytes_per_removed_doc",
+            value: (usedBytes(file) - usedBytes(baselineFile)) / Double(removed),
             unit: "bytes"),
     ]
 }

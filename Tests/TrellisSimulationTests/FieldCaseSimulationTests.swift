@@ -333,6 +333,36 @@ import TrellisSimulation
         sub.cancel()
     }
 
+    /// F10, precisely: evicting k documents makes peers send about k documents again, not the
+    /// collection. B holds A's 1,000 documents; evicting 10 brings exactly those 10 back. Then B
+    /// cancels, evicts 20 and subscribes to a narrower query: of the 20, the 10 the new query
+    /// matches come back, the others stay evicted, and A sends only what the new query matches.
+    @Test func f10EvictingKDocumentsMakesPeersSendKAgain() throws {
+        let mesh = try Mesh(seed: 120, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        var sub = try b.store.collection("items").findAll().subscribe()
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert((0..<1_000).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 1_000)
+        var sent = mesh.sim.documentsSent
+        _ = try b.store.collection("items").find("n >= 100 && n < 110").evict()
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 1_000)
+        #expect(mesh.sim.documentsSent - sent == 10)
+        sub.cancel()
+        try mesh.sim.runUntilQuiet()
+        _ = try b.store.collection("items").find("n >= 190 && n < 210").evict()
+        sent = mesh.sim.documentsSent
+        sub = try b.store.collection("items").find("n < 200").subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").find("n >= 190 && n < 200").count() == 10)
+        #expect(try b.store.collection("items").find("n >= 200 && n < 210").count() == 0)
+        #expect(mesh.sim.documentsSent - sent <= 200 + 10)
+        sub.cancel()
+    }
+
     /// F11: B is offline while A inserts 100 matching documents; B registers a live query, then
     /// connects: the live query ends with 100 results. Variant: B writes d1, A (having seen it)
     /// removes it: B's live query reports d1 gone.

@@ -22,6 +22,8 @@ public struct Replicator: Sendable {
     /// Whether deferred documents may wait in the store. `true` at start: documents deferred in
     /// an earlier run are retried on the first tick (the retry reports how many remain).
     private var deferredPending = true
+    /// Evicted documents asked for again, by collection (Refetch.swift).
+    private var refetching: [UTF8Key: RefetchList] = [:]
     private var nextDeferredRetry: Millis = 0
     private var stopped = false
 
@@ -255,8 +257,10 @@ public struct Replicator: Sendable {
         return directives
     }
 
-    /// Documents of `collection` were evicted here: the store raised its rescan generation and
-    /// reset the checkpoints of its subscriptions, so ask every peer again from the start.
+    /// The collection's rescan generation was raised (and its checkpoints reset): ask every peer
+    /// again from the start for its subscriptions, a full rescan. Evictions no longer need this
+    /// (``refetch(_:ids:now:)`` asks for the evicted documents only); a generation persisted by an
+    /// earlier version is still sent.
     public mutating func evicted(_ collection: String, generation: UInt32, now: Millis) -> [ReplicatorDirective] {
         let name = UTF8Key(collection)
         generations[name] = generation
@@ -265,6 +269,33 @@ public struct Replicator: Sendable {
                 checkpointCache[peer]?[key] = Checkpoint(epoch: checkpoint.epoch, seq: 0)
             }
         }
+        return updateAsked(now: now)
+    }
+
+    /// Documents of `collection` were evicted here: while a subscription in the collection (this
+    /// node's own, or one it relays) is active, peers are asked for exactly these `_id`s again,
+    /// through refetch subscriptions derived from each (``Refetch``), until all have arrived.
+    /// Nothing else is asked for again.
+    ///
+    /// - Parameter ids: the evicted `_id`s; at most ``Refetch/maxPerCollection`` are kept per
+    ///   collection (the newest).
+    public mutating func refetch(_ collection: String, ids: [Value], now: Millis) -> [ReplicatorDirective] {
+        let name = UTF8Key(collection)
+        guard !ids.isEmpty,
+            own.values.contains(where: { UTF8Key($0.spec.collection) == name })
+                || sessions.values.contains(where: { s in
+                    s.remoteSubscriptions.contains { UTF8Key($0.spec.collection) == name }
+                })
+        else { return [] }
+        var list = refetching[name] ?? RefetchList(ids: [], missing: [])
+        for id in ids where list.missing.insert(JSON.string(id)).inserted { list.ids.append(id) }
+        if list.ids.count > Refetch.maxPerCollection {
+            for id in list.ids.prefix(list.ids.count - Refetch.maxPerCollection) {
+                list.missing.remove(JSON.string(id))
+            }
+            list.ids.removeFirst(list.ids.count - Refetch.maxPerCollection)
+        }
+        refetching[name] = list
         return updateAsked(now: now)
     }
 
@@ -764,7 +795,9 @@ public struct Replicator: Sendable {
         accepted.reserveCapacity(documents.count)
         var directives: [ReplicatorDirective] = []
         if sessions[link]!.echo.count + documents.count > configuration.echoMemory { sessions[link]!.echo.removeAll() }
+        var refetched = false
         for document in documents {
+            if refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id)) != nil { refetched = true }
             guard UTF8Key.equal(document.collection, collection) else {
                 // A batch answers one subscription: a peer cannot write into collections nobody asked it for.
                 directives.append(
@@ -791,8 +824,13 @@ public struct Replicator: Sendable {
                 link,
                 ApplyRequest(
                     subscription: subscription, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
-                    documents: accepted, upTo: upTo, storeCheckpoint: generation == current && !postponed,
+                    documents: accepted, upTo: upTo,
+                    storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
                     heldBy: holders)))
+        if refetched, refetching[UTF8Key(collection)]?.missing.isEmpty == true {
+            refetching[UTF8Key(collection)] = nil  // every evicted document is back
+            directives += updateAsked(now: now)
+        }
         return directives
     }
 
@@ -825,6 +863,16 @@ public struct Replicator: Sendable {
                 let key = UTF8Key(sub.spec.key)
                 if let existing = wanted[key], existing.hops <= sub.hops + 1 { continue }
                 wanted[key] = (sub.spec, sub.hops + 1)
+            }
+        }
+        // Evicted documents asked for again: a refetch subscription per subscription of their
+        // collection (not of a refetch subscription relayed from a peer).
+        for (_, entry) in wanted where Refetch.ids(of: entry.spec) == nil {
+            guard let list = refetching[UTF8Key(entry.spec.collection)] else { continue }
+            for spec in Refetch.specs(for: entry.spec, ids: list.ids) {
+                let key = UTF8Key(spec.key)
+                if let existing = wanted[key], existing.hops <= entry.hops { continue }
+                wanted[key] = (spec, entry.hops)
             }
         }
         // Above the cap, collapse the collection with the most subscriptions into the whole
