@@ -395,9 +395,11 @@ public struct Replicator: Sendable {
             directives += restartedBelowFloor(link, served.spec, now: now)
         }
         var bytes = 0
+        // A refetch asks for documents the peer evicted, including those it once sent here.
+        let refetch = Refetch.ids(of: served.spec) != nil
         for record in page.records where record.seq > served.cursor {
             let echoKey = EchoKey(collection: record.document.collection, key: record.key)
-            if let digest = sessions[link]!.echo[echoKey] {
+            if !refetch, let digest = sessions[link]!.echo[echoKey] {
                 if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
                 sessions[link]!.echo.removeValue(forKey: echoKey)
             }
