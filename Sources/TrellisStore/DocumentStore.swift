@@ -176,8 +176,8 @@ public struct StoreEvent: Sendable {
     public var collections: Set<UTF8Key>
     /// The peer whose batch caused the change; `nil` for local writes.
     public var origin: [UInt8]?
-    /// `true` when documents were evicted (the collection's rescan generation was raised and the
-    /// checkpoints of its subscriptions reset to 0, so peers send matching documents again).
+    /// `true` when documents were evicted: ``changedKeys`` names them, and the sync engine asks
+    /// peers for exactly those again while a subscription matches them.
     public var evicted = false
     /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection:
     /// exactly the document rows this commit changed (write, remove, merge, evict). Collection
@@ -800,10 +800,10 @@ public final class DocumentStore: Sendable {
         try documents(in: collection, matching: query, args: args, sort: [])
     }
 
-    /// The rescan generation of a collection: raised by every evict in it, so that batches asked
-    /// for before the evict can be told from those asked for after it.
-    ///
-    /// Persisted in the store; 0 for a collection never evicted in.
+    /// The rescan generation of a collection, persisted in the store: an earlier version raised it
+    /// with every evict (so that batches asked for before the evict could be told from those
+    /// after it); evictions now ask peers for the evicted documents only and leave it alone. 0 for
+    /// a collection that never had one.
     public func rescanGeneration(collection: String) -> UInt32 {
         state.withLock { $0.rescanGenerations[UTF8Key(collection)] ?? 0 }
     }

@@ -799,7 +799,6 @@ public struct Replicator: Sendable {
         if sessions[link]!.echo.count + documents.count > configuration.echoMemory { sessions[link]!.echo.removeAll() }
         var refetched = false
         for document in documents {
-            if refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id)) != nil { refetched = true }
             guard UTF8Key.equal(document.collection, collection) else {
                 // A batch answers one subscription: a peer cannot write into collections nobody asked it for.
                 directives.append(
@@ -809,6 +808,7 @@ public struct Replicator: Sendable {
                 continue
             }
             accepted.append(document)
+            if refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id)) != nil { refetched = true }
             let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
             sessions[link]!.echo[echoKey] = StateDigest(document.state)
         }
