@@ -453,9 +453,15 @@ import TrellisTestKit
             }
         }
         let store = try open("old.sqlite")
-        try store.upsert(["_id": "d"], in: "c")
-        #expect(try store.evict(id: "d", in: "c"))
-        #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [0])
+        let collections = try store.withState { s -> [String] in
+            let st = try s.db.prepare("SELECT collection FROM checkpoints")
+            defer { st.reset() }
+            var out: [String] = []
+            while try st.step() { out.append(st.string(0) ?? "") }
+            return out
+        }
+        #expect(collections == ["c"])
+        #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [5])
     }
 
     @Test func seqsAreNeverReusedAfterEvictingTheNewestDocument() throws {
