@@ -42,9 +42,10 @@ extension DocumentStore {
     /// fits.
     ///
     /// When `after` is above 0 but below the collection's ``retainedFloor(in:)`` (tombstones after
-    /// it were reaped, so the reader may have missed removes), the page starts from the beginning
-    /// of the log instead and ``ChangePage/restarted`` is `true`: a full resync, never a silent
-    /// "no changes".
+    /// it were reaped), ``ChangePage/belowFloor`` is `true`: a reader resuming from a cursor it
+    /// stored earlier may have missed removes and must start over from 0 (a full resync, never a
+    /// silent "no changes"). A reader paging on from a cursor this store just returned to it
+    /// carries on. An exhausted page's cursor is at least the floor.
     ///
     /// A damaged row (its state or JSON value does not decode) and a state above
     /// ``StoreOptions/maxDocumentBytes`` (stored under a larger limit) are passed over and listed in
@@ -73,14 +74,8 @@ extension DocumentStore {
                 try registerServed(&s, subscription, bound: bound, now: now)
                 scope = Self.scopeHash(subscription.key)
             }
-            // Below the retained floor the log no longer holds every remove: start over.
-            var after = after
-            var restarted = false
+            // Below the retained floor the log no longer holds every remove.
             let floor = try Self.metaInt64(s.db, "floor:" + collection) ?? 0
-            if after > 0, after < floor {
-                after = 0
-                restarted = true
-            }
             var page: ChangePage
             do {
                 page = try changePage(
@@ -90,7 +85,7 @@ extension DocumentStore {
                 page = try changePage(
                     &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: true)
             }
-            page.restarted = restarted
+            page.belowFloor = after > 0 && after < floor
             // Nothing is left between the last row and the floor: an exhausted page covers it, so
             // the next page is not below the floor again.
             if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }

@@ -52,7 +52,7 @@ extension DocumentStore {
     /// The lowest `seq` after which the change log of a collection is complete: tombstones with a
     /// lower or equal `seq` may have been reaped, so a reader whose cursor is below it has missed
     /// removals and must start over (the contacts enumerator answers `changeAnchorExpired`; a
-    /// peer's scan starts again from the beginning, ``ChangePage/restarted``). 0 when nothing was
+    /// peer's scan starts again from the beginning, ``ChangePage/belowFloor``). 0 when nothing was
     /// reaped.
     public func retainedFloor(in collection: String) throws(StoreError) -> Int64 {
         try withState { s -> Int64 in try Self.metaInt64(s.db, "floor:" + collection) ?? 0 }

@@ -153,9 +153,10 @@ public struct ChangePage: Sendable {
     public var exhausted: Bool
     /// Entries examined but not returned (damaged rows, states above the size limit), in `seq` order.
     public var skipped: [SkippedRecord]
-    /// `true` when the cursor asked for was below the collection's retained floor
-    /// (``DocumentStore/retainedFloor(in:)``), so this page starts from the beginning of the log.
-    public var restarted = false
+    /// `true` when the cursor asked for was above 0 but below the collection's retained floor
+    /// (``DocumentStore/retainedFloor(in:)``): tombstones after it were reaped, so a reader that
+    /// resumed from a stored cursor must start over from 0.
+    public var belowFloor = false
 
     public init(records: [ChangeRecord], scannedUpTo: Int64, exhausted: Bool, skipped: [SkippedRecord] = []) {
         self.records = records

@@ -17,7 +17,7 @@ extension DocumentStore: SyncStore {
                     seq: record.seq, key: record.key,
                     document: WireDocument(collection: record.collection, id: record.id, state: record.state))
             },
-            upTo: page.scannedUpTo, exhausted: page.exhausted, restarted: page.restarted)
+            upTo: page.scannedUpTo, exhausted: page.exhausted, belowFloor: page.belowFloor)
     }
 
     public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) {

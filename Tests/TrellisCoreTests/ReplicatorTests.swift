@@ -370,32 +370,38 @@ import TrellisCore
         #expect(r.refetch("other", ids: ["x"], now: 4).isEmpty)
     }
 
-    /// A scan that started over below the retained floor sends from the beginning and asks the
-    /// peer again from 0 for this node's subscriptions in that collection, once per session.
-    @Test func aScanBelowTheFloorResendsFromTheStartAndAsksThePeerAgain() throws {
+    /// A peer whose checkpoint is below the retained floor gets the subscription again from 0,
+    /// and is asked again from 0 for this node's subscriptions in that collection, once per
+    /// session; the pages that follow (below the floor too) are served on, not restarted again.
+    @Test func aCheckpointBelowTheFloorRestartsFromZeroAndAsksThePeerAgain() throws {
         var r = established(
             lastSeq: 100, checkpoints: [SubscriptionSpec.all("cars").key: Checkpoint(epoch: Self.epochB, seq: 70)])
         _ = try r.subscribe(.all("cars"), now: 0)
         let serve = r.received(
             .subscriptions([WireSubscription(spec: .all("cars"), since: 40, hops: 0, generation: 0)]), on: link, now: 1)
         let request = try #require(Self.scans(serve).first)
-        let page = ScanPage(
-            records: [Self.record(3, "c1"), Self.record(90, "c2")], upTo: 100, exhausted: true, restarted: true)
-        let result = r.scanned(link, request, page: page, now: 2)
-        let messages = Self.sent(result)
-        #expect(messages.contains { if case .batch(_, let docs, 100, _) = $0 { docs.count == 2 } else { false } })
-        let again = messages.compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }.first
-        #expect(again?.first?.since == 0)
-        #expect(again?.first?.generation == 1)
-        // Once per session: another restarted page does not ask again.
-        let next = try #require(
-            Self.scans(
-                r.received(
-                    .subscriptions([WireSubscription(spec: .all("cars"), since: 40, hops: 0, generation: 5)]), on: link,
-                    now: 3)
-            ).first)
-        let second = r.scanned(link, next, page: page, now: 4)
+        #expect(request.after == 40)
+        let result = r.scanned(
+            link, request, page: ScanPage(records: [], upTo: 100, exhausted: true, belowFloor: true), now: 2)
+        let again = Self.sent(result).compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }
+        #expect(again.first?.first?.since == 0)
+        #expect(again.first?.first?.generation == 1)
+        let fromZero = try #require(Self.scans(result).first)
+        #expect(fromZero.after == 0)
+        // The next page starts below the floor too (the floor lies above the first documents):
+        // it is served, not restarted.
+        let first = r.scanned(
+            link, fromZero,
+            page: ScanPage(records: [Self.record(3, "c1")], upTo: 3, exhausted: false, belowFloor: false), now: 3)
+        let next = try #require(Self.scans(first).first)
+        #expect(next.after == 3)
+        let second = r.scanned(
+            link, next, page: ScanPage(records: [Self.record(90, "c2")], upTo: 100, exhausted: true, belowFloor: true),
+            now: 4)
+        #expect(
+            Self.sent(second).contains { if case .batch(_, let docs, 100, _) = $0 { docs.count == 1 } else { false } })
         #expect(!Self.sent(second).contains { if case .subscriptions = $0 { true } else { false } })
+        #expect(Self.scans(second).allSatisfy { $0.after != 0 })
     }
 
     /// A batch of an older rescan generation merges but does not overwrite the checkpoint an

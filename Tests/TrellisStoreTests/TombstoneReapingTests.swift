@@ -112,21 +112,34 @@ import TrellisTestKit
         #expect(try fresh.document(id: "d1", in: "c") == ["_id": "d1", "v": 9])
     }
 
-    /// A reader whose cursor is below the floor is never answered "no changes": the page starts
-    /// from the beginning and says so.
-    @Test func aCursorBelowTheRetainedFloorRestartsFromTheBeginning() throws {
+    /// A reader whose cursor is below the floor is never answered a silent "no changes": the page
+    /// says the cursor is below the floor. Paging from 0 through a log whose floor lies above the
+    /// first pages ends (the floor is only a warning for a stored cursor), at the floor or beyond.
+    @Test func aCursorBelowTheRetainedFloorIsReportedAndPagingFromZeroEnds() throws {
         let store = try open("a.sqlite")
         try store.upsert((0..<5).map { ["_id": .string("d\($0)")] }, in: "c")
         let checkpoint = store.lastSeq
         try store.remove(id: "d0", in: "c")
         clock.advance(by: Self.ttl + 1)
         try store.reapExpiredTombstones()
-        let page = try store.changes(in: "c", after: checkpoint, limit: 100, maxBytes: .max)
-        #expect(page.restarted)
-        #expect(page.records.map(\.key).sorted() == ["\"d1\"", "\"d2\"", "\"d3\"", "\"d4\""])
-        let caughtUp = try store.changes(in: "c", after: page.scannedUpTo, limit: 100, maxBytes: .max)
-        #expect(!caughtUp.restarted && caughtUp.records.isEmpty)
-        let fromZero = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max)
-        #expect(!fromZero.restarted)
+        let floor = try store.retainedFloor(in: "c")
+        let stale = try store.changes(in: "c", after: checkpoint, limit: 100, maxBytes: .max)
+        #expect(stale.belowFloor && stale.records.isEmpty)
+        #expect(stale.exhausted && stale.scannedUpTo >= floor)
+        var after: Int64 = 0
+        var keys: [String] = []
+        var pages = 0
+        while true {
+            let page = try store.changes(in: "c", after: after, limit: 2, maxBytes: .max)
+            keys += page.records.map(\.key)
+            after = page.scannedUpTo
+            pages += 1
+            if page.exhausted { break }
+            #expect(pages < 10, "paging from 0 does not end")
+            if pages >= 10 { break }
+        }
+        #expect(keys == ["\"d1\"", "\"d2\"", "\"d3\"", "\"d4\""])
+        #expect(after >= floor)
+        #expect(!(try store.changes(in: "c", after: after, limit: 100, maxBytes: .max).belowFloor))
     }
 }

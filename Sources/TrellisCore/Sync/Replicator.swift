@@ -390,10 +390,16 @@ public struct Replicator: Sendable {
         served.retryDelay = configuration.scanRetryInitial
         var documents: [WireDocument] = []
         var directives: [ReplicatorDirective] = []
-        if page.restarted {
+        if page.belowFloor, !served.floorChecked {
+            // The peer's checkpoint is older than tombstones reaped here: start over from 0.
+            served.floorChecked = true
             served.cursor = 0
-            directives += restartedBelowFloor(link, served.spec, now: now)
+            served.pending = true
+            sessions[link]!.served[key] = served
+            return restartedBelowFloor(link, served.spec, now: now) + scanIfReady(link, key, now: now)
         }
+        // Later pages follow cursors this node produced in this session.
+        served.floorChecked = true
         var bytes = 0
         // A refetch asks for documents the peer evicted, including those it once sent here.
         let refetch = Refetch.ids(of: served.spec) != nil
@@ -680,6 +686,7 @@ public struct Replicator: Sendable {
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
+                    existing.floorChecked = sub.since == 0
                     // Batches in flight belong to the old request: their acks may still come
                     // (and are bounded by `lastSentUpTo`), but they hold no slot of the new one.
                     existing.inFlight = 0
@@ -1036,12 +1043,16 @@ extension Replicator {
         var retryable = true
         var retryAt: Millis = 0
         var retryDelay: Millis
+        /// Whether the cursor is known not to be below the log's retained floor: it came from 0,
+        /// or from a page this node scanned in this session (the peer's `since` is checked once).
+        var floorChecked: Bool
 
         init(spec: SubscriptionSpec, hops: Int, generation: UInt32, cursor: Int64, retryDelay: Millis) {
             self.spec = spec
             self.hops = hops
             self.generation = generation
             self.cursor = cursor
+            self.floorChecked = cursor == 0
             self.lastSentUpTo = cursor
             self.ackedUpTo = cursor
             self.retryDelay = retryDelay

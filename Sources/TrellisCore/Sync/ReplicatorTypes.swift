@@ -62,15 +62,16 @@ public struct ScanPage: Sendable, Equatable {
     public var upTo: Int64
     /// `true` when the scan reached the end of the log.
     public var exhausted: Bool
-    /// `true` when the cursor asked for was below the lowest `seq` the log still answers for
-    /// completely (tombstones after it were reaped): the page starts from the beginning instead.
-    public var restarted: Bool
+    /// `true` when the cursor asked for was above 0 but below the lowest `seq` the log still
+    /// answers for completely (tombstones after it were reaped): a peer resuming from its
+    /// checkpoint there may have missed removes.
+    public var belowFloor: Bool
 
-    public init(records: [LogRecord], upTo: Int64, exhausted: Bool, restarted: Bool = false) {
+    public init(records: [LogRecord], upTo: Int64, exhausted: Bool, belowFloor: Bool = false) {
         self.records = records
         self.upTo = upTo
         self.exhausted = exhausted
-        self.restarted = restarted
+        self.belowFloor = belowFloor
     }
 }
 
