@@ -113,7 +113,7 @@ extension DocumentStore {
 
     /// Reaps every tombstone of a collection with `seq <= through`, whatever its age, in one
     /// transaction: as ``reapExpiredTombstones(limit:)`` does for expired ones (keys remembered,
-    /// floor raised to at least `through`). For tests and tools; nodes reap by age.
+    /// floor raised to at least `through`, or the end of the log if that is lower). For tests and tools; nodes reap by age.
     ///
     /// - Returns: the number of tombstones deleted.
     /// - Complexity: O(tombstones in the collection).
@@ -135,7 +135,9 @@ extension DocumentStore {
             }
             st.reset()
             try reap(&s, rows, now: now)
-            try raiseFloor(&s, collection, to: through)
+            // Never above the end of the log: a peer's cursor at the floor would look like a log
+            // that went back in time.
+            try raiseFloor(&s, collection, to: min(through, s.nextSeq - 1))
             return rows.count
         }
     }
