@@ -152,7 +152,7 @@ public final class SimulatedNode: @unchecked Sendable {
             for key in changes.evicted[collection]! {
                 simulation.history.evictedKeys[index, default: [:]][History.id(collection, key)] = simulation.now
             }
-            host.evicted(collection)
+            host.evicted(collection, keys: changes.evicted[collection]!.sorted())
         }
         let site = documents.siteID
         for (collection, key) in changes.writes {

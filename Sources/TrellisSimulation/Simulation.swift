@@ -105,6 +105,8 @@ public final class Simulation: @unchecked Sendable {
     public private(set) var lastActivity: Millis = 0
     /// Messages sent, by type, over the whole run.
     public private(set) var messageCounts: [String: Int] = [:]
+    /// Documents sent in batches, over the whole run (a document sent twice counts twice).
+    public private(set) var documentsSent = 0
     /// Dial attempts, by "dialer->target".
     public private(set) var dialCounts: [String: Int] = [:]
     /// How many times each distinct batch carrying documents was sent over each link (in one
@@ -579,6 +581,7 @@ public final class Simulation: @unchecked Sendable {
         let receiver = connection.ends[side].node
         let kind = Self.describe(bytes)
         messageCounts[kind.type, default: 0] += 1
+        documentsSent += kind.documents
         if countingBatches, kind.type == "batch", kind.carriesDocuments,
             case .batch(_, let documents, _, _, _)? = try? WireMessage(serialized: bytes)
         {
@@ -717,15 +720,17 @@ public final class Simulation: @unchecked Sendable {
     }
 
     /// A short description of a message for the trace.
-    static func describe(_ bytes: [UInt8]) -> (type: String, summary: String, carriesDocuments: Bool) {
-        let (type, summary) = summarise(bytes)
-        return (type, summary, type == "batch" && !summary.contains(" 0 docs "))
+    static func describe(_ bytes: [UInt8]) -> (type: String, summary: String, carriesDocuments: Bool, documents: Int) {
+        guard let message = try? WireMessage(serialized: bytes) else {
+            return ("?", "undecodable \(bytes.count) bytes", false, 0)
+        }
+        let (type, summary) = summarise(message, bytes.count)
+        var documents = 0
+        if case .batch(_, let docs, _, _, _) = message { documents = docs.count }
+        return (type, summary, documents > 0, documents)
     }
 
-    private static func summarise(_ bytes: [UInt8]) -> (type: String, summary: String) {
-        guard let message = try? WireMessage(serialized: bytes) else {
-            return ("?", "undecodable \(bytes.count) bytes")
-        }
+    private static func summarise(_ message: WireMessage, _ size: Int) -> (type: String, summary: String) {
         switch message {
         case .hello(let h): return ("hello", "hello v\(h.version)")
         case .subscriptions(let subs, let version):
@@ -737,7 +742,7 @@ public final class Simulation: @unchecked Sendable {
             let ids = docs.prefix(8).map { $0.id.description }.joined(separator: ",")
             return (
                 "batch",
-                "batch \(sub.split(separator: "\u{1F}").first ?? "") \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(bytes.count) B"
+                "batch \(sub.split(separator: "\u{1F}").first ?? "") \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(size) B"
             )
         case .ack(_, let upTo): return ("ack", "ack upTo \(upTo)")
         case .subscriptionError(_, let code, let text): return ("suberr", "suberr \(code): \(text)")

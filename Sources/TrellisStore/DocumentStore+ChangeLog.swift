@@ -41,6 +41,12 @@ extension DocumentStore {
     /// least one record whenever one matches after `after`, however large: one document always
     /// fits.
     ///
+    /// When `after` is above 0 but below the collection's ``retainedFloor(in:)`` (tombstones after
+    /// it were reaped), ``ChangePage/belowFloor`` is `true`: a reader resuming from a cursor it
+    /// stored earlier may have missed removes and must start over from 0 (a full resync, never a
+    /// silent "no changes"). A reader paging on from a cursor this store just returned to it
+    /// carries on. An exhausted page's cursor is at least the floor.
+    ///
     /// A damaged row (its state or JSON value does not decode) and a state above
     /// ``StoreOptions/maxDocumentBytes`` (stored under a larger limit) are passed over and listed in
     /// ``ChangePage/skipped`` with the reason; the rest of the log flows. Damaged rows are also
@@ -48,6 +54,8 @@ extension DocumentStore {
     ///
     /// - Parameters:
     ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
+    ///   - keys: when given, only the rows of these canonical `_id` keys are read (a peer asking
+    ///     again for documents it evicted), found through the primary key.
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
     ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
     /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
@@ -55,7 +63,7 @@ extension DocumentStore {
     ///   states returned.
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
-        args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil
+        args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil, keys: [String]? = nil
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
@@ -66,18 +74,28 @@ extension DocumentStore {
                 try registerServed(&s, subscription, bound: bound, now: now)
                 scope = Self.scopeHash(subscription.key)
             }
+            // Below the retained floor the log no longer holds every remove.
+            let floor = try Self.metaInt64(s.db, "floor:" + collection) ?? 0
+            var page: ChangePage
             do {
-                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: false)
+                page = try changePage(
+                    &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: false)
             } catch let error as SQLiteError where error.isMalformedJSON {
                 // A damaged JSON value in the page: evaluate the query only on valid JSON.
-                return try changePage(&s, collection, after, limit, maxBytes, bound, translated, scope, guarded: true)
+                page = try changePage(
+                    &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: true)
             }
+            page.belowFloor = after > 0 && after < floor
+            // Nothing is left between the last row and the floor: an exhausted page covers it, so
+            // the next page is not below the floor again.
+            if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }
+            return page
         }
     }
 
     private func changePage(
         _ s: inout State, _ collection: String, _ after: Int64, _ limit: Int, _ maxBytes: Int, _ bound: Query,
-        _ translated: PushedQuery?, _ scope: Int64?, guarded: Bool
+        _ translated: PushedQuery?, _ scope: Int64?, _ keys: [String]?, guarded: Bool
     ) throws -> ChangePage {
         // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged,
         // 3: send whatever it holds (it left the subscription's scope, DocumentStore+Scope.swift).
@@ -94,13 +112,18 @@ extension DocumentStore {
                     : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
             }
             return "SELECT seq, id, state, deleted, \(match), value FROM documents "
-                + "WHERE collection = ? AND seq > ? ORDER BY seq LIMIT ?"
+                + "WHERE collection = ? AND seq > ?"
+                + (keys == nil ? "" : " AND id IN (SELECT value FROM json_each(?))") + " ORDER BY seq LIMIT ?"
         }
         let bindings = pushed?.bindings ?? []
         Self.bind(st, bindings)
-        let index = Int32(bindings.count) + 1
+        var index = Int32(bindings.count) + 1
         st.bind(index, collection)
         st.bind(index + 1, after)
+        if let keys {
+            st.bind(index + 2, JSON.string(.array(keys.map { .string($0) })))
+            index += 1
+        }
         st.bind(index + 2, Int64(max(1, limit)))
         defer { st.reset() }
         var page = ChangePage(records: [], scannedUpTo: after, exhausted: false)

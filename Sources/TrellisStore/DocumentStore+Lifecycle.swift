@@ -94,6 +94,8 @@ extension DocumentStore {
     ///
     /// - Checkpoints gain the collection of their subscription (filled from the subscription key),
     ///   so evicting in a collection finds its checkpoints without parsing keys in SQL.
+    /// - Tombstones gain `removed_at`, the time of their newest stamp (for the reaper), and a
+    ///   partial index on it.
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
     ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
     static func migrate(_ db: Connection) throws {
@@ -118,6 +120,17 @@ extension DocumentStore {
             }
         }
         try db.execute("CREATE INDEX IF NOT EXISTS checkpoints_by_collection ON checkpoints(collection)")
+        // Tombstones gain the time of their newest stamp, for the reaper; NULL in rows written
+        // before, filled in by the reaper as it meets them.
+        let documentColumns = try db.prepare("SELECT name FROM pragma_table_info('documents')")
+        var documentNames: Set<String> = []
+        while try documentColumns.step() { documentNames.insert(documentColumns.string(0) ?? "") }
+        documentColumns.reset()
+        if !documentNames.contains("removed_at") {
+            try db.execute("ALTER TABLE documents ADD COLUMN removed_at INTEGER")
+        }
+        try db.execute(
+            "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")
     }
 
     /// The highest `seq` issued so far: in the log, or remembered in meta (rows that left the log).

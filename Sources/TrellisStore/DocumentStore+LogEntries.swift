@@ -81,36 +81,4 @@ extension DocumentStore {
             return result
         }
     }
-
-    /// The lowest `seq` after which the change log of a collection is complete: tombstones with a
-    /// lower or equal `seq` may have been reaped (``reapTombstones(in:through:)``), so a reader
-    /// whose cursor is below it has missed removals and must start over. 0 when nothing was reaped.
-    public func retainedFloor(in collection: String) throws(StoreError) -> Int64 {
-        try withState { s -> Int64 in try Self.metaInt64(s.db, "floor:" + collection) ?? 0 }
-    }
-
-    /// Deletes the tombstones of a collection with `seq <= through` and raises the collection's
-    /// ``retainedFloor(in:)`` to `through`, in one transaction.
-    ///
-    /// Readers of the log holding a cursor below the floor then learn that they must start over
-    /// (the contacts enumerator answers `changeAnchorExpired`). Nothing calls this automatically:
-    /// peers that have not yet received a reaped removal do not learn of it.
-    ///
-    /// - Returns: the number of tombstones deleted.
-    /// - Complexity: O(tombstones in the collection).
-    @discardableResult
-    public func reapTombstones(in collection: String, through: Int64) throws(StoreError) -> Int {
-        try write { s -> Int in
-            let del = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
-            del.bind(1, collection)
-            del.bind(2, through)
-            try del.run()
-            let count = s.db.changes
-            let floor = max(try Self.metaInt64(s.db, "floor:" + collection) ?? 0, through)
-            try Self.setMetaInt64(s.db, "floor:" + collection, floor)
-            // A reaped row may have held the highest seq; remember it so no seq is issued twice.
-            try Self.setMetaInt64(s.db, "seq", s.nextSeq - 1)
-            return count
-        }
-    }
 }

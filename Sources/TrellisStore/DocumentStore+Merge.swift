@@ -25,6 +25,9 @@ enum DeferralKind: String {
 enum StateMerge {
     /// The local state changed and was written.
     case applied
+    /// A stale copy of a document removed here whose tombstone was reaped: merged and removed
+    /// again with a new remove stamp (DocumentStore+Tombstones.swift).
+    case revived
     /// The local state already held everything in it; `behind` when it holds more (the sender's
     /// state is older than this node's).
     case unchanged(behind: Bool)
@@ -85,8 +88,14 @@ extension DocumentStore {
                 }
                 let result = try mergeState(&s, remote.collection, key, remote.id, remote.state, now: now)
                 switch result {
-                case .applied, .unchanged:
-                    if case .applied = result { outcome.applied += 1 }
+                case .applied, .unchanged, .revived:
+                    switch result {
+                    case .applied: outcome.applied += 1
+                    case .revived:
+                        outcome.applied += 1
+                        outcome.revived.append(key)
+                    default: break
+                    }
                     // The sender holds this document whatever its queries match: later changes to it
                     // go back to it (DocumentStore+Scope.swift).
                     var entered = false
@@ -121,6 +130,12 @@ extension DocumentStore {
         for (key, reason) in outcome.deferred {
             options.log("deferred document \(key) from peer \(Self.hex(Array(peer.prefix(8)))): \(reason)")
         }
+        if !outcome.revived.isEmpty {
+            options.log(
+                "peer \(Self.hex(Array(peer.prefix(8)))) sent \(outcome.revived.count) documents removed here before "
+                    + "their tombstones were reaped (first: \(outcome.revived[0])), with nothing newer than the remove: "
+                    + "they stay removed, and the remove is sent again to whoever still holds them")
+        }
         return outcome
     }
 
@@ -140,6 +155,19 @@ extension DocumentStore {
         var repair = s.damaged[DocumentKey(collection: collection, key: key)] != nil
         var stored: (state: DocumentState, kind: RowKind)?
         do { stored = try row(&s, collection, key) } catch StoreError.corrupt { repair = true }
+        if stored == nil, !repair, let removedAt = try reapedRemoval(&s, collection, key),
+            incoming.maxTime.millis <= removedAt
+        {
+            // A copy from before the remove of a document whose tombstone was reaped here (its sender
+            // was away longer than the TTL, or relays for one): the remove is made again, with a new
+            // stamp, so it reaches whoever still holds the document. A tombstone adds nothing.
+            guard !incoming.isDeleted else { return .unchanged(behind: false) }
+            s.clock.receive(incoming.maxTime, physicalMillis: max(now, s.clock.last.millis))
+            var doc = incoming
+            doc.remove(stamp: s.stamp(now: now))
+            try persist(&s, collection, key, id, doc)
+            return .revived
+        }
         var doc = stored?.state ?? DocumentState()
         // Merging into an evicted document's stub brings the document back, even when the state
         // adds nothing to the stub.
@@ -317,7 +345,7 @@ extension DocumentStore {
                         continue
                     }
                     switch try mergeState(&s, row.collection, row.key, id, row.state, now: now) {
-                    case .applied:
+                    case .applied, .revived:
                         count += 1
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
                     case .unchanged:

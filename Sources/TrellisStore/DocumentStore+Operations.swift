@@ -428,13 +428,14 @@ extension DocumentStore {
     ///
     /// While a subscription of this node (or a peer's subscription this node relays) still
     /// matches the document, peers send it back; Ditto documents the same: cancel the
-    /// subscription, evict, then subscribe again to a narrower query. For that, the same
-    /// transaction raises the collection's ``rescanGeneration(collection:)`` and resets to 0 the
-    /// checkpoints of every subscription to the collection, for every peer, so the next exchange
-    /// of subscriptions asks peers to scan their logs again.
+    /// subscription, evict, then subscribe again to a narrower query. The commit's
+    /// ``StoreEvent/evicted`` tells the sync engine, which asks its peers for exactly the evicted
+    /// `_id`s (and, when a subscription is made, for the evicted documents of its collection,
+    /// ``evictedIDs(in:limit:)``); checkpoints and the rescan generation are left alone, so peers
+    /// re-send about as many documents as were evicted, not the collection.
     ///
     /// - Returns: `true` when a live document existed and was evicted.
-    /// - Complexity: one indexed lookup and write, plus the collection's checkpoints.
+    /// - Complexity: one indexed lookup and write.
     @discardableResult
     public func evict(id: Value, in collection: String) throws(StoreError) -> Bool {
         try evict(ids: [id], in: collection).count == 1
@@ -459,20 +460,32 @@ extension DocumentStore {
             try writeRow(&s, collection, key, kind: .stub, state: doc.evictionStub().cbor(), value: nil)
             evicted.append(id)
         }
-        if !evicted.isEmpty {
-            // Peers send evicted documents back while a subscription matches them (Ditto's rule):
-            // a new rescan generation, and the checkpoints of this collection's subscriptions back
-            // to 0, so the next exchange of subscriptions starts them from the beginning (merging
-            // what is still here is a no-op).
-            let generation = (s.rescanGenerations[UTF8Key(collection)] ?? 0) &+ 1
-            try Self.setMetaInt64(s.db, "rescan:" + collection, Int64(generation))
-            s.rescanGenerations[UTF8Key(collection)] = generation
-            let reset = try s.db.prepare("UPDATE checkpoints SET seq = 0 WHERE collection = ?")
-            reset.bind(1, collection)
-            try reset.run()
-            s.evictedInCommit = true
-        }
+        // Peers send evicted documents back while a subscription matches them (Ditto's rule): the
+        // commit's event says the documents were evicted, and the sync engine asks its peers for
+        // exactly these `_id`s again (Refetch in TrellisCore); checkpoints stay.
+        if !evicted.isEmpty { s.evictedInCommit = true }
         return evicted
+    }
+
+    /// The `_id`s of the evicted documents of a collection (their local stubs), most recently
+    /// evicted first: what a new subscription asks peers for again.
+    ///
+    /// - Parameter limit: at most this many.
+    /// - Complexity: O(stubs + limit · log n): the collection's rows are read without their states.
+    public func evictedIDs(in collection: String, limit: Int) throws(StoreError) -> [Value] {
+        try withState { s -> [Value] in
+            let st = try s.db.prepare(
+                "SELECT id FROM documents WHERE collection = ? AND deleted = \(RowKind.stub.rawValue) "
+                    + "ORDER BY seq DESC LIMIT ?")
+            st.bind(1, collection)
+            st.bind(2, Int64(max(0, limit)))
+            defer { st.reset() }
+            var ids: [Value] = []
+            while try st.step() {
+                if let id = try? JSON.parse(st.string(0) ?? "") { ids.append(id) }
+            }
+            return ids
+        }
     }
 
     // MARK: Indexes

@@ -22,6 +22,20 @@ public struct StoreOptions: Sendable {
     public var maxDeferredBytesPerPeer = 64 * 1024 * 1024
     /// How commits reach the disk; see ``Durability``.
     public var durability = Durability.normal
+    /// How long a tombstone (a removed document) is kept before it is reaped: milliseconds since
+    /// its newest stamp (the remove, or a later write it covers). 7 days by default, the order
+    /// that Ditto and Couchbase Lite users expect: a node away for a long weekend or a holiday
+    /// week still receives the removes as tombstones; one away longer gets them back through the
+    /// reaped keys (``reapedKeyRetention``; see docs/DATA-MODEL.md, "Tombstones and reaping").
+    /// Reaping runs from the sync host (at start, then every minute) in bounded transactions
+    /// (``DocumentStore/reapExpiredTombstones(limit:)``).
+    public var tombstoneTTL: UInt64 = 7 * 24 * 3_600_000
+    /// How long the key and remove time of a reaped tombstone are remembered, milliseconds after
+    /// it was reaped, so that a stale copy of the document (from a node that was away longer than
+    /// ``tombstoneTTL``) is removed again instead of coming back; `nil` keeps them for the life
+    /// of the store. 180 days by default: a row of a few dozen bytes per removed document, outside
+    /// the change log. A node away longer than TTL plus this can bring reaped documents back.
+    public var reapedKeyRetention: UInt64? = 180 * 24 * 3_600_000
     /// The file holding the system's boot ID (Linux: `/proc/sys/kernel/random/boot_id`), read at
     /// open to tell a restart of the process from a restart of the system. Unreadable means
     /// unknown: an unclean shutdown is then always treated as one across a restart of the system.
@@ -139,6 +153,10 @@ public struct ChangePage: Sendable {
     public var exhausted: Bool
     /// Entries examined but not returned (damaged rows, states above the size limit), in `seq` order.
     public var skipped: [SkippedRecord]
+    /// `true` when the cursor asked for was above 0 but below the collection's retained floor
+    /// (``DocumentStore/retainedFloor(in:)``): tombstones after it were reaped, so a reader that
+    /// resumed from a stored cursor must start over from 0.
+    public var belowFloor = false
 
     public init(records: [ChangeRecord], scannedUpTo: Int64, exhausted: Bool, skipped: [SkippedRecord] = []) {
         self.records = records
@@ -159,8 +177,8 @@ public struct StoreEvent: Sendable {
     public var collections: Set<UTF8Key>
     /// The peer whose batch caused the change; `nil` for local writes.
     public var origin: [UInt8]?
-    /// `true` when documents were evicted (the collection's rescan generation was raised and the
-    /// checkpoints of its subscriptions reset to 0, so peers send matching documents again).
+    /// `true` when documents were evicted: ``changedKeys`` names them, and the sync engine asks
+    /// peers for exactly those again while a subscription matches them.
     public var evicted = false
     /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection:
     /// exactly the document rows this commit changed (write, remove, merge, evict). Collection
@@ -181,6 +199,10 @@ public struct MergeOutcome: Sendable {
     /// Documents that cannot be kept because they cannot be named (a bad `_id`): the `_id` as JSON
     /// text and why.
     public var rejected: [(id: String, reason: String)]
+    /// Documents applied as removed again: stale copies of documents removed here whose tombstone
+    /// was reaped (their canonical `_id` keys; counted in ``applied`` too). See
+    /// ``DocumentStore/reapExpiredTombstones(limit:)``.
+    public var revived: [String] = []
 
     public init(
         applied: Int = 0, deferred: [(key: String, reason: String)] = [], rejected: [(id: String, reason: String)] = []
@@ -249,6 +271,8 @@ public final class DocumentStore: Sendable {
         /// When each served subscription was last recorded as used (ms), this run.
         var servedUsed: [Int64: UInt64] = [:]
         var servedCount = 0
+        /// The number of rows in the `reaped` table (0 lets merges skip looking there).
+        var reapedRows = 0
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -308,6 +332,13 @@ public final class DocumentStore: Sendable {
             PRIMARY KEY(collection, id, peer)
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS deferred_by_peer ON deferred(peer);
+        CREATE TABLE IF NOT EXISTS reaped(
+            collection TEXT NOT NULL,
+            id TEXT NOT NULL,
+            removed_at INTEGER NOT NULL,
+            reaped_at INTEGER NOT NULL,
+            PRIMARY KEY(collection, id)
+        ) WITHOUT ROWID;
         """
 
     /// Opens (creating if needed) the store at `path`.
@@ -360,6 +391,7 @@ public final class DocumentStore: Sendable {
                         truncatingIfNeeded: Self.uint64(generations.bytes(1) ?? []))
             }
             generations.reset()
+            try Self.loadTombstoneState(db, into: &state)
             state.servedScopes = try Self.loadServedScopes(db)
             state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }
             if try Self.hasTable(db, "deferred") {
@@ -561,21 +593,29 @@ public final class DocumentStore: Sendable {
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
         try trackScope(&s, collection, key, new: materialized)
-        try writeRow(&s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value)
+        try writeRow(
+            &s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value,
+            removedAt: value == nil ? doc.maxTime.millis : nil)
     }
 
     /// Writes a document row with the next `seq` and records the change for observers.
+    ///
+    /// - Parameter removedAt: for a tombstone, the milliseconds of its newest stamp (when the
+    ///   reaper may delete it, with ``StoreOptions/tombstoneTTL``).
     func writeRow(
-        _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?
+        _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?,
+        removedAt: UInt64? = nil
     ) throws {
         let st = try s.db.prepare(
-            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value) VALUES (?,?,?,?,?,?)")
+            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at) "
+                + "VALUES (?,?,?,?,?,?,?)")
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
         st.bind(4, kind.rawValue)
         st.bind(5, bytes)
         st.bind(6, value)
+        if let removedAt { st.bind(7, Int64(clamping: removedAt)) } else { st.bind(7, nil as String?) }
         try st.run()
         s.nextSeq += 1
         s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
@@ -780,10 +820,10 @@ public final class DocumentStore: Sendable {
         try documents(in: collection, matching: query, args: args, sort: [])
     }
 
-    /// The rescan generation of a collection: raised by every evict in it, so that batches asked
-    /// for before the evict can be told from those asked for after it.
-    ///
-    /// Persisted in the store; 0 for a collection never evicted in.
+    /// The rescan generation of a collection, persisted in the store: an earlier version raised it
+    /// with every evict (so that batches asked for before the evict could be told from those
+    /// after it); evictions now ask peers for the evicted documents only and leave it alone. 0 for
+    /// a collection that never had one.
     public func rescanGeneration(collection: String) -> UInt32 {
         state.withLock { $0.rescanGenerations[UTF8Key(collection)] ?? 0 }
     }

@@ -5,9 +5,12 @@ extension DocumentStore: SyncStore {
     public var localLog: LocalLog { LocalLog(epoch: epoch, site: siteID, lastSeq: lastSeq) }
 
     public func scan(_ request: ScanRequest) throws -> ScanPage {
+        // A peer asking again for documents it evicted: read only those rows, and do not track
+        // the request as a served query (it is dropped once they arrive).
+        let refetch = Refetch.ids(of: request.spec).map { ids in ids.compactMap { try? DocumentStore.key(for: $0) } }
         let page = try changes(
             in: request.spec.collection, after: request.after, limit: request.limit, maxBytes: request.maxBytes,
-            matching: request.query, servedAs: request.spec)
+            matching: request.query, servedAs: refetch == nil ? request.spec : nil, keys: refetch)
         return ScanPage(
             records: page.records.map { record in
                 LogRecord(
@@ -17,8 +20,8 @@ extension DocumentStore: SyncStore {
             upTo: page.scannedUpTo, exhausted: page.exhausted,
             remaining: page.exhausted
                 ? 0
-                : request.countRemaining ? try logEntryCount(in: request.spec.collection, after: page.scannedUpTo) : nil
-        )
+                : request.countRemaining ? try logEntryCount(in: request.spec.collection, after: page.scannedUpTo) : nil,
+            belowFloor: page.belowFloor)
     }
 
     public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) {
@@ -35,6 +38,10 @@ extension DocumentStore: SyncStore {
 
     public func retryDeferredDocuments() throws -> Int {
         try retryDeferred().remaining
+    }
+
+    public func reapTombstones(limit: Int) throws -> Bool {
+        try reapExpiredTombstones(limit: limit).more
     }
 
     public func rotatedLog(reason: String) throws -> LocalLog {

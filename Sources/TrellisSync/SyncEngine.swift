@@ -340,7 +340,9 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
 
     private func storeChanged(_ event: StoreEvent) {
         if event.evicted {
-            for collection in event.collections.sorted() { host.evicted(collection.string) }
+            for collection in event.collections.sorted() {
+                host.evicted(collection.string, keys: (event.changedKeys[collection] ?? []).map(\.string).sorted())
+            }
         }
         host.committed(collections: event.collections)
         scheduleScans()

@@ -22,6 +22,12 @@ public protocol SyncStore: AnyObject, Sendable {
     ///
     /// - Returns: how many remain deferred.
     func retryDeferredDocuments() throws -> Int
+    /// The `_id`s of evicted documents of a collection, most recently evicted first, at most `limit`.
+    func evictedIDs(in collection: String, limit: Int) throws -> [Value]
+    /// Reaps up to `limit` tombstones older than the store's TTL, in one bounded transaction.
+    ///
+    /// - Returns: whether more are waiting.
+    func reapTombstones(limit: Int) throws -> Bool
     /// Starts a new epoch and site ID (the store's log rotation).
     ///
     /// - Returns: the log after the rotation.
@@ -56,6 +62,13 @@ public final class SyncHost {
     private let log: (String) -> Void
     private var scans: [LinkID: [ScanRequest]] = [:]
     private var scanOrder: [LinkID] = []
+    /// How often the store's expired tombstones are reaped (milliseconds); the first tick reaps.
+    /// While a run leaves more waiting, every tick reaps one more bounded batch.
+    public var tombstoneReapInterval: Millis = 60_000
+    /// Rows per reaping transaction.
+    public var tombstoneReapBatch = 1000
+    private var nextReap: Millis = 0
+    private var reapError: String?
 
     /// - Parameters:
     ///   - configuration: the replicator's limits.
@@ -79,8 +92,16 @@ public final class SyncHost {
 
     // MARK: Events
 
+    /// Subscribes, and asks peers again for the documents of the collection evicted here (they
+    /// come back when the subscription matches them).
     public func subscribe(_ spec: SubscriptionSpec) throws {
         run(try replicator.subscribe(spec, now: now()))
+        do {
+            let ids = try store.evictedIDs(in: spec.collection, limit: Refetch.maxPerCollection)
+            run(replicator.refetch(spec.collection, ids: ids, now: now()))
+        } catch {
+            log("reading the evicted documents of \(spec.collection) failed: \(error)")
+        }
     }
 
     public func unsubscribe(_ spec: SubscriptionSpec) {
@@ -149,13 +170,35 @@ public final class SyncHost {
         run(replicator.committed(collections: collections, lastSeq: store.localLog.lastSeq, now: now()))
     }
 
-    /// Documents of `collection` were evicted: the store raised its rescan generation.
-    public func evicted(_ collection: String) {
-        run(replicator.evicted(collection, generation: store.rescanGeneration(collection: collection), now: now()))
+    /// Documents of `collection` were evicted: peers are asked for exactly those again while a
+    /// subscription in the collection is active (``Replicator/refetch(_:ids:now:)``).
+    ///
+    /// - Parameter keys: the canonical `_id` keys of the evicted documents (``StoreEvent/changedKeys``).
+    public func evicted(_ collection: String, keys: [String]) {
+        let ids = keys.compactMap { try? JSON.parse($0) }
+        run(replicator.refetch(collection, ids: ids, now: now()))
     }
 
     public func tick() {
         run(replicator.tick(now: now()))
+        reapIfDue()
+    }
+
+    /// Reaps one bounded batch of expired tombstones when due (at the first tick, then every
+    /// ``tombstoneReapInterval``, and at every tick while a batch leaves more waiting).
+    private func reapIfDue() {
+        let time = now()
+        guard time >= nextReap else { return }
+        do {
+            let more = try store.reapTombstones(limit: tombstoneReapBatch)
+            nextReap = more ? time : time + tombstoneReapInterval
+            reapError = nil
+        } catch {
+            nextReap = time + tombstoneReapInterval
+            let message = "reaping tombstones failed: \(error)"
+            if reapError != message { log(message) }  // once, not every interval
+            reapError = message
+        }
     }
 
     /// Closes every session and stops dialing (``Replicator/stop()``); ``start()`` resumes.

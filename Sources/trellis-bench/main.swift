@@ -1,6 +1,6 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
-//   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE]
+//   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -25,11 +25,13 @@ var jsonOutput = false
 var documentCount = 100_000
 var carsPath: String?
 var simulationOnly = false
+var tombstonesOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
     case "--json": jsonOutput = true
     case "--simulation": simulationOnly = true
+    case "--tombstones": tombstonesOnly = true
     case "--documents":
         i += 1
         guard i < args.count, let n = Int(args[i]), n > 0 else {
@@ -45,7 +47,7 @@ while i < args.count {
         }
         carsPath = args[i]
     case "--help", "-h":
-        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation]")
+        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -144,6 +146,12 @@ if simulationOnly {
     printFigures(
         try simulationFigures(meshSizes: [16, 64, 256], seedsPerSize: 5),
         heading: "trellis-bench --simulation: simulated meshes, release build expected")
+    exit(0)
+}
+if tombstonesOnly {
+    printFigures(
+        try tombstoneFigures(scratch: scratch, removed: documentCount),
+        heading: "trellis-bench --tombstones: \(documentCount) documents created and removed, release build expected")
     exit(0)
 }
 let baselineTime = rawInsert(path("raw.sqlite"), rows: jsonRows)
@@ -297,6 +305,10 @@ figures += try linkFigures()
 // MARK: Contacts (ContactsBench.swift)
 
 figures += try contactsFigures(scratch: scratch)
+
+// MARK: Tombstones (TombstoneBench.swift)
+
+figures += try tombstoneFigures(scratch: scratch, removed: documentCount)
 
 // MARK: Output
 

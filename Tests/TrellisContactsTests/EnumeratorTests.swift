@@ -215,6 +215,31 @@ struct EnumeratorTests {
         #expect(await changeError(ContactItemSyncAnchor(generationMarker: again.marker, offset: 0)) == nil)
     }
 
+    /// Tombstones reaped by age (F04) expire the anchors taken before them: the change
+    /// enumeration answers `changeAnchorExpired` instead of leaving the removed contact in place,
+    /// a full re-enumeration no longer lists it, and its fresh anchor then follows changes.
+    @Test func anAnchorOlderThanReapedTombstonesExpires() async throws {
+        let clock = ManualClock()
+        let a = try ContactsFixture(clock: clock)
+        for i in 0..<5 { try a.put("c\(i)", "g\(i)") }
+        let run = try await enumerateContent(a.enumerator, pageSize: 10)
+        let anchor = ContactItemSyncAnchor(generationMarker: run.marker, offset: 0)
+        try a.remove("c3")
+        clock.advance(by: a.store.options.tombstoneTTL + 1)
+        #expect(try a.store.reapExpiredTombstones().reaped == 1)
+        let expired = RecordingChangeObserver(batchSize: 5)
+        await a.enumerator.enumerateChanges(startingAt: anchor, for: expired)
+        #expect(expired.providerError == .changeAnchorExpired)
+        let again = try await enumerateContent(a.enumerator, pageSize: 10)
+        #expect(Set(again.items.map(\.identifier.value)) == ["c0", "c1", "c2", "c4"])
+        try a.put("c5", "new")
+        let changes = RecordingChangeObserver(batchSize: 5)
+        await a.enumerator.enumerateChanges(
+            startingAt: ContactItemSyncAnchor(generationMarker: again.marker, offset: 0), for: changes)
+        #expect(changes.providerError == nil)
+        #expect(changes.updates.map(\.identifier.value) == ["c5"])
+    }
+
     /// (g) An anchor only moves forward; re-requesting the last anchor is harmless.
     @Test("(g) anchors move forward; re-requesting the last anchor is harmless")
     func anchorsMoveForward() async throws {

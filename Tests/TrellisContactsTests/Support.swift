@@ -13,8 +13,11 @@ final class ContactsFixture: Sendable {
     let store: DocumentStore
     let collection = "contacts"
 
-    init(name: String = "a.sqlite") throws {
-        store = try DocumentStore(path: dir.path(name))
+    /// - Parameter clock: the store's clock (``StoreOptions/now``), when the test moves time.
+    init(name: String = "a.sqlite", clock: ManualClock? = nil) throws {
+        var options = StoreOptions()
+        if let clock { options.now = clock.source }
+        store = try DocumentStore(path: dir.path(name), options: options)
     }
 
     var enumerator: ContactsEnumerator { ContactsEnumerator(store: store, collection: collection) }

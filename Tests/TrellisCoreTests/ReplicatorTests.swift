@@ -338,6 +338,76 @@ import TrellisCore
         #expect(r.status.peers.first?.served.first { $0.spec == cars }?.cursor == 0)
     }
 
+    /// Evicted documents are asked for again by `_id` under each subscription of their
+    /// collection, with no checkpoint; the refetch ends once all of them arrived.
+    @Test func evictedDocumentsAreAskedForAgainByIDUntilTheyArrive() throws {
+        var r = established()
+        let spec = SubscriptionSpec(collection: "cars", query: "n > $args.min", args: ["min": 1])
+        _ = try r.subscribe(spec, now: 0)
+        let asked = r.refetch("cars", ids: ["c1", "c2"], now: 1)
+        let refetch = try #require(Refetch.specs(for: spec, ids: ["c1", "c2"]).first)
+        #expect(refetch.query == "(n > $args.min) && _id IN $args.trellisEvicted")
+        #expect(Refetch.ids(of: refetch) == ["c1", "c2"] && Refetch.ids(of: spec) == nil)
+        guard case .subscriptions(let subs, _)? = Self.sent(asked).first else {
+            Issue.record("no subscriptions sent")
+            return
+        }
+        #expect(Set(subs.map(\.spec)) == [spec, refetch])
+        #expect(subs.first { $0.spec == refetch }?.since == 0)
+        func apply(_ d: [ReplicatorDirective]) -> ApplyRequest? {
+            d.compactMap { if case .apply(_, let a) = $0 { a } else { nil } }.first
+        }
+        let first = r.received(
+            .batch(subscription: refetch.key, documents: [Self.record(5, "c1").document], upTo: 50, generation: 0),
+            on: link, now: 2)
+        #expect(apply(first)?.storeCheckpoint == false)
+        #expect(Self.sent(first).isEmpty)  // c2 is still missing: the refetch stays
+        let second = r.received(
+            .batch(subscription: refetch.key, documents: [Self.record(6, "c2").document], upTo: 60, generation: 0),
+            on: link, now: 3)
+        guard case .subscriptions(let after, _)? = Self.sent(second).first else {
+            Issue.record("the refetch was not dropped")
+            return
+        }
+        #expect(after.map(\.spec) == [spec])
+        // Nothing is asked again for a collection without a subscription.
+        #expect(r.refetch("other", ids: ["x"], now: 4).isEmpty)
+    }
+
+    /// A peer whose checkpoint is below the retained floor gets the subscription again from 0,
+    /// and is asked again from 0 for this node's subscriptions in that collection, once per
+    /// session; the pages that follow (below the floor too) are served on, not restarted again.
+    @Test func aCheckpointBelowTheFloorRestartsFromZeroAndAsksThePeerAgain() throws {
+        var r = established(
+            lastSeq: 100, checkpoints: [SubscriptionSpec.all("cars").key: Checkpoint(epoch: Self.epochB, seq: 70)])
+        _ = try r.subscribe(.all("cars"), now: 0)
+        let serve = r.received(
+            .subscriptions([WireSubscription(spec: .all("cars"), since: 40, hops: 0, generation: 0)]), on: link, now: 1)
+        let request = try #require(Self.scans(serve).first)
+        #expect(request.after == 40)
+        let result = r.scanned(
+            link, request, page: ScanPage(records: [], upTo: 100, exhausted: true, belowFloor: true), now: 2)
+        let again = Self.sent(result).compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }
+        #expect(again.first?.first?.since == 0)
+        #expect(again.first?.first?.generation == 1)
+        let fromZero = try #require(Self.scans(result).first)
+        #expect(fromZero.after == 0)
+        // The next page starts below the floor too (the floor lies above the first documents):
+        // it is served, not restarted.
+        let first = r.scanned(
+            link, fromZero,
+            page: ScanPage(records: [Self.record(3, "c1")], upTo: 3, exhausted: false, belowFloor: false), now: 3)
+        let next = try #require(Self.scans(first).first)
+        #expect(next.after == 3)
+        let second = r.scanned(
+            link, next, page: ScanPage(records: [Self.record(90, "c2")], upTo: 100, exhausted: true, belowFloor: true),
+            now: 4)
+        #expect(
+            Self.sent(second).contains { if case .batch(_, let docs, 100, _, _) = $0 { docs.count == 1 } else { false } })
+        #expect(!Self.sent(second).contains { if case .subscriptions = $0 { true } else { false } })
+        #expect(Self.scans(second).allSatisfy { $0.after != 0 })
+    }
+
     /// A batch of an older rescan generation merges but does not overwrite the checkpoint an
     /// eviction reset (else the evicted documents would never come back).
     @Test func aBatchOfAnOlderGenerationDoesNotStoreItsCheckpoint() throws {

@@ -98,12 +98,13 @@ import TrellisSimulation
         live.stop()
     }
 
-    /// F04, its sync part (reaping tombstones after a TTL is the mesh issue's): A creates and
-    /// removes 3,000 documents, and sets and unsets 3,000 keys of one document; a new C syncs. C
-    /// shows none of the removed documents but holds every tombstone (so no stale copy can bring
-    /// one back), the document whose keys were unset shows only its `_id`, and no removed or
-    /// unset value travels (removes and unsets keep stamps, not values). Scaled down from the
-    /// case's 1,000,000 so that it runs in the debug build in seconds.
+    /// F04: A creates and removes 3,000 documents, and sets and unsets 3,000 keys of one
+    /// document; a new C syncs. C shows none of the removed documents but holds every tombstone
+    /// (so no stale copy can bring one back), the document whose keys were unset shows only its
+    /// `_id`, and no removed or unset value travels (removes and unsets keep stamps, not values).
+    /// Once the tombstone TTL has passed, both reap them: the change log (what a new peer's first
+    /// sync and an enumeration read) holds the live document only. Scaled down from the case's
+    /// 1,000,000 so that it runs in the debug build in seconds.
     @Test func f04TombstonesSyncWithoutTheirValues() throws {
         let mesh = try Mesh(seed: 104, nodes: 1)
         let a = mesh[0]
@@ -139,6 +140,12 @@ import TrellisSimulation
                 !record.state.indices.contains { i in record.state[i...].starts(with: secretBytes) },
                 "\(record.id) carries a removed value")
         }
+        try Self.passTheTTL(mesh)
+        for node in [a, c] {
+            let log = try node.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max)
+            #expect(log.records.map(\.key) == ["\"big\""], "\(node.name)")
+        }
+        #expect(try c.store.collection("items").findAll().exec().map(\.id) == ["big"])
     }
 
     // MARK: Change log and checkpoints
@@ -239,6 +246,71 @@ import TrellisSimulation
         oslo.cancel()
     }
 
+    /// F04, expiry: S is away for longer than the tombstone TTL while A removes d1 and d2 and B
+    /// receives the removes; A and B reap the tombstones. When S comes back, still holding d1 and
+    /// d2, they do not come back: they stay removed on every node, S's own write made while away
+    /// arrives everywhere, and every node ends with the same documents.
+    @Test func f04ANodeAwayLongerThanTheTTLDoesNotBringReapedDocumentsBack() throws {
+        let mesh = try Mesh(seed: 204, nodes: 3)
+        let (a, b, s) = (mesh[0], mesh[1], mesh[2])
+        // More documents than one batch holds, so the full resync spans several pages below the floor.
+        try a.store.collection("items").upsert((1...600).map { ["_id": .string("d\($0)"), "v": .int(Int64($0))] })
+        try mesh.sim.runUntilQuiet()
+        #expect(try s.store.collection("items").findAll().count() == 600)
+        mesh.sim.partition([[a, b], [s]])
+        try a.store.collection("items").findByID("d1").remove()
+        try a.store.collection("items").findByID("d2").remove()
+        try s.store.collection("items").upsert(["_id": "away", "v": 0])
+        try mesh.sim.runUntilQuiet()
+        try Self.passTheTTL(mesh)
+        for node in [a, b] { #expect(try node.documents.state(id: "d1", in: "items") == nil, "\(node.name) reaped") }
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        for node in mesh.sim.nodes {
+            let items = node.store.collection("items")
+            #expect(try items.findAll().count() == 599, "\(node.name)")
+            #expect(try items.find("_id == 'd1' || _id == 'd2'").count() == 0, "\(node.name)")
+            #expect(try items.findByID("away").exec() != nil, "\(node.name)")
+        }
+    }
+
+    /// F04, expiry through a relay: as above, but S comes back connected only to R, a node that
+    /// joined after the tombstones were reaped and so never saw d1 or its remove. R takes S's copy
+    /// for a moment; A removes it again when R relays it, and the remove travels back through R to
+    /// S: in the end no node shows d1.
+    @Test func f04AStaleNodeCannotBringReapedDocumentsBackThroughARelay() throws {
+        let mesh = try Mesh(seed: 214, nodes: 2)
+        let (a, s) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert((1...3).map { ["_id": .string("d\($0)")] })
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.partition([[a], [s]])
+        try a.store.collection("items").findByID("d1").remove()
+        try mesh.sim.runUntilQuiet()
+        try Self.passTheTTL(mesh)
+        #expect(try a.documents.state(id: "d1", in: "items") == nil)
+        let r = try mesh.sim.addNode()
+        try mesh.subscribe(r, "items")
+        mesh.sim.setClockOffset(r, mesh.sim.nodes[0].clockOffset)
+        mesh.sim.connect(r, a)
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.setLink(a, s, up: false)
+        mesh.sim.heal()
+        mesh.sim.connect(r, s)
+        try mesh.sim.runUntilQuiet()
+        for node in mesh.sim.nodes {
+            let ids = try node.store.collection("items").findAll().exec().map { JSON.string($0.id) }
+            #expect(ids.sorted() == ["\"d2\"", "\"d3\""], "\(node.name)")
+        }
+    }
+
+    /// Moves every node's clock past the tombstone TTL and lets their sync hosts reap.
+    static func passTheTTL(_ mesh: Mesh) throws {
+        let ttl = Millis(mesh.sim.storeOptions.tombstoneTTL)
+        for node in mesh.sim.nodes { mesh.sim.setClockOffset(node, node.clockOffset + ttl + 60_000) }
+        mesh.sim.run(for: 120_000)
+    }
+
     /// F10: (a) evicting documents an active subscription matches brings them back once, with no
     /// evict/re-fetch loop; (b) cancel, evict, subscribe again with no change on A: they come back.
     @Test func f10EvictedDocumentsComeBackOnceWhileASubscriptionMatches() throws {
@@ -261,6 +333,36 @@ import TrellisSimulation
         sub = try b.store.collection("items").findAll().subscribe()
         try mesh.sim.runUntilQuiet()
         #expect(try b.store.collection("items").findAll().count() == 50)
+        sub.cancel()
+    }
+
+    /// F10, precisely: evicting k documents makes peers send about k documents again, not the
+    /// collection. B holds A's 1,000 documents; evicting 10 brings exactly those 10 back. Then B
+    /// cancels, evicts 20 and subscribes to a narrower query: of the 20, the 10 the new query
+    /// matches come back, the others stay evicted, and A sends only what the new query matches.
+    @Test func f10EvictingKDocumentsMakesPeersSendKAgain() throws {
+        let mesh = try Mesh(seed: 120, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        var sub = try b.store.collection("items").findAll().subscribe()
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert((0..<1_000).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 1_000)
+        var sent = mesh.sim.documentsSent
+        _ = try b.store.collection("items").find("n >= 100 && n < 110").evict()
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == 1_000)
+        #expect(mesh.sim.documentsSent - sent == 10)
+        sub.cancel()
+        try mesh.sim.runUntilQuiet()
+        _ = try b.store.collection("items").find("n >= 190 && n < 210").evict()
+        sent = mesh.sim.documentsSent
+        sub = try b.store.collection("items").find("n < 200").subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").find("n >= 190 && n < 200").count() == 10)
+        #expect(try b.store.collection("items").find("n >= 200 && n < 210").count() == 0)
+        #expect(mesh.sim.documentsSent - sent <= 200 + 10)
         sub.cancel()
     }
 

@@ -396,32 +396,23 @@ import TrellisTestKit
         #expect(try b.document(id: "d", in: "c")?["likes"]?.numberValue == 9)
     }
 
-    /// Evict raises the collection's rescan generation and resets its subscriptions' checkpoints
-    /// to 0 for every peer (keeping their epochs), in the same transaction; other collections keep
-    /// theirs.
-    @Test func evictResetsTheCollectionsCheckpointsAndRaisesItsRescanGeneration() throws {
+    /// Evicting leaves every checkpoint and the rescan generation alone (the sync engine asks peers
+    /// for the evicted `_id`s only); the evicted `_id`s are listed, most recently evicted first.
+    @Test func evictLeavesCheckpointsAloneAndListsTheEvictedIDs() throws {
         let store = try open()
-        try store.upsert(["_id": "d"], in: "c")
+        try store.upsert([["_id": "d"], ["_id": "e"], ["_id": "f"]], in: "c")
         let c1 = SubscriptionSpec(collection: "c").key
-        let c2 = SubscriptionSpec(collection: "c", query: "x == 1").key
-        let other = SubscriptionSpec(collection: "cx").key
-        for (peer, key) in [([1], c1), ([2], c1), ([1], c2), ([1], other)] as [([UInt8], String)] {
-            _ = try store.merge([], from: peer, checkpoint: (subscription: key, Checkpoint(epoch: [7], seq: 40)))
-        }
-        #expect(store.rescanGeneration(collection: "c") == 0)
+        _ = try store.merge([], from: [1], checkpoint: (subscription: c1, Checkpoint(epoch: [7], seq: 40)))
+        #expect(try store.evict(id: "e", in: "c"))
         #expect(try store.evict(id: "d", in: "c"))
-        #expect(store.rescanGeneration(collection: "c") == 1 && store.rescanGeneration(collection: "cx") == 0)
-        #expect(
-            try store.checkpoints(peer: [1]) == [
-                c1: .init(epoch: [7], seq: 0), c2: .init(epoch: [7], seq: 0), other: .init(epoch: [7], seq: 40),
-            ])
-        #expect(try store.checkpoints(peer: [2]) == [c1: .init(epoch: [7], seq: 0)])
-        // Evicting nothing changes nothing.
-        #expect(try !store.evict(id: "d", in: "c"))
-        #expect(store.rescanGeneration(collection: "c") == 1)
-        // The generation survives a restart.
-        let reopened = try open()
-        #expect(reopened.rescanGeneration(collection: "c") == 1)
+        #expect(store.rescanGeneration(collection: "c") == 0)
+        #expect(try store.checkpoints(peer: [1]) == [c1: .init(epoch: [7], seq: 40)])
+        #expect(try store.evictedIDs(in: "c", limit: 10) == ["d", "e"])
+        #expect(try store.evictedIDs(in: "c", limit: 1) == ["d"])
+        #expect(try store.evictedIDs(in: "other", limit: 10).isEmpty)
+        // A document back from a peer (or written again) is no longer listed.
+        try store.upsert(["_id": "d", "v": 1], in: "c")
+        #expect(try store.evictedIDs(in: "c", limit: 10) == ["e"])
     }
 
     /// A store written by the version that kept the peer a row's state came from (`source`, once
@@ -462,9 +453,15 @@ import TrellisTestKit
             }
         }
         let store = try open("old.sqlite")
-        try store.upsert(["_id": "d"], in: "c")
-        #expect(try store.evict(id: "d", in: "c"))
-        #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [0])
+        let collections = try store.withState { s -> [String] in
+            let st = try s.db.prepare("SELECT collection FROM checkpoints")
+            defer { st.reset() }
+            var out: [String] = []
+            while try st.step() { out.append(st.string(0) ?? "") }
+            return out
+        }
+        #expect(collections == ["c"])
+        #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [5])
     }
 
     @Test func seqsAreNeverReusedAfterEvictingTheNewestDocument() throws {

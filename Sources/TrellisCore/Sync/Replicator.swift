@@ -24,6 +24,8 @@ public struct Replicator: Sendable {
     /// Whether deferred documents may wait in the store. `true` at start: documents deferred in
     /// an earlier run are retried on the first tick (the retry reports how many remain).
     private var deferredPending = true
+    /// Evicted documents asked for again, by collection (Refetch.swift).
+    private var refetching: [UTF8Key: RefetchList] = [:]
     private var nextDeferredRetry: Millis = 0
     var stopped = false
 
@@ -268,8 +270,10 @@ public struct Replicator: Sendable {
         return directives
     }
 
-    /// Documents of `collection` were evicted here: the store raised its rescan generation and
-    /// reset the checkpoints of its subscriptions, so ask every peer again from the start.
+    /// The collection's rescan generation was raised (and its checkpoints reset): ask every peer
+    /// again from the start for its subscriptions, a full rescan. Evictions no longer need this
+    /// (``refetch(_:ids:now:)`` asks for the evicted documents only); a generation persisted by an
+    /// earlier version is still sent.
     public mutating func evicted(_ collection: String, generation: UInt32, now: Millis) -> [ReplicatorDirective] {
         let name = UTF8Key(collection)
         generations[name] = generation
@@ -278,6 +282,33 @@ public struct Replicator: Sendable {
                 checkpointCache[peer]?[key] = Checkpoint(epoch: checkpoint.epoch, seq: 0)
             }
         }
+        return updateAsked(now: now)
+    }
+
+    /// Documents of `collection` were evicted here: while a subscription in the collection (this
+    /// node's own, or one it relays) is active, peers are asked for exactly these `_id`s again,
+    /// through refetch subscriptions derived from each (``Refetch``), until all have arrived.
+    /// Nothing else is asked for again.
+    ///
+    /// - Parameter ids: the evicted `_id`s; at most ``Refetch/maxPerCollection`` are kept per
+    ///   collection (the newest).
+    public mutating func refetch(_ collection: String, ids: [Value], now: Millis) -> [ReplicatorDirective] {
+        let name = UTF8Key(collection)
+        guard !ids.isEmpty,
+            own.values.contains(where: { UTF8Key($0.spec.collection) == name })
+                || sessions.values.contains(where: { s in
+                    s.remoteSubscriptions.contains { UTF8Key($0.spec.collection) == name }
+                })
+        else { return [] }
+        var list = refetching[name] ?? RefetchList(ids: [], missing: [])
+        for id in ids where list.missing.insert(JSON.string(id)).inserted { list.ids.append(id) }
+        if list.ids.count > Refetch.maxPerCollection {
+            for id in list.ids.prefix(list.ids.count - Refetch.maxPerCollection) {
+                list.missing.remove(JSON.string(id))
+            }
+            list.ids.removeFirst(list.ids.count - Refetch.maxPerCollection)
+        }
+        refetching[name] = list
         return updateAsked(now: now)
     }
 
@@ -420,10 +451,22 @@ public struct Replicator: Sendable {
         served.retryDelay = configuration.scanRetryInitial
         var documents: [WireDocument] = []
         var directives: [ReplicatorDirective] = []
+        if page.belowFloor, !served.floorChecked {
+            // The peer's checkpoint is older than tombstones reaped here: start over from 0.
+            served.floorChecked = true
+            served.cursor = 0
+            served.pending = true
+            sessions[link]!.served[key] = served
+            return restartedBelowFloor(link, served.spec, now: now) + scanIfReady(link, key, now: now)
+        }
+        // Later pages follow cursors this node produced in this session.
+        served.floorChecked = true
         var bytes = 0
+        // A refetch asks for documents the peer evicted, including those it once sent here.
+        let refetch = Refetch.ids(of: served.spec) != nil
         for record in page.records where record.seq > served.cursor {
             let echoKey = EchoKey(collection: record.document.collection, key: record.key)
-            if let digest = sessions[link]!.echo[echoKey] {
+            if !refetch, let digest = sessions[link]!.echo[echoKey] {
                 if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
                 sessions[link]!.echo.removeValue(forKey: echoKey)
             }
@@ -726,6 +769,7 @@ public struct Replicator: Sendable {
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
+                    existing.floorChecked = sub.since == 0
                     // Batches in flight belong to the old request: their acks may still come
                     // (and are bounded by `lastSentUpTo`), but they hold no slot of the new one.
                     existing.inFlight = 0
@@ -755,6 +799,33 @@ public struct Replicator: Sendable {
         directives += updateAsked(except: link, now: now)
         directives += scanAll(link, now: now)
         return directives
+    }
+
+    /// A scan for a peer started over because the peer's checkpoint was below the lowest `seq`
+    /// this log still answers for (tombstones after it were reaped): the peer may have missed
+    /// removes, and may still hold documents removed here. It gets the subscription from the start,
+    /// and, once per session and collection, this node asks it again from the start for that
+    /// collection, so the stale copies it sends meet the reaped keys here and are removed again
+    /// (docs/DATA-MODEL.md, "Tombstones and reaping").
+    private mutating func restartedBelowFloor(_ link: LinkID, _ spec: SubscriptionSpec, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        guard let s = sessions[link] else { return [] }
+        let collection = UTF8Key(spec.collection)
+        let directives: [ReplicatorDirective] = [
+            .log(
+                "\(s.address) holds a checkpoint on '\(spec)' from before tombstones this node has reaped: it gets "
+                    + "the subscription again from the start")
+        ]
+        guard !s.floorResynced.contains(collection) else { return directives }
+        sessions[link]!.floorResynced.insert(collection)
+        for key in (checkpointCache[s.peerKey] ?? [:]).keys where askedCollection(key.string) == collection {
+            checkpointCache[s.peerKey]![key]!.seq = 0
+        }
+        for key in s.asked.keys where askedCollection(key.string) == collection {
+            sessions[link]!.resyncs[key, default: 0] &+= 1
+        }
+        return directives + sendAsked(link, now: now)
     }
 
     private mutating func logRegressed(_ since: Int64, peer: String, now: Millis) -> [ReplicatorDirective] {
@@ -832,6 +903,7 @@ public struct Replicator: Sendable {
         accepted.reserveCapacity(documents.count)
         var directives: [ReplicatorDirective] = []
         if sessions[link]!.echo.count + documents.count > configuration.echoMemory { sessions[link]!.echo.removeAll() }
+        var refetched = false
         for document in documents {
             guard UTF8Key.equal(document.collection, collection) else {
                 // A batch answers one subscription: a peer cannot write into collections nobody asked it for.
@@ -842,6 +914,7 @@ public struct Replicator: Sendable {
                 continue
             }
             accepted.append(document)
+            if refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id)) != nil { refetched = true }
             let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
             sessions[link]!.echo[echoKey] = StateDigest(document.state)
         }
@@ -859,8 +932,13 @@ public struct Replicator: Sendable {
                 link,
                 ApplyRequest(
                     subscription: subscription, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
-                    documents: accepted, upTo: upTo, storeCheckpoint: generation == current && !postponed,
+                    documents: accepted, upTo: upTo,
+                    storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
                     heldBy: holders)))
+        if refetched, refetching[UTF8Key(collection)]?.missing.isEmpty == true {
+            refetching[UTF8Key(collection)] = nil  // every evicted document is back
+            directives += updateAsked(now: now)
+        }
         return directives
     }
 
@@ -893,6 +971,16 @@ public struct Replicator: Sendable {
                 let key = UTF8Key(sub.spec.key)
                 if let existing = wanted[key], existing.hops <= sub.hops + 1 { continue }
                 wanted[key] = (sub.spec, sub.hops + 1)
+            }
+        }
+        // Evicted documents asked for again: a refetch subscription per subscription of their
+        // collection (not of a refetch subscription relayed from a peer).
+        for (_, entry) in wanted where Refetch.ids(of: entry.spec) == nil {
+            guard let list = refetching[UTF8Key(entry.spec.collection)] else { continue }
+            for spec in Refetch.specs(for: entry.spec, ids: list.ids) {
+                let key = UTF8Key(spec.key)
+                if let existing = wanted[key], existing.hops <= entry.hops { continue }
+                wanted[key] = (spec, entry.hops)
             }
         }
         // Above the cap, collapse the collection with the most subscriptions into the whole
@@ -1014,6 +1102,9 @@ extension Replicator {
         var echo: [EchoKey: StateDigest] = [:]
         /// Per asked subscription, what arrived on this session (``SyncProgress``).
         var progress: [UTF8Key: SyncProgress] = [:]
+        /// Collections this node asked the peer for again from the start because the peer's
+        /// checkpoint on this log was below its retained floor (once per session).
+        var floorResynced: Set<UTF8Key> = []
 
         init(
             link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?, opened: Millis,
@@ -1059,12 +1150,16 @@ extension Replicator {
         /// examined since (``ScanRequest/countRemaining``).
         var pagesSinceCount = 0
         var remainingEstimate: Int64?
+        /// Whether the cursor is known not to be below the log's retained floor: it came from 0,
+        /// or from a page this node scanned in this session (the peer's `since` is checked once).
+        var floorChecked: Bool
 
         init(spec: SubscriptionSpec, hops: Int, generation: UInt32, cursor: Int64, retryDelay: Millis) {
             self.spec = spec
             self.hops = hops
             self.generation = generation
             self.cursor = cursor
+            self.floorChecked = cursor == 0
             self.lastSentUpTo = cursor
             self.ackedUpTo = cursor
             self.retryDelay = retryDelay

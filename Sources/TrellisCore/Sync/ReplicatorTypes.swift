@@ -65,12 +65,19 @@ public struct ScanPage: Sendable, Equatable {
     /// When not exhausted, how many log entries of the collection follow `upTo` (an upper bound on
     /// what is still to send; `nil` when the store did not count).
     public var remaining: Int64?
+    /// `true` when the cursor asked for was above 0 but below the lowest `seq` the log still
+    /// answers for completely (tombstones after it were reaped): a peer resuming from its
+    /// checkpoint there may have missed removes.
+    public var belowFloor: Bool
 
-    public init(records: [LogRecord], upTo: Int64, exhausted: Bool, remaining: Int64? = nil) {
+    public init(
+        records: [LogRecord], upTo: Int64, exhausted: Bool, remaining: Int64? = nil, belowFloor: Bool = false
+    ) {
         self.records = records
         self.upTo = upTo
         self.exhausted = exhausted
         self.remaining = remaining
+        self.belowFloor = belowFloor
     }
 }
 

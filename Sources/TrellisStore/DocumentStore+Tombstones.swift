@@ -1,0 +1,224 @@
+import Foundation
+public import TrellisCore
+
+// Tombstone expiry (docs/DATA-MODEL.md, "Tombstones and reaping").
+//
+// A tombstone is kept for `StoreOptions.tombstoneTTL` after its newest stamp, then reaped: its row
+// leaves the documents table (and so the change log, reads and enumerations). Two things remain:
+// - the collection's retained floor: the highest `seq` of a reaped row. A reader of the log (a
+//   peer's checkpoint, a contacts anchor) below it may have missed a remove and starts over.
+// - a reaped key: the collection, `_id` key and the time of the tombstone's newest stamp, for
+//   `StoreOptions.reapedKeyRetention`. A state for that `_id` arriving later whose every stamp is
+//   at or before that time is a stale copy of the removed document (from a node that was away
+//   longer than the TTL, or relayed from one): it is merged and removed again with a new remove
+//   stamp, so the remove travels back to whoever still holds the document instead of the
+//   document coming back. A state carrying a newer stamp (a write the remover had not seen) is
+//   merged as usual and, add-wins, brings the document back.
+
+/// What one run of ``DocumentStore/reapExpiredTombstones(limit:)`` did.
+public struct ReapResult: Sendable, Equatable {
+    /// Tombstones deleted (their keys remembered).
+    public var reaped: Int
+    /// Reaped keys forgotten (older than ``StoreOptions/reapedKeyRetention``).
+    public var forgotten: Int
+    /// Whether more work is waiting (a bound was reached): call again.
+    public var more: Bool
+
+    public init(reaped: Int, forgotten: Int, more: Bool) {
+        self.reaped = reaped
+        self.forgotten = forgotten
+        self.more = more
+    }
+}
+
+/// A tombstone row chosen for reaping.
+struct ReapRow {
+    var collection: String
+    var key: String
+    var seq: Int64
+    var removedAt: UInt64
+}
+
+extension DocumentStore {
+    /// Reads what the store remembers of reaped tombstones at open.
+    static func loadTombstoneState(_ db: Connection, into state: inout State) throws {
+        guard try hasTable(db, "reaped") else { return }
+        let count = try db.prepare("SELECT count(*) FROM reaped")
+        defer { count.reset() }
+        _ = try count.step()
+        state.reapedRows = Int(count.int64(0))
+    }
+
+    /// The lowest `seq` after which the change log of a collection is complete: tombstones with a
+    /// lower or equal `seq` may have been reaped, so a reader whose cursor is below it has missed
+    /// removals and must start over (the contacts enumerator answers `changeAnchorExpired`; a
+    /// peer's scan starts again from the beginning, ``ChangePage/belowFloor``). 0 when nothing was
+    /// reaped.
+    public func retainedFloor(in collection: String) throws(StoreError) -> Int64 {
+        try withState { s -> Int64 in try Self.metaInt64(s.db, "floor:" + collection) ?? 0 }
+    }
+
+    /// Reaps tombstones whose newest stamp is older than ``StoreOptions/tombstoneTTL`` (by
+    /// ``StoreOptions/now``), in one transaction of at most `limit` rows: each row is deleted, its
+    /// key remembered (so a stale copy is removed again rather than brought back), and its
+    /// collection's ``retainedFloor(in:)`` raised to its `seq`. Reaped keys older than
+    /// ``StoreOptions/reapedKeyRetention`` are forgotten, as many again. Tombstones written by an
+    /// earlier version (without a recorded time) are dated on the way, `limit` at a time.
+    ///
+    /// Nothing is loaded beyond `limit` rows, so the lock is held for a bounded time; call again
+    /// while ``ReapResult/more`` is `true` (the sync host does, one call per tick).
+    ///
+    /// - Parameter limit: the most rows handled (dated, reaped, forgotten, each); at least 1.
+    /// - Returns: what was done, and whether more waits.
+    /// - Throws: ``StoreError`` for SQLite errors (nothing of this run is kept then).
+    /// - Complexity: O(limit · log n) through the partial index on tombstones' times.
+    public func reapExpiredTombstones(limit: Int = 1000) throws(StoreError) -> ReapResult {
+        guard !options.readOnly else { return ReapResult(reaped: 0, forgotten: 0, more: false) }
+        let now = options.now()
+        let limit = max(1, limit)
+        return try write { s -> ReapResult in
+            let dated = try dateLegacyTombstones(&s, limit: limit)
+            var rows: [ReapRow] = []
+            if now > options.tombstoneTTL {
+                let st = try s.db.prepare(
+                    "SELECT collection, id, seq, removed_at FROM documents WHERE deleted = 1 AND removed_at <= ? "
+                        + "ORDER BY removed_at LIMIT ?")
+                st.bind(1, Int64(clamping: now - options.tombstoneTTL))
+                st.bind(2, Int64(limit))
+                while try st.step() {
+                    rows.append(
+                        ReapRow(
+                            collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
+                            removedAt: UInt64(max(0, st.int64(3)))))
+                }
+                st.reset()
+            }
+            try reap(&s, rows, now: now)
+            var forgotten = 0
+            if let retention = options.reapedKeyRetention, now > retention, s.reapedRows > 0 {
+                let del = try s.db.prepare(
+                    "DELETE FROM reaped WHERE (collection, id) IN "
+                        + "(SELECT collection, id FROM reaped WHERE reaped_at <= ? LIMIT ?)")
+                del.bind(1, Int64(clamping: now - retention))
+                del.bind(2, Int64(limit))
+                try del.run()
+                forgotten = s.db.changes
+                s.reapedRows -= forgotten
+            }
+            return ReapResult(
+                reaped: rows.count, forgotten: forgotten,
+                more: dated == limit || rows.count == limit || forgotten == limit)
+        }
+    }
+
+    /// Reaps every tombstone of a collection with `seq <= through`, whatever its age, in one
+    /// transaction: as ``reapExpiredTombstones(limit:)`` does for expired ones (keys remembered,
+    /// floor raised to at least `through`, or the end of the log if that is lower). For tests and tools; nodes reap by age.
+    ///
+    /// - Returns: the number of tombstones deleted.
+    /// - Complexity: O(tombstones in the collection).
+    @discardableResult
+    public func reapTombstones(in collection: String, through: Int64) throws(StoreError) -> Int {
+        let now = options.now()
+        return try write { s -> Int in
+            try dateLegacyTombstones(&s, limit: .max)
+            let st = try s.db.prepare(
+                "SELECT id, seq, removed_at FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
+            st.bind(1, collection)
+            st.bind(2, through)
+            var rows: [ReapRow] = []
+            while try st.step() {
+                rows.append(
+                    ReapRow(
+                        collection: collection, key: st.string(0) ?? "", seq: st.int64(1),
+                        removedAt: UInt64(max(0, st.int64(2)))))
+            }
+            st.reset()
+            try reap(&s, rows, now: now)
+            // Never above the end of the log: a peer's cursor at the floor would look like a log
+            // that went back in time.
+            try raiseFloor(&s, collection, to: min(through, s.nextSeq - 1))
+            return rows.count
+        }
+    }
+
+    /// Deletes tombstone rows, remembers their keys and raises their collections' floors.
+    private func reap(_ s: inout State, _ rows: [ReapRow], now: UInt64) throws {
+        guard !rows.isEmpty else { return }
+        let remember = try s.db.prepare(
+            "INSERT INTO reaped(collection, id, removed_at, reaped_at) VALUES (?,?,?,?) "
+                + "ON CONFLICT(collection, id) DO UPDATE SET removed_at = max(removed_at, excluded.removed_at), "
+                + "reaped_at = excluded.reaped_at")
+        let delete = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 1")
+        let unscope = try s.db.prepare("DELETE FROM scopes WHERE collection = ? AND id = ?")
+        var floors: [String: Int64] = [:]
+        for row in rows {
+            remember.reset()
+            remember.bind(1, row.collection)
+            remember.bind(2, row.key)
+            remember.bind(3, Int64(clamping: row.removedAt))
+            remember.bind(4, Int64(clamping: now))
+            if try reapedRemoval(&s, row.collection, row.key) == nil { s.reapedRows += 1 }
+            try remember.run()
+            delete.reset()
+            delete.bind(1, row.collection)
+            delete.bind(2, row.key)
+            try delete.run()
+            unscope.reset()
+            unscope.bind(1, row.collection)
+            unscope.bind(2, row.key)
+            try unscope.run()
+            floors[row.collection] = max(floors[row.collection] ?? 0, row.seq)
+        }
+        for (collection, floor) in floors { try raiseFloor(&s, collection, to: floor) }
+        // A reaped row may have held the highest seq; remember it so no seq is issued twice.
+        try Self.setMetaInt64(s.db, "seq", s.nextSeq - 1)
+    }
+
+    private func raiseFloor(_ s: inout State, _ collection: String, to seq: Int64) throws {
+        let floor = max(try Self.metaInt64(s.db, "floor:" + collection) ?? 0, seq)
+        try Self.setMetaInt64(s.db, "floor:" + collection, floor)
+    }
+
+    /// Records the time of the newest stamp of up to `limit` tombstones written before tombstones
+    /// carried it. A row whose state does not decode is dated 0 (reaped at the next run: its
+    /// remove cannot be sent anyway).
+    ///
+    /// - Returns: how many were dated.
+    @discardableResult
+    private func dateLegacyTombstones(_ s: inout State, limit: Int) throws -> Int {
+        let st = try s.db.prepare(
+            "SELECT collection, id, state, value FROM documents WHERE deleted = 1 AND removed_at IS NULL LIMIT ?")
+        st.bind(1, Int64(clamping: limit))
+        var rows: [(collection: String, key: String, time: UInt64)] = []
+        while try st.step() {
+            let time = (try? StoredState.decode(st.bytes(2) ?? [], value: st.string(3)))?.maxTime.millis ?? 0
+            rows.append((st.string(0) ?? "", st.string(1) ?? "", time))
+        }
+        st.reset()
+        let update = try s.db.prepare("UPDATE documents SET removed_at = ? WHERE collection = ? AND id = ?")
+        for row in rows {
+            update.reset()
+            update.bind(1, Int64(clamping: row.time))
+            update.bind(2, row.collection)
+            update.bind(3, row.key)
+            try update.run()
+        }
+        return rows.count
+    }
+
+    /// The time of the newest stamp of a reaped tombstone of this document, if its key is
+    /// remembered.
+    func reapedRemoval(_ s: inout State, _ collection: String, _ key: String) throws -> UInt64? {
+        guard s.reapedRows > 0 else { return nil }
+        let st = try s.db.prepare("SELECT removed_at FROM reaped WHERE collection = ? AND id = ?")
+        st.bind(1, collection)
+        st.bind(2, key)
+        defer { st.reset() }
+        guard try st.step() else { return nil }
+        return UInt64(max(0, st.int64(0)))
+    }
+
+    /// The number of reaped keys remembered (``StoreOptions/reapedKeyRetention``).
+    public var reapedKeyCount: Int { (try? withState { $0.reapedRows }) ?? 0 }
+}

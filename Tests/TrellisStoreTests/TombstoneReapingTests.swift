@@ -1,0 +1,145 @@
+import Foundation
+import Testing
+import TrellisCore
+import TrellisStore
+import TrellisTestKit
+
+/// Tombstones are reaped after their TTL (F04): the rows leave the log, the store remembers the
+/// lowest `seq` it still answers for completely, and a stale copy of a reaped document is removed
+/// again instead of coming back.
+@Suite struct TombstoneReapingTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+    static let ttl: UInt64 = 7 * 86_400_000
+
+    func open(_ name: String, clock: ManualClock? = nil) throws -> DocumentStore {
+        try openStore(dir, name, clock: clock ?? self.clock)
+    }
+
+    func rowCount(_ store: DocumentStore) throws -> Int {
+        try store.changes(in: "c", after: 0, limit: 1_000_000, maxBytes: .max).records.count
+    }
+
+    @Test func tombstonesAreReapedOnlyOnceOlderThanTheTTL() throws {
+        let store = try open("a.sqlite")
+        #expect(store.options.tombstoneTTL == Self.ttl)
+        try store.upsert((0..<10).map { ["_id": .string("d\($0)"), "v": .int($0)] }, in: "c")
+        for i in 0..<10 { try store.remove(id: .string("d\(i)"), in: "c") }
+        try store.upsert(["_id": "live"], in: "c")
+        let lastTombstone = store.lastSeq - 1
+        clock.advance(by: Self.ttl - 1)
+        #expect(try store.reapExpiredTombstones() == ReapResult(reaped: 0, forgotten: 0, more: false))
+        #expect(try rowCount(store) == 11)
+        #expect(try store.retainedFloor(in: "c") == 0)
+        clock.advance(by: 2)
+        #expect(try store.reapExpiredTombstones() == ReapResult(reaped: 10, forgotten: 0, more: false))
+        #expect(try rowCount(store) == 1)
+        #expect(try store.state(id: "d3", in: "c") == nil)
+        #expect(try store.retainedFloor(in: "c") == lastTombstone)
+        #expect(store.reapedKeyCount == 10)
+        #expect(try store.document(id: "live", in: "c") == ["_id": "live"])
+        // The seq of a reaped row is never issued again, also after reopening.
+        let last = store.lastSeq
+        store.close()
+        let reopened = try open("a.sqlite")
+        try reopened.upsert(["_id": "next"], in: "c")
+        #expect(reopened.lastSeq > last)
+        #expect(reopened.reapedKeyCount == 10)
+    }
+
+    @Test func reapingRunsInBoundedTransactions() throws {
+        let store = try open("a.sqlite")
+        try store.upsert((0..<25).map { ["_id": .string("d\($0)")] }, in: "c")
+        for i in 0..<25 { try store.remove(id: .string("d\(i)"), in: "c") }
+        clock.advance(by: Self.ttl + 1)
+        #expect(try store.reapExpiredTombstones(limit: 10) == ReapResult(reaped: 10, forgotten: 0, more: true))
+        #expect(try store.reapExpiredTombstones(limit: 10) == ReapResult(reaped: 10, forgotten: 0, more: true))
+        #expect(try store.reapExpiredTombstones(limit: 10) == ReapResult(reaped: 5, forgotten: 0, more: false))
+        #expect(try rowCount(store) == 0)
+    }
+
+    @Test func reapedKeysAreForgottenAfterTheirRetention() throws {
+        let store = try openStore(dir, "a.sqlite", clock: clock) { $0.reapedKeyRetention = 1000 }
+        try store.upsert(["_id": "d1"], in: "c")
+        try store.remove(id: "d1", in: "c")
+        clock.advance(by: Self.ttl + 1)
+        #expect(try store.reapExpiredTombstones().reaped == 1)
+        clock.advance(by: 1000)
+        #expect(try store.reapExpiredTombstones() == ReapResult(reaped: 0, forgotten: 1, more: false))
+        #expect(store.reapedKeyCount == 0)
+    }
+
+    /// A node that was away longer than the TTL still holds d1 live; the others removed it and
+    /// reaped the tombstone. Its copy arriving is removed again (with a new stamp) rather than
+    /// shown, and that new tombstone removes d1 from the stale node too.
+    @Test func aStaleCopyOfAReapedDocumentIsRemovedAgainAndTheRemoveTravelsBack() throws {
+        let fresh = try open("fresh.sqlite")
+        let stale = try open("stale.sqlite")
+        try fresh.upsert(["_id": "d1", "v": 1], in: "c")
+        try fresh.upsert(["_id": "d2", "v": 2], in: "c")
+        _ = try stale.merge(try batch(of: fresh), from: [1], checkpoint: nil)
+        try fresh.remove(id: "d1", in: "c")
+        clock.advance(by: Self.ttl + 1)
+        #expect(try fresh.reapExpiredTombstones().reaped == 1)
+        #expect(try fresh.state(id: "d1", in: "c") == nil)
+        let outcome = try stale.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.map {
+            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
+        }
+        let merged = try fresh.merge(outcome, from: [2], checkpoint: nil)
+        #expect(merged.revived == ["\"d1\""])
+        #expect(try fresh.document(id: "d1", in: "c") == nil)
+        #expect(try fresh.state(id: "d1", in: "c")?.isDeleted == true)
+        #expect(try fresh.document(id: "d2", in: "c")?["v"] == 2)
+        // The remove made again reaches the stale node.
+        _ = try stale.merge(try batch(of: fresh), from: [1], checkpoint: nil)
+        #expect(try stale.document(id: "d1", in: "c") == nil)
+        #expect(try stale.document(id: "d2", in: "c")?["v"] == 2)
+    }
+
+    /// Add-wins survives reaping: a write the remover had not seen (newer than the remove) brings
+    /// the document back, as it would have against the tombstone.
+    @Test func aWriteNewerThanAReapedRemoveBringsTheDocumentBack() throws {
+        let fresh = try open("fresh.sqlite")
+        let away = try open("away.sqlite")
+        try fresh.upsert(["_id": "d1", "v": 1], in: "c")
+        _ = try away.merge(try batch(of: fresh), from: [1], checkpoint: nil)
+        try fresh.remove(id: "d1", in: "c")
+        clock.advance(by: Self.ttl + 1)
+        try fresh.reapExpiredTombstones()
+        try away.upsert(["_id": "d1", "v": 9], in: "c")  // written while away, after the remove
+        let merged = try fresh.merge(try batch(of: away), from: [2], checkpoint: nil)
+        #expect(merged.revived.isEmpty)
+        #expect(try fresh.document(id: "d1", in: "c") == ["_id": "d1", "v": 9])
+    }
+
+    /// A reader whose cursor is below the floor is never answered a silent "no changes": the page
+    /// says the cursor is below the floor. Paging from 0 through a log whose floor lies above the
+    /// first pages ends (the floor is only a warning for a stored cursor), at the floor or beyond.
+    @Test func aCursorBelowTheRetainedFloorIsReportedAndPagingFromZeroEnds() throws {
+        let store = try open("a.sqlite")
+        try store.upsert((0..<5).map { ["_id": .string("d\($0)")] }, in: "c")
+        let checkpoint = store.lastSeq
+        try store.remove(id: "d0", in: "c")
+        clock.advance(by: Self.ttl + 1)
+        try store.reapExpiredTombstones()
+        let floor = try store.retainedFloor(in: "c")
+        let stale = try store.changes(in: "c", after: checkpoint, limit: 100, maxBytes: .max)
+        #expect(stale.belowFloor && stale.records.isEmpty)
+        #expect(stale.exhausted && stale.scannedUpTo >= floor)
+        var after: Int64 = 0
+        var keys: [String] = []
+        var pages = 0
+        while true {
+            let page = try store.changes(in: "c", after: after, limit: 2, maxBytes: .max)
+            keys += page.records.map(\.key)
+            after = page.scannedUpTo
+            pages += 1
+            if page.exhausted { break }
+            #expect(pages < 10, "paging from 0 does not end")
+            if pages >= 10 { break }
+        }
+        #expect(keys == ["\"d1\"", "\"d2\"", "\"d3\"", "\"d4\""])
+        #expect(after >= floor)
+        #expect(!(try store.changes(in: "c", after: after, limit: 100, maxBytes: .max).belowFloor))
+    }
+}
