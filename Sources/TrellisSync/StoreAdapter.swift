@@ -20,7 +20,8 @@ extension DocumentStore: SyncStore {
             upTo: page.scannedUpTo, exhausted: page.exhausted,
             remaining: page.exhausted
                 ? 0
-                : request.countRemaining ? try logEntryCount(in: request.spec.collection, after: page.scannedUpTo) : nil,
+                : request.countRemaining
+                    ? try logEntryCount(in: request.spec.collection, after: page.scannedUpTo) : nil,
             belowFloor: page.belowFloor)
     }
 

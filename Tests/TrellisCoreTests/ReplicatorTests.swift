@@ -403,7 +403,9 @@ import TrellisCore
             link, next, page: ScanPage(records: [Self.record(90, "c2")], upTo: 100, exhausted: true, belowFloor: true),
             now: 4)
         #expect(
-            Self.sent(second).contains { if case .batch(_, let docs, 100, _, _) = $0 { docs.count == 1 } else { false } })
+            Self.sent(second).contains {
+                if case .batch(_, let docs, 100, _, _) = $0 { docs.count == 1 } else { false }
+            })
         #expect(!Self.sent(second).contains { if case .subscriptions = $0 { true } else { false } })
         #expect(Self.scans(second).allSatisfy { $0.after != 0 })
     }
