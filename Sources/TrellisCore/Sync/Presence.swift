@@ -50,6 +50,8 @@ struct PresenceState: Sendable {
     var incompatible: [[UInt8]: IncompatiblePeer] = [:]
     /// Records held but not reachable from this node, and since when.
     var unreachableSince: [[UInt8]: Millis] = [:]
+    /// When unreachable records are looked for next (every ``Replicator/presencePruneInterval``).
+    var nextPrune: Millis = 0
 }
 
 extension Replicator {
@@ -57,6 +59,9 @@ extension Replicator {
     public static let incompatiblePeerLifetime: Millis = 60_000
     /// The shortest time between two announcements of this node's neighbours, in milliseconds.
     public static let presenceInterval: Millis = 500
+    /// How often records are checked for reachability, in milliseconds (the check walks every
+    /// record, so not on every tick).
+    public static let presencePruneInterval: Millis = 5_000
 
     /// This node's own record now.
     public var ownPresence: PresenceRecord {
@@ -138,7 +143,10 @@ extension Replicator {
         presenceState.incompatible = presenceState.incompatible.filter {
             now - $0.value.lastSeen < Self.incompatiblePeerLifetime
         }
-        pruneUnreachable(now: now)
+        if now >= presenceState.nextPrune {
+            presenceState.nextPrune = now + Self.presencePruneInterval
+            pruneUnreachable(now: now)
+        }
         guard now >= presenceState.nextAnnouncement, presenceState.announced != establishedNeighbors else { return [] }
         presenceState.nextAnnouncement = now + Self.presenceInterval
         let own = ownPresenceAnnounced()
