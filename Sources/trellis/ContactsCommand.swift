@@ -123,12 +123,16 @@ enum ContactsCommand {
         let done = DispatchSemaphore(value: 0)
         let wake = DispatchSemaphore(value: 0)
         let token = store.addObserver { event in if event.collections.contains(UTF8Key(collection)) { wake.signal() } }
+        let stopping = StopFlag()
         Signals.onTermination {
+            stopping.set()
             done.signal()
             wake.signal()
         }
         let failure = Failure()
+        let loopFinished = DispatchSemaphore(value: 0)
         Thread.detachNewThread {
+            defer { loopFinished.signal() }
             let run = DispatchSemaphore(value: 0)
             Task {
                 await host.setProgressHandler(progress)
@@ -137,8 +141,9 @@ enum ContactsCommand {
             }
             run.wait()
             // Follow: on a store event, or every second (another process may write the store).
-            while done.wait(timeout: .now()) == .timedOut {
+            while !stopping.isSet {
                 _ = wake.wait(timeout: .now() + 1)
+                if stopping.isSet { break }
                 let step = DispatchSemaphore(value: 0)
                 Task {
                     do { try await host.signalEnumerator() } catch { failure.set("\(error)") }
@@ -146,15 +151,23 @@ enum ContactsCommand {
                 }
                 step.wait()
             }
-            // The loop may have taken the stop meant for the main thread below: pass it on.
-            done.signal()
         }
         done.wait()
+        // The store closes only once the loop is out of its last step: a step still reading it
+        // would fail with "store closed" and turn a clean stop into an error.
+        _ = loopFinished.wait(timeout: .now() + 30)
         store.removeObserver(token)
         node?.close()
         withExtendedLifetime(subscription) {}
         if let message = failure.message { throw UsageError("contacts mirror: \(message)") }
     }
+}
+
+/// Set once SIGINT or SIGTERM arrived.
+final class StopFlag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func set() { value.store(true, ordering: .releasing) }
+    var isSet: Bool { value.load(ordering: .acquiring) }
 }
 
 /// The last error of the mirror loop, reported when it stops.

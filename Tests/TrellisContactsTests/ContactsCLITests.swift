@@ -83,7 +83,8 @@ struct ContactsCLITests {
                 FileManager.default.fileExists(atPath: vdir + "/ada.vcf")
                     && FileManager.default.fileExists(atPath: vdir + "/petr.vcf")
             }, "mirror stderr: \(mirror.stderr)")
-        #expect(mirror.terminate() == 0)
+        let status = mirror.terminate()
+        #expect(status == 0, "mirror stderr: \(mirror.stderr)")
         a.terminate()
     }
 }
