@@ -1,12 +1,11 @@
 public import Dispatch
-import Foundation
 public import TrellisCore
-public import TrellisSync
+import TrellisSync
 
 /// A session between two nodes of the mesh, as presence reports it (Ditto's `DittoConnection`).
 public struct PresenceConnection: Sendable, Hashable {
     /// `KEY1<->KEY2` with the two peer keys in hex, smaller first: the same on every node.
-    public var id: String { "\(hex(peerKey1))<->\(hex(peerKey2))" }
+    public var id: String { "\(NodeStatus.hex(peerKey1))<->\(NodeStatus.hex(peerKey2))" }
     /// The two ends, smaller key first.
     public var peerKey1: [UInt8]
     public var peerKey2: [UInt8]
@@ -39,7 +38,7 @@ public struct PresencePeer: Sendable, Equatable {
     public var isDiscovered = false
 
     /// ``peerKey`` as 64 lowercase hex digits.
-    public var peerKeyString: String { hex(peerKey) }
+    public var peerKeyString: String { NodeStatus.hex(peerKey) }
     /// Whether it has a session with the local node.
     public var isConnectedToLocalPeer: Bool { hops == 1 }
 }
@@ -172,5 +171,3 @@ public final class Presence: Sendable {
         Trellis.observe(engine, deliverOn: queue, map: { PresenceGraph($0) }, handler)
     }
 }
-
-func hex(_ bytes: [UInt8]) -> String { bytes.map { String(format: "%02x", $0) }.joined() }

@@ -2,7 +2,7 @@ public import Dispatch
 public import Foundation
 import Synchronization
 public import TrellisCore
-public import TrellisSync
+import TrellisSync
 
 /// How one subscription is being filled from one peer in the current session
 /// (``SyncStatus``).
@@ -37,7 +37,7 @@ public struct PeerSyncStatus: Sendable, Equatable {
     public var subscriptions: [SubscriptionSyncStatus]
 
     /// ``peerKey`` as 64 lowercase hex digits.
-    public var peerKeyString: String { peerKey.map { String(format: "%02x", $0) }.joined() }
+    public var peerKeyString: String { NodeStatus.hex(peerKey) }
 }
 
 /// Sync status of a node (``NodeSync/status``): per connected peer and subscription, when data

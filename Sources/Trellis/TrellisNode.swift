@@ -90,7 +90,7 @@ public final class TrellisNode: Sendable {
     }
 
     /// This node's peer key (static public key), hex.
-    public var peerKeyHex: String { identity.publicKey.map { String(format: "%02x", $0) }.joined() }
+    public var peerKeyHex: String { NodeStatus.hex(identity.publicKey) }
 
     /// Starts accepting connections on `endpoint` (and starts sync if it was stopped: see
     /// ``startSync()``). After ``stopSync()``, ``startSync()`` listens again on the same address
