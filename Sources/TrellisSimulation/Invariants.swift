@@ -193,7 +193,7 @@ extension Simulation {
                         let actual = try? log(of: node, collection: collection)
                     else { continue }
                     for (key, state) in expected.sorted(by: { $0.key < $1.key }) {
-                        guard let decoded = try? DocumentState(encoded: CBOR.decode(state)) else { continue }
+                        guard let decoded = try? DocumentState(bytes: state) else { continue }
                         let id = (try? JSON.parse(key.string)) ?? .null
                         let matches = decoded.materialize(id: id).map { (try? query.matches($0)) ?? false } ?? false
                         let holds = actual[key] != nil
@@ -218,7 +218,7 @@ extension Simulation {
         for key in Set(left.keys).union(right.keys).sorted() where left[key] != right[key] {
             let describe: ([UInt8]?) -> String = { bytes in
                 guard let bytes else { return "nothing" }
-                guard let state = try? DocumentState(encoded: CBOR.decode(bytes)) else { return "\(bytes.count) bytes" }
+                guard let state = try? DocumentState(bytes: bytes) else { return "\(bytes.count) bytes" }
                 return state.isDeleted ? "a tombstone" : (state.materialize(id: .null).map { "\($0)" } ?? "?")
             }
             out.append(
@@ -249,7 +249,7 @@ extension Simulation {
                         (try? log(of: holder, collection: write.collection)) ?? [:]
                 }
                 let state = logs[write.collection]![holder.index]![UTF8Key(write.key)].flatMap {
-                    try? DocumentState(encoded: CBOR.decode($0))
+                    try? DocumentState(bytes: $0)
                 }
                 let seen = max(state?.writes[write.site] ?? .zero, state?.removed[write.site] ?? .zero)
                 if seen < write.stamp {
@@ -273,7 +273,7 @@ extension Simulation {
             for key in first.keys.sorted() {
                 let id = History.id(collection, key.string)
                 let removed = logs.allSatisfy { log in
-                    log[key].flatMap { try? DocumentState(encoded: CBOR.decode($0)) }?.isDeleted ?? false
+                    log[key].flatMap { try? DocumentState(bytes: $0) }?.isDeleted ?? false
                 }
                 if removed {
                     removedNow[id] = history.removedEverywhere[id] ?? now

@@ -111,7 +111,7 @@ extension DocumentStore {
                     ? "CASE \(left)WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN (\(pushed.sql)) ELSE 2 END"
                     : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
             }
-            return "SELECT seq, id, state, deleted, \(match), value FROM documents "
+            return "SELECT seq, id, state, deleted, \(match), value, deleted != 0 OR json_valid(value) FROM documents "
                 + "WHERE collection = ? AND seq > ?"
                 + (keys == nil ? "" : " AND id IN (SELECT value FROM json_each(?))") + " ORDER BY seq LIMIT ?"
         }
@@ -152,23 +152,30 @@ extension DocumentStore {
             }
             let stored = st.bytes(2) ?? []
             let deleted = kind == .tombstone
-            let compact = StoredState.isCompact(stored)
-            var doc: DocumentState?
+            // A compact row goes out as its stamp and JSON (SingleWriteState), every other row as stored.
+            var state = stored
+            var compact = false
             do {
-                if compact || (pushed == nil && !deleted) {
-                    doc = try StoredState.decode(stored, value: st.string(5))
-                } else {
+                if let stamp = try StoredState.compactStamp(stored) {
+                    compact = true
+                    guard let json = st.string(5), st.int64(6) == 1 else {
+                        skip("its JSON value does not parse")
+                        continue
+                    }
+                    state = SingleWriteState(stamp: stamp, json: json).encoded()
+                }
+                if pushed == nil, !deleted, matched != 3 {
+                    let doc = try StoredState.decode(stored, value: st.string(5))
+                    guard let value = doc.materialize(id: id), try bound.matches(value) else { continue }
+                } else if !compact {
                     _ = try CBOR.decode(stored)  // sent as stored: at least well-formed
                 }
+            } catch let error as QueryEvaluationError {
+                throw error
             } catch {
                 skip("its state does not decode: \(error)")
                 continue
             }
-            if pushed == nil, !deleted, matched != 3 {
-                guard let value = doc?.materialize(id: id), try bound.matches(value) else { continue }
-            }
-            // Peers receive the whole state, whatever form the row keeps.
-            let state = compact ? doc?.cbor() ?? [] : stored
             guard state.count <= options.maxDocumentBytes else {
                 skip(
                     "its state is \(state.count) bytes, above the limit of \(options.maxDocumentBytes) bytes "

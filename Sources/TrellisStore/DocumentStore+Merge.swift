@@ -145,16 +145,26 @@ extension DocumentStore {
     func mergeState(
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ bytes: [UInt8], now: UInt64
     ) throws -> StateMerge {
-        let incoming: DocumentState
-        do { incoming = try DocumentState(encoded: CBOR.decode(bytes)) } catch {
-            return .refused(
+        func undecodable(_ error: any Error) -> StateMerge {
+            .refused(
                 .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
                 ready: 0, decoded: nil)
         }
+        let single: SingleWriteState?
+        do { single = try SingleWriteState.decode(bytes) } catch { return undecodable(error) }
         // A damaged row (its state or its JSON does not decode) is replaced by the good state.
         var repair = s.damaged[DocumentKey(collection: collection, key: key)] != nil
         var stored: (state: DocumentState, kind: RowKind)?
         do { stored = try row(&s, collection, key) } catch StoreError.corrupt { repair = true }
+        if let single, stored == nil, !repair {
+            // The common case of a first sync: a document written once, new here. It is stored as it
+            // came, without building its per-field state.
+            if let merged = try mergeNewSingleWrite(&s, collection, key, id, single, now: now) { return merged }
+        }
+        let incoming: DocumentState
+        do { incoming = try single?.state(id: id) ?? DocumentState(bytes: bytes, id: id) } catch {
+            return undecodable(error)
+        }
         if stored == nil, !repair, let removedAt = try reapedRemoval(&s, collection, key),
             incoming.maxTime.millis <= removedAt
         {
@@ -180,10 +190,7 @@ extension DocumentStore {
         let latest = incoming.maxTime.millis
         if latest > horizon, latest - horizon > options.maxClockDrift {
             return .refused(
-                .clock,
-                reason: "it carries a stamp \(latest - horizon) ms ahead of this node's clock, more than the allowed "
-                    + "\(options.maxClockDrift) ms; kept until the clock reaches it (if this node's clock is right, "
-                    + "fix the writer's clock)",
+                .clock, reason: Self.driftReason(latest - horizon, options.maxClockDrift),
                 ready: latest - options.maxClockDrift, decoded: incoming)
         }
         do {
@@ -201,6 +208,54 @@ extension DocumentStore {
         s.clock.receive(incoming.maxTime, physicalMillis: horizon)
         if repair { options.log("document \(key) in \(collection) was damaged and is repaired from a peer's state") }
         return .applied
+    }
+
+    /// Stores a single-write state of a document this node holds no row for (nor a reaped key
+    /// newer than it): the fast path of ``mergeState(_:_:_:_:_:now:)``, with the same checks
+    /// (the `_id`, the value, the clock drift, the size limit).
+    ///
+    /// - Returns: the outcome, or `nil` when the general path must decide (a reaped key).
+    private func mergeNewSingleWrite(
+        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ single: SingleWriteState, now: UInt64
+    ) throws -> StateMerge? {
+        guard try reapedRemoval(&s, collection, key) == nil else { return nil }
+        let document: (value: Value, fields: UTF8Map<Value>, json: String)
+        do { document = try single.document(id: id) } catch {
+            return .refused(
+                .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
+                ready: 0, decoded: nil)
+        }
+        let horizon = max(now, s.clock.last.millis)
+        let latest = single.stamp.time.millis
+        if latest > horizon, latest - horizon > options.maxClockDrift {
+            return .refused(
+                .clock, reason: Self.driftReason(latest - horizon, options.maxClockDrift),
+                ready: latest - options.maxClockDrift,
+                decoded: DocumentState(fields: document.fields, stamp: single.stamp))
+        }
+        do {
+            try persistSingleWrite(
+                &s, collection, key, fields: document.fields, stamp: single.stamp, materialized: document.value,
+                json: document.json)
+        } catch let error as StoreError {
+            switch error {
+            case .documentTooLarge:
+                return .refused(
+                    .size, reason: error.description, ready: 0,
+                    decoded: DocumentState(fields: document.fields, stamp: single.stamp))
+            default:
+                throw error
+            }
+        }
+        s.clock.receive(single.stamp.time, physicalMillis: horizon)
+        return .applied
+    }
+
+    /// Why a state whose latest stamp is `ahead` ms in front of this node's time is deferred.
+    static func driftReason(_ ahead: UInt64, _ allowed: UInt64) -> String {
+        "it carries a stamp \(ahead) ms ahead of this node's clock, more than the allowed "
+            + "\(allowed) ms; kept until the clock reaches it (if this node's clock is right, "
+            + "fix the writer's clock)"
     }
 
     // MARK: Deferred documents
@@ -226,7 +281,7 @@ extension DocumentStore {
             since = UInt64(max(0, old.int64(1)))
             attempts = old.int64(2)
             if var decoded, let previous = old.bytes(0),
-                let before = try? DocumentState(encoded: CBOR.decode(previous))
+                let before = try? DocumentState(bytes: previous)
             {
                 decoded.merge(before)
                 stored = decoded.cbor()
@@ -275,7 +330,7 @@ extension DocumentStore {
             return
         }
         st.reset()
-        guard let pending = try? DocumentState(encoded: CBOR.decode(bytes)),
+        guard let pending = try? DocumentState(bytes: bytes),
             var doc = try? load(&s, collection, key), !doc.merge(pending)
         else { return }
         try deleteDeferred(&s, collection, key, peer)

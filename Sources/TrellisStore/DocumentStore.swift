@@ -577,13 +577,43 @@ public final class DocumentStore: Sendable {
         do { try materialized?.validate() } catch { throw StoreError.invalidValue("document \(key): \(error)") }
         let value = materialized.map { JSON.string($0) }
         let bytes = StoredState.bytes(for: doc, materialized: materialized)
+        try persistRow(
+            &s, collection, key, materialized: materialized, json: value, state: bytes,
+            removedAt: value == nil ? doc.maxTime.millis : nil, fullState: { doc })
+    }
+
+    /// Writes the state of one write of `fields` at `stamp` into a document that has no row:
+    /// ``persist(_:_:_:_:_:)`` of `DocumentState(fields:stamp:)`, without building that state
+    /// (the row is the compact form of StoredState.swift).
+    ///
+    /// - Parameters:
+    ///   - materialized: the document: `fields` with `_id`, already validated.
+    ///   - json: its canonical JSON, when the caller has it.
+    func persistSingleWrite(
+        _ s: inout State, _ collection: String, _ key: String, fields: UTF8Map<Value>, stamp: Stamp,
+        materialized: Value, json: String? = nil
+    ) throws {
+        try persistRow(
+            &s, collection, key, materialized: materialized, json: json ?? JSON.string(materialized),
+            state: StoredState.compact(stamp), removedAt: nil,
+            fullState: { DocumentState(fields: fields, stamp: stamp) })
+    }
+
+    /// Checks the size limit, tracks served scopes and writes the row (``persist(_:_:_:_:_:)``).
+    ///
+    /// - Parameter fullState: the whole state, encoded only to measure a compact row that may be
+    ///   near the limits.
+    private func persistRow(
+        _ s: inout State, _ collection: String, _ key: String, materialized: Value?, json value: String?,
+        state bytes: [UInt8], removedAt: UInt64?, fullState: () -> DocumentState
+    ) throws {
         // The limit counts the whole state as peers receive it, whatever form is stored.
         let valueBytes = value?.utf8.count ?? 0
         // A compact row stands for the whole state; that is at most about twice the JSON plus a
         // little, so it is only encoded to be measured when that bound could cross a threshold.
         let stateBytes =
             StoredState.isCompact(bytes) && 3 * valueBytes + 64 >= options.warnDocumentBytes
-            ? doc.cbor().count : bytes.count
+            ? fullState().cbor().count : bytes.count
         let size = stateBytes + valueBytes
         if size > options.maxDocumentBytes {
             throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
@@ -595,7 +625,7 @@ public final class DocumentStore: Sendable {
         try trackScope(&s, collection, key, new: materialized)
         try writeRow(
             &s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value,
-            removedAt: value == nil ? doc.maxTime.millis : nil)
+            removedAt: removedAt)
     }
 
     /// Writes a document row with the next `seq` and records the change for observers.
@@ -647,7 +677,14 @@ public final class DocumentStore: Sendable {
         let now = options.now()
         try write { s in
             for (id, key, fields) in prepared {
-                var doc = try load(&s, collection, key) ?? DocumentState()
+                guard var doc = try load(&s, collection, key) else {
+                    // A new document: one write of every field, stored without building its state.
+                    var materialized = fields
+                    materialized["_id"] = id
+                    try persistSingleWrite(
+                        &s, collection, key, fields: fields, stamp: s.stamp(now: now), materialized: .map(materialized))
+                    continue
+                }
                 doc.merge(fields: fields, stamp: s.stamp(now: now))
                 try persist(&s, collection, key, id, doc)
             }

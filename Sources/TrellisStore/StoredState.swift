@@ -6,20 +6,34 @@ import TrellisCore
 /// with the same stamp, nothing was removed and no field is a counter. Such a state is exactly
 /// "the materialised value upserted at one stamp into nothing" (``DocumentState/init(fields:stamp:)``),
 /// so the column keeps only that stamp, `{"u": [time, site]}` (about 24 bytes), and the values come
-/// from the `value` column. Every other state is kept whole (``DocumentState/cbor()``). Peers always receive the
-/// whole state.
+/// from the `value` column. Every other state is kept whole (``DocumentState/cbor()``). Peers
+/// receive a compact row as the stamp and the JSON (``SingleWriteState``), every other row whole.
 enum StoredState {
     /// The column bytes for `state`, whose materialised value is `materialized`.
     static func bytes(for state: DocumentState, materialized: Value?) -> [UInt8] {
         if let stamp = uniformStamp(state), case .map(var fields)? = materialized {
             fields.removeValue(forKey: "_id")
             if expand(fields: fields, stamp: stamp) == state {
-                return CBOR.encode([
-                    "u": [.int(Int64(bitPattern: stamp.time.rawValue)), .int(Int64(bitPattern: stamp.site))]
-                ])
+                return compact(stamp)
             }
         }
         return state.cbor()
+    }
+
+    /// The compact form of a state made by one write at `stamp`: `{"u": [time, site]}`.
+    static func compact(_ stamp: Stamp) -> [UInt8] {
+        CBOR.encode(["u": [.int(Int64(bitPattern: stamp.time.rawValue)), .int(Int64(bitPattern: stamp.site))]])
+    }
+
+    /// The stamp of compact column bytes, or `nil` when they are not compact.
+    ///
+    /// - Throws: CBOR errors, or ``DocumentStateError`` when the compact form is malformed.
+    static func compactStamp(_ bytes: [UInt8]) throws -> Stamp? {
+        guard isCompact(bytes) else { return nil }
+        guard case .array(let parts)? = try CBOR.decode(bytes)["u"], parts.count == 2, case .int(let time) = parts[0],
+            case .int(let site) = parts[1]
+        else { throw DocumentStateError(message: "malformed compact state") }
+        return Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site))
     }
 
     /// Whether column bytes hold the compact form (a one-entry CBOR map with key "u").
@@ -29,15 +43,12 @@ enum StoredState {
     ///
     /// - Throws: CBOR, JSON or ``DocumentStateError`` errors for corrupt rows.
     static func decode(_ bytes: [UInt8], value: String?) throws -> DocumentState {
-        let decoded = try CBOR.decode(bytes)
-        guard case .array(let parts)? = decoded["u"] else { return try DocumentState(encoded: decoded) }
-        guard parts.count == 2, case .int(let time) = parts[0], case .int(let site) = parts[1], let value,
-            case .map(var fields) = try JSON.parse(value)
-        else { throw DocumentStateError(message: "malformed compact state") }
+        guard let stamp = try compactStamp(bytes) else { return try DocumentState(encoded: CBOR.decode(bytes)) }
+        guard let value, case .map(var fields) = try JSON.parse(value) else {
+            throw DocumentStateError(message: "malformed compact state")
+        }
         fields.removeValue(forKey: "_id")
-        return expand(
-            fields: fields,
-            stamp: Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site)))
+        return expand(fields: fields, stamp: stamp)
     }
 
     /// The one stamp of a state written by a single write, if it is one.

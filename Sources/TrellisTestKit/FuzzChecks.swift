@@ -195,13 +195,23 @@ public enum FuzzChecks {
 
     // MARK: Document state
 
-    /// CBOR → `DocumentState`: whatever decodes re-encodes deterministically to bytes that decode
+    /// CBOR → `DocumentState` (either form, ``SingleWriteState`` included): whatever decodes re-encodes deterministically to bytes that decode
     /// to an equal state and encode to the same bytes; it merges with itself without change; its
     /// eviction stub merged with it gives it back; it materialises. When the input is an array of
     /// two or three states, merge is also checked to be a join: commutative (to the same bytes),
     /// associative, absorbing what it merged, and reporting a change exactly when there is one.
     public static func documentState(_ input: [UInt8]) throws(FuzzCheckFailure) {
         let fail = failing("FuzzDocumentState", input)
+        if let single = try? SingleWriteState.decode(input) {
+            // The single-write form: its state passes the same checks, and the canonical JSON the
+            // receiver stores stands for the same state.
+            guard let document = try? single.document(), let state = try? single.state() else { return }
+            try checkState(state, fail)
+            guard (try? SingleWriteState(stamp: single.stamp, json: document.json).state()) == state else {
+                throw fail("the canonical JSON of a single-write state stands for another state")
+            }
+            return
+        }
         guard let value = try? CBOR.decode(input) else { return }
         var states: [DocumentState] = []
         if case .array(let items) = value, (2...3).contains(items.count) {

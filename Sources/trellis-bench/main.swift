@@ -1,6 +1,7 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
+//       [--replication]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -26,12 +27,14 @@ var documentCount = 100_000
 var carsPath: String?
 var simulationOnly = false
 var tombstonesOnly = false
+var replicationOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
     case "--json": jsonOutput = true
     case "--simulation": simulationOnly = true
     case "--tombstones": tombstonesOnly = true
+    case "--replication": replicationOnly = true
     case "--documents":
         i += 1
         guard i < args.count, let n = Int(args[i]), n > 0 else {
@@ -47,7 +50,8 @@ while i < args.count {
         }
         carsPath = args[i]
     case "--help", "-h":
-        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]")
+        print(
+            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--replication]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -157,6 +161,13 @@ if tombstonesOnly {
 let baselineTime = rawInsert(path("raw.sqlite"), rows: jsonRows)
 let baselineRate = Double(documentCount) / baselineTime
 figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: baselineRate, unit: "rows/s"))
+if replicationOnly {
+    figures.append(try replicationFigure(scratch: scratch, documents: documents, baseline: baselineRate))
+    printFigures(
+        figures,
+        heading: "trellis-bench --replication: two nodes, \(documentCount) documents, release build expected")
+    exit(0)
+}
 
 // MARK: Trellis local upserts, batched in one transaction.
 

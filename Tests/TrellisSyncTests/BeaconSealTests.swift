@@ -8,7 +8,7 @@ import TrellisCrypto
 @Suite struct BeaconSealTests {
     let meshKey = SecretBytes(Array(repeating: 0x42, count: 32))
     let beacon = Beacon(
-        protocolVersion: UInt16(WireMessage.protocolVersion), peerKey: Array(repeating: 7, count: 32), port: 4040,
+        protocolVersion: 2, peerKey: Array(repeating: 7, count: 32), port: 4040,
         epoch: Array(repeating: 0xE, count: 16), collectionsDigest: Array(repeating: 0xD, count: 8), bootNonce: 3,
         counter: 1)
 

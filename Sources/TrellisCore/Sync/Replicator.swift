@@ -157,10 +157,11 @@ public struct Replicator: Sendable {
 
     /// A message arrived on a link.
     public mutating func received(_ message: WireMessage, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
-        guard var s = sessions[link], s.phase != .closed else { return [] }
-        s.lastReceived = now
-        sessions[link] = s
-        switch (s.phase, message) {
+        // No copy of the session is kept across the messages' handling: a live copy would make
+        // every change to the session (the echo memory of a batch) copy it whole.
+        guard let phase = sessions[link]?.phase, phase != .closed else { return [] }
+        sessions[link]!.lastReceived = now
+        switch (phase, message) {
         case (_, .error(let code, let text)):
             return close(link, "peer closed the session: \(code): \(text)")
         case (_, .ping(let n)):
@@ -172,9 +173,10 @@ public struct Replicator: Sendable {
         case (.awaitingHello, _):
             return fail(link, "protocol", "expected hello first", now)
         case (_, .hello(let hello)):
-            if hello == s.remote { return [] }  // the same hello again (a duplicating transport)
+            if hello == sessions[link]!.remote { return [] }  // the same hello again (a duplicating transport)
             return fail(link, "protocol", "hello sent twice", now)
-        case (_, .subscriptions(_, let version)) where version != 0 && version <= s.remoteSubscriptionsVersion:
+        case (_, .subscriptions(_, let version))
+        where version != 0 && version <= sessions[link]!.remoteSubscriptionsVersion:
             return []  // an older set than one already received (a reordering transport)
         case (.standby, .subscriptions(let subs, let version)):
             sessions[link]?.remoteSubscriptions = subs  // served once this link is chosen
@@ -205,7 +207,7 @@ public struct Replicator: Sendable {
             sessions[link]?.remoteErrors[key] = "\(code): \(text)"
             guard previous != "\(code): \(text)" else { return [] }
             let name = sessions[link]?.asked[key]?.spec.description ?? subscription
-            return [.log("\(s.address) cannot serve subscription '\(name)': \(code): \(text)")]
+            return [.log("\(sessions[link]!.address) cannot serve subscription '\(name)': \(code): \(text)")]
         case (.closed, _):
             return []
         }
@@ -895,7 +897,11 @@ public struct Replicator: Sendable {
         _ subscription: String, _ documents: [WireDocument], _ upTo: Int64, _ generation: UInt32, on link: LinkID,
         now: Millis
     ) -> [ReplicatorDirective] {
-        guard let s = sessions[link], let remote = s.remote, let asked = s.asked[UTF8Key(subscription)] else {
+        // No copy of the session may live while its echo memory changes below: the copy would make
+        // every batch copy the whole memory.
+        guard let remote = sessions[link]?.remote, let asked = sessions[link]?.asked[UTF8Key(subscription)],
+            let address = sessions[link]?.address
+        else {
             return []  // a batch for a subscription this side no longer asks for: in flight before the change
         }
         let collection = asked.spec.collection
@@ -909,7 +915,7 @@ public struct Replicator: Sendable {
                 // A batch answers one subscription: a peer cannot write into collections nobody asked it for.
                 directives.append(
                     .log(
-                        "refused document \(document.id) of collection '\(document.collection)' from \(s.address): "
+                        "refused document \(document.id) of collection '\(document.collection)' from \(address): "
                             + "the batch is for a subscription to '\(collection)'"))
                 continue
             }
@@ -922,16 +928,18 @@ public struct Replicator: Sendable {
         // eviction or a postponed batch made this node ask again from an earlier point would
         // otherwise move the checkpoint past documents not applied.
         let current = asked.generation
-        let postponed = s.postponed[UTF8Key(subscription)] != nil
-        let holders = s.served.keys.sorted().compactMap { key -> SubscriptionSpec? in
-            let spec = s.served[key]!.spec
+        let postponed = sessions[link]!.postponed[UTF8Key(subscription)] != nil
+        let served = sessions[link]!.served
+        let holders = served.keys.sorted().compactMap { key -> SubscriptionSpec? in
+            let spec = served[key]!.spec
             return !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection) ? spec : nil
         }
         directives.append(
             .apply(
                 link,
                 ApplyRequest(
-                    subscription: subscription, collection: collection, peerKey: s.peerKey, peerEpoch: remote.epoch,
+                    subscription: subscription, collection: collection, peerKey: sessions[link]!.peerKey,
+                    peerEpoch: remote.epoch,
                     documents: accepted, upTo: upTo,
                     storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
                     heldBy: holders)))

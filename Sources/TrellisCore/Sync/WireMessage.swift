@@ -149,8 +149,9 @@ public enum WireMessage: Sendable, Equatable {
     /// gossip: who has a session with whom), at most ``PresenceRecord/maxPerMessage`` per message.
     case presence([PresenceRecord])
 
-    /// The protocol version this build speaks.
-    public static let protocolVersion = 2
+    /// The protocol version this build speaks (3: states may come in the single-write form,
+    /// docs/PROTOCOL.md §3).
+    public static let protocolVersion = 3
     /// The most hops a forwarded subscription may carry on the wire.
     public static let maxHops = 16
 
