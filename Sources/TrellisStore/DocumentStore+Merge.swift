@@ -35,6 +35,42 @@ enum StateMerge {
     case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
 }
 
+/// A remote state decoded and checked before the store lock is taken, so that a batch's parsing
+/// does not hold up local reads and writes.
+struct DecodedState {
+    enum Form {
+        /// The single-write form with its document parsed, checked and written canonically.
+        case single(SingleWriteState, value: Value, fields: UTF8Map<Value>, json: String)
+        /// A whole state.
+        case whole(DocumentState)
+    }
+
+    let form: Result<Form, DocumentStateError>
+
+    /// Decodes `bytes`, the state of the document `id` (every form: docs/PROTOCOL.md §3).
+    init(_ bytes: [UInt8], id: Value) {
+        do {
+            if let single = try SingleWriteState.decode(bytes) {
+                let document = try single.document(id: id)
+                form = .success(.single(single, value: document.value, fields: document.fields, json: document.json))
+            } else {
+                form = .success(.whole(try DocumentState(bytes: bytes, id: id)))
+            }
+        } catch {
+            form = .failure(error)
+        }
+    }
+
+    /// The whole state.
+    func state() throws(DocumentStateError) -> DocumentState {
+        switch form {
+        case .success(.single(let single, _, let fields, _)): return DocumentState(fields: fields, stamp: single.stamp)
+        case .success(.whole(let state)): return state
+        case .failure(let error): throw error
+        }
+    }
+}
+
 extension DocumentStore {
     // MARK: Remote merge
 
@@ -77,16 +113,18 @@ extension DocumentStore {
         for spec in holders {
             if let query = try? Query(spec.query).bind(args: spec.args) { bound.append((spec, query)) }
         }
+        // Decoding, parsing and checking need no lock: done before it is taken.
+        let decoded = documents.map { DecodedState($0.state, id: $0.id) }
         try write(origin: peer) { s in
             var deferredHere = false
             for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
-            for remote in documents {
+            for (remote, decoded) in zip(documents, decoded) {
                 let key: String
                 do { key = try Self.key(for: remote.id) } catch {
                     outcome.rejected.append((JSON.string(remote.id), "\(error)"))
                     continue
                 }
-                let result = try mergeState(&s, remote.collection, key, remote.id, remote.state, now: now)
+                let result = try mergeState(&s, remote.collection, key, remote.id, decoded, now: now)
                 switch result {
                 case .applied, .unchanged, .revived:
                     switch result {
@@ -143,28 +181,25 @@ extension DocumentStore {
     ///
     /// - Throws: SQLite errors only; every refusal is a ``StateMerge/refused(_:reason:ready:decoded:)``.
     func mergeState(
-        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ bytes: [UInt8], now: UInt64
+        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ decoded: DecodedState, now: UInt64
     ) throws -> StateMerge {
-        func undecodable(_ error: any Error) -> StateMerge {
-            .refused(
-                .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
-                ready: 0, decoded: nil)
-        }
-        let single: SingleWriteState?
-        do { single = try SingleWriteState.decode(bytes) } catch { return undecodable(error) }
         // A damaged row (its state or its JSON does not decode) is replaced by the good state.
         var repair = s.damaged[DocumentKey(collection: collection, key: key)] != nil
         var stored: (state: DocumentState, kind: RowKind)?
+        if case .failure(let error) = decoded.form {
+            return .refused(
+                .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
+                ready: 0, decoded: nil)
+        }
         do { stored = try row(&s, collection, key) } catch StoreError.corrupt { repair = true }
-        if let single, stored == nil, !repair {
+        if case .success(.single(let single, let value, let fields, let json)) = decoded.form, stored == nil, !repair,
+            try reapedRemoval(&s, collection, key) == nil
+        {
             // The common case of a first sync: a document written once, new here. It is stored as it
             // came, without building its per-field state.
-            if let merged = try mergeNewSingleWrite(&s, collection, key, id, single, now: now) { return merged }
+            return try mergeNewSingleWrite(&s, collection, key, single, value, fields, json, now: now)
         }
-        let incoming: DocumentState
-        do { incoming = try single?.state(id: id) ?? DocumentState(bytes: bytes, id: id) } catch {
-            return undecodable(error)
-        }
+        let incoming = try decoded.state()
         if stored == nil, !repair, let removedAt = try reapedRemoval(&s, collection, key),
             incoming.maxTime.millis <= removedAt
         {
@@ -210,42 +245,27 @@ extension DocumentStore {
         return .applied
     }
 
-    /// Stores a single-write state of a document this node holds no row for (nor a reaped key
-    /// newer than it): the fast path of ``mergeState(_:_:_:_:_:now:)``, with the same checks
-    /// (the `_id`, the value, the clock drift, the size limit).
-    ///
-    /// - Returns: the outcome, or `nil` when the general path must decide (a reaped key).
+    /// Stores a single-write state of a document this node holds no row for (nor a reaped key):
+    /// the fast path of ``mergeState(_:_:_:_:_:now:)``, with the same checks (the clock drift,
+    /// the size limit; the `_id` and the value were checked when it was decoded).
     private func mergeNewSingleWrite(
-        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ single: SingleWriteState, now: UInt64
-    ) throws -> StateMerge? {
-        guard try reapedRemoval(&s, collection, key) == nil else { return nil }
-        let document: (value: Value, fields: UTF8Map<Value>, json: String)
-        do { document = try single.document(id: id) } catch {
-            return .refused(
-                .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
-                ready: 0, decoded: nil)
-        }
+        _ s: inout State, _ collection: String, _ key: String, _ single: SingleWriteState, _ value: Value,
+        _ fields: UTF8Map<Value>, _ json: String, now: UInt64
+    ) throws -> StateMerge {
         let horizon = max(now, s.clock.last.millis)
         let latest = single.stamp.time.millis
         if latest > horizon, latest - horizon > options.maxClockDrift {
             return .refused(
                 .clock, reason: Self.driftReason(latest - horizon, options.maxClockDrift),
-                ready: latest - options.maxClockDrift,
-                decoded: DocumentState(fields: document.fields, stamp: single.stamp))
+                ready: latest - options.maxClockDrift, decoded: DocumentState(fields: fields, stamp: single.stamp))
         }
         do {
             try persistSingleWrite(
-                &s, collection, key, fields: document.fields, stamp: single.stamp, materialized: document.value,
-                json: document.json)
+                &s, collection, key, fields: fields, stamp: single.stamp, materialized: value, json: json)
         } catch let error as StoreError {
-            switch error {
-            case .documentTooLarge:
-                return .refused(
-                    .size, reason: error.description, ready: 0,
-                    decoded: DocumentState(fields: document.fields, stamp: single.stamp))
-            default:
-                throw error
-            }
+            guard case .documentTooLarge = error else { throw error }
+            return .refused(
+                .size, reason: error.description, ready: 0, decoded: DocumentState(fields: fields, stamp: single.stamp))
         }
         s.clock.receive(single.stamp.time, physicalMillis: horizon)
         return .applied
@@ -399,7 +419,7 @@ extension DocumentStore {
                         try deleteDeferred(&s, row.collection, row.key, row.peer)  // not a key this store wrote
                         continue
                     }
-                    switch try mergeState(&s, row.collection, row.key, id, row.state, now: now) {
+                    switch try mergeState(&s, row.collection, row.key, id, DecodedState(row.state, id: id), now: now) {
                     case .applied, .revived:
                         count += 1
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
