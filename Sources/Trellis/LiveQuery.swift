@@ -274,6 +274,10 @@ final class LiveQueryRegistry: Sendable {
     private func heard(_ event: StoreEvent) {
         let schedule = state.withLock { s -> Bool in
             var any = false
+            for collection in event.unlistedCollections where s.byCollection[collection] != nil {
+                any = true
+                s.pending[collection] = .all  // too many changed to list: run the queries again
+            }
             for (collection, keys) in event.changedKeys where s.byCollection[collection] != nil {
                 any = true
                 switch s.pending[collection] {

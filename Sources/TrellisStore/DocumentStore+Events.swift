@@ -70,12 +70,13 @@ extension DocumentStore {
     func queueEvent(_ s: inout State, origin: [UInt8]?) {
         defer {
             s.changedKeys = [:]
+            s.unlistedCollections = []
             s.evictedInCommit = false
         }
-        guard !s.changedKeys.isEmpty else { return }
+        guard !s.changedKeys.isEmpty || !s.unlistedCollections.isEmpty else { return }
         let event = StoreEvent(
-            collections: Set(s.changedKeys.keys), origin: origin, evicted: s.evictedInCommit,
-            changedKeys: s.changedKeys)
+            collections: Set(s.changedKeys.keys).union(s.unlistedCollections), origin: origin,
+            evicted: s.evictedInCommit, changedKeys: s.changedKeys, unlistedCollections: s.unlistedCollections)
         let observers = self.observers
         events.async { observers.deliver(event) }
     }

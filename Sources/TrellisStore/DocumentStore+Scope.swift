@@ -178,7 +178,7 @@ extension DocumentStore {
         try st.run()
         guard s.db.changes > 0 else { return }
         s.nextSeq += 1
-        s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
+        Self.noteChanged(&s, collection, key)
     }
 
     /// The SQL term that is 1 when the current row left the scope of subscription `hash` (it is

@@ -182,8 +182,13 @@ public struct StoreEvent: Sendable {
     public var evicted = false
     /// The canonical keys (``DocumentStore/key(for:)``) of the changed documents, by collection:
     /// exactly the document rows this commit changed (write, remove, merge, evict). Collection
-    /// names and keys compare byte-wise (``UTF8Key``).
+    /// names and keys compare byte-wise (``UTF8Key``). A collection in which one commit changed
+    /// more than ``DocumentStore/maxListedKeys`` documents (a large import) is in
+    /// ``unlistedCollections`` instead, so that a transaction's memory does not grow with its size.
     public var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
+    /// Collections in which this commit changed too many documents to list them: any of their
+    /// documents may have changed (evictions are always listed).
+    public var unlistedCollections: Set<UTF8Key> = []
 }
 
 /// The per-document outcome of merging a remote batch (``DocumentStore/merge(_:from:checkpoint:)``).
@@ -256,6 +261,8 @@ public final class DocumentStore: Sendable {
         var epoch: [UInt8]
         /// Documents changed by the transaction under way, by collection.
         var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
+        /// Collections with more changed documents in the transaction under way than are listed.
+        var unlistedCollections: Set<UTF8Key> = []
         /// Whether the transaction under way evicted documents.
         var evictedInCommit = false
         /// The number of rows in the `deferred` table (0 lets merges skip looking there).
@@ -648,8 +655,24 @@ public final class DocumentStore: Sendable {
         if let removedAt { st.bind(7, Int64(clamping: removedAt)) } else { st.bind(7, nil as String?) }
         try st.run()
         s.nextSeq += 1
-        s.changedKeys[UTF8Key(collection), default: []].insert(UTF8Key(key))
+        Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
+    }
+
+    /// The most changed documents of one collection a commit event lists (``StoreEvent/changedKeys``);
+    /// beyond it the collection is listed as changed without its keys.
+    public static let maxListedKeys = 10_000
+
+    /// Records a changed document for the commit event, within ``maxListedKeys`` per collection
+    /// unless `listAlways` (evictions: the sync engine asks peers for exactly those again).
+    static func noteChanged(_ s: inout State, _ collection: String, _ key: String, listAlways: Bool = false) {
+        let name = UTF8Key(collection)
+        if !listAlways, s.unlistedCollections.contains(name) { return }
+        s.changedKeys[name, default: []].insert(UTF8Key(key))
+        if !listAlways, s.changedKeys[name]!.count > maxListedKeys, !s.evictedInCommit {
+            s.changedKeys[name] = nil
+            s.unlistedCollections.insert(name)
+        }
     }
 
     func saveClock(_ s: State) throws {
@@ -676,20 +699,64 @@ public final class DocumentStore: Sendable {
         let prepared = try prepare(documents)
         let now = options.now()
         try write { s in
-            for (id, key, fields) in prepared {
-                guard var doc = try load(&s, collection, key) else {
-                    // A new document: one write of every field, stored without building its state.
-                    var materialized = fields
-                    materialized["_id"] = id
-                    try persistSingleWrite(
-                        &s, collection, key, fields: fields, stamp: s.stamp(now: now), materialized: .map(materialized))
-                    continue
-                }
-                doc.merge(fields: fields, stamp: s.stamp(now: now))
-                try persist(&s, collection, key, id, doc)
-            }
+            for (id, key, fields) in prepared { try upsertPrepared(&s, collection, id, key, fields, now: now) }
         }
         return prepared.map(\.0)
+    }
+
+    /// Upserts the documents `next` returns, one at a time, in one transaction: all of them or,
+    /// when anything fails, none. Memory stays bounded whatever the count: one document at a time,
+    /// and a commit event that lists at most ``maxListedKeys`` keys per collection
+    /// (``StoreEvent/unlistedCollections``).
+    ///
+    /// - Parameters:
+    ///   - next: the next document (a map, as for ``upsert(_:in:)``), or `nil` after the last; an
+    ///     error it throws ends the upsert and is rethrown as it is, with nothing written.
+    ///   - progress: called after every `progressInterval` documents with the count so far.
+    /// - Returns: the number of documents upserted.
+    /// - Throws: what `next` throws, or ``StoreError`` as ``upsert(_:in:)`` (nothing is written).
+    /// - Complexity: O(total size) plus one indexed lookup per document.
+    public func upsert(
+        in collection: String, streaming next: () throws -> Value?, progressInterval: Int = 10_000,
+        progress: (Int) -> Void = { _ in }
+    ) throws -> Int {
+        let now = options.now()
+        var failure: (any Error)?
+        do {
+            return try write { s -> Int in
+                var count = 0
+                while true {
+                    let document: Value?
+                    do { document = try next() } catch {
+                        failure = error
+                        throw StoreError.invalidValue("\(error)")  // rolls the transaction back
+                    }
+                    guard let document else { return count }
+                    let (id, key, fields) = try prepare([document])[0]
+                    try upsertPrepared(&s, collection, id, key, fields, now: now)
+                    count += 1
+                    if count % max(1, progressInterval) == 0 { progress(count) }
+                }
+            }
+        } catch {
+            throw failure ?? error
+        }
+    }
+
+    /// Upserts one checked document (``prepare(_:)``) inside a write transaction.
+    private func upsertPrepared(
+        _ s: inout State, _ collection: String, _ id: Value, _ key: String, _ fields: UTF8Map<Value>, now: UInt64
+    ) throws {
+        guard var doc = try load(&s, collection, key) else {
+            // A new document: one write of every field, stored without building its state.
+            var materialized = fields
+            materialized["_id"] = id
+            try persistSingleWrite(
+                &s, collection, key, fields: fields, stamp: s.stamp(now: now), materialized: .map(materialized))
+            return
+        }
+        doc.merge(fields: fields, stamp: s.stamp(now: now))
+        try persist(&s, collection, key, id, doc)
     }
 
     /// Checks documents for upsert and splits each into `_id` (a new UUID string when absent), its

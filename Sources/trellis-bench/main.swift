@@ -1,7 +1,7 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
-//       [--replication]
+//       [--replication] [--import]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -28,6 +28,7 @@ var carsPath: String?
 var simulationOnly = false
 var tombstonesOnly = false
 var replicationOnly = false
+var importOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
@@ -35,6 +36,11 @@ while i < args.count {
     case "--simulation": simulationOnly = true
     case "--tombstones": tombstonesOnly = true
     case "--replication": replicationOnly = true
+    case "--import": importOnly = true
+    case "--import-child":
+        // Internal: one import in a child process (ImportBench.swift).
+        guard i + 2 < args.count else { exit(2) }
+        runImportChild(file: args[i + 1], database: args[i + 2])
     case "--documents":
         i += 1
         guard i < args.count, let n = Int(args[i]), n > 0 else {
@@ -51,7 +57,8 @@ while i < args.count {
         carsPath = args[i]
     case "--help", "-h":
         print(
-            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--replication]")
+            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--replication] [--import]"
+        )
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -161,6 +168,11 @@ if tombstonesOnly {
 let baselineTime = rawInsert(path("raw.sqlite"), rows: jsonRows)
 let baselineRate = Double(documentCount) / baselineTime
 figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: baselineRate, unit: "rows/s"))
+if importOnly {
+    figures += try importFigures(scratch: scratch, rows: jsonRows, baseline: baselineRate)
+    printFigures(figures, heading: "trellis-bench --import: \(documentCount) documents, release build expected")
+    exit(0)
+}
 if replicationOnly {
     figures.append(try replicationFigure(scratch: scratch, documents: documents, baseline: baselineRate))
     printFigures(
@@ -304,6 +316,10 @@ figures.append(
 // MARK: Two nodes over encrypted loopback (ReplicationBench.swift)
 
 figures.append(try replicationFigure(scratch: scratch, documents: documents, baseline: baselineRate))
+
+// MARK: Import (ImportBench.swift)
+
+figures += try importFigures(scratch: scratch, rows: jsonRows, baseline: baselineRate)
 
 // MARK: Live queries (LiveQueryBench.swift)
 

@@ -140,7 +140,9 @@ enum ImportCommand {
     static let help = """
         trellis import --data DIR COLLECTION FILE
           Upserts every document of FILE (a JSON array of objects, or JSON lines) into COLLECTION,
-          in one transaction. Documents without `_id` get a new UUID.
+          in one transaction: all of them, or none when a document is malformed (the message names
+          its line). Documents without `_id` get a new UUID. The file is streamed: memory does not
+          grow with its size. On a terminal, a progress line is shown on standard error.
         """
 
     static func run(_ args: [String]) throws {
@@ -152,52 +154,51 @@ enum ImportCommand {
         guard parsed.positional.count == 2 else { throw UsageError("usage: trellis import --data DIR COLLECTION FILE") }
         let data = try parsed.require("data")
         let (collection, file) = (parsed.positional[0], parsed.positional[1])
-        let documents = try DocumentFile.read(URL(fileURLWithPath: file))
+        let reader = try DocumentFileReader(path: file)
         try Files.makeDirectory(data)
         let lock = try DataDirectoryLock(directory: data)
         defer { withExtendedLifetime(lock) {} }
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
-        let ids = try store.upsert(documents, in: collection)
-        print("imported \(ids.count) document\(ids.count == 1 ? "" : "s") into \(collection)")
+        let progress = ProgressLine(total: reader.size)
+        let count: Int
+        do {
+            count = try store.upsert(
+                in: collection, streaming: { try reader.next() }, progressInterval: 5_000,
+                progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) })
+        } catch let error as FileError {
+            progress.clear()
+            throw UsageError("\(error); nothing was imported")
+        } catch {
+            progress.clear()
+            throw error
+        }
+        progress.clear()
+        print("imported \(count) document\(count == 1 ? "" : "s") into \(collection)")
     }
 }
 
-/// Reads documents from a JSON array or JSON-lines file (UTF-8, an optional byte-order mark,
-/// `\n` or `\r\n` line ends).
-enum DocumentFile {
-    static func read(_ url: URL) throws -> [Value] {
-        var bytes = [UInt8](try Files.read(url.path))
-        if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes.removeFirst(3) }
-        let firstByte = bytes.first { ![0x20, 0x09, 0x0A, 0x0D].contains($0) }
-        var documents: [Value] = []
-        if firstByte == UInt8(ascii: "[") {
-            let parsed: Value
-            do { parsed = try JSON.parse(bytes) } catch { throw UsageError("\(url.path): \(error)") }
-            guard case .array(let items) = parsed else { throw UsageError("\(url.path) is not a JSON array") }
-            for (index, item) in items.enumerated() {
-                guard case .map = item else {
-                    throw UsageError("\(url.path): element \(index + 1) is \(item.typeName), not a JSON object")
-                }
-            }
-            documents = items
-        } else {
-            var lineNumber = 0
-            for line in bytes.split(separator: 0x0A, omittingEmptySubsequences: false) {
-                lineNumber += 1
-                var text = Array(line)
-                if text.last == 0x0D { text.removeLast() }
-                if text.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) { continue }
-                let value: Value
-                do { value = try JSON.parse(text) } catch {
-                    throw UsageError("\(url.path) line \(lineNumber): \(error)")
-                }
-                guard case .map = value else {
-                    throw UsageError("\(url.path) line \(lineNumber): \(value.typeName), not a JSON object")
-                }
-                documents.append(value)
-            }
-        }
-        return documents
+/// A progress line on standard error, redrawn in place, shown only when standard error is a
+/// terminal (nothing when it is piped or redirected) and at most five times a second.
+final class ProgressLine {
+    private let total: Int
+    private let enabled = isatty(STDERR_FILENO) == 1
+    private var last = ContinuousClock.now - .seconds(1)
+    private var shown = false
+
+    init(total: Int) { self.total = total }
+
+    func show(_ text: String, done: Int) {
+        guard enabled, ContinuousClock.now - last >= .milliseconds(200) else { return }
+        last = .now
+        let percent = total > 0 ? " (\(min(100, done * 100 / total)) %)" : ""
+        FileHandle.standardError.write(Data("\r\u{1B}[K\(text)\(percent)".utf8))
+        shown = true
+    }
+
+    func clear() {
+        guard shown else { return }
+        FileHandle.standardError.write(Data("\r\u{1B}[K".utf8))
+        shown = false
     }
 }
 

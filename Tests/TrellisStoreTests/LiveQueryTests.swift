@@ -65,6 +65,27 @@ final class EventLog: Sendable {
         node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: .generate())
     }
 
+    /// An import larger than a commit event lists (``DocumentStore/maxListedKeys``) still
+    /// reaches a live query: its collection is named without keys and the query runs again.
+    @Test func aCommitTooLargeToListItsKeysReachesLiveQueries() throws {
+        try cars.upsert(["_id": "first", "hp": 1])
+        let log = EventLog()
+        let live = try cars.find("hp >= 1").observeLocal { log.record($0, $1) }
+        #expect(eventually { log.count == 1 })
+        var n = 0
+        let total = DocumentStore.maxListedKeys + 10
+        _ = try node.store.documents.upsert(
+            in: "cars",
+            streaming: {
+                n += 1
+                return n <= total ? ["_id": .string("car-\(n)"), "hp": .int(Int64(n % 3))] : nil
+            })
+        let matching = 1 + (1...total).filter { $0 % 3 >= 1 }.count
+        #expect(eventually(timeout: 60) { log.last?.count == matching })
+        #expect(log.problems.withLock { $0 }.isEmpty)
+        live.stop()
+    }
+
     @Test func eventsFollowDittoSemantics() throws {
         try cars.upsert([["_id": "a", "hp": 1], ["_id": "b", "hp": 2], ["_id": "c", "hp": 3]])
         let log = EventLog()

@@ -1,0 +1,116 @@
+import Foundation
+import Synchronization
+import Testing
+import Trellis
+import TrellisCore
+import TrellisStore
+import TrellisTestKit
+
+/// `trellis import` streams a file into one transaction: the reader yields one document at a time
+/// whatever the file's size, the upsert is all or nothing, and a commit too large to list its
+/// keys still reaches live queries.
+@Suite struct StreamingImportTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+
+    func write(_ name: String, _ text: String) throws -> String {
+        let path = dir.path(name)
+        try Data(text.utf8).write(to: URL(fileURLWithPath: path))
+        return path
+    }
+
+    func readAll(_ path: String) throws -> [Value] {
+        let reader = try DocumentFileReader(path: path)
+        var out: [Value] = []
+        while let document = try reader.next() { out.append(document) }
+        #expect(try reader.next() == nil)
+        return out
+    }
+
+    @Test func linesAndArraysReadTheSameDocuments() throws {
+        let lines = try write(
+            "l.jsonl", "\u{FEFF}{\"_id\":\"a\",\"v\":1}\r\n\n \t\n{\"_id\":\"b\",\"s\":\"x]},\\\"[\"}")
+        let array = try write(
+            "a.json", "\u{FEFF}\n [ {\"_id\":\"a\",\"v\":1} ,\n{\"_id\":\"b\",\"s\":\"x]},\\\"[\"} ]\n\n")
+        let expected: [Value] = [["_id": "a", "v": 1], ["_id": "b", "s": "x]},\"["]]
+        #expect(try readAll(lines) == expected)
+        #expect(try readAll(array) == expected)
+        #expect(try readAll(try write("e.json", " [ ] ")) == [])
+        #expect(try readAll(try write("e.jsonl", "")) == [])
+    }
+
+    /// Documents larger than the 1 MiB read chunk, and boundaries falling anywhere inside them.
+    @Test func documentsAcrossChunkBoundariesReadWhole() throws {
+        let big = String(repeating: "ab\\\"[{,", count: 300_000)  // escapes and brackets in a string
+        var lines = ""
+        var array = "["
+        var expected: [Value] = []
+        for i in 0..<5 {
+            let text =
+                "{\"_id\":\"d\(i)\",\"pad\":\"\(String(repeating: "z", count: i * 100_003))\",\"big\":\"\(big)\"}"
+            lines += text + "\n"
+            array += (i == 0 ? "" : ",") + text
+            expected.append(try JSON.parse(text))
+        }
+        array += "]"
+        #expect(try readAll(try write("big.jsonl", lines)) == expected)
+        #expect(try readAll(try write("big.json", array)) == expected)
+    }
+
+    @Test(arguments: [
+        ("[{\"_id\":\"x\"},]", "a ',' after element 1 is not followed by a value"),
+        ("[{\"_id\":\"x\"} {\"_id\":\"y\"}]", "bad: element 1: invalid JSON"),
+        ("[{\"_id\":\"x\"}", "the array is not closed"),
+        ("[1]", "bad: element 1 is int, not a JSON object"),
+        ("[{\"_id\":\"x\"}] x", "unexpected 'x' after the array"),
+        ("{\"_id\":\"a\"}\n\n{\"_id\":\"b\",}\n", "bad line 3: invalid JSON"),
+        ("{\"_id\":\"a\"}\n[1]\n", "bad line 2: array, not a JSON object"),
+    ])
+    func malformedFilesNameThePlace(text: String, message: String) throws {
+        let path = try write("bad", text)
+        do {
+            _ = try readAll(path)
+            Issue.record("\(text) was read")
+        } catch let error as FileError {
+            #expect(error.description.contains(message), "\(error)")
+        }
+    }
+
+    /// A document that does not parse half-way through leaves nothing behind.
+    @Test func aStreamingUpsertIsAllOrNothing() throws {
+        let store = try openStore(dir, "s.sqlite", clock: clock)
+        try store.upsert(["_id": "before", "v": 0], in: "c")
+        let path = try write(
+            "half.jsonl", (0..<100).map { "{\"_id\":\"d\($0)\",\"v\":\($0)}" }.joined(separator: "\n") + "\n{oops}\n")
+        let reader = try DocumentFileReader(path: path)
+        #expect(throws: FileError.self) { _ = try store.upsert(in: "c", streaming: { try reader.next() }) }
+        #expect(try store.documents(in: "c").map { $0["_id"] } == ["before"])
+        // A good file: every document, in one commit.
+        let good = try DocumentFileReader(path: try write("good.jsonl", "{\"_id\":\"a\"}\n{\"v\":2}\n"))
+        var reported: [Int] = []
+        let count = try store.upsert(
+            in: "c", streaming: { try good.next() }, progressInterval: 1, progress: { reported.append($0) })
+        #expect(count == 2 && reported == [1, 2])
+        #expect(try store.documents(in: "c").count == 3)
+    }
+
+    /// A commit changing more documents than an event lists names the collection instead, and a
+    /// live query on it still sees the result.
+    @Test func aCommitTooLargeToListStillReachesLiveQueries() throws {
+        let store = try openStore(dir, "big.sqlite", clock: clock)
+        let events = Mutex<[StoreEvent]>([])
+        store.addObserver { event in events.withLock { $0.append(event) } }
+        var n = 0
+        let total = DocumentStore.maxListedKeys + 5
+        let count = try store.upsert(
+            in: "c",
+            streaming: {
+                n += 1
+                return n <= total ? ["_id": .string("d\(n)")] : nil
+            })
+        #expect(count == total)
+        store.waitForObservers()
+        let event = try #require(events.withLock { $0.last })
+        #expect(event.unlistedCollections == ["c"] && event.collections == ["c"] && event.changedKeys.isEmpty)
+    }
+}
