@@ -299,6 +299,8 @@ public struct MeshKeyError: Error, Sendable, CustomStringConvertible {
 
 /// A `host:port` address to listen on or dial.
 public typealias Endpoint = TrellisNet.Endpoint
+/// Why a link ended, by kind (``NodeStatus/linkCloses``).
+public typealias LinkCloseReason = TrellisNet.LinkCloseReason
 /// A peer found by LAN discovery.
 public typealias DiscoveredPeer = TrellisCore.DiscoveredPeer
 /// Where discovery beacons go.
