@@ -102,10 +102,17 @@ public final class SecureLink: MessageLink {
             ))
     }
 
-    /// Changes how long the sender keeps one key (tests); only before
-    /// ``start(onMessage:onDrain:onClose:)``.
-    func setRekeyTime(_ interval: Duration) {
-        halves.withLock { $0?.sender.policy.interval = interval }
+    /// Makes this side rekey sooner than ``rekeyInterval`` and ``rekeyTime`` (tests and
+    /// benchmarks; the peer follows the markers whatever the schedule). Only before
+    /// ``start(onMessage:onDrain:onClose:)``; later calls do nothing.
+    ///
+    /// - Parameters:
+    ///   - messages: transport messages under one key, at least 1 (clamped to ``rekeyInterval``).
+    ///   - time: time under one key (clamped to ``rekeyTime``).
+    public func rekeySooner(messages: Int = rekeyInterval, time: Duration = rekeyTime) {
+        let policy = RekeyPolicy(
+            messages: max(1, min(messages, Self.rekeyInterval)), interval: min(time, Self.rekeyTime))
+        halves.withLock { $0?.sender.policy = policy }
     }
 
     /// Why the link ended, once `onClose` has run.

@@ -1,6 +1,6 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
-//   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
+//   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--links]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -26,12 +26,14 @@ var documentCount = 100_000
 var carsPath: String?
 var simulationOnly = false
 var tombstonesOnly = false
+var linksOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
     case "--json": jsonOutput = true
     case "--simulation": simulationOnly = true
     case "--tombstones": tombstonesOnly = true
+    case "--links": linksOnly = true
     case "--documents":
         i += 1
         guard i < args.count, let n = Int(args[i]), n > 0 else {
@@ -47,7 +49,7 @@ while i < args.count {
         }
         carsPath = args[i]
     case "--help", "-h":
-        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]")
+        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--links]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -146,6 +148,11 @@ if simulationOnly {
     printFigures(
         try simulationFigures(meshSizes: [16, 64, 256], seedsPerSize: 5),
         heading: "trellis-bench --simulation: simulated meshes, release build expected")
+    exit(0)
+}
+if linksOnly {
+    printFigures(
+        try linkFigures(), heading: "trellis-bench --links: encrypted links over loopback, release build expected")
     exit(0)
 }
 if tombstonesOnly {

@@ -135,7 +135,7 @@ import TrellisTestKit
     /// every message and the receiver follows.
     @Test func rekeyingAtTheTimeBoundKeepsDataFlowing() throws {
         let (client, server) = try securePair()
-        client.setRekeyTime(.zero)
+        client.rekeySooner(time: .zero)
         let serverSide = LinkRecorder { message in _ = try? server.send(message) }
         serverSide.start(server)
         let clientSide = LinkRecorder()
