@@ -208,8 +208,6 @@ struct TransportSender: Sendable {
 /// reader.
 struct TransportReceiver: Sendable {
     private var cipher: CipherState
-    /// Rekeys done so far (one per rekey marker received).
-    private(set) var rekeys = 0
 
     /// Nonces before the current one tried when a message fails (replay diagnosis).
     static let replayWindow: UInt64 = 64
@@ -230,7 +228,6 @@ struct TransportReceiver: Sendable {
     /// Rekeys after a rekey marker.
     mutating func rekey() throws(NoiseError) {
         try cipher.rekey()
-        rekeys += 1
     }
 
     /// Why `message` failed to authenticate: a copy of one of the last ``replayWindow`` messages

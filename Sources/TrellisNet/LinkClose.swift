@@ -32,15 +32,6 @@ public enum LinkCloseReason: String, Sendable, CaseIterable, CustomStringConvert
 
     /// The kind as shown in status output (`tampered`, `peer-closed`).
     public var description: String { rawValue }
-
-    /// Whether this kind means the traffic was interfered with (or the peer is broken), rather
-    /// than a close or a lost connection.
-    public var isIntegrityFailure: Bool {
-        switch self {
-        case .tampered, .replayed, .reordered, .truncated, .malformed: return true
-        case .closedHere, .peerClosed, .unauthenticatedClose, .failed: return false
-        }
-    }
 }
 
 /// Counts of links closed, per ``LinkCloseReason``, for one node. Thread-safe.
