@@ -134,7 +134,10 @@ extension Files {
         guard fstat(fd, &info) == 0 else {
             throw FileError("cannot read \(what) \(path): \(String(cString: strerror(errno)))")
         }
-        guard info.st_mode & S_IFMT == S_IFREG else { throw FileError("\(what) \(path) is not a regular file") }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            let kind = info.st_mode & S_IFMT == S_IFDIR ? "it is a directory" : "it is not a regular file"
+            throw FileError("cannot read \(what) \(path): \(kind); give the key file's path")
+        }
         let mode = info.st_mode & 0o777
         guard mode & 0o077 == 0 else {
             throw FileError(
