@@ -8,7 +8,10 @@ docs/PROTOCOL.md section 1 describes it:
   - every Noise message on TCP is a 2-byte big-endian length and the message;
   - transport plaintexts form one byte stream of application messages, each a 4-byte big-endian
     length and that many bytes; a message may span transport messages and several may share one;
-  - each direction rekeys after every N transport messages (`--rekey-interval`, default 65536);
+  - a transport message whose whole plaintext is FF FF FF FF, where a message's length prefix would
+    start, is the rekey marker: its sender rekeys its sending cipher after it, its receiver its
+    receiving cipher; this peer sends one at the first message boundary after every N transport
+    messages (`--rekey-interval`, default 1048576);
   - an empty transport plaintext is the authenticated close.
 
 It answers every application message with the same bytes reversed, and exits 0 after the
@@ -31,35 +34,39 @@ from noise_peer import PeerClosed, read_frame, run_handshake, write_frame
 from noise.connection import Keypair, NoiseConnection
 
 MAX_PLAINTEXT = 65519
+REKEY_MARKER = b"\xff\xff\xff\xff"
 
 
 class Link:
     def __init__(self, stream, conn, interval):
         self.io, self.conn, self.interval = stream, conn, interval
         self.sent = 0
-        self.received = 0
+        self.rekeys_sent = 0
+        self.rekeys_received = 0
         self.pending = bytearray()
 
     def send_message(self, message):
+        # A message boundary: rekey first when due.
+        if self.sent >= self.interval:
+            write_frame(self.io, self.conn.encrypt(REKEY_MARKER))
+            self.conn.rekey_outbound_cipher()
+            self.sent = 0
+            self.rekeys_sent += 1
         data = struct.pack(">I", len(message)) + message
         for start in range(0, len(data), MAX_PLAINTEXT):
             write_frame(self.io, self.conn.encrypt(data[start:start + MAX_PLAINTEXT]))
             self.sent += 1
-            if self.sent % self.interval == 0:
-                self.conn.rekey_outbound_cipher()
-
-    def receive_plaintext(self):
-        plaintext = self.conn.decrypt(bytes(read_frame(self.io)))
-        self.received += 1
-        if self.received % self.interval == 0:
-            self.conn.rekey_inbound_cipher()
-        return plaintext
 
     def run(self):
         while True:
-            plaintext = self.receive_plaintext()
+            plaintext = self.conn.decrypt(bytes(read_frame(self.io)))
             if not plaintext:
                 return
+            # Between messages (nothing pending), FF FF FF FF alone is the rekey marker.
+            if not self.pending and plaintext == REKEY_MARKER:
+                self.conn.rekey_inbound_cipher()
+                self.rekeys_received += 1
+                continue
             self.pending += plaintext
             while len(self.pending) >= 4:
                 (length,) = struct.unpack(">I", self.pending[:4])
@@ -74,7 +81,7 @@ def main(argv):
     parser = argparse.ArgumentParser(description="Trellis link peer (interop tests).")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--psk", required=True, help="mesh key, 64 hex digits")
-    parser.add_argument("--rekey-interval", type=int, default=65536)
+    parser.add_argument("--rekey-interval", type=int, default=1 << 20)
     args = parser.parse_args(argv)
     psk = bytes.fromhex(args.psk)
     if len(psk) != 32 or args.rekey_interval < 1:
@@ -90,7 +97,8 @@ def main(argv):
     try:
         conn.start_handshake()
         run_handshake(conn, True, stream, stream)
-        Link(stream, conn, args.rekey_interval).run()
+        link = Link(stream, conn, args.rekey_interval)
+        link.run()
     except PeerClosed as error:
         sys.stderr.write("link_peer: the stream ended without the authenticated close: %s\n" % error)
         return 5
@@ -100,6 +108,7 @@ def main(argv):
     finally:
         stream.close()
         sock.close()
+    sys.stderr.write("rekeys sent %d received %d\n" % (link.rekeys_sent, link.rekeys_received))
     sys.stderr.write("authenticated close received\n")
     return 0
 

@@ -1,4 +1,5 @@
 public import Foundation
+public import TrellisCrypto
 
 /// A file-system problem, described in one line with the path and the system's reason.
 public struct FileError: Error, Sendable, CustomStringConvertible {
@@ -58,6 +59,116 @@ public enum Files {
             return String(cString: strerror(Int32(underlying.code)))
         }
         return ns.localizedDescription.replacingOccurrences(of: "\n", with: " ")
+    }
+}
+
+extension Files {
+    /// The largest secret file read, bytes: a key file holds 32 bytes or 64 hex digits, so
+    /// anything much larger is not a key file.
+    static let maxSecretFileBytes = 4_096
+
+    /// The temporary file ``writeSecret(_:to:)`` writes before renaming it over `path`.
+    static func secretTemporary(_ path: String) -> String { path + ".tmp" }
+
+    /// Writes a secret file (identity key, mesh key): mode 0600 from its creation, atomically.
+    ///
+    /// The bytes go to `PATH.tmp`, created with `O_EXCL` and mode 0600 (a leftover one from an
+    /// interrupted write is removed first), which is fsynced, renamed over `path`, and the directory
+    /// fsynced. A crash at any point leaves either the old file whole or the new one whole, never
+    /// an empty or partial key.
+    ///
+    /// - Parameters:
+    ///   - secret: the file's content; the caller wipes it.
+    ///   - path: the file to create or replace.
+    /// - Throws: ``FileError`` naming the path and the system's reason.
+    public static func writeSecret(_ secret: UnsafeRawBufferPointer, to path: String) throws(FileError) {
+        func failure(_ action: String, _ file: String) -> FileError {
+            FileError("cannot \(action) \(file): \(String(cString: strerror(errno)))")
+        }
+        let temporary = secretTemporary(path)
+        guard unlink(temporary) == 0 || errno == ENOENT else { throw failure("remove the leftover", temporary) }
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw failure("create", temporary) }
+        var written = 0
+        var problem: FileError?
+        if fchmod(fd, 0o600) != 0 { problem = failure("set mode 0600 on", temporary) }
+        while problem == nil, written < secret.count {
+            let n = Glibc.write(fd, secret.baseAddress! + written, secret.count - written)
+            if n < 0 {
+                if errno == EINTR { continue }
+                problem = failure("write", temporary)
+            } else {
+                written += n
+            }
+        }
+        if problem == nil, fsync(fd) != 0 { problem = failure("fsync", temporary) }
+        if close(fd) != 0, problem == nil { problem = failure("close", temporary) }
+        if problem == nil, rename(temporary, path) != 0 { problem = failure("rename \(temporary) to", path) }
+        if let problem {
+            unlink(temporary)
+            throw problem
+        }
+        let directory = (path as NSString).deletingLastPathComponent
+        let dirfd = open(directory.isEmpty ? "." : directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dirfd >= 0 else { throw failure("open the directory", directory.isEmpty ? "." : directory) }
+        defer { close(dirfd) }
+        guard fsync(dirfd) == 0 else { throw failure("fsync the directory", directory.isEmpty ? "." : directory) }
+    }
+
+    /// Reads a secret file (identity key, mesh key) into wiped-on-release memory, refusing one
+    /// that others may read or change.
+    ///
+    /// - Parameters:
+    ///   - path: the file.
+    ///   - what: what the file is, for messages ("mesh key file").
+    /// - Returns: the whole content (at most ``maxSecretFileBytes`` bytes); the read buffer is
+    ///   wiped.
+    /// - Throws: ``FileError`` when the file is missing, not a regular file, readable or writable
+    ///   by group or others (the message gives its mode and `chmod 600 PATH`), larger than
+    ///   ``maxSecretFileBytes``, or cannot be read.
+    public static func readSecret(_ path: String, what: String) throws(FileError) -> SecretBytes {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw FileError("cannot read \(what) \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else {
+            throw FileError("cannot read \(what) \(path): \(String(cString: strerror(errno)))")
+        }
+        guard info.st_mode & S_IFMT == S_IFREG else {
+            let kind = info.st_mode & S_IFMT == S_IFDIR ? "it is a directory" : "it is not a regular file"
+            throw FileError("cannot read \(what) \(path): \(kind); give the key file's path")
+        }
+        let mode = info.st_mode & 0o777
+        guard mode & 0o077 == 0 else {
+            throw FileError(
+                "\(what) \(path) has mode \(String(mode, radix: 8).leftPadded(to: 4)): group or others may read or "
+                    + "change it, so it is refused; keep it private with `chmod 600 \(path)` (and check who saw it)")
+        }
+        var buffer = [UInt8](repeating: 0, count: maxSecretFileBytes + 1)
+        defer { Sodium.wipe(&buffer) }
+        var count = 0
+        while count < buffer.count {
+            let n = buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress! + count, $0.count - count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw FileError("cannot read \(what) \(path): \(String(cString: strerror(errno)))")
+            }
+            if n == 0 { break }
+            count += n
+        }
+        guard count <= maxSecretFileBytes else {
+            throw FileError("\(what) \(path) is larger than \(maxSecretFileBytes) bytes; it is not a key file")
+        }
+        return SecretBytes(count: count) { out in
+            buffer.withUnsafeBytes { out.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }
+        }
+    }
+}
+
+extension String {
+    /// The string with leading zeros up to `width` characters (file modes: `0644`).
+    fileprivate func leftPadded(to width: Int) -> String {
+        count >= width ? self : String(repeating: "0", count: width - count) + self
     }
 }
 

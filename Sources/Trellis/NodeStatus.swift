@@ -1,5 +1,6 @@
 import Foundation
 public import TrellisCore
+public import TrellisNet
 public import TrellisStore
 public import TrellisSync
 
@@ -32,6 +33,10 @@ public struct NodeStatus: Sendable {
     public var damaged: [(collection: String, key: String, reason: String)]
     /// Per connected peer and subscription: what arrived, how far behind, initial sync complete.
     public var sync: SyncStatus
+    /// TCP links closed since the node started, per reason: authenticated closes, connections
+    /// that ended without one, and links closed for tampered, replayed, reordered, truncated or
+    /// malformed traffic (docs/SECURITY.md, "Channel"). Reasons never seen are absent.
+    public var linkCloses: [LinkCloseReason: Int] = [:]
 
     /// Several lines: identity and log, clocks, peers, subscriptions, then every deferred and
     /// damaged document with its reason.
@@ -56,6 +61,8 @@ public struct NodeStatus: Sendable {
             lines.append("sync:")
             for line in sync.description.split(separator: "\n") { lines.append("  " + line) }
         }
+        let closes = LinkCloseReason.allCases.compactMap { reason in linkCloses[reason].map { "\(reason) \($0)" } }
+        lines.append("links closed: " + (closes.isEmpty ? "none" : closes.joined(separator: ", ")))
         lines.append("deferred: \(deferred.count) document(s) kept to retry")
         for doc in deferred {
             lines.append(
@@ -90,6 +97,6 @@ extension TrellisNode {
             peerKey: identity.publicKey, site: documents.siteID, epoch: documents.epoch, lastSeq: documents.lastSeq,
             physicalMillis: documents.options.now(), hlcMillis: documents.lastTimestamp.millis, peers: peers,
             subscriptions: subscriptions, deferred: try documents.deferredDocuments(),
-            damaged: documents.damagedDocuments(), sync: sync.status)
+            damaged: documents.damagedDocuments(), sync: sync.status, linkCloses: engine.linkCloses.snapshot)
     }
 }

@@ -75,17 +75,36 @@ public final class TrellisNode: Sendable {
     /// the store (and with it the directory's lock).
     deinit { network.close() }
 
+    /// Reads `DIR/identity.key`, or makes a new identity there when the file does not exist.
+    ///
+    /// - Throws: ``MeshKeyError`` when the file is not private (mode other than 0600), empty,
+    ///   truncated or otherwise not a 32-byte key, or cannot be written.
     static func loadOrCreateIdentity(_ file: URL) throws -> KeyPair {
-        if FileManager.default.fileExists(atPath: file.path) {
-            let data = try Files.read(file.path)
-            guard data.count == KeyPair.privateKeyLength else {
-                throw MeshKeyError(
-                    "\(file.path) holds \(data.count) bytes, not a \(KeyPair.privateKeyLength)-byte identity key")
+        // A leftover temporary file is an interrupted write: the key file itself is whole (the
+        // old one, or none at all), and the leftover holds key bytes, so it goes.
+        unlink(Files.secretTemporary(file.path))
+        var info = stat()
+        if lstat(file.path, &info) == 0 {
+            let secret: SecretBytes
+            do { secret = try Files.readSecret(file.path, what: "identity key file") } catch {
+                throw MeshKeyError("\(error)")
             }
-            return try KeyPair(privateKey: [UInt8](data))
+            guard secret.count == KeyPair.privateKeyLength else {
+                throw MeshKeyError(
+                    "identity key file \(file.path) holds \(secret.count) bytes, not a \(KeyPair.privateKeyLength)-byte "
+                        + "key (\(secret.count == 0 ? "empty" : "truncated or not a key")); restore it from a backup, or "
+                        + "delete it to give this node a new identity (peers then see a new peer key)")
+            }
+            do { return try KeyPair(privateKey: secret) } catch {
+                throw MeshKeyError("identity key file \(file.path) does not hold a usable key: \(error)")
+            }
         }
         let pair = KeyPair.generate()
-        try writeSecret(pair.privateKey.copyBytes(), to: file)
+        do {
+            try pair.privateKey.withUnsafeBytes { bytes in try Files.writeSecret(bytes, to: file.path) }
+        } catch {
+            throw MeshKeyError("cannot write the identity key: \(error)")
+        }
         return pair
     }
 
@@ -195,43 +214,71 @@ public struct MeshKey: Sendable {
 
     init(secret: SecretBytes) { self.secret = secret }
 
-    /// Reads a key file: 64 hex digits (whitespace ignored) or 32 raw bytes.
+    /// Reads a key file: 64 hex digits (surrounding whitespace ignored) or 32 raw bytes.
     ///
-    /// - Throws: ``MeshKeyError`` naming the file and what is wrong with it.
+    /// The file must be private (mode 0600 or stricter); the bytes read are wiped once parsed.
+    ///
+    /// - Throws: ``MeshKeyError`` naming the file and what is wrong with it: missing, readable or
+    ///   writable by group or others (with the `chmod 600` fix), empty, truncated, not hex, or all
+    ///   zero.
     public init(contentsOf file: URL) throws {
-        let data: Data
-        do { data = try Files.read(file.path) } catch {
-            throw MeshKeyError("mesh key: \(error)")
+        let raw: SecretBytes
+        do { raw = try Files.readSecret(file.path, what: "mesh key file") } catch {
+            throw MeshKeyError("\(error)")
         }
-        if let text = String(data: data, encoding: .utf8)?.trimmingCharacters(in: .whitespacesAndNewlines),
-            text.count == 64, let bytes = Self.hexBytes(text)
-        {
-            secret = SecretBytes(count: 32) { buffer in buffer.copyBytes(from: bytes) }
-        } else if data.count == 32 {
-            secret = SecretBytes(count: 32) { buffer in buffer.copyBytes(from: data) }
-        } else {
-            throw MeshKeyError("mesh key file \(file.path) must hold 64 hex digits (see `trellis keygen`)")
+        guard let secret = raw.withUnsafeBytes({ Self.parse($0) }) else {
+            throw MeshKeyError(
+                "mesh key file \(file.path) "
+                    + (raw.count == 0 ? "is empty" : "holds \(raw.count) bytes that are not 64 hex digits")
+                    + "; copy it again from a node of the mesh, or make a new mesh key with `trellis keygen`")
         }
-        guard secret.copyBytes().contains(where: { $0 != 0 }) else {
+        guard secret.withUnsafeBytes({ $0.contains(where: { $0 != 0 }) }) else {
             throw MeshKeyError(
                 "mesh key file \(file.path) holds an all-zero key; make a random one with `trellis keygen`")
         }
+        self.secret = secret
     }
 
-    /// Writes the key as hex to `file` with mode 0600.
-    public func write(to file: URL) throws {
-        let hex = secret.copyBytes().map { String(format: "%02x", $0) }.joined() + "\n"
-        try writeSecret(Array(hex.utf8), to: file)
-    }
-
-    static func hexBytes(_ text: String) -> [UInt8]? {
-        var out: [UInt8] = []
-        var iterator = text.utf8.makeIterator()
-        while let hi = iterator.next() {
-            guard let lo = iterator.next(), let h = hexValue(hi), let l = hexValue(lo) else { return nil }
-            out.append(h << 4 | l)
+    /// Parses a key file's content: 64 hex digits between optional ASCII whitespace, or exactly
+    /// 32 bytes; nil otherwise. No copy outside ``SecretBytes`` is made.
+    static func parse(_ raw: UnsafeRawBufferPointer) -> SecretBytes? {
+        func isSpace(_ c: UInt8) -> Bool { c == 0x20 || (0x09...0x0D).contains(c) }
+        var start = 0
+        var end = raw.count
+        while start < end, isSpace(raw[start]) { start += 1 }
+        while end > start, isSpace(raw[end - 1]) { end -= 1 }
+        if end - start == 64,
+            (start..<end).allSatisfy({ hexValue(raw[$0]) != nil })
+        {
+            return SecretBytes(count: 32) { out in
+                for index in 0..<32 {
+                    out[index] = hexValue(raw[start + 2 * index])! << 4 | hexValue(raw[start + 2 * index + 1])!
+                }
+            }
         }
-        return out
+        guard raw.count == 32 else { return nil }
+        return SecretBytes(count: 32) { $0.copyMemory(from: raw) }
+    }
+
+    /// Writes the key as 64 hex digits and a newline to `file`: mode 0600, atomically
+    /// (``Files/writeSecret(_:to:)``); the hex text is wiped afterwards.
+    ///
+    /// - Throws: ``MeshKeyError`` naming the file and the system's reason.
+    public func write(to file: URL) throws {
+        let digits = Array("0123456789abcdef".utf8)
+        var text = [UInt8](repeating: 0x0A, count: 2 * secret.count + 1)
+        defer { Sodium.wipe(&text) }
+        secret.withUnsafeBytes { bytes in
+            for (index, byte) in bytes.enumerated() {
+                text[2 * index] = digits[Int(byte >> 4)]
+                text[2 * index + 1] = digits[Int(byte & 0x0F)]
+            }
+        }
+        do {
+            try text.withUnsafeBytes { bytes in try Files.writeSecret(bytes, to: file.path) }
+        } catch {
+            throw MeshKeyError("cannot write the mesh key: \(error)")
+        }
     }
 
     private static func hexValue(_ c: UInt8) -> UInt8? {
@@ -250,22 +297,10 @@ public struct MeshKeyError: Error, Sendable, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// Creates `file` with mode 0600 and writes `bytes` (never readable by others, even briefly).
-func writeSecret(_ bytes: [UInt8], to file: URL) throws {
-    let fd = open(file.path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-    guard fd >= 0 else {
-        throw MeshKeyError("cannot create \(file.path): \(String(cString: strerror(errno)))")
-    }
-    defer { close(fd) }
-    fchmod(fd, 0o600)
-    let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-    guard written == bytes.count else {
-        throw MeshKeyError("cannot write \(file.path): \(String(cString: strerror(errno)))")
-    }
-}
-
 /// A `host:port` address to listen on or dial.
 public typealias Endpoint = TrellisNet.Endpoint
+/// Why a link ended, by kind (``NodeStatus/linkCloses``).
+public typealias LinkCloseReason = TrellisNet.LinkCloseReason
 /// A peer found by LAN discovery.
 public typealias DiscoveredPeer = TrellisCore.DiscoveredPeer
 /// Where discovery beacons go.

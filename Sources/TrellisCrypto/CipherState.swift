@@ -88,6 +88,20 @@ public struct CipherState: Sendable {
         return plaintext
     }
 
+    /// Whether `ciphertext` authenticates under this key at nonce `nonce`, without changing the
+    /// state: for telling apart why a transport message failed (an earlier nonce means a replay,
+    /// a later one a reordering, none a forgery or damage). Never used to accept data.
+    ///
+    /// - Parameters:
+    ///   - ad: the associated data it was sealed with.
+    ///   - ciphertext: ciphertext and 16-byte tag.
+    ///   - nonce: the nonce to try (not 2^64-1).
+    /// - Returns: false without a key, for a nonce of 2^64-1, or when it does not authenticate.
+    public func authenticates(_ ad: [UInt8], _ ciphertext: [UInt8], atNonce nonce: UInt64) -> Bool {
+        guard let key, nonce != UInt64.max else { return false }
+        return (try? CipherState.decrypt(key: key, nonce: nonce, ad: ad, ciphertext: ciphertext)) != nil
+    }
+
     /// `Rekey()` (§5.1, §11.3): replaces the key with the first 32 bytes of
     /// `ENCRYPT(k, 2^64-1, empty, 32 zero bytes)`. The nonce is left as it is.
     ///

@@ -19,6 +19,23 @@ public enum Sodium {
         precondition(initResult >= 0, "sodium_init() failed: libsodium found no usable source of randomness")
     }
 
+    /// Overwrites `buffer` with zeros in a way the compiler cannot remove (`sodium_memzero`): for
+    /// key material read into ordinary memory (a file buffer, a parsed copy) once it is used.
+    ///
+    /// - Parameter buffer: the bytes to wipe; may be empty.
+    public static func wipe(_ buffer: UnsafeMutableRawBufferPointer) {
+        guard let base = buffer.baseAddress, buffer.count > 0 else { return }
+        sodium_memzero(base, buffer.count)
+    }
+
+    /// Wipes an array's bytes in place (``wipe(_:)-(UnsafeMutableRawBufferPointer)``); copies the
+    /// array made earlier are not reached.
+    ///
+    /// - Parameter bytes: the array to zero; its count is unchanged.
+    public static func wipe(_ bytes: inout [UInt8]) {
+        bytes.withUnsafeMutableBytes { wipe($0) }
+    }
+
     /// Fills `buffer` from libsodium's CSPRNG (`randombytes_buf`).
     static func randomBytes(into buffer: UnsafeMutableRawBufferPointer) {
         initialize()

@@ -92,6 +92,9 @@ public struct MessageAssembler: Sendable {
     /// Bytes held for the message being assembled (its length prefix included).
     public var bufferedBytes: Int { header.count + message.count }
 
+    /// Whether the next byte appended starts a message's length prefix.
+    public var isAtMessageBoundary: Bool { header.isEmpty && expected == nil }
+
     /// Consumes `bytes` and calls `deliver` with each whole message, in order.
     ///
     /// - Throws: ``FramingError`` when a length prefix is above ``limit`` (the stream is then
@@ -130,33 +133,43 @@ public struct MessageAssembler: Sendable {
     }
 }
 
-/// One direction of a Noise transport on a link: its `CipherState`, the count of transport
-/// messages it has handled and the rekey schedule (Noise spec rev 34 §5.1, §11.3).
-struct TransportDirection: Sendable {
-    private var cipher: CipherState
-    private var count = 0
-    let rekeyInterval: Int
+/// The rekey marker (docs/PROTOCOL.md §1): a transport message whose whole plaintext is these 4
+/// bytes, sent where the next message's length prefix would start. 0xFFFFFFFF is above every
+/// message limit, so no message begins with it; after the transport message that carries it, the
+/// sender calls `Rekey()` on its sending cipher state and the receiver on its receiving one
+/// (Noise spec rev 34 §11.3 leaves the signal to the application).
+let rekeyMarker: [UInt8] = [0xFF, 0xFF, 0xFF, 0xFF]
 
-    init(_ cipher: CipherState, rekeyInterval: Int) {
-        self.cipher = cipher
-        self.rekeyInterval = rekeyInterval
-    }
-
-    /// Runs one encryption or decryption, counts it, and rekeys after every `rekeyInterval`.
-    mutating func next<T>(_ body: (inout CipherState) throws(NoiseError) -> T) throws(NoiseError) -> T {
-        let result = try body(&cipher)
-        count += 1
-        if count % rekeyInterval == 0 { try cipher.rekey() }
-        return result
-    }
+/// When a sender rekeys: after ``messages`` transport messages or ``interval`` under one key,
+/// whichever comes first, at the next message boundary.
+struct RekeyPolicy: Sendable {
+    /// Transport messages sent under one key before a rekey is due.
+    var messages: Int
+    /// Time under one key before a rekey is due.
+    var interval: Duration
 }
 
-/// The sending half of a Noise transport on a link. Owned by one writer.
+/// The sending half of a Noise transport on a link: its `CipherState` and the rekey schedule.
+/// Owned by one writer; no other copy of the cipher state exists.
 struct TransportSender: Sendable {
-    private var direction: TransportDirection
+    private var cipher: CipherState
+    private var sinceRekey = 0
+    private var keyedAt: ContinuousClock.Instant
+    var policy: RekeyPolicy
+    /// Rekeys done so far.
+    private(set) var rekeys = 0
+    /// The most transport messages sealed under one key so far, the rekey marker included.
+    private(set) var longestRun = 0
 
-    init(_ cipher: CipherState, rekeyInterval: Int) {
-        direction = TransportDirection(cipher, rekeyInterval: rekeyInterval)
+    init(_ cipher: CipherState, policy: RekeyPolicy, now: ContinuousClock.Instant = .now) {
+        self.cipher = cipher
+        self.policy = policy
+        self.keyedAt = now
+    }
+
+    /// Whether the policy's count or time has been reached since the last rekey.
+    func rekeyDue(now: ContinuousClock.Instant) -> Bool {
+        sinceRekey >= policy.messages || now - keyedAt >= policy.interval
     }
 
     /// Encrypts one transport message and frames it (2-byte length, ciphertext).
@@ -166,7 +179,8 @@ struct TransportSender: Sendable {
     /// - Throws: ``NoiseError`` when the nonce is exhausted.
     mutating func seal(_ plaintext: [UInt8]) throws(NoiseError) -> [UInt8] {
         precondition(plaintext.count <= NoiseTransport.maxPlaintextLength, "transport plaintext too long")
-        let ciphertext = try direction.next { cipher throws(NoiseError) in try cipher.encryptWithAd([], plaintext) }
+        let ciphertext = try cipher.encryptWithAd([], plaintext)
+        sinceRekey += 1
         var frame: [UInt8] = []
         frame.reserveCapacity(2 + ciphertext.count)
         frame.append(UInt8(ciphertext.count >> 8))
@@ -174,21 +188,63 @@ struct TransportSender: Sendable {
         frame += ciphertext
         return frame
     }
+
+    /// Seals the rekey marker, then rekeys: the frame returned is the last one under the old key.
+    /// Call only at a message boundary of the outbound stream.
+    ///
+    /// - Throws: ``NoiseError`` when the nonce is exhausted.
+    mutating func sealRekey(now: ContinuousClock.Instant) throws(NoiseError) -> [UInt8] {
+        let frame = try seal(rekeyMarker)
+        longestRun = max(longestRun, sinceRekey)
+        try cipher.rekey()
+        sinceRekey = 0
+        keyedAt = now
+        rekeys += 1
+        return frame
+    }
 }
 
 /// The receiving half of a Noise transport on a link, mirroring ``TransportSender``. Owned by one
 /// reader.
 struct TransportReceiver: Sendable {
-    private var direction: TransportDirection
+    private var cipher: CipherState
 
-    init(_ cipher: CipherState, rekeyInterval: Int) {
-        direction = TransportDirection(cipher, rekeyInterval: rekeyInterval)
+    /// Nonces before the current one tried when a message fails (replay diagnosis).
+    static let replayWindow: UInt64 = 64
+    /// Nonces after the current one tried when a message fails (reordering diagnosis).
+    static let reorderWindow: UInt64 = 8
+
+    init(_ cipher: CipherState) {
+        self.cipher = cipher
     }
 
     /// Authenticates and decrypts one transport message (the frame's content, length stripped).
     ///
     /// - Throws: ``NoiseError`` when it does not authenticate or is shorter than the tag.
     mutating func open(_ message: [UInt8]) throws(NoiseError) -> [UInt8] {
-        try direction.next { cipher throws(NoiseError) in try cipher.decryptWithAd([], message) }
+        try cipher.decryptWithAd([], message)
+    }
+
+    /// Rekeys after a rekey marker.
+    mutating func rekey() throws(NoiseError) {
+        try cipher.rekey()
+    }
+
+    /// Why `message` failed to authenticate: a copy of one of the last ``replayWindow`` messages
+    /// (``LinkCloseReason/replayed``), one of the next ``reorderWindow`` (``LinkCloseReason/reordered``),
+    /// or neither (``LinkCloseReason/tampered``). Messages sealed before the last rekey count as
+    /// tampered.
+    ///
+    /// - Complexity: up to ``replayWindow`` + ``reorderWindow`` decryptions of `message`; run
+    ///   only on a link that is closing.
+    func diagnose(_ message: [UInt8]) -> LinkCloseReason {
+        let nonce = cipher.nonce
+        for back in 1...Self.replayWindow where back <= nonce {
+            if cipher.authenticates([], message, atNonce: nonce - back) { return .replayed }
+        }
+        for ahead in 1...Self.reorderWindow where nonce < UInt64.max - ahead {
+            if cipher.authenticates([], message, atNonce: nonce + ahead) { return .reordered }
+        }
+        return .tampered
     }
 }

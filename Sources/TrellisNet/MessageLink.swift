@@ -51,9 +51,14 @@ public protocol MessageLink: AnyObject, Sendable {
     /// free, and never waits for a stuck peer. Returns at once; `onClose` follows (when the link was
     /// started). Calling it again has no effect.
     func close()
+    /// Why the link ended, by kind, once `onClose` has run (nil before, and for links that do not
+    /// classify their ends).
+    var closeReason: LinkCloseReason? { get }
 }
 
 extension MessageLink {
+    /// No classification (in-memory links).
+    public var closeReason: LinkCloseReason? { nil }
     /// ``LinkLimits/highWater``.
     public var highWater: Int { LinkLimits.highWater }
     /// ``LinkLimits/lowWater``.

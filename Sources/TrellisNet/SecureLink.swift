@@ -16,7 +16,13 @@ public import TrellisCrypto
 ///   ``LinkLimits/maxMessageBytes``); one application message may span many transport messages
 ///   and one transport message may carry many application messages.
 /// - A transport message with an empty plaintext is the authenticated close.
-/// - Each direction rekeys (`Rekey()`, §11.3) after every ``rekeyInterval`` transport messages.
+/// - A transport message whose plaintext is exactly `FF FF FF FF`, where a message's length prefix
+///   would start, is the rekey marker: the sender rekeys (`Rekey()`, §11.3) after it, the receiver
+///   after reading it. A sender sends one after ``rekeyInterval`` transport messages or
+///   ``rekeyTime`` under one key, whichever comes first, at the next message boundary.
+/// - Any transport message that fails to authenticate, a frame cut short, or a broken framing rule
+///   ends the link; ``closeReason`` says which (tampered, replayed, reordered, truncated,
+///   malformed), as it tells an authenticated close from a bare TCP FIN or RST.
 ///
 /// Threads: each started link has a reader thread, which owns the receiving cipher state and runs
 /// `onMessage`, and a writer thread, which owns the sending cipher state and drains the outbound
@@ -29,8 +35,10 @@ public final class SecureLink: MessageLink {
     public static let prologue = Array("trellis/1".utf8)
     /// Largest application message, bytes (``LinkLimits/maxMessageBytes``).
     public static let maxMessageBytes = LinkLimits.maxMessageBytes
-    /// Transport messages per direction between rekeys.
-    public static let rekeyInterval = 1 << 16
+    /// Transport messages a sender sends under one key before it rekeys (2^20).
+    public static let rekeyInterval = 1 << 20
+    /// Time a sender uses one key before it rekeys: 10 minutes.
+    public static let rekeyTime: Duration = .seconds(600)
     /// Bytes the reader asks the socket for at once: one full transport message and its length.
     static let readChunk = 65537
 
@@ -40,10 +48,11 @@ public final class SecureLink: MessageLink {
     /// The Noise handshake hash (channel binding).
     public let handshakeHash: [UInt8]
 
-    private let socket: TCPSocket
+    /// The connection (internal for tests that write raw frames).
+    let socket: TCPSocket
     /// The two halves of the transport until ``start(onMessage:onDrain:onClose:)`` hands each to
-    /// its thread.
-    private let halves: Mutex<(sender: TransportSender, receiver: TransportReceiver)?>
+    /// its thread (internal for tests that take the sender to forge traffic).
+    let halves: Mutex<(sender: TransportSender, receiver: TransportReceiver)?>
     /// Signalled when the writer waits for messages (`writerIdle`) and something arrives.
     private let writerWakeup = DispatchSemaphore(value: 0)
 
@@ -62,12 +71,22 @@ public final class SecureLink: MessageLink {
         var writerWaiting = false
         /// Why the link ended (the first reason wins).
         var reason: String?
+        /// The kind of ``reason``.
+        var kind: LinkCloseReason?
+        /// `onClose` has been called (``closeReason`` is final).
+        var reported = false
         /// Threads still running; the last one calls `onClose`.
         var running = 0
         var onDrain: (@Sendable () -> Void)?
         var onClose: (@Sendable (String) -> Void)?
     }
     private let shared = Mutex(Shared())
+    /// Rekeys this side's sender has done (read by tests and benchmarks).
+    let sentRekeys = Atomic<Int>(0)
+    /// Rekeys this side's receiver has done, one per marker received.
+    let receivedRekeys = Atomic<Int>(0)
+    /// The most transport messages this side sent under one key before a rekey (marker included).
+    let longestSendRun = Atomic<Int>(0)
 
     private init(socket: TCPSocket, transport: NoiseTransport, initiator: Bool, address: String, rekeyInterval: Int) {
         self.socket = socket
@@ -77,9 +96,28 @@ public final class SecureLink: MessageLink {
         self.remoteAddress = address
         self.halves = Mutex(
             (
-                TransportSender(transport.sender, rekeyInterval: rekeyInterval),
-                TransportReceiver(transport.receiver, rekeyInterval: rekeyInterval)
+                TransportSender(
+                    transport.sender, policy: RekeyPolicy(messages: rekeyInterval, interval: Self.rekeyTime)),
+                TransportReceiver(transport.receiver)
             ))
+    }
+
+    /// Makes this side rekey sooner than ``rekeyInterval`` and ``rekeyTime`` (tests and
+    /// benchmarks; the peer follows the markers whatever the schedule). Only before
+    /// ``start(onMessage:onDrain:onClose:)``; later calls do nothing.
+    ///
+    /// - Parameters:
+    ///   - messages: transport messages under one key, at least 1 (clamped to ``rekeyInterval``).
+    ///   - time: time under one key (clamped to ``rekeyTime``).
+    public func rekeySooner(messages: Int = rekeyInterval, time: Duration = rekeyTime) {
+        let policy = RekeyPolicy(
+            messages: max(1, min(messages, Self.rekeyInterval)), interval: min(time, Self.rekeyTime))
+        halves.withLock { $0?.sender.policy = policy }
+    }
+
+    /// Why the link ended, once `onClose` has run.
+    public var closeReason: LinkCloseReason? {
+        shared.withLock { $0.reported ? $0.kind : nil }
     }
 
     /// Runs the XXpsk3 handshake on a connected socket.
@@ -178,14 +216,14 @@ public final class SecureLink: MessageLink {
         else { return }
         let reader = Thread { [self] in
             var receiver = receiver
-            let reason = readLoop(&receiver, onMessage)
-            end(reason)
+            let (kind, reason) = readLoop(&receiver, onMessage)
+            end(kind, reason)
             threadFinished()
         }
         reader.name = "trellis.link.read.\(remoteAddress)"
         let writer = Thread { [self] in
             var sender = sender
-            if let failure = writeLoop(&sender) { end(failure) }
+            if let (kind, reason) = writeLoop(&sender) { end(kind, reason) }
             threadFinished()
         }
         writer.name = "trellis.link.write.\(remoteAddress)"
@@ -214,7 +252,10 @@ public final class SecureLink: MessageLink {
         let (shutdownNow, wake) = shared.withLock { s in
             guard !s.closing else { return (false, false) }
             s.closing = true
-            if s.reason == nil { s.reason = "closed by this node" }
+            if s.reason == nil {
+                s.reason = "closed by this node"
+                s.kind = .closedHere
+            }
             defer { s.writerIdle = false }
             // A writer waiting for the peer would wait for good: shut down now. A free writer
             // sends what the socket takes at once, then the authenticated close, then shuts down.
@@ -228,9 +269,12 @@ public final class SecureLink: MessageLink {
 
     /// Records why the link ended (unless a reason is already known), shuts the socket down and
     /// wakes the writer.
-    private func end(_ reason: String) {
+    private func end(_ kind: LinkCloseReason, _ reason: String) {
         let wake = shared.withLock { s in
-            if s.reason == nil { s.reason = reason }
+            if s.reason == nil {
+                s.reason = reason
+                s.kind = kind
+            }
             s.closing = true
             defer { s.writerIdle = false }
             return s.writerIdle
@@ -244,6 +288,7 @@ public final class SecureLink: MessageLink {
         let close = shared.withLock { s -> (@Sendable (String) -> Void, String)? in
             s.running -= 1
             guard s.running == 0, let onClose = s.onClose else { return nil }
+            s.reported = true
             s.onClose = nil
             s.onDrain = nil
             return (onClose, s.reason ?? "closed")
@@ -253,10 +298,18 @@ public final class SecureLink: MessageLink {
 
     private struct PeerClosed: Error {}
 
+    /// A transport message the receiver refuses, and why.
+    private struct Refused: Error {
+        var kind: LinkCloseReason
+        var detail: String
+    }
+
     /// Reads frames, decrypts them and delivers whole messages until the stream ends.
     ///
-    /// - Returns: why it ended.
-    private func readLoop(_ receiver: inout TransportReceiver, _ onMessage: @Sendable ([UInt8]) -> Void) -> String {
+    /// - Returns: why it ended, by kind and in words.
+    private func readLoop(
+        _ receiver: inout TransportReceiver, _ onMessage: @Sendable ([UInt8]) -> Void
+    ) -> (LinkCloseReason, String) {
         var frames = FrameDecoder()
         var assembler = MessageAssembler(limit: LinkLimits.maxMessageBytes)
         var buffer = [UInt8](repeating: 0, count: Self.readChunk)
@@ -265,30 +318,93 @@ public final class SecureLink: MessageLink {
             do {
                 count = try buffer.withUnsafeMutableBytes { try socket.receive(into: $0) }
             } catch {
-                return "\(error)"
+                if frames.bufferedBytes > 0 {
+                    return (
+                        .truncated,
+                        "connection ended inside a frame (\(frames.bufferedBytes) bytes of it read): \(error)"
+                    )
+                }
+                if (error as? SocketError)?.code == ECONNRESET {
+                    return (.unauthenticatedClose, "connection reset without an authenticated close")
+                }
+                return (.failed, "\(error)")
             }
-            if count == 0 { return "connection closed by peer without an authenticated close" }
+            if count == 0 {
+                if frames.bufferedBytes > 0 {
+                    return (
+                        .truncated,
+                        "connection ended inside a frame (\(frames.bufferedBytes) bytes of it read), "
+                            + "without an authenticated close"
+                    )
+                }
+                return (.unauthenticatedClose, "connection closed by peer without an authenticated close")
+            }
             do {
                 try frames.feed(buffer[0..<count]) { (message: [UInt8]) throws(any Error) in
-                    let plaintext = try receiver.open(message)
+                    let plaintext: [UInt8]
+                    do throws(NoiseError) {
+                        plaintext = try receiver.open(message)
+                    } catch {
+                        switch error.code {
+                        case .decryptionFailed:
+                            let kind = receiver.diagnose(message)
+                            throw Refused(
+                                kind: kind,
+                                detail: "a \(message.count)-byte transport message did not authenticate ("
+                                    + (kind == .replayed
+                                        ? "a copy of an earlier one" : kind == .reordered ? "out of order" : "altered")
+                                    + "); the link is closed")
+                        case .badMessageLength, .messageTooLong: throw Refused(kind: .malformed, detail: "\(error)")
+                        default: throw Refused(kind: .failed, detail: "\(error)")
+                        }
+                    }
                     if plaintext.isEmpty { throw PeerClosed() }
+                    if assembler.isAtMessageBoundary, plaintext == rekeyMarker {
+                        try receiver.rekey()
+                        receivedRekeys.add(1, ordering: .relaxed)
+                        return
+                    }
                     try assembler.append(plaintext, onMessage)
                 }
             } catch is PeerClosed {
-                return "peer closed the connection"
+                return (.peerClosed, "peer closed the connection")
+            } catch let refused as Refused {
+                return (refused.kind, refused.detail)
+            } catch let error as FramingError {
+                return (.malformed, "\(error)")
             } catch {
-                return "\(error)"
+                return (.failed, "\(error)")
             }
         }
     }
 
+    /// The kind of a socket error the writer met: a reset or broken pipe is a connection the peer
+    /// (or someone on the path) ended without the authenticated close.
+    private static func kind(ofWriteError error: any Error) -> LinkCloseReason {
+        guard let error = error as? SocketError else { return .failed }
+        return error.code == ECONNRESET || error.code == EPIPE ? .unauthenticatedClose : .failed
+    }
+
     /// Encrypts and writes queued messages until the link closes.
     ///
-    /// - Returns: an error that ended the link, or nil when it ended because it was closing.
-    private func writeLoop(_ sender: inout TransportSender) -> String? {
+    /// - Returns: the error that ended the link, or nil when it ended because it was closing.
+    private func writeLoop(_ sender: inout TransportSender) -> (LinkCloseReason, String)? {
         var stream = OutboundStream()
         while true {
-            let chunk = stream.nextChunk {
+            if stream.isAtMessageBoundary, sender.rekeyDue(now: .now) {
+                do {
+                    guard try write(sender.sealRekey(now: .now)) else {
+                        socket.close()
+                        return nil
+                    }
+                } catch {
+                    return (Self.kind(ofWriteError: error), "\(error)")
+                }
+                sentRekeys.add(1, ordering: .relaxed)
+                longestSendRun.store(sender.longestRun, ordering: .relaxed)
+            }
+            // When a rekey is due, the chunk ends with the message it is in, so the marker can follow.
+            let chunk = stream.nextChunk(endingAtBoundary: sender.rekeyDue(now: .now)) {
                 shared.withLock { s in
                     defer { s.queue = [] }
                     return s.queue
@@ -322,7 +438,7 @@ public final class SecureLink: MessageLink {
             do {
                 frame = try sender.seal(chunk)
             } catch {
-                return "\(error)"
+                return (.failed, "\(error)")
             }
             do {
                 guard try write(frame) else {
@@ -330,7 +446,7 @@ public final class SecureLink: MessageLink {
                     return nil
                 }
             } catch {
-                return "\(error)"
+                return (Self.kind(ofWriteError: error), "\(error)")
             }
             let drain = shared.withLock { s -> (@Sendable () -> Void)? in
                 s.queued -= chunk.count
@@ -379,16 +495,23 @@ struct OutboundStream {
     /// Position in the current message's stream: 0..<4 inside the prefix, then 4 + message offset.
     private var offset = 0
 
+    /// Whether the next chunk starts with a message's length prefix (where a rekey marker may go).
+    var isAtMessageBoundary: Bool { current == nil }
+
     /// The next transport plaintext: as many queued bytes as fit, spanning messages; empty when
     /// nothing is queued.
     ///
-    /// - Parameter refill: takes the messages queued since the last call (called only when the
-    ///   messages taken so far are used up).
-    mutating func nextChunk(refill: () -> [[UInt8]]) -> [UInt8] {
+    /// - Parameters:
+    ///   - endingAtBoundary: end the chunk where a message ends rather than start the next one
+    ///     in it (a rekey marker is due).
+    ///   - refill: takes the messages queued since the last call (called only when the messages
+    ///     taken so far are used up).
+    mutating func nextChunk(endingAtBoundary: Bool = false, refill: () -> [[UInt8]]) -> [UInt8] {
         let capacity = NoiseTransport.maxPlaintextLength
         var chunk: [UInt8] = []
         while chunk.count < capacity {
             if current == nil {
+                if endingAtBoundary && !chunk.isEmpty { break }
                 if next == messages.count {
                     messages = refill()
                     next = 0

@@ -287,6 +287,15 @@ public final class TCPSocket: Sendable {
     public func close() {
         shutdown(fd, Int32(SHUT_RDWR))
     }
+
+    /// Aborts the connection with a TCP RST instead of a FIN (`connect` with `AF_UNSPEC`, which
+    /// Linux turns into a disconnect); the descriptor stays open until the socket is released.
+    /// For tests that play a third party forging a reset.
+    func reset() {
+        var address = sockaddr()
+        address.sa_family = sa_family_t(AF_UNSPEC)
+        _ = Glibc.connect(fd, &address, socklen_t(MemoryLayout<sockaddr>.size))
+    }
 }
 
 /// A listening TCP socket.

@@ -58,6 +58,8 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     private(set) var host: SyncHost!
     private var links: [LinkID: any MessageLink] = [:]
     private let nextLink = Atomic<UInt64>(0)
+    /// Links closed since the engine started, per reason (links that classify their ends: TCP).
+    public let linkCloses = LinkCloseCounters()
     private var scanScheduled = false
     private var timer: (any DispatchSourceTimer)?
     private var observerToken: UInt64 = 0
@@ -266,6 +268,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
                 },
                 onClose: { [weak self] reason in
                     guard let self else { return }
+                    if let kind = link.closeReason { self.linkCloses.record(kind) }
                     self.queue.async {
                         guard self.links.removeValue(forKey: id) != nil else { return }
                         self.host.linkClosed(id, reason: reason)

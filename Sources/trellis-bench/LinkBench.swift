@@ -32,8 +32,12 @@ func secureLinkPair() throws -> (client: SecureLink, server: SecureLink) {
 
 /// Seconds to move `messages` messages of `size` bytes one way over a SecureLink, from the first
 /// send until the receiver has the last one.
-func secureLinkBulkSeconds(messages: Int, size: Int) throws -> Double {
+///
+/// - Parameter rekeyEvery: transport messages between the sender's rekeys (default: the link's
+///   own schedule, 2^20, which a run this size never reaches).
+func secureLinkBulkSeconds(messages: Int, size: Int, rekeyEvery: Int = SecureLink.rekeyInterval) throws -> Double {
     let (client, server) = try secureLinkPair()
+    client.rekeySooner(messages: rekeyEvery)
     let received = Atomic<Int>(0)
     let finished = DispatchSemaphore(value: 0)
     server.start(
@@ -110,6 +114,9 @@ func linkFigures() throws -> [Figure] {
     let megabytes = Double(messages * size) / 1e6
     let raw = megabytes / (try rawLoopbackBulkSeconds(bytes: messages * size, chunk: 1 << 20))
     let link = megabytes / (try secureLinkBulkSeconds(messages: messages, size: size))
+    // A rekey every 16 transport messages (1 MiB): 65,536 times the default rate, an upper bound
+    // on what rekeying costs.
+    let rekeying = megabytes / (try secureLinkBulkSeconds(messages: messages, size: size, rekeyEvery: 16))
     let rawRTT = quantile(try loopbackRoundTrips(2000), 0.5)
     let linkRTT = try secureLinkRoundTrips(2000)
     return [
@@ -117,6 +124,9 @@ func linkFigures() throws -> [Figure] {
         Figure(
             name: "link_bulk_mb_per_s", value: link, unit: "MB/s", baseline: raw,
             baselineName: "raw_loopback_tcp_mb_per_s"),
+        Figure(
+            name: "link_bulk_rekey_every_16_mb_per_s", value: rekeying, unit: "MB/s", baseline: link,
+            baselineName: "link_bulk_mb_per_s"),
         Figure(name: "raw_loopback_rtt_p50_ms", value: rawRTT, unit: "ms"),
         Figure(
             name: "link_round_trip_p50_ms", value: quantile(linkRTT, 0.5), unit: "ms", baseline: rawRTT,

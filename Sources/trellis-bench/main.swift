@@ -1,7 +1,7 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
-//       [--replication] [--import]
+//       [--replication] [--import] [--links]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -29,6 +29,7 @@ var simulationOnly = false
 var tombstonesOnly = false
 var replicationOnly = false
 var importOnly = false
+var linksOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
@@ -37,6 +38,7 @@ while i < args.count {
     case "--tombstones": tombstonesOnly = true
     case "--replication": replicationOnly = true
     case "--import": importOnly = true
+    case "--links": linksOnly = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
         guard i + 2 < args.count else { exit(2) }
@@ -57,8 +59,8 @@ while i < args.count {
         carsPath = args[i]
     case "--help", "-h":
         print(
-            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--replication] [--import]"
-        )
+            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--replication]"
+                + " [--import] [--links]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -157,6 +159,11 @@ if simulationOnly {
     printFigures(
         try simulationFigures(meshSizes: [16, 64, 256], seedsPerSize: 5),
         heading: "trellis-bench --simulation: simulated meshes, release build expected")
+    exit(0)
+}
+if linksOnly {
+    printFigures(
+        try linkFigures(), heading: "trellis-bench --links: encrypted links over loopback, release build expected")
     exit(0)
 }
 if tombstonesOnly {

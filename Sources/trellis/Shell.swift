@@ -51,8 +51,9 @@ final class Shell {
                                           start it again; `sync` alone prints sync status
           discovered                      list the peers LAN discovery hears (key, address, version)
           status                          this node: identity, clocks, peers, subscriptions, sync
-                                          status, and every document held back (deferred,
-                                          damaged) with why
+                                          status, links closed by reason (authenticated close,
+                                          bare FIN/RST, tampered traffic), and every document
+                                          held back (deferred, damaged) with why
           help                            this text
           quit                            leave (also end of input)
         Errors print one line starting with `error: `.

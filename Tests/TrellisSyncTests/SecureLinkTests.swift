@@ -62,7 +62,7 @@ import TrellisTestKit
     }
 
     /// Random message sizes (empty, tiny, exactly a transport plaintext, spanning many) arrive
-    /// whole and in order both ways, with rekeys every few transport messages.
+    /// whole and in order both ways, with a rekey due every few transport messages.
     @Test func messagesOfEverySizeArriveInOrderBothWays() throws {
         let (generator, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: .min ... .max))
         print("messagesOfEverySizeArriveInOrderBothWays seed: \(seed) (replay with TRELLIS_SEED=\(seed))")
@@ -139,7 +139,8 @@ import TrellisTestKit
 
     /// The link's byte stream against an independent implementation (PyPI `noiseprotocol`, in
     /// scripts/link_peer.py): messages spanning transport messages, several per transport
-    /// message, and rekeys every 5 transport messages each way, then the authenticated close.
+    /// message, and rekey markers after every 5 transport messages each way, then the
+    /// authenticated close.
     @Test func aPythonPeerSpeaksTheSameStream() throws {
         Sodium.initialize()
         let meshKey = SecretBytes.random(count: 32)
@@ -176,5 +177,12 @@ import TrellisTestKit
         let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(process.terminationStatus == 0, "link_peer.py: \(stderr)")
         #expect(stderr.contains("authenticated close received"), "link_peer.py: \(stderr)")
+        // Rekey markers went both ways and each side followed the other's.
+        #expect(link.sentRekeys.load(ordering: .relaxed) >= 1)
+        #expect(link.receivedRekeys.load(ordering: .relaxed) >= 10)
+        #expect(
+            stderr.contains(
+                "rekeys sent \(link.receivedRekeys.load(ordering: .relaxed)) "
+                    + "received \(link.sentRekeys.load(ordering: .relaxed))"), "link_peer.py: \(stderr)")
     }
 }
