@@ -150,7 +150,7 @@ public enum WireMessage: Sendable, Equatable {
     case presence([PresenceRecord])
 
     /// The protocol version this build speaks.
-    public static let protocolVersion = 2
+    public static let protocolVersion = 3
     /// The most hops a forwarded subscription may carry on the wire.
     public static let maxHops = 16
 
