@@ -1,6 +1,7 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
+//       [--handshakes]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -26,12 +27,14 @@ var documentCount = 100_000
 var carsPath: String?
 var simulationOnly = false
 var tombstonesOnly = false
+var handshakesOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
     case "--json": jsonOutput = true
     case "--simulation": simulationOnly = true
     case "--tombstones": tombstonesOnly = true
+    case "--handshakes": handshakesOnly = true
     case "--documents":
         i += 1
         guard i < args.count, let n = Int(args[i]), n > 0 else {
@@ -47,7 +50,7 @@ while i < args.count {
         }
         carsPath = args[i]
     case "--help", "-h":
-        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]")
+        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--handshakes]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -146,6 +149,12 @@ if simulationOnly {
     printFigures(
         try simulationFigures(meshSizes: [16, 64, 256], seedsPerSize: 5),
         heading: "trellis-bench --simulation: simulated meshes, release build expected")
+    exit(0)
+}
+if handshakesOnly {
+    printFigures(
+        try handshakeFigures(),
+        heading: "trellis-bench --handshakes: Noise handshakes in process (no I/O), release build expected")
     exit(0)
 }
 if tombstonesOnly {

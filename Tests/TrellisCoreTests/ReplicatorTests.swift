@@ -67,7 +67,7 @@ import TrellisCore
             Issue.record("no hello: \(opened)")
             return
         }
-        #expect(mine.peerKey == Self.keyA && mine.version == 2)
+        #expect(mine.peerKey == Self.keyA && mine.version == WireMessage.protocolVersion)
         let spec = SubscriptionSpec(collection: "cars", query: "Origin == 'Japan'")
         _ = try r.subscribe(spec, now: 0)
         let established = r.received(hello(), on: link, now: 0)
@@ -75,7 +75,10 @@ import TrellisCore
         #expect(
             Self.sent(established) == [
                 .subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)], version: 1),
-                .presence([PresenceRecord(peerKey: Self.keyA, version: 2, seq: 1, neighbors: [Self.keyB])]),
+                .presence([
+                    PresenceRecord(
+                        peerKey: Self.keyA, version: WireMessage.protocolVersion, seq: 1, neighbors: [Self.keyB])
+                ]),
             ])
         let served = SubscriptionSpec(collection: "cars")
         let directives = r.received(
