@@ -83,8 +83,8 @@ enum LinkHandshake {
             } catch let error as SocketError where error.call == "recv" {
                 throw HandshakeError(
                     .refusedByPeer,
-                    "the peer closed the connection without answering: it holds another mesh key (or runs an "
-                        + "older protocol version)")
+                    "the peer closed the connection without answering: it holds another mesh key or runs an "
+                        + "older protocol version (check that both nodes use the same mesh key and protocol 3)")
             }
             _ = try handshake.readMessage(message2)
             try writeFrame(socket, handshake.writeMessage(), deadline: deadline)

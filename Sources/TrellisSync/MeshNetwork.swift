@@ -236,7 +236,8 @@ public final class MeshNetwork: Sendable {
                         continue
                     }
                 }
-                if let link { self.engine.attach(link, endpoint: name) }
+                guard let link else { throw HandshakeError(.refusedByPeer, "no mesh key to dial with") }
+                self.engine.attach(link, endpoint: name)
             } catch {
                 self.engine.dialFailed(name, reason: "\(error)")
             }

@@ -50,7 +50,8 @@ while i < args.count {
         }
         carsPath = args[i]
     case "--help", "-h":
-        print("usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--handshakes]")
+        print(
+            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--handshakes]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
