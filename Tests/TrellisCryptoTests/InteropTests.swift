@@ -239,13 +239,17 @@ struct InteropTests {
         #expect(status == 4, "expected a protocol error from noise_peer.py, got \(status): \(stderr)")
     }
 
+    /// A Python XXpsk0 peer holding another psk (32 × 0xEE).
+    static func strangerPSK0(role: String) throws -> Peer {
+        try Peer(arguments: [
+            "--role", role, "--pattern", "XXpsk0", "--psk", String(repeating: "ee", count: 32), "--prologue",
+            Hex.encode(prologue),
+        ])
+    }
+
     @Test("XXpsk0: a Python initiator with a different psk is refused at message 1, before any DH")
     func pythonWrongPSKAtMessage1() throws {
-        let other = SecretBytes([UInt8](repeating: 0xEE, count: 32))
-        let peer = try Peer(arguments: [
-            "--role", "initiator", "--pattern", "XXpsk0", "--psk", Hex.encode(other.copyBytes()), "--prologue",
-            Hex.encode(Self.prologue),
-        ])
+        let peer = try Self.strangerPSK0(role: "initiator")
         var handshake = try HandshakeState(
             pattern: .xxpsk0, role: .responder, prologue: Self.prologue, staticKeyPair: .generate(), psk: Self.psk)
         guard let message1 = try peer.receive() else { return try peer.recordEarlyExit("the handshake") }
@@ -260,11 +264,7 @@ struct InteropTests {
 
     @Test("XXpsk0: a Swift initiator with a different psk is refused by the Python responder at message 1")
     func swiftWrongPSKAtMessage1() throws {
-        let other = SecretBytes([UInt8](repeating: 0xEE, count: 32))
-        let peer = try Peer(arguments: [
-            "--role", "responder", "--pattern", "XXpsk0", "--psk", Hex.encode(other.copyBytes()), "--prologue",
-            Hex.encode(Self.prologue),
-        ])
+        let peer = try Self.strangerPSK0(role: "responder")
         var handshake = try HandshakeState(
             pattern: .xxpsk0, role: .initiator, prologue: Self.prologue, staticKeyPair: .generate(), psk: Self.psk)
         peer.send(try handshake.writeMessage(payload: []))
