@@ -45,8 +45,6 @@ public struct HandshakeError: Error, Sendable, Equatable, CustomStringConvertibl
 enum LinkHandshake {
     /// The pattern on the wire.
     static let pattern = NoisePattern.xxpsk0
-    /// Length of message 1: the ephemeral key and the empty payload's tag.
-    static let message1Length = 32 + CipherState.tagLength
     /// The prologue of the older handshake, `Noise_XXpsk3` (protocol version 2 and before).
     static let oldPrologue = Array("trellis/1".utf8)
 

@@ -21,33 +21,32 @@ func handshakeFigures(count: Int = 2_000) throws -> [Figure] {
     let responderStatic = KeyPair.generate()
     let prologue = Array("trellis/bench".utf8)
     func start(_ pattern: NoisePattern, _ role: NoiseRole, _ psk: SecretBytes, _ keys: KeyPair = .generate()) throws
-        -> HandshakeStateBox
+        -> HandshakeState
     {
-        HandshakeStateBox(
-            try HandshakeState(pattern: pattern, role: role, prologue: prologue, staticKeyPair: keys, psk: psk))
+        try HandshakeState(pattern: pattern, role: role, prologue: prologue, staticKeyPair: keys, psk: psk)
     }
     // A stranger's message 1 under each pattern (a fresh one per call would only add the
     // stranger's own cost; the listener's work is the same for any message 1).
-    var stranger3 = try start(.xxpsk3, .initiator, strangerKey).state
+    var stranger3 = try start(.xxpsk3, .initiator, strangerKey)
     let message1Old = try stranger3.writeMessage()
-    var stranger0 = try start(.xxpsk0, .initiator, strangerKey).state
+    var stranger0 = try start(.xxpsk0, .initiator, strangerKey)
     let message1New = try stranger0.writeMessage()
 
     let xxpsk3Stranger = try microsecondsPerCall(count) {
-        var responder = try start(.xxpsk3, .responder, meshKey, responderStatic).state
+        var responder = try start(.xxpsk3, .responder, meshKey, responderStatic)
         _ = try responder.readMessage(message1Old)
         _ = try responder.writeMessage()
     }
     let xxpsk0Stranger = try microsecondsPerCall(count) {
-        var responder = try start(.xxpsk0, .responder, meshKey, responderStatic).state
+        var responder = try start(.xxpsk0, .responder, meshKey, responderStatic)
         _ = try? responder.readMessage(message1New)
     }
     // A whole XXpsk0 handshake: each side's share measured separately.
     var initiatorMicros = 0.0
     var responderMicros = 0.0
     for round in 0..<(count + 50) {
-        var initiator = try start(.xxpsk0, .initiator, meshKey).state
-        var responder = try start(.xxpsk0, .responder, meshKey, responderStatic).state
+        var initiator = try start(.xxpsk0, .initiator, meshKey)
+        var responder = try start(.xxpsk0, .responder, meshKey, responderStatic)
         var t = DispatchTime.now().uptimeNanoseconds
         let m1 = try initiator.writeMessage()
         let i1 = DispatchTime.now().uptimeNanoseconds - t
@@ -82,10 +81,4 @@ func handshakeFigures(count: Int = 2_000) throws -> [Figure] {
             name: "handshakes_xxpsk0_per_s_per_core_one_side", value: 1e6 / ((initiatorMicros + responderMicros) / 2),
             unit: "handshakes/s"),
     ]
-}
-
-/// Holds a handshake state so a throwing builder can return it by value.
-struct HandshakeStateBox {
-    var state: HandshakeState
-    init(_ state: HandshakeState) { self.state = state }
 }
