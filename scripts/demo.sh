@@ -98,7 +98,7 @@ cmp -s "$WORK/A.japan" "$WORK/B.all" || { echo "B differs from A's Japanese cars
 [ "$(wc -l <"$WORK/A.all")" -eq "$TOTAL" ] || { echo "A does not hold $TOTAL cars"; exit 1; }
 
 echo
-echo "Trellis demo — vega_datasets cars.json ($TOTAL cars, $JAPAN from Japan), 3 nodes on loopback, Noise XXpsk3 links"
+echo "Trellis demo — vega_datasets cars.json ($TOTAL cars, $JAPAN from Japan), 3 nodes on loopback, Noise XXpsk0 links"
 printf '  %-3s %-34s %5s documents\n' "A" "imported all cars" "$(wc -l <"$WORK/A.all")"
 printf '  %-3s %-34s %5s documents\n' "B" "subscribed: Origin == 'Japan'" "$(wc -l <"$WORK/B.all")"
 printf '  %-3s %-34s %5s documents\n' "C" "subscribed: all cars" "$(wc -l <"$WORK/C.all")"

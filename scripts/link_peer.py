@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """An independent Trellis link peer for interop tests, built on PyPI's `noiseprotocol` (module `noise`).
 
-It dials 127.0.0.1:PORT, runs the Noise_XXpsk3_25519_ChaChaPoly_SHA256 handshake as initiator
-(prologue `trellis/1`, empty payloads), then speaks the link's transport stream as
+It dials 127.0.0.1:PORT, runs the Noise_XXpsk0_25519_ChaChaPoly_SHA256 handshake as initiator
+(prologue `trellis/3`, empty payloads), then speaks the link's transport stream as
 docs/PROTOCOL.md section 1 describes it:
 
   - every Noise message on TCP is a 2-byte big-endian length and the message;
@@ -87,9 +87,9 @@ def main(argv):
     if len(psk) != 32 or args.rekey_interval < 1:
         parser.error("--psk must be 32 bytes and --rekey-interval at least 1")
 
-    conn = NoiseConnection.from_name(b"Noise_XXpsk3_25519_ChaChaPoly_SHA256")
+    conn = NoiseConnection.from_name(b"Noise_XXpsk0_25519_ChaChaPoly_SHA256")
     conn.set_psks(psk=psk)
-    conn.set_prologue(b"trellis/1")
+    conn.set_prologue(b"trellis/3")
     conn.set_as_initiator()
     conn.set_keypair_from_private_bytes(Keypair.STATIC, os.urandom(32))
     sock = socket.create_connection(("127.0.0.1", args.port), timeout=60)

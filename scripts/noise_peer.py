@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """An independent Noise peer for Trellis interop tests, built on PyPI's `noiseprotocol` (module `noise`).
 
-It runs one Noise_XXpsk3_25519_ChaChaPoly_SHA256 (or Noise_XX_...) handshake over stdin/stdout, then
+It runs one Noise_XXpsk0_25519_ChaChaPoly_SHA256 (or Noise_XXpsk3_... or Noise_XX_...) handshake over stdin/stdout, then
 answers transport messages, so the Swift TrellisCrypto implementation can be checked against it.
 
 Framing (both directions): every message is a 2-byte big-endian length followed by that many bytes.
@@ -78,10 +78,10 @@ def run_handshake(conn, initiator, reader, writer):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description="Noise XX/XXpsk3 peer over stdin/stdout (Trellis interop).")
+    parser = argparse.ArgumentParser(description="Noise XX/XXpsk3/XXpsk0 peer over stdin/stdout (Trellis interop).")
     parser.add_argument("--role", choices=["initiator", "responder"], default="responder")
-    parser.add_argument("--pattern", choices=["XXpsk3", "XX"], default="XXpsk3")
-    parser.add_argument("--psk", default="", help="pre-shared key, 64 hex digits (required for XXpsk3)")
+    parser.add_argument("--pattern", choices=["XXpsk0", "XXpsk3", "XX"], default="XXpsk3")
+    parser.add_argument("--psk", default="", help="pre-shared key, 64 hex digits (required for XXpsk0 and XXpsk3)")
     parser.add_argument("--prologue", default="", help="prologue, hex")
     parser.add_argument("--static", default="", help="static X25519 private key, 64 hex digits (default: random)")
     parser.add_argument("--transform", choices=["reverse", "upper"], default="reverse")
@@ -94,8 +94,8 @@ def parse_args(argv):
         args.static = bytes.fromhex(args.static) if args.static else os.urandom(32)
     except ValueError as error:
         parser.error("bad hex argument: %s" % error)
-    if args.pattern == "XXpsk3" and len(args.psk) != 32:
-        parser.error("--psk must be 32 bytes (64 hex digits) for XXpsk3, got %d bytes" % len(args.psk))
+    if args.pattern != "XX" and len(args.psk) != 32:
+        parser.error("--psk must be 32 bytes (64 hex digits) for %s, got %d bytes" % (args.pattern, len(args.psk)))
     if len(args.static) != 32:
         parser.error("--static must be 32 bytes (64 hex digits)")
     if args.rounds < 1:
@@ -109,7 +109,7 @@ def transform(data, how):
 
 def run(args, stdin, stdout):
     conn = NoiseConnection.from_name(("Noise_%s_25519_ChaChaPoly_SHA256" % args.pattern).encode("ascii"))
-    if args.pattern == "XXpsk3":
+    if args.pattern != "XX":
         conn.set_psks(psk=args.psk)
     conn.set_prologue(args.prologue)
     conn.set_keypair_from_private_bytes(Keypair.STATIC, args.static)

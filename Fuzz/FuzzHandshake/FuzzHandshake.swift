@@ -1,4 +1,4 @@
-// libFuzzer entry point for the Noise XXpsk3 handshake, both roles: `scripts/fuzz.sh FuzzHandshake SECONDS`.
+// libFuzzer entry point for the Noise XXpsk0 handshake, both roles: `scripts/fuzz.sh FuzzHandshake SECONDS`.
 // What it checks is `FuzzChecks.handshake` in TrellisTestKit, which the test suite also replays.
 import TrellisTestKit
 

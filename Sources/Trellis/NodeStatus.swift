@@ -37,6 +37,10 @@ public struct NodeStatus: Sendable {
     /// that ended without one, and links closed for tampered, replayed, reordered, truncated or
     /// malformed traffic (docs/SECURITY.md, "Channel"). Reasons never seen are absent.
     public var linkCloses: [LinkCloseReason: Int] = [:]
+    /// Inbound connections before authentication: accepted, cut, late, under another key.
+    public var handshakes = PreAuthCounters()
+    /// Whether a next mesh key is held (a changeover is under way).
+    public var hasNextMeshKey = false
 
     /// Several lines: identity and log, clocks, peers, subscriptions, then every deferred and
     /// damaged document with its reason.
@@ -51,6 +55,8 @@ public struct NodeStatus: Sendable {
             + (hlcMillis == 0 ? "not started (nothing written or merged yet)" : Self.time(hlcMillis))
         if hlcMillis != 0, lead > 1_000 { clock += " (HLC \(lead) ms ahead: a peer's clock is ahead of this one)" }
         lines.append(clock)
+        lines.append("mesh key: current" + (hasNextMeshKey ? " and next (changeover under way)" : " only"))
+        lines.append(handshakes.description)
         lines.append("peers: \(peers.count) connected")
         for peer in peers {
             for line in peer.description.split(separator: "\n") { lines.append("  " + line) }
@@ -97,6 +103,7 @@ extension TrellisNode {
             peerKey: identity.publicKey, site: documents.siteID, epoch: documents.epoch, lastSeq: documents.lastSeq,
             physicalMillis: documents.options.now(), hlcMillis: documents.lastTimestamp.millis, peers: peers,
             subscriptions: subscriptions, deferred: try documents.deferredDocuments(),
-            damaged: documents.damagedDocuments(), sync: sync.status, linkCloses: engine.linkCloses.snapshot)
+            damaged: documents.damagedDocuments(), sync: sync.status, linkCloses: engine.linkCloses.snapshot,
+            handshakes: network.preAuthCounters, hasNextMeshKey: network.hasNextMeshKey)
     }
 }

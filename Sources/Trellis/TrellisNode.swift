@@ -19,6 +19,14 @@ public struct NodeOptions: Sendable {
     /// are refused as busy unless with a static peer, and discovered peers subscribing to the
     /// same collections are dialed first.
     public var maxSessions = 64
+    /// During a mesh-key changeover, the next mesh key (docs/SECURITY.md, "Changing the mesh
+    /// key"): the node accepts dialers holding it as well as the current key, and when a peer
+    /// refuses the current key it tries this one. ``TrellisNode/promoteNextMeshKey()`` makes it
+    /// current.
+    public var nextMeshKey: MeshKey?
+    /// Limits on inbound connections before they prove the mesh key (per source, in all, the
+    /// deadline for the first handshake message).
+    public var preAuthLimits = PreAuthLimits()
 
     public init() {}
 }
@@ -60,7 +68,9 @@ public final class TrellisNode: Sendable {
         configuration.maxSessions = max(1, options.maxSessions)
         engine = try SyncEngine(
             store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log)
-        network = MeshNetwork(engine: engine, identity: identity, meshKey: meshKey.secret, log: options.log)
+        network = MeshNetwork(
+            engine: engine, identity: identity, meshKey: meshKey.secret, nextMeshKey: options.nextMeshKey?.secret,
+            preAuthLimits: options.preAuthLimits, log: options.log)
         store = Store(documents: documents, subscriptions: engine)
         sync = NodeSync(engine: engine)
         presence = Presence(engine: engine)
@@ -106,6 +116,26 @@ public final class TrellisNode: Sendable {
             throw MeshKeyError("cannot write the identity key: \(error)")
         }
         return pair
+    }
+
+    /// Sets (or with nil, drops) the next mesh key of a changeover, for handshakes from now on
+    /// (``NodeOptions/nextMeshKey``).
+    ///
+    /// - Parameter key: the next mesh key, or nil.
+    public func setNextMeshKey(_ key: MeshKey?) {
+        network.setNextMeshKey(key?.secret)
+    }
+
+    /// Ends a mesh-key changeover on this node: the next mesh key becomes the current one and the
+    /// old one is forgotten, so from now on peers holding only the old key are refused (they see
+    /// "the peer closed the connection without answering: it holds another mesh key"). Sessions
+    /// already established stay until they end. LAN discovery keeps sealing beacons with the key
+    /// that was current when it started until it is started again.
+    ///
+    /// - Returns: false (and nothing changes) when the node holds no next mesh key.
+    @discardableResult
+    public func promoteNextMeshKey() -> Bool {
+        network.promoteNextMeshKey()
     }
 
     /// This node's peer key (static public key), hex.

@@ -1,26 +1,32 @@
 /// The handshake patterns this module implements.
 ///
-/// Both are `XX` (spec rev 34, §7.5): each side sends its static key encrypted, so neither needs
+/// All are `XX` (spec rev 34, §7.5): each side sends its static key encrypted, so neither needs
 /// the other's key in advance. `xxpsk3` adds a pre-shared key mixed in at the end of the third
-/// message (§9, §10.2): without the right psk the responder cannot decrypt message 3.
+/// message (§9, §10.2): without the right psk the responder cannot decrypt message 3. `xxpsk0`
+/// mixes it in before the first message (§9.2), so message 1's payload tag already proves the psk
+/// and a responder refuses a stranger before any DH with its static key and before revealing it.
 public enum NoisePattern: String, Sendable, CaseIterable {
     /// `Noise_XX_25519_ChaChaPoly_SHA256`: `-> e`, `<- e, ee, s, es`, `-> s, se`.
     case xx = "XX"
     /// `Noise_XXpsk3_25519_ChaChaPoly_SHA256`: `-> e`, `<- e, ee, s, es`, `-> s, se, psk`.
-    /// The one Trellis uses, with the mesh key as psk.
+    /// What Trellis used up to protocol version 2.
     case xxpsk3 = "XXpsk3"
+    /// `Noise_XXpsk0_25519_ChaChaPoly_SHA256`: `-> psk, e`, `<- e, ee, s, es`, `-> s, se`.
+    /// The one Trellis uses (protocol version 3), with the mesh key as psk.
+    case xxpsk0 = "XXpsk0"
 
     /// The full Noise protocol name, e.g. `"Noise_XXpsk3_25519_ChaChaPoly_SHA256"` (§8).
     public var protocolName: String { "Noise_\(rawValue)_25519_ChaChaPoly_SHA256" }
 
     /// Whether the pattern has a `psk` token and so needs a pre-shared key (§9).
-    public var usesPSK: Bool { self == .xxpsk3 }
+    public var usesPSK: Bool { self != .xx }
 
     /// The message patterns, in order, initiator first (§7.5, §10.2).
     var messagePatterns: [[Token]] {
         switch self {
         case .xx: return [[.e], [.e, .ee, .s, .es], [.s, .se]]
         case .xxpsk3: return [[.e], [.e, .ee, .s, .es], [.s, .se, .psk]]
+        case .xxpsk0: return [[.psk, .e], [.e, .ee, .s, .es], [.s, .se]]
         }
     }
 
@@ -38,8 +44,8 @@ public enum NoiseRole: Sendable, Equatable {
     case responder
 }
 
-/// A Noise `HandshakeState` (spec rev 34, §5.3) for ``NoisePattern/xx`` and ``NoisePattern/xxpsk3``
-/// over X25519, ChaChaPoly and SHA-256.
+/// A Noise `HandshakeState` (spec rev 34, §5.3) for ``NoisePattern/xx``, ``NoisePattern/xxpsk3``
+/// and ``NoisePattern/xxpsk0`` over X25519, ChaChaPoly and SHA-256.
 ///
 /// Sans-I/O: feed it the bytes the peer sent with ``readMessage(_:)``, send what
 /// ``writeMessage(payload:)`` returns, and once ``isComplete`` call ``split()`` for the transport.
@@ -75,13 +81,13 @@ public struct HandshakeState: Sendable {
     /// `Initialize(...)` (§5.3): starts a handshake.
     ///
     /// - Parameters:
-    ///   - pattern: ``NoisePattern/xx`` or ``NoisePattern/xxpsk3``.
+    ///   - pattern: ``NoisePattern/xx``, ``NoisePattern/xxpsk3`` or ``NoisePattern/xxpsk0``.
     ///   - role: ``NoiseRole/initiator`` or ``NoiseRole/responder``.
     ///   - prologue: Bytes both sides must agree on, mixed into the handshake hash (§6); Trellis puts
     ///     its protocol name and version here. Any length.
     ///   - staticKeyPair: This node's long-term X25519 key pair (its peer key).
-    ///   - psk: The 32-byte pre-shared key; required for ``NoisePattern/xxpsk3``, forbidden for
-    ///     ``NoisePattern/xx``.
+    ///   - psk: The 32-byte pre-shared key; required for ``NoisePattern/xxpsk3`` and
+    ///     ``NoisePattern/xxpsk0``, forbidden for ``NoisePattern/xx``.
     ///   - fixedEphemeralKeyPair: Use this ephemeral key instead of generating one. **Only for test
     ///     vectors**: reusing an ephemeral key destroys the handshake's security.
     /// - Throws: ``NoiseError/Code/invalidPSK`` if the psk is missing, not 32 bytes, or not wanted.
@@ -102,7 +108,8 @@ public struct HandshakeState: Sendable {
                     .invalidPSK, "pre-shared key must be \(HandshakeState.pskLength) bytes, got \(psk.count)")
             }
         } else if psk != nil {
-            throw NoiseError(.invalidPSK, "\(pattern.protocolName) has no psk token; pass psk: nil or use .xxpsk3")
+            throw NoiseError(
+                .invalidPSK, "\(pattern.protocolName) has no psk token; pass psk: nil or use a psk pattern")
         }
         self.pattern = pattern
         self.role = role
@@ -143,7 +150,8 @@ public struct HandshakeState: Sendable {
     /// and appends the (possibly encrypted) payload.
     ///
     /// - Parameter payload: Application data to carry in this handshake message. It is encrypted
-    ///   except in message 1 (no key yet there; do not put secrets in it).
+    ///   except in message 1 of `xx` and `xxpsk3` (no key yet there; do not put secrets in it); in
+    ///   `xxpsk0` message 1 is encrypted under a key derived from the psk alone (no forward secrecy).
     /// - Returns: The message to send, at most 65535 bytes.
     /// - Throws: ``NoiseError/Code/wrongState`` when it is not this side's turn to write,
     ///   ``NoiseError/Code/messageTooLong`` when the message would exceed 65535 bytes, and
@@ -179,7 +187,8 @@ public struct HandshakeState: Sendable {
     /// - Throws: ``NoiseError/Code/wrongState`` when a write is due or the handshake is over,
     ///   ``NoiseError/Code/messageTooLong`` over 65535 bytes, ``NoiseError/Code/badMessageLength``
     ///   when it is too short for its pattern, ``NoiseError/Code/decryptionFailed`` when a key or
-    ///   payload does not authenticate (with `xxpsk3`, a different psk fails here on message 3),
+    ///   payload does not authenticate (with `xxpsk3`, a different psk fails here on message 3;
+    ///   with `xxpsk0`, on message 1, before the responder has done any DH),
     ///   ``NoiseError/Code/invalidKey`` for a low-order public key. After any of these except
     ///   `wrongState`, the handshake is failed for good.
     public mutating func readMessage(_ message: [UInt8]) throws(NoiseError) -> [UInt8] {

@@ -4,13 +4,13 @@ internal import Glibc
 import Synchronization
 public import TrellisCrypto
 
-/// A ``MessageLink`` over TCP, encrypted with `Noise_XXpsk3_25519_ChaChaPoly_SHA256`.
+/// A ``MessageLink`` over TCP, encrypted with `Noise_XXpsk0_25519_ChaChaPoly_SHA256`.
 ///
 /// Wire format (docs/PROTOCOL.md §1):
 /// - Every Noise message (handshake or transport) is framed as a 2-byte big-endian length and the
 ///   message (at most 65535 bytes, Noise spec rev 34 §3).
-/// - The handshake is XXpsk3 with prologue ``prologue`` and psk = the mesh key; the dialer is the
-///   initiator. Handshake payloads are empty.
+/// - The handshake is XXpsk0 (``LinkHandshake``) with prologue ``prologue`` and psk = the mesh
+///   key; the dialer is the initiator. Handshake payloads are empty.
 /// - After the handshake the transport plaintexts form one byte stream carrying application
 ///   messages, each a 4-byte big-endian length and that many bytes (at most
 ///   ``LinkLimits/maxMessageBytes``); one application message may span many transport messages
@@ -32,7 +32,7 @@ public import TrellisCrypto
 /// ``close()``.
 public final class SecureLink: MessageLink {
     /// Bytes mixed into the handshake: the protocol and its version.
-    public static let prologue = Array("trellis/1".utf8)
+    public static let prologue = Array("trellis/3".utf8)
     /// Largest application message, bytes (``LinkLimits/maxMessageBytes``).
     public static let maxMessageBytes = LinkLimits.maxMessageBytes
     /// Transport messages a sender sends under one key before it rekeys (2^20).
@@ -120,7 +120,8 @@ public final class SecureLink: MessageLink {
         shared.withLock { $0.reported ? $0.kind : nil }
     }
 
-    /// Runs the XXpsk3 handshake on a connected socket.
+    /// Runs the handshake (`Noise_XXpsk0`, ``LinkHandshake``) on a connected socket with one mesh
+    /// key.
     ///
     /// On failure the socket is shut down and nothing else keeps it: its descriptor is released as
     /// soon as the caller drops it.
@@ -135,16 +136,48 @@ public final class SecureLink: MessageLink {
     ///   - timeout: seconds the whole handshake may take (a peer dripping one byte at a time cannot
     ///     extend it).
     /// - Returns: a link, not yet started.
-    /// - Throws: ``SocketError`` for I/O and when `timeout` passes (`call` is "handshake"),
-    ///   ``NoiseError`` when the peer does not hold the mesh key (`decryptionFailed`) or sends
-    ///   malformed handshake messages, ``LinkError/notAdmitted`` when `admit` refuses the peer.
+    /// - Throws: ``HandshakeError`` when the peer holds another mesh key, speaks an older protocol
+    ///   or is too slow, ``SocketError`` for I/O, ``NoiseError`` when the peer sends malformed
+    ///   handshake messages, ``LinkError/notAdmitted`` when `admit` refuses the peer.
     public static func handshake(
         socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKey: SecretBytes, address: String,
         admit: ([UInt8]) -> Bool = { _ in true }, timeout: Int = 10
     ) throws -> SecureLink {
         try handshake(
-            socket: socket, initiator: initiator, identity: identity, meshKey: meshKey, address: address,
-            admit: admit, timeout: timeout, rekeyInterval: rekeyInterval)
+            socket: socket, initiator: initiator, identity: identity, meshKeys: [meshKey], address: address,
+            admit: admit, timeout: .seconds(timeout), firstMessageTimeout: .seconds(timeout))
+    }
+
+    /// Runs the handshake (`Noise_XXpsk0`, ``LinkHandshake``) on a connected socket: as initiator
+    /// with one mesh key, as responder accepting any of several (a mesh-key changeover).
+    ///
+    /// On failure the socket is shut down and nothing else keeps it: its descriptor is released as
+    /// soon as the caller drops it.
+    ///
+    /// - Parameters:
+    ///   - socket: a connected socket; the link owns it from now on.
+    ///   - initiator: `true` on the dialing side.
+    ///   - identity: this node's static key pair.
+    ///   - meshKeys: initiator: exactly one mesh key (32 bytes); responder: every mesh key accepted,
+    ///     tried in order on message 1 (at most a few: each costs two HKDFs and one AEAD tag check).
+    ///   - address: the peer's address for logs (``remoteAddress``).
+    ///   - admit: decides whether the authenticated remote peer key may join (an allowlist).
+    ///   - timeout: how long the whole handshake may take, from now.
+    ///   - firstMessageTimeout: responder: how long message 1 may take to arrive, from now (a
+    ///     stranger holding the connection idle is cut then).
+    ///   - onFirstMessage: responder: called once message 1 proved a mesh key, with that key's index
+    ///     in `meshKeys`, before this side does any DH with its static key.
+    /// - Returns: a link, not yet started.
+    /// - Throws: as ``handshake(socket:initiator:identity:meshKey:address:admit:timeout:)``.
+    public static func handshake(
+        socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKeys: [SecretBytes], address: String,
+        admit: ([UInt8]) -> Bool = { _ in true }, timeout: Duration, firstMessageTimeout: Duration,
+        onFirstMessage: (Int) -> Void = { _ in }
+    ) throws -> SecureLink {
+        try handshake(
+            socket: socket, initiator: initiator, identity: identity, meshKeys: meshKeys, address: address,
+            admit: admit, timeout: timeout, firstMessageTimeout: firstMessageTimeout, onFirstMessage: onFirstMessage,
+            rekeyInterval: rekeyInterval)
     }
 
     /// ``handshake(socket:initiator:identity:meshKey:address:admit:timeout:)`` with another rekey
@@ -153,44 +186,36 @@ public final class SecureLink: MessageLink {
         socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKey: SecretBytes, address: String,
         admit: ([UInt8]) -> Bool, timeout: Int, rekeyInterval: Int
     ) throws -> SecureLink {
-        // No timer holds the socket: every read and write polls against this deadline, so a
+        try handshake(
+            socket: socket, initiator: initiator, identity: identity, meshKeys: [meshKey], address: address,
+            admit: admit, timeout: .seconds(timeout), firstMessageTimeout: .seconds(timeout), onFirstMessage: { _ in },
+            rekeyInterval: rekeyInterval)
+    }
+
+    static func handshake(
+        socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKeys: [SecretBytes], address: String,
+        admit: ([UInt8]) -> Bool, timeout: Duration, firstMessageTimeout: Duration, onFirstMessage: (Int) -> Void,
+        rekeyInterval: Int
+    ) throws -> SecureLink {
+        // No timer holds the socket: every read and write polls against these deadlines, so a
         // connection that fails or finishes releases its descriptor at once.
-        let deadline = ContinuousClock.now + .seconds(timeout)
+        let start = ContinuousClock.now
         do {
-            var handshake = try HandshakeState(
-                pattern: .xxpsk3, role: initiator ? .initiator : .responder, prologue: prologue,
-                staticKeyPair: identity, psk: meshKey)
-            while !handshake.isComplete {
-                if handshake.isWriteTurn {
-                    try writeFrame(socket, handshake.writeMessage(), deadline: deadline)
-                } else {
-                    _ = try handshake.readMessage(readFrame(socket, deadline: deadline))
-                }
-            }
-            let transport = try handshake.split()
+            let transport = try LinkHandshake.run(
+                socket: socket, initiator: initiator, identity: identity, meshKeys: meshKeys, prologue: prologue,
+                firstMessageDeadline: start + firstMessageTimeout, deadline: start + timeout,
+                onFirstMessage: onFirstMessage)
             guard admit(transport.remoteStaticPublicKey) else { throw LinkError.notAdmitted }
             return SecureLink(
                 socket: socket, transport: transport, initiator: initiator, address: address,
                 rekeyInterval: rekeyInterval)
         } catch let error as SocketError where error.code == ETIMEDOUT && error.call == "poll" {
             socket.close()
-            throw SocketError("handshake", message: "not finished within \(timeout) s")
+            throw HandshakeError(.timeout, "handshake not finished within \(timeout)")
         } catch {
             socket.close()
             throw error
         }
-    }
-
-    static func writeFrame(_ socket: TCPSocket, _ message: [UInt8], deadline: ContinuousClock.Instant) throws {
-        var frame = [UInt8(message.count >> 8), UInt8(message.count & 0xFF)]
-        frame += message
-        try socket.write(frame, deadline: deadline)
-    }
-
-    static func readFrame(_ socket: TCPSocket, deadline: ContinuousClock.Instant) throws -> [UInt8] {
-        let header = try socket.read(exactly: 2, deadline: deadline)
-        let length = Int(header[0]) << 8 | Int(header[1])
-        return try socket.read(exactly: length, deadline: deadline)
     }
 
     // MARK: MessageLink

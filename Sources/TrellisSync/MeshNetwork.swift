@@ -13,7 +13,10 @@ public import TrellisNet
 public final class MeshNetwork: Sendable {
     public let engine: SyncEngine
     let identity: KeyPair
-    let meshKey: SecretBytes
+    /// The mesh keys: the current one and, during a changeover, the next.
+    private let keys: Mutex<MeshKeys>
+    /// The current mesh key (beacons are sealed with the one current when discovery starts).
+    var meshKey: SecretBytes { keys.withLock { $0.current } }
     let log: @Sendable (String) -> Void
     /// The discovery socket while discovery runs (MeshNetwork+Discovery.swift).
     let discoverySocket = Mutex<DiscoverySocket?>(nil)
@@ -26,23 +29,66 @@ public final class MeshNetwork: Sendable {
     private let listener: Mutex<TCPListener?> = Mutex(nil)
     /// What to listen on again after ``stop()``: the endpoint last listened on, with its bound port.
     private let listenEndpoint: Mutex<Endpoint?> = Mutex(nil)
-    private let pendingHandshakes = Atomic<Int>(0)
-    /// Inbound handshakes allowed in progress at once; more connections are closed at once.
-    public let maxPendingHandshakes = 32
+    /// Inbound connections before authentication (``PreAuthLimits``), with the sockets to cut.
+    private let preAuth: Mutex<(table: PreAuthTable, sockets: [Int: TCPSocket], counters: PreAuthCounters)>
+    /// Refusals not yet logged: at most one line a second, with the count of those left out.
+    private let refusalLog = Mutex<(last: ContinuousClock.Instant?, suppressed: Int)>((nil, 0))
+    /// Limits on inbound connections before they prove the mesh key.
+    public let preAuthLimits: PreAuthLimits
     /// Seconds a whole handshake may take.
     public let handshakeTimeout: Int
 
+    /// - Parameters:
+    ///   - engine: the sync engine sessions are handed to.
+    ///   - identity: this node's static key pair.
+    ///   - meshKey: the current mesh key (32 bytes).
+    ///   - nextMeshKey: during a changeover, the next mesh key (docs/SECURITY.md, "Changing the
+    ///     mesh key"): accepted from dialers besides the current one, and tried when a peer refuses
+    ///     the current one.
+    ///   - handshakeTimeout: seconds a whole handshake may take.
+    ///   - preAuthLimits: limits on inbound connections before they prove a mesh key.
+    ///   - log: where refusals and failures are reported.
     public init(
-        engine: SyncEngine, identity: KeyPair, meshKey: SecretBytes, handshakeTimeout: Int = 10,
+        engine: SyncEngine, identity: KeyPair, meshKey: SecretBytes, nextMeshKey: SecretBytes? = nil,
+        handshakeTimeout: Int = 10, preAuthLimits: PreAuthLimits = PreAuthLimits(),
         log: @escaping @Sendable (String) -> Void = { _ in }
     ) {
         self.handshakeTimeout = handshakeTimeout
+        self.preAuthLimits = preAuthLimits
+        preAuth = Mutex((PreAuthTable(limits: preAuthLimits), [:], PreAuthCounters()))
         ignoreSIGPIPE()
         self.engine = engine
         self.identity = identity
-        self.meshKey = meshKey
+        self.keys = Mutex(MeshKeys(current: meshKey, next: nextMeshKey))
         self.log = log
         engine.setDialer { [weak self] endpoint in self?.connect(endpoint) }
+    }
+
+    /// What the accept path did with inbound connections before authentication so far.
+    public var preAuthCounters: PreAuthCounters { preAuth.withLock { $0.counters } }
+
+    /// Whether a next mesh key is held (a changeover is under way).
+    public var hasNextMeshKey: Bool { keys.withLock { $0.next != nil } }
+
+    /// Sets (or with nil, drops) the next mesh key, for new handshakes from now on.
+    ///
+    /// - Parameter key: the next mesh key (32 bytes), or nil.
+    public func setNextMeshKey(_ key: SecretBytes?) {
+        keys.withLock { $0.next = key }
+    }
+
+    /// Makes the next mesh key the current one and forgets the old one: from now on handshakes
+    /// under the old key are refused. Established sessions stay.
+    ///
+    /// - Returns: false (and nothing changes) when no next key is held.
+    @discardableResult
+    public func promoteNextMeshKey() -> Bool {
+        keys.withLock { keys in
+            guard let next = keys.next else { return false }
+            keys.current = next
+            keys.next = nil
+            return true
+        }
     }
 
     /// Starts listening.
@@ -77,29 +123,90 @@ public final class MeshNetwork: Sendable {
         return socketListener.port
     }
 
-    /// Handshake off the accept thread so a slow or silent client cannot block others, and at
-    /// most ``maxPendingHandshakes`` at once, so many of them cannot exhaust threads and
-    /// descriptors (each also has a deadline).
+    /// Handshake off the accept thread so a slow or silent client cannot block others, within
+    /// ``preAuthLimits``: a connection that has not proved a mesh key yet counts against its
+    /// source's limit and the total, and is cut when message 1 is late or when a newer connection
+    /// needs its place; once message 1 proved a key it counts only against the proved limit.
     private func handshake(inbound socket: TCPSocket) {
-        guard pendingHandshakes.add(1, ordering: .acquiringAndReleasing).newValue <= maxPendingHandshakes else {
-            pendingHandshakes.subtract(1, ordering: .acquiringAndReleasing)
-            log("refused an inbound connection from \(socket.peerAddress): too many handshakes in progress")
-            socket.close()
-            return
+        let address = socket.peerAddress
+        let host = (try? Endpoint(parsing: address))?.host ?? address
+        let source = PreAuthTable.source(of: host)
+        let (id, evicted) = preAuth.withLock { state -> (Int, TCPSocket?) in
+            state.counters.accepted += 1
+            let (id, evict) = state.table.admit(source: source)
+            state.sockets[id] = socket
+            guard let evict else { return (id, nil) }
+            state.counters.evicted += 1
+            return (id, state.sockets.removeValue(forKey: evict))
+        }
+        if let evicted {
+            evicted.close()
+            logRefusal("cut an unauthenticated connection from \(evicted.peerAddress) to make room (\(source))")
         }
         let thread = Thread { [weak self] in
             guard let self else { return }
-            defer { self.pendingHandshakes.subtract(1, ordering: .acquiringAndReleasing) }
+            let proved = Mutex(false)
             do {
+                let keys = self.keys.withLock { $0.accepted }
                 let link = try SecureLink.handshake(
-                    socket: socket, initiator: false, identity: self.identity, meshKey: self.meshKey,
-                    address: socket.peerAddress, timeout: self.handshakeTimeout)
+                    socket: socket, initiator: false, identity: self.identity, meshKeys: keys, address: address,
+                    timeout: .seconds(self.handshakeTimeout),
+                    firstMessageTimeout: self.preAuthLimits.firstMessageTimeout
+                ) { index in
+                    let outcome = self.preAuth.withLock { state in
+                        state.sockets[id] = nil
+                        let outcome = state.table.prove(id)
+                        if outcome == .overLimit { state.counters.provedRefused += 1 }
+                        return outcome
+                    }
+                    proved.withLock { $0 = outcome == .proved }
+                    if outcome != .proved { socket.close() }
+                    if index > 0 { self.log("\(address) proved the next mesh key") }
+                }
+                self.finishInbound(id, proved: proved.withLock { $0 }) { $0.completed += 1 }
                 self.engine.attach(link)
             } catch {
-                self.log("refused an inbound connection from \(socket.peerAddress): \(error)")
+                let wasProved = proved.withLock { $0 }
+                // Evicted, or refused as over the proved limit: counted already.
+                let evictedMeanwhile = !wasProved && !self.preAuth.withLock { $0.table.isUnproved(id) }
+                self.finishInbound(id, proved: wasProved) { counters in
+                    guard !evictedMeanwhile else { return }
+                    switch (error as? HandshakeError)?.reason {
+                    case .firstMessageTimeout: counters.firstMessageTimeouts += 1
+                    case .wrongMeshKey, .oldProtocol: counters.wrongKey += 1
+                    default: counters.failed += 1
+                    }
+                }
+                if !evictedMeanwhile { self.logRefusal("refused an inbound connection from \(address): \(error)") }
             }
         }
+        thread.name = "trellis.accept.\(address)"
         thread.start()
+    }
+
+    /// Forgets inbound connection `id` and updates the counters.
+    private func finishInbound(_ id: Int, proved: Bool, _ count: (inout PreAuthCounters) -> Void) {
+        preAuth.withLock { state in
+            state.table.finish(id, proved: proved)
+            state.sockets[id] = nil
+            count(&state.counters)
+        }
+    }
+
+    /// Logs a refused inbound connection, at most one line a second (a stranger reconnecting in a
+    /// loop must not fill the log); the lines left out are counted in the next one.
+    private func logRefusal(_ line: String) {
+        let now = ContinuousClock.now
+        let suppressed = refusalLog.withLock { state -> Int? in
+            if let last = state.last, now - last < .seconds(1) {
+                state.suppressed += 1
+                return nil
+            }
+            defer { state = (now, 0) }
+            return state.suppressed
+        }
+        guard let suppressed else { return }
+        log(suppressed > 0 ? "\(line) (and \(suppressed) more refusals not logged)" : line)
     }
 
     /// Keeps a connection to `endpoint`: the replicator dials it whenever no session with the
@@ -115,10 +222,21 @@ public final class MeshNetwork: Sendable {
             guard let self else { return }
             do {
                 let endpoint = try Endpoint(parsing: name)
-                let socket = try TCPSocket.connect(to: endpoint)
-                let link = try SecureLink.handshake(
-                    socket: socket, initiator: true, identity: self.identity, meshKey: self.meshKey,
-                    address: endpoint.description, timeout: self.handshakeTimeout)
+                let keys = self.keys.withLock { $0.accepted }
+                var link: SecureLink?
+                // The current key first; a peer that refuses it may already use the next one.
+                for (index, key) in keys.enumerated() where link == nil {
+                    do {
+                        let socket = try TCPSocket.connect(to: endpoint)
+                        link = try SecureLink.handshake(
+                            socket: socket, initiator: true, identity: self.identity, meshKeys: [key],
+                            address: endpoint.description, timeout: .seconds(self.handshakeTimeout),
+                            firstMessageTimeout: .seconds(self.handshakeTimeout))
+                    } catch let error as HandshakeError where error.reason == .refusedByPeer && index + 1 < keys.count {
+                        continue
+                    }
+                }
+                guard let link else { throw HandshakeError(.refusedByPeer, "no mesh key to dial with") }
                 self.engine.attach(link, endpoint: name)
             } catch {
                 self.engine.dialFailed(name, reason: "\(error)")
@@ -174,4 +292,13 @@ public final class MeshNetwork: Sendable {
         stop()
         engine.close()
     }
+}
+
+/// The mesh keys a node holds: the current one and, during a changeover, the next.
+struct MeshKeys: Sendable {
+    var current: SecretBytes
+    var next: SecretBytes?
+
+    /// The keys tried, current first.
+    var accepted: [SecretBytes] { [current] + (next.map { [$0] } ?? []) }
 }

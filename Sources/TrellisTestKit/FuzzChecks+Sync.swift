@@ -126,7 +126,9 @@ extension FuzzChecks {
         host.linkOpened(link, peerKey: peerKey, initiator: flags & 2 != 0, address: "fuzz", endpoint: nil)
         if flags & 1 == 1 {
             let hello = WireMessage.hello(
-                Hello(version: 2, peerKey: peerKey, site: 0x5EED, epoch: [UInt8](repeating: 4, count: 16), nonce: 3))
+                Hello(
+                    version: WireMessage.protocolVersion, peerKey: peerKey, site: 0x5EED,
+                    epoch: [UInt8](repeating: 4, count: 16), nonce: 3))
             host.received(hello.serialized(), on: link)
         }
         var index = 1

@@ -306,7 +306,7 @@ public enum FuzzChecks {
 
     // MARK: Noise handshake
 
-    /// The Noise XXpsk3 handshake, both roles: the first input byte picks a step, the rest is
+    /// The Noise XXpsk0 handshake (the one on the wire), both roles: the first input byte picks a step, the rest is
     /// what the peer sent there. Steps 0–2: the responder reads message 1, the initiator message 2,
     /// the responder message 3; steps 3 and 4: the initiator and responder decrypt a transport
     /// message after a genuine handshake. Nothing traps; a message other than the genuine one is
@@ -382,7 +382,7 @@ public enum FuzzChecks {
     }
 }
 
-/// One genuine Noise XXpsk3 handshake with fixed keys, kept at every step so that a fuzz input
+/// One genuine Noise XXpsk0 handshake with fixed keys, kept at every step so that a fuzz input
 /// can replace the message of any step without redoing the ones before.
 struct HandshakeFixture: Sendable {
     /// The side about to read message 1, 2 and 3 (responder, initiator, responder).
@@ -397,7 +397,7 @@ struct HandshakeFixture: Sendable {
 
     static let shared: HandshakeFixture? = try? HandshakeFixture()
 
-    static let prologue = Array("trellis/1".utf8)
+    static let prologue = Array("trellis/3".utf8)
 
     private static func keyPair(_ byte: UInt8) throws(NoiseError) -> KeyPair {
         try KeyPair(privateKey: [UInt8](repeating: byte, count: KeyPair.privateKeyLength))
@@ -406,7 +406,7 @@ struct HandshakeFixture: Sendable {
     static func start(_ role: NoiseRole) throws(NoiseError) -> HandshakeState {
         let initiator = role == .initiator
         return try HandshakeState(
-            pattern: .xxpsk3, role: role, prologue: prologue, staticKeyPair: try keyPair(initiator ? 1 : 2),
+            pattern: .xxpsk0, role: role, prologue: prologue, staticKeyPair: try keyPair(initiator ? 1 : 2),
             psk: SecretBytes([UInt8](repeating: 7, count: HandshakeState.pskLength)),
             fixedEphemeralKeyPair: try keyPair(initiator ? 3 : 4))
     }

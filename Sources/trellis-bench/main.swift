@@ -1,7 +1,7 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
-//       [--replication] [--import] [--links]
+//       [--replication] [--import] [--links] [--handshakes]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -30,6 +30,7 @@ var tombstonesOnly = false
 var replicationOnly = false
 var importOnly = false
 var linksOnly = false
+var handshakesOnly = false
 var i = 0
 while i < args.count {
     switch args[i] {
@@ -39,6 +40,7 @@ while i < args.count {
     case "--replication": replicationOnly = true
     case "--import": importOnly = true
     case "--links": linksOnly = true
+    case "--handshakes": handshakesOnly = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
         guard i + 2 < args.count else { exit(2) }
@@ -60,7 +62,7 @@ while i < args.count {
     case "--help", "-h":
         print(
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--replication]"
-                + " [--import] [--links]")
+                + " [--import] [--links] [--handshakes]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -164,6 +166,12 @@ if simulationOnly {
 if linksOnly {
     printFigures(
         try linkFigures(), heading: "trellis-bench --links: encrypted links over loopback, release build expected")
+    exit(0)
+}
+if handshakesOnly {
+    printFigures(
+        try handshakeFigures(),
+        heading: "trellis-bench --handshakes: Noise handshakes in process (no I/O), release build expected")
     exit(0)
 }
 if tombstonesOnly {

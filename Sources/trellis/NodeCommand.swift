@@ -23,6 +23,9 @@ enum NodeCommand {
                                 refused as busy, --peer ones excepted, and discovered peers
                                 subscribing to the same collections are dialed first
           --mesh-key FILE       the mesh key file (`trellis keygen FILE`)
+          --next-mesh-key FILE  during a mesh-key changeover, the next key: peers holding either
+                                key are accepted, and a peer refusing the current key is tried
+                                with this one (shell: `promote-key` makes it current)
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
           --quiet               do not log session events to standard error
@@ -30,7 +33,10 @@ enum NodeCommand {
 
     static func run(_ args: [String], interactive: Bool) throws {
         let parsed = try Arguments(
-            args, valueFlags: ["data", "listen", "peer", "mesh-key", "subscribe", "discovery-port", "max-peers"],
+            args,
+            valueFlags: [
+                "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
+            ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
         if parsed.switches.contains("help") {
             print(help)
@@ -51,6 +57,9 @@ enum NodeCommand {
         }
 
         var options = NodeOptions()
+        options.nextMeshKey = try parsed.value("next-mesh-key").map {
+            try MeshKey(contentsOf: URL(fileURLWithPath: $0))
+        }
         if let text = parsed.value("max-peers") {
             guard let n = Int(text), n >= 1, n <= 100_000 else {
                 throw UsageError("--max-peers needs a number from 1 to 100000, not '\(text)'")

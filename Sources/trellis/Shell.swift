@@ -52,8 +52,11 @@ final class Shell {
           discovered                      list the peers LAN discovery hears (key, address, version)
           status                          this node: identity, clocks, peers, subscriptions, sync
                                           status, links closed by reason (authenticated close,
-                                          bare FIN/RST, tampered traffic), and every document
-                                          held back (deferred, damaged) with why
+                                          bare FIN/RST, tampered traffic), inbound handshake
+                                          counts, and every document held back (deferred,
+                                          damaged) with why
+          promote-key                     end a mesh-key changeover: the --next-mesh-key key
+                                          becomes current, peers with only the old key are refused
           help                            this text
           quit                            leave (also end of input)
         Errors print one line starting with `error: `.
@@ -267,6 +270,11 @@ final class Shell {
             }
         case "status":
             print(try node.status().description)
+        case "promote-key":
+            guard node.promoteNextMeshKey() else {
+                throw UsageError("no next mesh key to promote: start the node with --next-mesh-key FILE")
+            }
+            print("the next mesh key is now the current one; peers holding only the old key are refused")
         default:
             throw UsageError("unknown command '\(command)'; type `help`")
         }

@@ -81,6 +81,22 @@ struct HandshakeTests {
         #expect(again?.code == .wrongState)
     }
 
+    @Test("XXpsk0, different psks: message 1 is refused before the responder writes anything")
+    func differentPSKsAtMessage1() throws {
+        var pair = try HandshakePair(pattern: .xxpsk0, initiatorPSK: Self.psk, responderPSK: Self.otherPSK)
+        let m1 = try pair.message1()
+        #expect(m1.count == 32 + CipherState.tagLength, "e and the empty payload's tag")
+        let error = #expect(throws: NoiseError.self) { _ = try pair.responder.readMessage(m1) }
+        #expect(error?.code == .decryptionFailed)
+        // Nothing written: no ephemeral, no DH with the static key, the static key never sent.
+        #expect(!pair.responder.isWriteTurn)
+        let write = #expect(throws: NoiseError.self) { _ = try pair.responder.writeMessage() }
+        #expect(write?.code == .wrongState)
+        // The same keys and the right psk complete: the refusal was the psk alone.
+        var good = try HandshakePair(pattern: .xxpsk0, initiatorPSK: Self.psk, responderPSK: Self.psk)
+        _ = try good.complete()
+    }
+
     @Test("a psk mismatch is caught in message 3 even when only one byte differs")
     func oneBytePSKDifference() throws {
         var other = Self.psk.copyBytes()

@@ -107,8 +107,11 @@ struct InteropTests {
         return values
     }
 
-    static func peerArguments(role: String, extra: [String] = []) -> [String] {
-        ["--role", role, "--psk", Hex.encode(psk.copyBytes()), "--prologue", Hex.encode(prologue)] + extra
+    static func peerArguments(role: String, pattern: NoisePattern = .xxpsk3, extra: [String] = []) -> [String] {
+        [
+            "--role", role, "--pattern", pattern.rawValue, "--psk", Hex.encode(psk.copyBytes()), "--prologue",
+            Hex.encode(prologue),
+        ] + extra
     }
 
     /// Sends each plaintext and checks the peer's transformed reply; rekeys before later rounds.
@@ -130,16 +133,18 @@ struct InteropTests {
         }
     }
 
-    @Test("Swift initiator, Python responder: handshake, round trip, rekey, same handshake hash")
-    func swiftInitiator() throws {
+    @Test(
+        "Swift initiator, Python responder: handshake, round trip, rekey, same handshake hash",
+        arguments: [NoisePattern.xxpsk3, .xxpsk0])
+    func swiftInitiator(pattern: NoisePattern) throws {
         let local = KeyPair.generate()
         let peerStatic = KeyPair.generate()
         let peer = try Peer(
             arguments: Self.peerArguments(
-                role: "responder",
+                role: "responder", pattern: pattern,
                 extra: ["--static", Hex.encode(peerStatic.privateKey.copyBytes()), "--rounds", "3", "--rekey"]))
         var handshake = try HandshakeState(
-            pattern: .xxpsk3, role: .initiator, prologue: Self.prologue, staticKeyPair: local, psk: Self.psk)
+            pattern: pattern, role: .initiator, prologue: Self.prologue, staticKeyPair: local, psk: Self.psk)
 
         peer.send(try handshake.writeMessage(payload: []))
         guard let message2 = try peer.receive() else { return try peer.recordEarlyExit("the handshake") }
@@ -160,12 +165,15 @@ struct InteropTests {
         #expect(report["static_public"] == peerStatic.publicKey)
     }
 
-    @Test("Swift responder, Python initiator: handshake, round trip, same handshake hash")
-    func swiftResponder() throws {
+    @Test(
+        "Swift responder, Python initiator: handshake, round trip, same handshake hash",
+        arguments: [NoisePattern.xxpsk3, .xxpsk0])
+    func swiftResponder(pattern: NoisePattern) throws {
         let local = KeyPair.generate()
-        let peer = try Peer(arguments: Self.peerArguments(role: "initiator", extra: ["--transform", "upper"]))
+        let peer = try Peer(
+            arguments: Self.peerArguments(role: "initiator", pattern: pattern, extra: ["--transform", "upper"]))
         var handshake = try HandshakeState(
-            pattern: .xxpsk3, role: .responder, prologue: Self.prologue, staticKeyPair: local, psk: Self.psk)
+            pattern: pattern, role: .responder, prologue: Self.prologue, staticKeyPair: local, psk: Self.psk)
 
         guard let message1 = try peer.receive() else { return try peer.recordEarlyExit("the handshake") }
         _ = try handshake.readMessage(message1)
@@ -224,6 +232,44 @@ struct InteropTests {
         peer.send(try transport.encrypt(Array("are you there?".utf8)))
         let reply = try peer.receive()
         #expect(reply == nil, "the peer answered although the psks differ")
+        let (status, stderr) = try peer.finish()
+        if status == 3 || status == 127 {
+            Issue.record("interop prerequisites missing (status \(status)): run scripts/test.sh. \(stderr)")
+        }
+        #expect(status == 4, "expected a protocol error from noise_peer.py, got \(status): \(stderr)")
+    }
+
+    /// A Python XXpsk0 peer holding another psk (32 × 0xEE).
+    static func strangerPSK0(role: String) throws -> Peer {
+        try Peer(arguments: [
+            "--role", role, "--pattern", "XXpsk0", "--psk", String(repeating: "ee", count: 32), "--prologue",
+            Hex.encode(prologue),
+        ])
+    }
+
+    @Test("XXpsk0: a Python initiator with a different psk is refused at message 1, before any DH")
+    func pythonWrongPSKAtMessage1() throws {
+        let peer = try Self.strangerPSK0(role: "initiator")
+        var handshake = try HandshakeState(
+            pattern: .xxpsk0, role: .responder, prologue: Self.prologue, staticKeyPair: .generate(), psk: Self.psk)
+        guard let message1 = try peer.receive() else { return try peer.recordEarlyExit("the handshake") }
+        #expect(message1.count == 48, "e (32 bytes) and the empty payload's tag (16 bytes)")
+        // The responder has written nothing yet, so it has done no DH with its static key and sent
+        // no key: the refusal comes from the payload tag alone.
+        #expect(throws: NoiseError.self) { _ = try handshake.readMessage(message1) }
+        #expect(!handshake.isWriteTurn)
+        #expect(handshake.remoteStaticPublicKey == nil)
+        _ = try peer.finish()
+    }
+
+    @Test("XXpsk0: a Swift initiator with a different psk is refused by the Python responder at message 1")
+    func swiftWrongPSKAtMessage1() throws {
+        let peer = try Self.strangerPSK0(role: "responder")
+        var handshake = try HandshakeState(
+            pattern: .xxpsk0, role: .initiator, prologue: Self.prologue, staticKeyPair: .generate(), psk: Self.psk)
+        peer.send(try handshake.writeMessage(payload: []))
+        let reply = try peer.receive()
+        #expect(reply == nil, "the responder answered message 1 although the psks differ")
         let (status, stderr) = try peer.finish()
         if status == 3 || status == 127 {
             Issue.record("interop prerequisites missing (status \(status)): run scripts/test.sh. \(stderr)")

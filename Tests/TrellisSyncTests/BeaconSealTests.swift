@@ -7,6 +7,7 @@ import TrellisCrypto
 /// on the way is refused with a clear error.
 @Suite struct BeaconSealTests {
     let meshKey = SecretBytes(Array(repeating: 0x42, count: 32))
+    /// The beacon of the vector in docs/PROTOCOL.md §5 (written when the protocol was version 2).
     let beacon = Beacon(
         protocolVersion: 2, peerKey: Array(repeating: 7, count: 32), port: 4040,
         epoch: Array(repeating: 0xE, count: 16), collectionsDigest: Array(repeating: 0xD, count: 8), bootNonce: 3,

@@ -149,8 +149,8 @@ public enum WireMessage: Sendable, Equatable {
     /// gossip: who has a session with whom), at most ``PresenceRecord/maxPerMessage`` per message.
     case presence([PresenceRecord])
 
-    /// The protocol version this build speaks (3: states may come in the single-write form,
-    /// docs/PROTOCOL.md §3).
+    /// The protocol version this build speaks (3: the Noise_XXpsk0 handshake, rekey markers, and
+    /// states in the single-write form; docs/PROTOCOL.md).
     public static let protocolVersion = 3
     /// The most hops a forwarded subscription may carry on the wire.
     public static let maxHops = 16
