@@ -157,7 +157,7 @@ public struct ReplicatorConfiguration: Sendable {
     /// A document state larger than this is never sent (it could not travel in one message).
     public var maxStateBytes = (64 << 20) - (64 << 10)
     /// Batches sent and not yet acknowledged, per served subscription.
-    public var maxInFlight = 4
+    public var maxInFlight = 8
     /// Subscriptions one peer may ask this node to serve; beyond it each gets `suberr limit`.
     public var maxServedSubscriptions = 1024
     /// Subscriptions this node asks one peer for at most; beyond it those of the busiest
