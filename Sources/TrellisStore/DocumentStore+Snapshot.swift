@@ -7,7 +7,9 @@ import Synchronization
 /// The content of a store's database and its in-memory position at ``DocumentStore/saveSnapshot()``.
 struct StoreSnapshot {
     var state: DocumentStore.State
-    /// Every table (SQLite's own `sqlite_sequence` too, when present) with its rows.
+    /// Every table (SQLite's own `sqlite_sequence` too, when present) with its rows. Each table
+    /// is `WITHOUT ROWID` or has an `INTEGER PRIMARY KEY`, so `SELECT *` carries every row's
+    /// identity and the restored rows are the saved ones exactly.
     var tables: [(name: String, columns: Int, rows: [[SQLiteCell]])]
 }
 
@@ -34,20 +36,24 @@ extension DocumentStore {
     public func saveSnapshot() throws(StoreError) {
         guard !options.readOnly else { throw .invalidValue("a read-only store has nothing to restore") }
         let box = try withState { s -> SnapshotBox in
-            var tables: [(name: String, columns: Int, rows: [[SQLiteCell]])] = []
-            let names = try s.db.prepare(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND (name NOT LIKE 'sqlite%' OR name = 'sqlite_sequence') ORDER BY name"
-            )
-            var list: [String] = []
-            while try names.step() { list.append(names.string(0) ?? "") }
-            names.reset()
-            for name in list {
-                let rows = try s.db.prepare("SELECT * FROM \"\(name)\"")
-                let columns = Int(sqlite3_column_count(rows.stmt))
-                var cells: [[SQLiteCell]] = []
-                while try rows.step() { cells.append((0..<Int32(columns)).map { rows.cell($0) }) }
-                rows.reset()
-                tables.append((name, columns, cells))
+            let tables = try s.db.transaction(readOnly: true) {
+                () throws -> [(name: String, columns: Int, rows: [[SQLiteCell]])] in
+                var tables: [(name: String, columns: Int, rows: [[SQLiteCell]])] = []
+                let names = try s.db.prepare(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                        + "AND (name NOT LIKE 'sqlite%' OR name = 'sqlite_sequence') ORDER BY name")
+                var list: [String] = []
+                while try names.step() { list.append(names.string(0) ?? "") }
+                names.reset()
+                for name in list {
+                    let rows = try s.db.prepare("SELECT * FROM \"\(name)\"")
+                    let columns = Int(sqlite3_column_count(rows.stmt))
+                    var cells: [[SQLiteCell]] = []
+                    while try rows.step() { cells.append((0..<Int32(columns)).map { rows.cell($0) }) }
+                    rows.reset()
+                    tables.append((name, columns, cells))
+                }
+                return tables
             }
             return SnapshotBox(StoreSnapshot(state: s, tables: tables))
         }
