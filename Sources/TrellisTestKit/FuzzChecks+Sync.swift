@@ -136,7 +136,8 @@ extension FuzzChecks {
         }
     }
 
-    /// The store the next ``session(_:)`` input starts from, when the last one left it unchanged.
+    /// The store every ``session(_:)`` input starts from: opened by the first, opened again only
+    /// when putting it back fails.
     private static let sessionStore = Mutex<SessionStore?>(nil)
 
     private static func session(
