@@ -10,6 +10,8 @@
 # The working corpus grows in .build-fuzz/corpus/TARGET, seeded from Fuzz/TARGET/Corpus (which is
 # only read). A crashing input is written to crashes/TARGET/ and the script exits with status 1
 # after all targets ran; keep the input as Fuzz/TARGET/Regressions/<what-it-shows> once fixed.
+# A target's default libFuzzer options, if any, are in Fuzz/TARGET/options (whitespace-separated,
+# `#` starts a comment); they come before the options given here, and libFuzzer takes the last.
 # Prints one line per target: executions, executions per second, corpus size, crashed or not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,11 +65,16 @@ for target in "${selected[@]}"; do
     log="$scratch/run-$target.log"
     mkdir -p "$corpus" "$crashes"
 
-    echo "== $target: running for $seconds s (log in $log)"
+    defaults=()
+    if [ -f "Fuzz/$target/options" ]; then
+        read -r -a defaults <<<"$(sed 's/#.*//' "Fuzz/$target/options" | tr '\n' ' ')"
+    fi
+
+    echo "== $target: running for $seconds s${defaults[*]:+ with ${defaults[*]}} (log in $log)"
     started=$(date +%s)
     set +e
     SWIFT_BACKTRACE=enable=no "$binary" "$corpus" "Fuzz/$target/Corpus" -max_total_time="$seconds" -timeout=30 \
-        -artifact_prefix="$crashes/" -print_final_stats=1 "$@" >"$log" 2>&1
+        -artifact_prefix="$crashes/" -print_final_stats=1 ${defaults[@]+"${defaults[@]}"} "$@" >"$log" 2>&1
     code=$?
     set -e
     elapsed=$(($(date +%s) - started))

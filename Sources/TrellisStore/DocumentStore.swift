@@ -292,6 +292,8 @@ public final class DocumentStore: Sendable {
     let observers = ObserverList()
     /// Delivers commit events to observers, one at a time, in commit order.
     let events = DispatchQueue(label: "trellis.store.events")
+    /// What ``restoreSnapshot()`` goes back to (DocumentStore+Snapshot.swift).
+    let savedSnapshot = Mutex<SnapshotBox?>(nil)
     /// Whatever the owner handed in to live as long as the store (the data directory's lock).
     private let lock: (any Sendable)?
     public let options: StoreOptions

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import TrellisCore
 import TrellisNet
 import TrellisStore
@@ -97,22 +98,52 @@ extension FuzzChecks {
     /// `hello` first, so that the fuzzer reaches the messages after it. Checks: nothing traps, and
     /// everything this node sends decodes as a ``WireMessage`` (never a malformed reply), no
     /// message follows the close of the link, and the store still answers queries.
+    ///
+    /// Every input starts from the same store: two documents in `items`, one of them removed, the
+    /// clocks and random numbers at their start. The store is opened once and put back after each
+    /// input (``DocumentStore/restoreSnapshot()``, which costs a few statements where opening costs
+    /// the schema and every statement prepared again); the host is new for each input. An input's
+    /// outcome never depends on the inputs before it, so a crash replays from its input alone.
+    /// Calls are serialised (the store is shared).
     public static func session(_ input: [UInt8]) throws(FuzzCheckFailure) {
+        _ = try sessionReplies(input)
+    }
+
+    /// Runs ``session(_:)``'s check on `input` and returns what the node sent to the peer, in
+    /// order (nothing for an empty input): tests use it to show that an input's outcome does not
+    /// depend on the inputs before it.
+    ///
+    /// - Throws: ``FuzzCheckFailure`` as ``session(_:)`` does.
+    public static func sessionReplies(_ input: [UInt8]) throws(FuzzCheckFailure) -> [[UInt8]] {
         let fail = failing("FuzzSession", input)
-        guard let flags = input.first else { return }
-        let clock = FuzzClock()
-        var options = StoreOptions()
-        options.now = { clock.wall }
-        let random = FuzzRandom()
-        options.random = { random.next() }
-        options.log = { _ in }
-        options.durability = .normal
-        guard let store = try? DocumentStore(path: ":memory:", options: options) else {
-            throw fail("an in-memory store does not open")
+        guard let flags = input.first else { return [] }
+        return try sessionStore.withLock { (kept: inout SessionStore?) throws(FuzzCheckFailure) -> [[UInt8]] in
+            guard let fixture = kept ?? SessionStore() else { throw fail("an in-memory store does not open") }
+            // Kept again only once it is back at its start.
+            kept = nil
+            fixture.clock.restart()
+            fixture.random.restart()
+            let replies = try session(input, flags: flags, store: fixture.store, clock: fixture.clock, fail)
+            // The store's events (none observed) are freed on its queue: let that finish within
+            // the input, not while the next one runs.
+            fixture.store.waitForObservers()
+            if (try? fixture.store.restoreSnapshot()) != nil {
+                kept = fixture
+            } else {
+                fixture.store.close()
+            }
+            return replies
         }
-        defer { store.close() }
-        _ = try? store.upsert([["_id": "a", "n": 1], ["_id": "b", "tags": ["x"]]], in: "items")
-        _ = try? store.remove(id: "b", in: "items")
+    }
+
+    /// The store every ``session(_:)`` input starts from: opened by the first, opened again only
+    /// when putting it back fails.
+    private static let sessionStore = Mutex<SessionStore?>(nil)
+
+    private static func session(
+        _ input: [UInt8], flags: UInt8, store: DocumentStore, clock: FuzzClock,
+        _ fail: (String) -> FuzzCheckFailure
+    ) throws(FuzzCheckFailure) -> [[UInt8]] {
         let transport = FuzzTransport()
         let peerKey = [UInt8](repeating: 9, count: 32)
         guard
@@ -162,6 +193,30 @@ extension FuzzChecks {
         }
         guard (try? store.count(in: "items")) != nil else { throw fail("the store no longer answers") }
         host.stop()
+        return transport.sent
+    }
+}
+
+/// The in-memory store a fuzzed session starts from, with its clock and random numbers.
+private final class SessionStore: Sendable {
+    let clock = FuzzClock()
+    let random = FuzzRandom()
+    let store: DocumentStore
+
+    /// Opens the store with two documents in `items`, one removed, and saves its snapshot; `nil`
+    /// when that fails.
+    init?() {
+        var options = StoreOptions()
+        options.now = { [clock] in clock.wall }
+        options.random = { [random] in random.next() }
+        options.log = { _ in }
+        options.durability = .normal
+        guard let store = try? DocumentStore(path: ":memory:", options: options) else { return nil }
+        _ = try? store.upsert([["_id": "a", "n": 1], ["_id": "b", "tags": ["x"]]], in: "items")
+        _ = try? store.remove(id: "b", in: "items")
+        guard (try? store.saveSnapshot()) != nil else { return nil }
+        random.mark()
+        self.store = store
     }
 }
 
@@ -170,12 +225,19 @@ private final class FuzzClock: @unchecked Sendable {
     private(set) var monotonic: Millis = 1_000
     var wall: UInt64 { 1_800_000_000_000 + UInt64(monotonic) }
     func advance(_ ms: Millis) { monotonic += ms }
+    /// Back to the time the store was opened at, for the next input.
+    func restart() { monotonic = 1_000 }
 }
 
 /// A fixed sequence of random numbers for the fuzzed store.
 private final class FuzzRandom: @unchecked Sendable {
     private var generator = SplitMix64(seed: 42)
+    private var marked = SplitMix64(seed: 42)
     func next() -> UInt64 { generator.next() }
+    /// Remembers the sequence's position, for ``restart()``.
+    func mark() { marked = generator }
+    /// Back to the position of the last ``mark()``.
+    func restart() { generator = marked }
 }
 
 /// Records what the host sends and whether it closed the link.

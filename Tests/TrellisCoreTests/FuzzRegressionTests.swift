@@ -29,6 +29,31 @@ import TrellisTestKit
         #expect(replayed > 0, "no saved inputs for \(target) in \(Self.fuzzDirectory.path)")
     }
 
+    /// The fuzzed session reuses one store across inputs: each input still gets the same replies
+    /// whatever ran before it, so a crash found in a long run replays from its input alone.
+    @Test func aSessionInputsRepliesDoNotDependOnTheInputsBeforeIt() throws {
+        var inputs: [(name: String, bytes: [UInt8])] = []
+        for folder in ["Corpus", "Regressions"] {
+            let directory = Self.fuzzDirectory.appendingPathComponent("FuzzSession").appendingPathComponent(folder)
+            let names = (try? FileManager.default.contentsOfDirectory(atPath: directory.path)) ?? []
+            for name in names.sorted() where !name.hasPrefix(".") {
+                let path = directory.appendingPathComponent(name).path
+                inputs.append(("\(folder)/\(name)", Array(try #require(FileManager.default.contents(atPath: path)))))
+            }
+        }
+        try #require(inputs.count >= 2)
+        // Each input in turn, then in the opposite order, then each twice in a row.
+        let forward = try inputs.map { try FuzzChecks.sessionReplies($0.bytes) }
+        let backward = Array(try inputs.reversed().map { try FuzzChecks.sessionReplies($0.bytes) }.reversed())
+        for (i, input) in inputs.enumerated() {
+            let again = try FuzzChecks.sessionReplies(input.bytes)
+            let same = forward[i] == backward[i] && again == forward[i]
+            #expect(
+                same,
+                "\(input.name): \(forward[i].count), \(backward[i].count) and \(again.count) replies in the three runs")
+        }
+    }
+
     /// Each directory `Fuzz/Fuzz*` is a target with a check, and each check has its directory.
     @Test func everyTargetHasItsDirectoryAndCheck() throws {
         let directories = try FileManager.default.contentsOfDirectory(atPath: Self.fuzzDirectory.path)
