@@ -1,5 +1,5 @@
 import Foundation
-public import TrellisCore
+import TrellisCore
 
 // Tombstone expiry (docs/DATA-MODEL.md, "Tombstones and reaping").
 //
