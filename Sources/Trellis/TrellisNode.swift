@@ -27,6 +27,10 @@ public struct NodeOptions: Sendable {
     /// Limits on inbound connections before they prove the mesh key (per source, in all, the
     /// deadline for the first handshake message).
     public var preAuthLimits = PreAuthLimits()
+    /// Admission: `nil` (the default) admits any peer holding the mesh key; a set admits only
+    /// those peer keys (32 bytes each: a node's static key, ``TrellisNode/peerKeyHex`` in hex), inbound and outbound
+    /// alike (docs/SECURITY.md, "Admission"). ``TrellisNode/setAllowedPeers(_:)`` changes it.
+    public var allowedPeers: Set<[UInt8]>?
 
     public init() {}
 }
@@ -71,6 +75,7 @@ public final class TrellisNode: Sendable {
         network = MeshNetwork(
             engine: engine, identity: identity, meshKey: meshKey.secret, nextMeshKey: options.nextMeshKey?.secret,
             preAuthLimits: options.preAuthLimits, log: options.log)
+        network.setAllowedPeers(options.allowedPeers)
         store = Store(documents: documents, subscriptions: engine)
         sync = NodeSync(engine: engine)
         presence = Presence(engine: engine)
@@ -125,6 +130,13 @@ public final class TrellisNode: Sendable {
     public func setNextMeshKey(_ key: MeshKey?) {
         network.setNextMeshKey(key?.secret)
     }
+
+    /// Admits only these peer keys from now on (an allowlist), or with `nil` any holder of the mesh
+    /// key (``NodeOptions/allowedPeers``; docs/SECURITY.md, "Admission"). Sessions already open
+    /// stay until they end.
+    ///
+    /// - Parameter keys: 32-byte peer keys, or `nil`.
+    public func setAllowedPeers(_ keys: Set<[UInt8]>?) { network.setAllowedPeers(keys) }
 
     /// Ends a mesh-key changeover on this node: the next mesh key becomes the current one and the
     /// old one is forgotten, so from now on peers holding only the old key are refused (they see

@@ -64,6 +64,28 @@ public final class MeshNetwork: Sendable {
         engine.setDialer { [weak self] endpoint in self?.connect(endpoint) }
     }
 
+    /// The peer keys admitted to sessions, or `nil` for any holder of the mesh key (the default).
+    private let allowed = Mutex<Set<[UInt8]>?>(nil)
+
+    /// Admits only these peer keys (an allowlist), or with `nil` any holder of the mesh key, for
+    /// handshakes from now on (docs/SECURITY.md, "Admission"). A refused peer finished the
+    /// handshake (its key is authenticated) and is closed before any message; the refusal is
+    /// logged with its key. Sessions already open are not closed.
+    ///
+    /// - Parameter keys: 32-byte peer keys (``TrellisNode``'s `peerKey`), or `nil`.
+    public func setAllowedPeers(_ keys: Set<[UInt8]>?) {
+        allowed.withLock { $0 = keys }
+    }
+
+    /// Whether `key` may have a session here; logs a refusal.
+    private func admits(_ key: [UInt8], _ address: String) -> Bool {
+        guard let allowed = allowed.withLock({ $0 }), !allowed.contains(key) else { return true }
+        logRefusal(
+            "refused peer \(key.map { String(format: "%02x", $0) }.joined()) at \(address): not on the allowlist "
+                + "(add its key with --allow-peer to admit it)")
+        return false
+    }
+
     /// What the accept path did with inbound connections before authentication so far.
     public var preAuthCounters: PreAuthCounters { preAuth.withLock { $0.counters } }
 
@@ -150,7 +172,7 @@ public final class MeshNetwork: Sendable {
                 let keys = self.keys.withLock { $0.accepted }
                 let link = try SecureLink.handshake(
                     socket: socket, initiator: false, identity: self.identity, meshKeys: keys, address: address,
-                    timeout: .seconds(self.handshakeTimeout),
+                    admit: { self.admits($0, address) }, timeout: .seconds(self.handshakeTimeout),
                     firstMessageTimeout: self.preAuthLimits.firstMessageTimeout
                 ) { index in
                     let outcome = self.preAuth.withLock { state in
@@ -230,7 +252,8 @@ public final class MeshNetwork: Sendable {
                         let socket = try TCPSocket.connect(to: endpoint)
                         link = try SecureLink.handshake(
                             socket: socket, initiator: true, identity: self.identity, meshKeys: [key],
-                            address: endpoint.description, timeout: .seconds(self.handshakeTimeout),
+                            address: endpoint.description, admit: { self.admits($0, endpoint.description) },
+                            timeout: .seconds(self.handshakeTimeout),
                             firstMessageTimeout: .seconds(self.handshakeTimeout))
                     } catch let error as HandshakeError where error.reason == .refusedByPeer && index + 1 < keys.count {
                         continue

@@ -26,16 +26,32 @@ enum NodeCommand {
           --next-mesh-key FILE  during a mesh-key changeover, the next key: peers holding either
                                 key are accepted, and a peer refusing the current key is tried
                                 with this one (shell: `promote-key` makes it current)
+          --allow-peer KEY      admit only peers with these keys (64 hex digits, repeatable; the
+                                key a node prints at start); without it any holder of the mesh key
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
           --quiet               do not log session events to standard error
         """
+
+    /// The bytes of an even number of hex digits, or `nil`.
+    static func bytes(hex text: String) -> [UInt8]? {
+        let digits = Array(text.utf8)
+        guard digits.count % 2 == 0 else { return nil }
+        var out: [UInt8] = []
+        out.reserveCapacity(digits.count / 2)
+        for i in stride(from: 0, to: digits.count, by: 2) {
+            guard let byte = UInt8(String(decoding: digits[i..<i + 2], as: UTF8.self), radix: 16) else { return nil }
+            out.append(byte)
+        }
+        return out
+    }
 
     static func run(_ args: [String], interactive: Bool) throws {
         let parsed = try Arguments(
             args,
             valueFlags: [
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
+                "allow-peer",
             ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
         if parsed.switches.contains("help") {
@@ -60,6 +76,14 @@ enum NodeCommand {
         options.nextMeshKey = try parsed.value("next-mesh-key").map {
             try MeshKey(contentsOf: URL(fileURLWithPath: $0))
         }
+        let allowed = try parsed.all("allow-peer").map { text -> [UInt8] in
+            let hex = Array(text.utf8)
+            guard hex.count == 64, let key = Self.bytes(hex: text) else {
+                throw UsageError("--allow-peer needs a peer key of 64 hex digits, not '\(text)'")
+            }
+            return key
+        }
+        if !allowed.isEmpty { options.allowedPeers = Set(allowed) }
         if let text = parsed.value("max-peers") {
             guard let n = Int(text), n >= 1, n <= 100_000 else {
                 throw UsageError("--max-peers needs a number from 1 to 100000, not '\(text)'")
