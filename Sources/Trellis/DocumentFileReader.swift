@@ -44,16 +44,8 @@ public final class DocumentFileReader {
     ///
     /// - Throws: ``FileError`` naming the path: missing, a directory, unreadable.
     public init(path: String) throws(FileError) {
-        var info = stat()
-        guard stat(path, &info) == 0 else {
-            throw FileError("cannot read \(path): \(String(cString: strerror(errno)))")
-        }
-        if info.st_mode & S_IFMT == S_IFDIR { throw FileError("cannot read \(path): it is a directory") }
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw FileError("cannot read \(path): \(String(cString: strerror(errno)))") }
-        self.fd = fd
+        (fd, size) = try Files.openForReading(path)
         self.path = path
-        self.size = Int(info.st_size)
     }
 
     deinit { close(fd) }
@@ -133,7 +125,9 @@ public final class DocumentFileReader {
         consume(upTo: try skipSpace(from: start))
         guard start < buffer.count else { throw FileError("\(path): the array is not closed (no ']' at the end)") }
         if buffer[start] == UInt8(ascii: "]") {
-            guard count == 0 else { throw FileError("\(path): \(place): expected a value after ','") }
+            guard count == 0 else {
+                throw FileError("\(path): a ',' after element \(count) is not followed by a value")
+            }
             return try closeArray(after: start)
         }
         // Scan to the ',' or ']' that ends this element, outside strings and nested values. The
@@ -177,12 +171,7 @@ public final class DocumentFileReader {
             _ = try closeArray(after: end)
             return value
         }
-        consume(upTo: end + 1)
-        // A ',' must be followed by another element.
-        let after = try skipSpace(from: start)
-        if after < buffer.count, buffer[after] == UInt8(ascii: "]") {
-            throw FileError("\(path): a ',' after element \(count) is not followed by a value")
-        }
+        consume(upTo: end + 1)  // the ','; the next call checks that a value follows it
         return value
     }
 

@@ -14,13 +14,7 @@ public enum Files {
     ///
     /// - Throws: ``FileError``: missing, a directory, unreadable, or a read error, with the path.
     public static func read(_ path: String) throws(FileError) -> Data {
-        var info = stat()
-        guard stat(path, &info) == 0 else {
-            throw FileError("cannot read \(path): \(String(cString: strerror(errno)))")
-        }
-        if info.st_mode & S_IFMT == S_IFDIR { throw FileError("cannot read \(path): it is a directory") }
-        let fd = open(path, O_RDONLY)
-        guard fd >= 0 else { throw FileError("cannot read \(path): \(String(cString: strerror(errno)))") }
+        let (fd, _) = try openForReading(path)
         defer { close(fd) }
         var data = Data()
         var buffer = [UInt8](repeating: 0, count: 65_536)
@@ -34,6 +28,21 @@ public enum Files {
             data.append(contentsOf: buffer[0..<n])
         }
         return data
+    }
+
+    /// Opens a file that is not a directory for reading.
+    ///
+    /// - Returns: the descriptor (the caller closes it) and the file's size in bytes.
+    /// - Throws: ``FileError``: missing, a directory, or unreadable, with the path.
+    static func openForReading(_ path: String) throws(FileError) -> (fd: Int32, size: Int) {
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            throw FileError("cannot read \(path): \(String(cString: strerror(errno)))")
+        }
+        if info.st_mode & S_IFMT == S_IFDIR { throw FileError("cannot read \(path): it is a directory") }
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw FileError("cannot read \(path): \(String(cString: strerror(errno)))") }
+        return (fd, Int(info.st_size))
     }
 
     /// Creates a directory (and its parents) unless it exists.

@@ -217,17 +217,9 @@ extension DocumentStore {
         // Merging into an evicted document's stub brings the document back, even when the state
         // adds nothing to the stub.
         guard doc.merge(incoming) || stored?.kind == .stub || repair else { return .unchanged(behind: doc != incoming) }
-        // A stamp far ahead would win every later local write to its fields until the clock caught
-        // up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later
-        // of the physical clock and the HLC: a node whose own clock is behind defers instead of
-        // dropping, and accepts once its clock or its HLC has moved.
-        let horizon = max(now, s.clock.last.millis)
-        let latest = incoming.maxTime.millis
-        if latest > horizon, latest - horizon > options.maxClockDrift {
-            return .refused(
-                .clock, reason: Self.driftReason(latest - horizon, options.maxClockDrift),
-                ready: latest - options.maxClockDrift, decoded: incoming)
-        }
+        let (horizon, tooFarAhead) = driftCheck(
+            clock: s.clock.last, latest: incoming.maxTime, now: now, decoded: incoming)
+        if let tooFarAhead { return tooFarAhead }
         do {
             try persist(&s, collection, key, id, doc)
         } catch let error as StoreError {
@@ -252,13 +244,10 @@ extension DocumentStore {
         _ s: inout State, _ collection: String, _ key: String, _ single: SingleWriteState, _ value: Value,
         _ fields: UTF8Map<Value>, _ json: String, now: UInt64
     ) throws -> StateMerge {
-        let horizon = max(now, s.clock.last.millis)
-        let latest = single.stamp.time.millis
-        if latest > horizon, latest - horizon > options.maxClockDrift {
-            return .refused(
-                .clock, reason: Self.driftReason(latest - horizon, options.maxClockDrift),
-                ready: latest - options.maxClockDrift, decoded: DocumentState(fields: fields, stamp: single.stamp))
-        }
+        let (horizon, tooFarAhead) = driftCheck(
+            clock: s.clock.last, latest: single.stamp.time, now: now,
+            decoded: DocumentState(fields: fields, stamp: single.stamp))
+        if let tooFarAhead { return tooFarAhead }
         do {
             try persistSingleWrite(
                 &s, collection, key, fields: fields, stamp: single.stamp, materialized: value, json: json)
@@ -271,11 +260,27 @@ extension DocumentStore {
         return .applied
     }
 
-    /// Why a state whose latest stamp is `ahead` ms in front of this node's time is deferred.
-    static func driftReason(_ ahead: UInt64, _ allowed: UInt64) -> String {
-        "it carries a stamp \(ahead) ms ahead of this node's clock, more than the allowed "
-            + "\(allowed) ms; kept until the clock reaches it (if this node's clock is right, "
+    /// This node's time and, when a state's latest stamp leads it by more than
+    /// ``StoreOptions/maxClockDrift``, the refusal that defers the state.
+    ///
+    /// A stamp far ahead would win every later local write to its fields until the clock caught
+    /// up. The HLC spreads the fastest clock of the mesh, so the bound is taken from the later of
+    /// the physical clock and the HLC: a node whose own clock is behind defers instead of
+    /// dropping, and accepts once its clock or its HLC has moved.
+    ///
+    /// - Parameter clock: this node's HLC.
+    /// - Returns: the later of `now` and the HLC (milliseconds), and the refusal or `nil`.
+    private func driftCheck(
+        clock: HLCTimestamp, latest stamp: HLCTimestamp, now: UInt64, decoded: @autoclosure () -> DocumentState
+    ) -> (horizon: UInt64, refusal: StateMerge?) {
+        let horizon = max(now, clock.millis)
+        let latest = stamp.millis
+        guard latest > horizon, latest - horizon > options.maxClockDrift else { return (horizon, nil) }
+        let reason =
+            "it carries a stamp \(latest - horizon) ms ahead of this node's clock, more than the allowed "
+            + "\(options.maxClockDrift) ms; kept until the clock reaches it (if this node's clock is right, "
             + "fix the writer's clock)"
+        return (horizon, .refused(.clock, reason: reason, ready: latest - options.maxClockDrift, decoded: decoded()))
     }
 
     // MARK: Deferred documents

@@ -81,7 +81,7 @@ public final class MeshNetwork: Sendable {
     private func admits(_ key: [UInt8], _ address: String) -> Bool {
         guard let allowed = allowed.withLock({ $0 }), !allowed.contains(key) else { return true }
         logRefusal(
-            "refused peer \(key.map { String(format: "%02x", $0) }.joined()) at \(address): not on the allowlist "
+            "refused peer \(PeerInfo.hex(key)) at \(address): not on the allowlist "
                 + "(add its key with --allow-peer to admit it)")
         return false
     }

@@ -18,7 +18,10 @@ public struct PeerInfo: Sendable, CustomStringConvertible {
     /// Subscriptions the peer said it cannot serve, with its reason.
     public var refusedSubscriptions: [(SubscriptionSpec, String)]
 
-    public var keyHex: String { peerKey.map { String(format: "%02x", $0) }.joined() }
+    public var keyHex: String { Self.hex(peerKey) }
+
+    /// A peer key as lowercase hex digits.
+    static func hex(_ key: [UInt8]) -> String { key.map { String(format: "%02x", $0) }.joined() }
 
     public var description: String {
         var text =

@@ -33,19 +33,6 @@ enum NodeCommand {
           --quiet               do not log session events to standard error
         """
 
-    /// The bytes of an even number of hex digits, or `nil`.
-    static func bytes(hex text: String) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard digits.count % 2 == 0 else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(digits.count / 2)
-        for i in stride(from: 0, to: digits.count, by: 2) {
-            guard let byte = UInt8(String(decoding: digits[i..<i + 2], as: UTF8.self), radix: 16) else { return nil }
-            out.append(byte)
-        }
-        return out
-    }
-
     static func run(_ args: [String], interactive: Bool) throws {
         let parsed = try Arguments(
             args,
@@ -77,8 +64,7 @@ enum NodeCommand {
             try MeshKey(contentsOf: URL(fileURLWithPath: $0))
         }
         let allowed = try parsed.all("allow-peer").map { text -> [UInt8] in
-            let hex = Array(text.utf8)
-            guard hex.count == 64, let key = Self.bytes(hex: text) else {
+            guard let key = TrellisNode.peerKey(hex: text) else {
                 throw UsageError("--allow-peer needs a peer key of 64 hex digits, not '\(text)'")
             }
             return key
