@@ -49,6 +49,7 @@ public struct SingleWriteState: Sendable, Equatable {
     /// - Complexity: O(size of the JSON).
     public static func decode(_ bytes: [UInt8]) throws(DocumentStateError) -> SingleWriteState? {
         guard isEncoded(bytes) else { return nil }
+        if let exact = canonical(bytes) { return exact }
         let value: Value
         do { value = try CBOR.decode(bytes) } catch {
             throw DocumentStateError(message: "single-write state does not decode: \(error)")
@@ -65,6 +66,53 @@ public struct SingleWriteState: Sendable, Equatable {
             json: json)
     }
 
+    /// Reads `bytes` when they are exactly what ``encoded()`` writes (the case of every state a
+    /// Trellis peer sends), without building the generic CBOR value; `nil` for anything else,
+    /// which ``decode(_:)`` then reads the general way.
+    private static func canonical(_ bytes: [UInt8]) -> SingleWriteState? {
+        var position = 3  // after `{"j"`, checked by isEncoded
+        func head() -> (major: UInt8, argument: UInt64)? {
+            guard position < bytes.count else { return nil }
+            let initial = bytes[position]
+            position += 1
+            let info = initial & 0x1F
+            var argument = UInt64(info)
+            if info >= 24 {
+                guard info <= 27 else { return nil }
+                let count = 1 << Int(info - 24)
+                guard bytes.count - position >= count else { return nil }
+                argument = 0
+                for _ in 0..<count {
+                    argument = argument << 8 | UInt64(bytes[position])
+                    position += 1
+                }
+            }
+            return (initial >> 5, argument)
+        }
+        guard let text = head(), text.major == 3, text.argument <= UInt64(bytes.count - position) else { return nil }
+        // Invalid UTF-8 would be repaired here, and then the comparison below fails.
+        let json = String(decoding: bytes[position..<position + Int(text.argument)], as: UTF8.self)
+        position += Int(text.argument)
+        guard bytes.count - position >= 3, bytes[position] == 0x61, bytes[position + 1] == 0x75,
+            bytes[position + 2] == 0x82
+        else { return nil }
+        position += 3
+        func int(_ head: (major: UInt8, argument: UInt64)?) -> Int64? {
+            guard let head, head.major <= 1, head.argument <= UInt64(Int64.max) else { return nil }
+            return head.major == 0 ? Int64(head.argument) : -1 - Int64(head.argument)
+        }
+        guard let time = int(head()), let site = int(head()), position == bytes.count else { return nil }
+        let state = SingleWriteState(
+            stamp: Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site)),
+            json: json)
+        // Any other spelling of the same content (a longer head, say) is left to the general reader.
+        return state.encoded() == bytes ? state : nil
+    }
+
+    /// A document read from its JSON: the materialised document (with `_id`), its fields without
+    /// `_id`, and its canonical JSON.
+    public typealias Document = (value: Value, fields: UTF8Map<Value>, json: String)
+
     /// The document: its JSON parsed, checked and written again canonically.
     ///
     /// - Parameter id: the `_id` the document must carry, when known (a peer names the document
@@ -74,9 +122,7 @@ public struct SingleWriteState: Sendable, Equatable {
     /// - Throws: ``DocumentStateError`` when the JSON does not parse, is not a map, has no `_id`
     ///   or another one than `id`, or holds a value a document cannot hold (``Value/validate(path:)``).
     /// - Complexity: O(size of the JSON).
-    public func document(id: Value? = nil) throws(DocumentStateError) -> (
-        value: Value, fields: UTF8Map<Value>, json: String
-    ) {
+    public func document(id: Value? = nil) throws(DocumentStateError) -> Document {
         let value: Value
         do { value = try JSON.parse(json) } catch {
             throw DocumentStateError(message: "single-write state: its JSON does not parse: \(error)")

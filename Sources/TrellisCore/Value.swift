@@ -143,7 +143,26 @@ extension Value {
     /// - Throws: ``ValueError`` naming the first offending path.
     /// - Complexity: O(size of the value).
     public func validate(path: String = "") throws(ValueError) {
+        // The common case, a storable value, is checked without spelling any path.
+        guard !isStorable(depth: 0) else { return }
         try validate(path: path, depth: 0)
+    }
+
+    /// What ``validate(path:)`` checks, without naming where it fails.
+    private func isStorable(depth: Int) -> Bool {
+        switch self {
+        case .double(let d): return d.isFinite
+        case .array(let a):
+            guard depth < Value.maximumDepth else { return false }
+            for element in a where !element.isStorable(depth: depth + 1) { return false }
+            return true
+        case .map(let m):
+            guard depth < Value.maximumDepth else { return false }
+            for (k, v) in m where k == "$bytes" || !v.isStorable(depth: depth + 1) { return false }
+            return true
+        default:
+            return true
+        }
     }
 
     private func validate(path: String, depth: Int) throws(ValueError) {

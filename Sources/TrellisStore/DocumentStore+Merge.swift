@@ -39,20 +39,31 @@ enum StateMerge {
 /// does not hold up local reads and writes.
 struct DecodedState {
     enum Form {
-        /// The single-write form with its document parsed, checked and written canonically.
-        case single(SingleWriteState, value: Value, fields: UTF8Map<Value>, json: String)
+        /// The single-write form. `parsed` is `nil` when its JSON is already canonical, storable
+        /// and carries the document's `_id` (``CanonicalJSON``): it is then stored as it came and
+        /// parsed only if something needs its value; otherwise it holds the document parsed,
+        /// checked and written canonically.
+        case single(SingleWriteState, parsed: SingleWriteState.Document?)
         /// A whole state.
         case whole(DocumentState)
     }
 
     let form: Result<Form, DocumentStateError>
+    /// The document's `_id`.
+    let id: Value
 
     /// Decodes `bytes`, the state of the document `id` (every form: docs/PROTOCOL.md §3).
-    init(_ bytes: [UInt8], id: Value) {
+    ///
+    /// - Parameter key: `id`'s canonical JSON (``DocumentStore/key(for:)``), when known.
+    init(_ bytes: [UInt8], id: Value, key: String?) {
+        self.id = id
         do {
             if let single = try SingleWriteState.decode(bytes) {
-                let document = try single.document(id: id)
-                form = .success(.single(single, value: document.value, fields: document.fields, json: document.json))
+                if let key, CanonicalJSON.isDocument(single.json, idKey: key) {
+                    form = .success(.single(single, parsed: nil))
+                } else {
+                    form = .success(.single(single, parsed: try single.document(id: id)))
+                }
             } else {
                 form = .success(.whole(try DocumentState(bytes: bytes, id: id)))
             }
@@ -61,10 +72,22 @@ struct DecodedState {
         }
     }
 
+    /// The single-write document parsed: what `.single` holds, or its JSON parsed now (it was
+    /// checked to parse when decoded).
+    static func document(_ single: SingleWriteState, _ parsed: SingleWriteState.Document?, id: Value)
+        -> SingleWriteState.Document
+    {
+        if let parsed { return parsed }
+        do { return try single.document(id: id) } catch {
+            preconditionFailure("canonical document JSON does not parse: \(error)")
+        }
+    }
+
     /// The whole state.
     func state() throws(DocumentStateError) -> DocumentState {
         switch form {
-        case .success(.single(let single, _, let fields, _)): return DocumentState(fields: fields, stamp: single.stamp)
+        case .success(.single(let single, let parsed)):
+            return DocumentState(fields: Self.document(single, parsed, id: id).fields, stamp: single.stamp)
         case .success(.whole(let state)): return state
         case .failure(let error): throw error
         }
@@ -114,7 +137,7 @@ extension DocumentStore {
             if let query = try? Query(spec.query).bind(args: spec.args) { bound.append((spec, query)) }
         }
         // Decoding, parsing and checking need no lock: done before it is taken.
-        let decoded = documents.map { DecodedState($0.state, id: $0.id) }
+        let decoded = documents.map { DecodedState($0.state, id: $0.id, key: try? Self.key(for: $0.id)) }
         try write(origin: peer) { s in
             var deferredHere = false
             for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
@@ -192,12 +215,12 @@ extension DocumentStore {
                 ready: 0, decoded: nil)
         }
         do { stored = try row(&s, collection, key) } catch StoreError.corrupt { repair = true }
-        if case .success(.single(let single, let value, let fields, let json)) = decoded.form, stored == nil, !repair,
+        if case .success(.single(let single, let parsed)) = decoded.form, stored == nil, !repair,
             try reapedRemoval(&s, collection, key) == nil
         {
             // The common case of a first sync: a document written once, new here. It is stored as it
             // came, without building its per-field state.
-            return try mergeNewSingleWrite(&s, collection, key, single, value, fields, json, now: now)
+            return try mergeNewSingleWrite(&s, collection, key, id, single, parsed, now: now)
         }
         let incoming = try decoded.state()
         if stored == nil, !repair, let removedAt = try reapedRemoval(&s, collection, key),
@@ -241,20 +264,22 @@ extension DocumentStore {
     /// the fast path of ``mergeState(_:_:_:_:_:now:)``, with the same checks (the clock drift,
     /// the size limit; the `_id` and the value were checked when it was decoded).
     private func mergeNewSingleWrite(
-        _ s: inout State, _ collection: String, _ key: String, _ single: SingleWriteState, _ value: Value,
-        _ fields: UTF8Map<Value>, _ json: String, now: UInt64
+        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ single: SingleWriteState,
+        _ parsed: SingleWriteState.Document?, now: UInt64
     ) throws -> StateMerge {
+        func state() -> DocumentState {
+            DocumentState(fields: DecodedState.document(single, parsed, id: id).fields, stamp: single.stamp)
+        }
         let (horizon, tooFarAhead) = driftCheck(
-            clock: s.clock.last, latest: single.stamp.time, now: now,
-            decoded: DocumentState(fields: fields, stamp: single.stamp))
+            clock: s.clock.last, latest: single.stamp.time, now: now, decoded: state())
         if let tooFarAhead { return tooFarAhead }
         do {
             try persistSingleWrite(
-                &s, collection, key, fields: fields, stamp: single.stamp, materialized: value, json: json)
+                &s, collection, key, stamp: single.stamp, json: parsed?.json ?? single.json,
+                document: { DecodedState.document(single, parsed, id: id) })
         } catch let error as StoreError {
             guard case .documentTooLarge = error else { throw error }
-            return .refused(
-                .size, reason: error.description, ready: 0, decoded: DocumentState(fields: fields, stamp: single.stamp))
+            return .refused(.size, reason: error.description, ready: 0, decoded: state())
         }
         s.clock.receive(single.stamp.time, physicalMillis: horizon)
         return .applied
@@ -424,7 +449,8 @@ extension DocumentStore {
                         try deleteDeferred(&s, row.collection, row.key, row.peer)  // not a key this store wrote
                         continue
                     }
-                    switch try mergeState(&s, row.collection, row.key, id, DecodedState(row.state, id: id), now: now) {
+                    let decoded = DecodedState(row.state, id: id, key: row.key)
+                    switch try mergeState(&s, row.collection, row.key, id, decoded, now: now) {
                     case .applied, .revived:
                         count += 1
                         try deleteDeferred(&s, row.collection, row.key, row.peer)

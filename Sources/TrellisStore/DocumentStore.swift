@@ -587,25 +587,26 @@ public final class DocumentStore: Sendable {
         let value = materialized.map { JSON.string($0) }
         let bytes = StoredState.bytes(for: doc, materialized: materialized)
         try persistRow(
-            &s, collection, key, materialized: materialized, json: value, state: bytes,
+            &s, collection, key, materialized: { materialized }, json: value, state: bytes,
             removedAt: value == nil ? doc.maxTime.millis : nil, fullState: { doc })
     }
 
-    /// Writes the state of one write of `fields` at `stamp` into a document that has no row:
-    /// ``persist(_:_:_:_:_:)`` of `DocumentState(fields:stamp:)`, without building that state
-    /// (the row is the compact form of StoredState.swift).
+    /// Writes the state of one write of a document's fields at `stamp` into a document that has
+    /// no row: ``persist(_:_:_:_:_:)`` of `DocumentState(fields:stamp:)`, without building that
+    /// state (the row is the compact form of StoredState.swift).
     ///
     /// - Parameters:
-    ///   - materialized: the document: `fields` with `_id`, already validated.
-    ///   - json: its canonical JSON, when the caller has it.
+    ///   - json: the document's canonical JSON (with `_id`), already validated.
+    ///   - document: the document (`value` with `_id`, `fields` without); asked for only when
+    ///     served scopes need the value or the size limit the whole state, so a document that
+    ///     came as canonical JSON is usually never parsed.
     func persistSingleWrite(
-        _ s: inout State, _ collection: String, _ key: String, fields: UTF8Map<Value>, stamp: Stamp,
-        materialized: Value, json: String? = nil
+        _ s: inout State, _ collection: String, _ key: String, stamp: Stamp, json: String,
+        document: () -> SingleWriteState.Document
     ) throws {
         try persistRow(
-            &s, collection, key, materialized: materialized, json: json ?? JSON.string(materialized),
-            state: StoredState.compact(stamp), removedAt: nil,
-            fullState: { DocumentState(fields: fields, stamp: stamp) })
+            &s, collection, key, materialized: { document().value }, json: json, state: StoredState.compact(stamp),
+            removedAt: nil, fullState: { DocumentState(fields: document().fields, stamp: stamp) })
     }
 
     /// Checks the size limit, tracks served scopes and writes the row (``persist(_:_:_:_:_:)``).
@@ -613,7 +614,7 @@ public final class DocumentStore: Sendable {
     /// - Parameter fullState: the whole state, encoded only to measure a compact row that may be
     ///   near the limits.
     private func persistRow(
-        _ s: inout State, _ collection: String, _ key: String, materialized: Value?, json value: String?,
+        _ s: inout State, _ collection: String, _ key: String, materialized: () -> Value?, json value: String?,
         state bytes: [UInt8], removedAt: UInt64?, fullState: () -> DocumentState
     ) throws {
         // The limit counts the whole state as peers receive it, whatever form is stored.
@@ -753,8 +754,10 @@ public final class DocumentStore: Sendable {
             // A new document: one write of every field, stored without building its state.
             var materialized = fields
             materialized["_id"] = id
+            let json = JSON.string(.map(materialized))
             try persistSingleWrite(
-                &s, collection, key, fields: fields, stamp: s.stamp(now: now), materialized: .map(materialized))
+                &s, collection, key, stamp: s.stamp(now: now), json: json,
+                document: { (.map(materialized), fields, json) })
             return
         }
         doc.merge(fields: fields, stamp: s.stamp(now: now))

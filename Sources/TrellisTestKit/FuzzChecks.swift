@@ -100,6 +100,16 @@ public enum FuzzChecks {
         guard (try? JSON.parse(Data(input))) == value else {
             throw fail("parsing the text as Data gives another value")
         }
+        // What the canonical check accepts is stored as it came: it must be exactly what the
+        // full path would store.
+        let text = String(decoding: input, as: UTF8.self)
+        if let id = CanonicalJSON.documentID(of: text) {
+            guard (try? value.validate()) != nil else { throw fail("accepted as canonical but does not validate") }
+            guard JSON.bytes(value) == input else { throw fail("accepted as canonical but writes back differently") }
+            guard case .map(let fields) = value, let stored = fields["_id"], JSON.string(stored) == id else {
+                throw fail("accepted as canonical with _id \(id), which is not the document's")
+            }
+        }
     }
 
     // MARK: Query

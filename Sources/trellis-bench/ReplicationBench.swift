@@ -19,6 +19,7 @@ func replicationFigure(scratch: URL, documents: [Value], baseline: Double) throw
     let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
     let subscription = try b.store.collection("cars").findAll().subscribe()
     defer { subscription.cancel() }
+    let cpuBefore = processCPUSeconds()
     let started = Date()
     b.connect(to: Endpoint(host: "127.0.0.1", port: port))
     while true {
@@ -34,7 +35,17 @@ func replicationFigure(scratch: URL, documents: [Value], baseline: Double) throw
         usleep(2_000)
     }
     let elapsed = Date().timeIntervalSince(started)
+    let cpu = processCPUSeconds() - cpuBefore
+    FileHandle.standardError.write(Data("replication: \(elapsed) s wall, \(cpu) s CPU, \(cpu / elapsed) cores\n".utf8))
     return Figure(
         name: "two_node_replication_per_s", value: Double(documents.count) / elapsed, unit: "docs/s",
         baseline: baseline, baselineName: "sqlite_raw_inserts_per_s")
+}
+
+/// User plus system CPU time of this process so far, in seconds.
+func processCPUSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    func seconds(_ t: timeval) -> Double { Double(t.tv_sec) + Double(t.tv_usec) / 1e6 }
+    return seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }

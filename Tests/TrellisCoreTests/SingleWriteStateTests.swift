@@ -24,6 +24,18 @@ import TrellisCore
         #expect(try DocumentState(bytes: expected.cbor()) == expected)
     }
 
+    /// Another spelling of the same content (here a stamp time in an eight-byte head where four
+    /// suffice) is not what Trellis writes, so it skips the quick reader, and still decodes.
+    @Test func aLongerSpellingStillDecodes() throws {
+        let json = "{\"_id\":\"d\",\"n\":1}"
+        let bytes: [UInt8] =
+            [0xA2, 0x61, 0x6A, 0x60 + UInt8(json.utf8.count)] + Array(json.utf8) + [
+                0x61, 0x75, 0x82, 0x1B, 0, 0, 0, 0, 0x03, 0xE8, 0x00, 0x00, 0x01,
+            ]
+        #expect(bytes != SingleWriteState(stamp: stamp, json: json).encoded())
+        #expect(try SingleWriteState.decode(bytes) == SingleWriteState(stamp: stamp, json: json))
+    }
+
     /// A receiver stores the JSON it writes itself, whatever spelling the sender used.
     @Test func theStoredJSONIsTheCanonicalOne() throws {
         let single = SingleWriteState(stamp: stamp, json: "{ \"n\" : 1.50, \"_id\" : \"d\" }")
