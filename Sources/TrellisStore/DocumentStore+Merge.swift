@@ -35,65 +35,6 @@ enum StateMerge {
     case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
 }
 
-/// A remote state decoded and checked before the store lock is taken, so that a batch's parsing
-/// does not hold up local reads and writes.
-struct DecodedState {
-    enum Form {
-        /// The single-write form. `parsed` is `nil` when its JSON is already canonical, storable
-        /// and carries the document's `_id` (``CanonicalJSON``): it is then stored as it came and
-        /// parsed only if something needs its value; otherwise it holds the document parsed,
-        /// checked and written canonically.
-        case single(SingleWriteState, parsed: SingleWriteState.Document?)
-        /// A whole state.
-        case whole(DocumentState)
-    }
-
-    let form: Result<Form, DocumentStateError>
-    /// The document's `_id`.
-    let id: Value
-
-    /// Decodes `bytes`, the state of the document `id` (every form: docs/PROTOCOL.md §3).
-    ///
-    /// - Parameter key: `id`'s canonical JSON (``DocumentStore/key(for:)``), when known.
-    init(_ bytes: [UInt8], id: Value, key: String?) {
-        self.id = id
-        do {
-            if let single = try SingleWriteState.decode(bytes) {
-                if let key, CanonicalJSON.isDocument(single.json, idKey: key) {
-                    form = .success(.single(single, parsed: nil))
-                } else {
-                    form = .success(.single(single, parsed: try single.document(id: id)))
-                }
-            } else {
-                form = .success(.whole(try DocumentState(bytes: bytes, id: id)))
-            }
-        } catch {
-            form = .failure(error)
-        }
-    }
-
-    /// The single-write document parsed: what `.single` holds, or its JSON parsed now (it was
-    /// checked to parse when decoded).
-    static func document(_ single: SingleWriteState, _ parsed: SingleWriteState.Document?, id: Value)
-        -> SingleWriteState.Document
-    {
-        if let parsed { return parsed }
-        do { return try single.document(id: id) } catch {
-            preconditionFailure("canonical document JSON does not parse: \(error)")
-        }
-    }
-
-    /// The whole state.
-    func state() throws(DocumentStateError) -> DocumentState {
-        switch form {
-        case .success(.single(let single, let parsed)):
-            return DocumentState(fields: Self.document(single, parsed, id: id).fields, stamp: single.stamp)
-        case .success(.whole(let state)): return state
-        case .failure(let error): throw error
-        }
-    }
-}
-
 extension DocumentStore {
     // MARK: Remote merge
 
@@ -137,7 +78,7 @@ extension DocumentStore {
             if let query = try? Query(spec.query).bind(args: spec.args) { bound.append((spec, query)) }
         }
         // Decoding, parsing and checking need no lock: done before it is taken.
-        let decoded = documents.map { DecodedState($0.state, id: $0.id, key: try? Self.key(for: $0.id)) }
+        let decoded = documents.map { $0.decoded ?? DecodedState($0.state, id: $0.id) }
         try write(origin: peer) { s in
             var deferredHere = false
             for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
@@ -449,7 +390,7 @@ extension DocumentStore {
                         try deleteDeferred(&s, row.collection, row.key, row.peer)  // not a key this store wrote
                         continue
                     }
-                    let decoded = DecodedState(row.state, id: id, key: row.key)
+                    let decoded = DecodedState(row.state, id: id)
                     switch try mergeState(&s, row.collection, row.key, id, decoded, now: now) {
                     case .applied, .revived:
                         count += 1

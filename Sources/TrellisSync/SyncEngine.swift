@@ -255,10 +255,12 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
             link.start(
                 onMessage: { [weak self] bytes in
                     guard let self else { return }
+                    // Decoded on the link's reader thread, while the queue merges what came before.
+                    let message = SyncHost.decode(bytes)
                     room.wait()
                     self.queue.async {
                         room.signal()
-                        self.host.received(bytes, on: id)
+                        self.host.received(message, on: id)
                         self.scheduleScans()
                     }
                 },

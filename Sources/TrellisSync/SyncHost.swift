@@ -146,14 +146,24 @@ public final class SyncHost {
 
     /// One message arrived: decoded here, so the simulator exercises the codec too.
     public func received(_ bytes: [UInt8], on link: LinkID) {
-        let message: WireMessage
-        do {
-            message = try WireMessage(serialized: bytes)
-        } catch {
-            run(replicator.receiveFailed(on: link, error: "\(error)", now: now()))
-            return
+        received(Self.decode(bytes), on: link)
+    }
+
+    /// One message arrived, decoded by ``decode(_:)`` (a running node does that on the link's
+    /// reader thread, so decoding overlaps the work of this host's queue).
+    public func received(_ message: Result<WireMessage, WireError>, on link: LinkID) {
+        switch message {
+        case .success(let message): run(replicator.received(message, on: link, now: now()))
+        case .failure(let error): run(replicator.receiveFailed(on: link, error: "\(error)", now: now()))
         }
-        run(replicator.received(message, on: link, now: now()))
+    }
+
+    /// Decodes a message and, for a batch, the states of its documents (``WireMessage/decodingStates()``).
+    /// Needs no host: any thread may call it.
+    ///
+    /// - Complexity: O(size of the message).
+    public static func decode(_ bytes: [UInt8]) -> Result<WireMessage, WireError> {
+        do { return .success(try WireMessage(serialized: bytes).decodingStates()) } catch { return .failure(error) }
     }
 
     public func linkClosed(_ link: LinkID, reason: String) {

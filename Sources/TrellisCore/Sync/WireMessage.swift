@@ -92,11 +92,18 @@ public struct WireDocument: Sendable, Equatable {
     public var id: Value
     /// The document's CRDT state: ``DocumentState/cbor()``.
     public var state: [UInt8]
+    /// `state` decoded ahead of the merge (``WireMessage/decodingStates()``), or `nil`; not part
+    /// of the message, and ignored by `==`.
+    public var decoded: DecodedState?
 
     public init(collection: String, id: Value, state: [UInt8]) {
         self.collection = collection
         self.id = id
         self.state = state
+    }
+
+    public static func == (a: WireDocument, b: WireDocument) -> Bool {
+        a.collection == b.collection && a.id == b.id && a.state == b.state
     }
 }
 
@@ -218,6 +225,21 @@ public enum WireMessage: Sendable, Equatable {
         let value: Value
         do { value = try CBOR.decode(bytes) } catch { throw WireError("not CBOR: \(error)") }
         try self.init(value)
+    }
+
+    /// The message with the state of every document of a batch decoded
+    /// (``WireDocument/decoded``), so that the merge finds them ready: called on a link's reader
+    /// thread, it takes that work off the sync engine's queue.
+    ///
+    /// - Complexity: O(size of the message).
+    public func decodingStates() -> WireMessage {
+        guard case .batch(let subscription, var documents, let upTo, let generation, let left) = self else {
+            return self
+        }
+        for k in documents.indices {
+            documents[k].decoded = DecodedState(documents[k].state, id: documents[k].id)
+        }
+        return .batch(subscription: subscription, documents: documents, upTo: upTo, generation: generation, left: left)
     }
 
     /// Decodes one message from its CBOR value. See ``init(serialized:)``.

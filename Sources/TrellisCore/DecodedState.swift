@@ -1,0 +1,71 @@
+/// A remote document state decoded and checked ahead of its merge: off the store lock, and in a
+/// running node on the link's reader thread, so that parsing a batch overlaps merging the one
+/// before it (docs/ARCHITECTURE.md, "TrellisSync").
+public struct DecodedState: Sendable {
+    public enum Form: Sendable {
+        /// The single-write form. `parsed` is `nil` when its JSON is already canonical, storable
+        /// and carries the document's `_id` (``CanonicalJSON``): it is then stored as it came and
+        /// parsed only if something needs its value; otherwise it holds the document parsed,
+        /// checked and written canonically.
+        case single(SingleWriteState, parsed: SingleWriteState.Document?)
+        /// A whole state.
+        case whole(DocumentState)
+    }
+
+    /// What the bytes hold, or why they do not decode.
+    public let form: Result<Form, DocumentStateError>
+    /// The document's `_id`.
+    public let id: Value
+
+    /// Decodes `bytes`, the state of the document `id` (every form: docs/PROTOCOL.md §3).
+    ///
+    /// - Complexity: O(size of the state); a canonical single-write state builds no ``Value``.
+    public init(_ bytes: [UInt8], id: Value) {
+        self.id = id
+        do {
+            if let single = try SingleWriteState.decode(bytes) {
+                if let key = Self.key(id), CanonicalJSON.isDocument(single.json, idKey: key) {
+                    form = .success(.single(single, parsed: nil))
+                } else {
+                    form = .success(.single(single, parsed: try single.document(id: id)))
+                }
+            } else {
+                form = .success(.whole(try DocumentState(bytes: bytes, id: id)))
+            }
+        } catch {
+            form = .failure(error)
+        }
+    }
+
+    /// The canonical JSON of a valid `_id` (a non-empty string or map), as stores key documents.
+    private static func key(_ id: Value) -> String? {
+        switch id {
+        case .string(let s) where !s.isEmpty: return JSON.string(id)
+        case .map(let m) where !m.isEmpty: return JSON.string(id)
+        default: return nil
+        }
+    }
+
+    /// The single-write document parsed: what `.single` holds, or its JSON parsed now (it was
+    /// checked to parse when decoded).
+    public static func document(_ single: SingleWriteState, _ parsed: SingleWriteState.Document?, id: Value)
+        -> SingleWriteState.Document
+    {
+        if let parsed { return parsed }
+        do { return try single.document(id: id) } catch {
+            preconditionFailure("canonical document JSON does not parse: \(error)")
+        }
+    }
+
+    /// The whole state.
+    ///
+    /// - Throws: the decoding error.
+    public func state() throws(DocumentStateError) -> DocumentState {
+        switch form {
+        case .success(.single(let single, let parsed)):
+            return DocumentState(fields: Self.document(single, parsed, id: id).fields, stamp: single.stamp)
+        case .success(.whole(let state)): return state
+        case .failure(let error): throw error
+        }
+    }
+}
