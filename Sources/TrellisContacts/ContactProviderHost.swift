@@ -38,6 +38,13 @@ public enum ContactHostProgress: Sendable, Hashable {
 ///   page or batch is applied, and resumes from them.
 /// - Retries other errors up to ``maxRetries`` times from the last saved page or anchor; restarts
 ///   from the initial page on `pageExpired` or `changeAnchorExpired`.
+/// - Checks what iOS checks, and fails without retrying when a provider breaks a rule (retrying
+///   the same code cannot help): a page handed to `didFinishEnumeratingPage(upTo:)` with an
+///   empty generation marker, or a marker that changes between the pages of one content
+///   enumeration (or at its end), is ``ContactProvider/ContactProviderError/cannotEnumerate``,
+///   with the rule broken in ``lastViolation``. A change batch with `moreComing: true` that
+///   carries no change and leaves the anchor where it was ends the change enumeration of this
+///   run (it would otherwise ask for the same batch forever); ``lastViolation`` says so.
 /// - Coalesces ``signalEnumerator(for:)``: enumerations never overlap; signals arriving during
 ///   one are served together by one more.
 /// - Creates a new enumerator for every call, so providers cannot keep state in them.
@@ -57,6 +64,8 @@ public actor ContactProviderHost: ContactProviderSystem {
     public var onProgress: (@Sendable (ContactHostProgress) -> Void)?
 
     public private(set) var state: ContactHostState
+    /// The last rule a provider broke (see the type's description), or `nil`.
+    public private(set) var lastViolation: String?
     private var running = false
     private var waiting: [CheckedContinuation<Void, any Error>] = []
     /// Bumped by disable, reset and invalidate: a run started under an older one stops.
@@ -193,6 +202,7 @@ public actor ContactProviderHost: ContactProviderSystem {
                 try checkGeneration(started)
                 switch observer.outcome {
                 case .page(let items, let next):
+                    try checkMarker(next.generationMarker, "didFinishEnumeratingPage(upTo:)")
                     try sink.update(items)
                     state.marker = next.generationMarker
                     state.offset = next.offset
@@ -202,6 +212,7 @@ public actor ContactProviderHost: ContactProviderSystem {
                     failures = 0
                     onProgress?(.contentPage(items: contentItems, pages: contentPages))
                 case .finished(let items, let marker):
+                    try checkMarker(marker, "didFinishEnumeratingContent(upTo:)")
                     try sink.update(items)
                     try sink.finishFullEnumeration()
                     contentItems += items.count
@@ -223,6 +234,7 @@ public actor ContactProviderHost: ContactProviderSystem {
                 try checkGeneration(started)
                 switch observer.outcome {
                 case .batch(let updates, let deletes, let anchor, let more):
+                    let stalled = more && updates.isEmpty && deletes.isEmpty && anchor == state.anchor
                     try sink.delete(deletes)
                     try sink.update(updates)
                     state.marker = anchor.generationMarker
@@ -230,12 +242,33 @@ public actor ContactProviderHost: ContactProviderSystem {
                     try save()
                     failures = 0
                     onProgress?(.changes(updates: updates.count, deletes: deletes.count))
+                    if stalled {
+                        lastViolation =
+                            "the provider said moreComing: true with no change and the same anchor; "
+                            + "change enumeration stopped until the next signal"
+                        return
+                    }
                     if !more { return }
                 case .failed(let error):
                     try handle(error, failures: &failures, restarts: &restarts)
                 }
             }
         }
+    }
+
+    /// Fails, without retry, when a content page's generation marker is empty or differs from
+    /// the one the enumeration's earlier pages carried.
+    private func checkMarker(_ marker: Data, _ call: String) throws {
+        let broken: String
+        if marker.isEmpty {
+            broken = "\(call) was given an empty generation marker"
+        } else if !state.marker.isEmpty && marker != state.marker {
+            broken = "\(call) was given another generation marker than the enumeration's earlier pages"
+        } else {
+            return
+        }
+        lastViolation = broken
+        throw ContactProviderError.cannotEnumerate
     }
 
     /// Restarts on expiry (at most ``maxRetries`` + 1 times per run), otherwise counts a failure
@@ -297,9 +330,6 @@ final class HostContentObserver: ContactItemContentObserver {
                     s.terminal.isEmpty ? ContactProviderError.enumerationTimeout : ContactProviderError.cannotEnumerate)
             }
             if s.items.count > suggestedPageSize { return .failed(ContactProviderError.itemsLimitReached) }
-            if case .page(_, let next) = s.terminal[0], next.generationMarker.isEmpty {
-                return .failed(ContactProviderError.cannotEnumerate)
-            }
             return s.terminal[0]
         }
     }

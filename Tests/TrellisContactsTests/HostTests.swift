@@ -146,6 +146,54 @@ struct HostTests {
             #expect(await host.isEnabled == false)
         }
     }
+
+    /// A provider that breaks one of the rules iOS checks: the host fails at once, without
+    /// retrying, and says which rule.
+    @Test(
+        "a page with an empty or a changed generation marker fails without retry",
+        arguments: [("empty", "an empty generation marker"), ("changed", "another generation marker")])
+    func markerRules(_ fault: String, _ expected: String) async throws {
+        let provider = ScriptedProvider(
+            content: { page, observer in
+                observer.didEnumerate([ScriptedProvider.item("c\(page.offset)")])
+                switch (fault, page.offset) {
+                case ("empty", _):
+                    observer.didFinishEnumeratingPage(upTo: ContactItemPage(generationMarker: Data(), offset: 1))
+                case (_, 0):
+                    observer.didFinishEnumeratingPage(
+                        upTo: ContactItemPage(generationMarker: Data("gen-1".utf8), offset: 1))
+                default:
+                    observer.didFinishEnumeratingPage(
+                        upTo: ContactItemPage(generationMarker: Data("gen-2".utf8), offset: 2))
+                }
+            },
+            changes: { anchor, observer in observer.didFinishEnumeratingChanges(upTo: anchor, moreComing: false) })
+        let sink = MemoryContactSink()
+        let host = ContactProviderHost(provider: provider, sink: sink)
+        await host.setMaxRetries(3)
+        await #expect(throws: ContactProviderError.cannotEnumerate) { try await host.enable() }
+        // One call that broke the rule (and, for a changed marker, the good page before it): no retry.
+        #expect(provider.contentCalls.withLock { $0 } == (fault == "empty" ? 1 : 2))
+        #expect(await host.lastViolation?.contains(expected) == true)
+        // What the good page brought is applied; nothing of the bad page is.
+        #expect(sink.contacts.keys.map(\.value).sorted() == (fault == "empty" ? [] : ["c0"]))
+    }
+
+    /// `moreComing: true` with no change and the same anchor ends this run's change enumeration
+    /// instead of asking for the same batch forever.
+    @Test("moreComing with nothing new does not spin")
+    func moreComingWithNothingNewStops() async throws {
+        let marker = Data("gen-1".utf8)
+        let provider = ScriptedProvider(
+            content: { _, observer in observer.didFinishEnumeratingContent(upTo: marker) },
+            changes: { anchor, observer in observer.didFinishEnumeratingChanges(upTo: anchor, moreComing: true) })
+        let host = ContactProviderHost(provider: provider, sink: MemoryContactSink())
+        try await host.enable()
+        #expect(provider.changeCalls.withLock { $0 } == 1)
+        #expect(await host.lastViolation?.contains("moreComing: true") == true)
+        try await host.signalEnumerator()
+        #expect(provider.changeCalls.withLock { $0 } == 2)
+    }
 }
 
 /// Polls `condition` every 5 ms for up to `timeout` seconds.
@@ -156,4 +204,45 @@ func eventuallyAsync(timeout: Double = 10, _ condition: @Sendable () async -> Bo
         try? await Task.sleep(for: .milliseconds(5))
     }
     return await condition()
+}
+
+/// A provider whose enumerators run the given closures, to break the rules on purpose.
+final class ScriptedProvider: ContactProviderExtension {
+    typealias Content = @Sendable (ContactItemPage, any ContactItemContentObserver) -> Void
+    typealias Changes = @Sendable (ContactItemSyncAnchor, any ContactItemChangeObserver) -> Void
+    let content: Content
+    let changes: Changes
+    let contentCalls = Mutex(0)
+    let changeCalls = Mutex(0)
+
+    init(content: @escaping Content, changes: @escaping Changes) {
+        self.content = content
+        self.changes = changes
+    }
+
+    static func item(_ id: String) -> ContactItem {
+        var contact = CNMutableContact()
+        contact.givenName = id
+        return .contact(contact, ContactItem.Identifier(id))
+    }
+
+    func configure(for domain: any ContactProviderDomain) {}
+    func invalidate() async throws {}
+
+    func enumerator(for collection: ContactItem.Identifier) -> any ContactItemEnumerator { Enumerator(provider: self) }
+
+    struct Enumerator: ContactItemEnumerator {
+        let provider: ScriptedProvider
+        func enumerateContent(in page: ContactItemPage, for observer: any ContactItemContentObserver) async {
+            provider.contentCalls.withLock { $0 += 1 }
+            provider.content(page, observer)
+        }
+        func enumerateChanges(startingAt syncAnchor: ContactItemSyncAnchor, for observer: any ContactItemChangeObserver)
+            async
+        {
+            provider.changeCalls.withLock { $0 += 1 }
+            provider.changes(syncAnchor, observer)
+        }
+        func invalidate() async {}
+    }
 }
