@@ -46,15 +46,16 @@ public struct DecodedState: Sendable {
         }
     }
 
-    /// The single-write document parsed: what `.single` holds, or its JSON parsed now (it was
-    /// checked to parse when decoded).
+    /// The single-write document parsed: what `.single` holds, or its JSON parsed now.
+    ///
+    /// - Throws: what ``SingleWriteState/document(id:)`` throws; never for JSON that
+    ///   ``CanonicalJSON`` accepted (the JSON fuzz target checks that promise), but a merge treats
+    ///   it as any state that does not decode rather than trusting it.
     public static func document(_ single: SingleWriteState, _ parsed: SingleWriteState.Document?, id: Value)
-        -> SingleWriteState.Document
+        throws(DocumentStateError) -> SingleWriteState.Document
     {
         if let parsed { return parsed }
-        do { return try single.document(id: id) } catch {
-            preconditionFailure("canonical document JSON does not parse: \(error)")
-        }
+        return try single.document(id: id)
     }
 
     /// The whole state.
@@ -63,7 +64,7 @@ public struct DecodedState: Sendable {
     public func state() throws(DocumentStateError) -> DocumentState {
         switch form {
         case .success(.single(let single, let parsed)):
-            return DocumentState(fields: Self.document(single, parsed, id: id).fields, stamp: single.stamp)
+            return DocumentState(fields: try Self.document(single, parsed, id: id).fields, stamp: single.stamp)
         case .success(.whole(let state)): return state
         case .failure(let error): throw error
         }

@@ -208,19 +208,26 @@ extension DocumentStore {
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ single: SingleWriteState,
         _ parsed: SingleWriteState.Document?, now: UInt64
     ) throws -> StateMerge {
-        func state() -> DocumentState {
-            DocumentState(fields: DecodedState.document(single, parsed, id: id).fields, stamp: single.stamp)
+        func document() throws -> SingleWriteState.Document {
+            do { return try DecodedState.document(single, parsed, id: id) } catch {
+                throw StoreError.invalidValue("document \(key): \(error)")
+            }
+        }
+        func state() -> DocumentState? {
+            (try? document()).map { DocumentState(fields: $0.fields, stamp: single.stamp) }
         }
         let (horizon, tooFarAhead) = driftCheck(
             clock: s.clock.last, latest: single.stamp.time, now: now, decoded: state())
         if let tooFarAhead { return tooFarAhead }
         do {
             try persistSingleWrite(
-                &s, collection, key, stamp: single.stamp, json: parsed?.json ?? single.json,
-                document: { DecodedState.document(single, parsed, id: id) })
+                &s, collection, key, stamp: single.stamp, json: parsed?.json ?? single.json, document: document)
         } catch let error as StoreError {
-            guard case .documentTooLarge = error else { throw error }
-            return .refused(.size, reason: error.description, ready: 0, decoded: state())
+            switch error {
+            case .documentTooLarge: return .refused(.size, reason: error.description, ready: 0, decoded: state())
+            case .invalidValue: return .refused(.invalid, reason: error.description, ready: 0, decoded: nil)
+            default: throw error
+            }
         }
         s.clock.receive(single.stamp.time, physicalMillis: horizon)
         return .applied
@@ -237,7 +244,7 @@ extension DocumentStore {
     /// - Parameter clock: this node's HLC.
     /// - Returns: the later of `now` and the HLC (milliseconds), and the refusal or `nil`.
     private func driftCheck(
-        clock: HLCTimestamp, latest stamp: HLCTimestamp, now: UInt64, decoded: @autoclosure () -> DocumentState
+        clock: HLCTimestamp, latest stamp: HLCTimestamp, now: UInt64, decoded: @autoclosure () -> DocumentState?
     ) -> (horizon: UInt64, refusal: StateMerge?) {
         let horizon = max(now, clock.millis)
         let latest = stamp.millis

@@ -124,9 +124,9 @@ extension DocumentStore {
     ///
     /// - Complexity: one indexed read of the current value and two query evaluations per served
     ///   query subscription of the collection; nothing when it has none.
-    func trackScope(_ s: inout State, _ collection: String, _ key: String, new document: () -> Value?) throws {
+    func trackScope(_ s: inout State, _ collection: String, _ key: String, new document: () throws -> Value?) throws {
         guard let scopes = s.servedScopes[UTF8Key(collection)], !scopes.isEmpty else { return }
-        let new = document()
+        let new = try document()
         let current = try s.db.prepare("SELECT value, deleted FROM documents WHERE collection = ? AND id = ?")
         current.bind(1, collection)
         current.bind(2, key)

@@ -602,11 +602,12 @@ public final class DocumentStore: Sendable {
     ///     came as canonical JSON is usually never parsed.
     func persistSingleWrite(
         _ s: inout State, _ collection: String, _ key: String, stamp: Stamp, json: String,
-        document: () -> SingleWriteState.Document
+        document: () throws -> SingleWriteState.Document
     ) throws {
         try persistRow(
-            &s, collection, key, materialized: { document().value }, json: json, state: StoredState.compact(stamp),
-            removedAt: nil, fullState: { DocumentState(fields: document().fields, stamp: stamp) })
+            &s, collection, key, materialized: { try document().value }, json: json,
+            state: StoredState.compact(stamp), removedAt: nil,
+            fullState: { DocumentState(fields: try document().fields, stamp: stamp) })
     }
 
     /// Checks the size limit, tracks served scopes and writes the row (``persist(_:_:_:_:_:)``).
@@ -614,8 +615,8 @@ public final class DocumentStore: Sendable {
     /// - Parameter fullState: the whole state, encoded only to measure a compact row that may be
     ///   near the limits.
     private func persistRow(
-        _ s: inout State, _ collection: String, _ key: String, materialized: () -> Value?, json value: String?,
-        state bytes: [UInt8], removedAt: UInt64?, fullState: () -> DocumentState
+        _ s: inout State, _ collection: String, _ key: String, materialized: () throws -> Value?, json value: String?,
+        state bytes: [UInt8], removedAt: UInt64?, fullState: () throws -> DocumentState
     ) throws {
         // The limit counts the whole state as peers receive it, whatever form is stored.
         let valueBytes = value?.utf8.count ?? 0
@@ -623,7 +624,7 @@ public final class DocumentStore: Sendable {
         // little, so it is only encoded to be measured when that bound could cross a threshold.
         let stateBytes =
             StoredState.isCompact(bytes) && 3 * valueBytes + 64 >= options.warnDocumentBytes
-            ? fullState().cbor().count : bytes.count
+            ? try fullState().cbor().count : bytes.count
         let size = stateBytes + valueBytes
         if size > options.maxDocumentBytes {
             throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
