@@ -453,36 +453,56 @@ public struct FieldNode: Hashable, Sendable {
     mutating func join(_ other: FieldNode, inherited: VersionVector, inheritedGrew: Bool, causal: CausalContexts)
         -> Bool
     {
+        // The dot-store rule, both ways, each side judged by what the other held before the join.
+        // What one side saw and holds nothing of, nor anything later of that site, it removed:
+        // with everything of that site up to that time in this field, as its remove context did
+        // (a context it may have reaped). That is recorded here, so that default data of that site
+        // (time zero, which the rule leaves alone) meets the same remove in every order of joins.
+        var derived: VersionVector = [:]
+        func sawAndDropped(_ stamp: Stamp, _ seen: VersionVector, _ held: Stamp?) -> Bool {
+            guard seen.saw(stamp), held != stamp else { return false }
+            if held.map({ $0 < stamp }) ?? true { derived.include(stamp) }
+            return true
+        }
+        let mine = entries
+        let myTotals = totals
+        var droppedEntries = false
+        for entry in entries where sawAndDropped(entry.stamp, causal.theirs, other.entries[entry.stamp.site]?.stamp) {
+            droppedEntries = true
+        }
+        var droppedTotals = false
+        for total in totals.values
+        where sawAndDropped(total.stamp, causal.theirs, other.totals[total.stamp.site]?.stamp) {
+            droppedTotals = true
+        }
+        let theirEntries = other.entries.filter { !sawAndDropped($0.stamp, causal.mine, mine[$0.stamp.site]?.stamp) }
+        let theirTotals = other.totals.values.filter {
+            !sawAndDropped($0.stamp, causal.mine, myTotals[$0.stamp.site]?.stamp)
+        }
+        var changed = false
+        if droppedEntries {
+            entries.removeAll { causal.theirs.saw($0.stamp) && other.entries[$0.stamp.site]?.stamp != $0.stamp }
+            changed = true
+        }
+        if droppedTotals {
+            totals = totals.filter {
+                !causal.theirs.saw($0.value.stamp) || other.totals[$0.key]?.stamp == $0.value.stamp
+            }
+            changed = true
+        }
         var grew = false
-        for (site, time) in other.removed
+        for (site, time) in other.removed.joined(derived)
         where (inherited[site].map { $0 < time } ?? true) && (removed[site].map { $0 < time } ?? true) {
             removed[site] = time
             grew = true
         }
-        var changed = grew
+        if grew { changed = true }
         if inheritedGrew || grew, normalizeHere(inherited) { changed = true }
         let context = inherited.joined(removed)
-        // The dot-store rule, both ways, each side judged by what the other held before the join.
-        let mine = entries
-        if !entries.isEmpty,
-            entries.removeAll(where: { causal.theirs.saw($0.stamp) && other.entries[$0.stamp.site]?.stamp != $0.stamp })
-        {
-            changed = true
-        }
-        for entry in other.entries where !context.covers(entry.stamp) {
-            guard !causal.mine.saw(entry.stamp) || mine[entry.stamp.site]?.stamp == entry.stamp else { continue }
+        for entry in theirEntries where !context.covers(entry.stamp) {
             if note(entry) { changed = true }
         }
-        let myTotals = totals
-        let theySawAndLack = { (t: CounterTotal) in
-            causal.theirs.saw(t.stamp) && other.totals[t.stamp.site]?.stamp != t.stamp
-        }
-        if totals.values.contains(where: theySawAndLack) {
-            totals = totals.filter { !theySawAndLack($0.value) }
-            changed = true
-        }
-        for total in other.totals.values where !context.covers(total.stamp) {
-            guard !causal.mine.saw(total.stamp) || myTotals[total.stamp.site]?.stamp == total.stamp else { continue }
+        for total in theirTotals where !context.covers(total.stamp) {
             if totals.joinLater(total) { changed = true }
         }
         if removedTotals.joinLater(other.removedTotals) { changed = true }

@@ -595,13 +595,13 @@ public final class DocumentStore: Sendable {
             removedAt: value == nil ? doc.maxTime.millis : nil, fullState: { doc })
     }
 
-    /// Writes the state of one write of `fields` at `stamp` into a document that has no row:
     /// The horizon before which the remove contexts of removed fields are reaped at `now`
     /// (milliseconds): ``StoreOptions/tombstoneTTL`` earlier, as for tombstones.
     func fieldReapHorizon(now: UInt64) -> HLCTimestamp {
         now > options.tombstoneTTL ? HLCTimestamp(millis: now - options.tombstoneTTL, logical: 0) : .zero
     }
 
+    /// Writes the state of one write of `fields` at `stamp` into a document that has no row:
     /// ``persist(_:_:_:_:_:)`` of `DocumentState(fields:stamp:)`, without building that state
     /// (the row is the compact form of StoredState.swift).
     ///
