@@ -1,6 +1,6 @@
-public import Foundation
+import Foundation
 import TrellisCrypto
-public import TrellisNet
+import TrellisNet
 public import TrellisSync
 
 /// Admission: the mode, the pins of trust on first use, trusting and distrusting peers
@@ -43,13 +43,13 @@ extension TrellisNode {
     @discardableResult
     public func trust(peerKey key: [UInt8]) throws -> String { try network.trust(peerKey: key) }
 
-    /// ``trust(peerKey:)`` for the key a device name stands for (its pin, else a waiting or
-    /// recently seen peer of that name).
+    /// ``trust(peerKey:)`` for the key a device name stands for: the newest waiting connection
+    /// with that name, else the newest peer seen with it, else its pin.
     ///
     /// - Throws: ``DeviceNameError`` when no peer of that name is known, or the pins file cannot
     ///   be written.
     @discardableResult
-    public func trust(name: String) throws -> String { try trust(peerKey: peerKey(named: name)) }
+    public func trust(name: String) throws -> String { try trust(peerKey: peerKey(named: name, waitingFirst: true)) }
 
     /// Withdraws trust from a peer: its waiting connections are denied, it leaves the allowlist or
     /// its pins are forgotten (under trust on first use its name is pinned again to whichever key
@@ -61,18 +61,21 @@ extension TrellisNode {
     @discardableResult
     public func distrust(peerKey key: [UInt8]) throws -> String { try network.distrust(peerKey: key) }
 
-    /// ``distrust(peerKey:)`` for the key a device name stands for.
+    /// ``distrust(peerKey:)`` for the key a device name stands for: its pin, else a waiting or
+    /// recently seen peer with that name.
     ///
     /// - Throws: ``DeviceNameError`` when no peer of that name is known, or the pins file cannot
     ///   be written.
     @discardableResult
-    public func distrust(name: String) throws -> String { try distrust(peerKey: peerKey(named: name)) }
+    public func distrust(name: String) throws -> String {
+        try distrust(peerKey: peerKey(named: name, waitingFirst: false))
+    }
 
     /// The device name a peer key was last seen with, if any.
     public func deviceName(of key: [UInt8]) -> String? { network.deviceName(of: key) }
 
-    private func peerKey(named name: String) throws(DeviceNameError) -> [UInt8] {
-        guard let key = network.peerKey(named: name) else {
+    private func peerKey(named name: String, waitingFirst: Bool) throws(DeviceNameError) -> [UInt8] {
+        guard let key = network.peerKey(named: name, waitingFirst: waitingFirst) else {
             throw DeviceNameError("no pinned, waiting or recently seen peer is named \"\(name)\"")
         }
         return key

@@ -179,19 +179,7 @@ public final class TrellisNode: Sendable {
     public var peerKeyHex: String { NodeStatus.hex(identity.publicKey) }
 
     /// The peer key written as ``peerKeyHex`` writes it: 64 hex digits (either case), or `nil`.
-    public static func peerKey(hex text: String) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard digits.count == 64 else { return nil }
-        var key: [UInt8] = []
-        key.reserveCapacity(32)
-        for index in stride(from: 0, to: 64, by: 2) {
-            guard let high = MeshKey.hexValue(digits[index]), let low = MeshKey.hexValue(digits[index + 1]) else {
-                return nil
-            }
-            key.append(high << 4 | low)
-        }
-        return key
-    }
+    public static func peerKey(hex text: String) -> [UInt8]? { PinFile.peerKey(hex: text) }
 
     /// Starts accepting connections on `endpoint` (and starts sync if it was stopped: see
     /// ``startSync()``). After ``stopSync()``, ``startSync()`` listens again on the same address

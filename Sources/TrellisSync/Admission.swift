@@ -503,12 +503,16 @@ final class Admission: Sendable {
         return done.joined(separator: "; ")
     }
 
-    /// The key `name` stands for: its pin, else the newest pending request or peer seen with it.
-    func peerKey(named name: String) -> [UInt8]? {
+    /// The key `name` stands for. For trusting (`waitingFirst`): the newest waiting connection with
+    /// that name, else the newest peer seen with it, else its pin (so `trust NAME` re-pins a name
+    /// to the key now presenting it). For distrusting: its pin first, then waiting, then seen.
+    func peerKey(named name: String, waitingFirst: Bool) -> [UInt8]? {
         state.withLock { state in
-            state.pins.first { $0.name == name }?.peerKey
-                ?? state.pending.values.first { $0.request.deviceName == name }?.request.peerKey
-                ?? state.seen.last { $0.name == name }?.key
+            let pinned = state.pins.first { $0.name == name }?.peerKey
+            let waiting = state.pending.sorted { $0.key > $1.key }.first { $0.value.request.deviceName == name }?
+                .value.request.peerKey
+            let seen = state.seen.last { $0.name == name }?.key
+            return waitingFirst ? waiting ?? seen ?? pinned : pinned ?? waiting ?? seen
         }
     }
 

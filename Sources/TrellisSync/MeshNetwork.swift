@@ -136,9 +136,15 @@ public final class MeshNetwork: Sendable {
         return done.isEmpty ? "nothing to do: \(PeerInfo.hex(key)) is neither trusted, waiting nor connected" : done
     }
 
-    /// The peer key a device name stands for: its pin, else the newest waiting connection or peer
-    /// seen with that name; `nil` when unknown.
-    public func peerKey(named name: String) -> [UInt8]? { admission.peerKey(named: name) }
+    /// The peer key a device name stands for, or `nil` when unknown.
+    ///
+    /// - Parameters:
+    ///   - name: a device name.
+    ///   - waitingFirst: `true` (for trusting): the newest waiting connection or peer seen with that
+    ///     name before its pin; `false` (for distrusting): its pin first.
+    public func peerKey(named name: String, waitingFirst: Bool) -> [UInt8]? {
+        admission.peerKey(named: name, waitingFirst: waitingFirst)
+    }
 
     /// The device name a peer key was last seen with, if any.
     public func deviceName(of key: [UInt8]) -> String? { admission.deviceName(of: key) }
