@@ -166,11 +166,18 @@ public typealias ConnectionRequestHandler = @Sendable (ConnectionRequest) async 
 
 /// A connection waiting for a decision (`peers --pending`).
 public struct PendingConnection: Sendable, Equatable {
+    /// Who is to answer.
+    public enum Awaiting: String, Sendable {
+        /// The connection-request handler.
+        case handler
+        /// The user's ``TrellisNode``'s `trust` (a peer the mode refused, parked).
+        case user
+    }
+
     /// The peer asking.
     public var request: ConnectionRequest
-    /// Who is to answer: `"handler"` (the connection-request handler) or `"user"` (a peer the
-    /// mode refused, parked for `trust`).
-    public var awaiting: String
+    /// Who is to answer.
+    public var awaiting: Awaiting
     /// Seconds left before the connection is denied.
     public var secondsLeft: Double
 }
@@ -211,14 +218,14 @@ final class Admission: Sendable {
     /// that never answers holds only this connection's thread until the deadline.
     final class Pending: Sendable {
         let request: ConnectionRequest
-        let awaiting: String
+        let awaiting: PendingConnection.Awaiting
         let deadline: ContinuousClock.Instant
         let decision = Mutex<ConnectionDecision?>(nil)
         let executor: HandlerExecutor
         /// The handler's task, owned here: cancelled when the wait ends.
         let task = Mutex<Task<Void, Never>?>(nil)
 
-        init(request: ConnectionRequest, awaiting: String, deadline: ContinuousClock.Instant) {
+        init(request: ConnectionRequest, awaiting: PendingConnection.Awaiting, deadline: ContinuousClock.Instant) {
             self.request = request
             self.awaiting = awaiting
             self.deadline = deadline
@@ -334,21 +341,22 @@ final class Admission: Sendable {
                 return .deny
             }
             log("\(line); waiting \(policy.decisionTimeout) for `trust \(request.peerKeyHex)`")
-            let answer = wait(request, awaiting: "user", policy: policy, handler: nil, logRefusal: logRefusal)
+            let answer = wait(request, awaiting: .user, policy: policy, handler: nil, logRefusal: logRefusal)
             if answer == .allow, let handler {
-                return wait(request, awaiting: "handler", policy: policy, handler: handler, logRefusal: logRefusal)
+                return wait(request, awaiting: .handler, policy: policy, handler: handler, logRefusal: logRefusal)
             }
             return answer
         case .allow:
             guard let handler else { return .allow }
-            return wait(request, awaiting: "handler", policy: policy, handler: handler, logRefusal: logRefusal)
+            return wait(request, awaiting: .handler, policy: policy, handler: handler, logRefusal: logRefusal)
         }
     }
 
     /// Lists `request` as pending and waits for its answer (the handler's when given, else
     /// ``trust(peerKey:)``/``distrust(peerKey:)``) until the decision timeout.
     private func wait(
-        _ request: ConnectionRequest, awaiting: String, policy: AdmissionPolicy, handler: ConnectionRequestHandler?,
+        _ request: ConnectionRequest, awaiting: PendingConnection.Awaiting, policy: AdmissionPolicy,
+        handler: ConnectionRequestHandler?,
         logRefusal: (String) -> Void
     ) -> ConnectionDecision {
         let entry = Pending(request: request, awaiting: awaiting, deadline: .now + policy.decisionTimeout)
@@ -379,11 +387,11 @@ final class Admission: Sendable {
         state.withLock { _ = $0.pending.removeValue(forKey: id) }
         let answer = entry.decision.withLock { $0 } ?? .deny
         if !answered {
-            let who = awaiting == "user" ? "nobody trusted it" : "the connection-request handler did not answer"
+            let who = awaiting == .user ? "nobody trusted it" : "the connection-request handler did not answer"
             logRefusal("refused \(request.summary): \(who) within \(policy.decisionTimeout)")
         } else if answer == .deny {
             logRefusal(
-                "refused \(request.summary): \(awaiting == "user" ? "distrusted" : "denied by the connection-request handler")"
+                "refused \(request.summary): \(awaiting == .user ? "distrusted" : "denied by the connection-request handler")"
             )
         }
         return answer
@@ -501,6 +509,12 @@ final class Admission: Sendable {
             }
         }
         return done.joined(separator: "; ")
+    }
+
+    /// Denies every connection waiting for a decision (the node stops).
+    func denyWaiting() {
+        let waiting = state.withLock { Array($0.pending.values) }
+        for entry in waiting { entry.resolve(.deny) }
     }
 
     /// The key `name` stands for. For trusting (`waitingFirst`): the newest waiting connection with

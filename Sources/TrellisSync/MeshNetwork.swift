@@ -258,7 +258,7 @@ public final class MeshNetwork: Sendable {
                 }
                 self.finishInbound(id, proved: proved.withLock { $0 }) { $0.completed += 1 }
                 // Decided after the handshake's places are given back: a decision may wait.
-                guard self.admits(link) else { return link.close() }
+                guard self.admits(link), self.running.load(ordering: .acquiring) else { return link.close() }
                 self.engine.attach(link)
             } catch {
                 let wasProved = proved.withLock { $0 }
@@ -332,7 +332,7 @@ public final class MeshNetwork: Sendable {
                     }
                 }
                 guard let link else { throw HandshakeError(.refusedByPeer, "no mesh key to dial with") }
-                guard self.admits(link) else {
+                guard self.admits(link), self.running.load(ordering: .acquiring) else {
                     link.close()
                     throw LinkError.notAdmitted
                 }
@@ -348,8 +348,8 @@ public final class MeshNetwork: Sendable {
     /// Whether the network runs (between ``start()`` and ``stop()``).
     public var isRunning: Bool { running.load(ordering: .acquiring) }
 
-    /// Stops listening, dialing and discovery, and closes every session. Repeatable: ``start()``
-    /// resumes.
+    /// Stops listening, dialing and discovery, denies the connections waiting for a decision, and
+    /// closes every session. Repeatable: ``start()`` resumes.
     public func stop() {
         running.store(false, ordering: .releasing)
         let old = listener.withLock { current in
@@ -358,6 +358,7 @@ public final class MeshNetwork: Sendable {
         }
         old?.close()
         pauseDiscovery()
+        admission.denyWaiting()
         engine.stop()
     }
 

@@ -256,7 +256,7 @@ final class Shell {
             for entry in pending {
                 let request = entry.request
                 let name = request.deviceName.map { "\"\($0)\"" } ?? "(no name)"
-                let who = entry.awaiting == "user" ? "waiting for `trust`" : "waiting for the handler"
+                let who = entry.awaiting == .user ? "waiting for `trust`" : "waiting for the handler"
                 print(
                     "\(request.peerKeyHex) \(name) \(request.address) \(request.direction.rawValue), \(who), "
                         + "\(Int(entry.secondsLeft.rounded(.up))) s left")

@@ -7,12 +7,7 @@ import TrellisTestKit
 @Suite(.serialized) struct AdmissionProcessTests {
     let dir = TemporaryDirectory("trellis-admission-cli")
 
-    func count(_ data: String) -> Int? {
-        guard let r = try? TrellisProcess.run(["find", "--data", data, "c", "--count"]), r.status == 0 else {
-            return nil
-        }
-        return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
-    }
+    func count(_ data: String) -> Int? { findCount(data, "c") }
 
     /// The 64-hex-digit key that follows `prefix` in `text`, if any.
     func key(after prefix: String, in text: String) -> String? {

@@ -7,12 +7,7 @@ import TrellisTestKit
 @Suite(.serialized) struct MeshKeyChangeoverTests {
     let dir = TemporaryDirectory("trellis-changeover")
 
-    func count(_ data: String) -> Int? {
-        guard let r = try? TrellisProcess.run(["find", "--data", data, "c", "--count"]), r.status == 0 else {
-            return nil
-        }
-        return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
-    }
+    func count(_ data: String) -> Int? { findCount(data, "c") }
 
     /// A holds K1 and next K2; B holds only K2 and C only K1: both get A's document. After
     /// `promote-key` on A, a node holding only K1 is refused and told why.

@@ -188,6 +188,32 @@ import TrellisTestKit
         #expect(try PinFile.parse("\(key) my laptop\n\n\(key)\n", path: "p").map(\.name) == ["my laptop", nil])
     }
 
+    /// Random and mutated handshake payloads: never a trap, and a name accepted obeys the rules.
+    @Test func randomHandshakePayloadsAreRefusedOrGiveAValidName() throws {
+        var (random, seed) = SeededRandom.fromEnvironment(default: 0x7472_7573_7421)
+        print("AdmissionTests.randomHandshakePayloads: seed \(seed) (replay with TRELLIS_SEED=\(seed))")
+        let genuine = HandshakePayload.encode(deviceName: "kitchen tablet")
+        var accepted = 0
+        for round in 0..<20_000 {
+            var bytes: [UInt8]
+            if round % 2 == 0 {
+                bytes = genuine
+                for _ in 0..<Int.random(in: 1...4, using: &random) {
+                    let index = Int.random(in: 0..<bytes.count, using: &random)
+                    bytes[index] = UInt8.random(in: 0...255, using: &random)
+                }
+            } else {
+                bytes = (0..<Int.random(in: 0...40, using: &random)).map { _ in
+                    UInt8.random(in: 0...255, using: &random)
+                }
+            }
+            guard let name = try? HandshakePayload.decodeDeviceName(bytes) else { continue }
+            accepted += 1
+            try DeviceName.check(name)
+        }
+        #expect(accepted > 0)
+    }
+
     /// Answers held back until the test lets them go: a handler that "never" answers.
     final class Held: Sendable {
         let continuations = Mutex<[CheckedContinuation<ConnectionDecision, Never>]>([])
@@ -268,7 +294,7 @@ import TrellisTestKit
         #expect(
             eventually {
                 a.pendingConnections.contains {
-                    $0.request.peerKey == silent.identity.publicKey && $0.awaiting == "handler" && $0.secondsLeft <= 3
+                    $0.request.peerKey == silent.identity.publicKey && $0.awaiting == .handler && $0.secondsLeft <= 3
                 }
             })
         #expect(a.presence.pendingConnections.contains { $0.request.deviceName == "silent" })
@@ -284,6 +310,27 @@ import TrellisTestKit
         // The silent handler's peer is denied at the timeout and never gets a session.
         #expect(eventually { logged("refused peer \(silent.peerKeyHex)") && logged("did not answer within") })
         #expect(!a.peers.contains { $0.peerKey == silent.identity.publicKey })
+    }
+
+    @Test func connectionsBeyondThePendingLimitAreDeniedAtOnce() throws {
+        let log = Lines()
+        func logged(_ text: String) -> Bool { log.lines.withLock { $0.contains { $0.contains(text) } } }
+        let asked = Mutex(0)
+        let a = try node("a", log: log) {
+            $0.admissionPolicy.maxPending = 0
+            $0.connectionRequestHandler = { _ in
+                asked.withLock { $0 += 1 }
+                return .allow
+            }
+        }
+        defer { a.close() }
+        let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+        let b = try node("b")
+        defer { b.close() }
+        b.connect(to: Endpoint(host: "127.0.0.1", port: port))
+        #expect(eventually { logged("refused peer \(b.peerKeyHex)") && logged("0 connections already wait") })
+        #expect(asked.withLock { $0 } == 0)
+        #expect(a.peers.isEmpty)
     }
 
     @Test func aRefusedPeerParkedAsPendingIsAdmittedByTrust() throws {
@@ -303,7 +350,7 @@ import TrellisTestKit
         defer { subscription.cancel() }
         c.connect(to: Endpoint(host: "127.0.0.1", port: port))
         #expect(
-            eventually { a.pendingConnections.contains { $0.request.deviceName == "tablet" && $0.awaiting == "user" } })
+            eventually { a.pendingConnections.contains { $0.request.deviceName == "tablet" && $0.awaiting == .user } })
         #expect(logged("waiting") && logged("trust \(c.peerKeyHex)"))
         let result = try a.trust(name: "tablet")
         #expect(result.contains("added \(c.peerKeyHex) to the allowlist"))
