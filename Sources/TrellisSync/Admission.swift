@@ -232,14 +232,23 @@ final class Admission: Sendable {
             self.executor = HandlerExecutor()
         }
 
+        /// Why a denial was given, for the log.
+        let denial = Mutex<String?>(nil)
+
         /// Answers once; later answers are ignored.
-        func resolve(_ answer: ConnectionDecision) {
+        ///
+        /// - Parameters:
+        ///   - answer: the decision.
+        ///   - reason: for a denial, who denied it, for the log.
+        func resolve(_ answer: ConnectionDecision, _ reason: String) {
             let first = decision.withLock { current in
                 guard current == nil else { return false }
                 current = answer
                 return true
             }
-            if first { executor.wakeup.signal() }
+            guard first else { return }
+            denial.withLock { $0 = reason }
+            executor.wakeup.signal()
         }
 
         /// Runs the handler's jobs on the calling thread until an answer or the deadline.
@@ -332,24 +341,26 @@ final class Admission: Sendable {
         let (verdict, handler, policy) = state.withLock {
             state -> (Verdict, ConnectionRequestHandler?, AdmissionPolicy) in
             remember(request, in: &state)
-            return (self.verdict(request, &state), state.handler, state.policy)
+            return (self.verdict(request, &state, pinning: false), state.handler, state.policy)
         }
-        switch verdict {
-        case .refuse(let line, let parkable):
+        var answer = ConnectionDecision.allow
+        if case .refuse(let line, let parkable) = verdict {
             guard parkable, policy.parkRefused else {
                 logRefusal(line)
                 return .deny
             }
             log("\(line); waiting \(policy.decisionTimeout) for `trust \(request.peerKeyHex)`")
-            let answer = wait(request, awaiting: .user, policy: policy, handler: nil, logRefusal: logRefusal)
-            if answer == .allow, let handler {
-                return wait(request, awaiting: .handler, policy: policy, handler: handler, logRefusal: logRefusal)
-            }
-            return answer
-        case .allow:
-            guard let handler else { return .allow }
-            return wait(request, awaiting: .handler, policy: policy, handler: handler, logRefusal: logRefusal)
+            answer = wait(request, awaiting: .user, policy: policy, handler: nil, logRefusal: logRefusal)
         }
+        if answer == .allow, let handler {
+            answer = wait(request, awaiting: .handler, policy: policy, handler: handler, logRefusal: logRefusal)
+        }
+        guard answer == .allow else { return .deny }
+        // Admitted: now pin a new name (unless another key took it meanwhile, or the mode changed).
+        let final = state.withLock { state in self.verdict(request, &state, pinning: true) }
+        guard case .refuse(let line, _) = final else { return .allow }
+        logRefusal(line)
+        return .deny
     }
 
     /// Lists `request` as pending and waits for its answer (the handler's when given, else
@@ -374,7 +385,7 @@ final class Admission: Sendable {
             entry.task.withLock {
                 $0 = Task(executorPreference: entry.executor) {
                     let answer = await handler(request)
-                    entry.resolve(answer)
+                    entry.resolve(answer, "denied by the connection-request handler")
                 }
             }
         }
@@ -390,9 +401,7 @@ final class Admission: Sendable {
             let who = awaiting == .user ? "nobody trusted it" : "the connection-request handler did not answer"
             logRefusal("refused \(request.summary): \(who) within \(policy.decisionTimeout)")
         } else if answer == .deny {
-            logRefusal(
-                "refused \(request.summary): \(awaiting == .user ? "distrusted" : "denied by the connection-request handler")"
-            )
+            logRefusal("refused \(request.summary): \(entry.denial.withLock { $0 } ?? "denied")")
         }
         return answer
     }
@@ -403,8 +412,10 @@ final class Admission: Sendable {
         if state.seen.count > Self.rememberedNames { state.seen.removeFirst(state.seen.count - Self.rememberedNames) }
     }
 
-    /// The mode's verdict; under trust on first use a new name is pinned (and saved) here.
-    private func verdict(_ request: ConnectionRequest, _ state: inout State) -> Verdict {
+    /// The mode's verdict. Under trust on first use a name not pinned yet is admitted, and pinned
+    /// (and saved) only when `pinning`: once the whole decision admitted the peer, so a peer the
+    /// handler denies claims no name.
+    private func verdict(_ request: ConnectionRequest, _ state: inout State, pinning: Bool) -> Verdict {
         let key = request.peerKey
         let hex = request.peerKeyHex
         switch state.mode {
@@ -430,6 +441,7 @@ final class Admission: Sendable {
                         + "`trust \(hex)` (or `distrust \(name)`) in the shell, or edit \(pinsPath); otherwise someone "
                         + "holding the mesh key is posing as \"\(name)\"", parkable: true)
             }
+            guard pinning else { return .allow }
             var pins = state.pins
             pins.append(PeerPin(name: name, peerKey: key))
             do { try savePins?(pins) } catch {
@@ -473,7 +485,7 @@ final class Admission: Sendable {
             }
         }
         // After the mode changed, so that a pending request allowed now passes the mode.
-        for entry in waiting { entry.resolve(.allow) }
+        for entry in waiting { entry.resolve(.allow, "") }
         if !waiting.isEmpty { done.append("admitted \(waiting.count) waiting connection(s)") }
         return done.isEmpty ? "nothing to do: \(hex) is admitted already" : done.joined(separator: "; ")
     }
@@ -488,7 +500,7 @@ final class Admission: Sendable {
         var done: [String] = []
         let hex = PeerInfo.hex(key)
         let waiting = state.withLock { state in state.pending.values.filter { $0.request.peerKey == key } }
-        for entry in waiting { entry.resolve(.deny) }
+        for entry in waiting { entry.resolve(.deny, "distrusted") }
         if !waiting.isEmpty { done.append("denied \(waiting.count) waiting connection(s)") }
         try state.withLock { state in
             switch state.mode {
@@ -514,7 +526,7 @@ final class Admission: Sendable {
     /// Denies every connection waiting for a decision (the node stops).
     func denyWaiting() {
         let waiting = state.withLock { Array($0.pending.values) }
-        for entry in waiting { entry.resolve(.deny) }
+        for entry in waiting { entry.resolve(.deny, "the node stopped") }
     }
 
     /// The key `name` stands for. For trusting (`waitingFirst`): the newest waiting connection with

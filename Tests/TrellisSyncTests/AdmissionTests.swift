@@ -312,6 +312,26 @@ import TrellisTestKit
         #expect(!a.peers.contains { $0.peerKey == silent.identity.publicKey })
     }
 
+    @Test func aNameIsPinnedOnlyWhenTheHandlerAdmitsThePeer() throws {
+        let log = Lines()
+        func logged(_ text: String) -> Bool { log.lines.withLock { $0.contains { $0.contains(text) } } }
+        let a = try node("a", log: log) {
+            $0.admission = .trustOnFirstUse
+            $0.connectionRequestHandler = { _ in .deny }
+        }
+        defer { a.close() }
+        let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+        let b = try node("b") { $0.deviceName = "laptop" }
+        defer { b.close() }
+        b.connect(to: Endpoint(host: "127.0.0.1", port: port))
+        #expect(
+            eventually { logged("refused peer \(b.peerKeyHex)") && logged("denied by the connection-request handler") })
+        #expect(a.pins.isEmpty)
+        a.presence.connectionRequestHandler = nil
+        #expect(eventually(timeout: 60) { a.pins == [PeerPin(name: "laptop", peerKey: b.identity.publicKey)] })
+        #expect(eventually { a.peers.contains { $0.peerKey == b.identity.publicKey } })
+    }
+
     @Test func connectionsBeyondThePendingLimitAreDeniedAtOnce() throws {
         let log = Lines()
         func logged(_ text: String) -> Bool { log.lines.withLock { $0.contains { $0.contains(text) } } }
