@@ -30,8 +30,9 @@ import TrellisTestKit
                 ]))
         }
         #expect(eventually(timeout: 30) { peers.allSatisfy { $0.stderr.contains("session established") } })
+        // The document follows the session: wait for it (`find` reads beside a running node).
+        #expect(eventually(timeout: 30) { count(dir.path("B")) == 1 && count(dir.path("C")) == 1 })
         for peer in peers { #expect(peer.terminate() == 0) }
-        #expect(count(dir.path("B")) == 1 && count(dir.path("C")) == 1)
         #expect(a.stderr.contains("proved the next mesh key"))
 
         a.send("promote-key")
