@@ -130,12 +130,14 @@ extension Files {
     /// - Parameters:
     ///   - path: the file.
     ///   - what: what the file is, for messages ("mesh key file").
-    /// - Returns: the whole content (at most ``maxSecretFileBytes`` bytes); the read buffer is
-    ///   wiped.
+    ///   - maxBytes: the largest content accepted.
+    /// - Returns: the whole content (at most `maxBytes` bytes); the read buffer is wiped.
     /// - Throws: ``FileError`` when the file is missing, not a regular file, readable or writable
     ///   by group or others (the message gives its mode and `chmod 600 PATH`), larger than
-    ///   ``maxSecretFileBytes``, or cannot be read.
-    public static func readSecret(_ path: String, what: String) throws(FileError) -> SecretBytes {
+    ///   `maxBytes`, or cannot be read.
+    public static func readSecret(_ path: String, what: String, maxBytes: Int = 4_096) throws(FileError)
+        -> SecretBytes
+    {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw FileError("cannot read \(what) \(path): \(String(cString: strerror(errno)))") }
         defer { close(fd) }
@@ -153,7 +155,7 @@ extension Files {
                 "\(what) \(path) has mode \(String(mode, radix: 8).leftPadded(to: 4)): group or others may read or "
                     + "change it, so it is refused; keep it private with `chmod 600 \(path)` (and check who saw it)")
         }
-        var buffer = [UInt8](repeating: 0, count: maxSecretFileBytes + 1)
+        var buffer = [UInt8](repeating: 0, count: maxBytes + 1)
         defer { Sodium.wipe(&buffer) }
         var count = 0
         while count < buffer.count {
@@ -165,8 +167,8 @@ extension Files {
             if n == 0 { break }
             count += n
         }
-        guard count <= maxSecretFileBytes else {
-            throw FileError("\(what) \(path) is larger than \(maxSecretFileBytes) bytes; it is not a key file")
+        guard count <= maxBytes else {
+            throw FileError("\(what) \(path) is larger than \(maxBytes) bytes; it is not a \(what)")
         }
         return SecretBytes(count: count) { out in
             buffer.withUnsafeBytes { out.copyMemory(from: UnsafeRawBufferPointer(rebasing: $0.prefix(count))) }

@@ -1,6 +1,6 @@
 public import Dispatch
 public import TrellisCore
-import TrellisSync
+public import TrellisSync
 
 /// A session between two nodes of the mesh, as presence reports it (Ditto's `DittoConnection`).
 public struct PresenceConnection: Sendable, Hashable {
@@ -153,8 +153,25 @@ public struct PresenceGraph: Sendable, Equatable, CustomStringConvertible {
 /// The presence side of a node (``TrellisNode/presence``, Ditto's `ditto.presence`).
 public final class Presence: Sendable {
     let engine: SyncEngine
+    let network: MeshNetwork?
 
-    init(engine: SyncEngine) { self.engine = engine }
+    init(engine: SyncEngine, network: MeshNetwork? = nil) {
+        self.engine = engine
+        self.network = network
+    }
+
+    /// Asked about every peer the admission mode admitted, after the handshake and before any
+    /// message is read or sent; it must answer within ``AdmissionPolicy/decisionTimeout`` (5 s by
+    /// default) or the connection is denied (Ditto's `presence.connectionRequestHandler`). `nil`
+    /// (the default) admits whoever the mode admits. Applies to handshakes from now on.
+    public var connectionRequestHandler: ConnectionRequestHandler? {
+        get { network?.connectionRequestHandler }
+        set { network?.setConnectionRequestHandler(newValue) }
+    }
+
+    /// Connections waiting for a decision (the handler's, or a user's ``TrellisNode/trust(peerKey:)``),
+    /// oldest first, with the seconds left before they are denied.
+    public var pendingConnections: [PendingConnection] { network?.pendingConnections ?? [] }
 
     /// The mesh as this node knows it now.
     ///

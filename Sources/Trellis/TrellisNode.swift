@@ -27,10 +27,29 @@ public struct NodeOptions: Sendable {
     /// Limits on inbound connections before they prove the mesh key (per source, in all, the
     /// deadline for the first handshake message).
     public var preAuthLimits = PreAuthLimits()
-    /// Admission: `nil` (the default) admits any peer holding the mesh key; a set admits only
-    /// those peer keys (32 bytes each: a node's static key, ``TrellisNode/peerKeyHex`` in hex), inbound and outbound
-    /// alike (docs/SECURITY.md, "Admission"). ``TrellisNode/setAllowedPeers(_:)`` changes it.
-    public var allowedPeers: Set<[UInt8]>?
+    /// Which authenticated peers may have a session, inbound and outbound alike: any holder of
+    /// the mesh key (the default), an allowlist of peer keys, or trust on first use (docs/SECURITY.md,
+    /// "Admission"). ``TrellisNode/admissionMode`` changes it.
+    public var admission: AdmissionMode = .meshKey
+    /// The allowlist as ``admission`` holds it: `nil` for any other mode; setting a set selects
+    /// ``AdmissionMode/allowlist(_:)``, setting `nil` ``AdmissionMode/meshKey``.
+    @available(*, deprecated, renamed: "admission", message: "use admission = .allowlist(keys)")
+    public var allowedPeers: Set<[UInt8]>? {
+        get { if case .allowlist(let keys) = admission { keys } else { nil } }
+        set { admission = newValue.map { .allowlist($0) } ?? .meshKey }
+    }
+    /// The name this node advertises to peers, inside the encrypted handshake (never in clear):
+    /// 1 to 64 bytes of UTF-8, no control characters (``DeviceName``). Trust on first use pins
+    /// peer keys to these names. `nil` (the default) advertises none; `trellis node` uses the
+    /// host name unless given `--name`.
+    public var deviceName: String?
+    /// Asked about every peer the mode admitted, after the handshake and before any message
+    /// (``ConnectionRequestHandler``; Ditto's `connectionRequestHandler`);
+    /// ``Presence/connectionRequestHandler`` changes it.
+    public var connectionRequestHandler: ConnectionRequestHandler?
+    /// The decision timeout (5 s), the most connections waiting for a decision (16), and whether
+    /// peers the mode refuses wait for ``TrellisNode/trust(peerKey:)``.
+    public var admissionPolicy = AdmissionPolicy()
 
     public init() {}
 }
@@ -72,13 +91,19 @@ public final class TrellisNode: Sendable {
         configuration.maxSessions = max(1, options.maxSessions)
         engine = try SyncEngine(
             store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log)
+        if let name = options.deviceName { try DeviceName.check(name) }
+        let pinsFile = directory.appendingPathComponent(Self.pinsFileName).path
         network = MeshNetwork(
             engine: engine, identity: identity, meshKey: meshKey.secret, nextMeshKey: options.nextMeshKey?.secret,
-            preAuthLimits: options.preAuthLimits, log: options.log)
-        network.setAllowedPeers(options.allowedPeers)
+            preAuthLimits: options.preAuthLimits, deviceName: options.deviceName,
+            pins: try Self.readPins(pinsFile), pinsPath: pinsFile, savePins: { try Self.writePins($0, to: pinsFile) },
+            log: options.log)
+        network.admissionMode = options.admission
+        network.admissionPolicy = options.admissionPolicy
+        network.setConnectionRequestHandler(options.connectionRequestHandler)
         store = Store(documents: documents, subscriptions: engine)
         sync = NodeSync(engine: engine)
-        presence = Presence(engine: engine)
+        presence = Presence(engine: engine, network: network)
         if let discovery = options.discovery {
             try network.startDiscovery(
                 port: discovery.port, scope: discovery.scope, configuration: discovery.configuration(identity.publicKey)
@@ -131,9 +156,9 @@ public final class TrellisNode: Sendable {
         network.setNextMeshKey(key?.secret)
     }
 
-    /// Admits only these peer keys from now on (an allowlist), or with `nil` any holder of the mesh
-    /// key (``NodeOptions/allowedPeers``; docs/SECURITY.md, "Admission"). Sessions already open
-    /// stay until they end.
+    /// Admits only these peer keys from now on (``AdmissionMode/allowlist(_:)``), or with `nil` any
+    /// holder of the mesh key (docs/SECURITY.md, "Admission"). Sessions already open stay until
+    /// they end.
     ///
     /// - Parameter keys: 32-byte peer keys, or `nil`.
     public func setAllowedPeers(_ keys: Set<[UInt8]>?) { network.setAllowedPeers(keys) }
@@ -154,19 +179,7 @@ public final class TrellisNode: Sendable {
     public var peerKeyHex: String { NodeStatus.hex(identity.publicKey) }
 
     /// The peer key written as ``peerKeyHex`` writes it: 64 hex digits (either case), or `nil`.
-    public static func peerKey(hex text: String) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard digits.count == 64 else { return nil }
-        var key: [UInt8] = []
-        key.reserveCapacity(32)
-        for index in stride(from: 0, to: 64, by: 2) {
-            guard let high = MeshKey.hexValue(digits[index]), let low = MeshKey.hexValue(digits[index + 1]) else {
-                return nil
-            }
-            key.append(high << 4 | low)
-        }
-        return key
-    }
+    public static func peerKey(hex text: String) -> [UInt8]? { PinFile.peerKey(hex: text) }
 
     /// Starts accepting connections on `endpoint` (and starts sync if it was stopped: see
     /// ``startSync()``). After ``stopSync()``, ``startSync()`` listens again on the same address

@@ -61,13 +61,15 @@ enum LinkHandshake {
     ///   - deadline: when the whole handshake must have finished.
     ///   - onFirstMessage: responder: called once message 1 proved a mesh key, with its index in
     ///     `meshKeys`, before this side does any DH with its static key.
-    /// - Returns: the transport.
+    ///   - payload: this side's ``HandshakePayload``, sent in message 2 (responder) or 3
+    ///     (initiator), both encrypted; message 1 stays empty.
+    /// - Returns: the transport, and the peer's payload (empty when it sent none).
     /// - Throws: ``HandshakeError``, ``SocketError`` for I/O, ``NoiseError`` for malformed messages.
     static func run(
         socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKeys: [SecretBytes], prologue: [UInt8],
         firstMessageDeadline: ContinuousClock.Instant, deadline: ContinuousClock.Instant,
-        onFirstMessage: (Int) -> Void
-    ) throws -> NoiseTransport {
+        onFirstMessage: (Int) -> Void, payload: [UInt8] = []
+    ) throws -> (transport: NoiseTransport, remotePayload: [UInt8]) {
         precondition(!meshKeys.isEmpty, "a handshake needs a mesh key")
         var handshake: HandshakeState
         if initiator {
@@ -84,8 +86,9 @@ enum LinkHandshake {
                     "the peer closed the connection without answering: it holds another mesh key or runs an "
                         + "older protocol version (check that both nodes use the same mesh key and protocol 3)")
             }
-            _ = try handshake.readMessage(message2)
-            try writeFrame(socket, handshake.writeMessage(), deadline: deadline)
+            let remote = try handshake.readMessage(message2)
+            try writeFrame(socket, handshake.writeMessage(payload: payload), deadline: deadline)
+            return (try handshake.split(), remote)
         } else {
             let message1: [UInt8]
             do {
@@ -96,10 +99,10 @@ enum LinkHandshake {
             }
             (handshake, _) = try acceptFirstMessage(
                 message1, identity: identity, meshKeys: meshKeys, prologue: prologue, onFirstMessage: onFirstMessage)
-            try writeFrame(socket, handshake.writeMessage(), deadline: deadline)
-            _ = try handshake.readMessage(readFrame(socket, deadline: deadline))
+            try writeFrame(socket, handshake.writeMessage(payload: payload), deadline: deadline)
+            let remote = try handshake.readMessage(readFrame(socket, deadline: deadline))
+            return (try handshake.split(), remote)
         }
-        return try handshake.split()
     }
 
     /// Responder: checks message 1 under each mesh key in turn.

@@ -91,7 +91,8 @@ public enum LinkError: Error, Sendable, Equatable, CustomStringConvertible {
     case closed
     /// A message of this many bytes is above ``LinkLimits/maxMessageBytes``.
     case messageTooLarge(Int)
-    /// The authenticated peer key is not admitted (allowlist).
+    /// The authenticated peer is not admitted (its key, name or a connection-request handler:
+    /// docs/SECURITY.md, "Admission").
     case notAdmitted
 
     /// The error in words.
@@ -100,7 +101,7 @@ public enum LinkError: Error, Sendable, Equatable, CustomStringConvertible {
         case .closed: return "the link is closed"
         case .messageTooLarge(let n):
             return "message of \(n) bytes is above the \(LinkLimits.maxMessageBytes)-byte limit"
-        case .notAdmitted: return "the peer's key is not on the allowlist"
+        case .notAdmitted: return "the peer was not admitted (see the refusal logged with its key)"
         }
     }
 }

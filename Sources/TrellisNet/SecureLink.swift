@@ -47,6 +47,9 @@ public final class SecureLink: MessageLink {
     public let remoteAddress: String
     /// The Noise handshake hash (channel binding).
     public let handshakeHash: [UInt8]
+    /// The device name the peer advertised in its handshake payload (``HandshakePayload``), or
+    /// `nil` when it advertised none.
+    public let remoteDeviceName: String?
 
     /// The connection (internal for tests that write raw frames).
     let socket: TCPSocket
@@ -88,8 +91,12 @@ public final class SecureLink: MessageLink {
     /// The most transport messages this side sent under one key before a rekey (marker included).
     let longestSendRun = Atomic<Int>(0)
 
-    private init(socket: TCPSocket, transport: NoiseTransport, initiator: Bool, address: String, rekeyInterval: Int) {
+    private init(
+        socket: TCPSocket, transport: NoiseTransport, initiator: Bool, address: String, rekeyInterval: Int,
+        remoteDeviceName: String?
+    ) {
         self.socket = socket
+        self.remoteDeviceName = remoteDeviceName
         self.remotePeerKey = transport.remoteStaticPublicKey
         self.handshakeHash = transport.handshakeHash
         self.isInitiator = initiator
@@ -167,17 +174,20 @@ public final class SecureLink: MessageLink {
     ///     stranger holding the connection idle is cut then).
     ///   - onFirstMessage: responder: called once message 1 proved a mesh key, with that key's index
     ///     in `meshKeys`, before this side does any DH with its static key.
+    ///   - deviceName: the name this node advertises to the peer inside the handshake (a valid
+    ///     ``DeviceName``), or `nil` for none; the peer's is ``remoteDeviceName``.
     /// - Returns: a link, not yet started.
-    /// - Throws: as ``handshake(socket:initiator:identity:meshKey:address:admit:timeout:)``.
+    /// - Throws: as ``handshake(socket:initiator:identity:meshKey:address:admit:timeout:)``, and
+    ///   ``DeviceNameError`` when the peer's handshake payload is malformed.
     public static func handshake(
         socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKeys: [SecretBytes], address: String,
         admit: ([UInt8]) -> Bool = { _ in true }, timeout: Duration, firstMessageTimeout: Duration,
-        onFirstMessage: (Int) -> Void = { _ in }
+        deviceName: String? = nil, onFirstMessage: (Int) -> Void = { _ in }
     ) throws -> SecureLink {
         try handshake(
             socket: socket, initiator: initiator, identity: identity, meshKeys: meshKeys, address: address,
             admit: admit, timeout: timeout, firstMessageTimeout: firstMessageTimeout, onFirstMessage: onFirstMessage,
-            rekeyInterval: rekeyInterval)
+            rekeyInterval: rekeyInterval, deviceName: deviceName)
     }
 
     /// ``handshake(socket:initiator:identity:meshKey:address:admit:timeout:)`` with another rekey
@@ -195,20 +205,21 @@ public final class SecureLink: MessageLink {
     static func handshake(
         socket: TCPSocket, initiator: Bool, identity: KeyPair, meshKeys: [SecretBytes], address: String,
         admit: ([UInt8]) -> Bool, timeout: Duration, firstMessageTimeout: Duration, onFirstMessage: (Int) -> Void,
-        rekeyInterval: Int
+        rekeyInterval: Int, deviceName: String? = nil
     ) throws -> SecureLink {
         // No timer holds the socket: every read and write polls against these deadlines, so a
         // connection that fails or finishes releases its descriptor at once.
         let start = ContinuousClock.now
         do {
-            let transport = try LinkHandshake.run(
+            let (transport, payload) = try LinkHandshake.run(
                 socket: socket, initiator: initiator, identity: identity, meshKeys: meshKeys, prologue: prologue,
                 firstMessageDeadline: start + firstMessageTimeout, deadline: start + timeout,
-                onFirstMessage: onFirstMessage)
+                onFirstMessage: onFirstMessage, payload: HandshakePayload.encode(deviceName: deviceName))
+            let name = try HandshakePayload.decodeDeviceName(payload)
             guard admit(transport.remoteStaticPublicKey) else { throw LinkError.notAdmitted }
             return SecureLink(
                 socket: socket, transport: transport, initiator: initiator, address: address,
-                rekeyInterval: rekeyInterval)
+                rekeyInterval: rekeyInterval, remoteDeviceName: name)
         } catch let error as SocketError where error.code == ETIMEDOUT && error.call == "poll" {
             socket.close()
             throw HandshakeError(.timeout, "handshake not finished within \(timeout)")

@@ -47,12 +47,21 @@ public final class MeshNetwork: Sendable {
     ///     the current one.
     ///   - handshakeTimeout: seconds a whole handshake may take.
     ///   - preAuthLimits: limits on inbound connections before they prove a mesh key.
+    ///   - deviceName: the name advertised to peers inside the handshake (a valid ``DeviceName``),
+    ///     or `nil`.
+    ///   - pins: the pins of trust on first use read from the pins file.
+    ///   - pinsPath: the pins file, for messages.
+    ///   - savePins: writes the pins file when they change; `nil` keeps them in memory.
     ///   - log: where refusals and failures are reported.
     public init(
         engine: SyncEngine, identity: KeyPair, meshKey: SecretBytes, nextMeshKey: SecretBytes? = nil,
-        handshakeTimeout: Int = 10, preAuthLimits: PreAuthLimits = PreAuthLimits(),
+        handshakeTimeout: Int = 10, preAuthLimits: PreAuthLimits = PreAuthLimits(), deviceName: String? = nil,
+        pins: [PeerPin] = [], pinsPath: String = "known-peers",
+        savePins: (@Sendable ([PeerPin]) throws -> Void)? = nil,
         log: @escaping @Sendable (String) -> Void = { _ in }
     ) {
+        self.deviceName = deviceName
+        self.admission = Admission(pins: pins, pinsPath: pinsPath, savePins: savePins, log: log)
         self.handshakeTimeout = handshakeTimeout
         self.preAuthLimits = preAuthLimits
         preAuth = Mutex((PreAuthTable(limits: preAuthLimits), [:], PreAuthCounters()))
@@ -64,26 +73,88 @@ public final class MeshNetwork: Sendable {
         engine.setDialer { [weak self] endpoint in self?.connect(endpoint) }
     }
 
-    /// The peer keys admitted to sessions, or `nil` for any holder of the mesh key (the default).
-    private let allowed = Mutex<Set<[UInt8]>?>(nil)
+    /// Who may have a session (docs/SECURITY.md, "Admission").
+    let admission: Admission
+    /// The device name this node advertises inside handshakes (``HandshakePayload``), or `nil`.
+    public let deviceName: String?
 
-    /// Admits only these peer keys (an allowlist), or with `nil` any holder of the mesh key, for
-    /// handshakes from now on (docs/SECURITY.md, "Admission"). A refused peer finished the
-    /// handshake (its key is authenticated) and is closed before any message; the refusal is
-    /// logged with its key. Sessions already open are not closed.
+    /// Admits only these peer keys (``AdmissionMode/allowlist(_:)``), or with `nil` any holder of
+    /// the mesh key, for handshakes from now on. Sessions already open are not closed.
     ///
     /// - Parameter keys: 32-byte peer keys (``TrellisNode``'s `peerKey`), or `nil`.
     public func setAllowedPeers(_ keys: Set<[UInt8]>?) {
-        allowed.withLock { $0 = keys }
+        admission.mode = keys.map { .allowlist($0) } ?? .meshKey
     }
 
-    /// Whether `key` may have a session here; logs a refusal.
-    private func admits(_ key: [UInt8], _ address: String) -> Bool {
-        guard let allowed = allowed.withLock({ $0 }), !allowed.contains(key) else { return true }
-        logRefusal(
-            "refused peer \(PeerInfo.hex(key)) at \(address): not on the allowlist "
-                + "(add its key with --allow-peer to admit it)")
-        return false
+    /// The admission mode, for handshakes from now on (sessions already open stay).
+    public var admissionMode: AdmissionMode {
+        get { admission.mode }
+        set { admission.mode = newValue }
+    }
+
+    /// The decision timeout, the most pending decisions, whether refused peers wait for `trust`.
+    public var admissionPolicy: AdmissionPolicy {
+        get { admission.policy }
+        set { admission.policy = newValue }
+    }
+
+    /// The pins of trust on first use (``PinFile``), in file order.
+    public var pins: [PeerPin] { admission.pins }
+
+    /// Sets (or with `nil` removes) the connection-request handler, asked after the mode admitted a
+    /// peer (``ConnectionRequestHandler``).
+    public func setConnectionRequestHandler(_ handler: ConnectionRequestHandler?) {
+        admission.setHandler(handler)
+    }
+
+    /// The connection-request handler, if one is set.
+    public var connectionRequestHandler: ConnectionRequestHandler? { admission.handler }
+
+    /// Connections waiting for a decision now, oldest first.
+    public var pendingConnections: [PendingConnection] { admission.pending }
+
+    /// Admits a peer key (``AdmissionMode``): answers its waiting connections with allow, adds it
+    /// to the allowlist, or under trust on first use pins it to the name it was last seen with.
+    ///
+    /// - Parameter key: a 32-byte peer key.
+    /// - Returns: what was done, in words.
+    /// - Throws: ``DeviceNameError`` when the pins file cannot be written.
+    public func trust(peerKey key: [UInt8]) throws -> String {
+        try admission.trust(peerKey: key)
+    }
+
+    /// Withdraws trust from a peer key: denies its waiting connections, removes it from the
+    /// allowlist or forgets its pins, and closes its sessions.
+    ///
+    /// - Parameter key: a 32-byte peer key.
+    /// - Returns: what was done, in words.
+    /// - Throws: ``DeviceNameError`` when the pins file cannot be written.
+    public func distrust(peerKey key: [UInt8]) throws -> String {
+        var done = try admission.distrust(peerKey: key)
+        let closed = engine.closeLinks(to: key)
+        if closed > 0 { done += (done.isEmpty ? "" : "; ") + "closed \(closed) session(s)" }
+        return done.isEmpty ? "nothing to do: \(PeerInfo.hex(key)) is neither trusted, waiting nor connected" : done
+    }
+
+    /// The peer key a device name stands for, or `nil` when unknown.
+    ///
+    /// - Parameters:
+    ///   - name: a device name.
+    ///   - waitingFirst: `true` (for trusting): the newest waiting connection or peer seen with that
+    ///     name before its pin; `false` (for distrusting): its pin first.
+    public func peerKey(named name: String, waitingFirst: Bool) -> [UInt8]? {
+        admission.peerKey(named: name, waitingFirst: waitingFirst)
+    }
+
+    /// The device name a peer key was last seen with, if any.
+    public func deviceName(of key: [UInt8]) -> String? { admission.deviceName(of: key) }
+
+    /// Whether `link` may have a session: the mode, then the handler; blocks while pending.
+    private func admits(_ link: SecureLink) -> Bool {
+        let request = ConnectionRequest(
+            peerKey: link.remotePeerKey, address: link.remoteAddress, deviceName: link.remoteDeviceName,
+            direction: link.isInitiator ? .outbound : .inbound)
+        return admission.decide(request) { self.logRefusal($0) } == .allow
     }
 
     /// What the accept path did with inbound connections before authentication so far.
@@ -172,8 +243,8 @@ public final class MeshNetwork: Sendable {
                 let keys = self.keys.withLock { $0.accepted }
                 let link = try SecureLink.handshake(
                     socket: socket, initiator: false, identity: self.identity, meshKeys: keys, address: address,
-                    admit: { self.admits($0, address) }, timeout: .seconds(self.handshakeTimeout),
-                    firstMessageTimeout: self.preAuthLimits.firstMessageTimeout
+                    timeout: .seconds(self.handshakeTimeout),
+                    firstMessageTimeout: self.preAuthLimits.firstMessageTimeout, deviceName: self.deviceName
                 ) { index in
                     let outcome = self.preAuth.withLock { state in
                         state.sockets[id] = nil
@@ -186,6 +257,8 @@ public final class MeshNetwork: Sendable {
                     if index > 0 { self.log("\(address) proved the next mesh key") }
                 }
                 self.finishInbound(id, proved: proved.withLock { $0 }) { $0.completed += 1 }
+                // Decided after the handshake's places are given back: a decision may wait.
+                guard self.admits(link), self.running.load(ordering: .acquiring) else { return link.close() }
                 self.engine.attach(link)
             } catch {
                 let wasProved = proved.withLock { $0 }
@@ -252,14 +325,17 @@ public final class MeshNetwork: Sendable {
                         let socket = try TCPSocket.connect(to: endpoint)
                         link = try SecureLink.handshake(
                             socket: socket, initiator: true, identity: self.identity, meshKeys: [key],
-                            address: endpoint.description, admit: { self.admits($0, endpoint.description) },
-                            timeout: .seconds(self.handshakeTimeout),
-                            firstMessageTimeout: .seconds(self.handshakeTimeout))
+                            address: endpoint.description, timeout: .seconds(self.handshakeTimeout),
+                            firstMessageTimeout: .seconds(self.handshakeTimeout), deviceName: self.deviceName)
                     } catch let error as HandshakeError where error.reason == .refusedByPeer && index + 1 < keys.count {
                         continue
                     }
                 }
                 guard let link else { throw HandshakeError(.refusedByPeer, "no mesh key to dial with") }
+                guard self.admits(link), self.running.load(ordering: .acquiring) else {
+                    link.close()
+                    throw LinkError.notAdmitted
+                }
                 self.engine.attach(link, endpoint: name)
             } catch {
                 self.engine.dialFailed(name, reason: "\(error)")
@@ -272,8 +348,8 @@ public final class MeshNetwork: Sendable {
     /// Whether the network runs (between ``start()`` and ``stop()``).
     public var isRunning: Bool { running.load(ordering: .acquiring) }
 
-    /// Stops listening, dialing and discovery, and closes every session. Repeatable: ``start()``
-    /// resumes.
+    /// Stops listening, dialing and discovery, denies the connections waiting for a decision, and
+    /// closes every session. Repeatable: ``start()`` resumes.
     public func stop() {
         running.store(false, ordering: .releasing)
         let old = listener.withLock { current in
@@ -282,6 +358,7 @@ public final class MeshNetwork: Sendable {
         }
         old?.close()
         pauseDiscovery()
+        admission.denyWaiting()
         engine.stop()
     }
 

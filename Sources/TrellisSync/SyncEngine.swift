@@ -287,6 +287,17 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         }
     }
 
+    /// Closes every link with a peer key (``MeshNetwork/distrust(peerKey:)``).
+    ///
+    /// - Parameter peerKey: the 32-byte peer key.
+    /// - Returns: how many links were closed.
+    @discardableResult
+    public func closeLinks(to peerKey: [UInt8]) -> Int {
+        let matching = onEngine { links.values.filter { $0.remotePeerKey == peerKey } }
+        for link in matching { link.close() }
+        return matching.count
+    }
+
     /// A dial the replicator asked for failed.
     public func dialFailed(_ endpoint: String, reason: String) {
         queue.async { [self] in host.dialFailed(endpoint, reason: reason) }

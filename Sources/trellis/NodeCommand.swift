@@ -2,6 +2,7 @@ import Foundation
 import Trellis
 import TrellisNet
 import TrellisStore
+import TrellisSync
 
 enum NodeCommand {
     static let help = """
@@ -26,8 +27,16 @@ enum NodeCommand {
           --next-mesh-key FILE  during a mesh-key changeover, the next key: peers holding either
                                 key are accepted, and a peer refusing the current key is tried
                                 with this one (shell: `promote-key` makes it current)
-          --allow-peer KEY      admit only peers with these keys (64 hex digits, repeatable; the
-                                key a node prints at start); without it any holder of the mesh key
+          --admission MODE      which peers holding the mesh key get a session: `any` (the
+                                default), `allowlist` (only --allow-peer keys and those `trust`ed
+                                in the shell) or `tofu` (trust on first use: a peer's key is pinned
+                                to its device name the first time it is seen, in DIR/known-peers;
+                                the same name with another key is refused)
+          --allow-peer KEY      admit this peer key (64 hex digits, repeatable; the key a node
+                                prints at start); implies --admission allowlist
+          --name NAME           the device name advertised to peers inside the encrypted
+                                handshake, which --admission tofu pins (1 to 64 bytes; default:
+                                the host name)
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
           --quiet               do not log session events to standard error
@@ -38,7 +47,7 @@ enum NodeCommand {
             args,
             valueFlags: [
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
-                "allow-peer",
+                "allow-peer", "admission", "name",
             ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
         if parsed.switches.contains("help") {
@@ -69,7 +78,11 @@ enum NodeCommand {
             }
             return key
         }
-        if !allowed.isEmpty { options.allowedPeers = Set(allowed) }
+        options.admission = try admission(parsed.value("admission"), allowed: allowed)
+        options.deviceName = try deviceName(parsed.value("name"))
+        // In the shell a refused peer waits as pending, so the user can `trust` it.
+        options.admissionPolicy.parkRefused = interactive
+        if interactive { options.admissionPolicy.decisionTimeout = .seconds(10) }
         if let text = parsed.value("max-peers") {
             guard let n = Int(text), n >= 1, n <= 100_000 else {
                 throw UsageError("--max-peers needs a number from 1 to 100000, not '\(text)'")
@@ -124,6 +137,31 @@ enum NodeCommand {
         options.log("stopping")
         node.close()
         withExtendedLifetime(kept) {}
+    }
+
+    /// `--admission MODE` and the `--allow-peer` keys → the admission mode.
+    static func admission(_ text: String?, allowed: [[UInt8]]) throws -> AdmissionMode {
+        switch text {
+        case nil: return allowed.isEmpty ? .meshKey : .allowlist(Set(allowed))
+        case "allowlist": return .allowlist(Set(allowed))
+        case "any", "tofu":
+            guard allowed.isEmpty else {
+                throw UsageError("--allow-peer makes an allowlist; it cannot be combined with --admission \(text!)")
+            }
+            return text == "any" ? .meshKey : .trustOnFirstUse
+        case let other?:
+            throw UsageError("--admission takes any, allowlist or tofu, not '\(other)'")
+        }
+    }
+
+    /// `--name NAME`, or the host name when it is a valid device name.
+    static func deviceName(_ text: String?) throws -> String? {
+        guard let text else {
+            let host = ProcessInfo.processInfo.hostName
+            return (try? DeviceName.check(host)) != nil ? host : nil
+        }
+        do { try DeviceName.check(text) } catch { throw UsageError("--name: \(error)") }
+        return text
     }
 
     /// `--no-discovery`, `--discovery-port`, `--discovery-loopback` → the node's discovery options.

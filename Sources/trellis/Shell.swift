@@ -45,6 +45,17 @@ final class Shell {
                                           then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
           unobserve-id COLLECTION ID      stop observing it
           peers                           list connected peers
+          peers --pending                 list connections waiting for a decision (a peer the
+                                          admission mode refused, or one the connection-request
+                                          handler has not answered): key, name, address, seconds
+                                          left before it is denied
+          trust KEY|NAME                  admit a peer: a waiting connection of it gets its session;
+                                          under --admission allowlist its key is added; under tofu
+                                          its name is pinned to this key (re-pinning a name whose
+                                          device was reset)
+          distrust KEY|NAME               withdraw trust: deny its waiting connections, remove it
+                                          from the allowlist or forget its pin (tofu pins the name
+                                          again to the next key presenting it), close its sessions
           presence                        the mesh as this node knows it: direct peers, peers
                                           several hops away, incompatible peers
           sync stop | sync start          stop sync (close sessions, stop listening and dialing) or
@@ -239,7 +250,31 @@ final class Shell {
             }
             live.stop()
             print("unobserved: \(key)")
+        case "peers" where collection == "--pending":
+            let pending = node.pendingConnections
+            if pending.isEmpty { print("no connections waiting for a decision") }
+            for entry in pending {
+                let request = entry.request
+                let name = request.deviceName.map { "\"\($0)\"" } ?? "(no name)"
+                let who = entry.awaiting == .user ? "waiting for `trust`" : "waiting for the handler"
+                print(
+                    "\(request.peerKeyHex) \(name) \(request.address) \(request.direction.rawValue), \(who), "
+                        + "\(Int(entry.secondsLeft.rounded(.up))) s left")
+            }
+        case "trust", "distrust":
+            let target = String(rest).trimmingCharacters(in: .whitespaces)
+            guard !target.isEmpty else { throw UsageError("\(command) needs a peer KEY (64 hex digits) or NAME") }
+            let key = TrellisNode.peerKey(hex: target)
+            switch (command, key) {
+            case ("trust", let key?): print(try node.trust(peerKey: key))
+            case ("trust", nil): print(try node.trust(name: target))
+            case (_, let key?): print(try node.distrust(peerKey: key))
+            case (_, nil): print(try node.distrust(name: target))
+            }
         case "peers":
+            guard collection.isEmpty else {
+                throw UsageError("peers takes `--pending` or nothing, not '\(collection)'")
+            }
             let peers = node.peers
             if peers.isEmpty { print("no peers connected") }
             for peer in peers { print(peer.description) }

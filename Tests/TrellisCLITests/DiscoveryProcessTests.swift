@@ -7,12 +7,7 @@ import TrellisTestKit
 @Suite(.serialized) struct DiscoveryProcessTests {
     let dir = TemporaryDirectory("trellis-discovery")
 
-    func count(_ data: String) -> Int? {
-        guard let r = try? TrellisProcess.run(["find", "--data", data, "cars", "--count"]), r.status == 0 else {
-            return nil
-        }
-        return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
-    }
+    func count(_ data: String) -> Int? { findCount(data, "cars") }
 
     @Test func threeNodesFindEachOtherAndReplicateWithoutPeerAddresses() throws {
         let key = dir.path("mesh.key")

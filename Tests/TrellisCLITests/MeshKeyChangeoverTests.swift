@@ -7,12 +7,7 @@ import TrellisTestKit
 @Suite(.serialized) struct MeshKeyChangeoverTests {
     let dir = TemporaryDirectory("trellis-changeover")
 
-    func count(_ data: String) -> Int? {
-        guard let r = try? TrellisProcess.run(["find", "--data", data, "c", "--count"]), r.status == 0 else {
-            return nil
-        }
-        return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
-    }
+    func count(_ data: String) -> Int? { findCount(data, "c") }
 
     /// A holds K1 and next K2; B holds only K2 and C only K1: both get A's document. After
     /// `promote-key` on A, a node holding only K1 is refused and told why.
@@ -35,8 +30,9 @@ import TrellisTestKit
                 ]))
         }
         #expect(eventually(timeout: 30) { peers.allSatisfy { $0.stderr.contains("session established") } })
+        // The document follows the session: wait for it (`find` reads beside a running node).
+        #expect(eventually(timeout: 30) { count(dir.path("B")) == 1 && count(dir.path("C")) == 1 })
         for peer in peers { #expect(peer.terminate() == 0) }
-        #expect(count(dir.path("B")) == 1 && count(dir.path("C")) == 1)
         #expect(a.stderr.contains("proved the next mesh key"))
 
         a.send("promote-key")

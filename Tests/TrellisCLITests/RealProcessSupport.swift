@@ -206,3 +206,12 @@ extension TrellisProcess {
         return String(answer.dropLast("null\n".count))
     }
 }
+
+/// The number of documents in `collection` of a data directory, by `trellis find --count` (which
+/// works beside a running node), or `nil` when it fails.
+func findCount(_ data: String, _ collection: String) -> Int? {
+    guard let r = try? TrellisProcess.run(["find", "--data", data, collection, "--count"]), r.status == 0 else {
+        return nil
+    }
+    return Int(r.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+}
