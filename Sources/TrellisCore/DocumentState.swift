@@ -652,6 +652,12 @@ public struct FieldNode: Hashable, Sendable {
     }
 
     /// Whether anything under this field (an entry, a total, a context) names `site`.
+    /// How many entries in this field and below are withheld (eviction stubs, rule 8).
+    var withheldEntryCount: Int {
+        entries.reduce(0) { count, entry in entry.withheld == entry && !entry.isRestart ? count + 1 : count }
+            + map.entries.values.reduce(0) { $0 + $1.withheldEntryCount }
+    }
+
     func mentions(_ site: SiteID) -> Bool {
         if entries[site] != nil || totals[site] != nil || removedTotals[site] != nil || removed[site] != nil {
             return true
@@ -1172,6 +1178,14 @@ public struct DocumentState: Hashable, Sendable {
             map = node.map
         }
         return true
+    }
+
+    /// How many value and "map" entries of this state are withheld: written to an eviction stub,
+    /// they travel without their values (rule 8) until a state holding the values joins them.
+    ///
+    /// - Complexity: O(size of the state).
+    public var withheldEntryCount: Int {
+        root.entries.values.reduce(0) { $0 + $1.withheldEntryCount }
     }
 
     /// A copy for a document evicted from this node: every stamp, context, counter total and

@@ -187,7 +187,14 @@ extension DocumentStore {
         }
         // Merging into an evicted document's stub brings the document back, even when the state
         // adds nothing to the stub.
-        guard changed || stored?.kind == .stub || repair else { return .unchanged(behind: doc != incoming) }
+        guard changed || stored?.kind == .stub || repair else {
+            // The sender wrote to an eviction stub and passes on entries without their values
+            // (rule 8) that this node holds with values: the row is logged again, so the values
+            // go back to it and on to whoever it passed the withheld entries to. Nothing else
+            // would send them: every checkpoint here is past this row.
+            if stored != nil, incoming.withheldEntryCount > doc.withheldEntryCount { try relog(&s, collection, key) }
+            return .unchanged(behind: doc != incoming)
+        }
         let (horizon, tooFarAhead) = driftCheck(
             clock: s.clock.last, latest: incoming.maxTime, now: now, decoded: incoming)
         if let tooFarAhead { return tooFarAhead }

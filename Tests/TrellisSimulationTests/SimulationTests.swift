@@ -77,4 +77,16 @@ import TrellisTestKit
         #expect(
             failures.isEmpty, "\(failures.count) of 240 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
+
+    /// Seeds the sweep once failed on, each kept after its fix.
+    ///
+    /// - 1001876152965: a node evicted a document, a stale copy from a partitioned peer revived
+    ///   its stub with the newer write's entries withheld (rule 8), and the nodes holding that
+    ///   write's values never sent it again (every checkpoint was past it): two nodes showed the
+    ///   document without those fields for good. A node that receives withheld entries it holds
+    ///   values for now logs the document again.
+    @Test(arguments: [1_001_876_152_965 as UInt64])
+    func seedsThatOnceFailed(_ seed: UInt64) throws {
+        try RandomWorkload().run(seed: seed, tracing: false)
+    }
 }
