@@ -363,7 +363,8 @@ public enum VCard {
     }
 
     static func photo(_ line: ContentLine) -> Data? {
-        let value = line.value.trimmingCharacters(in: .whitespaces)
+        // vobject and khard write the comma of a data: URI escaped (`base64\,`), as vCard text.
+        let value = unescape(line.value).trimmingCharacters(in: .whitespaces)
         if value.lowercased().hasPrefix("data:") {
             guard let comma = value.firstIndex(of: ","), value[..<comma].lowercased().hasSuffix(";base64") else {
                 return nil

@@ -95,6 +95,24 @@ struct VCardTests {
         #expect(c.contact.imageData == tinyPNG)
     }
 
+    /// vobject and khard escape the comma of a `data:` URI as vCard text (`base64\,`): the photo
+    /// is read, not dropped.
+    @Test("a data: URI photo with an escaped comma is read")
+    func photoWithEscapedComma() throws {
+        let text = """
+            BEGIN:VCARD
+            VERSION:3.0
+            UID:photo-1
+            FN:Photo
+            N:;Photo;;;
+            PHOTO:data:image/png;base64\\,\(tinyPNG.base64EncodedString())
+            END:VCARD
+            """
+        let (cards, errors) = VCard.parse(text)
+        #expect(errors.isEmpty)
+        #expect(try #require(cards.first).contact.imageData == tinyPNG)
+    }
+
     @Test("a bad card is reported with its line and skipped; the rest are read")
     func badCardSkipped() {
         let text = """
