@@ -335,11 +335,11 @@ public enum VCard {
         }
         guard version != nil else { throw VCardError(line: line, message: "card has no VERSION") }
         let id = uid ?? UUID().uuidString.lowercased()
-        // A card named only by FN keeps that name as the given name, unless FN is what export would
-        // write anyway (name parts, nickname, email or UID), so exporting and importing again is stable.
-        if c.givenName.isEmpty && c.familyName.isEmpty && c.organizationName.isEmpty && !formatted.isEmpty
-            && formatted != formattedName(c, uid: id)
-        {
+        // A card whose name is only its FN keeps that name as the given name, unless FN is what
+        // export would write anyway (name parts, organisation, nickname, email or UID), so exporting
+        // and importing again is stable. An organisation does not stand in for a person's FN
+        // (`FN:labeled guy` with `ORG:Test Inc` and no `N` stays "labeled guy").
+        if c.givenName.isEmpty && c.familyName.isEmpty && !formatted.isEmpty && formatted != formattedName(c, uid: id) {
             c.givenName = formatted
         }
         return VCardContact(uid: id, contact: c, line: line)

@@ -113,6 +113,21 @@ struct VCardTests {
         #expect(try #require(cards.first).contact.imageData == tinyPNG)
     }
 
+    /// A person's FN with an organisation and no N is kept (khard lists the card by it), and an
+    /// organisation's own card (FN equal to ORG) stays an organisation's.
+    @Test("FN with ORG and no N keeps its name")
+    func formattedNameWithOrganization() throws {
+        let person = VCard.parse("BEGIN:VCARD\nVERSION:3.0\nUID:p\nFN:labeled guy\nORG:Test Inc\nEND:VCARD\n")
+        let c = try #require(person.contacts.first).contact
+        #expect(c.givenName == "labeled guy")
+        #expect(c.organizationName == "Test Inc")
+        #expect(VCard.formattedName(c, uid: "p") == "labeled guy")
+        let company = VCard.parse("BEGIN:VCARD\nVERSION:3.0\nUID:o\nFN:Test Inc\nORG:Test Inc\nEND:VCARD\n")
+        let o = try #require(company.contacts.first).contact
+        #expect(o.givenName.isEmpty)
+        #expect(VCard.formattedName(o, uid: "o") == "Test Inc")
+    }
+
     @Test("a bad card is reported with its line and skipped; the rest are read")
     func badCardSkipped() {
         let text = """
