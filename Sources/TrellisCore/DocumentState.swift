@@ -55,6 +55,21 @@ extension Dictionary where Key == SiteID, Value == HLCTimestamp {
         guard let t = self[stamp.site] else { return false }
         return stamp.time <= t
     }
+
+    /// Whether a state whose causal context (its write vector joined with its remove context) is
+    /// this vector has seen the write `stamp`, so that lacking it means it dropped it (removed or
+    /// overwrote it): the join's dot-store rule (docs/DATA-MODEL.md, "Normal form, and why merge
+    /// is a join"). Default data (HLC time zero) is never vouched for this way: a site writes it
+    /// whatever it wrote before, so only remove contexts cover it.
+    func saw(_ stamp: Stamp) -> Bool { stamp.time != .zero && covers(stamp) }
+}
+
+/// The causal contexts of the two states a join meets (each one's write vector joined with its
+/// remove context): an entry or a counter total one side holds and the other lacks although the
+/// other saw it was dropped there, and the join drops it.
+struct CausalContexts {
+    var mine: VersionVector
+    var theirs: VersionVector
 }
 
 // MARK: - Counter numbers
@@ -432,25 +447,79 @@ public struct FieldNode: Hashable, Sendable {
     /// - Parameters:
     ///   - inherited: the joined context above this field.
     ///   - inheritedGrew: whether that context is larger than the one this field was normal under.
+    ///   - causal: the causal contexts of the two states: an entry or total that one side holds and
+    ///     the other lacks although it saw it is dropped (the dot-store rule).
     /// - Returns: whether this field changed.
-    mutating func join(_ other: FieldNode, inherited: VersionVector, inheritedGrew: Bool) -> Bool {
+    mutating func join(_ other: FieldNode, inherited: VersionVector, inheritedGrew: Bool, causal: CausalContexts)
+        -> Bool
+    {
+        // The dot-store rule, both ways, each side judged by what the other held before the join.
+        // What one side saw and holds nothing of, nor anything later of that site, it removed:
+        // with everything of that site up to that time in this field, as its remove context did
+        // (a context it may have reaped). That is recorded here, so that default data of that site
+        // (time zero, which the rule leaves alone) meets the same remove in every order of joins.
+        var derived: VersionVector = [:]
+        func sawAndDropped(_ stamp: Stamp, _ seen: VersionVector, _ held: Stamp?) -> Bool {
+            guard seen.saw(stamp), held != stamp else { return false }
+            if held.map({ $0 < stamp }) ?? true { derived.include(stamp) }
+            return true
+        }
+        let mine = entries
+        let myTotals = totals
+        var droppedEntries = false
+        for entry in entries where sawAndDropped(entry.stamp, causal.theirs, other.entries[entry.stamp.site]?.stamp) {
+            droppedEntries = true
+        }
+        var droppedTotals = false
+        for total in totals.values
+        where sawAndDropped(total.stamp, causal.theirs, other.totals[total.stamp.site]?.stamp) {
+            droppedTotals = true
+        }
+        let theirEntries = other.entries.filter { !sawAndDropped($0.stamp, causal.mine, mine[$0.stamp.site]?.stamp) }
+        let theirTotals = other.totals.values.filter {
+            !sawAndDropped($0.stamp, causal.mine, myTotals[$0.stamp.site]?.stamp)
+        }
+        var changed = false
+        if droppedEntries {
+            entries.removeAll { causal.theirs.saw($0.stamp) && other.entries[$0.stamp.site]?.stamp != $0.stamp }
+            changed = true
+        }
+        if droppedTotals {
+            totals = totals.filter {
+                !causal.theirs.saw($0.value.stamp) || other.totals[$0.key]?.stamp == $0.value.stamp
+            }
+            changed = true
+        }
         var grew = false
-        for (site, time) in other.removed
+        for (site, time) in other.removed.joined(derived)
         where (inherited[site].map { $0 < time } ?? true) && (removed[site].map { $0 < time } ?? true) {
             removed[site] = time
             grew = true
         }
-        var changed = grew
+        if grew { changed = true }
         if inheritedGrew || grew, normalizeHere(inherited) { changed = true }
         let context = inherited.joined(removed)
-        for entry in other.entries where !context.covers(entry.stamp) {
+        for entry in theirEntries where !context.covers(entry.stamp) {
             if note(entry) { changed = true }
         }
-        for total in other.totals.values where !context.covers(total.stamp) {
+        for total in theirTotals where !context.covers(total.stamp) {
             if totals.joinLater(total) { changed = true }
         }
         if removedTotals.joinLater(other.removedTotals) { changed = true }
-        if map.join(other.map, context: context, contextGrew: inheritedGrew || grew) { changed = true }
+        if map.join(other.map, context: context, contextGrew: inheritedGrew || grew, causal: causal) { changed = true }
+        return changed
+    }
+
+    /// Drops the entries of this field's remove context, and of every field below, whose time is
+    /// before `horizon` (time zero excepted: it covers default data, which only a remove context
+    /// covers). - Returns: whether anything was dropped.
+    mutating func reapContexts(before horizon: HLCTimestamp) -> Bool {
+        var changed = false
+        if removed.contains(where: { $0.value != .zero && $0.value < horizon }) {
+            removed = removed.filter { $0.value == .zero || $0.value >= horizon }
+            changed = true
+        }
+        if map.updateEach({ $0.reapContexts(before: horizon) }) { changed = true }
         return changed
     }
 
@@ -709,45 +778,51 @@ public struct MapNode: Hashable, Sendable {
     /// - Complexity: O(n log n).
     func sortedKeys() -> [String] { entries.keys.sorted(by: CBORWriter.keyPrecedes) }
 
-    /// Joins `other`'s children into these (see ``FieldNode/join(_:inherited:inheritedGrew:)``);
-    /// when the context grew, the children `other` does not have are normalised too.
+    /// Joins `other`'s children into these (see ``FieldNode/join(_:inherited:inheritedGrew:causal:)``);
+    /// the children `other` does not have are joined with nothing, so that what the context newly
+    /// covers, or what `other` saw and dropped, leaves them.
     ///
     /// Both maps are walked in key order: children in both join in place; children only in
     /// `other` are appended when they sort after every child here, otherwise inserted in one pass
     /// at the end.
     ///
     /// - Returns: whether anything changed.
-    /// - Complexity: O(m log n) key comparisons for `m` children of `other` and `n` of these (O(n + m)
-    ///   when the context grew), plus the joins and O(n + m) to insert new children.
-    mutating func join(_ other: MapNode, context: VersionVector, contextGrew: Bool) -> Bool {
-        if other.isEmpty, !contextGrew { return false }
+    /// - Complexity: O(n + m) for `m` children of `other` and `n` of these, plus the joins and
+    ///   O(n + m) to insert new children.
+    mutating func join(_ other: MapNode, context: VersionVector, contextGrew: Bool, causal: CausalContexts) -> Bool {
+        if other.isEmpty, isEmpty { return false }
         if isEmpty { entries.reserveCapacity(other.entries.count) }
         var changed = false
         var emptied = false
         var added: [(index: Int, key: String, member: FieldNode)] = []
         /// This map's first position not yet visited.
         var next = 0
-        func normalizeMine(before end: Int) {
-            guard contextGrew else { return }
+        /// Children the other side lacks: what the context newly covers, or what the other side saw
+        /// (so dropped), goes.
+        func joinMine(before end: Int) {
             for position in next..<end {
                 entries.modifyMember(at: position) { node in
-                    if node.normalize(context) { changed = true }
+                    if node.join(FieldNode(), inherited: context, inheritedGrew: contextGrew, causal: causal) {
+                        changed = true
+                    }
                     if node.isEmpty { emptied = true }
                 }
             }
         }
         for (key, theirs) in other.entries {
             let (found, position) = entries.search(key, from: next)
-            normalizeMine(before: position)
+            joinMine(before: position)
             if found {
                 entries.modifyMember(at: position) { node in
-                    if node.join(theirs, inherited: context, inheritedGrew: contextGrew) { changed = true }
+                    if node.join(theirs, inherited: context, inheritedGrew: contextGrew, causal: causal) {
+                        changed = true
+                    }
                     if node.isEmpty { emptied = true }
                 }
                 next = position + 1
             } else {
                 var node = FieldNode()
-                if node.join(theirs, inherited: context, inheritedGrew: contextGrew) { changed = true }
+                if node.join(theirs, inherited: context, inheritedGrew: contextGrew, causal: causal) { changed = true }
                 if node.isEmpty {
                     next = position
                 } else if position == entries.count {
@@ -761,7 +836,7 @@ public struct MapNode: Hashable, Sendable {
                 }
             }
         }
-        normalizeMine(before: entries.count)
+        joinMine(before: entries.count)
         if !added.isEmpty { entries.insert(sorted: added) }
         if emptied { entries.removeMembers(where: \.isEmpty) }
         return changed
@@ -1131,11 +1206,16 @@ public struct DocumentState: Hashable, Sendable {
 
     /// Joins another replica's state of the same document into this one, keeping the normal form.
     ///
+    /// The join of a dot store with its causal context (docs/DATA-MODEL.md, "Normal form, and why
+    /// merge is a join"): an entry or counter total that one state holds and the other lacks,
+    /// although the other's write vector or remove context covers it, was removed or overwritten
+    /// there, and is dropped; what either side's remove contexts cover is dropped as before.
+    ///
     /// - Returns: `true` when this state changed (exactly: `false` when `other` adds nothing).
-    /// - Complexity: O(size of `other`), plus O(size of this state) when `other`'s remove
-    ///   contexts cover more than this state's.
+    /// - Complexity: O(size of `other` plus size of this state).
     @discardableResult
     public mutating func merge(_ other: DocumentState) -> Bool {
+        let causal = CausalContexts(mine: writes.joined(removed), theirs: other.writes.joined(other.removed))
         var changed = writes.join(other.writes)
         let grew = removed.join(other.removed)
         if grew {
@@ -1147,8 +1227,27 @@ public struct DocumentState: Hashable, Sendable {
         for (site, time) in other.adds where !removed.covers(Stamp(time: time, site: site)) {
             if adds.include(Stamp(time: time, site: site)) { changed = true }
         }
-        if root.join(other.root, context: removed, contextGrew: grew) { changed = true }
+        if root.join(other.root, context: removed, contextGrew: grew, causal: causal) { changed = true }
         return changed
+    }
+
+    /// Reaps the remove contexts of removed fields (docs/DATA-MODEL.md, "Tombstones and
+    /// reaping"): drops every entry of a field's remove context whose time is before `horizon`
+    /// (except time zero, which covers default data), and the fields left with nothing. The
+    /// document's own remove context `r` stays (a removed document is reaped whole, by its row).
+    ///
+    /// What is dropped is still recorded by the write vector, and the join's dot-store rule drops
+    /// it on every replica that saw it, so what the document shows does not change and a peer that
+    /// still holds a removed entry cannot bring it back. Reaping commutes with ``merge(_:)``: it
+    /// filters context entries by their own time, and contexts join per site by maximum.
+    ///
+    /// - Parameter horizon: the reap horizon (the store passes its time minus
+    ///   `StoreOptions.tombstoneTTL`); this type never reads a clock.
+    /// - Returns: whether anything was dropped.
+    /// - Complexity: O(size of the state).
+    @discardableResult
+    public mutating func reapRemovedFields(before horizon: HLCTimestamp) -> Bool {
+        root.updateEach { $0.reapContexts(before: horizon) }
     }
 
     /// Brings the whole state to its normal form.

@@ -178,9 +178,16 @@ extension DocumentStore {
             return .revived
         }
         var doc = stored?.state ?? DocumentState()
+        var changed = doc.merge(incoming)
+        // What the merge brought and reaping drops again (remove contexts of removed fields this
+        // node has already reaped, from a peer that has not yet) is no change: no new `seq`, so
+        // two nodes whose clocks differ do not send the document back and forth.
+        if changed, doc.reapRemovedFields(before: fieldReapHorizon(now: now)), let stored, doc == stored.state {
+            changed = false
+        }
         // Merging into an evicted document's stub brings the document back, even when the state
         // adds nothing to the stub.
-        guard doc.merge(incoming) || stored?.kind == .stub || repair else {
+        guard changed || stored?.kind == .stub || repair else {
             // The sender wrote to an eviction stub and passes on entries without their values
             // (rule 8) that this node holds with values: the row is logged again, so the values
             // go back to it and on to whoever it passed the withheld entries to. Nothing else

@@ -580,6 +580,10 @@ public final class DocumentStore: Sendable {
 
     /// Writes a document state with the next `seq`. Checks the size limit.
     func persist(_ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState) throws {
+        // Every write of a whole state reaps its removed fields' expired contexts (the state is in
+        // hand; docs/DATA-MODEL.md, "Tombstones and reaping").
+        var doc = doc
+        doc.reapRemovedFields(before: fieldReapHorizon(now: options.now()))
         let materialized = doc.materialize(id: id)
         // Whatever path wrote it (upsert, an update at a deep path, a merge), the document as a
         // whole must be storable and decodable by every peer.
@@ -589,6 +593,12 @@ public final class DocumentStore: Sendable {
         try persistRow(
             &s, collection, key, materialized: { materialized }, json: value, state: bytes,
             removedAt: value == nil ? doc.maxTime.millis : nil, fullState: { doc })
+    }
+
+    /// The horizon before which the remove contexts of removed fields are reaped at `now`
+    /// (milliseconds): ``StoreOptions/tombstoneTTL`` earlier, as for tombstones.
+    func fieldReapHorizon(now: UInt64) -> HLCTimestamp {
+        now > options.tombstoneTTL ? HLCTimestamp(millis: now - options.tombstoneTTL, logical: 0) : .zero
     }
 
     /// Writes the state of one write of a document's fields at `stamp` into a document that has

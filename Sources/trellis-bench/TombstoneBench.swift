@@ -1,7 +1,8 @@
 // Tombstones (F04): a store that created and removed `removed` documents and keeps `live` ones,
 // before and after reaping, against a store that only ever held the `live` ones (the baseline,
 // measured in the same run): file size, pages in use, enumeration (`documents(in:)`), a peer's
-// initial sync scan (the change log from 0), and the reaping rate.
+// initial sync scan (the change log from 0), and the reaping rate. And removed fields: the state
+// of one document whose keys were set and unset `cycles` times, before and after the TTL.
 import CSQLite
 import Foundation
 import Synchronization
@@ -116,5 +117,40 @@ func tombstoneFigures(scratch: URL, removed: Int, live: Int = 1_000) throws -> [
             name: "tomb_residue_bytes_per_removed_doc",
             value: (usedBytes(file) - usedBytes(baselineFile)) / Double(removed),
             unit: "bytes"),
+    ]
+}
+
+/// The encoded state of one document whose `cycles` distinct keys were each set and unset (1,000
+/// per transaction), before the TTL and after it (one more write reaps the remove contexts),
+/// against the same document written only with its live fields.
+func unsetFieldFigures(scratch: URL, cycles: Int) throws -> [Figure] {
+    let offset = Atomic<UInt64>(0)
+    var options = StoreOptions()
+    options.now = { UInt64(Date().timeIntervalSince1970 * 1000) + offset.load(ordering: .relaxed) }
+    options.log = { _ in }
+    let store = try DocumentStore(path: scratch.appendingPathComponent("unset-fields.sqlite").path, options: options)
+    try store.upsert(["_id": "d", "name": "someone"], in: "t")
+    for start in stride(from: 0, to: cycles, by: 1_000) {
+        let keys = (start..<min(cycles, start + 1_000)).map { FieldPath.key("k\($0)") }
+        try store.update(id: "d", in: "t", operations: keys.map { .set($0, .int(1), isDefault: false) })
+        try store.update(id: "d", in: "t", operations: keys.map { .unset($0) })
+    }
+    try store.upsert(["_id": "d", "n": 1], in: "t")
+    let before = Double(try store.state(id: "d", in: "t")?.cbor().count ?? 0)
+    offset.store(options.tombstoneTTL + 1, ordering: .relaxed)
+    try store.upsert(["_id": "d", "n": 2], in: "t")
+    let after = Double(try store.state(id: "d", in: "t")?.cbor().count ?? 0)
+    let live = try DocumentStore(path: scratch.appendingPathComponent("live-fields.sqlite").path, options: options)
+    try live.upsert(["_id": "d", "name": "someone"], in: "t")
+    try live.upsert(["_id": "d", "n": 2], in: "t")
+    let baseline = Double(try live.state(id: "d", in: "t")?.cbor().count ?? 0)
+    return [
+        Figure(name: "unset_live_fields_state_bytes", value: baseline, unit: "bytes"),
+        Figure(
+            name: "unset_\(cycles)_state_bytes_before_ttl", value: before, unit: "bytes", baseline: baseline,
+            baselineName: "unset_live_fields_state_bytes"),
+        Figure(
+            name: "unset_\(cycles)_state_bytes_after_ttl", value: after, unit: "bytes", baseline: baseline,
+            baselineName: "unset_live_fields_state_bytes"),
     ]
 }

@@ -1,7 +1,7 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
-//       [--replication] [--import] [--links] [--handshakes]
+//       [--unset-fields] [--replication] [--import] [--links] [--handshakes]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -27,6 +27,7 @@ var documentCount = 100_000
 var carsPath: String?
 var simulationOnly = false
 var tombstonesOnly = false
+var unsetFieldsOnly = false
 var replicationOnly = false
 var importOnly = false
 var linksOnly = false
@@ -37,6 +38,7 @@ while i < args.count {
     case "--json": jsonOutput = true
     case "--simulation": simulationOnly = true
     case "--tombstones": tombstonesOnly = true
+    case "--unset-fields": unsetFieldsOnly = true
     case "--replication": replicationOnly = true
     case "--import": importOnly = true
     case "--links": linksOnly = true
@@ -61,8 +63,8 @@ while i < args.count {
         carsPath = args[i]
     case "--help", "-h":
         print(
-            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--replication]"
-                + " [--import] [--links] [--handshakes]")
+            "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
+                + " [--replication] [--import] [--links] [--handshakes]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -174,9 +176,16 @@ if handshakesOnly {
         heading: "trellis-bench --handshakes: Noise handshakes in process (no I/O), release build expected")
     exit(0)
 }
+if unsetFieldsOnly {
+    printFigures(
+        try unsetFieldFigures(scratch: scratch, cycles: documentCount),
+        heading: "trellis-bench --unset-fields: one document's keys set and unset \(documentCount) times")
+    exit(0)
+}
 if tombstonesOnly {
     printFigures(
-        try tombstoneFigures(scratch: scratch, removed: documentCount),
+        try tombstoneFigures(scratch: scratch, removed: documentCount)
+            + unsetFieldFigures(scratch: scratch, cycles: documentCount),
         heading: "trellis-bench --tombstones: \(documentCount) documents created and removed, release build expected")
     exit(0)
 }

@@ -27,6 +27,52 @@ import TrellisTestKit
         return (0...(bytes.count - needle.count)).contains { bytes[$0..<($0 + needle.count)].elementsEqual(needle) }
     }
 
+    // MARK: Removed fields and the causal context
+
+    /// A field unset and its remove context reaped: a state that still holds the field's old
+    /// entry does not bring it back (the unsetter's write vector shows it saw the entry), and a
+    /// write that state made which the unsetter never saw survives.
+    @Test func aReapedUnsetDoesNotComeBackFromAStaleState() throws {
+        var a = DocumentState(fields: ["x": "old", "keep": 1], stamp: at(10, siteA))
+        var stale = a
+        try stale.set(.key("y"), to: "away", stamp: at(12, siteB))
+        _ = try a.unset(.key("x"), stamp: at(20, siteA))
+        #expect(a.root.entries["x"]?.removed == [siteA: HLCTimestamp(millis: 10, logical: 0)])
+        let early = a.reapRemovedFields(before: HLCTimestamp(millis: 10, logical: 0))
+        #expect(!early)  // not older yet
+        let due = a.reapRemovedFields(before: HLCTimestamp(millis: 11, logical: 0))
+        #expect(due)
+        #expect(a.root.entries["x"] == nil)
+        let expected: Value = ["_id": "d1", "keep": 1, "y": "away"]
+        #expect(joined(a, stale).materialize(id: id) == expected)
+        #expect(joined(stale, a).materialize(id: id) == expected)
+        #expect(joined(a, stale) == joined(stale, a))
+        // The reaped state absorbs the unreaped one it came from: after reaping again, no change.
+        var again = a
+        again.merge(
+            try DocumentState(fields: ["x": "old", "keep": 1], stamp: at(10, siteA)).unsetting("x", at(20, siteA)))
+        again.reapRemovedFields(before: HLCTimestamp(millis: 11, logical: 0))
+        #expect(again == a)
+    }
+
+    /// Default data (time zero) is left alone by the causal context, and a remove the context
+    /// shows (a site's later entry dropped by a state that saw it) covers that site's default in
+    /// the field in every order of joins.
+    @Test func aDefaultMeetsTheSameRemoveInEveryOrderOfJoins() throws {
+        let x = DocumentState(fields: ["f": 1], stamp: Stamp(time: .zero, site: siteA))
+        let y = DocumentState(fields: ["f": 2], stamp: at(10, siteA))
+        let z = DocumentState(fields: ["g": 3], stamp: at(12, siteA))
+        #expect(joined(joined(x, y), z) == joined(x, joined(y, z)))
+        #expect(joined(x, joined(y, z)).materialize(id: id) == ["_id": "d1", "g": 3])
+        // A default written after other writes of its site is not dropped by a state whose write
+        // vector names that site (it has not seen the default).
+        var b = DocumentState(fields: ["g": 1], stamp: at(10, siteB))
+        let seen = b
+        try b.set(.key("theme"), to: "light", stamp: Stamp(time: .zero, site: siteB))
+        #expect(joined(seen, b).value(at: .key("theme")) == "light")
+        #expect(joined(b, seen).value(at: .key("theme")) == "light")
+    }
+
     // MARK: Registers
 
     /// Issue 8 item 11: A and B hold {v:1}; apart, B sets v=2, A sets v=3 and removes d1.
@@ -429,5 +475,14 @@ import TrellisTestKit
         #expect(!(try doc.unset(FieldPath(components: [.key("m"), .key(nfd)]), stamp: at(15, siteA))))
         #expect(doc.materialize(id: id) == ["_id": "d1", nfd: 3, "m": [nfc: "x"]])
         #expect(try DocumentState(encoded: CBOR.decode(doc.cbor())) == doc)
+    }
+}
+
+extension DocumentState {
+    /// This state with the field `key` unset at `stamp`.
+    fileprivate func unsetting(_ key: String, _ stamp: Stamp) throws -> DocumentState {
+        var out = self
+        _ = try out.unset(.key(key), stamp: stamp)
+        return out
     }
 }

@@ -140,12 +140,103 @@ import TrellisSimulation
                 !record.state.indices.contains { i in record.state[i...].starts(with: secretBytes) },
                 "\(record.id) carries a removed value")
         }
+        let unsetState = try #require(try a.documents.state(id: "big", in: "items")).cbor().count
+        #expect(unsetState > 30_000)  // 3,000 remove contexts
         try Self.passTheTTL(mesh)
         for node in [a, c] {
             let log = try node.documents.changes(in: "items", after: 0, limit: 10_000, maxBytes: .max)
             #expect(log.records.map(\.key) == ["\"big\""], "\(node.name)")
         }
         #expect(try c.store.collection("items").findAll().exec().map(\.id) == ["big"])
+        // The unset keys' remove contexts are past the TTL too: the next write of the document reaps
+        // them, and its state is bounded by its live fields again, on both nodes, byte for byte.
+        try items.upsert(["_id": "big", "after": 1])
+        try mesh.sim.runUntilQuiet()
+        let reaped = try #require(try a.documents.state(id: "big", in: "items")).cbor()
+        #expect(reaped.count < 200, "\(reaped.count) bytes after the TTL, \(unsetState) before")
+        #expect(try c.documents.state(id: "big", in: "items")?.cbor() == reaped)
+        #expect(try Self.get(c, "big")?.value == ["_id": "big", "after": 1])
+    }
+
+    /// F04, unset fields: S is away for longer than the tombstone TTL while A unsets `x` of d (S
+    /// still holds `x`) and B receives the unset; at their next write of d, A and B reap the
+    /// field's remove context. S, still holding `x`, comes back: `x` does not come back (the join
+    /// drops what A's write vector shows A saw and no longer holds), S's own write made while away
+    /// arrives everywhere, every node ends with the same state bytes, and once converged the links
+    /// carry no more documents (a node that reaped and one that had not do not send d back and
+    /// forth).
+    @Test func f04ANodeAwayLongerThanTheTTLDoesNotBringAnUnsetFieldBack() throws {
+        let mesh = try Mesh(seed: 224, nodes: 3)
+        let (a, b, s) = (mesh[0], mesh[1], mesh[2])
+        let items = a.store.collection("items")
+        try items.upsert(["_id": "d", "x": "old", "keep": 1])
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.partition([[a, b], [s]])
+        _ = try items.findByID("d").update { doc in doc?["x"].remove() }
+        try s.store.collection("items").upsert(["_id": "d", "y": "away"])
+        try mesh.sim.runUntilQuiet()
+        let withContext = try #require(try b.documents.state(id: "d", in: "items")).cbor().count
+        try Self.passTheTTL(mesh)
+        try items.upsert(["_id": "d", "keep": 2])
+        try mesh.sim.runUntilQuiet()
+        for node in [a, b] {
+            let state = try #require(try node.documents.state(id: "d", in: "items"))
+            #expect(state.root.entries["x"] == nil, "\(node.name) reaped x's remove context")
+            #expect(state.cbor().count < withContext, "\(node.name)")
+        }
+        #expect(try Self.get(s, "d")?["x"] == "old")  // S still holds it
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        let expected: Value = ["_id": "d", "keep": 2, "y": "away"]
+        let bytes = try a.documents.state(id: "d", in: "items")?.cbor()
+        for node in mesh.sim.nodes {
+            #expect(try Self.get(node, "d")?.value == expected, "\(node.name)")
+            #expect(try node.documents.state(id: "d", in: "items")?.cbor() == bytes, "\(node.name)")
+        }
+        let batches = mesh.sim.messageCounts["batch"] ?? 0
+        mesh.sim.run(for: 120_000)
+        #expect(mesh.sim.messageCounts["batch"] ?? 0 == batches)  // nothing more moves
+    }
+
+    /// F04, unset fields, clocks apart: B's clock is behind, so after A reaps a removed field's
+    /// context B still holds it. A merging B's state (which differs only by that context) is no
+    /// change there, and B merging A's reaped state is none either: no new `seq`, no document sent
+    /// back and forth. Once B's clock is past the TTL too, its next write reaps it, and both hold
+    /// the same bytes.
+    @Test func f04NodesThatReapedAndNotYetDoNotSendADocumentBackAndForth() throws {
+        let mesh = try Mesh(seed: 234, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert(["_id": "d", "x": 1, "keep": true])
+        try mesh.sim.runUntilQuiet()
+        let written = try #require(try a.documents.state(id: "d", in: "items")?.stamp(at: .key("x"))).time.millis
+        _ = try a.store.collection("items").findByID("d").update { doc in doc?["x"].remove() }
+        try mesh.sim.runUntilQuiet()
+        // A's clock 20 s past the TTL of x's write, B's 30 s short of it: 50 s apart, within the
+        // allowed drift, so each accepts the other's states.
+        let ttl = Millis(mesh.sim.storeOptions.tombstoneTTL)
+        let atTTL = Millis(written) + ttl - Simulation.startWallClock - mesh.sim.now
+        mesh.sim.setClockOffset(a, atTTL + 20_000)
+        mesh.sim.setClockOffset(b, atTTL - 30_000)
+        try a.store.collection("items").upsert(["_id": "d", "n": 1])  // A reaps
+        try b.store.collection("items").upsert(["_id": "e"])
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        let (lastA, lastB) = (a.documents.lastSeq, b.documents.lastSeq)
+        let batches = mesh.sim.messageCounts["batch"] ?? 0
+        mesh.sim.run(for: 120_000)
+        #expect(mesh.sim.messageCounts["batch"] ?? 0 == batches)
+        #expect(a.documents.lastSeq == lastA)
+        #expect(b.documents.lastSeq == lastB)
+        #expect(try a.documents.state(id: "d", in: "items")?.root.entries["x"] == nil)
+        #expect(try b.documents.state(id: "d", in: "items")?.root.entries["x"] != nil)  // not yet
+        mesh.sim.setClockOffset(b, b.clockOffset + 40_000)
+        try b.store.collection("items").upsert(["_id": "d", "n": 2])  // B reaps
+        try mesh.sim.runUntilQuiet()
+        try mesh.sim.check()
+        let bytes = try #require(try a.documents.state(id: "d", in: "items")).cbor()
+        #expect(try b.documents.state(id: "d", in: "items")?.cbor() == bytes)
+        #expect(try Self.get(a, "d")?.value == ["_id": "d", "keep": true, "n": 2])
     }
 
     // MARK: Change log and checkpoints

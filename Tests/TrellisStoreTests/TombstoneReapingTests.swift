@@ -47,6 +47,29 @@ import TrellisTestKit
         #expect(reopened.reapedKeyCount == 10)
     }
 
+    /// F04, second half: a document whose keys are set and unset 20,000 times carries, once the
+    /// TTL has passed and it is written again, only what its live fields need: the unset keys'
+    /// remove contexts are reaped, and what the document shows does not change.
+    @Test func unsetFieldsAreReapedAfterTheTTL() throws {
+        let store = try open("a.sqlite")
+        try store.upsert(["_id": "d", "keep": "yes"], in: "c")
+        for chunk in stride(from: 0, to: 20_000, by: 2_000) {
+            let keys = (chunk..<(chunk + 2_000)).map { FieldPath.key("k\($0)") }
+            try store.update(id: "d", in: "c", operations: keys.map { .set($0, .int(1), isDefault: false) })
+            try store.update(id: "d", in: "c", operations: keys.map { .unset($0) })
+        }
+        let grown = try #require(try store.state(id: "d", in: "c")).cbor().count
+        #expect(grown > 100_000)  // one remove context per unset key
+        clock.advance(by: Self.ttl - 1)
+        try store.upsert(["_id": "d", "more": 1], in: "c")
+        #expect(try #require(try store.state(id: "d", in: "c")).cbor().count > grown / 2)  // not yet
+        clock.advance(by: 2)
+        try store.upsert(["_id": "d", "more": 2], in: "c")
+        let reaped = try #require(try store.state(id: "d", in: "c")).cbor().count
+        #expect(reaped < 200, "\(reaped) bytes after the TTL, \(grown) before")
+        #expect(try store.document(id: "d", in: "c") == ["_id": "d", "keep": "yes", "more": 2])
+    }
+
     @Test func reapingRunsInBoundedTransactions() throws {
         let store = try open("a.sqlite")
         try store.upsert((0..<25).map { ["_id": .string("d\($0)")] }, in: "c")

@@ -156,9 +156,11 @@ public enum WireMessage: Sendable, Equatable {
     /// gossip: who has a session with whom), at most ``PresenceRecord/maxPerMessage`` per message.
     case presence([PresenceRecord])
 
-    /// The protocol version this build speaks (3: the Noise_XXpsk0 handshake, rekey markers, and
-    /// states in the single-write form; docs/PROTOCOL.md).
-    public static let protocolVersion = 3
+    /// The protocol version this build speaks (docs/PROTOCOL.md): 3 brought the Noise_XXpsk0
+    /// handshake, rekey markers and states in the single-write form; 4 the join that drops what the
+    /// other side saw and no longer holds, so removed fields' remove contexts can be reaped (a
+    /// version 3 node would bring reaped fields back, so the versions do not sync).
+    public static let protocolVersion = 4
     /// The most hops a forwarded subscription may carry on the wire.
     public static let maxHops = 16
 
