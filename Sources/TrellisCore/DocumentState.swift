@@ -281,13 +281,27 @@ public struct FieldEntry: Hashable, Sendable, Comparable {
     }
 }
 
-/// A field's entries: per writing site, that site's latest write. One entry (the common case)
-/// is stored inline, without a dictionary.
+/// A field's entries: per writing site, that site's latest write, and apart from it the site's
+/// default data (HLC time zero) if the field holds it: a site writes default data whatever it wrote
+/// before, so its time-zero entry is not ordered with its other entries, and a later entry does not
+/// replace it (only a remove context covers it). One entry (the common case) is stored inline,
+/// without a dictionary.
 public struct FieldEntries: Hashable, Sendable, Sequence {
+    /// Where an entry is kept: its site, and whether it is that site's default data.
+    struct Slot: Hashable, Sendable {
+        var site: SiteID
+        var isDefault: Bool
+
+        init(_ stamp: Stamp) {
+            site = stamp.site
+            isDefault = stamp.time == .zero
+        }
+    }
+
     private enum Storage: Hashable, Sendable {
         case none
         case one(FieldEntry)
-        case many([SiteID: FieldEntry])  // two or more
+        case many([Slot: FieldEntry])  // two or more
     }
 
     private var storage = Storage.none
@@ -307,34 +321,51 @@ public struct FieldEntries: Hashable, Sendable, Sequence {
         }
     }
 
-    /// The entry of `site`, if it wrote this field.
+    /// The entry of `site`, if it wrote this field: its latest write, else its default data.
     public subscript(site: SiteID) -> FieldEntry? {
+        entry(inSlotOf: Stamp(time: HLCTimestamp(rawValue: 1), site: site))
+            ?? entry(inSlotOf: Stamp(time: .zero, site: site))
+    }
+
+    /// Whether `site` wrote this field (an entry or default data).
+    func names(_ site: SiteID) -> Bool {
         switch storage {
-        case .none: return nil
-        case .one(let e): return e.stamp.site == site ? e : nil
-        case .many(let d): return d[site]
+        case .none: return false
+        case .one(let e): return e.stamp.site == site
+        case .many(let d): return d.keys.contains { $0.site == site }
         }
     }
 
-    /// Keeps the greater of its site's entry and `entry`. - Returns: whether this changed.
+    /// The entry kept where one stamped `stamp` would be (its site's latest write, or its default
+    /// data when `stamp` is at time zero).
+    func entry(inSlotOf stamp: Stamp) -> FieldEntry? {
+        switch storage {
+        case .none: return nil
+        case .one(let e): return Slot(e.stamp) == Slot(stamp) ? e : nil
+        case .many(let d): return d[Slot(stamp)]
+        }
+    }
+
+    /// Keeps the greater of the entry in its slot and `entry`. - Returns: whether this changed.
     @discardableResult
     mutating func note(_ entry: FieldEntry) -> Bool {
+        let slot = Slot(entry.stamp)
         switch storage {
         case .none:
             storage = .one(entry)
             return true
         case .one(let current):
-            if current.stamp.site == entry.stamp.site {
+            if Slot(current.stamp) == slot {
                 guard current < entry else { return false }
                 storage = .one(entry)
             } else {
-                storage = .many([current.stamp.site: current, entry.stamp.site: entry])
+                storage = .many([Slot(current.stamp): current, slot: entry])
             }
             return true
         case .many(var d):
-            if let current = d[entry.stamp.site], !(current < entry) { return false }
+            if let current = d[slot], !(current < entry) { return false }
             storage = .none  // keeps `d` uniquely referenced while it changes
-            d[entry.stamp.site] = entry
+            d[slot] = entry
             storage = .many(d)
             return true
         }
@@ -381,7 +412,7 @@ public struct FieldEntries: Hashable, Sendable, Sequence {
     /// Iterates the entries (in no particular order).
     public struct Iterator: IteratorProtocol {
         var single: FieldEntry?
-        var many: Dictionary<SiteID, FieldEntry>.Values.Iterator?
+        var many: Dictionary<Slot, FieldEntry>.Values.Iterator?
 
         public mutating func next() -> FieldEntry? {
             if let e = single {
@@ -453,45 +484,35 @@ public struct FieldNode: Hashable, Sendable {
     mutating func join(_ other: FieldNode, inherited: VersionVector, inheritedGrew: Bool, causal: CausalContexts)
         -> Bool
     {
-        // The dot-store rule, both ways, each side judged by what the other held before the join.
-        // What one side saw and holds nothing of, nor anything later of that site, it removed:
-        // with everything of that site up to that time in this field, as its remove context did
-        // (a context it may have reaped). That is recorded here, so that default data of that site
-        // (time zero, which the rule leaves alone) meets the same remove in every order of joins.
-        var derived: VersionVector = [:]
-        func sawAndDropped(_ stamp: Stamp, _ seen: VersionVector, _ held: Stamp?) -> Bool {
-            guard seen.saw(stamp), held != stamp else { return false }
-            if held.map({ $0 < stamp }) ?? true { derived.include(stamp) }
-            return true
+        // The dot-store rule, both ways, each side judged by what the other held before the join:
+        // an entry or total that one side holds and the other saw without holding it (in its
+        // slot: the site's latest write, or its default data) was removed or overwritten there.
+        // Default data (time zero) is left to remove contexts (`saw`); counter totals are never
+        // default data, so a total at time zero is judged like any other (`covers`), which keeps
+        // one total per site consistent with the rule in every order of joins.
+        let theySawAndLack = { (entry: FieldEntry) in
+            causal.theirs.saw(entry.stamp) && other.entries.entry(inSlotOf: entry.stamp)?.stamp != entry.stamp
         }
         let mine = entries
         let myTotals = totals
-        var droppedEntries = false
-        for entry in entries where sawAndDropped(entry.stamp, causal.theirs, other.entries[entry.stamp.site]?.stamp) {
-            droppedEntries = true
+        let theirEntries = other.entries.filter {
+            !causal.mine.saw($0.stamp) || mine.entry(inSlotOf: $0.stamp)?.stamp == $0.stamp
         }
-        var droppedTotals = false
-        for total in totals.values
-        where sawAndDropped(total.stamp, causal.theirs, other.totals[total.stamp.site]?.stamp) {
-            droppedTotals = true
-        }
-        let theirEntries = other.entries.filter { !sawAndDropped($0.stamp, causal.mine, mine[$0.stamp.site]?.stamp) }
         let theirTotals = other.totals.values.filter {
-            !sawAndDropped($0.stamp, causal.mine, myTotals[$0.stamp.site]?.stamp)
+            !causal.mine.covers($0.stamp) || myTotals[$0.stamp.site]?.stamp == $0.stamp
         }
         var changed = false
-        if droppedEntries {
-            entries.removeAll { causal.theirs.saw($0.stamp) && other.entries[$0.stamp.site]?.stamp != $0.stamp }
-            changed = true
-        }
-        if droppedTotals {
+        if entries.removeAll(where: theySawAndLack) { changed = true }
+        if totals.contains(where: {
+            causal.theirs.covers($0.value.stamp) && other.totals[$0.key]?.stamp != $0.value.stamp
+        }) {
             totals = totals.filter {
-                !causal.theirs.saw($0.value.stamp) || other.totals[$0.key]?.stamp == $0.value.stamp
+                !causal.theirs.covers($0.value.stamp) || other.totals[$0.key]?.stamp == $0.value.stamp
             }
             changed = true
         }
         var grew = false
-        for (site, time) in other.removed.joined(derived)
+        for (site, time) in other.removed
         where (inherited[site].map { $0 < time } ?? true) && (removed[site].map { $0 < time } ?? true) {
             removed[site] = time
             grew = true
@@ -659,7 +680,7 @@ public struct FieldNode: Hashable, Sendable {
     }
 
     func mentions(_ site: SiteID) -> Bool {
-        if entries[site] != nil || totals[site] != nil || removedTotals[site] != nil || removed[site] != nil {
+        if entries.names(site) || totals[site] != nil || removedTotals[site] != nil || removed[site] != nil {
             return true
         }
         return map.entries.values.contains { $0.mentions(site) }

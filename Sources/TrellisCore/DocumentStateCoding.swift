@@ -510,6 +510,9 @@ extension DocumentState {
             return
         }
         let entries = node.entries.filter { EntryList($0.content) == list }.map { (index[$0.stamp.site]!, $0) }
-        for (i, entry) in entries.sorted(by: { $0.0 < $1.0 }) { one(i, entry) }
+        // A site may have two entries in one list (its latest write and its default data).
+        for (i, entry) in entries.sorted(by: { $0.0 != $1.0 ? $0.0 < $1.0 : $0.1.stamp.time < $1.1.stamp.time }) {
+            one(i, entry)
+        }
     }
 }

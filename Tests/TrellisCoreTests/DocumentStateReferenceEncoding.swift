@@ -45,20 +45,24 @@ extension DocumentState {
         var out: UTF8Map<Value> = [:]
         for (key, node) in map.entries {
             var field: UTF8Map<Value> = [:]
-            var lists: [String: [(Int64, Value)]] = [:]
+            // A site may have two entries in one list (its latest write and its default data): by time.
+            var lists: [String: [(Int64, UInt64, Value)]] = [:]
             for entry in node.entries {
                 let i = index[entry.stamp.site]!
                 let time = referenceTime(entry.stamp.time)
                 switch entry.content {
-                case .value(let v): lists["e", default: []].append((i, [.int(i), time, v]))
-                case .map: lists["p", default: []].append((i, [.int(i), time]))
-                case .withheldValue: lists["h", default: []].append((i, [.int(i), time, 0]))
-                case .withheldMap: lists["h", default: []].append((i, [.int(i), time, 1]))
+                case .value(let v): lists["e", default: []].append((i, entry.stamp.time.rawValue, [.int(i), time, v]))
+                case .map: lists["p", default: []].append((i, entry.stamp.time.rawValue, [.int(i), time]))
+                case .withheldValue: lists["h", default: []].append((i, entry.stamp.time.rawValue, [.int(i), time, 0]))
+                case .withheldMap: lists["h", default: []].append((i, entry.stamp.time.rawValue, [.int(i), time, 1]))
                 case .restart(let r):
-                    lists["b", default: []].append((i, [.int(i), time, r.value, referenceEncode(r.seen, index)]))
+                    lists["b", default: []].append(
+                        (i, entry.stamp.time.rawValue, [.int(i), time, r.value, referenceEncode(r.seen, index)]))
                 }
             }
-            for (name, list) in lists { field[name] = .array(list.sorted { $0.0 < $1.0 }.map(\.1)) }
+            for (name, list) in lists {
+                field[name] = .array(list.sorted { $0.0 != $1.0 ? $0.0 < $1.0 : $0.1 < $1.1 }.map(\.2))
+            }
             if !node.map.entries.isEmpty { field["m"] = referenceEncode(node.map, index) }
             if !node.totals.isEmpty { field["t"] = referenceEncode(node.totals, index) }
             if !node.removedTotals.isEmpty { field["o"] = referenceEncode(node.removedTotals, index) }
