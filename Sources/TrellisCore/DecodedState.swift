@@ -24,7 +24,7 @@ public struct DecodedState: Sendable {
         self.id = id
         do {
             if let single = try SingleWriteState.decode(bytes) {
-                if let key = Self.key(id), CanonicalJSON.isDocument(single.json, idKey: key) {
+                if let key = id.documentKey, CanonicalJSON.isDocument(single.json, idKey: key) {
                     form = .success(.single(single, parsed: nil))
                 } else {
                     form = .success(.single(single, parsed: try single.document(id: id)))
@@ -34,15 +34,6 @@ public struct DecodedState: Sendable {
             }
         } catch {
             form = .failure(error)
-        }
-    }
-
-    /// The canonical JSON of a valid `_id` (a non-empty string or map), as stores key documents.
-    private static func key(_ id: Value) -> String? {
-        switch id {
-        case .string(let s) where !s.isEmpty: return JSON.string(id)
-        case .map(let m) where !m.isEmpty: return JSON.string(id)
-        default: return nil
         }
     }
 

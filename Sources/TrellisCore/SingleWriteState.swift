@@ -70,38 +70,21 @@ public struct SingleWriteState: Sendable, Equatable {
     /// Trellis peer sends), without building the generic CBOR value; `nil` for anything else,
     /// which ``decode(_:)`` then reads the general way.
     private static func canonical(_ bytes: [UInt8]) -> SingleWriteState? {
-        var position = 3  // after `{"j"`, checked by isEncoded
-        func head() -> (major: UInt8, argument: UInt64)? {
-            guard position < bytes.count else { return nil }
-            let initial = bytes[position]
-            position += 1
-            let info = initial & 0x1F
-            var argument = UInt64(info)
-            if info >= 24 {
-                guard info <= 27 else { return nil }
-                let count = 1 << Int(info - 24)
-                guard bytes.count - position >= count else { return nil }
-                argument = 0
-                for _ in 0..<count {
-                    argument = argument << 8 | UInt64(bytes[position])
-                    position += 1
-                }
-            }
-            return (initial >> 5, argument)
+        var reader = CBORReader(bytes, options: CBOR.DecodingOptions())
+        func text() -> String? {
+            guard let head = try? reader.readHead(), head.major == 3 else { return nil }
+            return try? reader.readText(head)
         }
-        guard let text = head(), text.major == 3, text.argument <= UInt64(bytes.count - position) else { return nil }
-        // Invalid UTF-8 would be repaired here, and then the comparison below fails.
-        let json = String(decoding: bytes[position..<position + Int(text.argument)], as: UTF8.self)
-        position += Int(text.argument)
-        guard bytes.count - position >= 3, bytes[position] == 0x61, bytes[position + 1] == 0x75,
-            bytes[position + 2] == 0x82
-        else { return nil }
-        position += 3
-        func int(_ head: (major: UInt8, argument: UInt64)?) -> Int64? {
-            guard let head, head.major <= 1, head.argument <= UInt64(Int64.max) else { return nil }
+        func int() -> Int64? {
+            guard let head = try? reader.readHead(), head.major <= 1, head.argument <= UInt64(Int64.max) else {
+                return nil
+            }
             return head.major == 0 ? Int64(head.argument) : -1 - Int64(head.argument)
         }
-        guard let time = int(head()), let site = int(head()), position == bytes.count else { return nil }
+        guard (try? reader.readHead())?.major == 5, text() == "j", let json = text(), text() == "u",
+            let parts = try? reader.readHead(), parts.major == 4, parts.argument == 2, let time = int(),
+            let site = int(), reader.remaining == 0
+        else { return nil }
         let state = SingleWriteState(
             stamp: Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site)),
             json: json)

@@ -136,6 +136,18 @@ extension Value {
     /// what a node stores; the wire decoder's limits leave room for this depth).
     public static let maximumDepth = 64
 
+    /// The document key this value names as an `_id`: its canonical JSON when it is a non-empty
+    /// string or map (the values an `_id` may be, docs/DATA-MODEL.md rule 10), else `nil`.
+    ///
+    /// - Complexity: O(size of the value).
+    public var documentKey: String? {
+        switch self {
+        case .string(let s) where !s.isEmpty: return JSON.string(self)
+        case .map(let m) where !m.isEmpty: return JSON.string(self)
+        default: return nil
+        }
+    }
+
     /// Checks that the value can be stored: every double is finite, nesting is at most
     /// ``maximumDepth`` levels, and no map uses the key `$bytes`, which is how JSON spells a byte
     /// string (`{"$bytes": "<base64>"}`).

@@ -192,7 +192,11 @@ extension DocumentStore {
             // (rule 8) that this node holds with values: the row is logged again, so the values
             // go back to it and on to whoever it passed the withheld entries to. Nothing else
             // would send them: every checkpoint here is past this row.
-            if stored != nil, incoming.withheldEntryCount > doc.withheldEntryCount { try relog(&s, collection, key) }
+            if stored != nil, case let withheld = incoming.withheldEntryCount, withheld > 0,
+                withheld > doc.withheldEntryCount
+            {
+                try relog(&s, collection, key)
+            }
             return .unchanged(behind: doc != incoming)
         }
         let (horizon, tooFarAhead) = driftCheck(

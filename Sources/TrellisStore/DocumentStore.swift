@@ -471,9 +471,8 @@ public final class DocumentStore: Sendable {
     ///
     /// - Throws: ``StoreError/invalidID(_:)`` unless the ID is a non-empty string or a map.
     public static func key(for id: Value) throws(StoreError) -> String {
+        if let key = id.documentKey { return key }
         switch id {
-        case .string(let s) where !s.isEmpty: return JSON.string(id)
-        case .map(let m) where !m.isEmpty: return JSON.string(id)
         case .string: throw .invalidID("it is an empty string")
         case .map: throw .invalidID("it is an empty map")
         default: throw .invalidID("it must be a string or a map, not \(id.typeName)")
