@@ -165,6 +165,8 @@ extension DocumentStore {
             s.closed = true
             guard !options.readOnly else { return }
             try? s.db.execute("DELETE FROM meta WHERE key = 'open'")
+            // Before the connection closes, so that its close checkpoints and removes the WAL.
+            checkpointer?.stop(db: s.db)
         }
     }
 

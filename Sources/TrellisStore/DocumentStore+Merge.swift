@@ -155,13 +155,21 @@ extension DocumentStore {
                 .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
                 ready: 0, decoded: nil)
         }
+        if case .success(.single(let single, let parsed)) = decoded.form, !repair, s.reapedRows == 0,
+            s.servedScopes[UTF8Key(collection)]?.isEmpty ?? true,
+            let merged = try mergeNewSingleWrite(&s, collection, key, id, single, parsed, now: now, ifAbsent: true)
+        {
+            // The common case of a first sync: a document written once, new here, stored as it came
+            // by one insert that finds no row. Anything else (a row, a refusal) is decided below.
+            return merged
+        }
         do { stored = try row(&s, collection, key) } catch StoreError.corrupt { repair = true }
         if case .success(.single(let single, let parsed)) = decoded.form, stored == nil, !repair,
             try reapedRemoval(&s, collection, key) == nil
         {
-            // The common case of a first sync: a document written once, new here. It is stored as it
-            // came, without building its per-field state.
-            return try mergeNewSingleWrite(&s, collection, key, id, single, parsed, now: now)
+            // A document written once, new here, in a collection whose served scopes track it or
+            // with reaped keys to check. It is stored as it came, without building its per-field state.
+            if let merged = try mergeNewSingleWrite(&s, collection, key, id, single, parsed, now: now) { return merged }
         }
         let incoming = try decoded.state()
         if stored == nil, !repair, let removedAt = try reapedRemoval(&s, collection, key),
@@ -222,10 +230,14 @@ extension DocumentStore {
     /// Stores a single-write state of a document this node holds no row for (nor a reaped key):
     /// the fast path of ``mergeState(_:_:_:_:_:now:)``, with the same checks (the clock drift,
     /// the size limit; the `_id` and the value were checked when it was decoded).
+    ///
+    /// - Parameter ifAbsent: write only when the document has no row; then `nil` (nothing
+    ///   written) when it has one or when the state would be refused, for the caller to decide
+    ///   with the stored row in hand.
     private func mergeNewSingleWrite(
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ single: SingleWriteState,
-        _ parsed: SingleWriteState.Document?, now: UInt64
-    ) throws -> StateMerge {
+        _ parsed: SingleWriteState.Document?, now: UInt64, ifAbsent: Bool = false
+    ) throws -> StateMerge? {
         func document() throws -> SingleWriteState.Document {
             do { return try DecodedState.document(single, parsed, id: id) } catch {
                 throw StoreError.invalidValue("document \(key): \(error)")
@@ -236,14 +248,17 @@ extension DocumentStore {
         }
         let (horizon, tooFarAhead) = driftCheck(
             clock: s.clock.last, latest: single.stamp.time, now: now, decoded: state())
-        if let tooFarAhead { return tooFarAhead }
+        if let tooFarAhead { return ifAbsent ? nil : tooFarAhead }
         do {
-            try persistSingleWrite(
-                &s, collection, key, stamp: single.stamp, json: parsed?.json ?? single.json, document: document)
+            let written = try persistSingleWrite(
+                &s, collection, key, stamp: single.stamp, json: parsed?.json ?? single.json, ifAbsent: ifAbsent,
+                document: document)
+            guard written else { return nil }
         } catch let error as StoreError {
             switch error {
-            case .documentTooLarge: return .refused(.size, reason: error.description, ready: 0, decoded: state())
-            case .invalidValue: return .refused(.invalid, reason: error.description, ready: 0, decoded: nil)
+            case .documentTooLarge:
+                return ifAbsent ? nil : .refused(.size, reason: error.description, ready: 0, decoded: state())
+            case .invalidValue: return ifAbsent ? nil : .refused(.invalid, reason: error.description, ready: 0, decoded: nil)
             default: throw error
             }
         }

@@ -53,6 +53,10 @@ public struct StoreOptions: Sendable {
         FileHandle.standardError.write(Data("trellis: warning: \(message)\n".utf8))
     }
 
+    /// WAL pages at which a background checkpoint starts, and at which a commit checkpoints
+    /// itself (``WALCheckpointer``); small values let tests reach both.
+    var walCheckpointPages = (threshold: WALCheckpointer.defaultThreshold, limit: WALCheckpointer.defaultLimit)
+
     public init() {}
 }
 
@@ -296,6 +300,8 @@ public final class DocumentStore: Sendable {
     let savedSnapshot = Mutex<SnapshotBox?>(nil)
     /// Whatever the owner handed in to live as long as the store (the data directory's lock).
     private let lock: (any Sendable)?
+    /// Checkpoints the WAL off the writer's path (`nil` read-only or when not in WAL mode).
+    let checkpointer: WALCheckpointer?
     public let options: StoreOptions
     /// The site ID stamping this store's writes: random, persistent, replaced when the log is
     /// rotated (``rotateLog(reason:)``). Read under the store lock.
@@ -387,6 +393,12 @@ public final class DocumentStore: Sendable {
                 opened = try db.transaction { try Self.openLog(db, path: path, options: options) }
                 try db.execute(Self.synchronousPragma(options.durability))
             }
+            let journal = options.readOnly ? "" : try Self.journalMode(db)
+            checkpointer =
+                journal == "wal"
+                ? WALCheckpointer(
+                    db: db, path: path, threshold: options.walCheckpointPages.threshold,
+                    limit: options.walCheckpointPages.limit, log: options.log) : nil
             for message in opened.messages { options.log(message) }
             var state = State(
                 db: db,
@@ -424,6 +436,13 @@ public final class DocumentStore: Sendable {
     }
 
     deinit { close() }
+
+    /// The connection's journal mode (`wal` for a file, `memory` for an in-memory database).
+    static func journalMode(_ db: Connection) throws -> String {
+        let s = try db.prepare("PRAGMA journal_mode")
+        defer { s.reset() }
+        return try s.step() ? (s.string(0) ?? "") : ""
+    }
 
     static func hasTable(_ db: Connection, _ name: String) throws -> Bool {
         let s = try db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?")
@@ -609,13 +628,18 @@ public final class DocumentStore: Sendable {
     ///   - document: the document (`value` with `_id`, `fields` without); asked for only when
     ///     served scopes need the value or the size limit the whole state, so a document that
     ///     came as canonical JSON is usually never parsed.
+    ///
+    /// - Parameter ifAbsent: write only when the document has no row (then no served scope may
+    ///   track the collection: the caller checks).
+    /// - Returns: whether the row was written (always, unless `ifAbsent` found a row).
+    @discardableResult
     func persistSingleWrite(
-        _ s: inout State, _ collection: String, _ key: String, stamp: Stamp, json: String,
+        _ s: inout State, _ collection: String, _ key: String, stamp: Stamp, json: String, ifAbsent: Bool = false,
         document: () throws -> SingleWriteState.Document
-    ) throws {
+    ) throws -> Bool {
         try persistRow(
             &s, collection, key, materialized: { try document().value }, json: json,
-            state: StoredState.compact(stamp), removedAt: nil,
+            state: StoredState.compact(stamp), removedAt: nil, ifAbsent: ifAbsent,
             fullState: { DocumentState(fields: try document().fields, stamp: stamp) })
     }
 
@@ -623,10 +647,11 @@ public final class DocumentStore: Sendable {
     ///
     /// - Parameter fullState: the whole state, encoded only to measure a compact row that may be
     ///   near the limits.
+    @discardableResult
     private func persistRow(
         _ s: inout State, _ collection: String, _ key: String, materialized: () throws -> Value?, json value: String?,
-        state bytes: [UInt8], removedAt: UInt64?, fullState: () throws -> DocumentState
-    ) throws {
+        state bytes: [UInt8], removedAt: UInt64?, ifAbsent: Bool = false, fullState: () throws -> DocumentState
+    ) throws -> Bool {
         // The limit counts the whole state as peers receive it, whatever form is stored.
         let valueBytes = value?.utf8.count ?? 0
         // A compact row stands for the whole state; that is at most about twice the JSON plus a
@@ -642,23 +667,31 @@ public final class DocumentStore: Sendable {
             options.log(
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
-        try trackScope(&s, collection, key, new: materialized)
-        try writeRow(
+        if !ifAbsent { try trackScope(&s, collection, key, new: materialized) }
+        return try writeRow(
             &s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value,
-            removedAt: removedAt)
+            removedAt: removedAt, ifAbsent: ifAbsent)
     }
 
     /// Writes a document row with the next `seq` and records the change for observers.
     ///
-    /// - Parameter removedAt: for a tombstone, the milliseconds of its newest stamp (when the
-    ///   reaper may delete it, with ``StoreOptions/tombstoneTTL``).
+    /// - Parameters:
+    ///   - removedAt: for a tombstone, the milliseconds of its newest stamp (when the reaper may
+    ///     delete it, with ``StoreOptions/tombstoneTTL``).
+    ///   - ifAbsent: write only when the document has no row: one B-tree descent instead of a
+    ///     look-up and then a write, for the documents of a first sync.
+    /// - Returns: whether the row was written (always, unless `ifAbsent` found a row).
+    @discardableResult
     func writeRow(
         _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?,
-        removedAt: UInt64? = nil
-    ) throws {
+        removedAt: UInt64? = nil, ifAbsent: Bool = false
+    ) throws -> Bool {
         let st = try s.db.prepare(
-            "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at) "
-                + "VALUES (?,?,?,?,?,?,?)")
+            ifAbsent
+                ? "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at) "
+                    + "VALUES (?,?,?,?,?,?,?)"
+                : "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at) "
+                    + "VALUES (?,?,?,?,?,?,?)")
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
@@ -667,9 +700,11 @@ public final class DocumentStore: Sendable {
         st.bind(6, value)
         if let removedAt { st.bind(7, Int64(clamping: removedAt)) } else { st.bind(7, nil as String?) }
         try st.run()
+        if ifAbsent, s.db.changes == 0 { return false }
         s.nextSeq += 1
         Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
+        return true
     }
 
     /// The most changed documents of one collection a commit event lists (``StoreEvent/changedKeys``);

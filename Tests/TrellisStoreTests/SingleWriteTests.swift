@@ -107,6 +107,29 @@ import TrellisTestKit
         #expect(try b.checkpoint(peer: [1], subscription: "s")?.seq == 7)
     }
 
+    /// A first sync's single-write state is stored by an insert that skips rows it finds: a
+    /// document held here as a newer tombstone, an eviction stub or the same document takes the
+    /// general path, with the same outcome as before the shortcut.
+    @Test func aSingleWriteOntoARowHeldHereTakesTheGeneralPath() throws {
+        let a = try openStore(dir, "a.sqlite", clock: clock)
+        try a.upsert([["_id": "removed", "v": 1], ["_id": "evicted", "v": 2], ["_id": "same", "v": 3]], in: "c")
+        let first = try batch(of: a)
+        #expect(first.allSatisfy { SingleWriteState.isEncoded($0.state) })
+        let b = try openStore(dir, "b.sqlite", clock: clock)
+        #expect(try b.merge(first, from: [1], checkpoint: nil).applied == 3)
+        clock.advance(by: 10)
+        try b.remove(id: "removed", in: "c")
+        #expect(try b.evict(id: "evicted", in: "c"))
+        let seqBefore = b.lastSeq
+        let outcome = try b.merge(first, from: [1], checkpoint: nil)
+        // The stub is brought back by the copy; the tombstone is newer; the same state adds nothing.
+        #expect(outcome.applied == 1 && outcome.deferred.isEmpty)
+        #expect(try b.document(id: "removed", in: "c") == nil)
+        #expect(try b.document(id: "evicted", in: "c") == ["_id": "evicted", "v": 2])
+        #expect(try b.document(id: "same", in: "c") == ["_id": "same", "v": 3])
+        #expect(b.lastSeq == seqBefore + 1)
+    }
+
     /// A stale single-write copy of a document whose tombstone was reaped here takes the general
     /// path: it is removed again, not brought back.
     @Test func aSingleWriteOfAReapedDocumentStaysRemoved() throws {

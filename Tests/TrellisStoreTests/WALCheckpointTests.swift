@@ -1,0 +1,52 @@
+import Foundation
+import Testing
+import TrellisCore
+import TrellisTestKit
+
+@testable import TrellisStore
+
+/// The store checkpoints its write-ahead log in the background, so commits do not copy pages
+/// back into the database file under the store's lock; the commit that finds the WAL past the
+/// limit checkpoints itself, so the WAL stays bounded while writes never pause.
+@Suite struct WALCheckpointTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+
+    func walBytes(_ name: String) -> Int {
+        ((try? FileManager.default.attributesOfItem(atPath: dir.path(name) + "-wal"))?[.size] as? Int) ?? 0
+    }
+
+    @Test func theWALIsCheckpointedInTheBackgroundAndStaysBounded() throws {
+        do {
+            let store = try openStore(dir, "w.sqlite", clock: clock) { $0.walCheckpointPages = (50, 400) }
+            let checkpointer = try #require(store.checkpointer)
+            let filler = String(repeating: "x", count: 900)
+            var maxWAL = 0
+            for round in 0..<60 {
+                try store.upsert((0..<100).map { ["_id": .string("d\(round)-\($0)"), "f": .string(filler)] }, in: "c")
+                maxWAL = max(maxWAL, walBytes("w.sqlite"))
+            }
+            let runs = checkpointer.backgroundRuns.load(ordering: .relaxed) + checkpointer.writerRuns.load(ordering: .relaxed)
+            #expect(runs > 0)
+            // About 5.4 MB written; the WAL never held much more than the limit (400 pages of
+            // 4 KiB) plus the pages of one commit.
+            #expect(maxWAL < 600 * 4_096 + 32, "WAL reached \(maxWAL) bytes")
+            store.close()
+        }
+        #expect(walBytes("w.sqlite") == 0, "the last connection's close checkpoints and removes the WAL")
+        let reopened = try openStore(dir, "w.sqlite", clock: clock)
+        #expect(try reopened.count(in: "c") == 6_000)
+        let integrity = try reopened.withState { s -> String in
+            let check = try s.db.prepare("PRAGMA integrity_check")
+            defer { check.reset() }
+            return try check.step() ? (check.string(0) ?? "") : ""
+        }
+        #expect(integrity == "ok")
+    }
+
+    @Test func anInMemoryStoreHasNoCheckpointer() throws {
+        let store = try DocumentStore(path: ":memory:")
+        #expect(store.checkpointer == nil)
+        try store.upsert(["_id": "a"], in: "c")
+    }
+}
