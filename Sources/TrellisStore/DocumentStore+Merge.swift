@@ -258,7 +258,8 @@ extension DocumentStore {
             switch error {
             case .documentTooLarge:
                 return ifAbsent ? nil : .refused(.size, reason: error.description, ready: 0, decoded: state())
-            case .invalidValue: return ifAbsent ? nil : .refused(.invalid, reason: error.description, ready: 0, decoded: nil)
+            case .invalidValue:
+                return ifAbsent ? nil : .refused(.invalid, reason: error.description, ready: 0, decoded: nil)
             default: throw error
             }
         }

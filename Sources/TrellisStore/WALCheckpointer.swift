@@ -85,7 +85,8 @@ final class WALCheckpointer: @unchecked Sendable {
             lastError = nil
         } catch {
             // The writer checkpoints at the limit meanwhile; said once, not at every commit.
-            let message = "background WAL checkpoint of \(path) failed: \(error); commits checkpoint at the limit instead"
+            let message =
+                "background WAL checkpoint of \(path) failed: \(error); commits checkpoint at the limit instead"
             if message != lastError { log(message) }
             lastError = message
             connection = nil
