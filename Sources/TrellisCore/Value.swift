@@ -148,6 +148,27 @@ extension Value {
         }
     }
 
+    /// The `_id` a document key names (the inverse of ``documentKey``): read without the JSON
+    /// parser when the key is a string with nothing escaped, the common case; else parsed.
+    ///
+    /// - Throws: ``JSONError`` when the key is not JSON.
+    /// - Complexity: O(length of the key).
+    public static func id(ofDocumentKey key: String) throws(JSONError) -> Value {
+        var key = key
+        let plain = key.withUTF8 { bytes -> String? in
+            // `"…"` with no escape inside: canonical JSON escapes `"`, `\` and control characters.
+            guard bytes.count >= 2, bytes.first == UInt8(ascii: "\""), bytes.last == UInt8(ascii: "\"") else {
+                return nil
+            }
+            let inner = UnsafeBufferPointer(rebasing: bytes[1..<(bytes.count - 1)])
+            guard !inner.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") })
+            else { return nil }
+            return String(decoding: inner, as: UTF8.self)
+        }
+        if let plain { return .string(plain) }
+        return try JSON.parse(key)
+    }
+
     /// Checks that the value can be stored: every double is finite, nesting is at most
     /// ``maximumDepth`` levels, and no map uses the key `$bytes`, which is how JSON spells a byte
     /// string (`{"$bytes": "<base64>"}`).

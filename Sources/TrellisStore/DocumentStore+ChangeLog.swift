@@ -142,7 +142,7 @@ extension DocumentStore {
                 page.skipped.append(SkippedRecord(seq: seq, collection: collection, key: key, reason: reason))
                 if damaged { noteDamaged(&s, collection, key, reason) }
             }
-            guard let id = try? JSON.parse(key) else {
+            guard let id = try? Value.id(ofDocumentKey: key) else {
                 skip("its _id key is not JSON")
                 continue
             }

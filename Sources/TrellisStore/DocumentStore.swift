@@ -686,12 +686,7 @@ public final class DocumentStore: Sendable {
         _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?,
         removedAt: UInt64? = nil, ifAbsent: Bool = false
     ) throws -> Bool {
-        let st = try s.db.prepare(
-            ifAbsent
-                ? "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at) "
-                    + "VALUES (?,?,?,?,?,?,?)"
-                : "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at) "
-                    + "VALUES (?,?,?,?,?,?,?)")
+        let st = try s.db.prepare(ifAbsent ? Self.insertRowIfAbsentSQL : Self.writeRowSQL)
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
@@ -706,6 +701,11 @@ public final class DocumentStore: Sendable {
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
         return true
     }
+
+    static let writeRowSQL =
+        "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?)"
+    static let insertRowIfAbsentSQL =
+        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?)"
 
     /// The most changed documents of one collection a commit event lists (``StoreEvent/changedKeys``);
     /// beyond it the collection is listed as changed without its keys.

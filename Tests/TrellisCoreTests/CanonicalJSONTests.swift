@@ -120,6 +120,24 @@ import TrellisTestKit
         #expect((try? JSON.parse(nested(Value.maximumDepth)).validate()) == nil)
     }
 
+    /// A document key read back without the parser names the `_id` the parser reads, for every
+    /// key the store writes (strings with escapes, quotes, control characters and non-ASCII text,
+    /// maps) and for text that is not a key at all.
+    @Test func documentKeysReadBackAsTheParserReadsThem() throws {
+        var (rng, seed) = SeededRandom.fromEnvironment(default: 0x1D5)
+        print("CanonicalJSONTests seed \(seed) (replay with \(SeededRandom.environmentVariable)=\(seed))")
+        var ids: [Value] = ["d", "a\"b", "back\\slash", "tab\t", "\u{1}", "é", "日本", ["k": 1], ["a": ["b": "c"]]]
+        for _ in 0..<500 { ids.append(.string(randomString(using: &rng))) }
+        for id in ids {
+            guard let key = id.documentKey else { continue }
+            #expect(try Value.id(ofDocumentKey: key) == JSON.parse(key), "key \(key), seed \(seed)")
+            #expect(try Value.id(ofDocumentKey: key) == id, "key \(key), seed \(seed)")
+        }
+        for text in ["\"", "\"unterminated", "plain", "\"a\"b\""] {
+            #expect(throws: JSONError.self, "\(text)") { try Value.id(ofDocumentKey: text) }
+        }
+    }
+
     /// The `_id` must be the one the peer named beside the state.
     @Test func theIDMustMatch() {
         #expect(CanonicalJSON.isDocument("{\"_id\":\"d\",\"n\":1}", idKey: "\"d\""))

@@ -11,8 +11,12 @@ import TrellisSimulation
         let sim: Simulation
         var subscriptions: [Subscription] = []
 
-        init(seed: UInt64, nodes: Int, collection: String = "items", connect: Bool = true) throws {
+        init(
+            seed: UInt64, nodes: Int, collection: String = "items", connect: Bool = true,
+            configure: @escaping (inout ReplicatorConfiguration) -> Void = { _ in }
+        ) throws {
             sim = try Simulation(seed: seed)
+            sim.replicatorConfiguration = configure
             for _ in 0..<nodes { try sim.addNode() }
             if connect { sim.connectAll() }
             for node in sim.nodes { try subscribe(node, collection) }
@@ -515,7 +519,8 @@ import TrellisSimulation
     /// the plateau); (b) A restarts half-way through a 1,000-document push from B: all arrive,
     /// none twice.
     @Test func f15ReconnectionsBackOffAndATransferResumes() throws {
-        let mesh = try Mesh(seed: 115, nodes: 2, connect: false)
+        // Batches of 100 entries: the push is ten batches, so a restart can fall between them.
+        let mesh = try Mesh(seed: 115, nodes: 2, connect: false) { $0.batchEntries = 100 }
         let (a, b) = (mesh[0], mesh[1])
         mesh.sim.connect(b, a)
         try mesh.sim.runUntilQuiet()

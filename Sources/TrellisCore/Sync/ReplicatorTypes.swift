@@ -151,7 +151,7 @@ public struct ReplicatorConfiguration: Sendable {
     /// This node's peer key (32 bytes).
     public var peerKey: [UInt8]
     /// Change-log entries examined per scan.
-    public var batchEntries = 256
+    public var batchEntries = 1024
     /// A batch stops after the document that reaches this many bytes of state.
     public var batchBytes = 4 << 20
     /// A document state larger than this is never sent (it could not travel in one message).

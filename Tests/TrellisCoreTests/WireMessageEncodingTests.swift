@@ -1,0 +1,59 @@
+import Testing
+import TrellisTestKit
+
+@testable import TrellisCore
+
+/// A batch is written straight into its buffer and read straight from it: its bytes must be
+/// exactly those of the generic encoding of the same message (deterministic CBOR), and whatever
+/// the direct reader accepts, even damaged, must be what the generic decoder reads.
+@Suite struct WireMessageEncodingTests {
+    func randomBatch(_ random: inout SeededRandom) -> WireMessage {
+        let documents = (0..<Int.random(in: 0...6, using: &random)).map { n in
+            WireDocument(
+                collection: Bool.random(using: &random) ? "cars" : randomString(using: &random),
+                id: Bool.random(using: &random) ? .string("d\(n)") : randomValue(depth: 2, using: &random),
+                state: (0..<Int.random(in: 0...40, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random)
+                })
+        }
+        return WireMessage.batch(
+            subscription: randomString(using: &random), documents: documents,
+            upTo: Int64.random(in: 0...Int64.max, using: &random),
+            generation: UInt32.random(in: 0...UInt32.max, using: &random),
+            left: Bool.random(using: &random) ? nil : Int64.random(in: 0...1_000_000_000_000, using: &random))
+    }
+
+    @Test func damagedBatchesReadDirectlyReadAsTheGenericDecoderReadsThem() throws {
+        var (random, seed) = SeededRandom.fromEnvironment(default: 0xBA7C5)
+        print("WireMessageEncodingTests seed \(seed) (replay with \(SeededRandom.environmentVariable)=\(seed))")
+        var direct = 0
+        for round in 0..<3_000 {
+            var bytes = randomBatch(&random).serialized()
+            for _ in 0..<Int.random(in: 1...3, using: &random) {
+                switch Int.random(in: 0..<3, using: &random) {
+                case 0:
+                    bytes[Int.random(in: 0..<bytes.count, using: &random)] = UInt8.random(in: 0...255, using: &random)
+                case 1: bytes.removeLast(Int.random(in: 0...min(4, bytes.count - 1), using: &random))
+                default:
+                    bytes.insert(
+                        UInt8.random(in: 0...255, using: &random), at: Int.random(in: 0...bytes.count, using: &random))
+                }
+            }
+            guard let read = WireMessage.canonicalBatch(bytes) else { continue }
+            direct += 1
+            let generic = try? WireMessage(CBOR.decode(bytes))
+            #expect(generic == read, "round \(round), seed \(seed)")
+        }
+        #expect(direct > 0, "some damaged batches still read directly (seed \(seed))")
+    }
+
+    @Test func batchesAreWrittenAsTheGenericEncoderWritesThem() throws {
+        var (random, seed) = SeededRandom.fromEnvironment(default: 0xBA7C4)
+        print("WireMessageEncodingTests seed \(seed) (replay with \(SeededRandom.environmentVariable)=\(seed))")
+        for round in 0..<300 {
+            let message = randomBatch(&random)
+            #expect(message.serialized() == CBOR.encode(message.encoded), "round \(round), seed \(seed)")
+            #expect(WireMessage.canonicalBatch(message.serialized()) == message, "round \(round), seed \(seed)")
+            #expect(try WireMessage(CBOR.decode(message.serialized())) == message, "round \(round), seed \(seed)")
+        }
+    }
+}
