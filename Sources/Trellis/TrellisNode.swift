@@ -50,6 +50,12 @@ public struct NodeOptions: Sendable {
     /// The decision timeout (5 s), the most connections waiting for a decision (16), and whether
     /// peers the mode refuses wait for ``TrellisNode/trust(peerKey:)``.
     public var admissionPolicy = AdmissionPolicy()
+    /// Who may read and write which collection, per peer key, group or any admitted peer
+    /// (docs/SECURITY.md, "Authorization"). The default, ``Authorization/open``, lets every
+    /// admitted peer read and write everything; ``TrellisNode/setAuthorization(_:)`` changes it
+    /// at run time. `trellis node --rules FILE` reads it from a rules file
+    /// (``Authorization/init(json:)``).
+    public var authorization = Authorization.open
 
     public init() {}
 }
@@ -89,8 +95,12 @@ public final class TrellisNode: Sendable {
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
         var configuration = ReplicatorConfiguration(peerKey: identity.publicKey)
         configuration.maxSessions = max(1, options.maxSessions)
+        configuration.authorization = options.authorization
+        let sitePinsFile = directory.appendingPathComponent(Self.sitePinsFileName).path
+        configuration.sitePins = try Self.readSitePins(sitePinsFile)
         engine = try SyncEngine(
-            store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log)
+            store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log,
+            saveSitePins: { try Self.writeSitePins($0, to: sitePinsFile) })
         if let name = options.deviceName { try DeviceName.check(name) }
         let pinsFile = directory.appendingPathComponent(Self.pinsFileName).path
         network = MeshNetwork(
