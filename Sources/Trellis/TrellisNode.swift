@@ -90,9 +90,18 @@ public final class TrellisNode: Sendable {
         let lock = try DataDirectoryLock(directory: directory.path)
         self.directory = directory
         let identityFile = directory.appendingPathComponent("identity.key")
+        var identityInfo = stat()
+        let newIdentity = lstat(identityFile.path, &identityInfo) != 0
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
+        if newIdentity, documents.lastSeq > 0 {
+            // A store kept (or copied) under a new identity: its site ID is bound to the old key
+            // at every peer that knew it (docs/SECURITY.md, "Site IDs"), and a copy would share it
+            // with the original. Writes from now on take a new site ID, bound to the new key.
+            try documents.rotateLog(
+                reason: "this data directory has a new identity key, so its writes take a new site ID")
+        }
         var configuration = ReplicatorConfiguration(peerKey: identity.publicKey)
         configuration.maxSessions = max(1, options.maxSessions)
         configuration.authorization = options.authorization
@@ -143,7 +152,8 @@ public final class TrellisNode: Sendable {
                 throw MeshKeyError(
                     "identity key file \(file.path) holds \(secret.count) bytes, not a \(KeyPair.privateKeyLength)-byte "
                         + "key (\(secret.count == 0 ? "empty" : "truncated or not a key")); restore it from a backup, or "
-                        + "delete it to give this node a new identity (peers then see a new peer key)")
+                        + "delete it to give this node a new identity (peers then see a new peer key, and its writes a new site ID)"
+                )
             }
             do { return try KeyPair(privateKey: secret) } catch {
                 throw MeshKeyError("identity key file \(file.path) does not hold a usable key: \(error)")

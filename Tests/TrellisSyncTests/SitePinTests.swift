@@ -62,9 +62,15 @@ import TrellisTestKit
             return (site, original.peerKeyHex)
         }()
 
-        // A copy of the original's store, without its identity: same site ID, a new key.
+        // A copy of the original's store under another existing identity (a device restored from
+        // mixed backups): the same site ID, another key. (A copy without any identity.key gets a
+        // new key and a new site ID: aCopiedDataDirectoryWithoutItsIdentityTakesANewSiteID.)
         let cloneDir = dir.url.appendingPathComponent("clone")
         try FileManager.default.createDirectory(at: cloneDir, withIntermediateDirectories: true)
+        try node("other").close()
+        try FileManager.default.copyItem(
+            at: dir.url.appendingPathComponent("other/identity.key"),
+            to: cloneDir.appendingPathComponent("identity.key"))
         for suffix in ["", "-wal"] {
             let from = dir.url.appendingPathComponent("original/store.sqlite\(suffix)")
             if FileManager.default.fileExists(atPath: from.path) {
@@ -83,6 +89,23 @@ import TrellisTestKit
         #expect(hub.authorizationRefusals.sites >= 1)
         #expect(hub.peers.isEmpty)
         hub.close()
+    }
+
+    /// A data directory copied without its identity.key (or whose key was deleted) gets a new key
+    /// and, since its store has writes, a new site ID: peers that knew the old site take it.
+    @Test func aCopiedDataDirectoryWithoutItsIdentityTakesANewSiteID() throws {
+        let (site, key): (SiteID, String) = try {
+            let original = try node("first")
+            defer { original.close() }
+            try original.store.collection("items").upsert(["_id": "f1"])
+            return (original.store.documents.siteID, original.peerKeyHex)
+        }()
+        try FileManager.default.removeItem(at: dir.url.appendingPathComponent("first/identity.key"))
+        let again = try reopen("first")
+        defer { again.close() }
+        #expect(again.peerKeyHex != key)
+        #expect(again.store.documents.siteID != site)
+        #expect(try again.store.collection("items").findByID("f1").exec() != nil)
     }
 
     @Test func aMalformedSitePinsFileStopsTheNodeNamingTheLine() throws {
