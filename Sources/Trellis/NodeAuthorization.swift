@@ -33,18 +33,15 @@ extension TrellisNode {
     /// - Throws: ``FileError`` when others may change it or it cannot be read,
     ///   ``AuthorizationError`` for a bad line.
     static func readSitePins(_ path: String) throws -> [SitePin] {
-        unlink(Files.secretTemporary(path))
-        var info = stat()
-        guard lstat(path, &info) == 0 else { return [] }
-        let bytes = try Files.readSecret(path, what: "site pins file", maxBytes: SitePinFile.maxBytes)
-        let text = bytes.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+        guard let text = try readPrivateText(path, what: "site pins file", maxBytes: SitePinFile.maxBytes) else {
+            return []
+        }
         return try SitePinFile.parse(text, path: path)
     }
 
     /// Writes the site pins file as key files are written: mode 0600, atomically.
     static func writeSitePins(_ pins: [SitePin], to path: String) throws {
-        let text = Array(SitePinFile.render(pins).utf8)
-        try text.withUnsafeBytes { try Files.writeSecret($0, to: path) }
+        try writePrivateText(SitePinFile.render(pins), to: path)
     }
 }
 

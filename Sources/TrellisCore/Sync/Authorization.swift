@@ -184,8 +184,9 @@ public struct Authorization: Sendable, Equatable, CustomStringConvertible {
         return String(decoding: text, as: UTF8.self)
     }
 
-    /// A 32-byte peer key from 64 hex digits (either case), or `nil`.
-    static func peerKey(hex text: String) -> [UInt8]? {
+    /// A 32-byte peer key from 64 hex digits (either case), as rules and pins files write keys;
+    /// `nil` for anything else.
+    public static func peerKey(hex text: String) -> [UInt8]? {
         let digits = Array(text.utf8)
         guard digits.count == 64 else { return nil }
         func value(_ c: UInt8) -> UInt8? {
