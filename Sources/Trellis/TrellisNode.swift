@@ -95,7 +95,7 @@ public final class TrellisNode: Sendable {
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
-        if newIdentity, documents.lastSeq > 0 {
+        if newIdentity, documents.lastTimestamp.millis > 0 {
             // A store kept (or copied) under a new identity: its site ID is bound to the old key
             // at every peer that knew it (docs/SECURITY.md, "Site IDs"), and a copy would share it
             // with the original. Writes from now on take a new site ID, bound to the new key.

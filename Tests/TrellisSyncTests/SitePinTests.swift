@@ -106,6 +106,16 @@ import TrellisTestKit
         #expect(again.peerKeyHex != key)
         #expect(again.store.documents.siteID != site)
         #expect(try again.store.collection("items").findByID("f1").exec() != nil)
+        // A store that never wrote or merged keeps its site: nothing was stamped with it.
+        let emptySite: SiteID = try {
+            let empty = try node("empty")
+            defer { empty.close() }
+            return empty.store.documents.siteID
+        }()
+        try FileManager.default.removeItem(at: dir.url.appendingPathComponent("empty/identity.key"))
+        let emptyAgain = try reopen("empty")
+        defer { emptyAgain.close() }
+        #expect(emptyAgain.store.documents.siteID == emptySite)
     }
 
     @Test func aMalformedSitePinsFileStopsTheNodeNamingTheLine() throws {
