@@ -90,23 +90,25 @@ public final class TrellisNode: Sendable {
         let lock = try DataDirectoryLock(directory: directory.path)
         self.directory = directory
         let identityFile = directory.appendingPathComponent("identity.key")
-        var identityInfo = stat()
-        let newIdentity = lstat(identityFile.path, &identityInfo) != 0
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
-        if newIdentity, documents.lastTimestamp.millis > 0 {
-            // A store kept (or copied) under a new identity: its site ID is bound to the old key
-            // at every peer that knew it (docs/SECURITY.md, "Site IDs"), and a copy would share it
-            // with the original. Writes from now on take a new site ID, bound to the new key.
+        let sitePinsFile = directory.appendingPathComponent(Self.sitePinsFileName).path
+        let sitePins = try Self.readSitePins(sitePinsFile)
+        if let owner = sitePins.first(where: { $0.site == documents.siteID })?.peerKey, owner != identity.publicKey {
+            // The store's site ID is bound to another key (this directory's identity key was
+            // replaced, or the directory copied without it): peers that saw the site refuse it
+            // under this key (docs/SECURITY.md, "Site IDs"), and a copy would share it with its
+            // original. Writes from now on take a new site ID, bound to this key.
             try documents.rotateLog(
-                reason: "this data directory has a new identity key, so its writes take a new site ID")
+                reason: "its site ID is bound to peer key \(NodeStatus.hex(owner.prefix(8)))… in site-pins, and this "
+                    + "node's key is \(NodeStatus.hex(identity.publicKey.prefix(8)))… (a new identity key, or a copied "
+                    + "data directory): its writes take a new site ID")
         }
         var configuration = ReplicatorConfiguration(peerKey: identity.publicKey)
         configuration.maxSessions = max(1, options.maxSessions)
         configuration.authorization = options.authorization
-        let sitePinsFile = directory.appendingPathComponent(Self.sitePinsFileName).path
-        configuration.sitePins = try Self.readSitePins(sitePinsFile)
+        configuration.sitePins = sitePins
         engine = try SyncEngine(
             store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log,
             saveSitePins: { try Self.writeSitePins($0, to: sitePinsFile) })

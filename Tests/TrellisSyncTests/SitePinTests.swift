@@ -63,8 +63,8 @@ import TrellisTestKit
         }()
 
         // A copy of the original's store under another existing identity (a device restored from
-        // mixed backups): the same site ID, another key. (A copy without any identity.key gets a
-        // new key and a new site ID: aCopiedDataDirectoryWithoutItsIdentityTakesANewSiteID.)
+        // mixed backups): the same site ID, another key. (A copy whose site-pins bind its site to
+        // its original's key takes a new site ID: aDataDirectoryUnderANewKeyTakesANewSiteIDOnceItsSiteWasSeen.)
         let cloneDir = dir.url.appendingPathComponent("clone")
         try FileManager.default.createDirectory(at: cloneDir, withIntermediateDirectories: true)
         try node("other").close()
@@ -91,31 +91,40 @@ import TrellisTestKit
         hub.close()
     }
 
-    /// A data directory copied without its identity.key (or whose key was deleted) gets a new key
-    /// and, since its store has writes, a new site ID: peers that knew the old site take it.
-    @Test func aCopiedDataDirectoryWithoutItsIdentityTakesANewSiteID() throws {
+    /// A node whose identity key was deleted (or a data directory copied without it) gets a new
+    /// key; its site ID, pinned to the old key in its site-pins since it met a peer, is replaced:
+    /// the old site stays the old key's. A store no peer ever saw (made by `trellis import`, say)
+    /// keeps its site under its first key.
+    @Test func aDataDirectoryUnderANewKeyTakesANewSiteIDOnceItsSiteWasSeen() throws {
         let (site, key): (SiteID, String) = try {
-            let original = try node("first")
-            defer { original.close() }
-            try original.store.collection("items").upsert(["_id": "f1"])
-            return (original.store.documents.siteID, original.peerKeyHex)
+            let first = try node("first")
+            defer { first.close() }
+            let port = try first.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+            try first.store.collection("items").upsert(["_id": "f1"])
+            let peer = try node("peer")
+            defer { peer.close() }
+            peer.connect(to: Endpoint(host: "127.0.0.1", port: port))
+            #expect(eventually { first.sitePins.contains { $0.peerKey == peer.identity.publicKey } })
+            return (first.store.documents.siteID, first.peerKeyHex)
         }()
         try FileManager.default.removeItem(at: dir.url.appendingPathComponent("first/identity.key"))
         let again = try reopen("first")
         defer { again.close() }
         #expect(again.peerKeyHex != key)
         #expect(again.store.documents.siteID != site)
+        #expect(again.sitePins.contains { $0.site == site && $0.peerKey == TrellisNode.peerKey(hex: key) })
         #expect(try again.store.collection("items").findByID("f1").exec() != nil)
-        // A store that never wrote or merged keeps its site: nothing was stamped with it.
-        let emptySite: SiteID = try {
-            let empty = try node("empty")
-            defer { empty.close() }
-            return empty.store.documents.siteID
+
+        let importedSite: SiteID = try {
+            let imported = try node("imported")
+            defer { imported.close() }
+            try imported.store.collection("items").upsert(["_id": "i1"])
+            return imported.store.documents.siteID
         }()
-        try FileManager.default.removeItem(at: dir.url.appendingPathComponent("empty/identity.key"))
-        let emptyAgain = try reopen("empty")
-        defer { emptyAgain.close() }
-        #expect(emptyAgain.store.documents.siteID == emptySite)
+        try FileManager.default.removeItem(at: dir.url.appendingPathComponent("imported/identity.key"))
+        let importedAgain = try reopen("imported")
+        defer { importedAgain.close() }
+        #expect(importedAgain.store.documents.siteID == importedSite)
     }
 
     @Test func aMalformedSitePinsFileStopsTheNodeNamingTheLine() throws {
