@@ -86,17 +86,30 @@ extension TrellisNode {
     /// - Throws: ``FileError`` when others may change it or it cannot be read, ``DeviceNameError``
     ///   for a bad line.
     static func readPins(_ path: String) throws -> [PeerPin] {
-        unlink(Files.secretTemporary(path))
-        var info = stat()
-        guard lstat(path, &info) == 0 else { return [] }
-        let bytes = try Files.readSecret(path, what: "pins file", maxBytes: PinFile.maxBytes)
-        let text = bytes.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+        guard let text = try readPrivateText(path, what: "pins file", maxBytes: PinFile.maxBytes) else { return [] }
         return try PinFile.parse(text, path: path)
     }
 
     /// Writes the pins file as key files are written: mode 0600, atomically.
     static func writePins(_ pins: [PeerPin], to path: String) throws {
-        let text = Array(PinFile.render(pins).utf8)
-        try text.withUnsafeBytes { try Files.writeSecret($0, to: path) }
+        try writePrivateText(PinFile.render(pins), to: path)
+    }
+
+    /// Reads a private file the node keeps in its directory (pins); `nil` when it does not exist.
+    /// A leftover temporary file of an interrupted write is removed first.
+    ///
+    /// - Throws: ``FileError`` when others may read or change it, or it cannot be read.
+    static func readPrivateText(_ path: String, what: String, maxBytes: Int) throws -> String? {
+        unlink(Files.secretTemporary(path))
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return nil }
+        let bytes = try Files.readSecret(path, what: what, maxBytes: maxBytes)
+        return bytes.withUnsafeBytes { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// Writes a private file as key files are written: mode 0600, atomically.
+    static func writePrivateText(_ text: String, to path: String) throws {
+        let bytes = Array(text.utf8)
+        try bytes.withUnsafeBytes { try Files.writeSecret($0, to: path) }
     }
 }

@@ -41,6 +41,8 @@ public struct NodeStatus: Sendable {
     public var handshakes = PreAuthCounters()
     /// Whether a next mesh key is held (a changeover is under way).
     public var hasNextMeshKey = false
+    /// What the authorization rules and site pins refused since the node started.
+    public var authorization = AuthorizationRefusals()
 
     /// Several lines: identity and log, clocks, peers, subscriptions, then every deferred and
     /// damaged document with its reason.
@@ -57,6 +59,10 @@ public struct NodeStatus: Sendable {
         lines.append(clock)
         lines.append("mesh key: current" + (hasNextMeshKey ? " and next (changeover under way)" : " only"))
         lines.append(handshakes.description)
+        lines.append(
+            "authorization refused: \(authorization.subscriptions) subscription(s), \(authorization.batches) batch(es) "
+                + "(\(authorization.documents) document(s)), \(authorization.sites) session(s) presenting another key's "
+                + "site ID")
         lines.append("peers: \(peers.count) connected")
         for peer in peers {
             for line in peer.description.split(separator: "\n") { lines.append("  " + line) }
@@ -104,6 +110,7 @@ extension TrellisNode {
             physicalMillis: documents.options.now(), hlcMillis: documents.lastTimestamp.millis, peers: peers,
             subscriptions: subscriptions, deferred: try documents.deferredDocuments(),
             damaged: documents.damagedDocuments(), sync: sync.status, linkCloses: engine.linkCloses.snapshot,
-            handshakes: network.preAuthCounters, hasNextMeshKey: network.hasNextMeshKey)
+            handshakes: network.preAuthCounters, hasNextMeshKey: network.hasNextMeshKey,
+            authorization: engine.authorizationRefusals)
     }
 }

@@ -50,6 +50,12 @@ public struct NodeOptions: Sendable {
     /// The decision timeout (5 s), the most connections waiting for a decision (16), and whether
     /// peers the mode refuses wait for ``TrellisNode/trust(peerKey:)``.
     public var admissionPolicy = AdmissionPolicy()
+    /// Who may read and write which collection, per peer key, group or any admitted peer
+    /// (docs/SECURITY.md, "Authorization"). The default, ``Authorization/open``, lets every
+    /// admitted peer read and write everything; ``TrellisNode/setAuthorization(_:)`` changes it
+    /// at run time. `trellis node --rules FILE` reads it from a rules file
+    /// (``Authorization/init(json:)``).
+    public var authorization = Authorization.open
 
     public init() {}
 }
@@ -87,10 +93,25 @@ public final class TrellisNode: Sendable {
         identity = try Self.loadOrCreateIdentity(identityFile)
         let documents = try DocumentStore(
             path: directory.appendingPathComponent("store.sqlite").path, options: options.store, lock: lock)
+        let sitePinsFile = directory.appendingPathComponent(Self.sitePinsFileName).path
+        let sitePins = try Self.readSitePins(sitePinsFile)
+        if let owner = sitePins.first(where: { $0.site == documents.siteID })?.peerKey, owner != identity.publicKey {
+            // The store's site ID is bound to another key (this directory's identity key was
+            // replaced, or the directory copied without it): peers that saw the site refuse it
+            // under this key (docs/SECURITY.md, "Site IDs"), and a copy would share it with its
+            // original. Writes from now on take a new site ID, bound to this key.
+            try documents.rotateLog(
+                reason: "its site ID is bound to peer key \(NodeStatus.hex(owner.prefix(8)))… in site-pins, and this "
+                    + "node's key is \(NodeStatus.hex(identity.publicKey.prefix(8)))… (a new identity key, or a copied "
+                    + "data directory): its writes take a new site ID")
+        }
         var configuration = ReplicatorConfiguration(peerKey: identity.publicKey)
         configuration.maxSessions = max(1, options.maxSessions)
+        configuration.authorization = options.authorization
+        configuration.sitePins = sitePins
         engine = try SyncEngine(
-            store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log)
+            store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log,
+            saveSitePins: { try Self.writeSitePins($0, to: sitePinsFile) })
         if let name = options.deviceName { try DeviceName.check(name) }
         let pinsFile = directory.appendingPathComponent(Self.pinsFileName).path
         network = MeshNetwork(
@@ -133,7 +154,8 @@ public final class TrellisNode: Sendable {
                 throw MeshKeyError(
                     "identity key file \(file.path) holds \(secret.count) bytes, not a \(KeyPair.privateKeyLength)-byte "
                         + "key (\(secret.count == 0 ? "empty" : "truncated or not a key")); restore it from a backup, or "
-                        + "delete it to give this node a new identity (peers then see a new peer key)")
+                        + "delete it to give this node a new identity (peers then see a new peer key, and its writes a new site ID)"
+                )
             }
             do { return try KeyPair(privateKey: secret) } catch {
                 throw MeshKeyError("identity key file \(file.path) does not hold a usable key: \(error)")

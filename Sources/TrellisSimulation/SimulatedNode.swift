@@ -46,6 +46,10 @@ public final class SimulatedNode: @unchecked Sendable {
     var observerToken: UInt64?
     /// Writes made through ``write(_:)`` and when (for the "acknowledged writes" invariant).
     var storeOptions: StoreOptions
+    /// The node's authorization rules, kept across crashes and restarts (``setAuthorization(_:)``).
+    public private(set) var authorization = Authorization.open
+    /// The site pins the node saved, kept across crashes as its data directory would keep them.
+    public private(set) var sitePins: [SitePin] = []
 
     init(simulation: Simulation, name: String, index: Int, peerKey: [UInt8], path: String, options: StoreOptions) {
         self.simulation = simulation
@@ -56,6 +60,13 @@ public final class SimulatedNode: @unchecked Sendable {
         self.storeOptions = options
         service = NodeSubscriptions()
         service.node = self
+    }
+
+    /// Replaces the node's authorization rules now (while it runs) and for its restarts
+    /// (``Replicator/setAuthorization(_:now:)``).
+    public func setAuthorization(_ rules: Authorization) {
+        authorization = rules
+        host?.setAuthorization(rules)
     }
 
     /// Whether the node is running.
@@ -113,12 +124,15 @@ public final class SimulatedNode: @unchecked Sendable {
         }
         let store = Store(documents: documents, subscriptions: service)
         var configuration = ReplicatorConfiguration(peerKey: peerKey)
+        configuration.authorization = authorization
+        configuration.sitePins = sitePins
         simulation.configure(&configuration)
         let host = try SyncHost(
             configuration: configuration, store: documents, transport: self, seed: simulation.nextRandom(),
             now: { [weak sim] in sim?.now ?? 0 },
             log: { [weak sim] message in sim?.record("\(sim?.nodes[index].name ?? "?") \(message)") })
         storeIfUp = store
+        host.saveSitePins = { [weak self] pins in self?.sitePins = pins }
         self.host = host
         for spec in service.held { try host.subscribe(spec) }
         for peer in staticPeers { host.addPeer(peer) }

@@ -1,6 +1,7 @@
 import Dispatch
 import Foundation
 import Synchronization
+import TrellisCore
 public import TrellisNet
 
 /// Which authenticated peers may have a session with a node (docs/SECURITY.md, "Admission").
@@ -90,25 +91,7 @@ public enum PinFile {
     }
 
     /// A peer key from 64 hex digits (either case), or `nil`.
-    public static func peerKey(hex text: String) -> [UInt8]? {
-        let digits = Array(text.utf8)
-        guard digits.count == 64 else { return nil }
-        func value(_ c: UInt8) -> UInt8? {
-            switch c {
-            case 0x30...0x39: return c - 0x30
-            case 0x61...0x66: return c - 0x61 + 10
-            case 0x41...0x46: return c - 0x41 + 10
-            default: return nil
-            }
-        }
-        var key: [UInt8] = []
-        key.reserveCapacity(32)
-        for index in stride(from: 0, to: 64, by: 2) {
-            guard let high = value(digits[index]), let low = value(digits[index + 1]) else { return nil }
-            key.append(high << 4 | low)
-        }
-        return key
-    }
+    public static func peerKey(hex text: String) -> [UInt8]? { Authorization.peerKey(hex: text) }
 }
 
 /// An authenticated peer asking for a session, as a ``ConnectionRequestHandler`` sees it (Ditto's

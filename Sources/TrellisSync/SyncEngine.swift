@@ -94,10 +94,12 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     ///   - peerKey: this node's static public key.
     ///   - configuration: replication limits and timings (its `peerKey` is replaced by `peerKey`).
     ///   - log: where session events go.
+    ///   - saveSitePins: persists the site pins when they change (``SyncHost/saveSitePins``).
     /// - Throws: ``StoreError`` reading the store's rescan generations.
     public init(
         store: DocumentStore, peerKey: [UInt8], configuration: ReplicatorConfiguration? = nil,
-        log: @escaping @Sendable (String) -> Void = { _ in }
+        log: @escaping @Sendable (String) -> Void = { _ in },
+        saveSitePins: (@Sendable ([SitePin]) throws -> Void)? = nil
     ) throws {
         self.store = store
         self.peerKey = peerKey
@@ -108,6 +110,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         let seed = UInt64.random(in: .min ... .max)
         let host = try SyncHost(
             configuration: config, store: store, transport: self, seed: seed, now: Self.monotonicMillis, log: log)
+        host.saveSitePins = saveSitePins
         queue.sync { self.host = host }
         let token = store.addObserver { [weak self] event in
             guard let self else { return }
@@ -168,6 +171,26 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
 
     /// This node's own subscriptions.
     public var subscriptions: [SubscriptionSpec] { onEngine { host.replicator.subscriptions } }
+
+    // MARK: Authorization
+
+    /// Who may read and write which collection (``Replicator/authorization``).
+    public var authorization: Authorization { onEngine { host.replicator.authorization } }
+
+    /// Replaces the authorization rules at once, sessions staying open
+    /// (``Replicator/setAuthorization(_:now:)``).
+    public func setAuthorization(_ rules: Authorization) {
+        onEngine {
+            host.setAuthorization(rules)
+            scheduleScans()
+        }
+    }
+
+    /// What the rules and site pins refused since the engine started.
+    public var authorizationRefusals: AuthorizationRefusals { onEngine { host.replicator.refusals } }
+
+    /// The site pins, least recently seen first.
+    public var sitePins: [SitePin] { onEngine { host.replicator.sitePins } }
 
     /// The peers with a session (established, or waiting for a duplicate to be resolved).
     public var peers: [PeerInfo] {

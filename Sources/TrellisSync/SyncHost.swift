@@ -69,6 +69,9 @@ public final class SyncHost {
     public var tombstoneReapBatch = 1000
     private var nextReap: Millis = 0
     private var reapError: String?
+    /// Persists the site pins when they change (``ReplicatorDirective/saveSitePins(_:)``); `nil`
+    /// keeps them in memory only. A failure is logged, and the pins hold in memory.
+    public var saveSitePins: (([SitePin]) throws -> Void)?
 
     /// - Parameters:
     ///   - configuration: the replicator's limits.
@@ -114,6 +117,11 @@ public final class SyncHost {
 
     public func removePeer(_ endpoint: String) {
         replicator.removePeer(endpoint)
+    }
+
+    /// Replaces the authorization rules (``Replicator/setAuthorization(_:now:)``).
+    public func setAuthorization(_ rules: Authorization) {
+        run(replicator.setAuthorization(rules, now: now()))
     }
 
     /// Discovery found a peer or it announces something new (``Replicator/discovered(_:grace:now:)``).
@@ -296,6 +304,8 @@ public final class SyncHost {
                 }
             case .log(let message):
                 log(message)
+            case .saveSitePins(let pins):
+                do { try saveSitePins?(pins) } catch { log("saving the site pins failed: \(error)") }
             }
             if !more.isEmpty { work = more[...] + work }
         }

@@ -37,6 +37,11 @@ enum NodeCommand {
           --name NAME           the device name advertised to peers inside the encrypted
                                 handshake, which --admission tofu pins (1 to 64 bytes; default:
                                 the host name)
+          --rules FILE          who may read and write which collection: a JSON file of groups of
+                                peer keys and per-collection rules (docs/SECURITY.md,
+                                "Authorization"); default: every admitted peer reads and writes
+                                everything. The shell's `rules` prints them, `rules FILE` replaces
+                                them
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
           --quiet               do not log session events to standard error
@@ -47,7 +52,7 @@ enum NodeCommand {
             args,
             valueFlags: [
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
-                "allow-peer", "admission", "name",
+                "allow-peer", "admission", "name", "rules",
             ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
         if parsed.switches.contains("help") {
@@ -80,6 +85,11 @@ enum NodeCommand {
         }
         options.admission = try admission(parsed.value("admission"), allowed: allowed)
         options.deviceName = try deviceName(parsed.value("name"))
+        if let file = parsed.value("rules") {
+            do { options.authorization = try Authorization(contentsOf: URL(fileURLWithPath: file)) } catch {
+                throw UsageError("--rules: \(error)")
+            }
+        }
         // In the shell a refused peer waits as pending, so the user can `trust` it.
         options.admissionPolicy.parkRefused = interactive
         if interactive { options.admissionPolicy.decisionTimeout = .seconds(10) }

@@ -66,6 +66,11 @@ final class Shell {
                                           bare FIN/RST, tampered traffic), inbound handshake
                                           counts, and every document held back (deferred,
                                           damaged) with why
+          rules                           print who may read and write which collection (the
+                                          --rules file as in force), and what was refused
+          rules FILE                      replace the rules with a rules file's, at once: sessions
+                                          stay, a revoked read stops being served, a revoked write
+                                          stops being asked for
           promote-key                     end a mesh-key changeover: the --next-mesh-key key
                                           becomes current, peers with only the old key are refused
           help                            this text
@@ -305,6 +310,19 @@ final class Shell {
             }
         case "status":
             print(try node.status().description)
+        case "rules":
+            let file = String(rest).trimmingCharacters(in: .whitespaces)
+            if !file.isEmpty {
+                node.setAuthorization(try Authorization(contentsOf: URL(fileURLWithPath: file)))
+                print("rules replaced from \(file)")
+            }
+            let rules = node.authorization
+            print(rules.isOpen ? "every admitted peer may read and write every collection" : rules.description)
+            let refused = node.authorizationRefusals
+            print(
+                "refused: \(refused.subscriptions) subscription(s), \(refused.batches) batch(es) "
+                    + "(\(refused.documents) document(s)), \(refused.sites) session(s) presenting another key's site ID"
+            )
         case "promote-key":
             guard node.promoteNextMeshKey() else {
                 throw UsageError("no next mesh key to promote: start the node with --next-mesh-key FILE")

@@ -13,7 +13,8 @@ import TrellisCore
         configuration.maxSessions = maxSessions
         return Replicator(
             configuration: configuration,
-            local: LocalLog(epoch: Array(repeating: 0xA, count: 16), site: 1, lastSeq: 0), seed: 42)
+            local: LocalLog(epoch: Array(repeating: 0xA, count: 16), site: 0x100 + SiteID(key[0]), lastSeq: 0),
+            seed: 42)
     }
 
     static func key(_ byte: UInt8) -> [UInt8] { Array(repeating: byte, count: 32) }
@@ -21,7 +22,8 @@ import TrellisCore
     func hello(_ key: [UInt8]) -> WireMessage {
         .hello(
             Hello(
-                version: WireMessage.protocolVersion, peerKey: key, site: 9, epoch: Array(repeating: 0xC, count: 16),
+                version: WireMessage.protocolVersion, peerKey: key, site: 0x100 + SiteID(key[0]),
+                epoch: Array(repeating: 0xC, count: 16),
                 nonce: 1))
     }
 

@@ -18,12 +18,14 @@ import TrellisCore
         var config = ReplicatorConfiguration(peerKey: key)
         configure(&config)
         return Replicator(
-            configuration: config, local: LocalLog(epoch: Array(repeating: 0xA, count: 16), site: 1, lastSeq: lastSeq),
+            configuration: config,
+            local: LocalLog(epoch: Array(repeating: 0xA, count: 16), site: 0x100 + SiteID(key[0]), lastSeq: lastSeq),
             seed: 42)
     }
 
     func hello(_ key: [UInt8] = keyB, version: Int = WireMessage.protocolVersion, nonce: UInt64 = 7) -> WireMessage {
-        .hello(Hello(version: version, peerKey: key, site: 2, epoch: Self.epochB, nonce: nonce))
+        // Each key its own site ID: two keys presenting one site are refused (site pins).
+        .hello(Hello(version: version, peerKey: key, site: 0x100 + SiteID(key[0]), epoch: Self.epochB, nonce: nonce))
     }
 
     /// A replicator with one established session to B on `link`.

@@ -28,6 +28,16 @@ public struct Replicator: Sendable {
     private var refetching: [UTF8Key: RefetchList] = [:]
     private var nextDeferredRetry: Millis = 0
     var stopped = false
+    /// Who may read and write which collection (``setAuthorization(_:now:)``).
+    public private(set) var authorization: Authorization
+    /// Site IDs by the peer key they are pinned to, and the pinned sites from least to most
+    /// recently seen.
+    private var siteOwners: [SiteID: [UInt8]] = [:]
+    private var siteOrder: [SiteID] = []
+    /// What the rules and pins refused, and the rate limit of their log lines.
+    public private(set) var refusals = AuthorizationRefusals()
+    private var lastRefusalLog: Millis?
+    private var unloggedRefusals = 0
 
     enum QueryResult: Sendable {
         case ready(Query)
@@ -46,6 +56,91 @@ public struct Replicator: Sendable {
         self.local = local
         self.generations = Dictionary(generations.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: max)
         self.rng = SplitMix64(seed: seed)
+        self.authorization = configuration.authorization
+        for pin in configuration.sitePins where siteOwners[pin.site] == nil {
+            siteOwners[pin.site] = pin.peerKey
+            siteOrder.append(pin.site)
+        }
+        if siteOwners[local.site] == nil {
+            siteOwners[local.site] = configuration.peerKey
+            siteOrder.append(local.site)
+        }
+    }
+
+    // MARK: Authorization
+
+    /// The site pins, least recently seen first (what ``ReplicatorDirective/saveSitePins(_:)`` saves).
+    public var sitePins: [SitePin] { siteOrder.map { SitePin(site: $0, peerKey: siteOwners[$0]!) } }
+
+    /// Replaces the authorization rules. Sessions stay open: every peer's subscriptions are
+    /// checked again at once (a revoked read is answered `suberr forbidden` and no longer
+    /// scanned: no batch of it follows, though batches already sent may still arrive; a granted
+    /// one is served from the peer's checkpoint), and what this node asks each peer for is
+    /// recomputed (a collection the peer may no longer write is no longer asked for, and its
+    /// batches still in flight are refused; one it may write again is asked for from the stored
+    /// checkpoint).
+    ///
+    /// - Complexity: O(sessions × their subscriptions).
+    public mutating func setAuthorization(_ rules: Authorization, now: Millis) -> [ReplicatorDirective] {
+        authorization = rules
+        var directives: [ReplicatorDirective] = []
+        for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
+            directives += serve(sessions[link]!.remoteSubscriptions, on: link, now: now)
+        }
+        return directives + updateAsked(now: now)
+    }
+
+    /// A refusal's log line, at most one a second (with the count of those left out), so a peer
+    /// repeating what it may not do cannot fill the log.
+    private mutating func logRefusal(_ message: String, now: Millis) -> [ReplicatorDirective] {
+        if let last = lastRefusalLog, now - last < 1_000 {
+            unloggedRefusals += 1
+            return []
+        }
+        lastRefusalLog = now
+        let skipped = unloggedRefusals
+        unloggedRefusals = 0
+        return [.log(skipped > 0 ? "\(message) (and \(skipped) refusal(s) not logged before it)" : message)]
+    }
+
+    /// Checks a hello's site ID against the pins: a site pinned to another key is refused; an
+    /// unknown one is pinned to the peer's key. Returns the directives, or `nil` when the site is
+    /// fine and nothing is to be saved.
+    private mutating func checkSite(_ hello: Hello, on link: LinkID, now: Millis) -> [ReplicatorDirective]? {
+        if let owner = siteOwners[hello.site] {
+            guard owner == hello.peerKey else {
+                refusals.sites += 1
+                let mine = owner == configuration.peerKey
+                let message =
+                    "site ID \(hello.site) is bound to "
+                    + (mine ? "this node" : "peer key \(Authorization.hex(owner).prefix(16))…")
+                    + ", not to this peer's key \(Authorization.hex(hello.peerKey).prefix(16))…: two keys may never "
+                    + "share a site ID (a copied data directory, or a member posing as another site)"
+                return logRefusal("refused \(sessions[link]!.address): \(message)", now: now)
+                    + fail(link, "site", message, now)
+            }
+            if let index = siteOrder.lastIndex(of: hello.site), index != siteOrder.count - 1 {
+                siteOrder.remove(at: index)
+                siteOrder.append(hello.site)
+            }
+            return nil
+        }
+        siteOwners[hello.site] = hello.peerKey
+        siteOrder.append(hello.site)
+        let own = siteOrder.filter { siteOwners[$0] == hello.peerKey }
+        if own.count > configuration.maxSitesPerPeer, let oldest = own.first {
+            siteOwners.removeValue(forKey: oldest)
+            siteOrder.removeAll { $0 == oldest }
+        }
+        while siteOrder.count > max(1, configuration.maxSitePins) {
+            let oldest = siteOrder.removeFirst()
+            if oldest == local.site {
+                siteOrder.append(oldest)  // this node's own site is never dropped
+                continue
+            }
+            siteOwners.removeValue(forKey: oldest)
+        }
+        return [.saveSitePins(sitePins)]
     }
 
     // MARK: Local subscriptions
@@ -319,7 +414,13 @@ public struct Replicator: Sendable {
     public mutating func logRotated(_ log: LocalLog, now: Millis) -> [ReplicatorDirective] {
         local = log
         checkpointCache.removeAll()
-        return sessions.keys.sorted().flatMap { close($0, "this node's log was rotated (new epoch)") }
+        var directives: [ReplicatorDirective] = []
+        if siteOwners[log.site] == nil {
+            siteOwners[log.site] = configuration.peerKey
+            siteOrder.append(log.site)
+            directives.append(.saveSitePins(sitePins))
+        }
+        return directives + sessions.keys.sorted().flatMap { close($0, "this node's log was rotated (new epoch)") }
     }
 
     /// The store reported how many deferred documents remain after a retry (or after a merge).
@@ -442,7 +543,9 @@ public struct Replicator: Sendable {
         -> [ReplicatorDirective]
     {
         let key = UTF8Key(request.subscription)
-        guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key] else { return [] }
+        // A subscription revoked while its scan ran sends nothing of it.
+        guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key], !served.forbidden
+        else { return [] }
         served.scanning = false
         guard request.after == served.cursor else {
             // The peer rewound this subscription while the scan ran: scan again from the new cursor.
@@ -521,7 +624,8 @@ public struct Replicator: Sendable {
         -> [ReplicatorDirective]
     {
         let key = UTF8Key(request.subscription)
-        guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key] else { return [] }
+        guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key], !served.forbidden
+        else { return [] }
         served.scanning = false
         let changed = served.failure != error
         served.failure = error
@@ -674,6 +778,11 @@ public struct Replicator: Sendable {
             if let endpoint = s.endpoint { endpoints[endpoint]?.isSelf = true }
             return close(link, "connected to itself")
         }
+        var pinned: [ReplicatorDirective] = []
+        if let checked = checkSite(hello, on: link, now: now) {
+            guard sessions[link]?.phase != .closed else { return checked }
+            pinned = checked
+        }
         // One session per pair: an established link to the same peer must prove alive first.
         if let rival = sessions.values.first(where: {
             $0.link != link && $0.peerKey == hello.peerKey && $0.phase == .established
@@ -683,12 +792,12 @@ public struct Replicator: Sendable {
             sessions[link]!.rival = rival.link
             sessions[link]!.probe = probe
             sessions[link]!.probeDeadline = now + configuration.duplicateProbeTimeout
-            return [send(rival.link, .ping(probe), now)]
+            return pinned + [send(rival.link, .ping(probe), now)]
         }
         if let busy = busyReason(peerKey: hello.peerKey, endpoint: s.endpoint, link: link) {
-            return fail(link, "busy", busy, now)
+            return pinned + fail(link, "busy", busy, now)
         }
-        return establish(link, now: now)
+        return pinned + establish(link, now: now)
     }
 
     private mutating func pong(_ n: UInt64, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
@@ -758,9 +867,35 @@ public struct Replicator: Sendable {
         }
         var next: [UTF8Key: Served] = [:]
         var regressed: Int64?
+        let peerKey = sessions[link]!.peerKey
         for sub in accepted {
             let key = UTF8Key(sub.spec.key)
-            if var existing = sessions[link]!.served[key] {
+            guard authorization.mayRead(peerKey, sub.spec.collection) else {
+                // Never scanned: no query, a failure that is not retried.
+                var forbidden = Served(
+                    spec: sub.spec, hops: sub.hops, generation: sub.generation, cursor: sub.since,
+                    retryDelay: configuration.scanRetryInitial)
+                forbidden.forbidden = true
+                forbidden.failure = "forbidden: this peer may not read '\(sub.spec.collection)' here"
+                forbidden.retryable = false
+                if sessions[link]!.served[key]?.forbidden != true {
+                    refusals.subscriptions += 1
+                    directives.append(
+                        send(
+                            link,
+                            .subscriptionError(
+                                subscription: key.string, code: "forbidden",
+                                message: "this node's rules do not let your key read '\(sub.spec.collection)'"),
+                            now))
+                    directives += logRefusal(
+                        "refused subscription '\(sub.spec)' of \(sessions[link]!.address) (peer "
+                            + "\(Authorization.hex(peerKey).prefix(16))…): it may not read '\(sub.spec.collection)' here",
+                        now: now)
+                }
+                next[key] = forbidden
+                continue
+            }
+            if var existing = sessions[link]!.served[key], !existing.forbidden {
                 existing.hops = sub.hops
                 if existing.generation != sub.generation {
                     // The peer evicted documents and wants matching ones again from `since`,
@@ -899,6 +1034,20 @@ public struct Replicator: Sendable {
     ) -> [ReplicatorDirective] {
         // No copy of the session may live while its echo memory changes below: the copy would make
         // every batch copy the whole memory.
+        if let peerKey = sessions[link]?.peerKey {
+            let collection = SubscriptionSpec.collection(ofKey: subscription)
+            if !authorization.mayWrite(peerKey, collection) {
+                // Nothing merged, no checkpoint, no ack: the collection is not asked of this peer
+                // (it was, or the peer sends unasked), and once it may write again it is asked
+                // from the checkpoint stored before, so nothing permitted is lost.
+                refusals.batches += 1
+                refusals.documents += documents.count
+                return logRefusal(
+                    "refused a batch of \(documents.count) document(s) of '\(collection)' from "
+                        + "\(sessions[link]!.address) (peer \(Authorization.hex(peerKey).prefix(16))…): it may not write "
+                        + "'\(collection)' here", now: now)
+            }
+        }
         guard let remote = sessions[link]?.remote, let asked = sessions[link]?.asked[UTF8Key(subscription)],
             let address = sessions[link]?.address
         else {
@@ -932,7 +1081,8 @@ public struct Replicator: Sendable {
         let served = sessions[link]!.served
         let holders = served.keys.sorted().compactMap { key -> SubscriptionSpec? in
             let spec = served[key]!.spec
-            return !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection) ? spec : nil
+            return !served[key]!.forbidden && !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection)
+                ? spec : nil
         }
         directives.append(
             .apply(
@@ -972,10 +1122,15 @@ public struct Replicator: Sendable {
     /// into whole collections above ``ReplicatorConfiguration/maxAskedSubscriptions``.
     private func wanted(for link: LinkID) -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)] {
         var wanted: [UTF8Key: (spec: SubscriptionSpec, hops: Int)] = [:]
-        for (key, held) in own { wanted[key] = (held.spec, 0) }
-        for (other, s) in sessions
-        where other != link && s.phase == .established && s.peerKey != sessions[link]?.peerKey {
-            for sub in s.remoteSubscriptions where sub.hops < configuration.maxHops {
+        // Only what the peer may write is asked of it: what it sends of another collection
+        // would be refused.
+        guard let peer = sessions[link]?.peerKey else { return [:] }
+        for (key, held) in own where authorization.mayWrite(peer, held.spec.collection) { wanted[key] = (held.spec, 0) }
+        for (other, s) in sessions where other != link && s.phase == .established && s.peerKey != peer {
+            for sub in s.remoteSubscriptions
+            where sub.hops < configuration.maxHops && authorization.mayRead(s.peerKey, sub.spec.collection)
+                && authorization.mayWrite(peer, sub.spec.collection)
+            {
                 let key = UTF8Key(sub.spec.key)
                 if let existing = wanted[key], existing.hops <= sub.hops + 1 { continue }
                 wanted[key] = (sub.spec, sub.hops + 1)
@@ -1161,6 +1316,9 @@ extension Replicator {
         /// Whether the cursor is known not to be below the log's retained floor: it came from 0,
         /// or from a page this node scanned in this session (the peer's `since` is checked once).
         var floorChecked: Bool
+        /// The peer may not read the collection (``Authorization``): answered `suberr forbidden`,
+        /// never scanned.
+        var forbidden = false
 
         init(spec: SubscriptionSpec, hops: Int, generation: UInt32, cursor: Int64, retryDelay: Millis) {
             self.spec = spec

@@ -143,6 +143,37 @@ public enum ReplicatorDirective: Sendable, Equatable {
     case retryDeferred
     /// Report this event in the node's log.
     case log(String)
+    /// The site pins changed (a site ID was pinned to a peer key, or old pins were dropped):
+    /// persist them, in this order (oldest first), as ``ReplicatorConfiguration/sitePins`` takes
+    /// them back at the next start.
+    case saveSitePins([SitePin])
+}
+
+/// A site ID bound to the peer key that first presented it in an authenticated `hello`
+/// (docs/SECURITY.md, "Site IDs"): no other key may present it afterwards.
+public struct SitePin: Sendable, Hashable {
+    public var site: SiteID
+    /// The 32-byte peer key.
+    public var peerKey: [UInt8]
+
+    public init(site: SiteID, peerKey: [UInt8]) {
+        self.site = site
+        self.peerKey = peerKey
+    }
+}
+
+/// What the authorization rules and site pins refused since the replicator started.
+public struct AuthorizationRefusals: Sendable, Equatable {
+    /// Subscriptions of peers to collections they may not read (answered `suberr forbidden`).
+    public var subscriptions = 0
+    /// Batches from peers for collections they may not write (nothing of them merged).
+    public var batches = 0
+    /// The documents those batches carried.
+    public var documents = 0
+    /// Sessions refused because the peer presented a site ID bound to another peer key.
+    public var sites = 0
+
+    public init() {}
 }
 
 /// Limits and timings of a ``Replicator``. Durations in milliseconds. Defaults are documented in
@@ -192,6 +223,16 @@ public struct ReplicatorConfiguration: Sendable {
     public var echoMemory = 200_000
     /// A regressed log rotates its epoch at most this often.
     public var minLogRotationInterval: Millis = 600_000
+    /// Who may read and write which collection (``Authorization``); ``Replicator/setAuthorization(_:now:)``
+    /// changes it at run time.
+    public var authorization = Authorization.open
+    /// The site pins kept from an earlier run, oldest first (``ReplicatorDirective/saveSitePins(_:)``).
+    public var sitePins: [SitePin] = []
+    /// Site IDs pinned per peer key at most (a key gets a new site ID when its log rotates); beyond,
+    /// the key's least recently seen pin is dropped.
+    public var maxSitesPerPeer = 8
+    /// Site pins kept at most; beyond, the least recently seen pin is dropped.
+    public var maxSitePins = 10_000
 
     public init(peerKey: [UInt8]) { self.peerKey = peerKey }
 }
