@@ -715,9 +715,13 @@ public final class DocumentStore: Sendable {
     /// unless `listAlways` (evictions: the sync engine asks peers for exactly those again).
     static func noteChanged(_ s: inout State, _ collection: String, _ key: String, listAlways: Bool = false) {
         let name = UTF8Key(collection)
-        if !listAlways, s.unlistedCollections.contains(name) { return }
-        s.changedKeys[name, default: []].insert(UTF8Key(key))
-        if !listAlways, s.changedKeys[name]!.count > maxListedKeys, !s.evictedInCommit {
+        if !listAlways, !s.unlistedCollections.isEmpty, s.unlistedCollections.contains(name) { return }
+        func insert(_ keys: inout Set<UTF8Key>) -> Int {
+            keys.insert(UTF8Key(key))
+            return keys.count
+        }
+        let listed = insert(&s.changedKeys[name, default: []])
+        if !listAlways, listed > maxListedKeys, !s.evictedInCommit {
             s.changedKeys[name] = nil
             s.unlistedCollections.insert(name)
         }

@@ -1,4 +1,5 @@
 internal import CSQLite
+import Glibc
 import TrellisCore
 
 /// An SQLite error: the result code, SQLite's message and what Trellis was doing.
@@ -35,6 +36,7 @@ final class Connection {
     }
 
     deinit {
+        recent.removeAll()
         cache.removeAll()
         sqlite3_close_v2(handle)
     }
@@ -56,18 +58,42 @@ final class Connection {
 
     /// A cached prepared statement, reset and with bindings cleared.
     func prepare(_ sql: String) throws(SQLiteError) -> Statement {
-        let key = UTF8Key(sql)
-        if let statement = cache[key] {
+        // SQL from a constant has the same bytes at the same address every time: found by its
+        // address, confirmed by its bytes (an address a freed string had may hold other text).
+        let byAddress = sql.utf8.withContiguousStorageIfAvailable { text -> (UnsafeRawPointer, Statement?)? in
+            guard let base = text.baseAddress else { return nil }
+            let address = UnsafeRawPointer(base)
+            guard let known = recent[address], known.sql.count == text.count,
+                known.sql.withUnsafeBufferPointer({ memcmp($0.baseAddress!, base, text.count) == 0 })
+            else { return (address, nil) }
+            return (address, known.statement)
+        }
+        if let statement = byAddress??.1 {
             statement.reset()
             return statement
         }
-        var stmt: OpaquePointer?
-        let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil)
-        guard rc == SQLITE_OK, let stmt else { throw error(rc, "preparing \(sql.prefix(60))") }
-        let statement = Statement(stmt, connection: self)
-        cache[key] = statement
+        let key = UTF8Key(sql)
+        let statement: Statement
+        if let cached = cache[key] {
+            cached.reset()
+            statement = cached
+        } else {
+            var stmt: OpaquePointer?
+            let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil)
+            guard rc == SQLITE_OK, let stmt else { throw error(rc, "preparing \(sql.prefix(60))") }
+            statement = Statement(stmt, connection: self)
+            cache[key] = statement
+        }
+        if let (address, _) = byAddress ?? nil {
+            if recent.count >= Self.recentLimit { recent.removeAll(keepingCapacity: true) }
+            recent[address] = (Array(sql.utf8), statement)
+        }
         return statement
     }
+
+    /// Statements by the address of their SQL text's bytes, with those bytes.
+    private var recent: [UnsafeRawPointer: (sql: [UInt8], statement: Statement)] = [:]
+    private static let recentLimit = 256
 
     /// Runs `body` inside `BEGIN IMMEDIATE … COMMIT`, rolling back when it throws.
     func transaction<R>(readOnly: Bool = false, _ body: () throws -> R) throws -> R {
