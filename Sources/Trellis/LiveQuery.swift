@@ -542,8 +542,9 @@ final class Observation<Results: LiveResults>: LiveObservation, @unchecked Senda
     }
 }
 
-/// The cached results of a cursor live query, patched from changed documents when the query has
-/// no limit and no offset, re-run otherwise. Evaluation queue only.
+/// The cached results of a cursor live query, patched from the changed documents when the query
+/// has no offset (a limited window is cut back to its limit), re-run when it has one or when a
+/// document left a full window (the next ones are only in the store). Evaluation queue only.
 final class CursorEvaluator: @unchecked Sendable {
     typealias Row = (key: String, document: Document)
     // Invariant: used only on the registry's evaluation queue (after construction).
@@ -587,9 +588,20 @@ final class CursorEvaluator: @unchecked Sendable {
             let relevant = values.contains { key, value in isRelevant(key, value) }
             guard relevant else { return nil }
             let before = keys
-            if limit == nil && offset == 0 {
+            if offset == 0 {
+                // Documents of the store outside a full window, unchanged, sort after its last one.
+                let boundary = limit.flatMap { rows.count >= $0 ? rows.last : nil }
                 stats.patches.add(1, ordering: .relaxed)
                 patch(values)
+                if let limit {
+                    let known = boundary.map { last in rows.prefix { !less(last, $0) }.count } ?? rows.count
+                    if known >= limit {
+                        for row in rows[limit...] { keys.remove(UTF8Key(row.key)) }
+                        rows.removeLast(rows.count - limit)
+                    } else if boundary != nil {
+                        try rerun()  // a document left a full window: the next ones are only in the store
+                    }
+                }
             } else {
                 try rerun()
             }
@@ -713,9 +725,9 @@ extension PendingCursorOperation {
     /// - Returns: a ``LiveQuery``; keep it, `stop()` or dropping it ends the callbacks.
     /// - Throws: as ``exec()`` (bad query, missing `$args`, bad sort path, negative window).
     /// - Complexity: registering runs the query once. After a commit touching the collection, a
-    ///   query without limit and offset re-checks only the changed documents (O(c log k) for c
-    ///   changed documents and k results, plus O(k) per removal); a windowed query re-runs when a
-    ///   changed document can affect its window.
+    ///   query without offset re-checks only the changed documents (O(k + c log c) for c changed
+    ///   documents and k results); a query with an offset, or a full window a document leaves,
+    ///   re-runs.
     public func observeLocal(
         deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
         _ handler: @escaping @Sendable ([Document], LiveQueryEvent) -> Void
