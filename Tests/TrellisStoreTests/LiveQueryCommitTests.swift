@@ -7,20 +7,13 @@ import TrellisTestKit
 
 @testable import Trellis
 
-/// One live-query event per committed transaction (Ditto's `observeLocal`: "every time there is a
-/// transaction committed to the store that involves a modification"), coalescing only in the
-/// next-signal forms and past the queued-event limit.
-@Suite struct LiveQueryCommitTests {
-    let dir = TemporaryDirectory("trellis-live-commits")
-    let node: TrellisNode
-    var cars: Collection { node.store.collection("cars") }
-
-    init() throws {
-        node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: .generate())
-    }
-
-    /// Holds `queue` until the returned closure is called, so that commits pile up behind it.
-    func hold(_ queue: DispatchQueue) -> @Sendable () -> Void {
+// One live-query event per committed transaction (Ditto's `observeLocal`: "every time there is a
+// transaction committed to the store that involves a modification"), coalescing only in the
+// next-signal forms and past the queued-event limit.
+extension LiveQueryTests {
+    /// Runs `writes` while `queue` is held busy, lets the live queries evaluate them, then frees
+    /// the queue and waits for the callbacks: the commits pile up behind the delivery queue.
+    func whileHeld(_ queue: DispatchQueue, _ writes: () throws -> Void) rethrows {
         let gate = DispatchSemaphore(value: 0)
         let entered = DispatchSemaphore(value: 0)
         queue.async {
@@ -28,7 +21,13 @@ import TrellisTestKit
             gate.wait()
         }
         entered.wait()
-        return { gate.signal() }
+        defer {
+            gate.signal()
+            node.store.flushLiveQueries()
+        }
+        try writes()
+        node.store.documents.waitForObservers()
+        node.store.liveQueries.evaluation.sync {}
     }
 
     /// Five quick commits while the delivery queue is busy: five events, each with the document
@@ -42,12 +41,9 @@ import TrellisTestKit
             events.withLock { $0.append((doc?["age"]?.intValue, event)) }
         }
         #expect(eventually { events.withLock { $0.count } == 1 })
-        let release = hold(queue)
-        for age in 41...45 { try cars.upsert(["_id": "u", "age": .int(Int64(age))]) }
-        node.store.documents.waitForObservers()
-        node.store.liveQueries.evaluation.sync {}
-        release()
-        node.store.flushLiveQueries()
+        try whileHeld(queue) {
+            for age in 41...45 { try cars.upsert(["_id": "u", "age": .int(Int64(age))]) }
+        }
         let seen = events.withLock { $0 }
         #expect(seen.map(\.0) == [40, 41, 42, 43, 44, 45])
         #expect(seen.dropFirst().map { $0.1.oldDocument?["age"]?.intValue } == [40, 41, 42, 43, 44])
@@ -62,17 +58,14 @@ import TrellisTestKit
         let log = EventLog()
         let live = try cars.find("hp > 0").sort("hp").observeLocal(deliverOn: queue) { log.record($0, $1) }
         #expect(eventually { log.count == 1 })
-        let release = hold(queue)
-        try cars.upsert(["_id": "a", "hp": 10])
-        try cars.upsert(["_id": "b", "hp": 5])
-        try cars.upsert(["_id": "a", "hp": 1])
-        try cars.findByID("b").remove()
-        try cars.upsert(["_id": "c", "hp": 0])  // does not match: no event
-        try cars.upsert(["_id": "a", "hp": 2])
-        node.store.documents.waitForObservers()
-        node.store.liveQueries.evaluation.sync {}
-        release()
-        node.store.flushLiveQueries()
+        try whileHeld(queue) {
+            try cars.upsert(["_id": "a", "hp": 10])
+            try cars.upsert(["_id": "b", "hp": 5])
+            try cars.upsert(["_id": "a", "hp": 1])
+            try cars.findByID("b").remove()
+            try cars.upsert(["_id": "c", "hp": 0])  // does not match: no event
+            try cars.upsert(["_id": "a", "hp": 2])
+        }
         let results = log.all.map { $0.documents.map { "\($0.id.stringValue ?? "?")=\($0["hp"]?.intValue ?? -1)" } }
         #expect(results == [[], ["a=10"], ["b=5", "a=10"], ["a=1", "b=5"], ["a=1"], ["a=2"]])
         #expect(log.problems.withLock { $0 }.isEmpty)
@@ -153,12 +146,9 @@ import TrellisTestKit
             single.withLock { $0.append((doc?["n"]?.intValue, event.commitCount)) }
         }
         node.store.flushLiveQueries()
-        let release = hold(queue)
-        for n in 1...10 { try cars.upsert(["_id": "u", "n": .int(Int64(n))]) }
-        node.store.documents.waitForObservers()
-        node.store.liveQueries.evaluation.sync {}
-        release()
-        node.store.flushLiveQueries()
+        try whileHeld(queue) {
+            for n in 1...10 { try cars.upsert(["_id": "u", "n": .int(Int64(n))]) }
+        }
         let counts = log.all.dropFirst().map { entry -> Int in
             if case .update(let update) = entry.event { return update.commitCount }
             return -1
