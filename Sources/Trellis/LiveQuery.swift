@@ -158,13 +158,31 @@ final class LiveQueryStreamControl: Sendable {
 
 // MARK: - Registry
 
-/// What one evaluation pass tells an observer about its collection.
+/// What one commit tells an observer about its collection.
 enum LiveChange {
     /// Unknown changes: re-run the query.
     case unknown
-    /// The changed documents by canonical key (compared byte-wise), with their current value
-    /// (`nil`: absent).
-    case documents([UTF8Key: Value?])
+    /// The changed documents by canonical key (compared byte-wise), with their value after the
+    /// commit (`nil`: absent); `written` are the keys whose value came with the commit (the
+    /// commit wrote them; the others were read from the store and may be unchanged).
+    case documents([UTF8Key: Value?], written: Set<UTF8Key>)
+}
+
+/// What an evaluation gives: the results after one commit, and the `_id`s of documents in the
+/// results before or after it that the commit wrote.
+struct LiveStep<Results> {
+    var results: Results
+    var written: Set<Value>
+}
+
+/// Results a live query compares and delivers.
+protocol LiveResults: Sendable, Equatable {
+    /// Whether a document with one of these `_id`s is in the results.
+    func containsAny(of ids: Set<Value>) -> Bool
+}
+
+extension Array: LiveResults where Element == Document {
+    func containsAny(of ids: Set<Value>) -> Bool { contains { ids.contains($0.id) } }
 }
 
 /// A registered observer, driven by the registry's evaluation queue.
@@ -173,7 +191,10 @@ protocol LiveObservation: AnyObject, Sendable {
     /// Where its callbacks run.
     var queue: DispatchQueue { get }
     var isStopped: Bool { get }
-    /// Re-evaluates after a commit. Evaluation queue only.
+    /// The store's ``DocumentStore/lastSeq`` its first results were read at: commits up to it are
+    /// already in them. Evaluation queue only.
+    var startSeq: Int64 { get }
+    /// Evaluates one commit. Evaluation queue only.
     func refresh(_ change: LiveChange)
     func stop()
 }
@@ -182,30 +203,44 @@ protocol LiveObservation: AnyObject, Sendable {
 /// queue, queries indexed by collection.
 ///
 /// A commit costs the writer one lock and, when a live query watches a touched collection, one
-/// `async` to the evaluation queue; commits that arrive while an evaluation is pending join it
-/// (one evaluation pass, at most one event per live query).
+/// `async` to the evaluation queue (none while a pass is already scheduled). A pass evaluates the
+/// commits it finds one at a time, in commit order, each with the values that commit wrote
+/// (``StoreEvent/changedValues``), so every observer sees the results after each commit.
 final class LiveQueryRegistry: Sendable {
-    private enum Pending {
-        case keys(Set<UTF8Key>)
+    /// What one commit changed in one observed collection.
+    private enum CommitChange {
+        /// Too many documents to list: re-run the queries.
         case all
+        /// The changed keys, and the values the commit wrote (a key without one: read the store).
+        case keys(Set<UTF8Key>, values: [UTF8Key: String?])
+    }
+
+    /// One commit waiting for evaluation.
+    private struct Commit {
+        var lastSeq: Int64
+        /// Observed collections only, in byte order.
+        var changes: [(UTF8Key, CommitChange)]
     }
 
     private struct State {
         var observations: [UInt64: any LiveObservation] = [:]
         /// Collection names compare byte-wise: "é" and "e" + U+0301 are two collections.
         var byCollection: [UTF8Key: Set<UInt64>] = [:]
-        var pending: [UTF8Key: Pending] = [:]
+        /// Commits heard and not yet evaluated, oldest first.
+        var pending: [Commit] = []
         var scheduled = false
         var next: UInt64 = 0
     }
 
-    /// Above this many changed documents in a collection, queries are re-run instead of patched.
-    static let patchLimit = 512
+    /// The default of ``Store/liveQueryEventLimit``.
+    static let defaultEventLimit = 1_024
 
     let documents: DocumentStore
     let evaluation = DispatchQueue(label: "trellis.live-query.evaluate")
     /// Counters for tests and diagnostics.
     let stats = LiveQueryStats()
+    /// The queued-event limit given to plain observers when they start.
+    let eventLimit = Atomic<Int>(LiveQueryRegistry.defaultEventLimit)
     private let state = Mutex(State())
     private let token = Mutex<UInt64?>(nil)
 
@@ -226,6 +261,7 @@ final class LiveQueryRegistry: Sendable {
     /// have run (including the evaluations their signals trigger). Must not be called from a
     /// live query's delivery queue or the evaluation queue.
     func settle() {
+        documents.waitForObservers()
         var lastPasses = -1
         var rounds = 0
         while rounds < 64 {
@@ -270,72 +306,79 @@ final class LiveQueryRegistry: Sendable {
         _ = removed
     }
 
-    /// Runs on the committing thread, after commit.
+    /// Runs on the store's event queue, once per commit, in commit order.
     private func heard(_ event: StoreEvent) {
         let schedule = state.withLock { s -> Bool in
-            var any = false
-            for collection in event.unlistedCollections where s.byCollection[collection] != nil {
-                any = true
-                s.pending[collection] = .all  // too many changed to list: run the queries again
-            }
-            for (collection, keys) in event.changedKeys where s.byCollection[collection] != nil {
-                any = true
-                switch s.pending[collection] {
-                case .all: break
-                case .keys(var known):
-                    known.formUnion(keys)
-                    s.pending[collection] = known.count > Self.patchLimit ? .all : .keys(known)
-                case nil: s.pending[collection] = keys.count > Self.patchLimit ? .all : .keys(keys)
+            var changes: [(UTF8Key, CommitChange)] = []
+            for collection in event.collections.sorted() where s.byCollection[collection] != nil {
+                if event.unlistedCollections.contains(collection) {
+                    changes.append((collection, .all))  // too many changed to list: run the queries again
+                } else if let keys = event.changedKeys[collection] {
+                    changes.append((collection, .keys(keys, values: event.changedValues[collection] ?? [:])))
                 }
             }
-            guard any, !s.scheduled else { return false }
+            guard !changes.isEmpty else { return false }
+            s.pending.append(Commit(lastSeq: event.lastSeq, changes: changes))
+            guard !s.scheduled else { return false }
             s.scheduled = true
             return true
         }
         if schedule { evaluation.async { self.drain() } }
     }
 
-    /// One evaluation pass over everything committed since the last one. Evaluation queue only.
+    /// Evaluates every commit heard since the last pass, one at a time, in commit order.
+    /// Evaluation queue only.
     private func drain() {
         stats.passes.add(1, ordering: .relaxed)
-        let work = state.withLock { s -> [(UTF8Key, Pending, [any LiveObservation])] in
+        let commits = state.withLock { s -> [Commit] in
             defer {
-                s.pending = [:]
+                s.pending = []
                 s.scheduled = false
             }
-            return s.pending.map { collection, pending in
-                let ids = (s.byCollection[collection] ?? []).sorted()
-                return (collection, pending, ids.compactMap { s.observations[$0] })
-            }
+            return s.pending
         }
-        for (collection, pending, observations) in work where !observations.isEmpty {
-            let change: LiveChange
-            switch pending {
-            case .all: change = .unknown
-            case .keys(let keys): change = fetch(keys, in: collection.string)
+        for commit in commits {
+            for (collection, pending) in commit.changes {
+                let observations = state.withLock { s in
+                    (s.byCollection[collection] ?? []).sorted().compactMap { s.observations[$0] }
+                }
+                .filter { !$0.isStopped && $0.startSeq < commit.lastSeq }
+                guard !observations.isEmpty else { continue }
+                let change: LiveChange
+                switch pending {
+                case .all: change = .unknown
+                case .keys(let keys, let values): change = fetch(keys, carried: values, in: collection.string)
+                }
+                for observation in observations where !observation.isStopped { observation.refresh(change) }
             }
-            for observation in observations where !observation.isStopped { observation.refresh(change) }
         }
     }
 
-    /// The current values of the changed documents; `.unknown` (re-run) when one cannot be read.
-    private func fetch(_ keys: Set<UTF8Key>, in collection: String) -> LiveChange {
+    /// The changed documents' values after the commit: those it carried, the others read from
+    /// the store; `.unknown` (re-run) when one cannot be read.
+    private func fetch(_ keys: Set<UTF8Key>, carried: [UTF8Key: String?], in collection: String) -> LiveChange {
         var values: [UTF8Key: Value?] = [:]
         values.reserveCapacity(keys.count)
+        var written: Set<UTF8Key> = []
         for key in keys {
             do {
-                values[key] = .some(try documents.document(id: try JSON.parse(key.string), in: collection))
+                if let text = carried[key] {
+                    values[key] = .some(try text.map { try JSON.parse($0) })
+                    written.insert(key)
+                } else {
+                    values[key] = .some(try documents.document(id: try JSON.parse(key.string), in: collection))
+                }
             } catch {
                 return .unknown
             }
         }
-        return .documents(values)
+        return .documents(values, written: written)
     }
 }
 
 /// How often live queries were evaluated, and how.
 final class LiveQueryStats: Sendable {
-    /// Evaluation passes (one per batch of commits touching an observed collection).
+    /// Evaluation passes (each evaluates the commits heard since the previous one).
     let passes = Atomic<Int>(0)
     /// Cursor evaluations that patched cached results from the changed documents.
     let patches = Atomic<Int>(0)
@@ -347,56 +390,89 @@ final class LiveQueryStats: Sendable {
 
 // MARK: - Observation
 
+/// One queued callback: the results, those of the previous callback (`nil` for the first), the
+/// `_id`s the covered commits wrote, and how many commits it covers.
+struct LiveDelivery<Results: Sendable>: Sendable {
+    var results: Results
+    var previous: Results?
+    var written: Set<Value>
+    var commitCount: Int
+    var number: UInt64
+}
+
 /// The delivery state machine shared by every kind of observer: evaluate on the registry's queue,
-/// deliver on the app's queue, one delivery outstanding at a time.
+/// deliver on the app's queue, in commit order, at most `window` deliveries outstanding.
 ///
-/// Between a delivery and its `signalNext`, changes only update `current`; the signal delivers
-/// one event from `delivered` to `current` when they differ. Plain observers signal themselves
-/// when their callback returns.
-final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchecked Sendable {
-    // Invariant: `current`, `delivered`, `awaiting` and `generation` are only touched on
-    // `registry.evaluation`; `evaluate` only runs there. `handler` only runs on `queue` while
-    // holding `gate`.
+/// A plain observer (`autoSignal`) queues one delivery per commit that touches its results and
+/// signals itself when each callback returns; its window is ``Store/liveQueryEventLimit``, and
+/// while it is full, commits only update `current` and are delivered as one event when a
+/// callback returns. A next-signal observer has a window of 1: between a delivery and its
+/// `signalNext`, commits coalesce the same way.
+final class Observation<Results: LiveResults>: LiveObservation, @unchecked Sendable {
+    // Invariant: `current`, `delivered`, `held*`, `outstanding`, `lastDelivery` and `startSeq`
+    // are only touched on `registry.evaluation`; `evaluate` only runs there. `handler` only runs
+    // on `queue` while holding `gate`, and `mailbox` is emptied only under `gate`, so callbacks
+    // run one at a time and in order even on a concurrent queue.
     let collection: String
     let registry: LiveQueryRegistry
     let queue: DispatchQueue
     let autoSignal: Bool
-    let evaluate: (LiveChange) throws -> Results?
+    /// Deliveries that may be queued or running before their signal: the event limit for a
+    /// plain observer, 1 for a next-signal one.
+    let window: Int
+    let evaluate: (LiveChange) throws -> LiveStep<Results>?
     /// The app's callback; released by ``stop()``, so a callback that captures the object
     /// holding the live query forms no lasting cycle. Read and cleared under `gate`.
-    private var handler: (@Sendable (Results, Results?, @escaping @Sendable () -> Void) -> Void)?
+    private var handler: (@Sendable (LiveDelivery<Results>, @escaping @Sendable () -> Void) -> Void)?
     private var current: Results?
     private var delivered: Results?
-    private var awaiting = false
-    private var generation: UInt64 = 0
+    /// Commits evaluated since the last delivery, and the `_id`s they wrote.
+    private var heldCommits = 0
+    private var heldWritten: Set<Value> = []
+    /// Deliveries not signalled yet, by number.
+    private var outstanding: Set<UInt64> = []
+    private var lastDelivery: UInt64 = 0
+    private(set) var startSeq: Int64 = 0
     private var id: UInt64 = 0
     private let gate = NSRecursiveLock()
+    private let mailbox = Mutex<[LiveDelivery<Results>]>([])
     private let stopped = Atomic<Bool>(false)
 
     init(
         collection: String, registry: LiveQueryRegistry, queue: DispatchQueue, autoSignal: Bool,
-        evaluate: @escaping (LiveChange) throws -> Results?,
-        handler: @escaping @Sendable (Results, Results?, @escaping @Sendable () -> Void) -> Void
+        evaluate: @escaping (LiveChange) throws -> LiveStep<Results>?,
+        handler: @escaping @Sendable (LiveDelivery<Results>, @escaping @Sendable () -> Void) -> Void
     ) {
         self.collection = collection
         self.registry = registry
         self.queue = queue
         self.autoSignal = autoSignal
+        self.window = autoSignal ? max(1, registry.eventLimit.load(ordering: .relaxed)) : 1
         self.evaluate = evaluate
         self.handler = handler
     }
 
     var isStopped: Bool { stopped.load(ordering: .acquiring) }
 
-    /// Registers, computes the initial results and queues the initial callback. Any commit after
-    /// the initial read is evaluated after it (same serial queue), so none is missed.
+    /// Registers, computes the initial results and queues the initial callback. The results are
+    /// read between two equal readings of the store's `lastSeq` (retried a few times while commits
+    /// land), so exactly the commits after them are evaluated afterwards: none missed, none
+    /// applied twice.
     ///
     /// - Throws: whatever the first evaluation throws (bad query, missing `$args`, bad sort).
     func start() throws {
         try registry.evaluation.sync {
             id = registry.add(self)
             do {
-                current = try evaluate(.unknown)
+                for attempt in 1...8 {
+                    let before = registry.documents.lastSeq
+                    current = try evaluate(.unknown)?.results
+                    let after = registry.documents.lastSeq
+                    // After 8 races, commits in before...after may be applied again (they were
+                    // possibly read); none is missed.
+                    startSeq = before
+                    if before == after || attempt == 8 { break }
+                }
             } catch {
                 stopped.store(true, ordering: .releasing)
                 registry.remove(id)
@@ -407,33 +483,47 @@ final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchec
     }
 
     func refresh(_ change: LiveChange) {
-        guard !isStopped, let new = try? evaluate(change), new != current else { return }
-        current = new
-        if !awaiting { deliver() }
+        guard !isStopped, let step = try? evaluate(change) else { return }
+        guard step.results != current || !step.written.isEmpty else { return }
+        current = step.results
+        heldCommits += 1
+        heldWritten.formUnion(step.written)
+        if outstanding.count < window { deliver() }
     }
 
     private func deliver() {
         guard let current else { return }
         registry.stats.deliveries.add(1, ordering: .relaxed)
-        awaiting = true
-        generation &+= 1
-        let previous = delivered
+        lastDelivery &+= 1
+        let item = LiveDelivery(
+            results: current, previous: delivered, written: heldWritten, commitCount: heldCommits,
+            number: lastDelivery)
+        outstanding.insert(lastDelivery)
         delivered = current
-        let signal: @Sendable () -> Void = { [weak self, generation] in self?.signalled(generation) }
+        heldCommits = 0
+        heldWritten = []
+        mailbox.withLock { $0.append(item) }
         queue.async { [self] in
             gate.lock()
             defer { gate.unlock() }
+            guard let item = mailbox.withLock({ $0.isEmpty ? nil : $0.removeFirst() }) else { return }
             guard !isStopped, let handler else { return }
-            handler(current, previous, signal)
+            let signal: @Sendable () -> Void = { [weak self] in self?.signalled(item.number) }
+            handler(item, signal)
             if autoSignal { signal() }
         }
     }
 
-    private func signalled(_ generation: UInt64) {
+    private func signalled(_ number: UInt64) {
         registry.evaluation.async { [self] in
-            guard generation == self.generation, awaiting, !isStopped else { return }
-            awaiting = false
-            if current != delivered { deliver() }
+            guard !isStopped, outstanding.remove(number) != nil, heldCommits > 0 else { return }
+            guard let current, let delivered, current == delivered, !current.containsAny(of: heldWritten) else {
+                deliver()
+                return
+            }
+            // The commits held back left the results as delivered: nothing to show.
+            heldCommits = 0
+            heldWritten = []
         }
     }
 
@@ -442,14 +532,19 @@ final class Observation<Results: Sendable & Equatable>: LiveObservation, @unchec
         let wasStopped = stopped.exchange(true, ordering: .acquiringAndReleasing)
         let released = handler
         handler = nil
+        let dropped = mailbox.withLock { queued in
+            defer { queued = [] }
+            return queued
+        }
         gate.unlock()
         if !wasStopped { registry.remove(id) }
-        _ = released  // released here, outside the lock (it may hold the app's objects)
+        _ = (released, dropped)  // released here, outside the lock (they may hold the app's objects)
     }
 }
 
-/// The cached results of a cursor live query, patched from changed documents when the query has
-/// no limit and no offset, re-run otherwise. Evaluation queue only.
+/// The cached results of a cursor live query, patched from the changed documents when the query
+/// has no offset (a limited window is cut back to its limit), re-run when it has one or when a
+/// document left a full window (the next ones are only in the store). Evaluation queue only.
 final class CursorEvaluator: @unchecked Sendable {
     typealias Row = (key: String, document: Document)
     // Invariant: used only on the registry's evaluation queue (after construction).
@@ -482,22 +577,40 @@ final class CursorEvaluator: @unchecked Sendable {
         self.offset = offset
     }
 
-    /// The results after `change`, or `nil` when it cannot have changed them.
-    func evaluate(_ change: LiveChange) throws -> [Document]? {
+    /// The results after `change`, with the `_id`s of documents the commit wrote that were in
+    /// the results before or are now; `nil` when it cannot have changed them.
+    func evaluate(_ change: LiveChange) throws -> LiveStep<[Document]>? {
         switch change {
         case .unknown:
             try rerun()
-        case .documents(let values):
+            return LiveStep(results: rows.map(\.document), written: [])
+        case .documents(let values, let written):
             let relevant = values.contains { key, value in isRelevant(key, value) }
             guard relevant else { return nil }
-            if limit == nil && offset == 0 {
+            let before = keys
+            if offset == 0 {
+                // Documents of the store outside a full window, unchanged, sort after its last one.
+                let boundary = limit.flatMap { rows.count >= $0 ? rows.last : nil }
                 stats.patches.add(1, ordering: .relaxed)
                 patch(values)
+                if let limit {
+                    let known = boundary.map { last in rows.prefix { !less(last, $0) }.count } ?? rows.count
+                    if known >= limit {
+                        for row in rows[limit...] { keys.remove(UTF8Key(row.key)) }
+                        rows.removeLast(rows.count - limit)
+                    } else if boundary != nil {
+                        try rerun()  // a document left a full window: the next ones are only in the store
+                    }
+                }
             } else {
                 try rerun()
             }
+            var ids: Set<Value> = []
+            for key in written where before.contains(key) || keys.contains(key) {
+                if let id = try? JSON.parse(key.string) { ids.insert(id) }
+            }
+            return LiveStep(results: rows.map(\.document), written: ids)
         }
-        return rows.map(\.document)
     }
 
     /// Whether a changed document can change the results.
@@ -513,23 +626,45 @@ final class CursorEvaluator: @unchecked Sendable {
         return true
     }
 
+    /// Takes the changed documents out of the results and merges those that match back in at
+    /// their sorted positions: O(k + c log c) for k results and c changed documents.
     private func patch(_ values: [UTF8Key: Value?]) {
+        let changed = Set(values.keys)
+        if !keys.isDisjoint(with: changed) {
+            rows.removeAll { changed.contains(UTF8Key($0.key)) }
+            keys.subtract(changed)
+        }
+        var added: [Row] = []
         for (key, value) in values {
-            if keys.contains(key), let index = rows.firstIndex(where: { UTF8Key.equal($0.key, key.string) }) {
-                rows.remove(at: index)
-                keys.remove(key)
-            }
             guard let value, (try? bound.matches(value)) == true else { continue }
-            let row = (key: key.string, document: Document(value: value))
+            added.append((key: key.string, document: Document(value: value)))
+            keys.insert(key)
+        }
+        guard !added.isEmpty else { return }
+        added.sort(by: less)
+        if added.count == 1 {
             var low = 0
             var high = rows.count
             while low < high {
                 let mid = (low + high) / 2
-                if less(rows[mid], row) { low = mid + 1 } else { high = mid }
+                if less(rows[mid], added[0]) { low = mid + 1 } else { high = mid }
             }
-            rows.insert(row, at: low)
-            keys.insert(key)
+            rows.insert(added[0], at: low)
+            return
         }
+        var merged: [Row] = []
+        merged.reserveCapacity(rows.count + added.count)
+        var (i, j) = (0, 0)
+        while i < rows.count || j < added.count {
+            if j == added.count || (i < rows.count && less(rows[i], added[j])) {
+                merged.append(rows[i])
+                i += 1
+            } else {
+                merged.append(added[j])
+                j += 1
+            }
+        }
+        rows = merged
     }
 
     private func rerun() throws {
@@ -552,8 +687,10 @@ final class CursorEvaluator: @unchecked Sendable {
 }
 
 /// The single-document result compared between evaluations.
-struct SingleDocumentResult: Sendable, Equatable {
+struct SingleDocumentResult: LiveResults {
     var document: Document?
+
+    func containsAny(of ids: Set<Value>) -> Bool { document.map { ids.contains($0.id) } ?? false }
 }
 
 // MARK: - Cursor observers
@@ -571,11 +708,14 @@ extension PendingCursorOperation {
     /// live.stop()
     /// ```
     ///
-    /// Sort, limit and offset shape the results (a limited query refills after a deletion). One
-    /// callback runs at a time; changes committed while a callback runs coalesce into one event
-    /// computed against the results of the previous callback, so applying each event to the
-    /// previous results gives the new ones. No callback is delivered for a commit that leaves the
-    /// results as they were.
+    /// Sort, limit and offset shape the results (a limited query refills after a deletion).
+    /// **One callback per committed transaction** that touches the results (changes which
+    /// documents they hold or their order, or writes a document in them, even with the same
+    /// value), in commit order, each with the results after that commit; applying each event to
+    /// the previous results gives the new ones. A commit that touches nothing in the results
+    /// delivers nothing. One callback runs at a time. At most ``Store/liveQueryEventLimit``
+    /// events wait for the queue; beyond it commits are merged into one event whose
+    /// ``LiveQueryUpdate/commitCount`` says how many it covers.
     ///
     /// - Parameters:
     ///   - queue: where callbacks run; by default ``LiveQuery/defaultDeliveryQueue``, a dedicated
@@ -585,9 +725,9 @@ extension PendingCursorOperation {
     /// - Returns: a ``LiveQuery``; keep it, `stop()` or dropping it ends the callbacks.
     /// - Throws: as ``exec()`` (bad query, missing `$args`, bad sort path, negative window).
     /// - Complexity: registering runs the query once. After a commit touching the collection, a
-    ///   query without limit and offset re-checks only the changed documents (O(c log k) for c
-    ///   changed documents and k results, plus O(k) per removal); a windowed query re-runs when a
-    ///   changed document can affect its window.
+    ///   query without offset re-checks only the changed documents (O(k + c log c) for c changed
+    ///   documents and k results); a query with an offset, or a full window a document leaves,
+    ///   re-runs.
     public func observeLocal(
         deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
         _ handler: @escaping @Sendable ([Document], LiveQueryEvent) -> Void
@@ -597,13 +737,20 @@ extension PendingCursorOperation {
 
     /// Like ``observeLocal(deliverOn:_:)``, but no further callback runs until the app calls the
     /// `signalNext` closure it was handed (from any thread, once). Changes committed meanwhile
-    /// coalesce into one event computed against the results of the last callback.
+    /// coalesce into one event computed against the results of the last callback
+    /// (``LiveQueryUpdate/commitCount`` commits; nothing when they left the results as delivered).
     ///
     /// ```swift
     /// let live = try cars.findAll().observeLocalWithNextSignal { docs, event, signalNext in
     ///     render(docs) { signalNext() }
     /// }
     /// ```
+    ///
+    /// - Parameters:
+    ///   - queue: where callbacks run; by default ``LiveQuery/defaultDeliveryQueue``.
+    ///   - handler: `(documents, event, signalNext)`.
+    /// - Returns: a ``LiveQuery``; keep it, `stop()` or dropping it ends the callbacks.
+    /// - Throws: as ``exec()``.
     public func observeLocalWithNextSignal(
         deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
         _ handler: @escaping @Sendable ([Document], LiveQueryEvent, @escaping @Sendable () -> Void) -> Void
@@ -643,9 +790,15 @@ extension PendingCursorOperation {
         let observation = Observation<[Document]>(
             collection: collection.name, registry: store.liveQueries, queue: queue, autoSignal: autoSignal,
             evaluate: { try evaluator.evaluate($0) },
-            handler: { new, old, signal in
-                let event: LiveQueryEvent = old.map { .update(LiveQueryUpdate.diff(from: $0, to: new)) } ?? .initial
-                handler(new, event, signal)
+            handler: { delivery, signal in
+                let event: LiveQueryEvent =
+                    delivery.previous.map {
+                        .update(
+                            LiveQueryUpdate.diff(
+                                from: $0, to: delivery.results, rewritten: delivery.written,
+                                commitCount: delivery.commitCount))
+                    } ?? .initial
+                handler(delivery.results, event, signal)
             })
         try observation.start()
         return LiveQuery(collectionName: collection.name, query: query, observation: observation)
@@ -655,9 +808,11 @@ extension PendingCursorOperation {
 // MARK: - Single-document observers
 
 extension PendingIDSpecificOperation {
-    /// Calls `handler` with the document now (`isInitial`) and after every committed change to
-    /// it, local or merged from a peer; the document is `nil` while it does not exist locally
-    /// (never written, removed or evicted). `oldDocument` is the document of the previous callback.
+    /// Calls `handler` with the document now (`isInitial`) and once after every committed
+    /// transaction that writes it (even with the same value), local or merged from a peer, in
+    /// commit order, with the document as that commit left it; the document is `nil` while it
+    /// does not exist locally (never written, removed or evicted). `oldDocument` is the document
+    /// of the previous callback.
     ///
     /// ```swift
     /// let live = try cars.findByID("c1").observeLocal { doc, event in
@@ -665,8 +820,13 @@ extension PendingIDSpecificOperation {
     /// }
     /// ```
     ///
-    /// Threading, coalescing and lifetime as ``PendingCursorOperation/observeLocal(deliverOn:_:)``.
+    /// Threading, the queued-event limit and lifetime as
+    /// ``PendingCursorOperation/observeLocal(deliverOn:_:)``.
     ///
+    /// - Parameters:
+    ///   - queue: where callbacks run; by default ``LiveQuery/defaultDeliveryQueue``.
+    ///   - handler: `(document, event)`.
+    /// - Returns: a ``LiveQuery``; keep it, `stop()` or dropping it ends the callbacks.
     /// - Throws: ``StoreError/invalidID(_:)`` for a bad `_id`.
     /// - Complexity: one indexed read per commit that changes this document.
     public func observeLocal(
@@ -677,7 +837,14 @@ extension PendingIDSpecificOperation {
     }
 
     /// Like ``observeLocal(deliverOn:_:)``, with next-signal backpressure as
-    /// ``PendingCursorOperation/observeLocalWithNextSignal(deliverOn:_:)``.
+    /// ``PendingCursorOperation/observeLocalWithNextSignal(deliverOn:_:)``: commits made before
+    /// the signal coalesce into one event (``SingleDocumentLiveQueryEvent/commitCount``).
+    ///
+    /// - Parameters:
+    ///   - queue: where callbacks run; by default ``LiveQuery/defaultDeliveryQueue``.
+    ///   - handler: `(document, event, signalNext)`.
+    /// - Returns: a ``LiveQuery``; keep it, `stop()` or dropping it ends the callbacks.
+    /// - Throws: ``StoreError/invalidID(_:)`` for a bad `_id`.
     public func observeLocalWithNextSignal(
         deliverOn queue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
         _ handler:
@@ -708,18 +875,23 @@ extension PendingIDSpecificOperation {
             collection: name, registry: store.liveQueries, queue: queue, autoSignal: autoSignal,
             evaluate: { change in
                 switch change {
-                case .documents(let values):
+                case .documents(let values, let written):
                     guard let value = values[key] else { return nil }  // not changed
-                    return SingleDocumentResult(document: value.map(Document.init(value:)))
+                    return LiveStep(
+                        results: SingleDocumentResult(document: value.map(Document.init(value:))),
+                        written: written.contains(key) ? [id] : [])
                 case .unknown:
-                    return SingleDocumentResult(
-                        document: try store.documents.document(id: id, in: name).map(Document.init(value:)))
+                    return LiveStep(
+                        results: SingleDocumentResult(
+                            document: try store.documents.document(id: id, in: name).map(Document.init(value:))),
+                        written: [])
                 }
             },
-            handler: { new, old, signal in
-                handler(
-                    new.document, SingleDocumentLiveQueryEvent(isInitial: old == nil, oldDocument: old?.document),
-                    signal)
+            handler: { delivery, signal in
+                let event = SingleDocumentLiveQueryEvent(
+                    isInitial: delivery.previous == nil, oldDocument: delivery.previous?.document,
+                    commitCount: delivery.commitCount)
+                handler(delivery.results.document, event, signal)
             })
         try observation.start()
         return LiveQuery(collectionName: name, query: "_id == \(JSON.string(id))", observation: observation)

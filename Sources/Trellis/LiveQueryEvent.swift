@@ -58,7 +58,8 @@ public struct LiveQueryMove: Sendable, Hashable, CustomStringConvertible {
 /// `insertions` and `updates` index the new results; `moves` map an old index to a new index.
 /// Documents that survive and are not listed in `moves` keep their relative order (their absolute
 /// index may still shift because of deletions, insertions and moves). A document present in both
-/// results whose value changed is listed in `updates` (and also in `moves` when it moved).
+/// results whose value changed, or that a commit covered by the event wrote again (even with the
+/// same value), is listed in `updates` (and also in `moves` when it moved).
 /// Every list is sorted ascending (`moves` by `from`).
 public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
     /// The results delivered with the previous callback.
@@ -67,20 +68,31 @@ public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
     public var insertions: [Int]
     /// Indexes into the old results of documents that are not in the new results.
     public var deletions: [Int]
-    /// Indexes into the new results of documents present in both whose value changed.
+    /// Indexes into the new results of documents present in both whose value changed or that a
+    /// commit covered by this event wrote again.
     public var updates: [Int]
     /// `(from old index, to new index)` of surviving documents that changed relative order.
     public var moves: [LiveQueryMove]
+    /// How many committed transactions this event covers (≥ 1). A plain `observeLocal` delivers
+    /// one event per commit, so this is 1 unless the observer's queue filled up
+    /// (``Store/liveQueryEventLimit``) and the commits after it were merged into one event; a
+    /// next-signal observer merges the commits made before its signal. More than 1 means the
+    /// intermediate results were not delivered.
+    public var commitCount: Int
 
-    /// An update with the given parts (live queries build them with ``diff(from:to:)``).
+    /// An update with the given parts (live queries build them with ``diff(from:to:rewritten:commitCount:)``).
+    ///
+    /// - Parameter commitCount: the number of commits the event covers (≥ 1).
     public init(
-        oldDocuments: [Document], insertions: [Int], deletions: [Int], updates: [Int], moves: [LiveQueryMove]
+        oldDocuments: [Document], insertions: [Int], deletions: [Int], updates: [Int], moves: [LiveQueryMove],
+        commitCount: Int = 1
     ) {
         self.oldDocuments = oldDocuments
         self.insertions = insertions
         self.deletions = deletions
         self.updates = updates
         self.moves = moves
+        self.commitCount = commitCount
     }
 
     /// `true` when the event changes nothing.
@@ -88,6 +100,7 @@ public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
 
     public var description: String {
         "update insertions=\(insertions) deletions=\(deletions) updates=\(updates) moves=\(moves)"
+            + (commitCount == 1 ? "" : " commits=\(commitCount)")
     }
 
     /// The difference between two result lists, as a live query reports it.
@@ -96,8 +109,16 @@ public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
     /// fewest that explain the new order: the surviving documents outside a longest increasing
     /// subsequence of their new positions.
     ///
+    /// - Parameters:
+    ///   - old: the previous results.
+    ///   - new: the results now.
+    ///   - rewritten: `_id`s of documents the commits wrote; those present in both lists are
+    ///     listed in `updates` even when their value is the same.
+    ///   - commitCount: the number of commits the event covers (≥ 1).
     /// - Complexity: O((n + m) log(n + m)) for n old and m new documents.
-    public static func diff(from old: [Document], to new: [Document]) -> LiveQueryUpdate {
+    public static func diff(
+        from old: [Document], to new: [Document], rewritten: Set<Value> = [], commitCount: Int = 1
+    ) -> LiveQueryUpdate {
         var newIndex: [Value: Int] = [:]
         newIndex.reserveCapacity(new.count)
         for (index, document) in new.enumerated() { newIndex[document.id] = index }
@@ -118,7 +139,7 @@ public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
         var updates: [Int] = []
         for (index, document) in new.enumerated() {
             if let from = oldIndex[document.id] {
-                if old[from].value != document.value { updates.append(index) }
+                if old[from].value != document.value || rewritten.contains(document.id) { updates.append(index) }
             } else {
                 insertions.append(index)
             }
@@ -129,7 +150,8 @@ public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
             moves.append(LiveQueryMove(from: survivor.from, to: survivor.to))
         }
         return LiveQueryUpdate(
-            oldDocuments: old, insertions: insertions, deletions: deletions, updates: updates, moves: moves)
+            oldDocuments: old, insertions: insertions, deletions: deletions, updates: updates, moves: moves,
+            commitCount: commitCount)
     }
 
     /// Positions (into `values`) of one longest strictly increasing subsequence.
@@ -195,14 +217,24 @@ public struct SingleDocumentLiveQueryEvent: Sendable, Equatable, CustomStringCon
     /// The document as delivered with the previous callback (`nil` on the initial event and
     /// while the document did not exist locally).
     public var oldDocument: Document?
+    /// How many committed transactions that wrote the document this event covers: 0 for the
+    /// initial event, 1 for each later event of a plain `observeLocal` unless its queue filled up
+    /// (``Store/liveQueryEventLimit``), more when commits were merged (see
+    /// ``LiveQueryUpdate/commitCount``).
+    public var commitCount: Int
 
     /// An event; live queries build them.
-    public init(isInitial: Bool, oldDocument: Document?) {
+    ///
+    /// - Parameter commitCount: commits covered; by default 0 for an initial event, else 1.
+    public init(isInitial: Bool, oldDocument: Document?, commitCount: Int? = nil) {
         self.isInitial = isInitial
         self.oldDocument = oldDocument
+        self.commitCount = commitCount ?? (isInitial ? 0 : 1)
     }
 
     public var description: String {
-        isInitial ? "initial" : "update old=\(oldDocument?.json ?? "null")"
+        isInitial
+            ? "initial"
+            : "update old=\(oldDocument?.json ?? "null")" + (commitCount == 1 ? "" : " commits=\(commitCount)")
     }
 }

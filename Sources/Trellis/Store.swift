@@ -43,6 +43,20 @@ public final class Store: Sendable {
     /// its previous value once the observers started since are stopped, dropped or cancelled.
     public var liveQueryCount: Int { liveQueries.count }
 
+    /// The most events a plain `observeLocal` observer keeps queued (waiting for, or running on,
+    /// its delivery queue) before it merges commits: 1,024 by default; at least 1.
+    ///
+    /// A plain observer gets one event per commit that touches its results. When its callbacks
+    /// fall this far behind, the commits after the limit are not queued one by one: once a
+    /// queued callback returns, they arrive as **one** event from the last queued results to the
+    /// results then, whose `commitCount` says how many commits it covers (intermediate results
+    /// are not delivered). Each observer reads the limit when it starts; next-signal observers
+    /// always keep one.
+    public var liveQueryEventLimit: Int {
+        get { liveQueries.eventLimit.load(ordering: .relaxed) }
+        set { liveQueries.eventLimit.store(max(1, newValue), ordering: .relaxed) }
+    }
+
     /// Waits until every live query has evaluated the commits made before this call and the
     /// callbacks they caused have run (for tests, and for simulated meshes between steps).
     ///

@@ -75,11 +75,22 @@ func hmacSHA256(
 
 /// Noise `HKDF(chaining_key, input_key_material, num_outputs)` (spec rev 34, §4.3), built from
 /// HMAC-SHA256 as RFC 5869 with an empty info string. Returns `outputs` (2 or 3) secrets of
-/// `HASHLEN` bytes each; the intermediate temporary key is wiped.
+/// `HASHLEN` bytes each.
+///
+/// The outputs all use the same HMAC key (`temp_key`), so its padded inner and outer blocks are
+/// hashed once and the keyed state is copied for each output: two SHA-256 compressions fewer per
+/// output after the first, same bytes. The temporary key and every state are wiped.
+///
+/// - Complexity: 4 + 2 + 2 × `outputs` SHA-256 compressions for a 32-byte chaining key and input
+///   of at most 55 bytes.
 func hkdf(chainingKey: SecretBytes, inputKeyMaterial: UnsafeRawBufferPointer, outputs: Int) -> [SecretBytes] {
     precondition(outputs == 2 || outputs == 3)
-    let tempKey = SecretBytes(count: Sizes.hmac) { out in
-        chainingKey.withUnsafeBytes { ck in hmacSHA256(key: ck, parts: [inputKeyMaterial], into: out) }
+    var keyed = crypto_auth_hmacsha256_state()
+    defer { sodium_memzero(&keyed, MemoryLayout<crypto_auth_hmacsha256_state>.size) }
+    withUnsafeTemporaryAllocation(byteCount: Sizes.hmac, alignment: 16) { tempKey in
+        defer { sodium_memzero(tempKey.bytePointer, tempKey.count) }
+        chainingKey.withUnsafeBytes { ck in hmacSHA256(key: ck, parts: [inputKeyMaterial], into: tempKey) }
+        crypto_auth_hmacsha256_init(&keyed, tempKey.bytePointer, tempKey.count)
     }
     var results: [SecretBytes] = []
     results.reserveCapacity(outputs)
@@ -87,17 +98,13 @@ func hkdf(chainingKey: SecretBytes, inputKeyMaterial: UnsafeRawBufferPointer, ou
         var counter = UInt8(index)
         let previous = results.last
         let next = SecretBytes(count: Sizes.hmac) { out in
-            tempKey.withUnsafeBytes { key in
-                withUnsafeBytes(of: &counter) { counterBytes in
-                    if let previous {
-                        previous.withUnsafeBytes { prev in
-                            hmacSHA256(key: key, parts: [prev, counterBytes], into: out)
-                        }
-                    } else {
-                        hmacSHA256(key: key, parts: [counterBytes], into: out)
-                    }
-                }
+            var state = keyed
+            defer { sodium_memzero(&state, MemoryLayout<crypto_auth_hmacsha256_state>.size) }
+            previous?.withUnsafeBytes { prev in
+                _ = crypto_auth_hmacsha256_update(&state, prev.bytePointer, UInt64(prev.count))
             }
+            _ = crypto_auth_hmacsha256_update(&state, &counter, 1)
+            _ = crypto_auth_hmacsha256_final(&state, out.bytePointer)
         }
         results.append(next)
     }

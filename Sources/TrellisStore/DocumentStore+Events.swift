@@ -71,12 +71,15 @@ extension DocumentStore {
         defer {
             s.changedKeys = [:]
             s.unlistedCollections = []
+            s.changedValues = [:]
+            s.changedValueBytes = 0
             s.evictedInCommit = false
         }
         guard !s.changedKeys.isEmpty || !s.unlistedCollections.isEmpty else { return }
         let event = StoreEvent(
             collections: Set(s.changedKeys.keys).union(s.unlistedCollections), origin: origin,
-            evicted: s.evictedInCommit, changedKeys: s.changedKeys, unlistedCollections: s.unlistedCollections)
+            evicted: s.evictedInCommit, changedKeys: s.changedKeys, unlistedCollections: s.unlistedCollections,
+            changedValues: s.changedValues, lastSeq: s.nextSeq - 1)
         let observers = self.observers
         events.async { observers.deliver(event) }
     }

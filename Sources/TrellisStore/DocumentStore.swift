@@ -193,6 +193,16 @@ public struct StoreEvent: Sendable {
     /// Collections in which this commit changed too many documents to list them: any of their
     /// documents may have changed (evictions are always listed).
     public var unlistedCollections: Set<UTF8Key> = []
+    /// The value each document this commit wrote has after it, by collection and canonical key:
+    /// its JSON text, or `nil` when it is absent (removed or evicted). It lets an observer see
+    /// this commit's state even when later commits have already landed. A listed key without an
+    /// entry here was not rewritten (only its `seq` moved) or its value was not kept: the values
+    /// a commit carries are capped at ``DocumentStore/maxEventValueBytes`` bytes in all (read
+    /// the store for the others).
+    public var changedValues: [UTF8Key: [UTF8Key: String?]] = [:]
+    /// The store's last `seq` once this commit is in (``DocumentStore/lastSeq``): events come in
+    /// increasing order of it, and a read that saw this `lastSeq` already includes this commit.
+    public var lastSeq: Int64 = 0
 }
 
 /// The per-document outcome of merging a remote batch (``DocumentStore/merge(_:from:checkpoint:)``).
@@ -267,6 +277,10 @@ public final class DocumentStore: Sendable {
         var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
         /// Collections with more changed documents in the transaction under way than are listed.
         var unlistedCollections: Set<UTF8Key> = []
+        /// The values the transaction under way wrote, for its event (``StoreEvent/changedValues``).
+        var changedValues: [UTF8Key: [UTF8Key: String?]] = [:]
+        /// The bytes of JSON text in ``changedValues``, within ``DocumentStore/maxEventValueBytes``.
+        var changedValueBytes = 0
         /// Whether the transaction under way evicted documents.
         var evictedInCommit = false
         /// The number of rows in the `deferred` table (0 lets merges skip looking there).
@@ -698,6 +712,7 @@ public final class DocumentStore: Sendable {
         if ifAbsent, s.db.changes == 0 { return false }
         s.nextSeq += 1
         Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
+        Self.noteValue(&s, collection, key, kind == .live ? value : nil)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
         return true
     }
@@ -725,6 +740,28 @@ public final class DocumentStore: Sendable {
             s.changedKeys[name] = nil
             s.unlistedCollections.insert(name)
         }
+    }
+
+    /// The most bytes of document values one commit event carries (``StoreEvent/changedValues``):
+    /// 8 MiB. Beyond it the commit's further values are left out and observers read the store.
+    public static let maxEventValueBytes = 8 << 20
+
+    /// Records a written document's value for the commit event, within ``maxEventValueBytes``
+    /// and only while its collection's keys are listed.
+    static func noteValue(_ s: inout State, _ collection: String, _ key: String, _ value: String?) {
+        let name = UTF8Key(collection)
+        guard s.changedKeys[name] != nil else {
+            s.changedValues[name] = nil  // unlisted now: its values would never be looked up
+            return
+        }
+        let size = value?.utf8.count ?? 0
+        let keyName = UTF8Key(key)
+        guard s.changedValueBytes + size <= maxEventValueBytes else {
+            s.changedValues[name]?[keyName] = nil  // an older value of it must not stand for this one
+            return
+        }
+        s.changedValueBytes += size
+        s.changedValues[name, default: [:]][keyName] = .some(value)
     }
 
     func saveClock(_ s: State) throws {

@@ -86,6 +86,33 @@ import TrellisTestKit
     }
 }
 
+extension LiveQuerySyncTests {
+    /// `findByID(…).subscribe()` replicates exactly that document, live, until cancelled, and a
+    /// `findByID(…).observeLocal` on the subscriber sees it arrive and change.
+    @Test func aSubscriptionByIDReplicatesThatDocumentOnly() throws {
+        let a = try TestNode(dir, "a")
+        let b = try TestNode(dir, "b")
+        try a.store.upsert([["_id": "s1", "n": 1], ["_id": "s2", "n": 1]], in: "cars")
+        let cars = store(b).collection("cars")
+        let seen = Mutex<[Value?]>([])
+        let live = try cars.findByID("s2").observeLocal { doc, _ in seen.withLock { $0.append(doc?["n"]) } }
+        let subscription = try cars.findByID("s2").subscribe()
+        _ = b.connect(a)
+        #expect(eventually { (try? b.ids("cars")) == ["s2"] })
+        try a.store.upsert(["_id": "s2", "n": 2], in: "cars")
+        try a.store.upsert(["_id": "s1", "n": 2], in: "cars")
+        #expect(eventually { seen.withLock { $0.last } == .some(.some(2)) })
+        #expect(seen.withLock { $0.first } == .some(nil))
+        subscription.cancel()
+        #expect(eventually { a.engine.peers.allSatisfy(\.servedSubscriptions.isEmpty) })
+        try a.store.upsert(["_id": "s2", "n": 3], in: "cars")
+        usleep(300_000)
+        #expect(try b.store.document(id: "s2", in: "cars")?["n"] == 2)
+        #expect(try b.ids("cars") == ["s2"])
+        live.stop()
+    }
+}
+
 struct Failure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
