@@ -711,8 +711,8 @@ public final class DocumentStore: Sendable {
         try st.run()
         if ifAbsent, s.db.changes == 0 { return false }
         s.nextSeq += 1
-        Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
-        Self.noteValue(&s, collection, key, kind == .live ? value : nil)
+        let listed = Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
+        Self.noteValue(&s, collection, key, kind == .live ? value : nil, listed: listed)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
         return true
     }
@@ -728,9 +728,12 @@ public final class DocumentStore: Sendable {
 
     /// Records a changed document for the commit event, within ``maxListedKeys`` per collection
     /// unless `listAlways` (evictions: the sync engine asks peers for exactly those again).
-    static func noteChanged(_ s: inout State, _ collection: String, _ key: String, listAlways: Bool = false) {
+    ///
+    /// - Returns: whether the collection's keys are still listed for this commit.
+    @discardableResult
+    static func noteChanged(_ s: inout State, _ collection: String, _ key: String, listAlways: Bool = false) -> Bool {
         let name = UTF8Key(collection)
-        if !listAlways, !s.unlistedCollections.isEmpty, s.unlistedCollections.contains(name) { return }
+        if !listAlways, !s.unlistedCollections.isEmpty, s.unlistedCollections.contains(name) { return false }
         func insert(_ keys: inout Set<UTF8Key>) -> Int {
             keys.insert(UTF8Key(key))
             return keys.count
@@ -739,7 +742,9 @@ public final class DocumentStore: Sendable {
         if !listAlways, listed > maxListedKeys, !s.evictedInCommit {
             s.changedKeys[name] = nil
             s.unlistedCollections.insert(name)
+            return false
         }
+        return true
     }
 
     /// The most bytes of document values one commit event carries (``StoreEvent/changedValues``):
@@ -748,9 +753,11 @@ public final class DocumentStore: Sendable {
 
     /// Records a written document's value for the commit event, within ``maxEventValueBytes``
     /// and only while its collection's keys are listed.
-    static func noteValue(_ s: inout State, _ collection: String, _ key: String, _ value: String?) {
+    ///
+    /// - Parameter listed: what ``noteChanged(_:_:_:listAlways:)`` returned for this write.
+    static func noteValue(_ s: inout State, _ collection: String, _ key: String, _ value: String?, listed: Bool) {
         let name = UTF8Key(collection)
-        guard s.changedKeys[name] != nil else {
+        guard listed else {
             s.changedValues[name] = nil  // unlisted now: its values would never be looked up
             return
         }
