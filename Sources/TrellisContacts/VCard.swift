@@ -142,34 +142,43 @@ public enum VCard {
     }
 
     /// Splits `[group.]NAME *(;PARAM) : VALUE`; `nil` when there is no unquoted `:`.
+    ///
+    /// The line is read scalar by scalar, as RFC 6350's grammar reads octets: a combining mark
+    /// after a quote, a colon or a semicolon does not hide it (as a `Character` it would join it).
     static func parseLine(_ text: String, _ number: Int) -> ContentLine? {
         var inQuotes = false
         var colon: String.Index?
-        var index = text.startIndex
-        while index < text.endIndex {
-            let c = text[index]
+        let scalars = text.unicodeScalars
+        var index = scalars.startIndex
+        while index < scalars.endIndex {
+            let c = scalars[index]
             if c == "\"" {
                 inQuotes.toggle()
             } else if c == ":" && !inQuotes {
                 colon = index
                 break
             }
-            index = text.index(after: index)
+            index = scalars.index(after: index)
         }
         guard let colon else { return nil }
-        let head = String(text[..<colon])
-        let value = String(text[text.index(after: colon)...])
+        let head = String(scalars[..<colon])
+        let value = String(scalars[scalars.index(after: colon)...])
         var parts = splitUnquoted(head, ";")
         guard !parts.isEmpty else { return nil }
         var name = parts.removeFirst().uppercased()
-        if let dot = name.lastIndex(of: ".") { name = String(name[name.index(after: dot)...]) }
+        if let dot = name.unicodeScalars.lastIndex(of: ".") {
+            name = String(name.unicodeScalars[name.unicodeScalars.index(after: dot)...])
+        }
         guard !name.isEmpty else { return nil }
         var params: [String: [String]] = [:]
         for p in parts {
-            if let eq = p.firstIndex(of: "=") {
-                let key = p[..<eq].uppercased()
-                let values = splitUnquoted(String(p[p.index(after: eq)...]), ",").map {
-                    $0.hasPrefix("\"") && $0.hasSuffix("\"") && $0.count >= 2 ? String($0.dropFirst().dropLast()) : $0
+            if let eq = p.unicodeScalars.firstIndex(of: "=") {
+                let key = String(p.unicodeScalars[..<eq]).uppercased()
+                let values = splitUnquoted(String(p.unicodeScalars[p.unicodeScalars.index(after: eq)...]), ",").map {
+                    value -> String in
+                    let v = value.unicodeScalars
+                    guard v.count >= 2, v.first == "\"", v.last == "\"" else { return value }
+                    return String(v.dropFirst().dropLast())
                 }
                 params[key, default: []] += values
             } else {
@@ -180,56 +189,58 @@ public enum VCard {
         return ContentLine(name: name, params: params, value: value, line: number)
     }
 
-    static func splitUnquoted(_ text: String, _ separator: Character) -> [String] {
+    /// Splits on `separator` outside double quotes, scalar by scalar.
+    static func splitUnquoted(_ text: String, _ separator: Unicode.Scalar) -> [String] {
         var parts: [String] = []
-        var current = ""
+        var current = String.UnicodeScalarView()
         var inQuotes = false
-        for c in text {
+        for c in text.unicodeScalars {
             if c == "\"" { inQuotes.toggle() }
             if c == separator && !inQuotes {
-                parts.append(current)
-                current = ""
+                parts.append(String(current))
+                current = String.UnicodeScalarView()
             } else {
                 current.append(c)
             }
         }
-        parts.append(current)
+        parts.append(String(current))
         return parts
     }
 
     /// Splits on an unescaped separator, then unescapes each part (RFC 6350 §3.4).
-    static func components(_ value: String, _ separator: Character = ";") -> [String] {
+    static func components(_ value: String, _ separator: Unicode.Scalar = ";") -> [String] {
         split(value, at: separator).map(unescape)
     }
 
     /// Splits on every `separator` that is not escaped by a backslash, keeping the escapes as they
     /// are (so a structured value can be split again: `N` parts hold comma-separated lists).
-    static func split(_ value: String, at separator: Character) -> [String] {
+    /// Scalar by scalar, as ``parseLine(_:_:)``.
+    static func split(_ value: String, at separator: Unicode.Scalar) -> [String] {
         var parts: [String] = []
-        var current = ""
+        var current = String.UnicodeScalarView()
         var escaped = false
-        for c in value {
+        for c in value.unicodeScalars {
             if escaped {
                 escaped = false
             } else if c == "\\" {
                 escaped = true
             } else if c == separator {
-                parts.append(current)
-                current = ""
+                parts.append(String(current))
+                current = String.UnicodeScalarView()
                 continue
             }
             current.append(c)
         }
-        parts.append(current)
+        parts.append(String(current))
         return parts
     }
 
     /// Unescapes a text value (`\n`, `\,`, `\;`, `\\`; any other escaped character stands for
     /// itself, and a trailing backslash is kept).
     static func unescape(_ value: String) -> String {
-        var out = ""
+        var out = String.UnicodeScalarView()
         var escaped = false
-        for c in value {
+        for c in value.unicodeScalars {
             if escaped {
                 switch c {
                 case "n", "N": out.append("\n")
@@ -243,11 +254,11 @@ public enum VCard {
             }
         }
         if escaped { out.append("\\") }
-        return out
+        return String(out)
     }
 
     static func label(_ params: [String: [String]]) -> String? {
-        let types = (params["TYPE"] ?? []).flatMap { $0.split(separator: ",").map { $0.lowercased() } }
+        let types = (params["TYPE"] ?? []).flatMap { splitUnquoted($0, ",").map { $0.lowercased() } }
         if types.contains("cell") || types.contains("mobile") { return CNLabelPhoneNumberMobile }
         if types.contains("home") { return CNLabelHome }
         if types.contains("work") { return CNLabelWork }
@@ -382,18 +393,20 @@ public enum VCard {
 
     /// Escapes a text value (RFC 6350 §3.4): backslash, comma, semicolon and newline.
     static func escape(_ text: String) -> String {
-        var out = ""
-        for c in text {
+        // Scalar by scalar: a `;` followed by a combining mark is one `Character` but still a `;`
+        // to the reader.
+        var out = String.UnicodeScalarView()
+        for c in text.unicodeScalars {
             switch c {
-            case "\\": out += "\\\\"
-            case ",": out += "\\,"
-            case ";": out += "\\;"
-            case "\n", "\r\n": out += "\\n"
-            case "\r": continue
+            case "\\": out.append(contentsOf: "\\\\".unicodeScalars)
+            case ",": out.append(contentsOf: "\\,".unicodeScalars)
+            case ";": out.append(contentsOf: "\\;".unicodeScalars)
+            case "\n": out.append(contentsOf: "\\n".unicodeScalars)
+            case "\r": continue  // CRLF is one newline; a lone CR is dropped
             default: out.append(c)
             }
         }
-        return out
+        return String(out)
     }
 
     static func typeParam(_ label: String?) -> String {

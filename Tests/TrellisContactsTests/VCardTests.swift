@@ -202,6 +202,29 @@ struct VCardTests {
         #expect(VCard.serialize(back.contact, uid: back.uid) == text)
     }
 
+    /// A combining mark after a quote, a semicolon or a comma joins it into one `Character`; the
+    /// reader and the writer work scalar by scalar (as RFC 6350's grammar reads octets), so the
+    /// quote still closes, the semicolon is still escaped and the label still reads back.
+    @Test("combining marks after quotes and separators round-trip")
+    func combiningMarksAfterSeparatorsRoundTrip() throws {
+        var c = CNContact()
+        c.givenName = "A;\u{301}b"
+        c.familyName = "C,\u{301}d"
+        c.organizationName = "\u{301}Org"
+        c.emailAddresses = [CNLabeledValue(label: "\u{369}\u{451}", value: "x@example.org")]
+        let text = VCard.serialize(c, uid: "marks")
+        let (cards, errors) = VCard.parse(text)
+        #expect(errors.isEmpty, "\(errors)")
+        let back = try #require(cards.first).contact
+        #expect(back.givenName == "A;\u{301}b")
+        #expect(back.familyName == "C,\u{301}d")
+        #expect(back.organizationName == "\u{301}Org")
+        #expect(back.emailAddresses.map(\.value) == ["x@example.org"])
+        #expect(VCard.serialize(back, uid: "marks") == text)
+        let quoted = VCard.parse("BEGIN:VCARD\nVERSION:4.0\nUID:q\nEMAIL;TYPE=\"\u{369}x\":y@example.org\nEND:VCARD\n")
+        #expect(quoted.errors.isEmpty && quoted.contacts.first?.contact.emailAddresses.map(\.value) == ["y@example.org"])
+    }
+
     @Test("a lone CR ends a line, as LF and CRLF do")
     func loneCarriageReturn() throws {
         let (cards, errors) = VCard.parse("BEGIN:VCARD\rVERSION:3.0\rUID:mac\rN:Doe;Jo;;;\rEND:VCARD\r")
