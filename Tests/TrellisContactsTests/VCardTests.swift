@@ -222,7 +222,8 @@ struct VCardTests {
         #expect(back.emailAddresses.map(\.value) == ["x@example.org"])
         #expect(VCard.serialize(back, uid: "marks") == text)
         let quoted = VCard.parse("BEGIN:VCARD\nVERSION:4.0\nUID:q\nEMAIL;TYPE=\"\u{369}x\":y@example.org\nEND:VCARD\n")
-        #expect(quoted.errors.isEmpty && quoted.contacts.first?.contact.emailAddresses.map(\.value) == ["y@example.org"])
+        #expect(
+            quoted.errors.isEmpty && quoted.contacts.first?.contact.emailAddresses.map(\.value) == ["y@example.org"])
     }
 
     @Test("a lone CR ends a line, as LF and CRLF do")
