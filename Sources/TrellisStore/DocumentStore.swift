@@ -677,14 +677,16 @@ public final class DocumentStore: Sendable {
         if size > options.maxDocumentBytes {
             throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
         }
-        if size > options.warnDocumentBytes {
+        if !ifAbsent { try trackScope(&s, collection, key, new: materialized) }
+        let written = try writeRow(
+            &s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value,
+            removedAt: removedAt, ifAbsent: ifAbsent)
+        // Once, by the write that happens (an insert that found a row is tried again the general way).
+        if written, size > options.warnDocumentBytes {
             options.log(
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
-        if !ifAbsent { try trackScope(&s, collection, key, new: materialized) }
-        return try writeRow(
-            &s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value,
-            removedAt: removedAt, ifAbsent: ifAbsent)
+        return written
     }
 
     /// Writes a document row with the next `seq` and records the change for observers.

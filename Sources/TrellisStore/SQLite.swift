@@ -61,7 +61,7 @@ final class Connection {
         // SQL from a constant has the same bytes at the same address every time: found by its
         // address, confirmed by its bytes (an address a freed string had may hold other text).
         let byAddress = sql.utf8.withContiguousStorageIfAvailable { text -> (UnsafeRawPointer, Statement?)? in
-            guard let base = text.baseAddress else { return nil }
+            guard let base = text.baseAddress, !text.isEmpty else { return nil }
             let address = UnsafeRawPointer(base)
             guard let known = recent[address], known.sql.count == text.count,
                 known.sql.withUnsafeBufferPointer({ memcmp($0.baseAddress!, base, text.count) == 0 })
