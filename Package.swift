@@ -79,7 +79,8 @@ let package = Package(
         .testTarget(name: "TrellisStoreTests", dependencies: ["TrellisStore", "Trellis", "TrellisTestKit"]),
         .testTarget(name: "TrellisCryptoTests", dependencies: ["TrellisCrypto", "TrellisTestKit"]),
         .testTarget(name: "TrellisSyncTests", dependencies: ["Trellis", "TrellisSync", "TrellisTestKit"]),
-        .testTarget(name: "TrellisCLITests", dependencies: ["TrellisCore", "TrellisStore", "TrellisTestKit"]),
+        .testTarget(
+            name: "TrellisCLITests", dependencies: ["Trellis", "TrellisCore", "TrellisStore", "TrellisTestKit"]),
         .testTarget(name: "TrellisSimulationTests", dependencies: ["TrellisSimulation", "Trellis", "TrellisTestKit"]),
         .testTarget(
             name: "TrellisContactsTests",

@@ -12,7 +12,14 @@ struct Arguments {
     var values: [String: [String]] = [:]
     var switches: Set<String> = []
 
+    /// The value flags that may be given more than once (read with ``all(_:)``); any other value
+    /// flag given twice is an error rather than one of its values silently winning.
+    static let repeatable: Set<String> = ["peer", "subscribe", "allow-peer"]
+
     /// Parses `args` given which flags take a value and which are switches.
+    ///
+    /// - Throws: ``UsageError`` for an unknown flag, a value flag without its value, or a flag that
+    ///   is not ``repeatable`` given twice.
     init(_ args: [String], valueFlags: Set<String>, switchFlags: Set<String> = []) throws {
         var i = 0
         while i < args.count {
@@ -47,6 +54,11 @@ struct Arguments {
                 positional.append(arg)
             }
             i += 1
+        }
+        for (name, given) in values.sorted(by: { $0.key < $1.key })
+        where given.count > 1 && !Self.repeatable.contains(name) {
+            throw UsageError(
+                "--\(name) is given \(given.count) times ('\(given.joined(separator: "', '"))'); give it once")
         }
     }
 

@@ -20,6 +20,7 @@ let usage = """
       trellis keygen FILE
       trellis contacts import|list|export|mirror --data DIR …
       trellis simulate [--seeds N] [--nodes M] [--faults LIST] | --replay SEED
+      trellis --version
 
     Run `trellis COMMAND --help` for a command's details.
     """
@@ -41,6 +42,7 @@ do {
     case "contacts": try ContactsCommand.run(rest)
     case "simulate": try SimulateCommand.run(rest)
     case "--help", "-h", "help": print(usage)
+    case "--version", "version": print("trellis \(TrellisVersion.current) (protocol \(TrellisVersion.protocolVersion))")
     default: throw UsageError("unknown command '\(command)'; run `trellis --help`")
     }
 } catch {

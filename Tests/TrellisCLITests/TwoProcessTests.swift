@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import Trellis
 import TrellisTestKit
 
 /// Runs real `trellis` processes on loopback.
@@ -116,6 +117,20 @@ import TrellisTestKit
         #expect(shell.wait() == 0)
         #expect(shell.stderr.contains("error: line 1 is not valid UTF-8"))
         #expect(shell.stdout.contains("0"))
+    }
+
+    /// `--version` prints the version and the protocol; a flag that takes one value given twice
+    /// is refused, naming both values, instead of the last one silently winning.
+    @Test func versionAndARepeatedDataFlag() throws {
+        let version = try TrellisProcess.run(["--version"])
+        #expect(version.status == 0)
+        #expect(version.stdout == "trellis \(TrellisVersion.current) (protocol \(TrellisVersion.protocolVersion))\n")
+        let twice = try TrellisProcess.run(["find", "--data", dir.path("a"), "--data", dir.path("b"), "cars"])
+        #expect(twice.status == 2)
+        #expect(twice.stderr.hasPrefix("trellis: error: --data is given 2 times"), "\(twice.stderr)")
+        #expect(
+            !FileManager.default.fileExists(atPath: dir.path("a"))
+                && !FileManager.default.fileExists(atPath: dir.path("b")))
     }
 
     @Test func badCommandLinesGetOneLineErrors() throws {
