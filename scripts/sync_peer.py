@@ -192,7 +192,7 @@ def decode_whole(state, doc_id):
         context = join(context, field.get("x", []), sites)
         shown = []
         values = [(stamp_key(e[1], sites[e[0]]), e[2]) for e in field.get("e", [])
-                  if e[1] != 0 and not covers(context, e[1], sites[e[0]])]
+                  if not covers(context, e[1], sites[e[0]])]
         if values:
             stamp, value = max(values, key=lambda sv: sv[0])
             shown.append((stamp, 2, to_json_value(value)))
@@ -222,7 +222,7 @@ def decode_whole(state, doc_id):
                 children[key] = result[1]
                 child_stamps.append(result[0])
         maps = [stamp_key(e[1], sites[e[0]]) for e in field.get("p", [])
-                if e[1] != 0 and not covers(context, e[1], sites[e[0]])]
+                if not covers(context, e[1], sites[e[0]])]
         if maps or children:
             shown.append((max(maps + child_stamps), 0, children))
         if not shown:
