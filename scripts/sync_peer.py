@@ -182,6 +182,33 @@ def decode_whole(state, doc_id):
     removed = join({}, state.get("r", []), sites)
     latest = max([stamp_key(e[1], sites[e[0]]) for e in state.get("w", [])] or [(0, 0)])
 
+    def counter(totals, restarts, removed_totals):
+        """What a counter shows (docs/DATA-MODEL.md rule 4): the winning restart's number, plus each
+        site's visible total beyond the later (by stamp) of what the restart and a remove had seen."""
+        winner = max(restarts, key=lambda e: stamp_key(e[1], sites[e[0]])) if restarts else None
+        sub = {}  # site -> (stamp, total)
+        seen = list(removed_totals) + (winner[3] if winner is not None else [])
+        for e in seen:
+            site = sites[e[0]] & U64
+            candidate = (stamp_key(e[1], sites[e[0]]), e[2])
+            if site not in sub or candidate[0] > sub[site][0]:
+                sub[site] = candidate
+        base = winner[2] if winner is not None else 0
+        terms = []
+        for e in sorted(totals, key=lambda e: sites[e[0]] & U64):
+            site = sites[e[0]] & U64
+            if site in sub and stamp_key(e[1], sites[e[0]]) <= sub[site][0]:
+                continue
+            terms.append((e[2], sub[site][1] if site in sub else 0))
+        if isinstance(base, int) and all(isinstance(t, int) and isinstance(s, int) for t, s in terms):
+            value = base + sum(t - s for t, s in terms)
+            if -(1 << 63) <= value < (1 << 63):
+                return value
+        value = float(base)
+        for t, s in terms:
+            value += float(t) - float(s)
+        return value
+
     def shows(field, context, path):
         """(rank stamp, JSON value) the field shows, or None. Rank: value 2, counter 1, map 0."""
         field_allowed = {"b", "e", "h", "m", "o", "p", "t", "x"}
@@ -199,21 +226,8 @@ def decode_whole(state, doc_id):
         totals = [e for e in field.get("t", []) if not covers(context, e[1], sites[e[0]])]
         restarts = [e for e in field.get("b", []) if not covers(context, e[1], sites[e[0]])]
         if totals or restarts:
-            # A counter: the winning restart's number plus each site's total beyond what the
-            # restart (or a remove, in "o") had seen (docs/DATA-MODEL.md rule 4).
-            winner = max(restarts, key=lambda e: stamp_key(e[1], sites[e[0]])) if restarts else None
-            seen = {}
-            for e in field.get("o", []):
-                seen[sites[e[0]] & U64] = e[2]
-            if winner is not None:
-                for e in winner[3]:
-                    site = sites[e[0]] & U64
-                    seen[site] = max(seen.get(site, e[2]), e[2])
-            number = winner[2] if winner is not None else 0
-            for e in totals:
-                number += e[2] - seen.get(sites[e[0]] & U64, 0)
-            stamps = [stamp_key(e[1], sites[e[0]]) for e in totals + restarts]
-            shown.append((max(stamps), 1, number))
+            shown.append((max(stamp_key(e[1], sites[e[0]]) for e in totals + restarts), 1,
+                          counter(totals, restarts, field.get("o", []))))
         children = {}
         child_stamps = []
         for key, child in field.get("m", {}).items():

@@ -31,33 +31,8 @@ import TrellisTestKit
         defer { subscription.cancel() }
         let port = try node.listen(on: Endpoint(host: "127.0.0.1", port: 0))
 
-        let process = Process()
-        let python = Repository.python.split(separator: " ").map(String.init)
-        process.executableURL = URL(fileURLWithPath: python[0])
-        process.arguments =
-            Array(python.dropFirst()) + [
-                Repository.root.appendingPathComponent("scripts/sync_peer.py").path,
-                "--port", String(port), "--mesh-key", keyFile.path, "--collection", "items",
-                "--write-id", "from-python", "--timeout", "60",
-            ]
-        let output = Pipe()
-        let errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
-        defer { if process.isRunning { process.terminate() } }
-        let stdout = output.fileHandleForReading.readDataToEndOfFile()
-        let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        let lines = String(decoding: stdout, as: UTF8.self).split(separator: "\n")
-        print("sync_peer.py:\n\(lines.joined(separator: "\n"))\n\(stderr)")
-        #expect(
-            process.terminationStatus == 0,
-            "sync_peer.py exited \(process.terminationStatus) (3: run scripts/setup.sh noiseprotocol cbor2): \(stderr)")
-
-        let events = try lines.map {
-            try #require(JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])
-        }
+        let (status, events, stderr) = try runPeer(port: port, keyFile: keyFile, writeID: "from-python")
+        #expect(status == 0, "sync_peer.py exited \(status) (3: run scripts/setup.sh noiseprotocol cbor2): \(stderr)")
         var received: [String: [String: Any]] = [:]
         for event in events where event["event"] as? String == "document" {
             let id = try #require(event["id"] as? String)
@@ -78,5 +53,75 @@ import TrellisTestKit
         // The document the peer wrote is merged in the node's store.
         let written = try #require(try items.findByID("from-python").exec())
         #expect(written["from"] == "sync_peer")
+    }
+
+    /// States beyond single writes, decoded by the peer from the protocol document and
+    /// docs/DATA-MODEL.md alone, show what the node shows: a removed field, counters (a restart
+    /// under later increments, a double total), default data (time zero), a field removed inside
+    /// a map, and a removed document (a tombstone, which does not exist).
+    @Test func statesOfSeveralWritesDecodeAsTheNodeShowsThem() throws {
+        let meshKey = MeshKey.generate()
+        let keyFile = dir.url.appendingPathComponent("mesh.key")
+        try meshKey.write(to: keyFile)
+        let node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: meshKey)
+        defer { node.close() }
+        let items = node.store.collection("items")
+        _ = try items.upsert(["_id": "k", "keep": 1, "gone": "x", "o": ["a": 1, "b": 2]])
+        let edits: [(MutableDocument) -> Void] = [
+            { $0["n"].increment(by: 3) }, { $0["n"].increment(by: 4) }, { $0["gone"].remove() },
+            { $0["c"].increment(by: 1) }, { $0["c"].set(5) }, { $0["c"].increment(by: 2) },
+            { $0["d"].increment(by: 1) }, { $0["d"].increment(by: 0.5) },
+            { $0["theme"].set("light", isDefault: true) }, { $0["o"]["b"].remove() },
+        ]
+        for edit in edits { _ = try items.findByID("k").update { if let doc = $0 { edit(doc) } } }
+        _ = try items.upsert(["_id": "r", "v": 1])
+        #expect(try items.findByID("r").remove())
+        let subscription = try items.findAll().subscribe()
+        defer { subscription.cancel() }
+        let port = try node.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+
+        let (status, events, stderr) = try runPeer(port: port, keyFile: keyFile, writeID: "w")
+        #expect(status == 0, "sync_peer.py exited \(status) (3: run scripts/setup.sh noiseprotocol cbor2): \(stderr)")
+        let documents = events.filter { $0["event"] as? String == "document" }
+        let k = try #require(documents.first { $0["id"] as? String == "k" })
+        let shown = try #require(try items.findByID("k").exec())
+        let expected = try JSONSerialization.jsonObject(with: Data(JSON.string(shown.value).utf8)) as? NSDictionary
+        #expect(k["form"] as? String == "state")
+        #expect(k["doc"] as? NSDictionary == expected, "the node shows \(JSON.string(shown.value))")
+        #expect((k["doc"] as? [String: Any])?["c"] as? Int == 7)
+        let r = try #require(documents.first { $0["id"] as? String == "r" })
+        #expect(r["exists"] as? Bool == false)
+        #expect(try items.findByID("w").exec() != nil)
+    }
+
+    /// Runs scripts/sync_peer.py against the node on `port` until it exits.
+    ///
+    /// - Returns: its exit status, the JSON objects it printed (one a line), and its standard error.
+    func runPeer(port: UInt16, keyFile: URL, writeID: String) throws -> (Int32, [[String: Any]], String) {
+        let process = Process()
+        let python = Repository.python.split(separator: " ").map(String.init)
+        process.executableURL = URL(fileURLWithPath: python[0])
+        process.arguments =
+            Array(python.dropFirst()) + [
+                Repository.root.appendingPathComponent("scripts/sync_peer.py").path,
+                "--port", String(port), "--mesh-key", keyFile.path, "--collection", "items",
+                "--write-id", writeID, "--timeout", "60",
+            ]
+        let output = Pipe()
+        let errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        defer { if process.isRunning { process.terminate() } }
+        let stdout = output.fileHandleForReading.readDataToEndOfFile()
+        let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        let lines = String(decoding: stdout, as: UTF8.self).split(separator: "\n")
+        print("sync_peer.py:\n\(lines.joined(separator: "\n"))\n\(stderr)")
+
+        let events = try lines.map {
+            try #require(JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any])
+        }
+        return (process.terminationStatus, events, stderr)
     }
 }
