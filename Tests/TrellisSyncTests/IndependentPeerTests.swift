@@ -16,10 +16,7 @@ import TrellisTestKit
     /// `hello` and `subs`, decodes the three, acknowledges them, writes one document back, and
     /// sees the node's `ack`; the node holds that document afterwards.
     @Test func aPeerWrittenFromTheProtocolDocumentSyncsBothWays() throws {
-        let meshKey = MeshKey.generate()
-        let keyFile = dir.url.appendingPathComponent("mesh.key")
-        try meshKey.write(to: keyFile)
-        let node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: meshKey)
+        let (node, keyFile) = try makeNode()
         defer { node.close() }
         let items = node.store.collection("items")
         _ = try items.upsert(["_id": "a", "v": 1])
@@ -60,10 +57,7 @@ import TrellisTestKit
     /// under later increments, a double total), default data (time zero), a field removed inside
     /// a map, and a removed document (a tombstone, which does not exist).
     @Test func statesOfSeveralWritesDecodeAsTheNodeShowsThem() throws {
-        let meshKey = MeshKey.generate()
-        let keyFile = dir.url.appendingPathComponent("mesh.key")
-        try meshKey.write(to: keyFile)
-        let node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: meshKey)
+        let (node, keyFile) = try makeNode()
         defer { node.close() }
         let items = node.store.collection("items")
         _ = try items.upsert(["_id": "k", "keep": 1, "gone": "x", "o": ["a": 1, "b": 2]])
@@ -94,19 +88,25 @@ import TrellisTestKit
         #expect(try items.findByID("w").exec() != nil)
     }
 
+    /// A node (no discovery, not yet listening) and its mesh key written to a file as
+    /// `trellis keygen` writes one.
+    func makeNode() throws -> (TrellisNode, URL) {
+        let meshKey = MeshKey.generate()
+        let keyFile = dir.url.appendingPathComponent("mesh.key")
+        try meshKey.write(to: keyFile)
+        return (try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: meshKey), keyFile)
+    }
+
     /// Runs scripts/sync_peer.py against the node on `port` until it exits.
     ///
     /// - Returns: its exit status, the JSON objects it printed (one a line), and its standard error.
     func runPeer(port: UInt16, keyFile: URL, writeID: String) throws -> (Int32, [[String: Any]], String) {
-        let process = Process()
-        let python = Repository.python.split(separator: " ").map(String.init)
-        process.executableURL = URL(fileURLWithPath: python[0])
-        process.arguments =
-            Array(python.dropFirst()) + [
-                Repository.root.appendingPathComponent("scripts/sync_peer.py").path,
-                "--port", String(port), "--mesh-key", keyFile.path, "--collection", "items",
-                "--write-id", writeID, "--timeout", "60",
-            ]
+        let process = pythonScript(
+            "sync_peer.py",
+            [
+                "--port", String(port), "--mesh-key", keyFile.path, "--collection", "items", "--write-id", writeID,
+                "--timeout", "60",
+            ])
         let output = Pipe()
         let errors = Pipe()
         process.standardOutput = output
