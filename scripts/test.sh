@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs every Trellis test: installs what is missing (apt: libsodium-dev, libsqlite3-dev, faketime,
-# pkg-config; PyPI into .venv: noiseprotocol, khard and vobject for the interoperability tests), checks formatting,
+# pkg-config; PyPI into .venv: noiseprotocol, cbor2, khard and vobject for the interoperability tests), checks formatting,
 # builds, and runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/setup.sh noiseprotocol khard vobject
+scripts/setup.sh noiseprotocol cbor2 khard vobject
 export TRELLIS_PYTHON="$PWD/.venv/bin/python"
 
 echo "== swift format lint"

@@ -6,6 +6,21 @@ import TrellisTestKit
 
 @testable import TrellisNet
 
+/// A process (not started) that runs `scripts/NAME` with ``Repository/python``, the interpreter
+/// that holds the interop packages scripts/setup.sh installs.
+///
+/// - Parameters:
+///   - script: the file name under scripts/.
+///   - arguments: the script's arguments.
+func pythonScript(_ script: String, _ arguments: [String]) -> Process {
+    let process = Process()
+    let python = Repository.python.split(separator: " ").map(String.init)
+    process.executableURL = URL(fileURLWithPath: python[0])
+    process.arguments =
+        Array(python.dropFirst()) + [Repository.root.appendingPathComponent("scripts/\(script)").path] + arguments
+    return process
+}
+
 /// Two ``SecureLink``s connected over loopback, after a real XXpsk3 handshake.
 ///
 /// - Parameter rekeyInterval: transport messages between rekeys on both ends.

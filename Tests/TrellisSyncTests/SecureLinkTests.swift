@@ -146,16 +146,13 @@ import TrellisTestKit
         let meshKey = SecretBytes.random(count: 32)
         let listener = try TCPListener(endpoint: Endpoint(host: "127.0.0.1", port: 0))
         defer { listener.close() }
-        let process = Process()
-        let python = Repository.python.split(separator: " ").map(String.init)
-        process.executableURL = URL(fileURLWithPath: python[0])
-        process.arguments =
-            Array(python.dropFirst()) + [
-                Repository.root.appendingPathComponent("scripts/link_peer.py").path,
+        let process = pythonScript(
+            "link_peer.py",
+            [
                 "--port", String(listener.port), "--psk",
                 meshKey.copyBytes().map { String(format: "%02x", $0) }.joined(),
                 "--rekey-interval", "5",
-            ]
+            ])
         let errors = Pipe()
         process.standardError = errors
         try process.run()
