@@ -72,7 +72,12 @@ public final class Store: Sendable {
 }
 
 /// A collection of documents (Ditto's `DittoCollection`).
+///
+/// Named after Ditto's type rather than plain `Collection`, which would shadow Swift's
+/// `Collection` protocol in every file that imports Trellis (docs/API.md, "Names"). There is no
+/// alias under the old name, since it would go on shadowing the protocol.
 public struct TrellisCollection: Sendable {
+    /// The name given to ``Store/collection(_:)``; names compare byte for byte.
     public let name: String
     let store: Store
 
