@@ -1,6 +1,6 @@
 public import TrellisStore
 
-/// How ``Collection/upsert(_:writeStrategy:)`` treats an existing document (Ditto's
+/// How ``TrellisCollection/upsert(_:writeStrategy:)`` treats an existing document (Ditto's
 /// `DittoWriteStrategy`); see ``TrellisStore/WriteStrategy``.
 public typealias WriteStrategy = TrellisStore.WriteStrategy
 /// The direction of a sort key (Ditto's `DittoSortDirection`): `.ascending` or `.descending`.

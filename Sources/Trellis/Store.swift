@@ -66,13 +66,18 @@ public final class Store: Sendable {
     }
 
     /// A collection by name (created on first write).
-    public func collection(_ name: String) -> Collection {
-        Collection(name: name, store: self)
+    public func collection(_ name: String) -> TrellisCollection {
+        TrellisCollection(name: name, store: self)
     }
 }
 
 /// A collection of documents (Ditto's `DittoCollection`).
-public struct Collection: Sendable {
+///
+/// Named after Ditto's type rather than plain `Collection`, which would shadow Swift's
+/// `Collection` protocol in every file that imports Trellis (docs/API.md, "Names"). There is no
+/// alias under the old name, since it would go on shadowing the protocol.
+public struct TrellisCollection: Sendable {
+    /// The name given to ``Store/collection(_:)``; names compare byte for byte.
     public let name: String
     let store: Store
 
@@ -145,7 +150,7 @@ public struct Collection: Sendable {
 
 /// An operation on one document, run by its methods (Ditto's `DittoPendingIDSpecificOperation`).
 public struct PendingIDSpecificOperation: Sendable {
-    public let collection: Collection
+    public let collection: TrellisCollection
     public let id: Value
 
     /// The document, or `nil` when it does not exist locally.
@@ -223,7 +228,7 @@ public struct PendingIDSpecificOperation: Sendable {
 /// They shape `exec`, `update`, `remove`, `evict`, `count` and `observeLocal`; a subscription
 /// replicates every document matching the query whatever the window.
 public struct PendingCursorOperation: Sendable {
-    public let collection: Collection
+    public let collection: TrellisCollection
     public let query: String
     public let args: UTF8Map<Value>
     /// The sort keys, most significant first, as given to ``sort(_:direction:)``.
@@ -233,7 +238,7 @@ public struct PendingCursorOperation: Sendable {
     /// The offset given to ``offset(_:)`` (0 by default).
     public private(set) var offsetCount: Int = 0
 
-    init(collection: Collection, query: String, args: UTF8Map<Value>) {
+    init(collection: TrellisCollection, query: String, args: UTF8Map<Value>) {
         self.collection = collection
         self.query = query
         self.args = args
@@ -285,7 +290,7 @@ public struct PendingCursorOperation: Sendable {
     /// - Throws: ``QueryParseError`` when the query does not parse; ``StoreError`` for a missing
     ///   `$args` value, a bad sort path, or a negative limit or offset.
     /// - Complexity: O(n) in the collection's documents, or O(k log n) for k matches when an
-    ///   index (``Collection/createIndex(_:)``) serves the query; plus O(k log k) to sort.
+    ///   index (``TrellisCollection/createIndex(_:)``) serves the query; plus O(k log k) to sort.
     public func exec() throws -> [Document] {
         let (parsed, keys) = try resolved()
         return try collection.store.documents.documents(

@@ -54,15 +54,15 @@ public struct Query: Sendable, Hashable, CustomStringConvertible {
     /// Bare words with a meaning of their own.
     static let keywords: Set<String> = ["true", "false", "null", "IN", "in", "contains"]
 
-    /// The syntax tree type. Foundation also declares a `Predicate`; code that imports both can
-    /// spell this one `Query.Predicate` (or `TrellisCore.Predicate`).
-    public typealias Predicate = TrellisCore.Predicate
+    /// The syntax tree type, ``QueryPredicate``, under the name it had before it was renamed so as
+    /// not to shadow Foundation's `Predicate`. A nested name shadows nothing, so it stays.
+    public typealias Predicate = QueryPredicate
 
-    /// The text this query was parsed from; for a query built from a ``Predicate`` or bound to
+    /// The text this query was parsed from; for a query built from a ``QueryPredicate`` or bound to
     /// arguments, the predicate's canonical text.
     public let text: String
     /// The syntax tree.
-    public let predicate: Predicate
+    public let predicate: QueryPredicate
     /// Whether `predicate` holds `$args` references, computed once.
     private let needsArguments: Bool
 
@@ -80,7 +80,7 @@ public struct Query: Sendable, Hashable, CustomStringConvertible {
     }
 
     /// A query from a syntax tree; ``text`` is its canonical text.
-    public init(predicate: Predicate) {
+    public init(predicate: QueryPredicate) {
         self.text = predicate.description
         self.predicate = predicate
         self.needsArguments = predicate.hasArguments
@@ -92,7 +92,7 @@ public struct Query: Sendable, Hashable, CustomStringConvertible {
     /// Whether the query is exactly `true` (so a store can skip evaluating it).
     public var isMatchAll: Bool { predicate == .constant(true) }
 
-    /// The canonical text of the predicate (see ``Predicate/description``).
+    /// The canonical text of the predicate (see ``QueryPredicate/description``).
     public var description: String { predicate.description }
 
     /// The query with every `$args` reference replaced by its value, ready to be evaluated many

@@ -138,7 +138,7 @@ extension Value.Ordering {
     }
 }
 
-extension Predicate {
+extension QueryPredicate {
     /// Whether a document matches this predicate.
     ///
     /// `$args` references still in the tree read as missing values; bind them first with
@@ -187,7 +187,7 @@ extension Predicate {
     }
 }
 
-extension Predicate.Operand {
+extension QueryPredicate.Operand {
     /// The operand's value for `document`; `nil` for a missing field or an unbound argument.
     func resolve(in document: Value) -> Value? {
         switch self {

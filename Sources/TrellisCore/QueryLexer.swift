@@ -4,7 +4,7 @@ struct QueryToken: Sendable {
         case end
         case leftParen, rightParen, leftBracket, rightBracket, leftBrace, rightBrace, comma, colon
         case not, and, or
-        case compare(Predicate.ComparisonOperator)
+        case compare(QueryPredicate.ComparisonOperator)
         case int(Int64)
         case double(Double)
         case string(String)

@@ -13,7 +13,7 @@ struct QueryParser {
     }
 
     /// Parses the whole text; the empty text (or only spaces) is `true`.
-    mutating func parseQuery() throws(QueryParseError) -> Predicate {
+    mutating func parseQuery() throws(QueryParseError) -> QueryPredicate {
         if token.kind == .end { return .constant(true) }
         let predicate = try parseOr()
         guard token.kind == .end else {
@@ -75,7 +75,7 @@ struct QueryParser {
     // MARK: Predicates
 
     /// `disjunction = conjunction { "||" conjunction }`
-    private mutating func parseOr() throws(QueryParseError) -> Predicate {
+    private mutating func parseOr() throws(QueryParseError) -> QueryPredicate {
         var terms = [try parseAnd()]
         while token.kind == .or {
             try advance()
@@ -85,7 +85,7 @@ struct QueryParser {
     }
 
     /// `conjunction = unary { "&&" unary }`
-    private mutating func parseAnd() throws(QueryParseError) -> Predicate {
+    private mutating func parseAnd() throws(QueryParseError) -> QueryPredicate {
         var terms = [try parseUnary()]
         while token.kind == .and {
             try advance()
@@ -95,7 +95,7 @@ struct QueryParser {
     }
 
     /// `unary = "!" negated | term`
-    private mutating func parseUnary() throws(QueryParseError) -> Predicate {
+    private mutating func parseUnary() throws(QueryParseError) -> QueryPredicate {
         guard token.kind == .not else { return try parseTerm() }
         return try parseNegation()
     }
@@ -104,7 +104,7 @@ struct QueryParser {
     ///
     /// `!` binds tighter than comparisons, so `!a == 1` would negate the field `a`, which is not a
     /// condition: it is rejected with a hint to write `!(a == 1)`.
-    private mutating func parseNegation() throws(QueryParseError) -> Predicate {
+    private mutating func parseNegation() throws(QueryParseError) -> QueryPredicate {
         try enter()
         defer { leave() }
         try advance()  // the "!"
@@ -127,7 +127,7 @@ struct QueryParser {
     }
 
     /// `group = "(" disjunction ")"`
-    private mutating func parseGroup() throws(QueryParseError) -> Predicate {
+    private mutating func parseGroup() throws(QueryParseError) -> QueryPredicate {
         try enter()
         defer { leave() }
         try advance()  // the "("
@@ -137,7 +137,7 @@ struct QueryParser {
     }
 
     /// `term = group | contains | comparison | "true" | "false"`
-    private mutating func parseTerm() throws(QueryParseError) -> Predicate {
+    private mutating func parseTerm() throws(QueryParseError) -> QueryPredicate {
         switch token.kind {
         case .leftParen:
             return try parseGroup()
@@ -172,7 +172,7 @@ struct QueryParser {
     }
 
     /// `contains = "contains" "(" operand "," operand ")"`
-    private mutating func parseContains() throws(QueryParseError) -> Predicate {
+    private mutating func parseContains() throws(QueryParseError) -> QueryPredicate {
         try advance()  // "contains"
         try expect(.leftParen, "'(' after contains")
         let haystack = try parseOperand()
@@ -192,7 +192,7 @@ struct QueryParser {
     }
 
     /// `operand = literal | path | argument`
-    private mutating func parseOperand() throws(QueryParseError) -> Predicate.Operand {
+    private mutating func parseOperand() throws(QueryParseError) -> QueryPredicate.Operand {
         switch token.kind {
         case .word(let name) where name != "true" && name != "false" && name != "null":
             try advance()

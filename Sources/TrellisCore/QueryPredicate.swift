@@ -4,19 +4,21 @@
 /// build queries without writing text. Walk it by switching over the cases, or with ``children``,
 /// ``operands`` and ``forEach(_:)``. ``description`` prints the canonical query text.
 ///
-/// Foundation also declares a `Predicate`; where both are imported, write `Query.Predicate`.
+/// Named `QueryPredicate` rather than `Predicate` so that it does not shadow Foundation's `Predicate`
+/// (`Predicate<Input>`, built by `#Predicate`) in code that imports both. `Query.Predicate` names
+/// this type too.
 ///
 /// A tree built by the parser nests at most ``Query/maximumDepth`` levels, and `&&` / `||` chains
 /// are flat lists, so recursive walks stay shallow however long the query is.
-public indirect enum Predicate: Sendable, Hashable {
+public indirect enum QueryPredicate: Sendable, Hashable {
     /// `true` (every document) or `false` (none).
     case constant(Bool)
     /// `!p`.
-    case not(Predicate)
+    case not(QueryPredicate)
     /// `p1 && p2 && ...`; an empty list is `true`.
-    case and([Predicate])
+    case and([QueryPredicate])
     /// `p1 || p2 || ...`; an empty list is `false`.
-    case or([Predicate])
+    case or([QueryPredicate])
     /// `lhs op rhs`.
     case compare(Operand, ComparisonOperator, Operand)
     /// `contains(haystack, needle)`: an array holding an element equal to `needle`, or a string
@@ -49,9 +51,9 @@ public indirect enum Predicate: Sendable, Hashable {
 
 // MARK: - Walking
 
-extension Predicate {
+extension QueryPredicate {
     /// The predicates directly below this one (empty for leaves).
-    public var children: [Predicate] {
+    public var children: [QueryPredicate] {
         switch self {
         case .not(let p): return [p]
         case .and(let ps), .or(let ps): return ps
@@ -71,7 +73,7 @@ extension Predicate {
     /// Calls `body` on this predicate and then on every predicate below it, depth first.
     ///
     /// - Complexity: O(number of nodes).
-    public func forEach(_ body: (Predicate) throws -> Void) rethrows {
+    public func forEach(_ body: (QueryPredicate) throws -> Void) rethrows {
         try body(self)
         for child in children { try child.forEach(body) }
     }
@@ -117,19 +119,19 @@ extension Predicate {
     ///   value, ``QueryEvaluationError/invalidArgument(name:reason:)`` for one holding NaN or
     ///   ±Infinity.
     /// - Complexity: O(number of nodes + size of the values bound).
-    public func bound(to args: UTF8Map<Value>) throws(QueryEvaluationError) -> Predicate {
+    public func bound(to args: UTF8Map<Value>) throws(QueryEvaluationError) -> QueryPredicate {
         switch self {
         case .constant:
             return self
         case .not(let p):
             return .not(try p.bound(to: args))
         case .and(let ps):
-            var out: [Predicate] = []
+            var out: [QueryPredicate] = []
             out.reserveCapacity(ps.count)
             for p in ps { out.append(try p.bound(to: args)) }
             return .and(out)
         case .or(let ps):
-            var out: [Predicate] = []
+            var out: [QueryPredicate] = []
             out.reserveCapacity(ps.count)
             for p in ps { out.append(try p.bound(to: args)) }
             return .or(out)
@@ -154,7 +156,7 @@ extension Predicate {
     }
 }
 
-extension Predicate.Operand {
+extension QueryPredicate.Operand {
     var isArgument: Bool {
         if case .argument = self { return true }
         return false
@@ -163,7 +165,7 @@ extension Predicate.Operand {
     /// A literal for an argument reference, resolved from `args`; other operands unchanged.
     ///
     /// - Throws: ``QueryEvaluationError`` when the argument is missing or not finite.
-    public func bound(to args: UTF8Map<Value>) throws(QueryEvaluationError) -> Predicate.Operand {
+    public func bound(to args: UTF8Map<Value>) throws(QueryEvaluationError) -> QueryPredicate.Operand {
         guard case .argument(let path) = self else { return self }
         let name = path.description
         guard let value = Value.map(args).value(at: path) else { throw .missingArgument(name: name) }
@@ -178,7 +180,7 @@ extension Predicate.Operand {
 
 // MARK: - Canonical text
 
-extension Predicate: CustomStringConvertible {
+extension QueryPredicate: CustomStringConvertible {
     /// The canonical query text: single-quoted strings, one space around binary operators,
     /// parentheses only where needed. For every tree the parser produces, parsing it gives back an
     /// equal predicate. Hand-built trees print their meaning, not always their shape: a
@@ -224,8 +226,8 @@ extension Predicate: CustomStringConvertible {
     }
 
     private func writeList(
-        _ ps: [Predicate], separator: String, empty: String, into out: inout String,
-        needsParentheses: (Predicate) -> Bool
+        _ ps: [QueryPredicate], separator: String, empty: String, into out: inout String,
+        needsParentheses: (QueryPredicate) -> Bool
     ) {
         guard !ps.isEmpty else {
             out += empty
@@ -244,7 +246,7 @@ extension Predicate: CustomStringConvertible {
     }
 }
 
-extension Predicate.Operand: CustomStringConvertible {
+extension QueryPredicate.Operand: CustomStringConvertible {
     /// The operand as query text: a literal, a field path or `$args.name`.
     public var description: String {
         switch self {

@@ -2,7 +2,7 @@
 // keep each document's materialised value as JSON (DESIGN.md, "Store"). Pure string building:
 // nothing here links SQLite.
 
-extension Predicate {
+extension QueryPredicate {
     /// A SQLite expression selecting exactly the documents this predicate matches, or `nil` when
     /// the predicate cannot be expressed (the caller then evaluates ``matches(_:)`` in memory).
     ///
@@ -35,7 +35,7 @@ extension Predicate {
 }
 
 extension Query {
-    /// ``Predicate/sqlWhere(column:)`` of this query; `nil` when it holds `$args` (use
+    /// ``QueryPredicate/sqlWhere(column:)`` of this query; `nil` when it holds `$args` (use
     /// ``bind(args:)`` first) or cannot be expressed in SQL.
     public func sqlWhere(column: String) -> (sql: String, bindings: [Value])? {
         predicate.sqlWhere(column: column)
@@ -51,7 +51,7 @@ struct QuerySQLWriter {
 
     private static let eachAlias = "trellis_each"
 
-    mutating func write(_ predicate: Predicate) -> Bool {
+    mutating func write(_ predicate: QueryPredicate) -> Bool {
         switch predicate {
         case .constant(let b):
             sql += b ? "1" : "0"
@@ -98,7 +98,7 @@ struct QuerySQLWriter {
     /// `(p1 OP p2 OP …)`. SQLite parses a flat chain into a tree as deep as the chain is long and
     /// refuses trees deeper than 1000, so a long list is split into parenthesised halves
     /// recursively: the depth grows with the logarithm of the length.
-    private mutating func writeList(_ ps: [Predicate], separator: String, empty: String) -> Bool {
+    private mutating func writeList(_ ps: [QueryPredicate], separator: String, empty: String) -> Bool {
         guard !ps.isEmpty else {
             sql += empty
             return true
@@ -106,7 +106,7 @@ struct QuerySQLWriter {
         return writeList(ps[...], separator: separator)
     }
 
-    private mutating func writeList(_ ps: ArraySlice<Predicate>, separator: String) -> Bool {
+    private mutating func writeList(_ ps: ArraySlice<QueryPredicate>, separator: String) -> Bool {
         sql += "("
         if ps.count > Self.flatListLimit {
             let middle = ps.startIndex + ps.count / 2
@@ -124,12 +124,14 @@ struct QuerySQLWriter {
     }
 
     /// A predicate on literals only: its value is the same for every document.
-    private mutating func writeConstant(_ predicate: Predicate) -> Bool {
+    private mutating func writeConstant(_ predicate: QueryPredicate) -> Bool {
         sql += predicate.matches(.null) ? "1" : "0"
         return true
     }
 
-    private mutating func writeCompare(_ path: FieldPath, _ op: Predicate.ComparisonOperator, _ value: Value) -> Bool {
+    private mutating func writeCompare(_ path: FieldPath, _ op: QueryPredicate.ComparisonOperator, _ value: Value)
+        -> Bool
+    {
         if op == .notEqual {
             sql += "(NOT "
             guard writeCompare(path, .equal, value) else { return false }
@@ -279,9 +281,9 @@ struct QuerySQLWriter {
     }
 }
 
-extension Predicate.ComparisonOperator {
+extension QueryPredicate.ComparisonOperator {
     /// The operator with its sides swapped: `a < b` is `b > a`.
-    public var flipped: Predicate.ComparisonOperator {
+    public var flipped: QueryPredicate.ComparisonOperator {
         switch self {
         case .equal, .notEqual: return self
         case .less: return .greater

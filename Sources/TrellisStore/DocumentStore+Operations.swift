@@ -528,7 +528,7 @@ extension DocumentStore {
     /// path are not translated to SQL.
     static func indexExpression(_ path: FieldPath) -> (sql: String, jsonPath: String)? {
         guard case .key? = path.components.first else { return nil }
-        let probe = Predicate.compare(.field(path), .equal, .literal(.string("")))
+        let probe = QueryPredicate.compare(.field(path), .equal, .literal(.string("")))
         guard let sql = probe.sqlWhere(column: "value")?.sql else { return nil }
         // Expected shape: (json_type(value, L) IS 'text' AND json_extract(value, L) = ?)
         let head = "(json_type(value, "

@@ -126,7 +126,7 @@ func remoteLiveQueryLatencies(_ count: Int, scratch: URL) throws -> [Double] {
 }
 
 /// Figure 2: per-write latency of single-document upserts, microseconds.
-func localWriteLatencies(_ collection: Trellis.Collection, count: Int) throws -> [Double] {
+func localWriteLatencies(_ collection: Trellis.TrellisCollection, count: Int) throws -> [Double] {
     var samples: [Double] = []
     for round in 0..<count {
         let start = nowNanos()

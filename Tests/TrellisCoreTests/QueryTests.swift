@@ -2,25 +2,22 @@ import Foundation
 import Testing
 import TrellisCore
 
-// Foundation declares a `Predicate` too; this file means Trellis's.
-typealias Predicate = Query.Predicate
-
 // MARK: - Helpers
 
-private func parse(_ text: String) throws -> Predicate {
+private func parse(_ text: String) throws -> QueryPredicate {
     try Query(text).predicate
 }
 
-private func field(_ path: String) -> Predicate.Operand {
+private func field(_ path: String) -> QueryPredicate.Operand {
     // Test paths are plain identifiers with indexes, which FieldPath parses.
     .field(try! FieldPath(parsing: path))
 }
 
-private func fieldAt(_ components: FieldPath.Component...) -> Predicate.Operand {
+private func fieldAt(_ components: FieldPath.Component...) -> QueryPredicate.Operand {
     .field(FieldPath(components: components))
 }
 
-private func compare(_ path: String, _ op: Predicate.ComparisonOperator, _ value: Value) -> Predicate {
+private func compare(_ path: String, _ op: QueryPredicate.ComparisonOperator, _ value: Value) -> QueryPredicate {
     .compare(field(path), op, .literal(value))
 }
 
@@ -49,8 +46,8 @@ private let car: Value = [
 struct QueryTests {
     // MARK: Parsing
 
-    @Test(arguments: Predicate.ComparisonOperator.allCases)
-    func parsesEveryComparisonOperator(op: Predicate.ComparisonOperator) throws {
+    @Test(arguments: QueryPredicate.ComparisonOperator.allCases)
+    func parsesEveryComparisonOperator(op: QueryPredicate.ComparisonOperator) throws {
         #expect(try parse("a \(op.rawValue) 1") == compare("a", op, 1))
         #expect(try parse("a\(op.rawValue)1") == compare("a", op, 1))
         #expect(try parse("1 \(op.rawValue) a") == .compare(.literal(1), op, field("a")))
@@ -632,7 +629,7 @@ private func randomPath(using rng: inout SplitMix64) -> FieldPath {
     return FieldPath(components: components)
 }
 
-private func randomOperand(using rng: inout SplitMix64) -> Predicate.Operand {
+private func randomOperand(using rng: inout SplitMix64) -> QueryPredicate.Operand {
     switch Int.random(in: 0..<3, using: &rng) {
     case 0: return .literal(randomValue(depth: 2, using: &rng))
     case 1: return .field(randomPath(using: &rng))
@@ -640,19 +637,19 @@ private func randomOperand(using rng: inout SplitMix64) -> Predicate.Operand {
     }
 }
 
-private func randomPredicate(depth: Int, using rng: inout SplitMix64) -> Predicate {
+private func randomPredicate(depth: Int, using rng: inout SplitMix64) -> QueryPredicate {
     let leaf = depth == 0 || Int.random(in: 0..<3, using: &rng) == 0
     if leaf {
         switch Int.random(in: 0..<4, using: &rng) {
         case 0: return .constant(Bool.random(using: &rng))
         case 1: return .contains(randomOperand(using: &rng), randomOperand(using: &rng))
         case 2:
-            let list: Predicate.Operand =
+            let list: QueryPredicate.Operand =
                 Bool.random(using: &rng)
                 ? .literal(.array([randomValue(depth: 1, using: &rng)])) : .argument(randomPath(using: &rng))
             return .isIn(randomOperand(using: &rng), list)
         default:
-            let op = Predicate.ComparisonOperator.allCases.randomElement(using: &rng)!
+            let op = QueryPredicate.ComparisonOperator.allCases.randomElement(using: &rng)!
             return .compare(randomOperand(using: &rng), op, randomOperand(using: &rng))
         }
     }

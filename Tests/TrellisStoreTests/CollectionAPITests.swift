@@ -13,7 +13,7 @@ import TrellisTestKit
     let node: TrellisNode
     /// The store's last `seq` when it was opened (seqs start above physical time × 1024).
     let start: Int64
-    var cars: Collection { node.store.collection("cars") }
+    var cars: TrellisCollection { node.store.collection("cars") }
 
     init() throws {
         node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: .generate())

@@ -65,7 +65,7 @@ final class EventLog: Sendable {
 @Suite struct LiveQueryTests {
     let dir = TemporaryDirectory("trellis-live")
     let node: TrellisNode
-    var cars: Collection { node.store.collection("cars") }
+    var cars: TrellisCollection { node.store.collection("cars") }
 
     init() throws {
         node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: .generate())
