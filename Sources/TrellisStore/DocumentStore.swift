@@ -56,6 +56,9 @@ public struct StoreOptions: Sendable {
     /// WAL pages at which a background checkpoint starts, and at which a commit checkpoints
     /// itself (``WALCheckpointer``); small values let tests reach both.
     var walCheckpointPages = (threshold: WALCheckpointer.defaultThreshold, limit: WALCheckpointer.defaultLimit)
+    /// The size a rewound WAL file is cut back to (`PRAGMA journal_size_limit`): the threshold's
+    /// pages of 4 KiB, 4 MiB by default, about what SQLite's automatic checkpoint kept it at.
+    var walSizeLimitBytes: Int { Int(walCheckpointPages.threshold) * 4_096 }
 
     public init() {}
 }
@@ -408,6 +411,11 @@ public final class DocumentStore: Sendable {
                 try db.execute(Self.synchronousPragma(options.durability))
             }
             let journal = options.readOnly ? "" : try Self.journalMode(db)
+            if journal == "wal" {
+                // A WAL that grew during a burst (up to the checkpointer's limit) is cut back to
+                // this size when it is next rewound, instead of keeping its size on disk.
+                try db.execute("PRAGMA journal_size_limit=\(options.walSizeLimitBytes)")
+            }
             checkpointer =
                 journal == "wal"
                 ? WALCheckpointer(

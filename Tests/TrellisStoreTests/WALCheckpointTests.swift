@@ -32,11 +32,21 @@ import TrellisTestKit
             // About 5.4 MB written; the WAL never held much more than the limit (400 pages of
             // 4 KiB) plus the pages of one commit.
             #expect(maxWAL < 600 * 4_096 + 32, "WAL reached \(maxWAL) bytes")
+            // Once a checkpoint has caught up, the next commit rewinds the WAL and cuts the file
+            // back to the size limit, so a burst does not leave its WAL size on disk.
+            #expect(maxWAL > store.options.walSizeLimitBytes, "the writes did not grow the WAL past the limit")
+            var small = 0
+            #expect(
+                try eventually {
+                    small += 1
+                    try store.upsert(["_id": .string("small-\(small)")], in: "c")
+                    return walBytes("w.sqlite") <= store.options.walSizeLimitBytes
+                }, "the WAL stayed at \(walBytes("w.sqlite")) bytes")
             store.close()
         }
         #expect(walBytes("w.sqlite") == 0, "the last connection's close checkpoints and removes the WAL")
         let reopened = try openStore(dir, "w.sqlite", clock: clock)
-        #expect(try reopened.count(in: "c") == 6_000)
+        #expect(try reopened.count(in: "c") >= 6_000)
         let integrity = try reopened.withState { s -> String in
             let check = try s.db.prepare("PRAGMA integrity_check")
             defer { check.reset() }
