@@ -41,6 +41,15 @@ public struct PeerPin: Sendable, Hashable {
     }
 }
 
+/// The lines of a pins file that hold something, with their 0-based index: LF or CRLF line ends;
+/// blank lines and lines starting with `#` are left out (``PinFile``, ``SitePinFile``).
+func contentLines(of text: String) -> [(index: Int, line: Substring)] {
+    text.split(separator: "\n", omittingEmptySubsequences: false).enumerated().compactMap { index, raw in
+        let line = raw.hasSuffix("\r") ? raw.dropLast() : raw
+        return line.allSatisfy({ $0 == " " || $0 == "\t" }) || line.hasPrefix("#") ? nil : (index, line)
+    }
+}
+
 /// The pins file (`DIR/known-peers`): one pin a line, `KEY NAME` (64 hex digits, one space, the
 /// device name) or `KEY` alone for a key trusted by key; blank lines and lines starting with `#`
 /// are ignored.
@@ -60,9 +69,7 @@ public enum PinFile {
     public static func parse(_ text: String, path: String) throws(DeviceNameError) -> [PeerPin] {
         var pins: [PeerPin] = []
         var names = Set<String>()
-        for (index, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let line = raw.hasSuffix("\r") ? raw.dropLast() : raw
-            if line.allSatisfy({ $0 == " " || $0 == "\t" }) || line.hasPrefix("#") { continue }
+        for (index, line) in contentLines(of: text) {
             let keyText = line.prefix { $0 != " " }
             func bad(_ problem: String) -> DeviceNameError {
                 DeviceNameError(

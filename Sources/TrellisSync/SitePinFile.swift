@@ -19,9 +19,7 @@ public enum SitePinFile {
     public static func parse(_ text: String, path: String) throws(AuthorizationError) -> [SitePin] {
         var pins: [SitePin] = []
         var sites = Set<SiteID>()
-        for (index, raw) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let line = raw.hasSuffix("\r") ? raw.dropLast() : raw
-            if line.allSatisfy({ $0 == " " || $0 == "\t" }) || line.hasPrefix("#") { continue }
+        for (index, line) in contentLines(of: text) {
             func bad(_ problem: String) -> AuthorizationError {
                 AuthorizationError(
                     "\(path) line \(index + 1): \(problem) (each line is `SITE KEY`: 16 hex digits, a space, 64 hex digits)"
