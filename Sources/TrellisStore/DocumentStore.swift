@@ -410,17 +410,16 @@ public final class DocumentStore: Sendable {
                 opened = try db.transaction { try Self.openLog(db, path: path, options: options) }
                 try db.execute(Self.synchronousPragma(options.durability))
             }
-            let journal = options.readOnly ? "" : try Self.journalMode(db)
-            if journal == "wal" {
+            if !options.readOnly, try Self.journalMode(db) == "wal" {
                 // A WAL that grew during a burst (up to the checkpointer's limit) is cut back to
                 // this size when it is next rewound, instead of keeping its size on disk.
                 try db.execute("PRAGMA journal_size_limit=\(options.walSizeLimitBytes)")
-            }
-            checkpointer =
-                journal == "wal"
-                ? WALCheckpointer(
+                checkpointer = WALCheckpointer(
                     db: db, path: path, threshold: options.walCheckpointPages.threshold,
-                    limit: options.walCheckpointPages.limit, log: options.log) : nil
+                    limit: options.walCheckpointPages.limit, log: options.log)
+            } else {
+                checkpointer = nil
+            }
             for message in opened.messages { options.log(message) }
             var state = State(
                 db: db,
@@ -650,9 +649,8 @@ public final class DocumentStore: Sendable {
     ///   - document: the document (`value` with `_id`, `fields` without); asked for only when
     ///     served scopes need the value or the size limit the whole state, so a document that
     ///     came as canonical JSON is usually never parsed.
-    ///
-    /// - Parameter ifAbsent: write only when the document has no row (then no served scope may
-    ///   track the collection: the caller checks).
+    ///   - ifAbsent: write only when the document has no row (then no served scope may track the
+    ///     collection: the caller checks).
     /// - Returns: whether the row was written (always, unless `ifAbsent` found a row).
     @discardableResult
     func persistSingleWrite(

@@ -60,15 +60,16 @@ final class Connection {
     func prepare(_ sql: String) throws(SQLiteError) -> Statement {
         // SQL from a constant has the same bytes at the same address every time: found by its
         // address, confirmed by its bytes (an address a freed string had may hold other text).
-        let byAddress = sql.utf8.withContiguousStorageIfAvailable { text -> (UnsafeRawPointer, Statement?)? in
-            guard let base = text.baseAddress, !text.isEmpty else { return nil }
-            let address = UnsafeRawPointer(base)
-            guard let known = recent[address], known.sql.count == text.count,
-                known.sql.withUnsafeBufferPointer({ memcmp($0.baseAddress!, base, text.count) == 0 })
-            else { return (address, nil) }
-            return (address, known.statement)
-        }
-        if let statement = byAddress??.1 {
+        let found =
+            sql.utf8.withContiguousStorageIfAvailable { text -> (address: UnsafeRawPointer, statement: Statement?)? in
+                guard let base = text.baseAddress, !text.isEmpty else { return nil }
+                let address = UnsafeRawPointer(base)
+                guard let known = recent[address], known.sql.count == text.count,
+                    known.sql.withUnsafeBufferPointer({ memcmp($0.baseAddress!, base, text.count) == 0 })
+                else { return (address, nil) }
+                return (address, known.statement)
+            } ?? nil
+        if let statement = found?.statement {
             statement.reset()
             return statement
         }
@@ -84,7 +85,7 @@ final class Connection {
             statement = Statement(stmt, connection: self)
             cache[key] = statement
         }
-        if let (address, _) = byAddress ?? nil {
+        if let address = found?.address {
             if recent.count >= Self.recentLimit { recent.removeAll(keepingCapacity: true) }
             recent[address] = (Array(sql.utf8), statement)
         }

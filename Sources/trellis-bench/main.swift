@@ -22,6 +22,15 @@ struct Figure {
 }
 
 let args = Array(CommandLine.arguments.dropFirst())
+
+/// The positive whole number `args[index]` gives for `flag`; exits with status 2 when there is none.
+func positiveNumber(for flag: String, at index: Int) -> Int {
+    guard index < args.count, let n = Int(args[index]), n > 0 else {
+        FileHandle.standardError.write(Data("trellis-bench: \(flag) needs a positive number\n".utf8))
+        exit(2)
+    }
+    return n
+}
 var jsonOutput = false
 var documentCount = 100_000
 var carsPath: String?
@@ -50,18 +59,10 @@ while i < args.count {
         runImportChild(file: args[i + 1], database: args[i + 2])
     case "--documents":
         i += 1
-        guard i < args.count, let n = Int(args[i]), n > 0 else {
-            FileHandle.standardError.write(Data("trellis-bench: --documents needs a positive number\n".utf8))
-            exit(2)
-        }
-        documentCount = n
+        documentCount = positiveNumber(for: "--documents", at: i)
     case "--runs":
         i += 1
-        guard i < args.count, let n = Int(args[i]), n > 0 else {
-            FileHandle.standardError.write(Data("trellis-bench: --runs needs a positive number\n".utf8))
-            exit(2)
-        }
-        replicationRuns = n
+        replicationRuns = positiveNumber(for: "--runs", at: i)
     case "--cars":
         i += 1
         guard i < args.count else {
@@ -208,30 +209,23 @@ if importOnly {
 if replicationOnly {
     // With --runs N, N pairs of (raw inserts, two-node sync) alternate, and the pair with the
     // median ratio is reported: on a shared machine both halves of one pair see the same load.
-    var pairs = [
-        (
-            figure: try replicationFigure(scratch: scratch, documents: documents, baseline: baselineRate),
-            baseline: baselineRate
-        )
-    ]
+    var runs = [try replicationFigure(scratch: scratch, documents: documents, baseline: baselineRate)]
     for run in 1..<replicationRuns {
         let runBaseline = Double(documentCount) / rawInsert(path("raw-\(run).sqlite"), rows: jsonRows)
         let runScratch = scratch.appendingPathComponent("run-\(run)")
         try FileManager.default.createDirectory(at: runScratch, withIntermediateDirectories: true)
-        pairs.append(
-            (try replicationFigure(scratch: runScratch, documents: documents, baseline: runBaseline), runBaseline))
+        runs.append(try replicationFigure(scratch: runScratch, documents: documents, baseline: runBaseline))
     }
-    let ratios = pairs.map { $0.figure.value / $0.baseline }
+    // Every replication figure carries its own run's baseline.
+    let ratios = runs.map { $0.ratio! }
     if replicationRuns > 1 {
         FileHandle.standardError.write(
             Data(
                 ("replication ratios: " + ratios.map { String(format: "%.3f", $0) }.joined(separator: " ") + "\n").utf8)
         )
     }
-    let median = pairs.indices.sorted { ratios[$0] < ratios[$1] }[pairs.count / 2]
-    figures = [
-        Figure(name: "sqlite_raw_inserts_per_s", value: pairs[median].baseline, unit: "rows/s"), pairs[median].figure,
-    ]
+    let median = runs[runs.indices.sorted { ratios[$0] < ratios[$1] }[runs.count / 2]]
+    figures = [Figure(name: "sqlite_raw_inserts_per_s", value: median.baseline!, unit: "rows/s"), median]
     printFigures(
         figures,
         heading: "trellis-bench --replication: two nodes, \(documentCount) documents, release build expected")
