@@ -52,8 +52,11 @@ public protocol SyncTransport: AnyObject {
 /// over real sockets (``SyncEngine``) and in the deterministic simulator.
 ///
 /// Not thread-safe: its owner serialises every call (the engine's queue, the simulator's loop).
-/// Scans wait in a queue served one at a time, round-robin across links, by ``runScans(limit:)``,
-/// so one peer with many expensive subscriptions cannot starve the others.
+/// Scans wait in per-link queues served one scan at a time by ``runScans(limit:)``. The next scan
+/// is always one of the link that has used the least scan time while it had scans waiting
+/// (``scanClock``), round-robin among equals: a peer whose subscriptions are expensive to scan
+/// (queries evaluated row by row, many subscriptions) gets the same share of scan time as any
+/// other peer with scans waiting, not more, so it cannot starve them; alone it may use all of it.
 public final class SyncHost {
     public private(set) var replicator: Replicator
     public let store: any SyncStore
@@ -62,6 +65,16 @@ public final class SyncHost {
     private let log: (String) -> Void
     private var scans: [LinkID: [ScanRequest]] = [:]
     private var scanOrder: [LinkID] = []
+    /// Scan time each link has used (``scanClock`` units) while it had scans waiting; a link that
+    /// starts waiting again starts from the least of the waiting links' values, so time spent
+    /// idle earns it no credit (start-time fair queueing).
+    private var scanSpent: [LinkID: UInt64] = [:]
+    /// The link whose scan's directives are running (its next page is not a new wait).
+    private var continuing: LinkID?
+    /// The clock scan time is measured on, in any increasing unit (the engine: monotonic
+    /// nanoseconds). The default reads 0 always, so scans go round-robin across links, one at a
+    /// time (the simulator, which must not depend on how long a scan takes).
+    public var scanClock: () -> UInt64 = { 0 }
     /// How often the store's expired tombstones are reaped (milliseconds); the first tick reaps.
     /// While a run leaves more waiting, every tick reaps one more bounded batch.
     public var tombstoneReapInterval: Millis = 60_000
@@ -176,6 +189,7 @@ public final class SyncHost {
 
     public func linkClosed(_ link: LinkID, reason: String) {
         if scans.removeValue(forKey: link) != nil { scanOrder.removeAll { $0 == link } }
+        scanSpent.removeValue(forKey: link)
         run(replicator.linkClosed(link, reason: reason, now: now()))
     }
 
@@ -224,6 +238,7 @@ public final class SyncHost {
         run(replicator.stop())
         scans.removeAll()
         scanOrder.removeAll()
+        scanSpent.removeAll()
     }
 
     /// Resumes after ``stop()`` (``Replicator/start(now:)``).
@@ -231,11 +246,20 @@ public final class SyncHost {
         run(replicator.start(now: now()))
     }
 
-    /// Runs up to `limit` queued scans, one per link in turn.
+    /// Runs up to `limit` queued scans, each of the link with scans waiting that has used the least
+    /// scan time so far (round-robin when ``scanClock`` reads 0).
+    ///
+    /// - Complexity: O(links with scans waiting) to choose each scan, plus the scan.
     public func runScans(limit: Int = .max) {
         var done = 0
         while done < limit, !scanOrder.isEmpty {
-            let link = scanOrder.removeFirst()
+            // The link that has used the least scan time; the first of equals (round-robin).
+            var position = scanOrder.startIndex
+            for index in scanOrder.indices.dropFirst()
+            where scanSpent[scanOrder[index], default: 0] < scanSpent[scanOrder[position], default: 0] {
+                position = index
+            }
+            let link = scanOrder.remove(at: position)
             guard var queue = scans[link], !queue.isEmpty else {
                 scans.removeValue(forKey: link)
                 continue
@@ -248,12 +272,19 @@ public final class SyncHost {
                 scanOrder.append(link)
             }
             done += 1
+            let started = scanClock()
+            let directives: [ReplicatorDirective]
             do {
                 let page = try store.scan(request)
-                run(replicator.scanned(link, request, page: page, now: now()))
+                directives = replicator.scanned(link, request, page: page, now: now())
             } catch {
-                run(replicator.scanFailed(link, request, error: "\(error)", now: now()))
+                directives = replicator.scanFailed(link, request, error: "\(error)", now: now())
             }
+            scanSpent[link, default: 0] &+= scanClock() &- started
+            // Its next page, asked for now, continues this turn of waiting.
+            continuing = link
+            run(directives)
+            continuing = nil
         }
     }
 
@@ -269,7 +300,12 @@ public final class SyncHost {
             case .close(let link, let reason):
                 transport.close(link, reason: reason)
             case .scan(let link, let request):
-                if scans[link] == nil { scanOrder.append(link) }
+                if scans[link] == nil {
+                    // Waiting again: no credit for the time it waited for nothing.
+                    let least = scanOrder.lazy.compactMap { self.scanSpent[$0] }.min() ?? 0
+                    if link != continuing { scanSpent[link] = max(scanSpent[link] ?? 0, least) }
+                    scanOrder.append(link)
+                }
                 scans[link, default: []].append(request)
             case .apply(let link, let request):
                 do {
