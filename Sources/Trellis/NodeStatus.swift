@@ -43,6 +43,10 @@ public struct NodeStatus: Sendable {
     public var hasNextMeshKey = false
     /// What the authorization rules and site pins refused since the node started.
     public var authorization = AuthorizationRefusals()
+    /// Inbound message bytes held now and at most since the node started, against the limit
+    /// (``NodeOptions/inboundBufferBytes``); sessions closed at the limit count in ``linkCloses``
+    /// as ``LinkCloseReason/overLimit``.
+    public var inboundBuffer = InboundBufferStatus()
 
     /// Several lines: identity and log, clocks, peers, subscriptions, then every deferred and
     /// damaged document with its reason.
@@ -59,6 +63,7 @@ public struct NodeStatus: Sendable {
         lines.append(clock)
         lines.append("mesh key: current" + (hasNextMeshKey ? " and next (changeover under way)" : " only"))
         lines.append(handshakes.description)
+        lines.append(inboundBuffer.description)
         lines.append(
             "authorization refused: \(authorization.subscriptions) subscription(s), \(authorization.batches) batch(es) "
                 + "(\(authorization.documents) document(s)), \(authorization.sites) session(s) presenting another key's "
@@ -111,6 +116,35 @@ extension TrellisNode {
             subscriptions: subscriptions, deferred: try documents.deferredDocuments(),
             damaged: documents.damagedDocuments(), sync: sync.status, linkCloses: engine.linkCloses.snapshot,
             handshakes: network.preAuthCounters, hasNextMeshKey: network.hasNextMeshKey,
-            authorization: engine.authorizationRefusals)
+            authorization: engine.authorizationRefusals,
+            inboundBuffer: InboundBufferStatus(
+                held: network.inboundBudget.heldBytes, peak: network.inboundBudget.peakBytes,
+                limit: network.inboundBudget.limit))
+    }
+}
+
+/// A node's inbound message bytes (``NodeOptions/inboundBufferBytes``, docs/SECURITY.md, "Limits").
+public struct InboundBufferStatus: Sendable, Equatable, CustomStringConvertible {
+    /// Bytes of inbound messages held now: being received, or received and not yet merged.
+    public var held = 0
+    /// The most held at once since the node started, bytes.
+    public var peak = 0
+    /// The limit, bytes.
+    public var limit = 0
+
+    public init(held: Int = 0, peak: Int = 0, limit: Int = 0) {
+        self.held = held
+        self.peak = peak
+        self.limit = limit
+    }
+
+    /// One line: `inbound messages: 0 of 256 MiB held (peak 12.5 MiB)`.
+    public var description: String {
+        "inbound messages: \(Self.mebibytes(held)) of \(Self.mebibytes(limit)) held (peak \(Self.mebibytes(peak)))"
+    }
+
+    static func mebibytes(_ bytes: Int) -> String {
+        let value = Double(bytes) / 1_048_576
+        return value == value.rounded() ? "\(Int(value)) MiB" : String(format: "%.1f MiB", value)
     }
 }

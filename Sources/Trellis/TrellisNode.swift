@@ -27,6 +27,11 @@ public struct NodeOptions: Sendable {
     /// Limits on inbound connections before they prove the mesh key (per source, in all, the
     /// deadline for the first handshake message).
     public var preAuthLimits = PreAuthLimits()
+    /// The bytes of inbound messages all sessions may hold at once: messages being received and
+    /// those received but not yet merged (default 256 MiB, ``InboundBudget/defaultLimit``; at
+    /// least 1). When they would go above it, the session holding the most is closed
+    /// (docs/SECURITY.md, "Limits"). A message longer than this can never be received.
+    public var inboundBufferBytes = InboundBudget.defaultLimit
     /// Which authenticated peers may have a session, inbound and outbound alike: any holder of
     /// the mesh key (the default), an allowlist of peer keys, or trust on first use (docs/SECURITY.md,
     /// "Admission"). ``TrellisNode/admissionMode`` changes it.
@@ -116,7 +121,9 @@ public final class TrellisNode: Sendable {
         let pinsFile = directory.appendingPathComponent(Self.pinsFileName).path
         network = MeshNetwork(
             engine: engine, identity: identity, meshKey: meshKey.secret, nextMeshKey: options.nextMeshKey?.secret,
-            preAuthLimits: options.preAuthLimits, deviceName: options.deviceName,
+            preAuthLimits: options.preAuthLimits,
+            inboundBudget: InboundBudget(limit: max(1, options.inboundBufferBytes)),
+            deviceName: options.deviceName,
             pins: try Self.readPins(pinsFile), pinsPath: pinsFile, savePins: { try Self.writePins($0, to: pinsFile) },
             log: options.log)
         network.admissionMode = options.admission

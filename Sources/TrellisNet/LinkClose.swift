@@ -29,6 +29,10 @@ public enum LinkCloseReason: String, Sendable, CaseIterable, CustomStringConvert
     /// The connection failed: a socket error other than a reset, the 30 s user timeout, an
     /// exhausted nonce.
     case failed
+    /// This node cut the link to stay within a resource limit: the link held the most of the
+    /// node's inbound message bytes when they would have gone above the inbound buffer limit
+    /// (``InboundBudget``).
+    case overLimit = "over-limit"
 
     /// The kind as shown in status output (`tampered`, `peer-closed`).
     public var description: String { rawValue }

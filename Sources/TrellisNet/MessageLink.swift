@@ -54,11 +54,19 @@ public protocol MessageLink: AnyObject, Sendable {
     /// Why the link ended, by kind, once `onClose` has run (nil before, and for links that do not
     /// classify their ends).
     var closeReason: LinkCloseReason? { get }
+    /// Tells the link its receiver is done with a message `onMessage` delivered, so that its bytes
+    /// leave the node's inbound budget (``SecureLink/useInboundBudget(_:)``). Links without a
+    /// budget do nothing. Thread-safe; at most once per message, after `onMessage` returned.
+    ///
+    /// - Parameter byteCount: the message's length, bytes.
+    func consumed(_ byteCount: Int)
 }
 
 extension MessageLink {
     /// No classification (in-memory links).
     public var closeReason: LinkCloseReason? { nil }
+    /// No budget (in-memory links).
+    public func consumed(_ byteCount: Int) {}
     /// ``LinkLimits/highWater``.
     public var highWater: Int { LinkLimits.highWater }
     /// ``LinkLimits/lowWater``.

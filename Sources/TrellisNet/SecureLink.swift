@@ -84,6 +84,8 @@ public final class SecureLink: MessageLink {
         var onClose: (@Sendable (String) -> Void)?
     }
     private let shared = Mutex(Shared())
+    /// This link's share of the node's inbound budget, once ``useInboundBudget(_:)`` opened it.
+    private let inbound = Mutex<InboundBudget.Account?>(nil)
     /// Rekeys this side's sender has done (read by tests and benchmarks).
     let sentRekeys = Atomic<Int>(0)
     /// Rekeys this side's receiver has done, one per marker received.
@@ -120,6 +122,24 @@ public final class SecureLink: MessageLink {
         let policy = RekeyPolicy(
             messages: max(1, min(messages, Self.rekeyInterval)), interval: min(time, Self.rekeyTime))
         halves.withLock { $0?.sender.policy = policy }
+    }
+
+    /// Counts this link's inbound bytes against a node-wide budget (``InboundBudget``): the
+    /// message being assembled and delivered messages until ``consumed(_:)``. When the node's
+    /// total would go above the budget's limit, the link holding the most is closed (kind
+    /// ``LinkCloseReason/overLimit``). Only before ``start(onMessage:onDrain:onClose:)``; later
+    /// calls, and calls after the first, do nothing.
+    public func useInboundBudget(_ budget: InboundBudget) {
+        let started = shared.withLock { $0.started }
+        guard !started else { return }
+        inbound.withLock { account in
+            guard account == nil else { return }
+            account = budget.open { [weak self] reason in self?.end(.overLimit, reason) }
+        }
+    }
+
+    public func consumed(_ byteCount: Int) {
+        inbound.withLock { $0 }?.consumed(4 + byteCount)
     }
 
     /// Why the link ended, once `onClose` has run.
@@ -299,6 +319,7 @@ public final class SecureLink: MessageLink {
         }
         if shutdownNow { socket.close() }
         if wake { writerWakeup.signal() }
+        inbound.withLock { $0 }?.close()
     }
 
     // MARK: Threads
@@ -317,6 +338,7 @@ public final class SecureLink: MessageLink {
         }
         socket.close()
         if wake { writerWakeup.signal() }
+        inbound.withLock { $0 }?.close()
     }
 
     /// Called by each thread as it ends; the last one runs `onClose`.
@@ -348,6 +370,14 @@ public final class SecureLink: MessageLink {
     ) -> (LinkCloseReason, String) {
         var frames = FrameDecoder()
         var assembler = MessageAssembler(limit: LinkLimits.maxMessageBytes)
+        let account = inbound.withLock { $0 }
+        // With a budget, a delivered message counts until the receiver consumed it, and the
+        // reader waits while this link's unconsumed messages hold too much.
+        func deliver(_ message: [UInt8]) {
+            account?.delivered(4 + message.count)
+            onMessage(message)
+            account?.waitForRoom()
+        }
         var buffer = [UInt8](repeating: 0, count: Self.readChunk)
         while true {
             let count: Int
@@ -400,7 +430,10 @@ public final class SecureLink: MessageLink {
                         receivedRekeys.add(1, ordering: .relaxed)
                         return
                     }
-                    try assembler.append(plaintext, onMessage)
+                    if let reason = account?.grow(by: plaintext.count) {
+                        throw Refused(kind: .overLimit, detail: reason)
+                    }
+                    try assembler.append(plaintext, deliver)
                 }
             } catch is PeerClosed {
                 return (.peerClosed, "peer closed the connection")

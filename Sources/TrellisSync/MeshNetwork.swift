@@ -37,6 +37,8 @@ public final class MeshNetwork: Sendable {
     public let preAuthLimits: PreAuthLimits
     /// Seconds a whole handshake may take.
     public let handshakeTimeout: Int
+    /// The bytes of inbound messages all this node's links may hold at once (``InboundBudget``).
+    public let inboundBudget: InboundBudget
 
     /// - Parameters:
     ///   - engine: the sync engine sessions are handed to.
@@ -47,6 +49,7 @@ public final class MeshNetwork: Sendable {
     ///     the current one.
     ///   - handshakeTimeout: seconds a whole handshake may take.
     ///   - preAuthLimits: limits on inbound connections before they prove a mesh key.
+    ///   - inboundBudget: the bytes of inbound messages all links may hold at once.
     ///   - deviceName: the name advertised to peers inside the handshake (a valid ``DeviceName``),
     ///     or `nil`.
     ///   - pins: the pins of trust on first use read from the pins file.
@@ -55,7 +58,8 @@ public final class MeshNetwork: Sendable {
     ///   - log: where refusals and failures are reported.
     public init(
         engine: SyncEngine, identity: KeyPair, meshKey: SecretBytes, nextMeshKey: SecretBytes? = nil,
-        handshakeTimeout: Int = 10, preAuthLimits: PreAuthLimits = PreAuthLimits(), deviceName: String? = nil,
+        handshakeTimeout: Int = 10, preAuthLimits: PreAuthLimits = PreAuthLimits(),
+        inboundBudget: InboundBudget = InboundBudget(), deviceName: String? = nil,
         pins: [PeerPin] = [], pinsPath: String = "known-peers",
         savePins: (@Sendable ([PeerPin]) throws -> Void)? = nil,
         log: @escaping @Sendable (String) -> Void = { _ in }
@@ -64,6 +68,7 @@ public final class MeshNetwork: Sendable {
         self.admission = Admission(pins: pins, pinsPath: pinsPath, savePins: savePins, log: log)
         self.handshakeTimeout = handshakeTimeout
         self.preAuthLimits = preAuthLimits
+        self.inboundBudget = inboundBudget
         preAuth = Mutex((PreAuthTable(limits: preAuthLimits), [:], PreAuthCounters()))
         ignoreSIGPIPE()
         self.engine = engine
@@ -259,6 +264,7 @@ public final class MeshNetwork: Sendable {
                 self.finishInbound(id, proved: proved.withLock { $0 }) { $0.completed += 1 }
                 // Decided after the handshake's places are given back: a decision may wait.
                 guard self.admits(link), self.running.load(ordering: .acquiring) else { return link.close() }
+                link.useInboundBudget(self.inboundBudget)
                 self.engine.attach(link)
             } catch {
                 let wasProved = proved.withLock { $0 }
@@ -336,6 +342,7 @@ public final class MeshNetwork: Sendable {
                     link.close()
                     throw LinkError.notAdmitted
                 }
+                link.useInboundBudget(self.inboundBudget)
                 self.engine.attach(link, endpoint: name)
             } catch {
                 self.engine.dialFailed(name, reason: "\(error)")

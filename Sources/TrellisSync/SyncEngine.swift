@@ -111,6 +111,8 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         let host = try SyncHost(
             configuration: config, store: store, transport: self, seed: seed, now: Self.monotonicMillis, log: log)
         host.saveSitePins = saveSitePins
+        // Scan time is shared fairly among peers by wall time on this queue, which it blocks.
+        host.scanClock = { DispatchTime.now().uptimeNanoseconds }
         queue.sync { self.host = host }
         let token = store.addObserver { [weak self] event in
             guard let self else { return }
@@ -280,10 +282,12 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
                     guard let self else { return }
                     // Decoded on the link's reader thread, while the queue merges what came before.
                     let message = SyncHost.decode(bytes)
+                    let size = bytes.count
                     room.wait()
                     self.queue.async {
                         room.signal()
                         self.host.received(message, on: id)
+                        link.consumed(size)
                         self.scheduleScans()
                     }
                 },

@@ -23,6 +23,8 @@ enum NodeCommand {
           --max-peers N         at most N sessions at once (default 64); beyond, new peers are
                                 refused as busy, --peer ones excepted, and discovered peers
                                 subscribing to the same collections are dialed first
+          --inbound-buffer MIB  the MiB of inbound messages all sessions may hold at once
+                                (default 256); beyond, the session holding the most is closed
           --mesh-key FILE       the mesh key file (`trellis keygen FILE`)
           --next-mesh-key FILE  during a mesh-key changeover, the next key: peers holding either
                                 key are accepted, and a peer refusing the current key is tried
@@ -52,7 +54,7 @@ enum NodeCommand {
             args,
             valueFlags: [
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
-                "allow-peer", "admission", "name", "rules",
+                "inbound-buffer", "allow-peer", "admission", "name", "rules",
             ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
         if parsed.switches.contains("help") {
@@ -98,6 +100,12 @@ enum NodeCommand {
                 throw UsageError("--max-peers needs a number from 1 to 100000, not '\(text)'")
             }
             options.maxSessions = n
+        }
+        if let text = parsed.value("inbound-buffer") {
+            guard let n = Int(text), n >= 1, n <= 1_048_576 else {
+                throw UsageError("--inbound-buffer needs a number of MiB from 1 to 1048576, not '\(text)'")
+            }
+            options.inboundBufferBytes = n << 20
         }
         if !parsed.switches.contains("quiet") {
             let name = URL(fileURLWithPath: data).lastPathComponent
