@@ -12,7 +12,14 @@ one of:
   --sessions N     opens N sessions (each after the handshake and `hello`) and holds them open;
   --subs N         opens one session and sends N subscriptions on --collection whose query compares
                    two fields (`a == b && n != K`, K from 0 to N - 1): SQLite cannot use an index
-                   for them, so every scan evaluates them row by row; it acknowledges nothing.
+                   for them, so every scan evaluates them row by row; it acknowledges nothing;
+  --raw N          opens N connections and sends 4096 random bytes on each, without a handshake;
+  --udp N          sends N random datagrams (1 to 1500 bytes) to 127.255.255.255:--udp-port, the
+                   loopback broadcast address a node's discovery listens on in its loopback scope
+                   (nothing leaves the host).
+
+--hello-version V makes `hello` announce protocol version V (default 4). Any --psk works for --raw
+and --udp; another mesh key than the node's makes every handshake fail (counted as refused).
 
 It holds for --hold SECONDS (default 30), then closes every socket abruptly (no authenticated
 close).
@@ -59,7 +66,7 @@ def emit(event, **fields):
 class Member:
     """One admitted session: handshake done, `hello` sent."""
 
-    def __init__(self, port, psk, answer_pings=True):
+    def __init__(self, port, psk, answer_pings=True, version=PROTOCOL_VERSION):
         self.answer_pings = answer_pings
         conn = NoiseConnection.from_name(b"Noise_XXpsk0_25519_ChaChaPoly_SHA256")
         conn.set_psks(psk=psk)
@@ -76,7 +83,7 @@ class Member:
         self.pending = bytearray()
         self.sock.settimeout(None)
         site = int.from_bytes(os.urandom(8), "big") & ((1 << 63) - 1) or 1
-        self.send({"t": "hello", "v": PROTOCOL_VERSION, "key": static_public, "site": site,
+        self.send({"t": "hello", "v": version, "key": static_public, "site": site,
                    "epoch": os.urandom(16), "n": int.from_bytes(os.urandom(4), "big")})
 
     def send_plain(self, data):
@@ -137,6 +144,10 @@ def main(argv):
     mode.add_argument("--unfinished", type=int)
     mode.add_argument("--sessions", type=int)
     mode.add_argument("--subs", type=int)
+    mode.add_argument("--raw", type=int)
+    mode.add_argument("--udp", type=int)
+    parser.add_argument("--udp-port", type=int)
+    parser.add_argument("--hello-version", type=int, default=PROTOCOL_VERSION)
     parser.add_argument("--size", type=int, default=64 * 1024 * 1024 - 1)
     parser.add_argument("--collection", default="cars")
     parser.add_argument("--hold", type=float, default=30)
@@ -151,7 +162,7 @@ def main(argv):
     def admit():
         nonlocal refused
         try:
-            member = Member(args.port, psk, answer_pings=args.unfinished is None)
+            member = Member(args.port, psk, answer_pings=args.unfinished is None, version=args.hello_version)
             members.append(member)
             return member
         except Exception as error:  # refused at the handshake, or closed: counted, not fatal
@@ -173,6 +184,23 @@ def main(argv):
     elif args.sessions is not None:
         for _ in range(args.sessions):
             admit()
+    elif args.raw is not None:
+        for _ in range(args.raw):
+            try:
+                sock = socket.create_connection(("127.0.0.1", args.port), timeout=5)
+                sock.sendall(os.urandom(4096))
+                sock.close()
+            except OSError as error:
+                refused += 1
+                emit("refused", count=refused, reason="raw: %s" % error)
+    elif args.udp is not None:
+        if args.udp_port is None:
+            parser.error("--udp needs --udp-port")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        for _ in range(args.udp):
+            sock.sendto(os.urandom(1 + os.urandom(2)[0] * 5 % 1500), ("127.255.255.255", args.udp_port))
+        sock.close()
     else:
         member = admit()
         if member is not None:

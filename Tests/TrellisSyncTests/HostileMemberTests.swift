@@ -92,6 +92,67 @@ import TrellisTestKit
         #expect(eventually { threadCount() <= before + 2 * 8 + 4 }, "threads: \(before) before, \(threadCount()) now")
     }
 
+    /// The attacks of a hostile LAN, one after the other, against a node serving an honest member
+    /// throughout: random bytes on its TCP port, random datagrams on its discovery port, dialers
+    /// under another mesh key, members announcing a newer protocol version, a member asking for
+    /// 5,000 subscriptions, members holding unfinished messages. Each ends in refusal or a bounded
+    /// effect (the node's counters show which), and while it lasts a document written on the
+    /// node reaches the honest member.
+    @Test func aNodeKeepsServingAnHonestMemberThroughEveryAttack() throws {
+        let meshKey = MeshKey.generate()
+        let discoveryPort = try TrellisProcess.freePort()
+        var options = NodeOptions()
+        options.discovery = DiscoveryOptions(port: discoveryPort, scope: .loopback)
+        options.inboundBufferBytes = 32 << 20
+        let (node, _) = try makeNode("a", meshKey: meshKey, options: options)
+        defer { node.close() }
+        let port = try node.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+        let (honest, _) = try makeNode("b", meshKey: meshKey)
+        defer { honest.close() }
+        let subscription = try honest.store.collection("items").findAll().subscribe()
+        defer { subscription.cancel() }
+        honest.connect(to: Endpoint(host: "127.0.0.1", port: port))
+
+        var written = 0
+        func served(during attack: String) {
+            written += 1
+            let id = Value.string("during-\(written)")
+            _ = try? node.store.collection("items").upsert(["_id": id, "attack": .string(attack)])
+            #expect(
+                eventually(timeout: 30) { (try? honest.store.collection("items").findByID(id).exec()) != nil },
+                "the honest member did not get a document written during: \(attack)")
+        }
+        served(during: "no attack")
+        let attacks: [(name: String, key: MeshKey, arguments: [String])] = [
+            ("random bytes on the TCP port", meshKey, ["--raw", "20"]),
+            ("random datagrams on the discovery port", meshKey, ["--udp", "500", "--udp-port", "\(discoveryPort)"]),
+            ("dialers under another mesh key", MeshKey.generate(), ["--sessions", "5"]),
+            ("members announcing protocol version 99", meshKey, ["--sessions", "3", "--hello-version", "99"]),
+            ("a member asking for 5,000 subscriptions", meshKey, ["--subs", "5000", "--collection", "items"]),
+            ("members holding unfinished messages", meshKey, ["--unfinished", "6", "--size", String(16 << 20)]),
+        ]
+        for attack in attacks {
+            let hostile = try Hostile(port: port, meshKey: attack.key, attack.arguments + ["--hold", "60"])
+            let ready = hostile.waitForReady()
+            print("\(attack.name): \(ready ?? "no ready line: \(hostile.errors)")")
+            #expect(ready != nil, "\(attack.name): hostile_peer.py did not get ready")
+            served(during: attack.name)
+            hostile.stop()
+        }
+        served(during: "nothing, after every attack")
+
+        let status = try node.status()
+        print(status.description)
+        #expect(status.handshakes.wrongKey >= 5, "dialers under another mesh key are counted")
+        #expect(status.linkCloses[.overLimit, default: 0] >= 1, "unfinished messages beyond the buffer are cut")
+        #expect(status.inboundBuffer.peak <= 32 << 20)
+        let discovery = try #require(node.discoveryStatistics)
+        // Loopback drops some of a burst of 500; those read are refused, none taken for a beacon.
+        #expect(discovery.rejected + discovery.dropped >= 50, "random datagrams are counted: \(discovery)")
+        #expect(discovery.accepted == 0, "no random datagram is taken for a beacon: \(discovery)")
+        #expect(node.peers.map(\.peerKey) == [honest.identity.publicKey], "only the honest member is left")
+    }
+
     /// The threads of this process (Linux: /proc/self/status).
     func threadCount() -> Int {
         let status = (try? String(contentsOfFile: "/proc/self/status", encoding: .utf8)) ?? ""
