@@ -1,7 +1,7 @@
 // trellis-bench: measures Trellis figures against baselines measured in the same run.
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
-//       [--unset-fields] [--replication] [--import] [--links] [--handshakes]
+//       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -41,6 +41,7 @@ var replicationOnly = false
 var importOnly = false
 var linksOnly = false
 var handshakesOnly = false
+var hostileOnly = false
 var replicationRuns = 1
 var i = 0
 while i < args.count {
@@ -53,6 +54,7 @@ while i < args.count {
     case "--import": importOnly = true
     case "--links": linksOnly = true
     case "--handshakes": handshakesOnly = true
+    case "--hostile": hostileOnly = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
         guard i + 2 < args.count else { exit(2) }
@@ -73,7 +75,7 @@ while i < args.count {
     case "--help", "-h":
         print(
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
-                + " [--replication [--runs N]] [--import] [--links] [--handshakes]")
+                + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]]")
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -177,6 +179,15 @@ if simulationOnly {
 if linksOnly {
     printFigures(
         try linkFigures(), heading: "trellis-bench --links: encrypted links over loopback, release build expected")
+    exit(0)
+}
+if hostileOnly {
+    let figures = try hostileFigures(scratch: scratch, runs: replicationRuns == 1 ? 5 : replicationRuns)
+    try? FileManager.default.removeItem(at: scratch)
+    printFigures(
+        figures,
+        heading: "trellis-bench --hostile: an honest node joins a node holding 2,000 documents, idle and while "
+            + "strangers hold 100 connections to it, release build expected")
     exit(0)
 }
 if handshakesOnly {
