@@ -54,6 +54,13 @@ public final class MutableDocument {
         }
     }
 
+    /// Records a failure that is not a mutation (a Swift value a document cannot hold): `update`
+    /// throws it, unless an earlier failure is kept.
+    func fail(_ failure: any Error) {
+        guard !closed, error == nil else { return }
+        error = failure
+    }
+
     /// Ends recording (the closure returned).
     func close() { closed = true }
 }
