@@ -2,6 +2,7 @@
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
+//       [--sync-costs]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -42,6 +43,7 @@ var importOnly = false
 var linksOnly = false
 var handshakesOnly = false
 var hostileOnly = false
+var syncCostsOnly = false
 var replicationRuns = 1
 var i = 0
 while i < args.count {
@@ -55,6 +57,7 @@ while i < args.count {
     case "--links": linksOnly = true
     case "--handshakes": handshakesOnly = true
     case "--hostile": hostileOnly = true
+    case "--sync-costs": syncCostsOnly = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
         guard i + 2 < args.count else { exit(2) }
@@ -75,7 +78,8 @@ while i < args.count {
     case "--help", "-h":
         print(
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
-                + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]]")
+                + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
+        )
         exit(0)
     default:
         FileHandle.standardError.write(Data("trellis-bench: unknown argument '\(args[i])'\n".utf8))
@@ -215,6 +219,13 @@ figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: baselineRate, uni
 if importOnly {
     figures += try importFigures(scratch: scratch, rows: jsonRows, baseline: baselineRate)
     printFigures(figures, heading: "trellis-bench --import: \(documentCount) documents, release build expected")
+    exit(0)
+}
+if syncCostsOnly {
+    printFigures(
+        try syncCostFigures(scratch: scratch, documents: documents),
+        heading: "trellis-bench --sync-costs: local latency with 10 peers x 100 subscriptions, and during a "
+            + "\(documentCount)-document merge, release build expected")
     exit(0)
 }
 if replicationOnly {

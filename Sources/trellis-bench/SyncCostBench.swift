@@ -1,0 +1,148 @@
+import Foundation
+import Trellis
+import TrellisCore
+
+// What serving peers costs local work: a node's single-write latency while 10 peers hold 100
+// subscriptions each on the collection written, against the same node with no peers; and local
+// write and read latency while the node merges a 100,000-document first sync, against idle.
+// Latencies are wall time per call, in process, reported as p50 and p99.
+
+/// Milliseconds per call of `body`, `count` calls, sorted.
+private func latencies(_ count: Int, _ body: (Int) throws -> Void) rethrows -> [Double] {
+    var samples: [Double] = []
+    samples.reserveCapacity(count)
+    for n in 0..<count {
+        let start = DispatchTime.now().uptimeNanoseconds
+        try body(n)
+        samples.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6)
+    }
+    return samples.sorted()
+}
+
+private func percentile(_ sorted: [Double], _ p: Double) -> Double {
+    sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
+}
+
+/// Waits until `condition` holds, for at most `seconds`.
+private func wait(_ what: String, seconds: Double = 600, _ condition: () throws -> Bool) throws {
+    let deadline = Date().addingTimeInterval(seconds)
+    while try !condition() {
+        guard Date() < deadline else {
+            throw CocoaError(.executableLoad, userInfo: [NSLocalizedDescriptionKey: "\(what) did not happen"])
+        }
+        usleep(2_000)
+    }
+}
+
+func syncCostFigures(scratch: URL, documents: [Value]) throws -> [Figure] {
+    try writeLatencyWithPeers(scratch: scratch) + latencyDuringMerge(scratch: scratch, documents: documents)
+}
+
+/// Single upserts (one transaction each) on a node, with no peers and then while 10 peers each
+/// hold 100 subscriptions on the collection (queries `n == K`, each matching one document, so
+/// every write reaches the subscriptions whose K it matches and wakes the scans of all).
+private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> [Figure] {
+    let key = MeshKey.generate()
+    let node = try TrellisNode(directory: scratch.appendingPathComponent("cost-a"), meshKey: key)
+    defer { node.close() }
+    let items = node.store.collection("items")
+    func write(_ round: Int) -> (Int) throws -> Void {
+        { n in
+            _ = try items.upsert([
+                "_id": .string("w\(n % 500)"), "n": .int(Int64(n % 1_000)), "round": .int(Int64(round)),
+            ])
+        }
+    }
+    _ = try latencies(500, write(0))  // warm up: the documents exist, statements are prepared
+    let idle = try latencies(writes, write(1))
+
+    let port = try node.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+    var peers: [TrellisNode] = []
+    var subscriptions: [Subscription] = []
+    defer {
+        for subscription in subscriptions { subscription.cancel() }
+        for peer in peers { peer.close() }
+    }
+    for p in 0..<10 {
+        let peer = try TrellisNode(directory: scratch.appendingPathComponent("cost-peer-\(p)"), meshKey: key)
+        peers.append(peer)
+        for s in 0..<100 {
+            subscriptions.append(try peer.store.collection("items").find("n == \(p * 100 + s)").subscribe())
+        }
+        peer.connect(to: Endpoint(host: "127.0.0.1", port: port))
+    }
+    try wait("10 peers with 100 subscriptions each") {
+        node.peers.count == 10 && node.peers.allSatisfy { $0.description.contains("serving 100 subscription") }
+    }
+    try wait("the peers' initial syncs") { peers.allSatisfy { $0.sync.status.isInitialSyncComplete } }
+    let served = try latencies(writes, write(2))
+    FileHandle.standardError.write(
+        Data(
+            ("write latency: idle p50 \(percentile(idle, 0.5)) ms p99 \(percentile(idle, 0.99)) ms; "
+                + "10 peers x 100 subscriptions p50 \(percentile(served, 0.5)) ms p99 \(percentile(served, 0.99)) ms\n")
+                .utf8))
+    return [
+        Figure(
+            name: "write_latency_p50_10_peers_x_100_subs_ms", value: percentile(served, 0.5), unit: "ms",
+            baseline: percentile(idle, 0.5), baselineName: "write_latency_p50_no_peers_ms"),
+        Figure(
+            name: "write_latency_p99_10_peers_x_100_subs_ms", value: percentile(served, 0.99), unit: "ms",
+            baseline: percentile(idle, 0.99), baselineName: "write_latency_p99_no_peers_ms"),
+    ]
+}
+
+/// Local single upserts (another collection) and `findByID` reads on node B while B merges a
+/// first sync of `documents` from node A, against the same operations on B before the sync.
+private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Figure] {
+    let key = MeshKey.generate()
+    let a = try TrellisNode(directory: scratch.appendingPathComponent("merge-a"), meshKey: key)
+    let b = try TrellisNode(directory: scratch.appendingPathComponent("merge-b"), meshKey: key)
+    defer {
+        a.close()
+        b.close()
+    }
+    _ = try a.store.collection("cars").upsert(documents)
+    let notes = b.store.collection("notes")
+    for n in 0..<100 { _ = try notes.upsert(["_id": .string("n\(n)"), "v": .int(Int64(n))]) }
+    func write(_ n: Int) throws { _ = try notes.upsert(["_id": .string("n\(n % 100)"), "v": .int(Int64(n))]) }
+    func read(_ n: Int) throws { _ = try notes.findByID(.string("n\(n % 100)")).exec() }
+    // Idle: the same mix, interleaved.
+    var idleWrites: [Double] = []
+    var idleReads: [Double] = []
+    for n in 0..<2_000 {
+        idleWrites += try latencies(1) { _ in try write(n) }
+        idleReads += try latencies(1) { _ in try read(n) }
+    }
+    let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+    let subscription = try b.store.collection("cars").findAll().subscribe()
+    defer { subscription.cancel() }
+    b.connect(to: Endpoint(host: "127.0.0.1", port: port))
+    try wait("the first batch") { try b.store.documents.count(in: "cars") > 0 }
+    var mergeWrites: [Double] = []
+    var mergeReads: [Double] = []
+    var n = 0
+    while try b.store.documents.count(in: "cars") < documents.count * 9 / 10 {
+        mergeWrites += try latencies(1) { _ in try write(n) }
+        mergeReads += try latencies(1) { _ in try read(n) }
+        n += 1
+        usleep(500)
+    }
+    try wait("the whole sync") { try b.store.documents.count(in: "cars") == documents.count }
+    idleWrites.sort()
+    idleReads.sort()
+    mergeWrites.sort()
+    mergeReads.sort()
+    FileHandle.standardError.write(
+        Data(
+            ("during the merge (\(mergeWrites.count) samples): write p99 \(percentile(mergeWrites, 0.99)) ms "
+                + "(idle \(percentile(idleWrites, 0.99))), read p99 \(percentile(mergeReads, 0.99)) ms "
+                + "(idle \(percentile(idleReads, 0.99)))\n").utf8))
+    return [
+        Figure(
+            name: "write_latency_p99_during_merge_ms", value: percentile(mergeWrites, 0.99), unit: "ms",
+            baseline: percentile(idleWrites, 0.99), baselineName: "write_latency_p99_idle_ms"),
+        Figure(
+            name: "read_latency_p99_during_merge_ms", value: percentile(mergeReads, 0.99), unit: "ms",
+            baseline: percentile(idleReads, 0.99), baselineName: "read_latency_p99_idle_ms"),
+    ]
+}
