@@ -45,6 +45,9 @@ enum NodeCommand {
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
           --quiet               do not log session events to standard error
+          --keep-going          shell only: when standard input is not a terminal, run every line
+                                even after an error, and exit 0 (by default the first error ends
+                                the shell with exit status 1)
         """
 
     static func run(_ args: [String], interactive: Bool) throws {
@@ -54,7 +57,7 @@ enum NodeCommand {
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
                 "allow-peer", "admission", "name", "rules",
             ],
-            switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
+            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -62,6 +65,9 @@ enum NodeCommand {
         guard parsed.positional.isEmpty else {
             throw UsageError(
                 "unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
+        }
+        if !interactive, parsed.switches.contains("keep-going") {
+            throw UsageError("--keep-going is for `trellis shell`")
         }
         let data = try parsed.require("data")
         let meshKey = try MeshKey(contentsOf: URL(fileURLWithPath: try parsed.require("mesh-key")))
@@ -135,9 +141,12 @@ enum NodeCommand {
         for peer in peers { node.connect(to: peer) }
 
         if interactive {
-            Shell(node: node, interactive: isatty(0) != 0).run()
+            let status = Shell(
+                node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going")
+            ).run()
             node.close()
             withExtendedLifetime(kept) {}
+            if status != 0 { exit(status) }
             return
         }
         // Headless: run until SIGINT or SIGTERM.

@@ -75,7 +75,10 @@ final class Shell {
                                           becomes current, peers with only the old key are refused
           help                            this text
           quit                            leave (also end of input)
-        Errors print one line starting with `error: `.
+        Errors print one line starting with `error: ` on standard error. At a terminal the shell goes
+        on. From a pipe or a file the first error ends the shell with exit status 1 (after the events
+        already due), unless `trellis shell --keep-going`: then every line runs and the status is 0.
+        At the end of input the events already due are printed before the shell exits.
         """
 
     let node: TrellisNode
@@ -86,43 +89,84 @@ final class Shell {
     var observers = UTF8Map<LiveQuery>()
     var idObservers = UTF8Map<LiveQuery>()
 
-    init(node: TrellisNode, interactive: Bool) {
+    /// The one writer of standard output (command output and events).
+    let output = ShellOutput()
+    /// Whether an error ends the shell: when its input is not a terminal and `--keep-going` was
+    /// not given.
+    let stopsOnError: Bool
+
+    /// - Parameters:
+    ///   - interactive: standard input is a terminal: show a prompt; an error never ends the shell.
+    ///   - keepGoing: from a pipe too, run every line whatever fails (`--keep-going`).
+    init(node: TrellisNode, interactive: Bool, keepGoing: Bool = false) {
         self.node = node
         self.interactive = interactive
+        self.stopsOnError = !interactive && !keepGoing
     }
 
     private var input = LineReader(fd: 0)
 
-    func run() {
-        if interactive { print("trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`") }
+    /// Writes one line of command output.
+    func out(_ value: Any) { output.line("\(value)") }
+
+    /// Reads and runs commands until the end of input, `quit`, or (see ``stopsOnError``) the
+    /// first error.
+    ///
+    /// - Returns: the exit status: 1 when an error ended the shell, else 0.
+    func run() -> Int32 {
+        if interactive { out("trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`") }
+        var status: Int32 = 0
         reading: while true {
-            if interactive {
-                print("trellis> ", terminator: "")
-                fflush(nil)
-            }
+            if interactive { output.prompt("trellis> ") }
             let line: String
             switch input.next() {
             case nil: break reading
             case .invalid(let number):
-                FileHandle.standardError.write(Data("error: line \(number) is not valid UTF-8; ignored\n".utf8))
+                output.beginCommand()
+                output.endCommand()
+                report("line \(number) is not valid UTF-8" + (stopsOnError ? "" : "; ignored"))
+                if stopsOnError {
+                    status = 1
+                    break reading
+                }
                 continue
             case .line(let text): line = text
             }
             let trimmed = line.trimmingCharacters(in: .whitespaces)
             if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
             if trimmed == "quit" || trimmed == "exit" { break }
-            do {
-                try execute(trimmed)
-            } catch {
-                // One line per error, whatever the error's text holds.
-                let text = "\(error)".split(whereSeparator: \.isNewline).joined(separator: " ")
-                FileHandle.standardError.write(Data("error: \(text)\n".utf8))
+            output.beginCommand()
+            var failure: (any Error)?
+            do { try execute(trimmed) } catch { failure = error }
+            output.endCommand()
+            if let failure {
+                report("\(failure)")
+                if stopsOnError {
+                    status = 1
+                    break reading
+                }
             }
-            fflush(nil)
+            settleEvents()
         }
+        // Events already due are printed before the shell exits.
+        settleEvents()
         for live in observers.values { live.stop() }
         for live in idObservers.values { live.stop() }
         for subscription in subscriptions.values { subscription.cancel() }
+        return status
+    }
+
+    /// Waits until the events the commands so far caused are written (when anything is
+    /// observed): the next command's output, or the end of the shell, comes after them.
+    func settleEvents() {
+        guard !observers.isEmpty || !idObservers.isEmpty else { return }
+        node.store.flushLiveQueries()
+    }
+
+    /// Writes `error: TEXT` on standard error, on one line whatever the text holds.
+    func report(_ text: String) {
+        let line = text.split(whereSeparator: \.isNewline).joined(separator: " ")
+        FileHandle.standardError.write(Data("error: \(line)\n".utf8))
     }
 
     /// Splits `word rest` once at a space or tab. Works on UTF-8 bytes, not `Character`s, so a
@@ -151,19 +195,19 @@ final class Shell {
         let query = argument.isEmpty ? "true" : String(argument)
         switch command {
         case "help":
-            print(Self.help)
+            out(Self.help)
         case "upsert":
             try needCollection()
             let (document, strategy) = try ShellSyntax.upsert(argument)
             let id = try node.store.collection(collection).upsert(document, writeStrategy: strategy)
-            print(JSON.string(id))
+            out(JSON.string(id))
         case "get":
             try needCollection()
             let id = try Self.parseID(String(argument))
             if let doc = try node.store.collection(collection).findByID(id).exec() {
-                print(doc.json)
+                out(doc.json)
             } else {
-                print("null")
+                out("null")
             }
         case "update":
             try needCollection()
@@ -176,25 +220,25 @@ final class Shell {
             if let limit = find.limit { operation = operation.limit(limit) }
             if let offset = find.offset { operation = operation.offset(offset) }
             if command == "count" {
-                print(try operation.count())
+                out(try operation.count())
             } else {
-                for doc in try operation.exec() { print(doc.json) }
+                for doc in try operation.exec() { out(doc.json) }
             }
         case "remove":
             try needCollection()
             let id = try Self.parseID(String(argument))
-            print(try node.store.collection(collection).findByID(id).remove())
+            out(try node.store.collection(collection).findByID(id).remove())
         case "evict":
             try needCollection()
             let id = try Self.parseID(String(argument))
-            print(try node.store.collection(collection).findByID(id).evict())
+            out(try node.store.collection(collection).findByID(id).evict())
         case "index":
             try needCollection()
             guard !argument.isEmpty else { throw UsageError("index needs a PATH") }
             let path = String(argument)
             _ = try ShellSyntax.path(argument)
             let name = try node.store.collection(collection).createIndex(path)
-            print("index \(name) on \(collection) (\(path))")
+            out("index \(name) on \(collection) (\(path))")
         case "subscribe":
             try needCollection()
             // Keyed by the query's canonical text: spacing does not make another subscription.
@@ -202,7 +246,7 @@ final class Shell {
             if subscriptions[key] == nil {
                 subscriptions[key] = try node.store.collection(collection).find(query).subscribe()
             }
-            print("subscribed: \(key)")
+            out("subscribed: \(key)")
         case "unsubscribe":
             try needCollection()
             let key = "\(collection) \(try Query(query).description)"
@@ -210,9 +254,9 @@ final class Shell {
                 throw UsageError("no subscription '\(key)'; `subscriptions` lists them")
             }
             subscription.cancel()
-            print("unsubscribed: \(key)")
+            out("unsubscribed: \(key)")
         case "subscriptions":
-            for key in subscriptions.keys { print(key) }  // in byte order
+            for key in subscriptions.keys { out(key) }  // in byte order
         case "observe":
             try needCollection()
             let key = "\(collection) \(query)"
@@ -222,29 +266,27 @@ final class Shell {
             for (path, direction) in find.sort { operation = operation.sort(path, direction: direction) }
             if let limit = find.limit { operation = operation.limit(limit) }
             if let offset = find.offset { operation = operation.offset(offset) }
-            observers[key] = try operation.observeLocal { docs, event in
-                print(Self.describe(key: key, docs, event))
-                fflush(nil)
+            observers[key] = try operation.observeLocal { [output] docs, event in
+                output.event(Self.describe(key: key, docs, event))
             }
         case "unobserve":
             try needCollection()
             let key = "\(collection) \(query)"
             guard let live = observers.removeValue(forKey: key) else { throw UsageError("not observing '\(key)'") }
             live.stop()
-            print("unobserved: \(key)")
+            out("unobserved: \(key)")
         case "observe-id":
             try needCollection()
             let id = try Self.parseID(String(argument))
             let key = "\(collection) \(JSON.string(id))"
             guard idObservers[key] == nil else { throw UsageError("already observing '\(key)'") }
-            idObservers[key] = try node.store.collection(collection).findByID(id).observeLocal { doc, event in
+            idObservers[key] = try node.store.collection(collection).findByID(id).observeLocal { [output] doc, event in
                 let text = doc?.json ?? "null"
                 if event.isInitial {
-                    print("observe-id \(key): initial \(text)")
+                    output.event("observe-id \(key): initial \(text)")
                 } else {
-                    print("observe-id \(key): update \(text) was \(event.oldDocument?.json ?? "null")")
+                    output.event("observe-id \(key): update \(text) was \(event.oldDocument?.json ?? "null")")
                 }
-                fflush(nil)
             }
         case "unobserve-id":
             try needCollection()
@@ -254,15 +296,15 @@ final class Shell {
                 throw UsageError("not observing '\(key)'")
             }
             live.stop()
-            print("unobserved: \(key)")
+            out("unobserved: \(key)")
         case "peers" where collection == "--pending":
             let pending = node.pendingConnections
-            if pending.isEmpty { print("no connections waiting for a decision") }
+            if pending.isEmpty { out("no connections waiting for a decision") }
             for entry in pending {
                 let request = entry.request
                 let name = request.deviceName.map { "\"\($0)\"" } ?? "(no name)"
                 let who = entry.awaiting == .user ? "waiting for `trust`" : "waiting for the handler"
-                print(
+                out(
                     "\(request.peerKeyHex) \(name) \(request.address) \(request.direction.rawValue), \(who), "
                         + "\(Int(entry.secondsLeft.rounded(.up))) s left")
             }
@@ -271,55 +313,55 @@ final class Shell {
             guard !target.isEmpty else { throw UsageError("\(command) needs a peer KEY (64 hex digits) or NAME") }
             let key = TrellisNode.peerKey(hex: target)
             switch (command, key) {
-            case ("trust", let key?): print(try node.trust(peerKey: key))
-            case ("trust", nil): print(try node.trust(name: target))
-            case (_, let key?): print(try node.distrust(peerKey: key))
-            case (_, nil): print(try node.distrust(name: target))
+            case ("trust", let key?): out(try node.trust(peerKey: key))
+            case ("trust", nil): out(try node.trust(name: target))
+            case (_, let key?): out(try node.distrust(peerKey: key))
+            case (_, nil): out(try node.distrust(name: target))
             }
         case "peers":
             guard collection.isEmpty else {
                 throw UsageError("peers takes `--pending` or nothing, not '\(collection)'")
             }
             let peers = node.peers
-            if peers.isEmpty { print("no peers connected") }
-            for peer in peers { print(peer.description) }
+            if peers.isEmpty { out("no peers connected") }
+            for peer in peers { out(peer.description) }
         case "presence":
-            print(node.presence.graph.description)
+            out(node.presence.graph.description)
         case "sync":
             switch collection {
-            case "": print(node.sync.status.description)
+            case "": out(node.sync.status.description)
             case "stop":
                 node.stopSync()
-                print("sync stopped")
+                out("sync stopped")
             case "start":
                 try node.startSync()
-                print("sync started")
+                out("sync started")
             default: throw UsageError("sync takes `stop`, `start` or nothing, not '\(collection)'")
             }
         case "discovered":
             let found = node.discoveredPeers
             if node.discoveryStatistics == nil {
-                print("discovery is off")
+                out("discovery is off")
             } else if found.isEmpty {
-                print("no peers discovered")
+                out("no peers discovered")
             }
             for peer in found {
                 let place = peer.endpoint ?? "\(peer.addresses.joined(separator: ", ")) (not listening)"
                 let version = peer.isCompatible ? "" : ", incompatible: protocol version \(peer.protocolVersion)"
-                print("\(peer.keyHex.prefix(16)) \(place)\(version)")
+                out("\(peer.keyHex.prefix(16)) \(place)\(version)")
             }
         case "status":
-            print(try node.status().description)
+            out(try node.status().description)
         case "rules":
             let file = String(rest).trimmingCharacters(in: .whitespaces)
             if !file.isEmpty {
                 node.setAuthorization(try Authorization(contentsOf: URL(fileURLWithPath: file)))
-                print("rules replaced from \(file)")
+                out("rules replaced from \(file)")
             }
             let rules = node.authorization
-            print(rules.isOpen ? "every admitted peer may read and write every collection" : rules.description)
+            out(rules.isOpen ? "every admitted peer may read and write every collection" : rules.description)
             let refused = node.authorizationRefusals
-            print(
+            out(
                 "refused: \(refused.subscriptions) subscription(s), \(refused.batches) batch(es) "
                     + "(\(refused.documents) document(s)), \(refused.sites) session(s) presenting another key's site ID"
             )
@@ -327,7 +369,7 @@ final class Shell {
             guard node.promoteNextMeshKey() else {
                 throw UsageError("no next mesh key to promote: start the node with --next-mesh-key FILE")
             }
-            print("the next mesh key is now the current one; peers holding only the old key are refused")
+            out("the next mesh key is now the current one; peers holding only the old key are refused")
         default:
             throw UsageError("unknown command '\(command)'; type `help`")
         }
@@ -363,8 +405,8 @@ extension Shell {
             }
         }
         if !found { throw UsageError("no document \(JSON.string(id)) in \(collection)") }
-        if results.isEmpty { print("no changes") }
-        for result in results { print(result) }
+        if results.isEmpty { out("no changes") }
+        for result in results { out(result) }
     }
 }
 

@@ -10,13 +10,18 @@ import TrellisTestKit
     let dir = TemporaryDirectory("trellis-shell")
 
     /// Runs a shell on a fresh data directory with `script` on standard input.
-    func shell(_ script: [String], data: String = "S") throws -> (status: Int32, stdout: [String], stderr: [String]) {
+    ///
+    /// - Parameter flags: added to the shell's arguments (`--keep-going`).
+    func shell(_ script: [String], data: String = "S", flags: [String] = []) throws -> (
+        status: Int32, stdout: [String], stderr: [String]
+    ) {
         let key = dir.path("mesh.key")
         if !FileManager.default.fileExists(atPath: key) {
             #expect(try TrellisProcess.run(["keygen", key]).status == 0)
         }
         let r = try TrellisProcess.run(
-            ["shell", "--data", dir.path(data), "--mesh-key", key, "--quiet"], input: script.joined(separator: "\n"))
+            ["shell", "--data", dir.path(data), "--mesh-key", key, "--quiet"] + flags,
+            input: script.joined(separator: "\n"))
         func lines(_ text: String) -> [String] {
             text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init).filter { !$0.isEmpty }
         }
@@ -200,7 +205,8 @@ import TrellisTestKit
             ("find", "find needs a COLLECTION"),
         ]
         let r = try shell(
-            [#"upsert cars {"_id": "a", "Name": "x", "tags": [1], "n": 1}"#] + bad.map(\.command) + ["count cars"])
+            [#"upsert cars {"_id": "a", "Name": "x", "tags": [1], "n": 1}"#] + bad.map(\.command) + ["count cars"],
+            flags: ["--keep-going"])
         #expect(r.status == 0)
         #expect(r.stdout == [#""a""#, "1"], "the good commands around the bad ones still ran")
         #expect(r.stderr.count == bad.count, "\(r.stderr)")
@@ -226,7 +232,9 @@ extension ShellCommandTests {
     /// A peer's write stamped a day ahead of this node's clock is kept, not dropped, and `status`
     /// says so with the reason (issue 8 item 1: refusals are visible, not only a log line).
     @Test func syncAndPresenceCommands() throws {
-        let r = try shell(["sync", "presence", "sync stop", "sync stop", "sync", "sync start", "sync start", "sync go"])
+        let r = try shell(
+            ["sync", "presence", "sync stop", "sync stop", "sync", "sync start", "sync start", "sync go"],
+            flags: ["--keep-going"])
         #expect(r.status == 0)
         #expect(r.stdout.count == 7, "\(r.stdout)")
         #expect(r.stdout.first == "no peer connected")
