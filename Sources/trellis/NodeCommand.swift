@@ -280,9 +280,12 @@ final class ProgressLine {
 
 enum InspectCommand {
     static let help = """
-        trellis find --data DIR COLLECTION [QUERY] [--count]
+        trellis find --data DIR COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]
+                     [args {JSON}] [--count]
         trellis get  --data DIR COLLECTION ID
-          Read a node's store (also while the node runs) and print documents as JSON lines.
+          Read a node's store (also while the node runs) and print documents as JSON lines. The
+          query and its modifiers are the shell's `find` (quote them: bash removes the quotes of
+          'Japan' in an unquoted Origin == 'Japan'); --count prints how many `find` would print.
         """
 
     static func run(_ command: String, _ args: [String]) throws {
@@ -300,7 +303,7 @@ enum InspectCommand {
         switch command {
         case "get":
             guard parsed.positional.count == 2 else { throw UsageError("usage: trellis get --data DIR COLLECTION ID") }
-            let id = try Shell.parseID(parsed.positional[1])
+            let id = try ShellSyntax.id(Substring(parsed.positional[1]))
             if let doc = try store.document(id: id, in: parsed.positional[0]) {
                 print(JSON.string(doc))
             } else {
@@ -310,14 +313,21 @@ enum InspectCommand {
             guard let collection = parsed.positional.first else {
                 throw UsageError("usage: trellis find --data DIR COLLECTION [QUERY]")
             }
-            let query = try Query(
-                parsed.positional.dropFirst().joined(separator: " ").isEmpty
-                    ? "true" : parsed.positional.dropFirst().joined(separator: " "))
+            // The shell's syntax: QUERY, then sort / limit / offset / args.
+            let find = try ShellSyntax.find(Substring(parsed.positional.dropFirst().joined(separator: " ")))
+            let query = try Query(find.query)
+            let sort = try find.sort.map { SortKey(try FieldPath(querySyntax: $0.path), $0.direction) }
             // Both run in SQLite where the query translates, served by `index` indexes.
             if parsed.switches.contains("count") {
-                print(try store.count(in: collection, matching: query))
+                let total = try store.count(in: collection, matching: query, args: find.args)
+                print(max(0, min(find.limit ?? .max, total - (find.offset ?? 0))))
             } else {
-                for doc in try store.documents(in: collection, matching: query, sort: []) { print(JSON.string(doc)) }
+                for doc in try store.documents(
+                    in: collection, matching: query, args: find.args, sort: sort, limit: find.limit,
+                    offset: find.offset ?? 0)
+                {
+                    print(JSON.string(doc))
+                }
             }
         }
     }

@@ -57,7 +57,8 @@ import TrellisTestKit
         #expect(r.status == 0)
         #expect(r.stderr.isEmpty, "\(r.stderr)")
         let expected = [
-            #""a""#, #""b""#, #""c""#, #""a""#, #""b""#, #""d""#,
+            #""a""#, #""b""#, #""c""#, #""a" not written: a document with this _id exists"#, #""b" written"#,
+            #""d" written"#,
             // find cars Origin == 'Japan' sort hp desc: c has no hp and sorts last
             #"{"Name":"alpha","Origin":"Japan","_id":"a","hp":100,"tags":["x","y"]}"#,
             #"{"Name":"gamma","Origin":"Japan","_id":"c"}"#,
@@ -99,6 +100,7 @@ import TrellisTestKit
                 #"{"_id":"3","limit":9,"sort":"c"}"#,
                 #"{"_id":"1","limit":5,"offset":1,"sort":"b"}"#,
                 #"{"_id":"2","limit":1,"offset":2,"sort":"a"}"#,
+                "0 documents",
             ])
     }
 
@@ -155,6 +157,7 @@ import TrellisTestKit
             #"{"_id":"b","\#(nfd)":2}"#,
             "1",
             #"{"_id":"a","\#(nfc)":1}"#,
+            "0 documents",
             "1",
             "subscribed: \(nfc) true",
             "subscribed: \(nfd) true",
@@ -220,8 +223,11 @@ import TrellisTestKit
         let text = r.stdout.joined(separator: "\n")
         for fragment in [
             "upsert COLLECTION {JSON} [--strategy S]", "update COLLECTION ID M[; M]...", "set-default PATH JSON",
-            "increment PATH NUMBER", "find COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]",
-            "count COLLECTION [QUERY]", "evict COLLECTION ID", "index COLLECTION PATH",
+            "increment PATH NUMBER", "SELECT is QUERY [sort PATH [asc|desc]]... [limit N] [offset N]",
+            "find COLLECTION [SELECT]", "count COLLECTION [SELECT]", "evict COLLECTION ID", "index COLLECTION PATH",
+            "update COLLECTION where SELECT M[; M]...", "remove COLLECTION where SELECT",
+            "evict COLLECTION where SELECT", "subscribe-id COLLECTION ID", "observe-next COLLECTION [SELECT]",
+            "next COLLECTION [SELECT]", "collections", "[args {JSON}]", "exit status 1",
         ] {
             #expect(text.contains(fragment), "help lacks \(fragment)")
         }
