@@ -277,33 +277,15 @@ final class Shell {
             // Keyed by the query's canonical text: spacing does not make another subscription.
             let args = find.args.isEmpty ? "" : " args \(JSON.string(.map(find.args)))"
             let key = "\(collection) \(try Query(find.query).description)\(args)"
-            if command == "subscribe" {
-                if subscriptions[key] == nil {
-                    subscriptions[key] = try find.operation(on: node.store.collection(collection)).subscribe()
-                }
-                out("subscribed: \(key)")
-            } else {
-                guard let subscription = subscriptions.removeValue(forKey: key) else {
-                    throw UsageError("no subscription '\(key)'; `subscriptions` lists them")
-                }
-                subscription.cancel()
-                out("unsubscribed: \(key)")
+            try subscription(command == "subscribe", key, in: &subscriptions) {
+                try find.operation(on: node.store.collection(collection)).subscribe()
             }
         case "subscribe-id", "unsubscribe-id":
             try needCollection()
             let id = try ShellSyntax.id(argument, query: "subscribe \(collection) QUERY")
             let key = "\(collection) \(JSON.string(id))"
-            if command == "subscribe-id" {
-                if idSubscriptions[key] == nil {
-                    idSubscriptions[key] = try node.store.collection(collection).findByID(id).subscribe()
-                }
-                out("subscribed: \(key) (by ID)")
-            } else {
-                guard let subscription = idSubscriptions.removeValue(forKey: key) else {
-                    throw UsageError("no subscription '\(key)' by ID; `subscriptions` lists them")
-                }
-                subscription.cancel()
-                out("unsubscribed: \(key) (by ID)")
+            try subscription(command == "subscribe-id", key, in: &idSubscriptions, suffix: " (by ID)") {
+                try node.store.collection(collection).findByID(id).subscribe()
             }
         case "subscriptions":
             // In byte order, those by query first.
@@ -494,6 +476,24 @@ extension Shell {
             for change in changes { out(change) }
         }
         out("\(Self.documents(results.values.filter { !$0.isEmpty }.count)) changed")
+    }
+
+    /// `subscribe` (when `subscribe`) or `unsubscribe` of `key` in `table` (by query or by ID;
+    /// `suffix` follows the key in what is printed). Subscribing twice keeps the first.
+    func subscription(
+        _ subscribe: Bool, _ key: String, in table: inout UTF8Map<Subscription>, suffix: String = "",
+        make: () throws -> Subscription
+    ) throws {
+        if subscribe {
+            if table[key] == nil { table[key] = try make() }
+            out("subscribed: \(key)\(suffix)")
+        } else {
+            guard let subscription = table.removeValue(forKey: key) else {
+                throw UsageError("no subscription '\(key)'\(suffix); `subscriptions` lists them")
+            }
+            subscription.cancel()
+            out("unsubscribed: \(key)\(suffix)")
+        }
     }
 
     /// The selection after `where` in `remove`, `evict` and `update` (`nil`: no `where`, an ID).
