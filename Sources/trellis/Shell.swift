@@ -60,6 +60,8 @@ final class Shell {
           unobserve COLLECTION [SELECT]   stop observing (the same arguments as `observe`)
           observe-id COLLECTION ID        print the document's events: `observe-id KEY: initial DOC`,
                                           then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
+          observe-next-id COLLECTION ID   the same with next-signal: after each event, changes wait
+                                          (merged into one event) until `next-id COLLECTION ID`
           unobserve-id COLLECTION ID      stop observing it
           peers                           list connected peers
           peers --pending                 list connections waiting for a decision (a peer the
@@ -108,6 +110,8 @@ final class Shell {
     /// The pending `signalNext` of each `observe-next` observer (also in `observers`).
     var nextSignals = UTF8Map<NextSignal>()
     var idObservers = UTF8Map<LiveQuery>()
+    /// The pending `signalNext` of each `observe-next-id` observer (also in `idObservers`).
+    var idNextSignals = UTF8Map<NextSignal>()
 
     /// The one writer of standard output (command output and events).
     let output = ShellOutput()
@@ -323,19 +327,31 @@ final class Shell {
             nextSignals.removeValue(forKey: key)
             live.stop()
             out("unobserved: \(key)")
-        case "observe-id":
+        case "observe-id", "observe-next-id":
             try needCollection()
             let id = try ShellSyntax.id(argument, query: "observe \(collection) QUERY")
             let key = "\(collection) \(JSON.string(id))"
             guard idObservers[key] == nil else { throw UsageError("already observing '\(key)'") }
-            idObservers[key] = try node.store.collection(collection).findByID(id).observeLocal { [output] doc, event in
-                let text = doc?.json ?? "null"
-                if event.isInitial {
-                    output.event("observe-id \(key): initial \(text)")
-                } else {
-                    output.event("observe-id \(key): update \(text) was \(event.oldDocument?.json ?? "null")")
+            let operation = node.store.collection(collection).findByID(id)
+            if command == "observe-id" {
+                idObservers[key] = try operation.observeLocal { [output] doc, event in
+                    output.event(Self.describe(command, key: key, doc, event))
                 }
+            } else {
+                let signal = NextSignal()
+                idObservers[key] = try operation.observeLocalWithNextSignal { [output] doc, event, next in
+                    signal.hold(next)
+                    output.event(Self.describe(command, key: key, doc, event))
+                }
+                idNextSignals[key] = signal
             }
+        case "next-id":
+            try needCollection()
+            let key = "\(collection) \(JSON.string(try ShellSyntax.id(argument)))"
+            guard let signal = idNextSignals[key] else {
+                throw UsageError("not observing '\(key)' with observe-next-id")
+            }
+            if !signal.fire() { out("observe-next-id \(key): already waiting for the next change") }
         case "unobserve-id":
             try needCollection()
             let id = try ShellSyntax.id(argument)
@@ -343,6 +359,7 @@ final class Shell {
             guard let live = idObservers.removeValue(forKey: key) else {
                 throw UsageError("not observing '\(key)'")
             }
+            idNextSignals.removeValue(forKey: key)
             live.stop()
             out("unobserved: \(key)")
         case "peers" where collection == "--pending":
@@ -568,6 +585,16 @@ extension MutableDocument {
 }
 
 extension Shell {
+    /// The line `observe-id` (or `observe-next-id`: `command`) prints for one event (see `help`).
+    static func describe(_ command: String, key: String, _ doc: Document?, _ event: SingleDocumentLiveQueryEvent)
+        -> String
+    {
+        let text = doc?.json ?? "null"
+        if event.isInitial { return "\(command) \(key): initial \(text)" }
+        let commits = event.commitCount > 1 ? " (\(event.commitCount) commits)" : ""
+        return "\(command) \(key): update \(text) was \(event.oldDocument?.json ?? "null")\(commits)"
+    }
+
     /// The lines `observe` (or `observe-next`: `command`) prints for one event (see `help`).
     static func describe(_ command: String, key: String, _ docs: [Document], _ event: LiveQueryEvent) -> String {
         guard case .update(let update) = event else {

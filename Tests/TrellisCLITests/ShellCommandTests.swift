@@ -227,7 +227,8 @@ import TrellisTestKit
             "find COLLECTION [SELECT]", "count COLLECTION [SELECT]", "evict COLLECTION ID", "index COLLECTION PATH",
             "update COLLECTION where SELECT M[; M]...", "remove COLLECTION where SELECT",
             "evict COLLECTION where SELECT", "subscribe-id COLLECTION ID", "observe-next COLLECTION [SELECT]",
-            "next COLLECTION [SELECT]", "collections", "[args {JSON}]", "exit status 1",
+            "next COLLECTION [SELECT]", "observe-next-id COLLECTION ID", "collections", "[args {JSON}]",
+            "exit status 1",
         ] {
             #expect(text.contains(fragment), "help lacks \(fragment)")
         }

@@ -133,6 +133,22 @@ extension ShellCommandTests {
                 "unobserved: t true sort n",
             ])
         #expect(r.stderr == ["error: not observing 't true sort n' with observe-next"])
+
+        let one = try shell(
+            [
+                "observe-next-id t d", #"upsert t {"_id": "d", "n": 1}"#, #"upsert t {"_id": "d", "n": 2}"#,
+                "next-id t d", "next-id t d", "next-id t d", "unobserve-id t d",
+            ], data: "N")
+        #expect(one.status == 0 && one.stderr.isEmpty, "\(one.stderr)")
+        #expect(
+            one.stdout == [
+                #"observe-next-id t "d": initial null"#, #""d""#, #""d""#,
+                #"observe-next-id t "d": update {"_id":"d","n":2} was null (2 commits)"#,
+                // The second `next-id` signals the observer again (no change came); the third finds
+                // it already waiting.
+                #"observe-next-id t "d": already waiting for the next change"#,
+                #"unobserved: t "d""#,
+            ])
     }
 
     @Test func findSaysWhenNothingMatchesAndUpsertWhetherItWrote() throws {
