@@ -146,7 +146,7 @@ final class Shell {
             switch input.next() {
             case nil: break reading
             case .invalid(let number):
-                output.beginCommand()
+                output.beginCommand()  // the line is read: the prompt is no longer on screen
                 output.endCommand()
                 report("line \(number) is not valid UTF-8" + (stopsOnError ? "" : "; ignored"))
                 if stopsOnError {

@@ -214,9 +214,9 @@ enum ShellSyntax {
 
     /// `[QUERY] [sort PATH [asc|desc]]... [limit N] [offset N] [args {JSON}]`.
     ///
-    /// The modifiers start at the first chunk `sort`, `limit` or `offset` (outside quotes) that
-    /// follows a complete query (or nothing) and is not followed by an operator, so fields named
-    /// `sort`, `limit` or `offset` still work in the query (`limit > 3 limit 2`).
+    /// The modifiers start at the first chunk `sort`, `limit`, `offset` or `args` (outside quotes)
+    /// that follows a complete query (or nothing) and is not followed by an operator, so fields
+    /// named like them still work in the query (`limit > 3 limit 2`).
     static func find(_ text: Substring) throws -> Find {
         let chunks = try Self.chunks(text)
         var result = Find()
