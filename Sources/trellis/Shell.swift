@@ -315,11 +315,7 @@ final class Shell {
             }
         case "next":
             try needCollection()
-            let key = "\(collection) \(query)"
-            guard let signal = nextSignals[key] else {
-                throw UsageError("not observing '\(key)' with observe-next")
-            }
-            if !signal.fire() { out("observe-next \(key): already waiting for the next change") }
+            try signalNext("\(collection) \(query)", in: nextSignals, observer: "observe-next")
         case "unobserve":
             try needCollection()
             let key = "\(collection) \(query)"
@@ -348,10 +344,7 @@ final class Shell {
         case "next-id":
             try needCollection()
             let key = "\(collection) \(JSON.string(try ShellSyntax.id(argument)))"
-            guard let signal = idNextSignals[key] else {
-                throw UsageError("not observing '\(key)' with observe-next-id")
-            }
-            if !signal.fire() { out("observe-next-id \(key): already waiting for the next change") }
+            try signalNext(key, in: idNextSignals, observer: "observe-next-id")
         case "unobserve-id":
             try needCollection()
             let id = try ShellSyntax.id(argument)
@@ -511,6 +504,13 @@ extension Shell {
             subscription.cancel()
             out("unsubscribed: \(key)\(suffix)")
         }
+    }
+
+    /// `next` / `next-id`: lets the next-signal observer of `key` in `table` (started by the
+    /// command `observer`) deliver its next event.
+    func signalNext(_ key: String, in table: UTF8Map<NextSignal>, observer: String) throws {
+        guard let signal = table[key] else { throw UsageError("not observing '\(key)' with \(observer)") }
+        if !signal.fire() { out("\(observer) \(key): already waiting for the next change") }
     }
 
     /// The selection after `where` in `remove`, `evict` and `update` (`nil`: no `where`, an ID).
