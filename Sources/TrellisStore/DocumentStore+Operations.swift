@@ -247,11 +247,28 @@ extension DocumentStore {
     public func upsert(_ documents: [Value], in collection: String, writeStrategy: WriteStrategy) throws(StoreError)
         -> [Value]
     {
-        if writeStrategy == .merge { return try upsert(documents, in: collection) }
+        try upsertReportingWrites(documents, in: collection, writeStrategy: writeStrategy).map(\.id)
+    }
+
+    /// Upserts like ``upsert(_:in:writeStrategy:)-([Value],_,_)`` and tells which documents the
+    /// write strategy wrote (the shell says so after `upsert --strategy`).
+    ///
+    /// - Returns: per document, in order, its `_id` and whether it was written: always for
+    ///   `.merge`; for `.insertIfAbsent` when no live document had the `_id`; for
+    ///   `.insertDefaultIfAbsent` when the `_id` was unknown here; for `.updateDifferentValues`
+    ///   when a value differed.
+    /// - Throws: as ``upsert(_:in:writeStrategy:)-([Value],_,_)``; nothing is written then.
+    /// - Complexity: O(total size) plus one indexed lookup per document.
+    @discardableResult
+    public func upsertReportingWrites(_ documents: [Value], in collection: String, writeStrategy: WriteStrategy)
+        throws(StoreError) -> [(id: Value, written: Bool)]
+    {
+        if writeStrategy == .merge { return try upsert(documents, in: collection).map { ($0, true) } }
         let prepared = try prepare(documents)
         let now = options.now()
+        var written = [Bool](repeating: false, count: prepared.count)
         try write { s in
-            for (id, key, fields) in prepared {
+            for (index, (id, key, fields)) in prepared.enumerated() {
                 // An evicted document's stub counts as present (its writes were seen here) but
                 // not live; writes start from it, so counters continue.
                 let existing = try row(&s, collection, key)
@@ -275,9 +292,10 @@ extension DocumentStore {
                     doc.merge(fields: changes, stamp: s.stamp(now: now))
                 }
                 try persist(&s, collection, key, id, doc)
+                written[index] = true
             }
         }
-        return prepared.map(\.id)
+        return zip(prepared, written).map { ($0.id, $1) }
     }
 
     /// The parts of `new` whose leaves differ (bit-exactly) from `current`, walking maps present

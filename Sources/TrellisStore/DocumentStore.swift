@@ -961,6 +961,21 @@ public final class DocumentStore: Sendable {
         return out
     }
 
+    /// The collections this store holds rows of (live documents, tombstones or eviction stubs),
+    /// in byte order of their names, each with its number of live documents.
+    ///
+    /// - Complexity: O(n) in the store's rows, over the `(collection, seq)` index.
+    public func collectionCounts() throws(StoreError) -> [(name: String, documents: Int)] {
+        try withState { s -> [(name: String, documents: Int)] in
+            let st = try s.db.prepare(
+                "SELECT collection, sum(deleted = 0) FROM documents GROUP BY collection ORDER BY collection")
+            defer { st.reset() }
+            var out: [(name: String, documents: Int)] = []
+            while try st.step() { out.append((st.string(0) ?? "", Int(st.int64(1)))) }
+            return out
+        }
+    }
+
     /// Number of live documents in a collection.
     public func count(in collection: String) throws(StoreError) -> Int {
         try withState { s -> Int in

@@ -47,6 +47,9 @@ enum NodeCommand {
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
           --quiet               do not log session events to standard error
+          --keep-going          shell only: when standard input is not a terminal, run every line
+                                even after an error, and exit 0 (by default the first error ends
+                                the shell with exit status 1)
         """
 
     static func run(_ args: [String], interactive: Bool) throws {
@@ -56,7 +59,7 @@ enum NodeCommand {
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
                 "inbound-buffer", "allow-peer", "admission", "name", "rules",
             ],
-            switchFlags: ["quiet", "no-discovery", "discovery-loopback"])
+            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -64,6 +67,9 @@ enum NodeCommand {
         guard parsed.positional.isEmpty else {
             throw UsageError(
                 "unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
+        }
+        if !interactive, parsed.switches.contains("keep-going") {
+            throw UsageError("--keep-going is for `trellis shell`")
         }
         let data = try parsed.require("data")
         let meshKey = try MeshKey(contentsOf: URL(fileURLWithPath: try parsed.require("mesh-key")))
@@ -143,9 +149,12 @@ enum NodeCommand {
         for peer in peers { node.connect(to: peer) }
 
         if interactive {
-            Shell(node: node, interactive: isatty(0) != 0).run()
+            let status = Shell(
+                node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going")
+            ).run()
             node.close()
             withExtendedLifetime(kept) {}
+            if status != 0 { exit(status) }
             return
         }
         // Headless: run until SIGINT or SIGTERM.
@@ -279,9 +288,12 @@ final class ProgressLine {
 
 enum InspectCommand {
     static let help = """
-        trellis find --data DIR COLLECTION [QUERY] [--count]
+        trellis find --data DIR COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]
+                     [args {JSON}] [--count]
         trellis get  --data DIR COLLECTION ID
-          Read a node's store (also while the node runs) and print documents as JSON lines.
+          Read a node's store (also while the node runs) and print documents as JSON lines. The
+          query and its modifiers are the shell's `find` (quote them: bash removes the quotes of
+          'Japan' in an unquoted Origin == 'Japan'); --count prints how many `find` would print.
         """
 
     static func run(_ command: String, _ args: [String]) throws {
@@ -299,7 +311,7 @@ enum InspectCommand {
         switch command {
         case "get":
             guard parsed.positional.count == 2 else { throw UsageError("usage: trellis get --data DIR COLLECTION ID") }
-            let id = try Shell.parseID(parsed.positional[1])
+            let id = try ShellSyntax.id(Substring(parsed.positional[1]))
             if let doc = try store.document(id: id, in: parsed.positional[0]) {
                 print(JSON.string(doc))
             } else {
@@ -309,14 +321,21 @@ enum InspectCommand {
             guard let collection = parsed.positional.first else {
                 throw UsageError("usage: trellis find --data DIR COLLECTION [QUERY]")
             }
-            let query = try Query(
-                parsed.positional.dropFirst().joined(separator: " ").isEmpty
-                    ? "true" : parsed.positional.dropFirst().joined(separator: " "))
+            // The shell's syntax: QUERY, then sort / limit / offset / args.
+            let find = try ShellSyntax.find(Substring(parsed.positional.dropFirst().joined(separator: " ")))
+            let query = try Query(find.query)
+            let sort = try find.sort.map { SortKey(try FieldPath(querySyntax: $0.path), $0.direction) }
             // Both run in SQLite where the query translates, served by `index` indexes.
             if parsed.switches.contains("count") {
-                print(try store.count(in: collection, matching: query))
+                let total = try store.count(in: collection, matching: query, args: find.args)
+                print(max(0, min(find.limit ?? .max, total - (find.offset ?? 0))))
             } else {
-                for doc in try store.documents(in: collection, matching: query, sort: []) { print(JSON.string(doc)) }
+                for doc in try store.documents(
+                    in: collection, matching: query, args: find.args, sort: sort, limit: find.limit,
+                    offset: find.offset ?? 0)
+                {
+                    print(JSON.string(doc))
+                }
             }
         }
     }

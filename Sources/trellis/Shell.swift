@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Trellis
 import TrellisStore
 
@@ -6,12 +7,16 @@ import TrellisStore
 final class Shell {
     static let help = """
         Commands (documents are JSON; QUERY uses Ditto's predicate syntax, e.g. Origin == 'Japan';
-        PATH is a field path like Name, specs.hp, tags[0] or `odd key`.x; ID is a string, or JSON
-        for a map _id or an _id with spaces):
+        PATH is a field path like Name, specs.hp, tags[0] or `odd key`.x; ID is one word, or JSON
+        for a map _id or an _id with spaces, operators or quotes ("a b"); a query given where an ID
+        goes is an error. SELECT is QUERY [sort PATH [asc|desc]]... [limit N] [offset N]
+        [args {JSON}]: the modifiers follow the query (fields named like them still work in the
+        query: `find c limit > 3 limit 2`); args gives the values of $args.NAME in the query):
           upsert COLLECTION {JSON} [--strategy S]
                                           insert or update a document; prints its _id. S is merge (the
                                           default), insertIfAbsent, insertDefaultIfAbsent or
-                                          updateDifferentValues
+                                          updateDifferentValues; with S, then `written` or
+                                          `not written: WHY`
           get COLLECTION ID               print one document (null when absent)
           update COLLECTION ID M[; M]...  change one document in one transaction; M is one of
                                             set PATH JSON          set a field (tags[1] sets an element)
@@ -19,30 +24,44 @@ final class Shell {
                                             unset PATH             remove a field
                                             increment PATH NUMBER  add to a counter
                                           prints one line per change
-          find COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]
-                                          print matching documents, one JSON per line; the modifiers
-                                          follow the query (fields named sort/limit/offset still work
-                                          in the query: `find c limit > 3 limit 2`)
-          count COLLECTION [QUERY] [limit N] [offset N]
-                                          print the number of matching documents
+          update COLLECTION where SELECT M[; M]...
+                                          change every selected document in one transaction; prints
+                                          their changes (`no changes to ID`), then `N documents changed`
+          find COLLECTION [SELECT]        print matching documents, one JSON per line, or
+                                          `0 documents` when none matches
+          count COLLECTION [SELECT]       print the number of matching documents
           remove COLLECTION ID            remove a document (a tombstone, replicated); prints true/false
+          remove COLLECTION where SELECT  remove the selected documents in one transaction; prints
+                                          their _ids, then `N documents removed`
           evict COLLECTION ID             drop the local copy only (no tombstone; a matching
                                           subscription brings it back); prints true/false
+          evict COLLECTION where SELECT   evict the selected documents; prints their _ids, then
+                                          `N documents evicted`
+          collections                     list the collections with their number of documents
           index COLLECTION PATH           create an index on a field (served to find/count)
-          subscribe COLLECTION [QUERY]    replicate matching documents from peers to this node
-          unsubscribe COLLECTION [QUERY]  stop that subscription
-          subscriptions                   list this node's subscriptions
-          observe COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]
-                                          print each live query event as it arrives, until `unobserve`
+          subscribe COLLECTION [QUERY] [args {JSON}]
+                                          replicate matching documents from peers to this node
+          unsubscribe COLLECTION [QUERY] [args {JSON}]
+                                          stop that subscription
+          subscribe-id COLLECTION ID      replicate one document from peers (unsubscribe-id stops it)
+          subscriptions                   list this node's subscriptions (by ID: `KEY (by ID)`)
+          observe COLLECTION [SELECT]     print each live query event as it arrives, until `unobserve`
                                           or the end of input:
                                             observe KEY: initial N       then `  at I DOC` per result
                                             observe KEY: update N        (N results) then one line per
                                               inserted I DOC | updated I DOC | deleted I OLD-DOC |
                                               moved FROM TO DOC         (I: index; deleted: old index)
-                                          KEY is the command's arguments, as typed
-          unobserve COLLECTION [QUERY]... stop observing (the same arguments as `observe`)
+                                          KEY is the command's arguments, as typed; an event covering
+                                          several commits ends its first line with `(C commits)`
+          observe-next COLLECTION [SELECT]
+                                          the same with next-signal: after each event, changes wait
+                                          (merged into one event) until `next` with the same arguments
+          next COLLECTION [SELECT]        let that observer deliver its next event
+          unobserve COLLECTION [SELECT]   stop observing (the same arguments as `observe`)
           observe-id COLLECTION ID        print the document's events: `observe-id KEY: initial DOC`,
                                           then `observe-id KEY: update DOC was OLD-DOC` (null: absent)
+          observe-next-id COLLECTION ID   the same with next-signal: after each event, changes wait
+                                          (merged into one event) until `next-id COLLECTION ID`
           unobserve-id COLLECTION ID      stop observing it
           peers                           list connected peers
           peers --pending                 list connections waiting for a decision (a peer the
@@ -75,7 +94,10 @@ final class Shell {
                                           becomes current, peers with only the old key are refused
           help                            this text
           quit                            leave (also end of input)
-        Errors print one line starting with `error: `.
+        Errors print one line starting with `error: ` on standard error. At a terminal the shell goes
+        on. From a pipe or a file the first error ends the shell with exit status 1 (after the events
+        already due), unless `trellis shell --keep-going`: then every line runs and the status is 0.
+        At the end of input the events already due are printed before the shell exits.
         """
 
     let node: TrellisNode
@@ -83,46 +105,93 @@ final class Shell {
     // Keyed by collection name and query or ID, compared byte-wise: collections "é" and
     // "e" + U+0301 are two collections here as everywhere else.
     var subscriptions = UTF8Map<Subscription>()
+    var idSubscriptions = UTF8Map<Subscription>()
     var observers = UTF8Map<LiveQuery>()
+    /// The pending `signalNext` of each `observe-next` observer (also in `observers`).
+    var nextSignals = UTF8Map<NextSignal>()
     var idObservers = UTF8Map<LiveQuery>()
+    /// The pending `signalNext` of each `observe-next-id` observer (also in `idObservers`).
+    var idNextSignals = UTF8Map<NextSignal>()
 
-    init(node: TrellisNode, interactive: Bool) {
+    /// The one writer of standard output (command output and events).
+    let output = ShellOutput()
+    /// Whether an error ends the shell: when its input is not a terminal and `--keep-going` was
+    /// not given.
+    let stopsOnError: Bool
+
+    /// - Parameters:
+    ///   - interactive: standard input is a terminal: show a prompt; an error never ends the shell.
+    ///   - keepGoing: from a pipe too, run every line whatever fails (`--keep-going`).
+    init(node: TrellisNode, interactive: Bool, keepGoing: Bool = false) {
         self.node = node
         self.interactive = interactive
+        self.stopsOnError = !interactive && !keepGoing
     }
 
     private var input = LineReader(fd: 0)
 
-    func run() {
-        if interactive { print("trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`") }
+    /// Writes one line of command output.
+    func out(_ value: Any) { output.line("\(value)") }
+
+    /// Reads and runs commands until the end of input, `quit`, or (see ``stopsOnError``) the
+    /// first error.
+    ///
+    /// - Returns: the exit status: 1 when an error ended the shell, else 0.
+    func run() -> Int32 {
+        if interactive { out("trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`") }
+        var status: Int32 = 0
         reading: while true {
-            if interactive {
-                print("trellis> ", terminator: "")
-                fflush(nil)
-            }
+            if interactive { output.prompt("trellis> ") }
             let line: String
             switch input.next() {
             case nil: break reading
             case .invalid(let number):
-                FileHandle.standardError.write(Data("error: line \(number) is not valid UTF-8; ignored\n".utf8))
+                output.beginCommand()  // the line is read: the prompt is no longer on screen
+                output.endCommand()
+                report("line \(number) is not valid UTF-8" + (stopsOnError ? "" : "; ignored"))
+                if stopsOnError {
+                    status = 1
+                    break reading
+                }
                 continue
             case .line(let text): line = text
             }
             let trimmed = line.trimmingCharacters(in: .whitespaces)
             if trimmed.isEmpty || trimmed.hasPrefix("#") { continue }
             if trimmed == "quit" || trimmed == "exit" { break }
-            do {
-                try execute(trimmed)
-            } catch {
-                // One line per error, whatever the error's text holds.
-                let text = "\(error)".split(whereSeparator: \.isNewline).joined(separator: " ")
-                FileHandle.standardError.write(Data("error: \(text)\n".utf8))
+            output.beginCommand()
+            var failure: (any Error)?
+            do { try execute(trimmed) } catch { failure = error }
+            output.endCommand()
+            if let failure {
+                report("\(failure)")
+                if stopsOnError {
+                    status = 1
+                    break reading
+                }
             }
-            fflush(nil)
+            settleEvents()
         }
+        // Events already due are printed before the shell exits.
+        settleEvents()
         for live in observers.values { live.stop() }
         for live in idObservers.values { live.stop() }
         for subscription in subscriptions.values { subscription.cancel() }
+        for subscription in idSubscriptions.values { subscription.cancel() }
+        return status
+    }
+
+    /// Waits until the events the commands so far caused are written (when anything is
+    /// observed): the next command's output, or the end of the shell, comes after them.
+    func settleEvents() {
+        guard !observers.isEmpty || !idObservers.isEmpty else { return }
+        node.store.flushLiveQueries()
+    }
+
+    /// Writes `error: TEXT` on standard error, on one line whatever the text holds.
+    func report(_ text: String) {
+        let line = text.split(whereSeparator: \.isNewline).joined(separator: " ")
+        FileHandle.standardError.write(Data("error: \(line)\n".utf8))
     }
 
     /// Splits `word rest` once at a space or tab. Works on UTF-8 bytes, not `Character`s, so a
@@ -137,11 +206,6 @@ final class Shell {
         return (String(text[first..<space]), text[restStart...])
     }
 
-    /// An ID argument: JSON when it starts with `{` or `"`, otherwise the text as a string.
-    static func parseID(_ text: String) throws -> Value {
-        try ShellSyntax.id(Substring(text))
-    }
-
     func execute(_ line: String) throws {
         let (command, rest) = Self.head(Substring(line))
         let (collection, argument) = Self.head(rest)
@@ -151,118 +215,154 @@ final class Shell {
         let query = argument.isEmpty ? "true" : String(argument)
         switch command {
         case "help":
-            print(Self.help)
+            out(Self.help)
         case "upsert":
             try needCollection()
             let (document, strategy) = try ShellSyntax.upsert(argument)
-            let id = try node.store.collection(collection).upsert(document, writeStrategy: strategy)
-            print(JSON.string(id))
+            let (id, written) = try node.store.documents.upsertReportingWrites(
+                [document], in: collection, writeStrategy: strategy)[0]
+            out(JSON.string(id) + Self.outcome(of: strategy, written: written))
         case "get":
             try needCollection()
-            let id = try Self.parseID(String(argument))
+            let id = try ShellSyntax.id(argument, query: "find \(collection) QUERY")
             if let doc = try node.store.collection(collection).findByID(id).exec() {
-                print(doc.json)
+                out(doc.json)
             } else {
-                print("null")
+                out("null")
             }
         case "update":
             try needCollection()
-            try update(collection, argument)
+            if let selection = Self.whereClause(argument) {
+                try updateWhere(collection, selection)
+            } else {
+                try update(collection, argument)
+            }
         case "find", "count":
             try needCollection()
-            let find = try ShellSyntax.find(argument)
-            var operation = node.store.collection(collection).find(find.query)
-            for (path, direction) in find.sort { operation = operation.sort(path, direction: direction) }
-            if let limit = find.limit { operation = operation.limit(limit) }
-            if let offset = find.offset { operation = operation.offset(offset) }
+            let operation = try ShellSyntax.find(argument).operation(on: node.store.collection(collection))
             if command == "count" {
-                print(try operation.count())
+                out(try operation.count())
             } else {
-                for doc in try operation.exec() { print(doc.json) }
+                let documents = try operation.exec()
+                for doc in documents { out(doc.json) }
+                if documents.isEmpty { out("0 documents") }
             }
-        case "remove":
+        case "remove", "evict":
             try needCollection()
-            let id = try Self.parseID(String(argument))
-            print(try node.store.collection(collection).findByID(id).remove())
-        case "evict":
-            try needCollection()
-            let id = try Self.parseID(String(argument))
-            print(try node.store.collection(collection).findByID(id).evict())
+            let target = node.store.collection(collection)
+            if let selection = Self.whereClause(argument) {
+                let operation = try ShellSyntax.find(selection).operation(on: target)
+                let ids = command == "remove" ? try operation.remove() : try operation.evict()
+                for id in ids { out(JSON.string(id)) }
+                out("\(Self.documents(ids.count)) \(command == "remove" ? "removed" : "evicted")")
+            } else {
+                let id = try ShellSyntax.id(argument, query: "\(command) \(collection) where QUERY")
+                out(command == "remove" ? try target.findByID(id).remove() : try target.findByID(id).evict())
+            }
+        case "collections":
+            let collections = try node.store.documents.collectionCounts()
+            if collections.isEmpty { out("no collections") }
+            for (name, count) in collections { out("\(name): \(Self.documents(count))") }
         case "index":
             try needCollection()
             guard !argument.isEmpty else { throw UsageError("index needs a PATH") }
             let path = String(argument)
             _ = try ShellSyntax.path(argument)
             let name = try node.store.collection(collection).createIndex(path)
-            print("index \(name) on \(collection) (\(path))")
-        case "subscribe":
+            out("index \(name) on \(collection) (\(path))")
+        case "subscribe", "unsubscribe":
             try needCollection()
+            let find = try ShellSyntax.find(argument)
+            guard find.sort.isEmpty, find.limit == nil, find.offset == nil else {
+                throw UsageError(
+                    "\(command) takes a QUERY and args {JSON}, not sort, limit or offset: a subscription "
+                        + "replicates every matching document")
+            }
             // Keyed by the query's canonical text: spacing does not make another subscription.
-            let key = "\(collection) \(try Query(query).description)"
-            if subscriptions[key] == nil {
-                subscriptions[key] = try node.store.collection(collection).find(query).subscribe()
+            let args = find.args.isEmpty ? "" : " args \(JSON.string(.map(find.args)))"
+            let key = "\(collection) \(try Query(find.query).description)\(args)"
+            try subscription(command == "subscribe", key, in: &subscriptions) {
+                try find.operation(on: node.store.collection(collection)).subscribe()
             }
-            print("subscribed: \(key)")
-        case "unsubscribe":
+        case "subscribe-id", "unsubscribe-id":
             try needCollection()
-            let key = "\(collection) \(try Query(query).description)"
-            guard let subscription = subscriptions.removeValue(forKey: key) else {
-                throw UsageError("no subscription '\(key)'; `subscriptions` lists them")
+            let id = try ShellSyntax.id(argument, query: "subscribe \(collection) QUERY")
+            let key = "\(collection) \(JSON.string(id))"
+            try subscription(command == "subscribe-id", key, in: &idSubscriptions, suffix: " (by ID)") {
+                try node.store.collection(collection).findByID(id).subscribe()
             }
-            subscription.cancel()
-            print("unsubscribed: \(key)")
         case "subscriptions":
-            for key in subscriptions.keys { print(key) }  // in byte order
-        case "observe":
+            // In byte order, those by query first.
+            for key in subscriptions.keys { out(key) }
+            for key in idSubscriptions.keys { out("\(key) (by ID)") }
+            if subscriptions.isEmpty && idSubscriptions.isEmpty { out("no subscriptions") }
+        case "observe", "observe-next":
             try needCollection()
             let key = "\(collection) \(query)"
             guard observers[key] == nil else { throw UsageError("already observing '\(key)'") }
-            let find = try ShellSyntax.find(argument)
-            var operation = node.store.collection(collection).find(find.query)
-            for (path, direction) in find.sort { operation = operation.sort(path, direction: direction) }
-            if let limit = find.limit { operation = operation.limit(limit) }
-            if let offset = find.offset { operation = operation.offset(offset) }
-            observers[key] = try operation.observeLocal { docs, event in
-                print(Self.describe(key: key, docs, event))
-                fflush(nil)
+            let operation = try ShellSyntax.find(argument).operation(on: node.store.collection(collection))
+            if command == "observe" {
+                observers[key] = try operation.observeLocal { [output] docs, event in
+                    output.event(Self.describe(command, key: key, docs, event))
+                }
+            } else {
+                let signal = NextSignal()
+                observers[key] = try operation.observeLocalWithNextSignal { [output] docs, event, next in
+                    signal.hold(next)  // before the event is written: `next` after it finds the signal
+                    output.event(Self.describe(command, key: key, docs, event))
+                }
+                nextSignals[key] = signal
             }
+        case "next":
+            try needCollection()
+            try signalNext("\(collection) \(query)", in: nextSignals, observer: "observe-next")
         case "unobserve":
             try needCollection()
             let key = "\(collection) \(query)"
             guard let live = observers.removeValue(forKey: key) else { throw UsageError("not observing '\(key)'") }
+            nextSignals.removeValue(forKey: key)
             live.stop()
-            print("unobserved: \(key)")
-        case "observe-id":
+            out("unobserved: \(key)")
+        case "observe-id", "observe-next-id":
             try needCollection()
-            let id = try Self.parseID(String(argument))
+            let id = try ShellSyntax.id(argument, query: "observe \(collection) QUERY")
             let key = "\(collection) \(JSON.string(id))"
             guard idObservers[key] == nil else { throw UsageError("already observing '\(key)'") }
-            idObservers[key] = try node.store.collection(collection).findByID(id).observeLocal { doc, event in
-                let text = doc?.json ?? "null"
-                if event.isInitial {
-                    print("observe-id \(key): initial \(text)")
-                } else {
-                    print("observe-id \(key): update \(text) was \(event.oldDocument?.json ?? "null")")
+            let operation = node.store.collection(collection).findByID(id)
+            if command == "observe-id" {
+                idObservers[key] = try operation.observeLocal { [output] doc, event in
+                    output.event(Self.describe(command, key: key, doc, event))
                 }
-                fflush(nil)
+            } else {
+                let signal = NextSignal()
+                idObservers[key] = try operation.observeLocalWithNextSignal { [output] doc, event, next in
+                    signal.hold(next)
+                    output.event(Self.describe(command, key: key, doc, event))
+                }
+                idNextSignals[key] = signal
             }
+        case "next-id":
+            try needCollection()
+            let key = "\(collection) \(JSON.string(try ShellSyntax.id(argument)))"
+            try signalNext(key, in: idNextSignals, observer: "observe-next-id")
         case "unobserve-id":
             try needCollection()
-            let id = try Self.parseID(String(argument))
+            let id = try ShellSyntax.id(argument)
             let key = "\(collection) \(JSON.string(id))"
             guard let live = idObservers.removeValue(forKey: key) else {
                 throw UsageError("not observing '\(key)'")
             }
+            idNextSignals.removeValue(forKey: key)
             live.stop()
-            print("unobserved: \(key)")
+            out("unobserved: \(key)")
         case "peers" where collection == "--pending":
             let pending = node.pendingConnections
-            if pending.isEmpty { print("no connections waiting for a decision") }
+            if pending.isEmpty { out("no connections waiting for a decision") }
             for entry in pending {
                 let request = entry.request
                 let name = request.deviceName.map { "\"\($0)\"" } ?? "(no name)"
                 let who = entry.awaiting == .user ? "waiting for `trust`" : "waiting for the handler"
-                print(
+                out(
                     "\(request.peerKeyHex) \(name) \(request.address) \(request.direction.rawValue), \(who), "
                         + "\(Int(entry.secondsLeft.rounded(.up))) s left")
             }
@@ -271,55 +371,55 @@ final class Shell {
             guard !target.isEmpty else { throw UsageError("\(command) needs a peer KEY (64 hex digits) or NAME") }
             let key = TrellisNode.peerKey(hex: target)
             switch (command, key) {
-            case ("trust", let key?): print(try node.trust(peerKey: key))
-            case ("trust", nil): print(try node.trust(name: target))
-            case (_, let key?): print(try node.distrust(peerKey: key))
-            case (_, nil): print(try node.distrust(name: target))
+            case ("trust", let key?): out(try node.trust(peerKey: key))
+            case ("trust", nil): out(try node.trust(name: target))
+            case (_, let key?): out(try node.distrust(peerKey: key))
+            case (_, nil): out(try node.distrust(name: target))
             }
         case "peers":
             guard collection.isEmpty else {
                 throw UsageError("peers takes `--pending` or nothing, not '\(collection)'")
             }
             let peers = node.peers
-            if peers.isEmpty { print("no peers connected") }
-            for peer in peers { print(peer.description) }
+            if peers.isEmpty { out("no peers connected") }
+            for peer in peers { out(peer.description) }
         case "presence":
-            print(node.presence.graph.description)
+            out(node.presence.graph.description)
         case "sync":
             switch collection {
-            case "": print(node.sync.status.description)
+            case "": out(node.sync.status.description)
             case "stop":
                 node.stopSync()
-                print("sync stopped")
+                out("sync stopped")
             case "start":
                 try node.startSync()
-                print("sync started")
+                out("sync started")
             default: throw UsageError("sync takes `stop`, `start` or nothing, not '\(collection)'")
             }
         case "discovered":
             let found = node.discoveredPeers
             if node.discoveryStatistics == nil {
-                print("discovery is off")
+                out("discovery is off")
             } else if found.isEmpty {
-                print("no peers discovered")
+                out("no peers discovered")
             }
             for peer in found {
                 let place = peer.endpoint ?? "\(peer.addresses.joined(separator: ", ")) (not listening)"
                 let version = peer.isCompatible ? "" : ", incompatible: protocol version \(peer.protocolVersion)"
-                print("\(peer.keyHex.prefix(16)) \(place)\(version)")
+                out("\(peer.keyHex.prefix(16)) \(place)\(version)")
             }
         case "status":
-            print(try node.status().description)
+            out(try node.status().description)
         case "rules":
             let file = String(rest).trimmingCharacters(in: .whitespaces)
             if !file.isEmpty {
                 node.setAuthorization(try Authorization(contentsOf: URL(fileURLWithPath: file)))
-                print("rules replaced from \(file)")
+                out("rules replaced from \(file)")
             }
             let rules = node.authorization
-            print(rules.isOpen ? "every admitted peer may read and write every collection" : rules.description)
+            out(rules.isOpen ? "every admitted peer may read and write every collection" : rules.description)
             let refused = node.authorizationRefusals
-            print(
+            out(
                 "refused: \(refused.subscriptions) subscription(s), \(refused.batches) batch(es) "
                     + "(\(refused.documents) document(s)), \(refused.sites) session(s) presenting another key's site ID"
             )
@@ -327,7 +427,7 @@ final class Shell {
             guard node.promoteNextMeshKey() else {
                 throw UsageError("no next mesh key to promote: start the node with --next-mesh-key FILE")
             }
-            print("the next mesh key is now the current one; peers holding only the old key are refused")
+            out("the next mesh key is now the current one; peers holding only the old key are refused")
         default:
             throw UsageError("unknown command '\(command)'; type `help`")
         }
@@ -340,7 +440,14 @@ extension Shell {
     func update(_ collection: String, _ argument: Substring) throws {
         let chunks = try ShellSyntax.chunks(argument)
         guard let idChunk = chunks.first else { throw UsageError("update needs an ID and a mutation") }
-        let id = try ShellSyntax.id(idChunk.text)
+        let selectByQuery = "update \(collection) where QUERY set PATH JSON"
+        if chunks.count > 1, ShellSyntax.looksLikeOperator(chunks[1].text) {
+            // `update c o == 'J' set x 1`: a query where the ID goes; refuse it as an ID.
+            let end =
+                chunks.first { ShellSyntax.mutationVerbs.contains($0.text) }?.range.lowerBound ?? argument.endIndex
+            _ = try ShellSyntax.id(argument[..<end], query: selectByQuery)
+        }
+        let id = try ShellSyntax.id(idChunk.text, query: selectByQuery)
         let rest = argument[idChunk.range.upperBound...]
         let statements = try ShellSyntax.splitStatements(rest)
             .filter { !$0.allSatisfy(\.isWhitespace) }
@@ -354,17 +461,111 @@ extension Shell {
         let results = try operation.update { doc in
             guard let doc else { return }
             found = true
-            for mutation in mutations {
-                switch mutation {
-                case .set(let path, let value, let isDefault): doc.at(path).set(value, isDefault: isDefault)
-                case .unset(let path): doc.at(path).remove()
-                case .increment(let path, let amount): doc.at(path).increment(by: amount)
-                }
-            }
+            doc.apply(mutations)
         }
         if !found { throw UsageError("no document \(JSON.string(id)) in \(collection)") }
-        if results.isEmpty { print("no changes") }
-        for result in results { print(result) }
+        if results.isEmpty { out("no changes") }
+        for result in results { out(result) }
+    }
+
+    /// `update COLLECTION where QUERY [modifiers] M[; M]...`: the mutations applied to every
+    /// selected document in one transaction. Prints each document's results (`no changes to ID`
+    /// when it has none), then how many documents changed.
+    func updateWhere(_ collection: String, _ selection: Substring) throws {
+        let (find, mutations) = try ShellSyntax.updateWhere(selection)
+        var order: [Value] = []
+        let results = try find.operation(on: node.store.collection(collection)).update { docs in
+            for doc in docs {
+                order.append(doc.id)
+                doc.apply(mutations)
+            }
+        }
+        for id in order {
+            guard let changes = results[id] else { continue }
+            if changes.isEmpty { out("no changes to \(JSON.string(id))") }
+            for change in changes { out(change) }
+        }
+        out("\(Self.documents(results.values.filter { !$0.isEmpty }.count)) changed")
+    }
+
+    /// `subscribe` (when `subscribe`) or `unsubscribe` of `key` in `table` (by query or by ID;
+    /// `suffix` follows the key in what is printed). Subscribing twice keeps the first.
+    func subscription(
+        _ subscribe: Bool, _ key: String, in table: inout UTF8Map<Subscription>, suffix: String = "",
+        make: () throws -> Subscription
+    ) throws {
+        if subscribe {
+            if table[key] == nil { table[key] = try make() }
+            out("subscribed: \(key)\(suffix)")
+        } else {
+            guard let subscription = table.removeValue(forKey: key) else {
+                throw UsageError("no subscription '\(key)'\(suffix); `subscriptions` lists them")
+            }
+            subscription.cancel()
+            out("unsubscribed: \(key)\(suffix)")
+        }
+    }
+
+    /// `next` / `next-id`: lets the next-signal observer of `key` in `table` (started by the
+    /// command `observer`) deliver its next event.
+    func signalNext(_ key: String, in table: UTF8Map<NextSignal>, observer: String) throws {
+        guard let signal = table[key] else { throw UsageError("not observing '\(key)' with \(observer)") }
+        if !signal.fire() { out("\(observer) \(key): already waiting for the next change") }
+    }
+
+    /// The selection after `where` in `remove`, `evict` and `update` (`nil`: no `where`, an ID).
+    static func whereClause(_ argument: Substring) -> Substring? {
+        let (word, rest) = head(argument)
+        return word == "where" ? rest : nil
+    }
+
+    /// `1 document`, `N documents`.
+    static func documents(_ count: Int) -> String { count == 1 ? "1 document" : "\(count) documents" }
+
+    /// What `upsert` prints after the `_id`: nothing for `merge` (it always writes), else whether
+    /// the strategy wrote and, when not, why.
+    static func outcome(of strategy: WriteStrategy, written: Bool) -> String {
+        if strategy == .merge { return "" }
+        if written { return " written" }
+        switch strategy {
+        case .insertIfAbsent: return " not written: a document with this _id exists"
+        case .insertDefaultIfAbsent: return " not written: this _id is known here"
+        default: return " not written: no value differs"
+        }
+    }
+}
+
+/// The `signalNext` an `observe-next` observer was handed with its last event, until `next`
+/// calls it.
+final class NextSignal: Sendable {
+    private let pending = Mutex<(@Sendable () -> Void)?>(nil)
+
+    func hold(_ signal: @escaping @Sendable () -> Void) { pending.withLock { $0 = signal } }
+
+    /// Calls the held signal. - Returns: `false` when none was held (the observer already waits
+    /// for the next change).
+    func fire() -> Bool {
+        guard
+            let signal = pending.withLock({ s in
+                defer { s = nil }
+                return s
+            })
+        else { return false }
+        signal()
+        return true
+    }
+}
+
+extension MutableDocument {
+    /// Records the shell's mutations on this document.
+    func apply(_ mutations: [DocumentMutation]) {
+        for mutation in mutations {
+            switch mutation {
+            case .set(let path, let value, let isDefault): at(path).set(value, isDefault: isDefault)
+            case .unset(let path): at(path).remove()
+            case .increment(let path, let amount): at(path).increment(by: amount)
+            }
+        }
     }
 }
 
@@ -384,13 +585,24 @@ extension MutableDocument {
 }
 
 extension Shell {
-    /// The lines `observe` prints for one event (see `help`).
-    static func describe(key: String, _ docs: [Document], _ event: LiveQueryEvent) -> String {
+    /// The line `observe-id` (or `observe-next-id`: `command`) prints for one event (see `help`).
+    static func describe(_ command: String, key: String, _ doc: Document?, _ event: SingleDocumentLiveQueryEvent)
+        -> String
+    {
+        let text = doc?.json ?? "null"
+        if event.isInitial { return "\(command) \(key): initial \(text)" }
+        let commits = event.commitCount > 1 ? " (\(event.commitCount) commits)" : ""
+        return "\(command) \(key): update \(text) was \(event.oldDocument?.json ?? "null")\(commits)"
+    }
+
+    /// The lines `observe` (or `observe-next`: `command`) prints for one event (see `help`).
+    static func describe(_ command: String, key: String, _ docs: [Document], _ event: LiveQueryEvent) -> String {
         guard case .update(let update) = event else {
-            return (["observe \(key): initial \(docs.count)"] + docs.enumerated().map { "  at \($0) \($1.json)" })
+            return (["\(command) \(key): initial \(docs.count)"] + docs.enumerated().map { "  at \($0) \($1.json)" })
                 .joined(separator: "\n")
         }
-        var lines = ["observe \(key): update \(docs.count)"]
+        let commits = update.commitCount > 1 ? " (\(update.commitCount) commits)" : ""
+        var lines = ["\(command) \(key): update \(docs.count)\(commits)"]
         for index in update.insertions { lines.append("  inserted \(index) \(docs[index].json)") }
         for index in update.updates { lines.append("  updated \(index) \(docs[index].json)") }
         for index in update.deletions { lines.append("  deleted \(index) \(update.oldDocuments[index].json)") }

@@ -85,13 +85,30 @@ enum ShellSyntax {
         return parts
     }
 
-    /// An `_id`: JSON when it starts with `{` or `"`, otherwise the text as a string.
-    static func id(_ text: Substring) throws -> Value {
+    /// Characters a bare (unquoted) ID may not hold: those of query operators and quotes, so
+    /// that a query given where an ID is expected is refused rather than taken as an ID.
+    static let notInBareID = Set("=<>!&|()'`".unicodeScalars)
+
+    /// An `_id`: JSON when it starts with `{` or `"`, otherwise one word taken as a string.
+    ///
+    /// - Parameter query: how the command selects by query instead (`remove c where QUERY`), named
+    ///   in the error when the text looks like a query.
+    /// - Throws: ``UsageError`` for nothing, more than one word, or a word holding a query
+    ///   operator or a quote (write such an ID as JSON: `"a b"`).
+    static func id(_ text: Substring, query: String? = nil) throws -> Value {
         let t = text.trimmingCharacters(in: .whitespaces)
         guard !t.isEmpty else { throw UsageError("missing ID") }
+        let words = try chunks(Substring(t))
         // By byte: `{` or `"` followed by a combining mark still starts JSON.
-        if t.utf8.first == UInt8(ascii: "{") || t.utf8.first == UInt8(ascii: "\"") { return try JSON.parse(t) }
-        return .string(t)
+        let json = t.utf8.first == UInt8(ascii: "{") || t.utf8.first == UInt8(ascii: "\"")
+        if json && words.count == 1 { return try JSON.parse(t) }
+        guard words.count > 1 || t.unicodeScalars.contains(where: notInBareID.contains) else { return .string(t) }
+        let looksLikeQuery = (try? Query(t)) != nil || t.unicodeScalars.contains(where: notInBareID.contains)
+        var message = "'\(t)' is not an ID"
+        message += looksLikeQuery ? ": it looks like a query" : ": an ID is one word"
+        message += "; write an ID with spaces, operators or quotes as JSON (\(JSON.string(.string(t))))"
+        if let query { message += ", or select by query with `\(query)`" }
+        throw UsageError(message)
     }
 
     /// A field path in query syntax.
@@ -180,15 +197,26 @@ enum ShellSyntax {
         var sort: [(path: String, direction: SortDirection)] = []
         var limit: Int?
         var offset: Int?
+        /// Values for the query's `$args.NAME` references.
+        var args = UTF8Map<Value>()
+
+        /// `find QUERY` with these modifiers on `collection`.
+        func operation(on collection: TrellisCollection) -> PendingCursorOperation {
+            var operation = collection.find(query, args: args)
+            for (path, direction) in sort { operation = operation.sort(path, direction: direction) }
+            if let limit { operation = operation.limit(limit) }
+            if let offset { operation = operation.offset(offset) }
+            return operation
+        }
     }
 
-    static let modifierKeywords: Set<Substring> = ["sort", "limit", "offset"]
+    static let modifierKeywords: Set<Substring> = ["sort", "limit", "offset", "args"]
 
-    /// `[QUERY] [sort PATH [asc|desc]]... [limit N] [offset N]`.
+    /// `[QUERY] [sort PATH [asc|desc]]... [limit N] [offset N] [args {JSON}]`.
     ///
-    /// The modifiers start at the first chunk `sort`, `limit` or `offset` (outside quotes) that
-    /// follows a complete query (or nothing) and is not followed by an operator, so fields named
-    /// `sort`, `limit` or `offset` still work in the query (`limit > 3 limit 2`).
+    /// The modifiers start at the first chunk `sort`, `limit`, `offset` or `args` (outside quotes)
+    /// that follows a complete query (or nothing) and is not followed by an operator, so fields
+    /// named like them still work in the query (`limit > 3 limit 2`).
     static func find(_ text: Substring) throws -> Find {
         let chunks = try Self.chunks(text)
         var result = Find()
@@ -235,12 +263,50 @@ enum ShellSyntax {
             case "offset":
                 guard result.offset == nil else { throw UsageError("offset given twice") }
                 result.offset = try number(keyword)
+            case "args":
+                guard result.args.isEmpty else { throw UsageError("args given twice") }
+                guard i + 1 < chunks.count, case .map(let args)? = try? JSON.parse(String(chunks[i + 1].text)) else {
+                    let got = i + 1 < chunks.count ? "'\(chunks[i + 1].text)'" : "nothing"
+                    throw UsageError(#"args needs a JSON object such as {"min": 6} (for $args.min), got \#(got)"#)
+                }
+                result.args = args
+                i += 2
             default:
                 throw UsageError(
-                    "unexpected '\(keyword)'; after the query come sort PATH [asc|desc], limit N, offset N")
+                    "unexpected '\(keyword)'; after the query come sort PATH [asc|desc], limit N, offset N, args {JSON}"
+                )
             }
         }
         return result
+    }
+
+    static let mutationVerbs: Set<Substring> = ["set", "set-default", "unset", "increment"]
+
+    /// `QUERY [modifiers] M[; M]...` of `update COLLECTION where …`: the mutations start at the
+    /// first `set`, `set-default`, `unset` or `increment` (outside quotes) that follows a complete
+    /// query with its modifiers and is not followed by an operator (as the modifiers do, so a
+    /// field named `set` still works in the query).
+    ///
+    /// - Throws: ``UsageError`` when no mutation follows a valid query; the query's own error
+    ///   when the text before the first mutation word does not parse.
+    static func updateWhere(_ text: Substring) throws -> (find: Find, mutations: [DocumentMutation]) {
+        let chunks = try Self.chunks(text)
+        var firstError: (any Error)?
+        for (i, chunk) in chunks.enumerated() where mutationVerbs.contains(chunk.text) {
+            if i + 1 < chunks.count, looksLikeOperator(chunks[i + 1].text) { continue }
+            let find: Find
+            do { find = try Self.find(text[..<chunk.range.lowerBound]) } catch {
+                firstError = firstError ?? error
+                continue
+            }
+            let statements = try splitStatements(text[chunk.range.lowerBound...])
+                .filter { !$0.allSatisfy(\.isWhitespace) }
+            return (find, try statements.map(mutation))
+        }
+        if let firstError { throw firstError }
+        throw UsageError(
+            "update … where QUERY needs mutations after the query: set PATH JSON, set-default PATH JSON, "
+                + "unset PATH or increment PATH NUMBER")
     }
 
     static func looksLikeOperator(_ chunk: Substring) -> Bool {

@@ -15,7 +15,7 @@ let usage = """
       trellis node   --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE [--subscribe 'COLLECTION [QUERY]']...
       trellis shell  --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE
       trellis import --data DIR COLLECTION FILE
-      trellis find   --data DIR COLLECTION [QUERY] [--count]
+      trellis find   --data DIR COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N] [--count]
       trellis get    --data DIR COLLECTION ID
       trellis keygen FILE
       trellis contacts import|list|export|mirror --data DIR …

@@ -23,7 +23,7 @@ import TrellisTestKit
         #expect(try TrellisProcess.run(["keygen", meshKey]).status == 0)
         let a = try TrellisProcess([
             "shell", "--data", dir.path("A"), "--listen", "127.0.0.1:0", "--mesh-key", meshKey, "--admission", "tofu",
-            "--name", "hub",
+            "--name", "hub", "--keep-going",
         ])
         let port = try #require(a.listeningPort(), "A did not report its port: \(a.stderr)")
         a.send(#"upsert c {"_id": "x"}"#)

@@ -18,6 +18,7 @@ import TrellisTestKit
         #expect(try TrellisProcess.run(["keygen", k2]).status == 0)
         let a = try TrellisProcess([
             "shell", "--data", dir.path("A"), "--listen", "127.0.0.1:0", "--mesh-key", k1, "--next-mesh-key", k2,
+            "--keep-going",
         ])
         let port = try #require(a.listeningPort(), "A did not report its port: \(a.stderr)")
         a.send(#"upsert c {"_id": "x"}"#)

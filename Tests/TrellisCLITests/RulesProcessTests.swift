@@ -25,7 +25,7 @@ import TrellisTestKit
         let open = try write(#"{"rules": {"*": {"default": "read-write"}}}"#, to: "open.json", mode: 0o644)
         let a = try TrellisProcess([
             "shell", "--data", dir.path("A"), "--listen", "127.0.0.1:0", "--no-discovery", "--mesh-key", meshKey,
-            "--rules", closed,
+            "--rules", closed, "--keep-going",
         ])
         let port = try #require(a.listeningPort(), "A did not report its port: \(a.stderr)")
         a.send(#"upsert notes {"_id": "n1"}"#)

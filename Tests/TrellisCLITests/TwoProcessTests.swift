@@ -75,7 +75,7 @@ import TrellisTestKit
         ])
         let port = try #require(nodeA.listeningPort())
         let shell = try TrellisProcess([
-            "shell", "--data", dir.path("S"), "--peer", "127.0.0.1:\(port)", "--mesh-key", key,
+            "shell", "--data", dir.path("S"), "--peer", "127.0.0.1:\(port)", "--mesh-key", key, "--keep-going",
         ])
         shell.send("subscribe cars Cylinders == 4")
         shell.send("upsert cars {\"_id\": \"mine\", \"Cylinders\": 4, \"Origin\": \"Mars\"}")
@@ -110,7 +110,9 @@ import TrellisTestKit
     @Test func theShellReportsInvalidUTF8InsteadOfRepairingIt() throws {
         let key = dir.path("k2")
         _ = try TrellisProcess.run(["keygen", key])
-        let shell = try TrellisProcess(["shell", "--data", dir.path("S2"), "--mesh-key", key, "--quiet"])
+        let shell = try TrellisProcess([
+            "shell", "--data", dir.path("S2"), "--mesh-key", key, "--quiet", "--keep-going",
+        ])
         shell.sendBytes([0x67, 0x65, 0x74, 0x20, 0x63, 0x20, 0xFF, 0xFE, 0x0A])  // "get c \xff\xfe\n"
         shell.send("count c")
         shell.closeInput()

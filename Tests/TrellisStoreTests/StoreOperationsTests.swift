@@ -58,6 +58,25 @@ import TrellisTestKit
         #expect(store.lastSeq == start + 2)
     }
 
+    /// `upsertReportingWrites` says which documents each strategy wrote; `collectionCounts`
+    /// lists collections in byte order with their live documents (tombstones count as none).
+    @Test func upsertsReportTheirWritesAndCollectionsAreCounted() throws {
+        let store = try open()
+        #expect(try store.collectionCounts().isEmpty)
+        try store.upsert(["_id": "a", "n": 1], in: "c")
+        try store.upsert(["_id": "r"], in: "é")
+        _ = try store.remove(id: "r", in: "é")
+        func written(_ strategy: WriteStrategy, _ documents: [Value]) throws -> [Bool] {
+            try store.upsertReportingWrites(documents, in: "c", writeStrategy: strategy).map(\.written)
+        }
+        #expect(try written(.insertIfAbsent, [["_id": "a", "n": 2], ["_id": "b"]]) == [false, true])
+        #expect(try written(.insertDefaultIfAbsent, [["_id": "a"], ["_id": "d"]]) == [false, true])
+        #expect(try written(.updateDifferentValues, [["_id": "a", "n": 1], ["_id": "b", "x": 1]]) == [false, true])
+        #expect(try written(.merge, [["_id": "a", "n": 1]]) == [true])
+        let counts = try store.collectionCounts()
+        #expect(counts.map(\.name) == ["c", "é"] && counts.map(\.documents) == [3, 0])
+    }
+
     @Test func insertIfAbsentWritesOnlyWhenNoLiveDocumentExists() throws {
         let store = try open()
         let start = store.lastSeq
