@@ -47,9 +47,10 @@ enum NodeCommand {
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
           --quiet               do not log session events to standard error
-          --keep-going          shell only: when standard input is not a terminal, run every line
-                                even after an error, and exit 0 (by default the first error ends
-                                the shell with exit status 1)
+          --keep-going          shell only: when standard input is not a terminal, exit 0 whatever
+                                failed (by default a failed command makes the exit status 1)
+          --bail                shell only: when standard input is not a terminal, end at the
+                                first error (with exit status 1)
         """
 
     static func run(_ args: [String], interactive: Bool) throws {
@@ -59,7 +60,7 @@ enum NodeCommand {
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
                 "inbound-buffer", "allow-peer", "admission", "name", "rules",
             ],
-            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going"])
+            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -68,8 +69,11 @@ enum NodeCommand {
             throw UsageError(
                 "unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
         }
-        if !interactive, parsed.switches.contains("keep-going") {
-            throw UsageError("--keep-going is for `trellis shell`")
+        for flag in ["keep-going", "bail"] where !interactive && parsed.switches.contains(flag) {
+            throw UsageError("--\(flag) is for `trellis shell`")
+        }
+        if parsed.switches.contains("keep-going"), parsed.switches.contains("bail") {
+            throw UsageError("--keep-going and --bail contradict each other: give one")
         }
         let data = try parsed.require("data")
         let meshKey = try MeshKey(contentsOf: URL(fileURLWithPath: try parsed.require("mesh-key")))
@@ -150,7 +154,8 @@ enum NodeCommand {
 
         if interactive {
             let status = Shell(
-                node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going")
+                node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going"),
+                bail: parsed.switches.contains("bail")
             ).run()
             node.close()
             withExtendedLifetime(kept) {}

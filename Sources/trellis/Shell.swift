@@ -94,10 +94,11 @@ final class Shell {
                                           becomes current, peers with only the old key are refused
           help                            this text
           quit                            leave (also end of input)
-        Errors print one line starting with `error: ` on standard error. At a terminal the shell goes
-        on. From a pipe or a file the first error ends the shell with exit status 1 (after the events
-        already due), unless `trellis shell --keep-going`: then every line runs and the status is 0.
-        At the end of input the events already due are printed before the shell exits.
+        Errors print one line starting with `error: ` on standard error, and the shell goes on. From a
+        pipe or a file, the exit status is then 1 once input ends (as sqlite3's); `trellis shell
+        --bail` ends at the first error instead (with status 1, after the events already due), and
+        `trellis shell --keep-going` exits 0 whatever failed. At the end of input the events already
+        due are printed before the shell exits.
         """
 
     let node: TrellisNode
@@ -115,17 +116,21 @@ final class Shell {
 
     /// The one writer of standard output (command output and events).
     let output = ShellOutput()
-    /// Whether an error ends the shell: when its input is not a terminal and `--keep-going` was
-    /// not given.
+    /// Whether an error ends the shell (`--bail`, input not a terminal).
     let stopsOnError: Bool
+    /// Whether an error makes the exit status 1 (input not a terminal, no `--keep-going`).
+    let errorsFail: Bool
 
     /// - Parameters:
-    ///   - interactive: standard input is a terminal: show a prompt; an error never ends the shell.
-    ///   - keepGoing: from a pipe too, run every line whatever fails (`--keep-going`).
-    init(node: TrellisNode, interactive: Bool, keepGoing: Bool = false) {
+    ///   - interactive: standard input is a terminal: show a prompt; an error never ends the shell
+    ///     nor changes its status.
+    ///   - keepGoing: from a pipe, exit 0 whatever failed (`--keep-going`).
+    ///   - bail: from a pipe, end at the first error (`--bail`).
+    init(node: TrellisNode, interactive: Bool, keepGoing: Bool = false, bail: Bool = false) {
         self.node = node
         self.interactive = interactive
-        self.stopsOnError = !interactive && !keepGoing
+        self.stopsOnError = !interactive && bail
+        self.errorsFail = !interactive && !keepGoing
     }
 
     private var input = LineReader(fd: 0)
@@ -136,7 +141,7 @@ final class Shell {
     /// Reads and runs commands until the end of input, `quit`, or (see ``stopsOnError``) the
     /// first error.
     ///
-    /// - Returns: the exit status: 1 when an error ended the shell, else 0.
+    /// - Returns: the exit status: 1 when a command failed (unless ``errorsFail`` is off), else 0.
     func run() -> Int32 {
         if interactive { out("trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`") }
         var status: Int32 = 0
@@ -149,10 +154,8 @@ final class Shell {
                 output.beginCommand()  // the line is read: the prompt is no longer on screen
                 output.endCommand()
                 report("line \(number) is not valid UTF-8" + (stopsOnError ? "" : "; ignored"))
-                if stopsOnError {
-                    status = 1
-                    break reading
-                }
+                if errorsFail { status = 1 }
+                if stopsOnError { break reading }
                 continue
             case .line(let text): line = text
             }
@@ -165,10 +168,8 @@ final class Shell {
             output.endCommand()
             if let failure {
                 report("\(failure)")
-                if stopsOnError {
-                    status = 1
-                    break reading
-                }
+                if errorsFail { status = 1 }
+                if stopsOnError { break reading }
             }
             settleEvents()
         }

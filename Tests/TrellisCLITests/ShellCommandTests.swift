@@ -228,7 +228,7 @@ import TrellisTestKit
             "update COLLECTION where SELECT M[; M]...", "remove COLLECTION where SELECT",
             "evict COLLECTION where SELECT", "subscribe-id COLLECTION ID", "observe-next COLLECTION [SELECT]",
             "next COLLECTION [SELECT]", "observe-next-id COLLECTION ID", "collections", "[args {JSON}]",
-            "exit status 1",
+            "exit status is then 1", "--bail", "--keep-going",
         ] {
             #expect(text.contains(fragment), "help lacks \(fragment)")
         }

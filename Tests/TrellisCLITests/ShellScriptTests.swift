@@ -6,10 +6,11 @@ import TrellisTestKit
 /// exit status 1 (`--keep-going` runs on), the events already due are printed before it exits,
 /// and command output and events come in order, in whole lines.
 extension ShellCommandTests {
-    @Test func aPipedShellStopsAtTheFirstErrorWithStatusOne() throws {
+    /// As sqlite3's: a failed command is reported and the shell goes on; the status says so.
+    @Test func aPipedShellGoesOnAfterAnErrorAndExitsWithStatusOne() throws {
         let r = try shell([#"upsert c {"_id": "a"}"#, "bogus", "get c a"])
         #expect(r.status == 1)
-        #expect(r.stdout == [#""a""#], "the line after the error did not run")
+        #expect(r.stdout == [#""a""#, #"{"_id":"a"}"#], "the line after the error ran")
         #expect(r.stderr == ["error: unknown command 'bogus'; type `help`"])
 
         let key = dir.path("mesh.key")
@@ -18,8 +19,28 @@ extension ShellCommandTests {
         invalid.send("count c")
         invalid.closeInput()
         #expect(invalid.wait() == 1)
+        #expect(invalid.stderr == "error: line 1 is not valid UTF-8; ignored\n")
+        #expect(invalid.stdout == "0\n")
+    }
+
+    /// `--bail`, as `sh -e` and `sqlite3 -bail`: the first error ends the shell, status 1.
+    @Test func bailStopsAtTheFirstErrorWithStatusOne() throws {
+        let r = try shell([#"upsert c {"_id": "a"}"#, "bogus", "get c a"], flags: ["--bail"])
+        #expect(r.status == 1)
+        #expect(r.stdout == [#""a""#], "the line after the error did not run")
+        #expect(r.stderr == ["error: unknown command 'bogus'; type `help`"])
+
+        let key = dir.path("mesh.key")
+        let invalid = try TrellisProcess(["shell", "--data", dir.path("V"), "--mesh-key", key, "--quiet", "--bail"])
+        invalid.sendBytes([0x67, 0x65, 0x74, 0x20, 0xFF, 0x0A])  // "get \xff\n"
+        invalid.send("count c")
+        invalid.closeInput()
+        #expect(invalid.wait() == 1)
         #expect(invalid.stderr == "error: line 1 is not valid UTF-8\n")
         #expect(invalid.stdout.isEmpty)
+        let both = try TrellisProcess.run(
+            ["shell", "--data", dir.path("W"), "--mesh-key", key, "--bail", "--keep-going"])
+        #expect(both.status == 2 && both.stderr.contains("contradict"), "\(both.stderr)")
     }
 
     @Test func keepGoingRunsEveryLineAndExitsZero() throws {
