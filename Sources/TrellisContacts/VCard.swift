@@ -338,6 +338,7 @@ public enum VCard {
         case "URL": c.urlAddresses.append(labeledText(l))
         case "ADR": c.postalAddresses.append(postalAddress(l))
         case "BDAY":
+            if isTextBirthday(l) { return }  // no field holds it: kept alongside
             guard let b = birthday(l.value) else {
                 warnings.append(
                     VCardError(
@@ -400,7 +401,8 @@ public enum VCard {
     /// - all `FN` and `N` lines when they are unlike export's (an `FN` that is not the name parts
     ///   joined, `N;ALTID` alternatives).
     ///
-    /// `VERSION`, `UID`, `PHOTO`, and a `BDAY` that is not a date are never kept.
+    /// A text birthday (`BDAY;VALUE=text:circa 1800`) is a property no field holds. `VERSION`,
+    /// `UID`, `PHOTO`, and a `BDAY` that is neither a date nor text are never kept.
     /// - Complexity: O(number of lines).
     static func keptLines(_ lines: [ContentLine], contact c: CNContact, uid: String, warnings: inout [VCardError])
         -> [String]
@@ -409,14 +411,16 @@ public enum VCard {
         let keepNames = names.map(\.raw).sorted() != nameLines(c, uid: uid).sorted()
         var keepField: Set<String> = []
         for property in fieldProperties {
-            let block = lines.filter { $0.name == property && (property != "BDAY" || birthday($0.value) != nil) }
+            let block = lines.filter {
+                $0.name == property && (property != "BDAY" || (!isTextBirthday($0) && birthday($0.value) != nil))
+            }
             if !block.isEmpty && block.map(\.raw) != fieldLines(property, c) { keepField.insert(property) }
         }
         var kept: [String] = []
         for l in lines where !neverKept.contains(l.name) {
             if nameProperties.contains(l.name) {
                 if keepNames { kept.append(l.raw) }
-            } else if fieldProperties.contains(l.name) {
+            } else if fieldProperties.contains(l.name) && !isTextBirthday(l) {
                 if keepField.contains(l.name) && (l.name != "BDAY" || birthday(l.value) != nil) { kept.append(l.raw) }
             } else if listProperties.contains(l.name) {
                 if l.raw != elementLine(l) { kept.append(l.raw) }
@@ -430,6 +434,11 @@ public enum VCard {
             }
         }
         return kept
+    }
+
+    /// Whether a line is a `BDAY` given as text (RFC 6350 §6.2.5, `VALUE=text`), not a date.
+    static func isTextBirthday(_ l: ContentLine) -> Bool {
+        l.name == "BDAY" && (l.params["VALUE"] ?? []).contains { $0.lowercased() == "text" }
     }
 
     /// A kept line as export may write it: one content line (no line break) whose group and name
@@ -653,7 +662,7 @@ public enum VCard {
         let keptNames = kept.filter { nameProperties.contains($0.name) }
         lines += !keptNames.isEmpty && sameName(keptNames, c, uid: uid) ? keptNames.map(\.raw) : nameLines(c, uid: uid)
         func field(_ property: String) {
-            let block = kept.filter { $0.name == property }
+            let block = kept.filter { $0.name == property && !isTextBirthday($0) }
             lines += !block.isEmpty && sameField(property, block, c) ? block.map(\.raw) : fieldLines(property, c)
         }
         // Each kept list line stands for one value: the first unused one that reads as it.
@@ -683,7 +692,7 @@ public enum VCard {
             lines.append("PHOTO:data:\(type);base64\\," + image.base64EncodedString())
         }
         let handled = listProperties.union(fieldProperties).union(nameProperties)
-        lines += kept.filter { !handled.contains($0.name) }.map(\.raw)
+        lines += kept.filter { !handled.contains($0.name) || isTextBirthday($0) }.map(\.raw)
         lines.append("END:VCARD")
         return lines.map(fold).joined()
     }

@@ -18,7 +18,8 @@ enum RoundTripCards {
     static let kept = card(
         "UID:kept", "KIND:org", "FN:ACME Inc.", "ORG:ACME Inc.;", "EMAIL;TYPE=pref:info@acme.example",
         "CATEGORIES:testcategory,suppliers", "REV:20261201T120000Z")
-    static let all = [photo, labels, altid, post, kept]
+    static let textBirthday = card("UID:text-bday", "FN:text birthday", "BDAY;VALUE=text:circa 1800")
+    static let all = [photo, labels, altid, post, kept, textBirthday]
 
     static func card(_ lines: String...) -> String {
         (["BEGIN:VCARD", "VERSION:4.0"] + lines + ["END:VCARD"]).joined(separator: "\n") + "\n"
@@ -112,6 +113,18 @@ struct VCardRoundTripTests {
         // Exporting what was exported gives the same text.
         let (again, _) = try throughStore(exported)
         #expect(again == exported)
+    }
+
+    /// RFC 6350 allows a birthday as text; CNContact's birthday is a date, so the line is kept
+    /// alongside (no warning), while a BDAY that is neither is still left out with one.
+    @Test("a text BDAY is kept alongside; a BDAY that is neither date nor text is left out with a warning")
+    func textBirthdayKept() throws {
+        let (exported, _) = try throughStore(RoundTripCards.textBirthday)
+        #expect(lines(exported).contains("BDAY;VALUE=text:circa 1800"))
+        #expect(VCard.parse(exported).contacts.first?.contact.birthday == nil)
+        let bad = VCard.parse(RoundTripCards.card("UID:b", "BDAY:yesterday"))
+        #expect(bad.errors.map(\.skipsCard) == [false])
+        #expect(bad.contacts.first?.contact.vCardProperties == [])
     }
 
     @Test("a kept line is written only while the value it stands for is unchanged")
@@ -233,7 +246,10 @@ struct VCardRoundTripTests {
                 "import sys; from khard.khard import main; sys.exit(main(sys.argv[1:]))",
                 arguments: ["-c", config.path] + command)
         }
-        for command in [["list", "--parsable"], ["email", "--parsable"], ["postaddress", "--parsable"]] {
+        for command in [
+            ["list", "--parsable"], ["email", "--parsable"], ["postaddress", "--parsable"],
+            ["birthdays", "--parsable"],
+        ] {
             let was = try khard(input, command)
             #expect(!was.isEmpty)
             #expect(try khard(output, command) == was, "khard \(command.joined(separator: " "))")
