@@ -407,23 +407,26 @@ public enum VCard {
     static func keptLines(_ lines: [ContentLine], contact c: CNContact, uid: String, warnings: inout [VCardError])
         -> [String]
     {
+        // A line export could not write back as it is (its group or name is not a vCard name) is
+        // not kept: its value is in the field, its spelling is lost. A block is kept whole or not.
+        func writable(_ l: ContentLine) -> Bool { keptLine(l.raw) != nil }
         let names = lines.filter { nameProperties.contains($0.name) }
-        let keepNames = names.map(\.raw).sorted() != nameLines(c, uid: uid).sorted()
+        let keepNames = names.map(\.raw).sorted() != nameLines(c, uid: uid).sorted() && names.allSatisfy(writable)
         var keepField: Set<String> = []
         for property in fieldProperties {
-            let block = lines.filter {
-                $0.name == property && (property != "BDAY" || (!isTextBirthday($0) && birthday($0.value) != nil))
+            let block = lines.filter { $0.name == property && readsAsField($0) }
+            if !block.isEmpty && block.map(\.raw) != fieldLines(property, c) && block.allSatisfy(writable) {
+                keepField.insert(property)
             }
-            if !block.isEmpty && block.map(\.raw) != fieldLines(property, c) { keepField.insert(property) }
         }
         var kept: [String] = []
         for l in lines where !neverKept.contains(l.name) {
             if nameProperties.contains(l.name) {
                 if keepNames { kept.append(l.raw) }
             } else if fieldProperties.contains(l.name) && !isTextBirthday(l) {
-                if keepField.contains(l.name) && (l.name != "BDAY" || birthday(l.value) != nil) { kept.append(l.raw) }
+                if keepField.contains(l.name) && readsAsField(l) { kept.append(l.raw) }
             } else if listProperties.contains(l.name) {
-                if l.raw != elementLine(l) { kept.append(l.raw) }
+                if l.raw != elementLine(l) && writable(l) { kept.append(l.raw) }
             } else if keptLine(l.raw) != nil {
                 kept.append(l.raw)
             } else {
@@ -434,6 +437,11 @@ public enum VCard {
             }
         }
         return kept
+    }
+
+    /// Whether a line of one of ``fieldProperties`` sets its field: a `BDAY` must be a date.
+    static func readsAsField(_ l: ContentLine) -> Bool {
+        l.name != "BDAY" || (!isTextBirthday(l) && birthday(l.value) != nil)
     }
 
     /// Whether a line is a `BDAY` given as text (RFC 6350 §6.2.5, `VALUE=text`), not a date.
@@ -662,7 +670,7 @@ public enum VCard {
         let keptNames = kept.filter { nameProperties.contains($0.name) }
         lines += !keptNames.isEmpty && sameName(keptNames, c, uid: uid) ? keptNames.map(\.raw) : nameLines(c, uid: uid)
         func field(_ property: String) {
-            let block = kept.filter { $0.name == property && !isTextBirthday($0) }
+            let block = kept.filter { $0.name == property && readsAsField($0) }
             lines += !block.isEmpty && sameField(property, block, c) ? block.map(\.raw) : fieldLines(property, c)
         }
         // Each kept list line stands for one value: the first unused one that reads as it.
