@@ -569,6 +569,17 @@ public enum VCard {
         return uid
     }
 
+    /// The formatted name export writes: a kept `FN` (``ContactProvider/CNContact/vCardProperties``)
+    /// while the name parts are still those it came with, else ``formattedName(_:uid:)``. What khard
+    /// and other vCard readers show for the contact.
+    public static func displayName(_ c: CNContact, uid: String) -> String {
+        let names = c.vCardProperties.compactMap(keptLine).filter { nameProperties.contains($0.name) }
+        if let fn = names.last(where: { $0.name == "FN" }), sameName(names, c, uid: uid) {
+            return unescape(fn.value)
+        }
+        return formattedName(c, uid: uid)
+    }
+
     /// The lines export writes for the formatted name and the name parts.
     static func nameLines(_ c: CNContact, uid: String) -> [String] {
         [

@@ -64,8 +64,10 @@ struct VCardRoundTripTests {
 
     @Test("FN with two N;ALTID alternatives keeps its FN and both N lines")
     func alternativeNamesKeepFormattedName() throws {
-        let (exported, _) = try throughStore(RoundTripCards.altid)
+        let (exported, f) = try throughStore(RoundTripCards.altid)
         let out = lines(exported)
+        let doc = try #require(try f.store.document(id: .string("altid"), in: "contacts"))
+        #expect(VCard.displayName(ContactDocument.contact(from: doc), uid: "altid") == "altid")
         #expect(out.contains("FN:altid"))
         #expect(out.filter { $0.hasPrefix("FN") } == ["FN:altid"])
         #expect(
@@ -85,6 +87,8 @@ struct VCardRoundTripTests {
         #expect(out.contains("N:Lovelace;Ada;;;"))
         #expect(!out.contains("FN:altid"))
         #expect(!out.contains { $0.hasPrefix("N;ALTID") })
+        let renamed = try #require(try f.store.document(id: .string("altid"), in: "contacts"))
+        #expect(VCard.displayName(ContactDocument.contact(from: renamed), uid: "altid") == "Ada Lovelace")
     }
 
     @Test("ADR keeps its PO box and extended address apart from the street")
