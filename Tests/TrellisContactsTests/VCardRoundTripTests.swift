@@ -230,25 +230,9 @@ struct VCardRoundTripTests {
 
         // khard: the same list, emails and postal addresses.
         func khard(_ dir: URL, _ command: [String]) throws -> String {
-            let config = f.dir.url.appendingPathComponent("khard-\(dir.lastPathComponent).conf")
-            try Data(
-                """
-                [addressbooks]
-                [[book]]
-                path = \(dir.path)
-
-                [general]
-                default_action = list
-                editor = /bin/true
-                merge_editor = /bin/true
-
-                [contact table]
-                display = formatted_name
-                """.utf8
-            ).write(to: config)
-            return try runPython(
-                "import sys; from khard.khard import main; sys.exit(main(sys.argv[1:]))",
-                arguments: ["-c", config.path] + command)
+            try runKhard(
+                command, addressBook: dir,
+                config: f.dir.url.appendingPathComponent("khard-\(dir.lastPathComponent).conf"))
         }
         for command in [
             ["list", "--parsable"], ["email", "--parsable"], ["postaddress", "--parsable"],
