@@ -55,6 +55,11 @@ public struct ContactProviderRuleViolation: Error, Sendable, Hashable, CustomStr
     /// The `ContactProviderError` iOS reports for a provider that breaks a rule.
     public var code: ContactProviderError { .cannotEnumerate }
 
+    /// A violation of `rule` by the observer call `call`.
+    /// - Parameters:
+    ///   - marker: the generation marker given (shown in hex, at most 32 bytes).
+    ///   - expectedMarker: the marker the enumeration's earlier pages carried, if any.
+    ///   - offset: the anchor's offset, for ``Rule/moreComingWithoutProgress``.
     public init(rule: Rule, call: String, marker: Data, expectedMarker: Data = Data(), offset: Int = 0) {
         self.rule = rule
         self.call = call
@@ -67,6 +72,7 @@ public struct ContactProviderRuleViolation: Error, Sendable, Hashable, CustomStr
         data.prefix(32).map { String(format: "%02x", $0) }.joined() + (data.count > 32 ? "…" : "")
     }
 
+    /// What was broken, by which call, with the markers, and what the host did about it.
     public var description: String {
         let broken: String
         switch rule {
