@@ -308,6 +308,7 @@ public enum VCard {
         guard version != nil else { throw VCardError(line: line, message: "card has no VERSION") }
         let id = uid ?? UUID().uuidString.lowercased()
         takeFormattedName(formatted, into: &c, uid: id)
+        readUnwritableAsExported(lines, into: &c)
         c.vCardProperties = keptLines(lines, contact: c, uid: id, warnings: &warnings)
         return VCardContact(uid: id, contact: c, line: line)
     }
@@ -358,6 +359,25 @@ public enum VCard {
             }
             c.imageData = data
         default: return
+        }
+    }
+
+    /// A `TEL`, `EMAIL`, `URL` or `ADR` line that cannot be kept (its group or name is not a vCard
+    /// name) is read as the line export writes for it, so that its value is the one exported:
+    /// otherwise a label export writes differently (`TYPE=CEL%L` becomes `cell`) could take the
+    /// place of an equal kept line on the next import, and the order of the lines would change.
+    static func readUnwritableAsExported(_ lines: [ContentLine], into c: inout CNContact) {
+        var counts: [String: Int] = [:]
+        for l in lines where listProperties.contains(l.name) {
+            let i = counts[l.name, default: 0]
+            counts[l.name] = i + 1
+            guard keptLine(l.raw) == nil, let again = parseLine(elementLine(l), l.line) else { continue }
+            switch l.name {
+            case "TEL": c.phoneNumbers[i] = labeledText(again)
+            case "EMAIL": c.emailAddresses[i] = labeledText(again)
+            case "URL": c.urlAddresses[i] = labeledText(again)
+            default: c.postalAddresses[i] = postalAddress(again)
+            }
         }
     }
 
