@@ -68,6 +68,10 @@ public struct CNContact: Sendable, Hashable {
     public var note = ""
     /// The contact's picture, as encoded image bytes (JPEG or PNG).
     public var imageData: Data?
+    /// vCard content lines that no other property holds, as read (unfolded, group and parameters
+    /// included): written again on export while they still apply. Trellis only: Apple's
+    /// `CNContact` has no such property (see docs/CONTACTS.md, "What a card keeps").
+    public var vCardProperties: [String] = []
 
     public init() {}
 }

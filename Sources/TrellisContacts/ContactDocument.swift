@@ -7,7 +7,8 @@ public import TrellisCore
 ///
 /// Empty strings and empty lists are left out. Labelled values are maps `{"label", "value"}`
 /// (postal addresses `{"label", "street", "city", …}`); `birthday` is `{"year"?, "month", "day"}`;
-/// `imageData` is base64 text.
+/// `imageData` is base64 text; `vCardProperties` is a list of strings, the vCard lines no other
+/// field holds (``ContactProvider/CNContact/vCardProperties``).
 public enum ContactDocument {
     // Key paths are immutable values; the tables are constants.
     nonisolated(unsafe) static let stringFields: [(String, WritableKeyPath<CNContact, String>)] = [
@@ -57,6 +58,9 @@ public enum ContactDocument {
         if let image = contact.imageData, !image.isEmpty {
             map["imageData"] = .string(image.base64EncodedString())
         }
+        if !contact.vCardProperties.isEmpty {
+            map["vCardProperties"] = .array(contact.vCardProperties.map { .string($0) })
+        }
         return .map(map)
     }
 
@@ -89,6 +93,8 @@ public enum ContactDocument {
             c.birthday = DateComponents(year: b["year"]?.intValue.map { Int($0) }, month: Int(month), day: Int(day))
         }
         if let text = value["imageData"]?.stringValue { c.imageData = Data(base64Encoded: text) }
+        // Export writes only the lines that are one safe property line each (VCard.keptLine).
+        c.vCardProperties = items(value["vCardProperties"]).compactMap(\.stringValue)
         return c
     }
 

@@ -20,6 +20,81 @@ public struct ContactHostState: Sendable, Hashable, Codable {
     var anchor: ContactItemSyncAnchor { ContactItemSyncAnchor(generationMarker: marker, offset: offset) }
 }
 
+/// A rule of Apple's ContactProvider API that a provider broke, as ``ContactProviderHost`` found
+/// it: thrown by the host (content rules) or recorded in ``ContactProviderHost/lastViolation``.
+///
+/// iOS reports such a provider as unable to enumerate; ``code`` is that error. The rules are those
+/// of `ContactItemPage.generationMarker` ("you must use the same `generationMarker` until the
+/// enumeration completes") and `ContactItemChangeObserver` (a batch with no changes does not say
+/// `moreComing`).
+public struct ContactProviderRuleViolation: Error, Sendable, Hashable, CustomStringConvertible {
+    /// Which rule was broken.
+    public enum Rule: String, Sendable, Hashable {
+        /// `didFinishEnumeratingPage(upTo:)` or `didFinishEnumeratingContent(upTo:)` was given an
+        /// empty generation marker.
+        case emptyGenerationMarker
+        /// A content page's generation marker differs from the one the same enumeration's earlier
+        /// pages carried.
+        case changedGenerationMarker
+        /// A change batch said `moreComing: true` with no change and an anchor already seen in
+        /// this run's run of such batches (the same one, or a cycle).
+        case moreComingWithoutProgress
+    }
+
+    /// The rule broken.
+    public var rule: Rule
+    /// The observer call that broke it, e.g. `didFinishEnumeratingPage(upTo:)`.
+    public var call: String
+    /// The generation marker given (hex, at most 32 bytes shown).
+    public var marker: String
+    /// For ``Rule/changedGenerationMarker``, the marker of the earlier pages (hex); else empty.
+    public var expectedMarker: String
+    /// For ``Rule/moreComingWithoutProgress``, the anchor's offset; else 0.
+    public var offset: Int
+
+    /// The `ContactProviderError` iOS reports for a provider that breaks a rule.
+    public var code: ContactProviderError { .cannotEnumerate }
+
+    /// A violation of `rule` by the observer call `call`.
+    /// - Parameters:
+    ///   - marker: the generation marker given (shown in hex, at most 32 bytes).
+    ///   - expectedMarker: the marker the enumeration's earlier pages carried, if any.
+    ///   - offset: the anchor's offset, for ``Rule/moreComingWithoutProgress``.
+    public init(rule: Rule, call: String, marker: Data, expectedMarker: Data = Data(), offset: Int = 0) {
+        self.rule = rule
+        self.call = call
+        self.marker = Self.hex(marker)
+        self.expectedMarker = Self.hex(expectedMarker)
+        self.offset = offset
+    }
+
+    static func hex(_ data: Data) -> String {
+        data.prefix(32).map { String(format: "%02x", $0) }.joined() + (data.count > 32 ? "…" : "")
+    }
+
+    /// What was broken, by which call, with the markers, and what the host did about it.
+    public var description: String {
+        let broken: String
+        switch rule {
+        case .emptyGenerationMarker:
+            broken =
+                "\(call) was given an empty generation marker (every page of a content enumeration, and its "
+                + "end, must carry the same non-empty marker); not retried, since the same provider code "
+                + "would break the rule again"
+        case .changedGenerationMarker:
+            broken =
+                "\(call) was given generation marker \(marker) while the enumeration's earlier pages carried "
+                + "\(expectedMarker) (the marker must not change until the enumeration completes); not "
+                + "retried, since the same provider code would break the rule again"
+        case .moreComingWithoutProgress:
+            broken =
+                "\(call) said moreComing: true with no change and an anchor already seen (generation "
+                + "marker \(marker), offset \(offset)); change enumeration stopped until the next signal"
+        }
+        return "the contact provider broke a ContactProvider rule: " + broken
+    }
+}
+
 /// What a host reports while it works.
 public enum ContactHostProgress: Sendable, Hashable {
     /// A content page was applied; `items` counts the items of this content enumeration so far.
@@ -41,10 +116,13 @@ public enum ContactHostProgress: Sendable, Hashable {
 /// - Checks what iOS checks, and fails without retrying when a provider breaks a rule (retrying
 ///   the same code cannot help): a page handed to `didFinishEnumeratingPage(upTo:)` with an
 ///   empty generation marker, or a marker that changes between the pages of one content
-///   enumeration (or at its end), is ``ContactProvider/ContactProviderError/cannotEnumerate``,
-///   with the rule broken in ``lastViolation``. A change batch with `moreComing: true` that
-///   carries no change and leaves the anchor where it was ends the change enumeration of this
-///   run (it would otherwise ask for the same batch forever); ``lastViolation`` says so.
+///   enumeration (or at its end), throws ``ContactProviderRuleViolation`` naming the rule, the
+///   call and the markers (its ``ContactProviderRuleViolation/code`` is iOS's
+///   ``ContactProvider/ContactProviderError/cannotEnumerate``); ``lastViolation`` keeps it. A
+///   change batch with `moreComing: true` that carries no change and returns an anchor already
+///   seen since the last batch with changes (the one it started from, or an earlier one: a
+///   cycle) ends the change enumeration of this run, which would otherwise ask forever; the run
+///   succeeds and ``lastViolation`` records it.
 /// - Coalesces ``signalEnumerator(for:)``: enumerations never overlap; signals arriving during
 ///   one are served together by one more.
 /// - Creates a new enumerator for every call, so providers cannot keep state in them.
@@ -65,7 +143,7 @@ public actor ContactProviderHost: ContactProviderSystem {
 
     public private(set) var state: ContactHostState
     /// The last rule a provider broke (see the type's description), or `nil`.
-    public private(set) var lastViolation: String?
+    public private(set) var lastViolation: ContactProviderRuleViolation?
     private var running = false
     private var waiting: [CheckedContinuation<Void, any Error>] = []
     /// Bumped by disable, reset and invalidate: a run started under an older one stops.
@@ -186,9 +264,12 @@ public actor ContactProviderHost: ContactProviderSystem {
         let started = generation
         var failures = 0
         var restarts = 0
+        // Anchors change batches started from since the last batch with changes.
+        var quietAnchors: Set<ContactItemSyncAnchor> = []
         while true {
             try checkGeneration(started)
             if state.enumeratingContent {
+                quietAnchors = []
                 if state.marker.isEmpty && state.offset == 0 && !state.fullEnumerationBegun {
                     try sink.beginFullEnumeration()
                     state.fullEnumerationBegun = true
@@ -234,7 +315,9 @@ public actor ContactProviderHost: ContactProviderSystem {
                 try checkGeneration(started)
                 switch observer.outcome {
                 case .batch(let updates, let deletes, let anchor, let more):
-                    let stalled = more && updates.isEmpty && deletes.isEmpty && anchor == state.anchor
+                    let quiet = updates.isEmpty && deletes.isEmpty
+                    if quiet { quietAnchors.insert(state.anchor) } else { quietAnchors = [] }
+                    let stalled = more && quiet && quietAnchors.contains(anchor)
                     try sink.delete(deletes)
                     try sink.update(updates)
                     state.marker = anchor.generationMarker
@@ -243,9 +326,9 @@ public actor ContactProviderHost: ContactProviderSystem {
                     failures = 0
                     onProgress?(.changes(updates: updates.count, deletes: deletes.count))
                     if stalled {
-                        lastViolation =
-                            "the provider said moreComing: true with no change and the same anchor; "
-                            + "change enumeration stopped until the next signal"
+                        lastViolation = ContactProviderRuleViolation(
+                            rule: .moreComingWithoutProgress, call: "didFinishEnumeratingChanges(upTo:moreComing:)",
+                            marker: anchor.generationMarker, offset: anchor.offset)
                         return
                     }
                     if !more { return }
@@ -258,17 +341,18 @@ public actor ContactProviderHost: ContactProviderSystem {
 
     /// Fails, without retry, when a content page's generation marker is empty or differs from
     /// the one the enumeration's earlier pages carried.
-    private func checkMarker(_ marker: Data, _ call: String) throws {
-        let broken: String
+    private func checkMarker(_ marker: Data, _ call: String) throws(ContactProviderRuleViolation) {
+        let violation: ContactProviderRuleViolation
         if marker.isEmpty {
-            broken = "\(call) was given an empty generation marker"
+            violation = ContactProviderRuleViolation(rule: .emptyGenerationMarker, call: call, marker: marker)
         } else if !state.marker.isEmpty && marker != state.marker {
-            broken = "\(call) was given another generation marker than the enumeration's earlier pages"
+            violation = ContactProviderRuleViolation(
+                rule: .changedGenerationMarker, call: call, marker: marker, expectedMarker: state.marker)
         } else {
             return
         }
-        lastViolation = broken
-        throw ContactProviderError.cannotEnumerate
+        lastViolation = violation
+        throw violation
     }
 
     /// Restarts on expiry (at most ``maxRetries`` + 1 times per run), otherwise counts a failure

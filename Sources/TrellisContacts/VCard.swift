@@ -41,7 +41,19 @@ public enum VCard {
         var params: [String: [String]]
         var value: String
         var line: Int
+        /// The whole line as read (unfolded), group and parameters included.
+        var raw: String
     }
+
+    /// Properties read into a list of labelled values (``CNContact/phoneNumbers`` and the like):
+    /// each line is one value.
+    static let listProperties: Set<String> = ["TEL", "EMAIL", "URL", "ADR"]
+    /// Properties read into one field each; several lines of one of them are one block.
+    static let fieldProperties: Set<String> = ["NICKNAME", "ORG", "TITLE", "NOTE", "BDAY"]
+    /// The formatted name and the name parts, kept or written together.
+    static let nameProperties: Set<String> = ["FN", "N"]
+    /// Never kept: the card's frame and identity, and the photo (its bytes are the field).
+    static let neverKept: Set<String> = ["BEGIN", "END", "VERSION", "UID", "PHOTO"]
 
     // MARK: Reading
 
@@ -186,7 +198,7 @@ public enum VCard {
                 params["TYPE", default: []].append(p)
             }
         }
-        return ContentLine(name: name, params: params, value: value, line: number)
+        return ContentLine(name: name, params: params, value: value, line: number, raw: text)
     }
 
     /// Splits on `separator` outside double quotes, scalar by scalar.
@@ -273,6 +285,8 @@ public enum VCard {
 
     /// Builds one contact. A field Trellis cannot represent (a PHOTO given as a URL, a BDAY that is
     /// not a full or month-day date) is left out with a warning in `warnings`; the card is kept.
+    /// Lines that no `CNContact` field holds as written go to ``ContactProvider/CNContact/vCardProperties``
+    /// (see ``keptLines(_:contact:uid:warnings:)``).
     static func makeContact(_ lines: [ContentLine], line: Int, warnings: inout [VCardError]) throws -> VCardContact {
         var c = CNContact()
         var uid: String?
@@ -288,74 +302,193 @@ public enum VCard {
             case "UID":
                 let v = unescape(l.value).trimmingCharacters(in: .whitespaces)
                 uid = v.isEmpty ? nil : v
-            case "FN": formatted = unescape(l.value)
-            case "N":
-                let n = split(l.value, at: ";")
-                func part(_ i: Int) -> String {
-                    i < n.count ? components(n[i], ",").filter { !$0.isEmpty }.joined(separator: " ") : ""
-                }
-                c.familyName = part(0)
-                c.givenName = part(1)
-                c.middleName = part(2)
-                c.namePrefix = part(3)
-                c.nameSuffix = part(4)
-            case "NICKNAME": c.nickname = components(l.value, ",").joined(separator: ", ")
-            case "ORG":
-                let o = components(l.value)
-                c.organizationName = o.first ?? ""
-                c.departmentName = o.dropFirst().filter { !$0.isEmpty }.joined(separator: ", ")
-            case "TITLE": c.jobTitle = unescape(l.value)
-            case "NOTE": c.note = c.note.isEmpty ? unescape(l.value) : c.note + "\n" + unescape(l.value)
-            case "TEL":
-                var v = unescape(l.value)
-                if v.lowercased().hasPrefix("tel:") { v = String(v.dropFirst(4)) }
-                c.phoneNumbers.append(CNLabeledValue(label: label(l.params), value: v))
-            case "EMAIL":
-                var v = unescape(l.value)
-                if v.lowercased().hasPrefix("mailto:") { v = String(v.dropFirst(7)) }
-                c.emailAddresses.append(CNLabeledValue(label: label(l.params), value: v))
-            case "URL": c.urlAddresses.append(CNLabeledValue(label: label(l.params), value: unescape(l.value)))
-            case "ADR":
-                let a = components(l.value)
-                func part(_ i: Int) -> String { i < a.count ? a[i] : "" }
-                let street = [part(0), part(1), part(2)].filter { !$0.isEmpty }.joined(separator: "\n")
-                let address = CNPostalAddress(
-                    street: street, city: part(3), state: part(4), postalCode: part(5), country: part(6))
-                c.postalAddresses.append(CNLabeledValue(label: label(l.params), value: address))
-            case "BDAY":
-                guard let b = birthday(l.value) else {
-                    warnings.append(
-                        VCardError(
-                            line: l.line,
-                            message: "BDAY '\(l.value)' is not a date (YYYYMMDD, YYYY-MM-DD or --MMDD); field left out",
-                            skipsCard: false))
-                    continue
-                }
-                c.birthday = b
-            case "PHOTO":
-                guard let data = photo(l) else {
-                    warnings.append(
-                        VCardError(
-                            line: l.line, message: "PHOTO is neither base64 data nor a data: URI; field left out",
-                            skipsCard: false))
-                    continue
-                }
-                c.imageData = data
-            default: continue
+            default: apply(l, to: &c, formatted: &formatted, warnings: &warnings)
             }
         }
         guard version != nil else { throw VCardError(line: line, message: "card has no VERSION") }
         let id = uid ?? UUID().uuidString.lowercased()
-        // A card whose name is only its FN keeps that name as the given name, unless FN is what
-        // export would write anyway (name parts, organisation, nickname, email or UID), so exporting
-        // and importing again is stable. An organisation does not stand in for a person's FN
-        // (`FN:labeled guy` with `ORG:Test Inc` and no `N` stays "labeled guy").
-        if c.givenName.isEmpty && c.familyName.isEmpty && !formatted.isEmpty && formatted != formattedName(c, uid: id) {
-            c.givenName = formatted
-        }
+        takeFormattedName(formatted, into: &c, uid: id)
+        readUnwritableAsExported(lines, into: &c)
+        c.vCardProperties = keptLines(lines, contact: c, uid: id, warnings: &warnings)
         return VCardContact(uid: id, contact: c, line: line)
     }
 
+    /// Reads one line into the contact's fields (`FN` into `formatted`); other names are ignored.
+    static func apply(_ l: ContentLine, to c: inout CNContact, formatted: inout String, warnings: inout [VCardError]) {
+        switch l.name {
+        case "FN": formatted = unescape(l.value)
+        case "N":
+            let n = split(l.value, at: ";")
+            func part(_ i: Int) -> String {
+                i < n.count ? components(n[i], ",").filter { !$0.isEmpty }.joined(separator: " ") : ""
+            }
+            c.familyName = part(0)
+            c.givenName = part(1)
+            c.middleName = part(2)
+            c.namePrefix = part(3)
+            c.nameSuffix = part(4)
+        case "NICKNAME": c.nickname = components(l.value, ",").joined(separator: ", ")
+        case "ORG":
+            let o = components(l.value)
+            c.organizationName = o.first ?? ""
+            c.departmentName = o.dropFirst().filter { !$0.isEmpty }.joined(separator: ", ")
+        case "TITLE": c.jobTitle = unescape(l.value)
+        case "NOTE": c.note = c.note.isEmpty ? unescape(l.value) : c.note + "\n" + unescape(l.value)
+        case "TEL": c.phoneNumbers.append(labeledText(l))
+        case "EMAIL": c.emailAddresses.append(labeledText(l))
+        case "URL": c.urlAddresses.append(labeledText(l))
+        case "ADR": c.postalAddresses.append(postalAddress(l))
+        case "BDAY":
+            if isTextBirthday(l) { return }  // no field holds it: kept alongside
+            guard let b = birthday(l.value) else {
+                warnings.append(
+                    VCardError(
+                        line: l.line,
+                        message: "BDAY '\(l.value)' is not a date (YYYYMMDD, YYYY-MM-DD or --MMDD); field left out",
+                        skipsCard: false))
+                return
+            }
+            c.birthday = b
+        case "PHOTO":
+            guard let data = photo(l) else {
+                warnings.append(
+                    VCardError(
+                        line: l.line, message: "PHOTO is neither base64 data nor a data: URI; field left out",
+                        skipsCard: false))
+                return
+            }
+            c.imageData = data
+        default: return
+        }
+    }
+
+    /// A `TEL`, `EMAIL`, `URL` or `ADR` line that cannot be kept (its group or name is not a vCard
+    /// name) is read as the line export writes for it, so that its value is the one exported:
+    /// otherwise a label export writes differently (`TYPE=CEL%L` becomes `cell`) could take the
+    /// place of an equal kept line on the next import, and the order of the lines would change.
+    static func readUnwritableAsExported(_ lines: [ContentLine], into c: inout CNContact) {
+        var counts: [String: Int] = [:]
+        for l in lines where listProperties.contains(l.name) {
+            let i = counts[l.name, default: 0]
+            counts[l.name] = i + 1
+            guard keptLine(l.raw) == nil, let again = parseLine(elementLine(l), l.line) else { continue }
+            switch l.name {
+            case "TEL": c.phoneNumbers[i] = labeledText(again)
+            case "EMAIL": c.emailAddresses[i] = labeledText(again)
+            case "URL": c.urlAddresses[i] = labeledText(again)
+            default: c.postalAddresses[i] = postalAddress(again)
+            }
+        }
+    }
+
+    /// A card whose name is only its FN keeps that name as the given name, unless FN is what
+    /// export would write anyway (name parts, organisation, nickname, email or UID), so exporting
+    /// and importing again is stable. An organisation does not stand in for a person's FN
+    /// (`FN:labeled guy` with `ORG:Test Inc` and no `N` stays "labeled guy").
+    static func takeFormattedName(_ formatted: String, into c: inout CNContact, uid: String) {
+        if c.givenName.isEmpty && c.familyName.isEmpty && !formatted.isEmpty && formatted != formattedName(c, uid: uid)
+        {
+            c.givenName = formatted
+        }
+    }
+
+    /// A `TEL`, `EMAIL` or `URL` line as a labelled value; one `tel:` or `mailto:` prefix is taken
+    /// off.
+    static func labeledText(_ l: ContentLine) -> CNLabeledValue<String> {
+        var v = unescape(l.value)
+        if l.name == "TEL", v.lowercased().hasPrefix("tel:") { v = String(v.dropFirst(4)) }
+        if l.name == "EMAIL", v.lowercased().hasPrefix("mailto:") { v = String(v.dropFirst(7)) }
+        return CNLabeledValue(label: label(l.params), value: v)
+    }
+
+    /// An `ADR` line: PO box, extended address and street are the street's lines (RFC 6350 §6.3.1).
+    static func postalAddress(_ l: ContentLine) -> CNLabeledValue<CNPostalAddress> {
+        let a = components(l.value)
+        func part(_ i: Int) -> String { i < a.count ? a[i] : "" }
+        let street = [part(0), part(1), part(2)].filter { !$0.isEmpty }.joined(separator: "\n")
+        let address = CNPostalAddress(
+            street: street, city: part(3), state: part(4), postalCode: part(5), country: part(6))
+        return CNLabeledValue(label: label(l.params), value: address)
+    }
+
+    /// The lines of a card that export would not write back as they are, in the card's order:
+    ///
+    /// - a property no `CNContact` field holds (`CATEGORIES`, `KIND`, `REV`, `X-…`, grouped lines such
+    ///   as `item1.X-ABLabel`), unless its name is not a vCard name (then a warning);
+    /// - a `TEL`, `EMAIL`, `URL` or `ADR` line unlike the line export writes for its value
+    ///   (`EMAIL;TYPE=pref:…`, a PO box in `ADR`, a group);
+    /// - all lines of `NICKNAME`, `ORG`, `TITLE`, `NOTE` or `BDAY` when they are unlike export's;
+    /// - all `FN` and `N` lines when they are unlike export's (an `FN` that is not the name parts
+    ///   joined, `N;ALTID` alternatives).
+    ///
+    /// A text birthday (`BDAY;VALUE=text:circa 1800`) is a property no field holds. `VERSION`,
+    /// `UID`, `PHOTO`, and a `BDAY` that is neither a date nor text are never kept.
+    /// - Complexity: O(number of lines).
+    static func keptLines(_ lines: [ContentLine], contact c: CNContact, uid: String, warnings: inout [VCardError])
+        -> [String]
+    {
+        // A line export could not write back as it is (its group or name is not a vCard name) is
+        // not kept: its value is in the field, its spelling is lost. A block is kept whole or not.
+        func writable(_ l: ContentLine) -> Bool { keptLine(l.raw) != nil }
+        let names = lines.filter { nameProperties.contains($0.name) }
+        let keepNames = names.map(\.raw).sorted() != nameLines(c, uid: uid).sorted() && names.allSatisfy(writable)
+        var keepField: Set<String> = []
+        for property in fieldProperties {
+            let block = lines.filter { $0.name == property && readsAsField($0) }
+            if !block.isEmpty && block.map(\.raw) != fieldLines(property, c) && block.allSatisfy(writable) {
+                keepField.insert(property)
+            }
+        }
+        var kept: [String] = []
+        for l in lines where !neverKept.contains(l.name) {
+            if nameProperties.contains(l.name) {
+                if keepNames { kept.append(l.raw) }
+            } else if fieldProperties.contains(l.name) && !isTextBirthday(l) {
+                if keepField.contains(l.name) && readsAsField(l) { kept.append(l.raw) }
+            } else if listProperties.contains(l.name) {
+                if l.raw != elementLine(l) && writable(l) { kept.append(l.raw) }
+            } else if keptLine(l.raw) != nil {
+                kept.append(l.raw)
+            } else {
+                warnings.append(
+                    VCardError(
+                        line: l.line, message: "\(l.raw.prefix(40)) is not a property line that can be kept; left out",
+                        skipsCard: false))
+            }
+        }
+        return kept
+    }
+
+    /// Whether a line of one of ``fieldProperties`` sets its field: a `BDAY` must be a date.
+    static func readsAsField(_ l: ContentLine) -> Bool {
+        l.name != "BDAY" || (!isTextBirthday(l) && birthday(l.value) != nil)
+    }
+
+    /// Whether a line is a `BDAY` given as text (RFC 6350 §6.2.5, `VALUE=text`), not a date.
+    static func isTextBirthday(_ l: ContentLine) -> Bool {
+        l.name == "BDAY" && (l.params["VALUE"] ?? []).contains { $0.lowercased() == "text" }
+    }
+
+    /// A kept line as export may write it: one content line (no line break) whose group and name
+    /// are vCard names (letters, digits, `-`, `_`), whose name is not one of ``neverKept``.
+    /// `nil` otherwise; kept lines come from documents, which come from peers.
+    static func keptLine(_ raw: String) -> ContentLine? {
+        guard !raw.unicodeScalars.contains(where: { $0 == "\r" || $0 == "\n" }), let line = parseLine(raw, 0) else {
+            return nil
+        }
+        let head = splitUnquoted(String(raw.unicodeScalars.prefix { $0 != ":" }), ";")[0]
+        let parts = head.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count <= 2,
+            parts.allSatisfy({ part in
+                !part.isEmpty
+                    && part.unicodeScalars.allSatisfy {
+                        $0.isASCII && (CharacterSet.alphanumerics.contains($0) || $0 == "-" || $0 == "_")
+                    }
+            }),
+            !neverKept.contains(line.name)
+        else { return nil }
+        return line
+    }
     static func birthday(_ text: String) -> DateComponents? {
         var t = text.trimmingCharacters(in: .whitespaces)
         if let tIndex = t.firstIndex(of: "T") { t = String(t[..<tIndex]) }
@@ -456,43 +589,149 @@ public enum VCard {
         return uid
     }
 
-    /// The vCard 4.0 text of a contact (RFC 6350), CRLF line ends, folded at 75 octets.
-    public static func serialize(_ c: CNContact, uid: String) -> String {
-        var lines = ["BEGIN:VCARD", "VERSION:4.0", "UID:" + escape(uid), "FN:" + escape(formattedName(c, uid: uid))]
-        lines.append(
+    /// The formatted name export writes: a kept `FN` (``ContactProvider/CNContact/vCardProperties``)
+    /// while the name parts are still those it came with, else ``formattedName(_:uid:)``. What khard
+    /// and other vCard readers show for the contact.
+    public static func displayName(_ c: CNContact, uid: String) -> String {
+        let names = c.vCardProperties.compactMap(keptLine).filter { nameProperties.contains($0.name) }
+        if let fn = names.last(where: { $0.name == "FN" }), sameName(names, c, uid: uid) {
+            return unescape(fn.value)
+        }
+        return formattedName(c, uid: uid)
+    }
+
+    /// The lines export writes for the formatted name and the name parts.
+    static func nameLines(_ c: CNContact, uid: String) -> [String] {
+        [
+            "FN:" + escape(formattedName(c, uid: uid)),
             "N:"
                 + [c.familyName, c.givenName, c.middleName, c.namePrefix, c.nameSuffix].map(escape).joined(
-                    separator: ";"))
-        if !c.nickname.isEmpty { lines.append("NICKNAME:" + escape(c.nickname)) }
-        if !c.organizationName.isEmpty || !c.departmentName.isEmpty {
+                    separator: ";"),
+        ]
+    }
+
+    /// The lines export writes for one of ``fieldProperties`` (none for an empty field).
+    static func fieldLines(_ property: String, _ c: CNContact) -> [String] {
+        switch property {
+        case "NICKNAME": return c.nickname.isEmpty ? [] : ["NICKNAME:" + escape(c.nickname)]
+        case "ORG":
+            guard !c.organizationName.isEmpty || !c.departmentName.isEmpty else { return [] }
             let dept = c.departmentName.isEmpty ? "" : ";" + escape(c.departmentName)
-            lines.append("ORG:" + escape(c.organizationName) + dept)
-        }
-        if !c.jobTitle.isEmpty { lines.append("TITLE:" + escape(c.jobTitle)) }
-        // The reader takes a `tel:` or `mailto:` URI prefix off; a value that starts with one itself
-        // is written with one more.
-        func uri(_ scheme: String, _ value: String) -> String {
-            value.lowercased().hasPrefix(scheme) ? scheme + value : value
-        }
-        for p in c.phoneNumbers { lines.append("TEL" + typeParam(p.label) + ":" + escape(uri("tel:", p.value))) }
-        for e in c.emailAddresses {
-            lines.append("EMAIL" + typeParam(e.label) + ":" + escape(uri("mailto:", e.value)))
-        }
-        for a in c.postalAddresses {
-            let v = a.value
-            let parts = ["", "", v.street, v.city, v.state, v.postalCode, v.country].map(escape)
-            lines.append("ADR" + typeParam(a.label) + ":" + parts.joined(separator: ";"))
-        }
-        for u in c.urlAddresses { lines.append("URL" + typeParam(u.label) + ":" + escape(u.value)) }
-        if let b = c.birthday, let m = b.month, let d = b.day {
+            return ["ORG:" + escape(c.organizationName) + dept]
+        case "TITLE": return c.jobTitle.isEmpty ? [] : ["TITLE:" + escape(c.jobTitle)]
+        case "NOTE": return c.note.isEmpty ? [] : ["NOTE:" + escape(c.note)]
+        case "BDAY":
+            guard let b = c.birthday, let m = b.month, let d = b.day else { return [] }
             let md = String(format: "%02d%02d", m, d)
-            lines.append("BDAY:" + (b.year.map { String(format: "%04d", $0) + md } ?? "--" + md))
+            return ["BDAY:" + (b.year.map { String(format: "%04d", $0) + md } ?? "--" + md)]
+        default: return []
         }
-        if !c.note.isEmpty { lines.append("NOTE:" + escape(c.note)) }
+    }
+
+    /// Whether `block` (lines of one of ``fieldProperties``) reads as the field `c` holds now.
+    static func sameField(_ property: String, _ block: [ContentLine], _ c: CNContact) -> Bool {
+        var b = CNContact()
+        var formatted = ""
+        var ignored: [VCardError] = []
+        for l in block { apply(l, to: &b, formatted: &formatted, warnings: &ignored) }
+        switch property {
+        case "NICKNAME": return b.nickname == c.nickname
+        case "ORG": return b.organizationName == c.organizationName && b.departmentName == c.departmentName
+        case "TITLE": return b.jobTitle == c.jobTitle
+        case "NOTE": return b.note == c.note
+        case "BDAY": return b.birthday == c.birthday
+        default: return false
+        }
+    }
+
+    /// Whether kept `FN` and `N` lines read as the name parts `c` holds now.
+    static func sameName(_ block: [ContentLine], _ c: CNContact, uid: String) -> Bool {
+        func parts(_ c: CNContact) -> [String] {
+            [c.namePrefix, c.givenName, c.middleName, c.familyName, c.nameSuffix]
+        }
+        var b = c
+        (b.namePrefix, b.givenName, b.middleName, b.familyName, b.nameSuffix) = ("", "", "", "", "")
+        var formatted = ""
+        var ignored: [VCardError] = []
+        for l in block { apply(l, to: &b, formatted: &formatted, warnings: &ignored) }
+        takeFormattedName(formatted, into: &b, uid: uid)
+        return parts(b) == parts(c)
+    }
+
+    /// The line export writes for the value a `TEL`, `EMAIL`, `URL` or `ADR` line reads as.
+    static func elementLine(_ l: ContentLine) -> String {
+        switch l.name {
+        case "TEL": return telLine(labeledText(l))
+        case "EMAIL": return emailLine(labeledText(l))
+        case "URL": return urlLine(labeledText(l))
+        default: return adrLine(postalAddress(l))
+        }
+    }
+
+    // The reader takes a `tel:` or `mailto:` URI prefix off; a value that starts with one itself
+    // is written with one more.
+    private static func uri(_ scheme: String, _ value: String) -> String {
+        value.lowercased().hasPrefix(scheme) ? scheme + value : value
+    }
+    static func telLine(_ p: CNLabeledValue<String>) -> String {
+        "TEL" + typeParam(p.label) + ":" + escape(uri("tel:", p.value))
+    }
+    static func emailLine(_ e: CNLabeledValue<String>) -> String {
+        "EMAIL" + typeParam(e.label) + ":" + escape(uri("mailto:", e.value))
+    }
+    static func urlLine(_ u: CNLabeledValue<String>) -> String { "URL" + typeParam(u.label) + ":" + escape(u.value) }
+    static func adrLine(_ a: CNLabeledValue<CNPostalAddress>) -> String {
+        let v = a.value
+        let parts = ["", "", v.street, v.city, v.state, v.postalCode, v.country].map(escape)
+        return "ADR" + typeParam(a.label) + ":" + parts.joined(separator: ";")
+    }
+
+    /// The vCard 4.0 text of a contact (RFC 6350), CRLF line ends, folded at 75 octets.
+    ///
+    /// ``ContactProvider/CNContact/vCardProperties`` are written as kept: a property no field
+    /// holds always (after the others); a kept line of a field, or of a labelled value, instead of
+    /// the line export would write, as long as it still reads as the value the contact holds (so
+    /// an edited name, address or email is written as it is now, without its old line). A kept
+    /// line that is not one property line, or names `BEGIN`, `END`, `VERSION`, `UID` or `PHOTO`,
+    /// is not written (see ``keptLine(_:)``).
+    /// - Complexity: O(size of the contact + kept lines × labelled values).
+    public static func serialize(_ c: CNContact, uid: String) -> String {
+        let kept = c.vCardProperties.compactMap(keptLine)
+        var lines = ["BEGIN:VCARD", "VERSION:4.0", "UID:" + escape(uid)]
+        let keptNames = kept.filter { nameProperties.contains($0.name) }
+        lines += !keptNames.isEmpty && sameName(keptNames, c, uid: uid) ? keptNames.map(\.raw) : nameLines(c, uid: uid)
+        func field(_ property: String) {
+            let block = kept.filter { $0.name == property && readsAsField($0) }
+            lines += !block.isEmpty && sameField(property, block, c) ? block.map(\.raw) : fieldLines(property, c)
+        }
+        // Each kept list line stands for one value: the first unused one that reads as it.
+        var unused = kept.filter { listProperties.contains($0.name) }
+        func element<V>(
+            _ name: String, _ value: CNLabeledValue<V>, _ read: (ContentLine) -> CNLabeledValue<V>, _ line: String
+        ) {
+            if let i = unused.firstIndex(where: { $0.name == name && read($0) == value }) {
+                lines.append(unused.remove(at: i).raw)
+            } else {
+                lines.append(line)
+            }
+        }
+        field("NICKNAME")
+        field("ORG")
+        field("TITLE")
+        for p in c.phoneNumbers { element("TEL", p, labeledText, telLine(p)) }
+        for e in c.emailAddresses { element("EMAIL", e, labeledText, emailLine(e)) }
+        for a in c.postalAddresses { element("ADR", a, postalAddress, adrLine(a)) }
+        for u in c.urlAddresses { element("URL", u, labeledText, urlLine(u)) }
+        field("BDAY")
+        field("NOTE")
         if let image = c.imageData, !image.isEmpty {
+            // The comma is escaped, as in vCard text: vobject and khard read PHOTO as text and
+            // would stop at a bare comma; this reader and RFC 6350 readers take both.
             let type = image.starts(with: [0x89, 0x50, 0x4E, 0x47]) ? "image/png" : "image/jpeg"
-            lines.append("PHOTO:data:\(type);base64," + image.base64EncodedString())
+            lines.append("PHOTO:data:\(type);base64\\," + image.base64EncodedString())
         }
+        let handled = listProperties.union(fieldProperties).union(nameProperties)
+        lines += kept.filter { !handled.contains($0.name) || isTextBirthday($0) }.map(\.raw)
         lines.append("END:VCARD")
         return lines.map(fold).joined()
     }

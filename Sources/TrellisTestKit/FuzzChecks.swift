@@ -356,7 +356,8 @@ public enum FuzzChecks {
 
     /// The vCard 3.0/4.0 importer: never traps; every card it reads exports (through the contact
     /// document, as `ContactImport.exportVCards` does) to vCard 4.0 text that imports as exactly
-    /// one card with the same UID, and exporting that again gives the same text.
+    /// one card with the same UID and holds every line kept alongside the fields
+    /// (`CNContact.vCardProperties`), and exporting that again gives the same text.
     public static func vCard(_ input: [UInt8]) throws(FuzzCheckFailure) {
         let fail = failing("FuzzVCard", input)
         for card in VCard.parse(String(decoding: input, as: UTF8.self)).contacts {
@@ -368,11 +369,41 @@ public enum FuzzChecks {
             guard again.uid == card.uid else {
                 throw fail("UID \(card.uid.debugDescription) comes back as \(again.uid.debugDescription)")
             }
+            // Lines kept alongside the fields (properties a CNContact has no field for) are
+            // written again, as they were read.
+            let written = Set(unfoldedLines(exported))
+            if let lost = card.contact.vCardProperties.first(where: { !written.contains($0) }) {
+                throw fail("kept line \(lost.debugDescription) is not written again: \(exported)")
+            }
             let second = export(again.contact, uid: again.uid)
             guard second == exported else {
                 throw fail("export is not stable:\n\(exported)\nthen\n\(second)")
             }
         }
+    }
+
+    /// The lines of exported vCard text (CRLF ends, folds of CRLF and a space), scalar by scalar.
+    private static func unfoldedLines(_ text: String) -> [String] {
+        var lines: [String] = []
+        var current = String.UnicodeScalarView()
+        let scalars = Array(text.unicodeScalars)
+        var i = 0
+        while i < scalars.count {
+            if scalars[i] == "\r", i + 1 < scalars.count, scalars[i + 1] == "\n" {
+                if i + 2 < scalars.count, scalars[i + 2] == " " {
+                    i += 3
+                    continue
+                }
+                lines.append(String(current))
+                current = String.UnicodeScalarView()
+                i += 2
+                continue
+            }
+            current.append(scalars[i])
+            i += 1
+        }
+        if !current.isEmpty { lines.append(String(current)) }
+        return lines
     }
 
     private static func export(_ contact: CNContact, uid: String) -> String {

@@ -148,11 +148,17 @@ struct HostTests {
     }
 
     /// A provider that breaks one of the rules iOS checks: the host fails at once, without
-    /// retrying, and says which rule.
+    /// retrying, with an error that names the rule, the call and the markers.
     @Test(
         "a page with an empty or a changed generation marker fails without retry",
-        arguments: [("empty", "an empty generation marker"), ("changed", "another generation marker")])
-    func markerRules(_ fault: String, _ expected: String) async throws {
+        arguments: [
+            ("empty", ContactProviderRuleViolation.Rule.emptyGenerationMarker, "an empty generation marker"),
+            (
+                "changed", .changedGenerationMarker,
+                "marker 67656e2d32 while the enumeration's earlier pages carried 67656e2d31"
+            ),
+        ])
+    func markerRules(_ fault: String, _ rule: ContactProviderRuleViolation.Rule, _ expected: String) async throws {
         let provider = ScriptedProvider(
             content: { page, observer in
                 observer.didEnumerate([ScriptedProvider.item("c\(page.offset)")])
@@ -171,10 +177,14 @@ struct HostTests {
         let sink = MemoryContactSink()
         let host = ContactProviderHost(provider: provider, sink: sink)
         await host.setMaxRetries(3)
-        await #expect(throws: ContactProviderError.cannotEnumerate) { try await host.enable() }
+        let error = try await #require(throws: ContactProviderRuleViolation.self) { try await host.enable() }
+        #expect(error.rule == rule)
+        #expect(error.code == .cannotEnumerate)
+        #expect(error.description.contains("didFinishEnumeratingPage(upTo:)"))
+        #expect(error.description.contains(expected), "\(error)")
         // One call that broke the rule (and, for a changed marker, the good page before it): no retry.
         #expect(provider.contentCalls.withLock { $0 } == (fault == "empty" ? 1 : 2))
-        #expect(await host.lastViolation?.contains(expected) == true)
+        #expect(await host.lastViolation == error)
         // What the good page brought is applied; nothing of the bad page is.
         #expect(sink.contacts.keys.map(\.value).sorted() == (fault == "empty" ? [] : ["c0"]))
     }
@@ -190,9 +200,28 @@ struct HostTests {
         let host = ContactProviderHost(provider: provider, sink: MemoryContactSink())
         try await host.enable()
         #expect(provider.changeCalls.withLock { $0 } == 1)
-        #expect(await host.lastViolation?.contains("moreComing: true") == true)
+        let violation = try #require(await host.lastViolation)
+        #expect(violation.rule == .moreComingWithoutProgress)
+        #expect(violation.description.contains("moreComing: true"))
         try await host.signalEnumerator()
         #expect(provider.changeCalls.withLock { $0 } == 2)
+    }
+
+    /// Anchors that go round in a circle with nothing new are no progress either.
+    @Test("moreComing with nothing new and anchors in a cycle does not spin")
+    func moreComingInACycleStops() async throws {
+        let marker = Data("gen-1".utf8)
+        let provider = ScriptedProvider(
+            content: { _, observer in observer.didFinishEnumeratingContent(upTo: marker) },
+            changes: { anchor, observer in
+                let next = ContactItemSyncAnchor(generationMarker: marker, offset: (anchor.offset + 1) % 3)
+                observer.didFinishEnumeratingChanges(upTo: next, moreComing: true)
+            })
+        let host = ContactProviderHost(provider: provider, sink: MemoryContactSink())
+        try await host.enable()
+        // 0 → 1 → 2 → 0: the third batch comes back to an anchor already seen.
+        #expect(provider.changeCalls.withLock { $0 } == 3)
+        #expect(await host.lastViolation?.rule == .moreComingWithoutProgress)
     }
 }
 

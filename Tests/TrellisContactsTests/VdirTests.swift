@@ -34,6 +34,29 @@ func runPython(_ script: String, arguments: [String] = [], environment: [String:
     return String(decoding: output, as: UTF8.self)
 }
 
+/// Runs khard on one address book (a vdir), listing by formatted name; `config` is where its
+/// configuration file is written.
+func runKhard(_ arguments: [String], addressBook: URL, config: URL) throws -> String {
+    try Data(
+        """
+        [addressbooks]
+        [[book]]
+        path = \(addressBook.path)
+
+        [general]
+        default_action = list
+        editor = /bin/true
+        merge_editor = /bin/true
+
+        [contact table]
+        display = formatted_name
+        """.utf8
+    ).write(to: config)
+    return try runPython(
+        "import sys; from khard.khard import main; sys.exit(main(sys.argv[1:]))",
+        arguments: ["-c", config.path] + arguments)
+}
+
 @Suite("vdir mirror")
 struct VdirTests {
     @Test("one UID.vcf per contact, written atomically, removed on delete")
@@ -134,25 +157,8 @@ struct VdirTests {
         #expect(seen == expected)
 
         // khard: the same contacts, by UID and name.
-        let config = f.dir.url.appendingPathComponent("khard.conf")
-        try Data(
-            """
-            [addressbooks]
-            [[trellis]]
-            path = \(vdir.path)
-
-            [general]
-            default_action = list
-            editor = /bin/true
-            merge_editor = /bin/true
-
-            [contact table]
-            display = formatted_name
-            """.utf8
-        ).write(to: config)
-        let listed = try runPython(
-            "import sys; from khard.khard import main; sys.exit(main(sys.argv[1:]))",
-            arguments: ["-c", config.path, "list", "--parsable"])
+        let listed = try runKhard(
+            ["list", "--parsable"], addressBook: vdir, config: f.dir.url.appendingPathComponent("khard.conf"))
         var khard: [String: String] = [:]
         for line in listed.split(separator: "\n") {
             let parts = line.split(separator: "\t").map(String.init)
