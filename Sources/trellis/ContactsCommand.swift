@@ -67,7 +67,7 @@ enum ContactsCommand {
                 guard let id = doc["_id"] else { continue }
                 let identifier = ContactDocument.identifier(for: id)
                 print(
-                    "\(identifier.value)\t\(VCard.formattedName(ContactDocument.contact(from: doc), uid: identifier.value))"
+                    "\(identifier.value)\t\(VCard.displayName(ContactDocument.contact(from: doc), uid: identifier.value))"
                 )
             }
         case "mirror":

@@ -44,6 +44,16 @@ struct ContactsCLITests {
         #expect(VCard.parse(exported.stdout).contacts.map(\.uid) == ["ada", "petr"])
     }
 
+    @Test("list shows the FN a card was imported with, as khard lists it, not one built from N")
+    func listShowsTheImportedFormattedName() throws {
+        let dir = TemporaryDirectory("trellis-contacts-cli")
+        let file = dir.path("altid.vcf")
+        try Data(RoundTripCards.altid.utf8).write(to: URL(fileURLWithPath: file))
+        #expect(try runTrellis(["contacts", "import", "--data", dir.path("data"), file]).status == 0)
+        let listed = try runTrellis(["contacts", "list", "--data", dir.path("data")])
+        #expect(listed.stdout == "altid\taltid\n")
+    }
+
     @Test("mirror writes the vdir, prints progress once, follows imports, stops on SIGTERM")
     func mirrorFollows() throws {
         let dir = TemporaryDirectory("trellis-contacts-cli")
