@@ -31,7 +31,9 @@ public final class SimulatedNode: @unchecked Sendable {
     var staticPeers: [String] = []
     var links: [LinkID: Int] = [:]
     var nextLink: UInt64 = 0
-    let commits = Mutex<Set<UTF8Key>>([])
+    /// Collections committed since the last ``flushCommits()``, each with the served query
+    /// subscriptions none of those commits concerned (``ScopeCheck/unconcerned``; empty: unknown).
+    let commits = Mutex<[UTF8Key: Set<Int64>]>([:])
     /// Documents written locally (not merged) since the last flush, and evicted collections.
     let localChanges = Mutex<(writes: [(String, String)], evicted: [String: Set<String>])>(([], [:]))
     var watches: [LiveResults] = []
@@ -101,7 +103,13 @@ public final class SimulatedNode: @unchecked Sendable {
         let documents = try DocumentStore(path: path, options: options)
         observerToken = documents.addObserver { [weak self] event in
             guard let self else { return }
-            self.commits.withLock { $0.formUnion(event.collections) }
+            self.commits.withLock { commits in
+                for collection in event.collections {
+                    let unconcerned = event.scopeChecks[collection]?.unconcerned ?? []
+                    // Skipped only when no commit since the last flush concerned it.
+                    commits[collection] = commits[collection].map { $0.intersection(unconcerned) } ?? unconcerned
+                }
+            }
             if self.simulation.recordsArrivals {
                 for (collection, keys) in event.changedKeys {
                     for key in keys where self.arrivals[History.id(collection.string, key.string)] == nil {
@@ -179,11 +187,13 @@ public final class SimulatedNode: @unchecked Sendable {
                     node: index, collection: collection, key: key, site: site, stamp: stamp, time: simulation.now))
             simulation.history.lastWrite[History.id(collection, key)] = simulation.now
         }
-        let collections = commits.withLock { c -> Set<UTF8Key> in
+        let committed = commits.withLock { c -> [UTF8Key: Set<Int64>] in
             defer { c.removeAll() }
             return c
         }
-        if !collections.isEmpty { host.committed(collections: collections) }
+        if !committed.isEmpty {
+            host.committed(collections: Set(committed.keys), unconcerned: committed.filter { !$0.value.isEmpty })
+        }
     }
 }
 

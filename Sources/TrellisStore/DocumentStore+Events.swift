@@ -1,6 +1,7 @@
 import Dispatch
 import Glibc
 import Synchronization
+import TrellisCore
 
 // Commit events for observers. User code never runs under the store lock or on the thread that
 // committed (for a merge, the sync engine's queue): each commit's event is queued, under the lock
@@ -66,6 +67,16 @@ extension DocumentStore {
         events.sync {}
     }
 
+    /// The scope checks of the collections whose every changed key was checked (listed ones only).
+    static func completeScopeChecks(_ s: State) -> [UTF8Key: ScopeCheck] {
+        var checks: [UTF8Key: ScopeCheck] = [:]
+        for (collection, checked) in s.scopeChecked where !s.unlistedCollections.contains(collection) {
+            guard let keys = s.changedKeys[collection], keys.isSubset(of: checked.keys) else { continue }
+            checks[collection] = checked.check
+        }
+        return checks
+    }
+
     /// Queues the event of the transaction that just committed (called under the store lock).
     func queueEvent(_ s: inout State, origin: [UInt8]?) {
         defer {
@@ -74,12 +85,14 @@ extension DocumentStore {
             s.changedValues = [:]
             s.changedValueBytes = 0
             s.evictedInCommit = false
+            s.scopeChecked = [:]
         }
         guard !s.changedKeys.isEmpty || !s.unlistedCollections.isEmpty else { return }
         let event = StoreEvent(
             collections: Set(s.changedKeys.keys).union(s.unlistedCollections), origin: origin,
             evicted: s.evictedInCommit, changedKeys: s.changedKeys, unlistedCollections: s.unlistedCollections,
-            changedValues: s.changedValues, lastSeq: s.nextSeq - 1)
+            changedValues: s.changedValues, lastSeq: s.nextSeq - 1,
+            scopeChecks: Self.completeScopeChecks(s))
         let observers = self.observers
         events.async { observers.deliver(event) }
     }

@@ -24,6 +24,87 @@ struct ServedScope: Sendable {
     var hash: Int64
     /// The query with its arguments bound.
     var query: Query
+
+    /// For a query that is exactly `path == scalar` (or `scalar == path`): the path and the
+    /// bucket of the scalar (``equalityBucket(_:)``), so that a commit evaluates only the scopes
+    /// whose scalar a document's field can equal.
+    var equality: (path: FieldPath, bucket: EqualityBucket)? {
+        guard case .compare(let left, .equal, let right) = query.predicate else { return nil }
+        switch (left, right) {
+        case (.field(let path), .literal(let value)), (.literal(let value), .field(let path)):
+            return Self.equalityBucket(value).map { (path, $0) }
+        default: return nil
+        }
+    }
+
+    /// A key two scalars share whenever they are equal in a query (numbers by numeric value,
+    /// `-0.0` as `0.0`; strings, which compare byte-wise, by their text: a superset), or `nil` for
+    /// values that are not scalars.
+    static func equalityBucket(_ value: Value) -> EqualityBucket? {
+        switch value {
+        case .null: return .null
+        case .bool(let b): return .bool(b)
+        case .int(let i): return .number(Double(i) + 0.0)
+        case .double(let d): return .number(d + 0.0)
+        case .string(let s): return .string(s)
+        case .bytes, .array, .map: return nil
+        }
+    }
+
+    /// See ``equalityBucket(_:)``.
+    enum EqualityBucket: Hashable, Sendable {
+        case null
+        case bool(Bool)
+        case number(Double)
+        case string(String)
+    }
+}
+
+extension DocumentStore.State {
+    /// The index of a collection's served scopes (`scopes`, its ``servedScopes`` entry), cached
+    /// until they change.
+    mutating func servedScopeIndex(_ collection: UTF8Key, _ scopes: [ServedScope]) -> ServedScopeIndex {
+        if let index = servedScopeIndexes[collection] { return index }
+        let index = ServedScopeIndex(scopes)
+        servedScopeIndexes[collection] = index
+        return index
+    }
+}
+
+/// The served query subscriptions of one collection, with those of the form `path == scalar`
+/// indexed by path and scalar, so that a commit evaluates the few a document can match.
+struct ServedScopeIndex: Sendable {
+    /// Subscriptions evaluated for every document.
+    var general: [ServedScope] = []
+    /// `path == scalar` subscriptions: by path, then by ``ServedScope/equalityBucket(_:)``.
+    var equalities: [FieldPath: [ServedScope.EqualityBucket: [ServedScope]]] = [:]
+    /// Every subscription's hash.
+    var hashes: Set<Int64> = []
+
+    init(_ scopes: [ServedScope]) {
+        for scope in scopes {
+            hashes.insert(scope.hash)
+            if let (path, bucket) = scope.equality {
+                equalities[path, default: [:]][bucket, default: []].append(scope)
+            } else {
+                general.append(scope)
+            }
+        }
+    }
+
+    /// The subscriptions a document could match: every general one, and the equality ones whose
+    /// scalar its field at their path can equal.
+    func candidates(for document: Value?) -> [ServedScope] {
+        guard let document else { return general }
+        var found = general
+        for (path, buckets) in equalities {
+            guard let field = document.value(at: path), let bucket = ServedScope.equalityBucket(field),
+                let scopes = buckets[bucket]
+            else { continue }
+            found += scopes
+        }
+        return found
+    }
 }
 
 extension DocumentStore {
@@ -140,9 +221,23 @@ extension DocumentStore {
             old = current.string(0).flatMap { try? JSON.parse($0) }
         }
         current.reset()
-        for scope in scopes {
+        // The subscriptions that hold this document whatever they match (recorded before).
+        var recorded: Set<Int64> = []
+        let held = try s.db.prepare("SELECT sub FROM scopes WHERE collection = ? AND id = ?")
+        held.bind(1, collection)
+        held.bind(2, key)
+        while try held.step() { recorded.insert(held.int64(0)) }
+        held.reset()
+        var concerned: Set<Int64> = []
+        // Only the scopes the old or the new value could match, and those holding the document.
+        let index = s.servedScopeIndex(UTF8Key(collection), scopes)
+        var evaluate: [Int64: ServedScope] = [:]
+        for scope in index.candidates(for: old) + index.candidates(for: new) { evaluate[scope.hash] = scope }
+        for scope in scopes where recorded.contains(scope.hash) { evaluate[scope.hash] = scope }
+        for scope in evaluate.values.sorted(by: { $0.hash < $1.hash }) {
             let matchedBefore = old.map { (try? scope.query.matches($0)) ?? false } ?? false
             let matchesNow = new.map { (try? scope.query.matches($0)) ?? false } ?? false
+            if matchedBefore || matchesNow || recorded.contains(scope.hash) { concerned.insert(scope.hash) }
             guard matchedBefore != matchesNow else { continue }
             let st = try s.db.prepare(
                 matchedBefore
@@ -152,6 +247,17 @@ extension DocumentStore {
             st.bind(2, key)
             st.bind(3, scope.hash)
             try st.run()
+        }
+        // For the commit's event: this key is checked against these subscriptions.
+        let name = UTF8Key(collection)
+        let hashes = index.hashes
+        if var entry = s.scopeChecked[name] {
+            entry.keys.insert(UTF8Key(key))
+            entry.check.checked.formIntersection(hashes)
+            entry.check.concerned.formUnion(concerned)
+            s.scopeChecked[name] = entry
+        } else {
+            s.scopeChecked[name] = ([UTF8Key(key)], ScopeCheck(checked: hashes, concerned: concerned))
         }
     }
 

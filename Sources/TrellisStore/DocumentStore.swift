@@ -206,6 +206,28 @@ public struct StoreEvent: Sendable {
     /// The store's last `seq` once this commit is in (``DocumentStore/lastSeq``): events come in
     /// increasing order of it, and a read that saw this `lastSeq` already includes this commit.
     public var lastSeq: Int64 = 0
+    /// For each collection in which every changed document was checked against the query
+    /// subscriptions this store serves (scope tracking), which were checked and which a change
+    /// concerns. A collection absent was not fully checked: any subscription may be concerned.
+    public var scopeChecks: [UTF8Key: ScopeCheck] = [:]
+}
+
+/// The served query subscriptions one commit was checked against in one collection
+/// (``StoreEvent/scopeChecks``), by ``SubscriptionSpec/scopeHash``.
+public struct ScopeCheck: Sendable, Equatable {
+    /// The subscriptions every changed document of the collection was checked against.
+    public var checked: Set<Int64>
+    /// Those a changed document concerns: it matches the query now, matched it before the commit,
+    /// or is recorded in the subscription's scope (the subscriber holds it).
+    public var concerned: Set<Int64>
+
+    public init(checked: Set<Int64>, concerned: Set<Int64>) {
+        self.checked = checked
+        self.concerned = concerned
+    }
+
+    /// The checked subscriptions no change concerns: their scans may wait for a later commit.
+    public var unconcerned: Set<Int64> { checked.subtracting(concerned) }
 }
 
 /// The per-document outcome of merging a remote batch (``DocumentStore/merge(_:from:checkpoint:)``).
@@ -295,7 +317,15 @@ public final class DocumentStore: Sendable {
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
         var rescanGenerations: [UTF8Key: UInt32] = [:]
         /// The query subscriptions served to peers, by collection (DocumentStore+Scope.swift).
-        var servedScopes: [UTF8Key: [ServedScope]] = [:]
+        var servedScopes: [UTF8Key: [ServedScope]] = [:] {
+            didSet { servedScopeIndexes = [:] }
+        }
+        /// ``servedScopes`` indexed for commits, built when first needed.
+        var servedScopeIndexes: [UTF8Key: ServedScopeIndex] = [:]
+        /// This transaction's scope checks, by collection: the keys checked against the served
+        /// query subscriptions, the subscriptions every one of them was checked against, and
+        /// those a change concerns (``StoreEvent/scopeChecks``).
+        var scopeChecked: [UTF8Key: (keys: Set<UTF8Key>, check: ScopeCheck)] = [:]
         /// When each served subscription was last recorded as used (ms), this run.
         var servedUsed: [Int64: UInt64] = [:]
         var servedCount = 0

@@ -390,7 +390,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
                 host.evicted(collection.string, keys: (event.changedKeys[collection] ?? []).map(\.string).sorted())
             }
         }
-        host.committed(collections: event.collections)
+        host.committed(event)
         scheduleScans()
     }
 

@@ -198,8 +198,18 @@ public final class SyncHost {
     }
 
     /// The store committed changes in `collections` (any origin).
-    public func committed(collections: Set<UTF8Key>) {
-        run(replicator.committed(collections: collections, lastSeq: store.localLog.lastSeq, now: now()))
+    ///
+    /// - Parameter unconcerned: per collection, the served query subscriptions no change concerns
+    ///   (``ScopeCheck/unconcerned``, from ``StoreEvent/scopeChecks``): they do not scan for it.
+    public func committed(collections: Set<UTF8Key>, unconcerned: [UTF8Key: Set<Int64>] = [:]) {
+        run(
+            replicator.committed(
+                collections: collections, lastSeq: store.localLog.lastSeq, unconcerned: unconcerned, now: now()))
+    }
+
+    /// ``committed(collections:unconcerned:)`` for one store event.
+    func committed(_ event: StoreEvent) {
+        committed(collections: event.collections, unconcerned: event.scopeChecks.mapValues(\.unconcerned))
     }
 
     /// Documents of `collection` were evicted: peers are asked for exactly those again while a

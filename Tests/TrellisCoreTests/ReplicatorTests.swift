@@ -320,6 +320,28 @@ import TrellisCore
         #expect(Self.scans(directives).map(\.spec) == [trucks])
     }
 
+    /// Query subscriptions the store checked a commit against and found unconcerned do not scan
+    /// for it; whole-collection subscriptions and unchecked ones do.
+    @Test func aCommitSkipsTheQuerySubscriptionsItDoesNotConcern() throws {
+        var r = established()
+        let red = SubscriptionSpec(collection: "cars", query: "color == 'red'")
+        let blue = SubscriptionSpec(collection: "cars", query: "color == 'blue'")
+        let green = SubscriptionSpec(collection: "cars", query: "color == 'green'")
+        let all = SubscriptionSpec(collection: "cars")
+        let first = r.received(
+            .subscriptions([red, blue, green, all].map { WireSubscription(spec: $0, since: 0, hops: 0) }), on: link,
+            now: 0)
+        for request in Self.scans(first) {
+            _ = r.scanned(link, request, page: ScanPage(records: [], upTo: 100, exhausted: true), now: 0)
+            _ = r.received(.ack(subscription: request.subscription, upTo: 100), on: link, now: 0)
+        }
+        // Checked: red and blue, blue unconcerned; green was not checked (the store does not serve
+        // it yet, say), and the whole collection needs no check.
+        let directives = r.committed(
+            collections: ["cars"], lastSeq: 101, unconcerned: ["cars": [blue.scopeHash, all.scopeHash]], now: 1)
+        #expect(Set(Self.scans(directives).map(\.spec.query)) == ["color == 'red'", "color == 'green'", "true"])
+    }
+
     @Test func resentSubscriptionsDoNotRewindCursorsUnlessTheGenerationChanged() throws {
         var r = established()
         let cars = SubscriptionSpec(collection: "cars")

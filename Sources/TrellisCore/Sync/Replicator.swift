@@ -353,13 +353,29 @@ public struct Replicator: Sendable {
     // MARK: Local log
 
     /// The local store committed changes (local writes or merges from any peer) in `collections`.
-    /// Only the served subscriptions on those collections scan again.
-    public mutating func committed(collections: Set<UTF8Key>, lastSeq: Int64, now: Millis) -> [ReplicatorDirective] {
+    /// Only the served subscriptions on those collections scan again, and of those not the query
+    /// subscriptions the store checked every changed document against and found unconcerned.
+    ///
+    /// - Parameter unconcerned: per collection, the ``SubscriptionSpec/scopeHash`` of query
+    ///   subscriptions no changed document concerns: it does not match the query, did not match
+    ///   it before the commit, and is not recorded in its scope (`StoreEvent.scopeChecks`). A
+    ///   collection absent, or a subscription not listed, scans as before.
+    /// - Complexity: O(served subscriptions of the collections).
+    public mutating func committed(
+        collections: Set<UTF8Key>, lastSeq: Int64, unconcerned: [UTF8Key: Set<Int64>] = [:], now: Millis
+    ) -> [ReplicatorDirective] {
         local.lastSeq = max(local.lastSeq, lastSeq)
         var directives: [ReplicatorDirective] = []
         for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
-            for key in sessions[link]!.served.keys.sorted()
-            where collections.contains(UTF8Key(sessions[link]!.served[key]!.spec.collection)) {
+            for key in sessions[link]!.served.keys.sorted() {
+                let spec = sessions[link]!.served[key]!.spec
+                let collection = UTF8Key(spec.collection)
+                guard collections.contains(collection) else { continue }
+                // Checked against every changed document and concerned by none: nothing of this
+                // commit is for it (its next scan passes over these entries).
+                if !spec.isWholeCollection, let skip = unconcerned[collection], skip.contains(spec.scopeHash) {
+                    continue
+                }
                 sessions[link]!.served[key]!.pending = true
                 directives += scanIfReady(link, key, now: now)
             }

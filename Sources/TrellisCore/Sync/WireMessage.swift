@@ -29,6 +29,11 @@ public struct SubscriptionSpec: Hashable, Sendable, CustomStringConvertible {
         "\(collection)\u{1F}\(query)\u{1F}\(JSON.string(.map(args)))"
     }
 
+    /// The 64-bit name of this subscription where the store records its scope (the high half of
+    /// the ``StateDigest`` of ``key``; `DocumentStore`'s `served` and `scopes` tables, and
+    /// `StoreEvent.scopeChecks`).
+    public var scopeHash: Int64 { Int64(bitPattern: StateDigest(Array(key.utf8)).high) }
+
     /// The collection named by a subscription ``key``: the text before the first U+001F (which
     /// collection names never hold, ``validateCollectionName(_:)``).
     public static func collection(ofKey key: String) -> String {
