@@ -8,14 +8,11 @@ import TrellisCore
 /// Documents per second for node B to pull `documents` from node A: from B's connect until B's
 /// sync status says the initial sync is complete and B holds every document.
 func replicationFigure(scratch: URL, documents: [Value], baseline: Double) throws -> Figure {
-    let key = MeshKey.generate()
-    let a = try TrellisNode(directory: scratch.appendingPathComponent("repl-a"), meshKey: key)
-    let b = try TrellisNode(directory: scratch.appendingPathComponent("repl-b"), meshKey: key)
+    let (a, b) = try nodePair(scratch: scratch, prefix: "repl", documents: documents)
     defer {
         a.close()
         b.close()
     }
-    _ = try a.store.collection("cars").upsert(documents)
     let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
     let subscription = try b.store.collection("cars").findAll().subscribe()
     defer { subscription.cancel() }
@@ -40,6 +37,16 @@ func replicationFigure(scratch: URL, documents: [Value], baseline: Double) throw
     return Figure(
         name: "two_node_replication_per_s", value: Double(documents.count) / elapsed, unit: "docs/s",
         baseline: baseline, baselineName: "sqlite_raw_inserts_per_s")
+}
+
+/// Two nodes under one new mesh key, in `scratch/PREFIX-a` and `scratch/PREFIX-b`, the first
+/// holding `documents` in `cars`. The caller closes them.
+func nodePair(scratch: URL, prefix: String, documents: [Value]) throws -> (TrellisNode, TrellisNode) {
+    let key = MeshKey.generate()
+    let a = try TrellisNode(directory: scratch.appendingPathComponent("\(prefix)-a"), meshKey: key)
+    let b = try TrellisNode(directory: scratch.appendingPathComponent("\(prefix)-b"), meshKey: key)
+    _ = try a.store.collection("cars").upsert(documents)
+    return (a, b)
 }
 
 /// User plus system CPU time of this process so far, in seconds.

@@ -23,6 +23,15 @@ private func percentile(_ sorted: [Double], _ p: Double) -> Double {
     sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
 }
 
+/// The `p` percentile of sorted `samples` against that of sorted `baseline` (milliseconds).
+private func latencyFigure(_ name: String, _ samples: [Double], _ p: Double, baseline: [Double], _ baselineName: String)
+    -> Figure
+{
+    Figure(
+        name: name, value: percentile(samples, p), unit: "ms", baseline: percentile(baseline, p),
+        baselineName: baselineName)
+}
+
 /// Waits until `condition` holds, for at most `seconds`.
 private func wait(_ what: String, seconds: Double = 600, _ condition: () throws -> Bool) throws {
     let deadline = Date().addingTimeInterval(seconds)
@@ -82,26 +91,21 @@ private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> 
                 + "10 peers x 100 subscriptions p50 \(percentile(served, 0.5)) ms p99 \(percentile(served, 0.99)) ms\n")
                 .utf8))
     return [
-        Figure(
-            name: "write_latency_p50_10_peers_x_100_subs_ms", value: percentile(served, 0.5), unit: "ms",
-            baseline: percentile(idle, 0.5), baselineName: "write_latency_p50_no_peers_ms"),
-        Figure(
-            name: "write_latency_p99_10_peers_x_100_subs_ms", value: percentile(served, 0.99), unit: "ms",
-            baseline: percentile(idle, 0.99), baselineName: "write_latency_p99_no_peers_ms"),
+        latencyFigure(
+            "write_latency_p50_10_peers_x_100_subs_ms", served, 0.5, baseline: idle, "write_latency_p50_no_peers_ms"),
+        latencyFigure(
+            "write_latency_p99_10_peers_x_100_subs_ms", served, 0.99, baseline: idle, "write_latency_p99_no_peers_ms"),
     ]
 }
 
 /// Local single upserts (another collection) and `findByID` reads on node B while B merges a
 /// first sync of `documents` from node A, against the same operations on B before the sync.
 private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Figure] {
-    let key = MeshKey.generate()
-    let a = try TrellisNode(directory: scratch.appendingPathComponent("merge-a"), meshKey: key)
-    let b = try TrellisNode(directory: scratch.appendingPathComponent("merge-b"), meshKey: key)
+    let (a, b) = try nodePair(scratch: scratch, prefix: "merge", documents: documents)
     defer {
         a.close()
         b.close()
     }
-    _ = try a.store.collection("cars").upsert(documents)
     let notes = b.store.collection("notes")
     for n in 0..<100 { _ = try notes.upsert(["_id": .string("n\(n)"), "v": .int(Int64(n))]) }
     func write(_ n: Int) throws { _ = try notes.upsert(["_id": .string("n\(n % 100)"), "v": .int(Int64(n))]) }
@@ -138,11 +142,9 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
                 + "(idle \(percentile(idleWrites, 0.99))), read p99 \(percentile(mergeReads, 0.99)) ms "
                 + "(idle \(percentile(idleReads, 0.99)))\n").utf8))
     return [
-        Figure(
-            name: "write_latency_p99_during_merge_ms", value: percentile(mergeWrites, 0.99), unit: "ms",
-            baseline: percentile(idleWrites, 0.99), baselineName: "write_latency_p99_idle_ms"),
-        Figure(
-            name: "read_latency_p99_during_merge_ms", value: percentile(mergeReads, 0.99), unit: "ms",
-            baseline: percentile(idleReads, 0.99), baselineName: "read_latency_p99_idle_ms"),
+        latencyFigure(
+            "write_latency_p99_during_merge_ms", mergeWrites, 0.99, baseline: idleWrites, "write_latency_p99_idle_ms"),
+        latencyFigure(
+            "read_latency_p99_during_merge_ms", mergeReads, 0.99, baseline: idleReads, "read_latency_p99_idle_ms"),
     ]
 }
