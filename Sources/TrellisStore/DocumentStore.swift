@@ -393,7 +393,7 @@ public final class DocumentStore: Sendable {
         self.options = options
         self.lock = lock
         do {
-            let db = try Connection(path: path, readOnly: options.readOnly)
+            let db = options.readOnly ? try Self.openReadOnly(path) : try Connection(path: path)
             let opened: OpenedLog
             if options.readOnly {
                 // Inspect without writing anything, not even the schema.
@@ -457,6 +457,45 @@ public final class DocumentStore: Sendable {
     }
 
     deinit { close() }
+
+    /// Opens `path` for reading, also where this user may not write: a store in write-ahead-log
+    /// mode is read through an index file beside it (`-shm`), which SQLite creates, and cannot
+    /// where the directory or the file is not writable. When no write-ahead log holds commits
+    /// (the node that wrote the store has stopped), the file is read as it is, without the index;
+    /// otherwise the error says why in words.
+    ///
+    /// - Throws: ``StoreError/sqlite(_:)`` naming the file and the permission missing.
+    static func openReadOnly(_ path: String) throws(StoreError) -> Connection {
+        func probe(_ db: Connection) throws { _ = try hasTable(db, "meta") }
+        do {
+            let db = try Connection(path: path, readOnly: true)
+            try probe(db)  // the first read opens the log index
+            return db
+        } catch let error as SQLiteError where error.code == 14 || error.code == 8 {  // CANTOPEN, READONLY
+            guard FileManager.default.isReadableFile(atPath: path) else {
+                throw .sqlite("cannot read \(path): this user may not read it")
+            }
+            let wal = path + "-wal"
+            let walBytes = (try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0
+            guard walBytes == 0 else {
+                let directory = (path as NSString).deletingLastPathComponent
+                throw .sqlite(
+                    "cannot read \(path): its write-ahead log (\(wal), \(walBytes) bytes) is read through "
+                        + "an index file SQLite must create or open for writing beside it, and this user may not "
+                        + "write in \(directory); run as the user that owns the store, or read it once the node "
+                        + "that writes it has stopped")
+            }
+            do {
+                let db = try Connection(path: path, readOnly: true, immutable: true)
+                try probe(db)
+                return db
+            } catch {
+                throw .sqlite("cannot read \(path): \(error)")
+            }
+        } catch {
+            throw .sqlite("opening \(path): \(error)")
+        }
+    }
 
     /// The connection's journal mode (`wal` for a file, `memory` for an in-memory database).
     static func journalMode(_ db: Connection) throws -> String {

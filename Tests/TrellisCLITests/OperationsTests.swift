@@ -1,0 +1,87 @@
+import Foundation
+import Testing
+import TrellisTestKit
+
+/// Running `trellis` as an operator does: overlong shell lines, read-only and missing stores,
+/// imports with bad records, what a node says at start, logging and exit codes. Real processes.
+@Suite(.serialized) struct OperationsTests {
+    let dir = TemporaryDirectory("trellis-ops")
+
+    /// A mesh key in the test's directory, made once.
+    func meshKey() throws -> String {
+        let key = dir.path("mesh.key")
+        if !FileManager.default.fileExists(atPath: key) {
+            #expect(try TrellisProcess.run(["keygen", key]).status == 0)
+        }
+        return key
+    }
+
+    /// A 64 MiB line is refused once 16 MiB of it are read, with the limit in words; the rest of
+    /// it is discarded and the lines after it run.
+    @Test func aShellLineAboveTheLimitIsRefusedAndTheShellGoesOn() throws {
+        let shell = try TrellisProcess(["shell", "--data", dir.path("L"), "--mesh-key", try meshKey(), "--quiet"])
+        shell.sendBytes(Array(#"upsert c {"_id": "big", "x": ""#.utf8) + [UInt8](repeating: 0x78, count: 64 << 20))
+        shell.sendBytes(Array(#""}"#.utf8) + [0x0D, 0x0A])
+        shell.send(#"upsert c {"_id": "a"}"#)
+        // Exactly at the limit is taken (and fails as a command: an unknown one).
+        shell.sendBytes([UInt8](repeating: 0x7A, count: 16 << 20) + [0x0A])
+        shell.send("count c")
+        shell.closeInput()
+        #expect(shell.wait(timeout: 120) == 1)
+        let errors = shell.stderr.split(separator: "\n").map { String($0.prefix(80)) }
+        #expect(
+            errors
+                == [
+                    "error: line 1 is longer than 16777216 bytes, the longest line the shell takes; ignored",
+                    "error: unknown command 'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz",
+                ].map { String($0.prefix(80)) })
+        #expect(shell.stdout == "\"a\"\n1\n")
+    }
+
+    /// Runs `trellis ARGS…` as a user who may not write `directory`: as `nobody` (through
+    /// `setpriv`) when the tests run as root, who may write anywhere; else with the directory
+    /// made read-only for the run.
+    func runWithoutWriteAccess(to directory: String, _ arguments: [String]) throws -> (
+        status: Int32, stdout: String, stderr: String
+    ) {
+        guard getuid() == 0 else {
+            try FileManager.default.setAttributes([.posixPermissions: 0o555], ofItemAtPath: directory)
+            defer { try? FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: directory) }
+            return try TrellisProcess.run(arguments)
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        process.arguments =
+            ["--reuid=65534", "--regid=65534", "--clear-groups", Repository.trellisBinary.path] + arguments
+        let (out, err) = (Pipe(), Pipe())
+        process.standardOutput = out
+        process.standardError = err
+        try process.run()
+        let stdout = out.fileHandleForReading.readDataToEndOfFile()
+        let stderr = err.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (
+            process.terminationStatus, String(decoding: stdout, as: UTF8.self), String(decoding: stderr, as: UTF8.self)
+        )
+    }
+
+    /// `find` and `get` read a store this user may not write (a stopped node's, someone else's).
+    @Test func findAndGetReadAStoreThisUserMayNotWrite() throws {
+        let data = dir.path("R")
+        let shell = try TrellisProcess.run(
+            ["shell", "--data", data, "--mesh-key", try meshKey(), "--quiet"],
+            input: #"upsert cars {"_id": "a", "Origin": "Japan"}"#)
+        #expect(shell.status == 0, "\(shell.stderr)")
+        // Others may enter and read, not write (what a data directory made by root or by another
+        // user gives).
+        try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: dir.url.path)
+        try FileManager.default.setAttributes([.posixPermissions: 0o755], ofItemAtPath: data)
+        let find = try runWithoutWriteAccess(to: data, ["find", "--data", data, "cars", "Origin == 'Japan'"])
+        #expect(find.status == 0, "\(find.stderr)")
+        #expect(find.stdout == #"{"Origin":"Japan","_id":"a"}"# + "\n")
+        let get = try runWithoutWriteAccess(to: data, ["get", "--data", data, "cars", "a"])
+        #expect(get.status == 0, "\(get.stderr)")
+        #expect(get.stdout == #"{"Origin":"Japan","_id":"a"}"# + "\n")
+        #expect(!find.stderr.contains("SQLite error") && !get.stderr.contains("SQLite error"))
+    }
+}
