@@ -458,14 +458,31 @@ public final class DocumentStore: Sendable {
 
     deinit { close() }
 
+    /// Why `path` holds no store to read, in the same words for every reader, naming the
+    /// directory: `no Trellis store in DIR (no such directory)` or
+    /// `no Trellis store in DIR (it holds no store.sqlite)`; `nil` when the file exists.
+    public static func missingStore(_ path: String) -> String? {
+        guard !FileManager.default.fileExists(atPath: path) else { return nil }
+        let url = URL(fileURLWithPath: path)
+        let directory = url.deletingLastPathComponent().path
+        var isDirectory: ObjCBool = false
+        let why =
+            !FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory)
+            ? "no such directory"
+            : isDirectory.boolValue ? "it holds no \(url.lastPathComponent)" : "it is not a directory"
+        return "no Trellis store in \(directory) (\(why))"
+    }
+
     /// Opens `path` for reading, also where this user may not write: a store in write-ahead-log
     /// mode is read through an index file beside it (`-shm`), which SQLite creates, and cannot
     /// where the directory or the file is not writable. When no write-ahead log holds commits
     /// (the node that wrote the store has stopped), the file is read as it is, without the index;
     /// otherwise the error says why in words.
     ///
-    /// - Throws: ``StoreError/sqlite(_:)`` naming the file and the permission missing.
+    /// - Throws: ``StoreError/sqlite(_:)`` naming the file and the permission missing, or
+    ///   ``missingStore(_:)``'s words when there is no such file.
     static func openReadOnly(_ path: String) throws(StoreError) -> Connection {
+        if let missing = missingStore(path) { throw .sqlite(missing) }
         func probe(_ db: Connection) throws { _ = try hasTable(db, "meta") }
         do {
             let db = try Connection(path: path, readOnly: true)

@@ -309,7 +309,6 @@ enum InspectCommand {
         }
         let data = try parsed.require("data")
         let path = URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path
-        guard FileManager.default.fileExists(atPath: path) else { throw UsageError("no Trellis store in \(data)") }
         var options = StoreOptions()
         options.readOnly = true
         let store = try DocumentStore(path: path, options: options)

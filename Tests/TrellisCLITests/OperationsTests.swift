@@ -84,4 +84,23 @@ import TrellisTestKit
         #expect(get.stdout == #"{"Origin":"Japan","_id":"a"}"# + "\n")
         #expect(!find.stderr.contains("SQLite error") && !get.stderr.contains("SQLite error"))
     }
+
+    /// Every command that reads a store says the same words when there is none, naming the
+    /// directory, with exit status 1 (the command line was right).
+    @Test func aMissingStoreIsReportedInTheSameWordsByEveryCommand() throws {
+        let empty = dir.path("empty")
+        try FileManager.default.createDirectory(atPath: empty, withIntermediateDirectories: true)
+        for (data, why) in [(dir.path("nope"), "no such directory"), (empty, "it holds no store.sqlite")] {
+            for command in [
+                ["find", "--data", data, "cars"], ["find", "--data", data, "cars", "--count"],
+                ["get", "--data", data, "cars", "a"], ["contacts", "list", "--data", data],
+                ["contacts", "export", "--data", data],
+            ] {
+                let r = try TrellisProcess.run(command)
+                #expect(r.status == 1, "\(command)")
+                #expect(r.stderr == "trellis: error: no Trellis store in \(data) (\(why))\n", "\(command)")
+                #expect(r.stdout.isEmpty)
+            }
+        }
+    }
 }
