@@ -92,6 +92,15 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     /// The store was closed (``DocumentStore/close()``).
     case closed
 
+    /// Whether the error refuses one document for what it holds (the store and the other
+    /// documents are fine): not a map, a bad `_id`, a value the store cannot hold, too large.
+    public var refusesOneDocument: Bool {
+        switch self {
+        case .notAMap, .invalidID, .invalidValue, .documentTooLarge: return true
+        default: return false
+        }
+    }
+
     public var description: String {
         switch self {
         case .notAMap(let what): return "a document must be a JSON object, got \(what)"
@@ -873,12 +882,17 @@ public final class DocumentStore: Sendable {
     ///   - next: the next document (a map, as for ``upsert(_:in:)``), or `nil` after the last; an
     ///     error it throws ends the upsert and is rethrown as it is, with nothing written.
     ///   - progress: called after every `progressInterval` documents with the count so far.
-    /// - Returns: the number of documents upserted.
+    ///   - refused: when given, a document the store refuses (not a map, a bad `_id`, a value it
+    ///     cannot hold, too large: ``StoreError/notAMap(_:)``, ``StoreError/invalidID(_:)``,
+    ///     ``StoreError/invalidValue(_:)``, ``StoreError/documentTooLarge(id:bytes:limit:)``) is
+    ///     passed to it and skipped, and the others are written; an error it throws ends the
+    ///     upsert with nothing written. `nil` (the default): the first refusal ends it so.
+    /// - Returns: the number of documents upserted (not counting those refused).
     /// - Throws: what `next` throws, or ``StoreError`` as ``upsert(_:in:)`` (nothing is written).
     /// - Complexity: O(total size) plus one indexed lookup per document.
     public func upsert(
         in collection: String, streaming next: () throws -> Value?, progressInterval: Int = 10_000,
-        progress: (Int) -> Void = { _ in }
+        progress: (Int) -> Void = { _ in }, refused: ((StoreError) throws -> Void)? = nil
     ) throws -> Int {
         let now = options.now()
         var failure: (any Error)?
@@ -892,8 +906,17 @@ public final class DocumentStore: Sendable {
                         throw StoreError.invalidValue("\(error)")  // rolls the transaction back
                     }
                     guard let document else { return count }
-                    let (id, key, fields) = try prepare([document])[0]
-                    try upsertPrepared(&s, collection, id, key, fields, now: now)
+                    do {
+                        let (id, key, fields) = try prepare([document])[0]
+                        try upsertPrepared(&s, collection, id, key, fields, now: now)
+                    } catch let error as StoreError where refused != nil && error.refusesOneDocument {
+                        // Each of these is found before the document's row is written.
+                        do { try refused?(error) } catch {
+                            failure = error
+                            throw error
+                        }
+                        continue
+                    }
                     count += 1
                     if count % max(1, progressInterval) == 0 { progress(count) }
                 }

@@ -227,21 +227,30 @@ enum NodeCommand {
 
 enum ImportCommand {
     static let help = """
-        trellis import --data DIR COLLECTION FILE
+        trellis import --data DIR COLLECTION FILE [--all-or-nothing]
           Upserts every document of FILE (a JSON array of objects, or JSON lines) into COLLECTION,
-          in one transaction: all of them, or none when a document is malformed (the message names
-          its line). Documents without `_id` get a new UUID. The file is streamed: memory does not
-          grow with its size. On a terminal, a progress line is shown on standard error.
+          in one transaction. A bad record (JSON that does not parse, not an object, a bad `_id`,
+          a value the store cannot hold, too large) is skipped: each is named on standard error
+          (`trellis: skipped FILE line 3: …`, or `element 2 (line 5)` in an array), the others are
+          imported, and the command ends with the count skipped and exit status 1.
+          --all-or-nothing imports nothing when any record is bad (the first is named; exit
+          status 1). A file that cannot be read on (an array not closed, a record above 64 MiB)
+          imports nothing either way. Documents without `_id` get a new UUID. The file is
+          streamed: memory does not grow with its size. On a terminal, a progress line is shown
+          on standard error.
         """
 
     static func run(_ args: [String]) throws {
-        let parsed = try Arguments(args, valueFlags: ["data"])
+        let parsed = try Arguments(args, valueFlags: ["data"], switchFlags: ["all-or-nothing"])
         if parsed.switches.contains("help") {
             print(help)
             return
         }
-        guard parsed.positional.count == 2 else { throw UsageError("usage: trellis import --data DIR COLLECTION FILE") }
+        guard parsed.positional.count == 2 else {
+            throw UsageError("usage: trellis import --data DIR COLLECTION FILE [--all-or-nothing]")
+        }
         let data = try parsed.require("data")
+        let allOrNothing = parsed.switches.contains("all-or-nothing")
         let (collection, file) = (parsed.positional[0], parsed.positional[1])
         let reader = try DocumentFileReader(path: file)
         try Files.makeDirectory(data)
@@ -249,20 +258,50 @@ enum ImportCommand {
         defer { withExtendedLifetime(lock) {} }
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
         let progress = ProgressLine(total: reader.size)
+        var skipped = 0
+        func skip(_ text: String) {
+            progress.clear()
+            skipped += 1
+            FileHandle.standardError.write(Data("trellis: skipped \(text)\n".utf8))
+        }
         let count: Int
         do {
             count = try store.upsert(
-                in: collection, streaming: { try reader.next() }, progressInterval: 5_000,
-                progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) })
+                in: collection,
+                streaming: {
+                    while true {
+                        do { return try reader.next() } catch let error as FileError
+                            where error.recoverable && !allOrNothing
+                        {
+                            skip("\(error)")
+                        }
+                    }
+                }, progressInterval: 5_000,
+                progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) },
+                refused: allOrNothing ? nil : { skip("\(file) \(reader.place): \($0)") })
         } catch let error as FileError {
             progress.clear()
-            throw UsageError("\(error); nothing was imported")
+            throw ImportError("\(error); nothing was imported")
+        } catch let error as StoreError where error.refusesOneDocument {
+            progress.clear()
+            throw ImportError("\(file) \(reader.place): \(error); nothing was imported (--all-or-nothing)")
         } catch {
             progress.clear()
             throw error
         }
         progress.clear()
         print("imported \(count) document\(count == 1 ? "" : "s") into \(collection)")
+        if skipped > 0 {
+            throw ImportError(
+                "skipped \(skipped) bad record\(skipped == 1 ? "" : "s") of \(file) (each named above); the others were imported"
+            )
+        }
+    }
+
+    /// An import that did not import every record (exit status 1; the command line was right).
+    struct ImportError: Error, CustomStringConvertible {
+        var description: String
+        init(_ description: String) { self.description = description }
     }
 }
 

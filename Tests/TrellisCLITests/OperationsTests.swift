@@ -103,4 +103,49 @@ import TrellisTestKit
             }
         }
     }
+
+    /// A bad record is named by line (and element) on standard error and skipped; the others are
+    /// imported, the count skipped ends the run and the exit status is 1. `--all-or-nothing`
+    /// imports nothing and names the first.
+    @Test func importSkipsBadRecordsAndNamesEachByLineAndElement() throws {
+        let lines = dir.path("bad.jsonl")
+        try Data(
+            [
+                #"{"_id": "a"}"#, #"{"_id": 5}"#, "", #"{"_id": "b"}"#, "{oops}", "[1]", #"{"_id": "c"}"#,
+            ].joined(separator: "\n").utf8
+        ).write(to: URL(fileURLWithPath: lines))
+        let array = dir.path("bad.json")
+        try Data("[\n  {\"_id\": \"d\"},\n  {\"_id\": true},\n  7,\n  {\"_id\": \"e\"}\n]\n".utf8)
+            .write(to: URL(fileURLWithPath: array))
+
+        let data = dir.path("I")
+        let r = try TrellisProcess.run(["import", "--data", data, "c", lines])
+        #expect(r.status == 1)
+        #expect(r.stdout == "imported 3 documents into c\n")
+        let errors = r.stderr.split(separator: "\n").map(String.init)
+        #expect(errors.count == 4, "\(errors)")
+        #expect(errors.first?.hasPrefix("trellis: skipped \(lines) line 2: invalid _id") == true, "\(errors)")
+        #expect(errors.dropFirst().first?.hasPrefix("trellis: skipped \(lines) line 5: invalid JSON") == true)
+        #expect(errors.dropFirst(2).first == "trellis: skipped \(lines) line 6: array, not a JSON object")
+        #expect(
+            errors.last
+                == "trellis: error: skipped 3 bad records of \(lines) (each named above); the others were imported")
+        #expect(try TrellisProcess.run(["find", "--data", data, "c", "--count"]).stdout == "3\n")
+
+        let a = try TrellisProcess.run(["import", "--data", data, "d", array])
+        #expect(a.status == 1)
+        #expect(a.stdout == "imported 2 documents into d\n")
+        let arrayErrors = a.stderr.split(separator: "\n").map(String.init)
+        #expect(arrayErrors.first?.hasPrefix("trellis: skipped \(array) element 2 (line 3): invalid _id") == true)
+        #expect(
+            arrayErrors.dropFirst().first == "trellis: skipped \(array): element 3 (line 4) is int, not a JSON object")
+
+        let strict = try TrellisProcess.run(["import", "--data", data, "e", lines, "--all-or-nothing"])
+        #expect(strict.status == 1)
+        #expect(strict.stdout.isEmpty)
+        #expect(
+            strict.stderr.hasPrefix("trellis: error: \(lines) line 2: invalid _id")
+                && strict.stderr.hasSuffix("; nothing was imported (--all-or-nothing)\n"), "\(strict.stderr)")
+        #expect(try TrellisProcess.run(["find", "--data", data, "e", "--count"]).stdout == "0\n")
+    }
 }
