@@ -518,6 +518,8 @@ public final class DocumentStore: Sendable {
             } catch {
                 throw .sqlite("cannot read \(path): \(error)")
             }
+        } catch let error as SQLiteError where error.code == 26 {  // SQLITE_NOTADB
+            throw .corrupt("\(path) is not a Trellis store (SQLite: \(error.message))")
         } catch {
             throw .sqlite("opening \(path): \(error)")
         }

@@ -6,7 +6,8 @@ import TrellisSync
 
 enum NodeCommand {
     static let help = """
-        trellis node  — run a headless node
+        trellis node  — run a headless node in the foreground, until Ctrl-C (SIGINT) or SIGTERM
+                        (then it closes its sessions and store and exits 0)
         trellis shell — run an interactive node; one command per line (from a terminal or a pipe)
 
         Flags:
@@ -46,7 +47,10 @@ enum NodeCommand {
                                 them
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
-          --quiet               do not log session events to standard error
+          --log-level LEVEL     error, warn, info (the default) or debug: what is logged. Each
+                                line is `TIME LEVEL [NAME] MESSAGE`, TIME in ISO 8601 UTC
+          --log-file FILE       append log lines to FILE instead of standard error
+          --quiet               --log-level error: log no session events
           --keep-going          shell only: when standard input is not a terminal, exit 0 whatever
                                 failed (by default a failed command makes the exit status 1)
           --bail                shell only: when standard input is not a terminal, end at the
@@ -58,7 +62,7 @@ enum NodeCommand {
             args,
             valueFlags: [
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
-                "inbound-buffer", "allow-peer", "admission", "name", "rules",
+                "inbound-buffer", "allow-peer", "admission", "name", "rules", "log-level", "log-file",
             ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail"])
         if parsed.switches.contains("help") {
@@ -117,12 +121,15 @@ enum NodeCommand {
             }
             options.inboundBufferBytes = n << 20
         }
-        if !parsed.switches.contains("quiet") {
-            let name = URL(fileURLWithPath: data).lastPathComponent
-            options.log = { message in
-                FileHandle.standardError.write(Data("[\(name)] \(message)\n".utf8))
-            }
+        if parsed.switches.contains("quiet"), parsed.value("log-level") != nil {
+            throw UsageError("--quiet is --log-level error; give one of them")
         }
+        let level =
+            try parsed.switches.contains("quiet") ? .error : parsed.value("log-level").map(LogLevel.init) ?? .info
+        let log = try Log(
+            level: level, name: URL(fileURLWithPath: data).lastPathComponent, file: parsed.value("log-file"))
+        options.log = { message in log(LogLevel.of(libraryMessage: message), message) }
+        options.store.log = { message in log(.warn, message) }
         let node = try TrellisNode(directory: URL(fileURLWithPath: data), meshKey: meshKey, options: options)
         var kept: [Subscription] = []
         for (collection, query) in subscriptions {
@@ -130,7 +137,7 @@ enum NodeCommand {
         }
         if let listen {
             let port = try node.listen(on: listen)
-            options.log("listening on \(Endpoint(host: listen.host, port: port)), peer key \(node.peerKeyHex)")
+            log(.info, "listening on \(Endpoint(host: listen.host, port: port)), peer key \(node.peerKeyHex)")
         } else if let discovery {
             // Discovered peers must be able to dial this node: listen on the default port, or on
             // a free one when it is taken (beacons carry the real port).
@@ -147,7 +154,7 @@ enum NodeCommand {
             guard let (endpoint, port) = bound else {
                 throw UsageError("cannot listen on TCP port 4040 or any free port")
             }
-            options.log("listening on \(Endpoint(host: endpoint.host, port: port)), peer key \(node.peerKeyHex)")
+            log(.info, "listening on \(Endpoint(host: endpoint.host, port: port)), peer key \(node.peerKeyHex)")
         }
         if let discovery { try node.startDiscovery(discovery) }
         for peer in peers { node.connect(to: peer) }
@@ -163,10 +170,23 @@ enum NodeCommand {
             return
         }
         // Headless: run until SIGINT or SIGTERM.
+        if listen == nil && discovery == nil && peers.isEmpty {
+            log(
+                .warn,
+                "running in the foreground with no listener and no peer: nothing can connect to this node "
+                    + "and it dials no one (give --listen HOST:PORT or --peer HOST:PORT), so it only keeps "
+                    + "\(data); stop it with Ctrl-C or SIGTERM")
+        } else {
+            let dialing = peers.isEmpty ? "" : ", dialing \(peers.count) peer\(peers.count == 1 ? "" : "s")"
+            log(
+                .info,
+                "running in the foreground on \(data)\(dialing), discovery \(discovery == nil ? "off" : "on"); "
+                    + "stop it with Ctrl-C or SIGTERM")
+        }
         let done = DispatchSemaphore(value: 0)
         Signals.onTermination { done.signal() }
         done.wait()
-        options.log("stopping")
+        log(.info, "stopping")
         node.close()
         withExtendedLifetime(kept) {}
     }
@@ -358,7 +378,7 @@ enum InspectCommand {
             if let doc = try store.document(id: id, in: parsed.positional[0]) {
                 print(JSON.string(doc))
             } else {
-                throw UsageError("no document \(JSON.string(id)) in \(parsed.positional[0])")
+                throw NotFound(description: "no document \(JSON.string(id)) in \(parsed.positional[0])")
             }
         default:
             guard let collection = parsed.positional.first else {
@@ -382,6 +402,12 @@ enum InspectCommand {
             }
         }
     }
+}
+
+/// `trellis get` of a document the store does not hold: exit status 1 (the command line was
+/// right).
+struct NotFound: Error, CustomStringConvertible {
+    var description: String
 }
 
 enum KeygenCommand {

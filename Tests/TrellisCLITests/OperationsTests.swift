@@ -148,4 +148,95 @@ import TrellisTestKit
                 && strict.stderr.hasSuffix("; nothing was imported (--all-or-nothing)\n"), "\(strict.stderr)")
         #expect(try TrellisProcess.run(["find", "--data", data, "e", "--count"]).stdout == "0\n")
     }
+
+    /// Waits until `text` holds `needle` (a process's output or a file), up to 20 s.
+    func eventually(_ needle: String, in text: () -> String) -> Bool {
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            if text().contains(needle) { return true }
+            usleep(20_000)
+        }
+        return false
+    }
+
+    /// A log line: `YYYY-MM-DDTHH:MM:SS.mmmZ LEVEL [NAME] MESSAGE`.
+    func isLogLine(_ line: Substring, level: String, name: String) -> Bool {
+        let parts = line.split(separator: " ", maxSplits: 3)
+        guard parts.count == 4, parts[1] == level, parts[2] == "[\(name)]" else { return false }
+        let time = Array(parts[0].utf8)
+        let digits = [0, 1, 2, 3, 5, 6, 8, 9, 11, 12, 14, 15, 17, 18, 20, 21, 22]
+        return time.count == 24 && digits.allSatisfy { (0x30...0x39).contains(time[$0]) }
+            && String(decoding: [time[4], time[7], time[10], time[13], time[16], time[19], time[23]], as: UTF8.self)
+                == "--T::.Z"
+    }
+
+    /// A node with no listener and no peer says so in one line at start; it stops on SIGTERM
+    /// with status 0.
+    @Test func aNodeWithNoListenerAndNoPeerSaysWhatItIsDoing() throws {
+        let node = try TrellisProcess(["node", "--data", dir.path("N"), "--mesh-key", try meshKey(), "--no-discovery"])
+        #expect(eventually("no listener and no peer", in: { node.stderr }))
+        #expect(node.terminate() == 0)
+        let lines = node.stderr.split(separator: "\n")
+        #expect(lines.count == 2, "\(node.stderr)")
+        #expect(isLogLine(lines[0], level: "warn", name: "N"), "\(lines[0])")
+        #expect(
+            lines[0].hasSuffix(
+                "running in the foreground with no listener and no peer: nothing can connect to this node and it "
+                    + "dials no one (give --listen HOST:PORT or --peer HOST:PORT), so it only keeps \(dir.path("N")); "
+                    + "stop it with Ctrl-C or SIGTERM"))
+        #expect(lines.count == 2 && isLogLine(lines[1], level: "info", name: "N") && lines[1].hasSuffix(" stopping"))
+    }
+
+    /// `--log-level` chooses what is logged, `--log-file` where; every line has its time.
+    @Test func logLevelAndLogFile() throws {
+        let key = try meshKey()
+        let file = dir.path("node.log")
+        let node = try TrellisProcess([
+            "node", "--data", dir.path("F"), "--mesh-key", key, "--listen", "127.0.0.1:0", "--log-file", file,
+            "--log-level", "debug",
+        ])
+        #expect(eventually("stop it with Ctrl-C", in: { (try? String(contentsOfFile: file, encoding: .utf8)) ?? "" }))
+        #expect(node.terminate() == 0)
+        #expect(node.stderr.isEmpty, "\(node.stderr)")
+        let logged = try String(contentsOfFile: file, encoding: .utf8).split(separator: "\n")
+        #expect(logged.count == 3 && logged.allSatisfy { isLogLine($0, level: "info", name: "F") }, "\(logged)")
+        #expect(logged.first?.contains("listening on 127.0.0.1:") == true)
+
+        // warn: the start and stop news are not logged, a warning is.
+        let quiet = try TrellisProcess([
+            "node", "--data", dir.path("G"), "--mesh-key", key, "--no-discovery", "--log-level", "warn",
+        ])
+        #expect(eventually("no listener and no peer", in: { quiet.stderr }))
+        #expect(quiet.terminate() == 0)
+        #expect(quiet.stderr.split(separator: "\n").count == 1, "\(quiet.stderr)")
+
+        for (flags, message) in [
+            (["--log-level", "loud"], "--log-level takes error, warn, info or debug, not 'loud'"),
+            (["--log-level", "info", "--quiet"], "--quiet is --log-level error; give one of them"),
+            (["--log-file", dir.path("no/such/dir/log")], "--log-file: cannot open"),
+        ] {
+            let r = try TrellisProcess.run(["node", "--data", dir.path("H"), "--mesh-key", key] + flags)
+            #expect(r.status == 2, "\(flags)")
+            #expect(r.stderr.hasPrefix("trellis: error: \(message)"), "\(r.stderr)")
+        }
+    }
+
+    /// The exit codes the README lists: 0 done, 1 failed, 2 a wrong command line.
+    @Test func exitCodesFollowTheDocumentedMeaning() throws {
+        let data = dir.path("X")
+        let shell = try TrellisProcess.run(
+            ["shell", "--data", data, "--mesh-key", try meshKey(), "--quiet"], input: #"upsert c {"_id": "a"}"#)
+        #expect(shell.status == 0)
+        #expect(try TrellisProcess.run(["get", "--data", data, "c", "a"]).status == 0)
+        let missing = try TrellisProcess.run(["get", "--data", data, "c", "zz"])
+        #expect(missing.status == 1 && missing.stderr == "trellis: error: no document \"zz\" in c\n")
+        #expect(try TrellisProcess.run(["get", "--data", data, "c"]).status == 2)
+        #expect(try TrellisProcess.run(["frob"]).status == 2)
+        // Ctrl-C ends a shell by the signal: the calling shell reports 128 + 2.
+        let interrupted = try TrellisProcess(["shell", "--data", data, "--mesh-key", try meshKey(), "--quiet"])
+        interrupted.send("count c")
+        #expect(eventually("1", in: { interrupted.stdout }))
+        interrupted.signal(SIGINT)
+        #expect(interrupted.wait() == SIGINT && interrupted.process.terminationReason == .uncaughtSignal)
+    }
 }
