@@ -239,4 +239,37 @@ import TrellisTestKit
         interrupted.signal(SIGINT)
         #expect(interrupted.wait() == SIGINT && interrupted.process.terminationReason == .uncaughtSignal)
     }
+
+    /// The README's command-line walkthrough can be followed as written: it fetches `cars.json`
+    /// (from the package `scripts/demo.sh` uses) before importing it, says that a node runs in
+    /// the foreground and how to stop it, lists the exit codes; the default port it, `node
+    /// --help` and docs/PROTOCOL.md name is one port.
+    @Test func theReadmeWalkthroughSaysWhereCarsComeFromAndHowToStopANode() throws {
+        func text(_ path: String) throws -> String {
+            try String(contentsOf: Repository.root.appendingPathComponent(path), encoding: .utf8)
+                .split(whereSeparator: \.isWhitespace).joined(separator: " ")
+        }
+        let readme = try text("README.md")
+        let start = try #require(readme.range(of: "## Using the command line"))
+        let rest = readme[start.upperBound...]
+        let walkthrough = rest[..<(rest.range(of: "## ")?.lowerBound ?? rest.endIndex)]
+        let fetched = walkthrough.range(of: "/_data/cars.json\" .")?.lowerBound
+        let imported = walkthrough.range(of: "import --data nodeA cars cars.json")?.lowerBound
+        #expect(fetched != nil && imported != nil && fetched! < imported!, "cars.json is fetched, then imported")
+        #expect(walkthrough.contains("scripts/setup.sh vega_datasets"))
+        #expect(try text("scripts/demo.sh").contains("vega_datasets.__file__), \"_data\", \"cars.json\""))
+        #expect(walkthrough.contains("`trellis node` runs in the foreground"))
+        #expect(walkthrough.contains("Ctrl-C (SIGINT) or SIGTERM"))
+        let help = try TrellisProcess.run(["node", "--help"]).stdout.split(whereSeparator: \.isWhitespace)
+            .joined(separator: " ")
+        #expect(help.contains("in the foreground, until Ctrl-C (SIGINT) or SIGTERM"))
+        for code in ["0", "1", "2", "130"] { #expect(readme.contains("| \(code) | "), "exit code \(code)") }
+
+        let protocolDoc = try text("docs/PROTOCOL.md")
+        let said = try #require(protocolDoc.range(of: "listens by default on port "))
+        let port = String(protocolDoc[said.upperBound...].prefix { $0.isNumber })
+        #expect(port == "4040")
+        #expect(help.contains("default with discovery: port \(port) on every address"))
+        #expect(readme.contains("such a node listens on port \(port)"))
+    }
 }
