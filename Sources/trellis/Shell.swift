@@ -640,7 +640,6 @@ struct LineReader {
     static let maxLineBytes = 16 << 20
 
     let fd: Int32
-    let limit: Int
     private var buffer: [UInt8] = []
     /// The first byte of `buffer` not yet returned.
     private var start = 0
@@ -651,11 +650,7 @@ struct LineReader {
     private var skipping = false
     private var number = 0
 
-    /// - Parameter limit: the longest line taken, in bytes (tests pass a small one).
-    init(fd: Int32, limit: Int = LineReader.maxLineBytes) {
-        self.fd = fd
-        self.limit = limit
-    }
+    init(fd: Int32) { self.fd = fd }
 
     mutating func next() -> Line? {
         while true {
@@ -670,11 +665,11 @@ struct LineReader {
                 number += 1
                 var end = newline
                 if end > lineStart && buffer[end - 1] == 0x0D { end -= 1 }
-                guard end - lineStart <= limit else { return .tooLong(number: number) }
+                guard end - lineStart <= Self.maxLineBytes else { return .tooLong(number: number) }
                 return decode(buffer[lineStart..<end])
             }
             scanned = buffer.count
-            if skipping || buffer.count - start > limit {
+            if skipping || buffer.count - start > Self.maxLineBytes {
                 // Nothing before the end of the buffer is kept: the line is refused.
                 buffer.removeAll(keepingCapacity: true)
                 (start, scanned) = (0, 0)
