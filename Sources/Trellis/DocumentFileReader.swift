@@ -153,7 +153,7 @@ public final class DocumentFileReader {
             if start + j == buffer.count {
                 guard !atEnd else { throw FileError("\(path): the array is not closed (no ']' at the end)") }
                 guard j <= Self.maxDocumentBytes else {
-                    throw FileError("\(path): \(place) is longer than \(Self.maxDocumentBytes) bytes")
+                    throw FileError("\(path) \(place) is longer than \(Self.maxDocumentBytes) bytes")
                 }
                 try fill()
                 continue
@@ -181,7 +181,7 @@ public final class DocumentFileReader {
         let end = start + j
         // Parsed before the reader moves on, thrown after: a bad element is passed over.
         let value = Result { () throws(FileError) in
-            try document(buffer[start..<end], ": \(place):", ": \(place) is")
+            try document(buffer[start..<end], " \(place):", " \(place) is")
         }
         if buffer[end] == UInt8(ascii: "]") {
             _ = try closeArray(after: end)

@@ -138,7 +138,7 @@ import TrellisTestKit
         let arrayErrors = a.stderr.split(separator: "\n").map(String.init)
         #expect(arrayErrors.first?.hasPrefix("trellis: skipped \(array) element 2 (line 3): invalid _id") == true)
         #expect(
-            arrayErrors.dropFirst().first == "trellis: skipped \(array): element 3 (line 4) is int, not a JSON object")
+            arrayErrors.dropFirst().first == "trellis: skipped \(array) element 3 (line 4) is int, not a JSON object")
 
         let strict = try TrellisProcess.run(["import", "--data", data, "e", lines, "--all-or-nothing"])
         #expect(strict.status == 1)
