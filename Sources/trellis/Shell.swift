@@ -640,6 +640,7 @@ struct LineReader {
     static let maxLineBytes = 16 << 20
 
     let fd: Int32
+    private var chunk = [UInt8](repeating: 0, count: 65_536)
     private var buffer: [UInt8] = []
     /// The first byte of `buffer` not yet returned.
     private var start = 0
@@ -654,7 +655,7 @@ struct LineReader {
 
     mutating func next() -> Line? {
         while true {
-            if let newline = buffer[scanned...].firstIndex(of: 0x0A) {
+            if let newline = Self.newline(in: buffer, from: scanned) {
                 let lineStart = start
                 start = newline + 1
                 scanned = start
@@ -689,13 +690,23 @@ struct LineReader {
                 buffer.removeSubrange(..<start)
                 (scanned, start) = (scanned - start, 0)
             }
-            let count = buffer.count
-            buffer.append(contentsOf: repeatElement(0, count: 65_536))
-            let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress! + count, 65_536) }
-            let interrupted = n < 0 && errno == EINTR
-            buffer.removeSubrange((count + max(n, 0))...)
-            if interrupted { continue }
-            if n <= 0 { eof = true }
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                eof = true
+                continue
+            }
+            chunk.withUnsafeBufferPointer { buffer.append(contentsOf: UnsafeBufferPointer(rebasing: $0[..<n])) }
+        }
+    }
+
+    /// The index of the first `\n` in `bytes` at or after `from` (`memchr`: fast in any build).
+    private static func newline(in bytes: [UInt8], from: Int) -> Int? {
+        guard from < bytes.count else { return nil }
+        return bytes.withUnsafeBufferPointer { all in
+            memchr(all.baseAddress! + from, 0x0A, all.count - from).map {
+                all.baseAddress!.distance(to: $0.assumingMemoryBound(to: UInt8.self))
+            }
         }
     }
 
