@@ -25,6 +25,10 @@ public final class DocumentFileReader {
     public private(set) var bytesRead = 0
     /// How many documents ``next()`` returned so far.
     public private(set) var count = 0
+    /// Where the document ``next()`` last returned, or last refused, is in the file: `line 3` in
+    /// JSON lines, `element 2 (line 5)` in an array (the line its text starts on); empty before the
+    /// first.
+    public private(set) var place = ""
 
     private let fd: Int32
     private var buffer: [UInt8] = []
@@ -33,6 +37,10 @@ public final class DocumentFileReader {
     private var atEnd = false
     private var form: Form?
     private var line = 0
+    /// The elements of the array met so far, parsed or not.
+    private var elements = 0
+    /// The newlines in the bytes consumed so far (an array element's line).
+    private var newlinesConsumed = 0
 
     private enum Form {
         case lines
@@ -52,9 +60,11 @@ public final class DocumentFileReader {
 
     /// The next document, or `nil` after the last.
     ///
-    /// - Throws: ``FileError`` naming the path and where (line, or element of the array) when the
-    ///   file cannot be read, a document does not parse, is not a JSON object, or is longer than
-    ///   ``maxDocumentBytes``, or the array is not closed properly.
+    /// - Throws: ``FileError`` naming the path and where (line, or element of the array and its
+    ///   line) when the file cannot be read, a document does not parse, is not a JSON object, or
+    ///   is longer than ``maxDocumentBytes``, or the array is not closed properly. For a document
+    ///   that does not parse or is not an object the error is ``FileError/recoverable``: the
+    ///   reader is past it, and the next call returns the document after it.
     /// - Complexity: O(size of the document) amortised.
     public func next() throws(FileError) -> Value? {
         if form == nil { try detectForm() }
@@ -75,7 +85,8 @@ public final class DocumentFileReader {
             let blank = buffer[lineStart..<end].allSatisfy { $0 == 0x20 || $0 == 0x09 }
             defer { consume(upTo: next) }
             if blank { continue }
-            return try document(buffer[lineStart..<end], " line \(line):", "")
+            place = "line \(line)"
+            return try document(buffer[lineStart..<end], " \(place):", "")
         }
     }
 
@@ -120,18 +131,20 @@ public final class DocumentFileReader {
     }
 
     private func nextElement() throws(FileError) -> Value? {
-        let place = "element \(count + 1)"
         // Skip whitespace; an empty array, or the `]` after the last element.
         consume(upTo: try skipSpace(from: start))
         guard start < buffer.count else { throw FileError("\(path): the array is not closed (no ']' at the end)") }
         if buffer[start] == UInt8(ascii: "]") {
-            guard count == 0 else {
-                throw FileError("\(path): a ',' after element \(count) is not followed by a value")
+            guard elements == 0 else {
+                throw FileError("\(path): a ',' after element \(elements) is not followed by a value")
             }
             return try closeArray(after: start)
         }
         // Scan to the ',' or ']' that ends this element, outside strings and nested values. The
         // element starts at `start`; `j` counts the bytes after it scanned so far.
+        elements += 1
+        let place = "element \(elements) (line \(newlinesConsumed + 1))"
+        self.place = place
         var depth = 0
         var inString = false
         var escaped = false
@@ -140,7 +153,7 @@ public final class DocumentFileReader {
             if start + j == buffer.count {
                 guard !atEnd else { throw FileError("\(path): the array is not closed (no ']' at the end)") }
                 guard j <= Self.maxDocumentBytes else {
-                    throw FileError("\(path): \(place) is longer than \(Self.maxDocumentBytes) bytes")
+                    throw FileError("\(path) \(place) is longer than \(Self.maxDocumentBytes) bytes")
                 }
                 try fill()
                 continue
@@ -166,13 +179,16 @@ public final class DocumentFileReader {
             j += 1
         }
         let end = start + j
-        let value = try document(buffer[start..<end], ": \(place):", ": \(place) is")
+        // Parsed before the reader moves on, thrown after: a bad element is passed over.
+        let value = Result { () throws(FileError) in
+            try document(buffer[start..<end], " \(place):", " \(place) is")
+        }
         if buffer[end] == UInt8(ascii: "]") {
             _ = try closeArray(after: end)
-            return value
+        } else {
+            consume(upTo: end + 1)  // the ','; the next call checks that a value follows it
         }
-        consume(upTo: end + 1)  // the ','; the next call checks that a value follows it
-        return value
+        return try value.get()
     }
 
     /// Consumes the array's `]` at `index` and checks that only whitespace follows.
@@ -217,10 +233,11 @@ public final class DocumentFileReader {
     private func document(_ text: ArraySlice<UInt8>, _ place: String, _ kind: String) throws(FileError) -> Value {
         let value: Value
         do { value = try text.withUnsafeBytes { buffer throws(JSONError) in try JSON.parse(buffer) } } catch {
-            throw FileError("\(path)\(place) \(error)")
+            throw FileError("\(path)\(place) \(error)", recoverable: true)
         }
         guard case .map = value else {
-            throw FileError("\(path)\(kind.isEmpty ? place : kind) \(value.typeName), not a JSON object")
+            throw FileError(
+                "\(path)\(kind.isEmpty ? place : kind) \(value.typeName), not a JSON object", recoverable: true)
         }
         count += 1
         return value
@@ -228,6 +245,7 @@ public final class DocumentFileReader {
 
     /// Marks `buffer[..<index]` consumed.
     private func consume(upTo index: Int) {
+        newlinesConsumed += buffer[start..<index].reduce(0) { $0 + ($1 == 0x0A ? 1 : 0) }
         bytesRead += index - start
         start = index
     }

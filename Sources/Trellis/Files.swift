@@ -4,7 +4,14 @@ public import TrellisCrypto
 /// A file-system problem, described in one line with the path and the system's reason.
 public struct FileError: Error, Sendable, CustomStringConvertible {
     public var description: String
-    init(_ description: String) { self.description = description }
+    /// Whether the error concerns one record that the reader has moved past, so that reading on
+    /// gives the records after it (``DocumentFileReader``: a document that does not parse or is
+    /// not an object); `false` when the file cannot be read on.
+    public var recoverable: Bool
+    init(_ description: String, recoverable: Bool = false) {
+        self.description = description
+        self.recoverable = recoverable
+    }
 }
 
 /// Small, exact file helpers whose errors name the path and say what is wrong (Foundation's

@@ -92,6 +92,15 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     /// The store was closed (``DocumentStore/close()``).
     case closed
 
+    /// Whether the error refuses one document for what it holds (the store and the other
+    /// documents are fine): not a map, a bad `_id`, a value the store cannot hold, too large.
+    public var refusesOneDocument: Bool {
+        switch self {
+        case .notAMap, .invalidID, .invalidValue, .documentTooLarge: return true
+        default: return false
+        }
+    }
+
     public var description: String {
         switch self {
         case .notAMap(let what): return "a document must be a JSON object, got \(what)"
@@ -423,7 +432,7 @@ public final class DocumentStore: Sendable {
         self.options = options
         self.lock = lock
         do {
-            let db = try Connection(path: path, readOnly: options.readOnly)
+            let db = options.readOnly ? try Self.openReadOnly(path) : try Connection(path: path)
             let opened: OpenedLog
             if options.readOnly {
                 // Inspect without writing anything, not even the schema.
@@ -487,6 +496,64 @@ public final class DocumentStore: Sendable {
     }
 
     deinit { close() }
+
+    /// Why `path` holds no store to read, in the same words for every reader, naming the
+    /// directory: `no Trellis store in DIR (no such directory)` or
+    /// `no Trellis store in DIR (it holds no store.sqlite)`; `nil` when the file exists.
+    public static func missingStore(_ path: String) -> String? {
+        guard !FileManager.default.fileExists(atPath: path) else { return nil }
+        let url = URL(fileURLWithPath: path)
+        let directory = url.deletingLastPathComponent().path
+        var isDirectory: ObjCBool = false
+        let why =
+            !FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory)
+            ? "no such directory"
+            : isDirectory.boolValue ? "it holds no \(url.lastPathComponent)" : "it is not a directory"
+        return "no Trellis store in \(directory) (\(why))"
+    }
+
+    /// Opens `path` for reading, also where this user may not write: a store in write-ahead-log
+    /// mode is read through an index file beside it (`-shm`), which SQLite creates, and cannot
+    /// where the directory or the file is not writable. When no write-ahead log holds commits
+    /// (the node that wrote the store has stopped), the file is read as it is, without the index;
+    /// otherwise the error says why in words.
+    ///
+    /// - Throws: ``StoreError/sqlite(_:)`` naming the file and the permission missing, or
+    ///   ``missingStore(_:)``'s words when there is no such file.
+    static func openReadOnly(_ path: String) throws(StoreError) -> Connection {
+        if let missing = missingStore(path) { throw .sqlite(missing) }
+        func probe(_ db: Connection) throws { _ = try hasTable(db, "meta") }
+        do {
+            let db = try Connection(path: path, readOnly: true)
+            try probe(db)  // the first read opens the log index
+            return db
+        } catch let error as SQLiteError where error.code == 14 || error.code == 8 {  // CANTOPEN, READONLY
+            guard FileManager.default.isReadableFile(atPath: path) else {
+                throw .sqlite("cannot read \(path): this user may not read it")
+            }
+            let wal = path + "-wal"
+            let walBytes = (try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0
+            guard walBytes == 0 else {
+                let directory = (path as NSString).deletingLastPathComponent
+                throw .sqlite(
+                    "cannot read \(path): its write-ahead log (\(wal), \(walBytes) bytes) is read through "
+                        + "an index file SQLite must create or open for writing beside it, and this user may not "
+                        + "write in \(directory); run as the user that owns the store, or read it once the node "
+                        + "that writes it has stopped")
+            }
+            do {
+                let db = try Connection(path: path, readOnly: true, immutable: true)
+                try probe(db)
+                return db
+            } catch {
+                throw .sqlite("cannot read \(path): \(error)")
+            }
+        } catch let error as SQLiteError where error.code == 26 {  // SQLITE_NOTADB
+            throw .corrupt("\(path) is not a Trellis store (SQLite: \(error.message))")
+        } catch {
+            throw .sqlite("opening \(path): \(error)")
+        }
+    }
 
     /// The connection's journal mode (`wal` for a file, `memory` for an in-memory database).
     static func journalMode(_ db: Connection) throws -> String {
@@ -847,12 +914,17 @@ public final class DocumentStore: Sendable {
     ///   - next: the next document (a map, as for ``upsert(_:in:)``), or `nil` after the last; an
     ///     error it throws ends the upsert and is rethrown as it is, with nothing written.
     ///   - progress: called after every `progressInterval` documents with the count so far.
-    /// - Returns: the number of documents upserted.
+    ///   - refused: when given, a document the store refuses (not a map, a bad `_id`, a value it
+    ///     cannot hold, too large: ``StoreError/notAMap(_:)``, ``StoreError/invalidID(_:)``,
+    ///     ``StoreError/invalidValue(_:)``, ``StoreError/documentTooLarge(id:bytes:limit:)``) is
+    ///     passed to it and skipped, and the others are written; an error it throws ends the
+    ///     upsert with nothing written. `nil` (the default): the first refusal ends it so.
+    /// - Returns: the number of documents upserted (not counting those refused).
     /// - Throws: what `next` throws, or ``StoreError`` as ``upsert(_:in:)`` (nothing is written).
     /// - Complexity: O(total size) plus one indexed lookup per document.
     public func upsert(
         in collection: String, streaming next: () throws -> Value?, progressInterval: Int = 10_000,
-        progress: (Int) -> Void = { _ in }
+        progress: (Int) -> Void = { _ in }, refused: ((StoreError) throws -> Void)? = nil
     ) throws -> Int {
         let now = options.now()
         var failure: (any Error)?
@@ -866,8 +938,17 @@ public final class DocumentStore: Sendable {
                         throw StoreError.invalidValue("\(error)")  // rolls the transaction back
                     }
                     guard let document else { return count }
-                    let (id, key, fields) = try prepare([document])[0]
-                    try upsertPrepared(&s, collection, id, key, fields, now: now)
+                    do {
+                        let (id, key, fields) = try prepare([document])[0]
+                        try upsertPrepared(&s, collection, id, key, fields, now: now)
+                    } catch let error as StoreError where refused != nil && error.refusesOneDocument {
+                        // Each of these is found before the document's row is written.
+                        do { try refused?(error) } catch {
+                            failure = error
+                            throw error
+                        }
+                        continue
+                    }
                     count += 1
                     if count % max(1, progressInterval) == 0 { progress(count) }
                 }

@@ -22,10 +22,32 @@ final class Connection {
     /// another statement.
     private var cache: [UTF8Key: Statement] = [:]
 
-    init(path: String, readOnly: Bool = false) throws(SQLiteError) {
+    /// Opens `path`.
+    ///
+    /// - Parameters:
+    ///   - readOnly: open for reading only.
+    ///   - immutable: with `readOnly`, read the file as one that cannot change (SQLite's
+    ///     `immutable=1`): no lock, no write-ahead log index, so nothing is created beside it.
+    ///     Only right when no write-ahead log holds commits and nothing writes meanwhile.
+    init(path: String, readOnly: Bool = false, immutable: Bool = false) throws(SQLiteError) {
         var db: OpaquePointer?
-        let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
-        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        var flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
+        var name = path
+        if immutable {
+            // A URI: `%`, `?` and `#` in the path are escaped, so it still names the same file.
+            var escaped = ""
+            for scalar in path.unicodeScalars {
+                switch scalar {
+                case "%": escaped += "%25"
+                case "?": escaped += "%3f"
+                case "#": escaped += "%23"
+                default: escaped.unicodeScalars.append(scalar)
+                }
+            }
+            name = "file:\(escaped)?immutable=1"
+            flags |= SQLITE_OPEN_URI
+        }
+        let rc = sqlite3_open_v2(name, &db, flags, nil)
         guard rc == SQLITE_OK, let db else {
             let message = db.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
             sqlite3_close(db)

@@ -6,7 +6,8 @@ import TrellisSync
 
 enum NodeCommand {
     static let help = """
-        trellis node  — run a headless node
+        trellis node  — run a headless node in the foreground, until Ctrl-C (SIGINT) or SIGTERM
+                        (then it closes its sessions and store and exits 0)
         trellis shell — run an interactive node; one command per line (from a terminal or a pipe)
 
         Flags:
@@ -46,7 +47,10 @@ enum NodeCommand {
                                 them
           --subscribe 'COLLECTION [QUERY]'
                                 subscribe at start (repeatable; node only, the shell has `subscribe`)
-          --quiet               do not log session events to standard error
+          --log-level LEVEL     error, warn, info (the default) or debug: what is logged. Each
+                                line is `TIME LEVEL [NAME] MESSAGE`, TIME in ISO 8601 UTC
+          --log-file FILE       append log lines to FILE instead of standard error
+          --quiet               --log-level error: log no session events
           --keep-going          shell only: when standard input is not a terminal, exit 0 whatever
                                 failed (by default a failed command makes the exit status 1)
           --bail                shell only: when standard input is not a terminal, end at the
@@ -58,7 +62,7 @@ enum NodeCommand {
             args,
             valueFlags: [
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
-                "inbound-buffer", "allow-peer", "admission", "name", "rules",
+                "inbound-buffer", "allow-peer", "admission", "name", "rules", "log-level", "log-file",
             ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail"])
         if parsed.switches.contains("help") {
@@ -117,12 +121,15 @@ enum NodeCommand {
             }
             options.inboundBufferBytes = n << 20
         }
-        if !parsed.switches.contains("quiet") {
-            let name = URL(fileURLWithPath: data).lastPathComponent
-            options.log = { message in
-                FileHandle.standardError.write(Data("[\(name)] \(message)\n".utf8))
-            }
+        if parsed.switches.contains("quiet"), parsed.value("log-level") != nil {
+            throw UsageError("--quiet is --log-level error; give one of them")
         }
+        let level =
+            try parsed.switches.contains("quiet") ? .error : parsed.value("log-level").map(LogLevel.init) ?? .info
+        let log = try Log(
+            level: level, name: URL(fileURLWithPath: data).lastPathComponent, file: parsed.value("log-file"))
+        options.log = { message in log(LogLevel.of(libraryMessage: message), message) }
+        options.store.log = { message in log(.warn, message) }
         let node = try TrellisNode(directory: URL(fileURLWithPath: data), meshKey: meshKey, options: options)
         var kept: [Subscription] = []
         for (collection, query) in subscriptions {
@@ -130,7 +137,7 @@ enum NodeCommand {
         }
         if let listen {
             let port = try node.listen(on: listen)
-            options.log("listening on \(Endpoint(host: listen.host, port: port)), peer key \(node.peerKeyHex)")
+            log(.info, "listening on \(Endpoint(host: listen.host, port: port)), peer key \(node.peerKeyHex)")
         } else if let discovery {
             // Discovered peers must be able to dial this node: listen on the default port, or on
             // a free one when it is taken (beacons carry the real port).
@@ -147,7 +154,7 @@ enum NodeCommand {
             guard let (endpoint, port) = bound else {
                 throw UsageError("cannot listen on TCP port 4040 or any free port")
             }
-            options.log("listening on \(Endpoint(host: endpoint.host, port: port)), peer key \(node.peerKeyHex)")
+            log(.info, "listening on \(Endpoint(host: endpoint.host, port: port)), peer key \(node.peerKeyHex)")
         }
         if let discovery { try node.startDiscovery(discovery) }
         for peer in peers { node.connect(to: peer) }
@@ -163,10 +170,23 @@ enum NodeCommand {
             return
         }
         // Headless: run until SIGINT or SIGTERM.
+        if listen == nil && discovery == nil && peers.isEmpty {
+            log(
+                .warn,
+                "running in the foreground with no listener and no peer: nothing can connect to this node "
+                    + "and it dials no one (give --listen HOST:PORT or --peer HOST:PORT), so it only keeps "
+                    + "\(data); stop it with Ctrl-C or SIGTERM")
+        } else {
+            let dialing = peers.isEmpty ? "" : ", dialing \(peers.count) peer\(peers.count == 1 ? "" : "s")"
+            log(
+                .info,
+                "running in the foreground on \(data)\(dialing), discovery \(discovery == nil ? "off" : "on"); "
+                    + "stop it with Ctrl-C or SIGTERM")
+        }
         let done = DispatchSemaphore(value: 0)
         Signals.onTermination { done.signal() }
         done.wait()
-        options.log("stopping")
+        log(.info, "stopping")
         node.close()
         withExtendedLifetime(kept) {}
     }
@@ -227,21 +247,30 @@ enum NodeCommand {
 
 enum ImportCommand {
     static let help = """
-        trellis import --data DIR COLLECTION FILE
+        trellis import --data DIR COLLECTION FILE [--all-or-nothing]
           Upserts every document of FILE (a JSON array of objects, or JSON lines) into COLLECTION,
-          in one transaction: all of them, or none when a document is malformed (the message names
-          its line). Documents without `_id` get a new UUID. The file is streamed: memory does not
-          grow with its size. On a terminal, a progress line is shown on standard error.
+          in one transaction. A bad record (JSON that does not parse, not an object, a bad `_id`,
+          a value the store cannot hold, too large) is skipped: each is named on standard error
+          (`trellis: skipped FILE line 3: …`, or `element 2 (line 5)` in an array), the others are
+          imported, and the command ends with the count skipped and exit status 1.
+          --all-or-nothing imports nothing when any record is bad (the first is named; exit
+          status 1). A file that cannot be read on (an array not closed, a record above 64 MiB)
+          imports nothing either way. Documents without `_id` get a new UUID. The file is
+          streamed: memory does not grow with its size. On a terminal, a progress line is shown
+          on standard error.
         """
 
     static func run(_ args: [String]) throws {
-        let parsed = try Arguments(args, valueFlags: ["data"])
+        let parsed = try Arguments(args, valueFlags: ["data"], switchFlags: ["all-or-nothing"])
         if parsed.switches.contains("help") {
             print(help)
             return
         }
-        guard parsed.positional.count == 2 else { throw UsageError("usage: trellis import --data DIR COLLECTION FILE") }
+        guard parsed.positional.count == 2 else {
+            throw UsageError("usage: trellis import --data DIR COLLECTION FILE [--all-or-nothing]")
+        }
         let data = try parsed.require("data")
+        let allOrNothing = parsed.switches.contains("all-or-nothing")
         let (collection, file) = (parsed.positional[0], parsed.positional[1])
         let reader = try DocumentFileReader(path: file)
         try Files.makeDirectory(data)
@@ -249,20 +278,50 @@ enum ImportCommand {
         defer { withExtendedLifetime(lock) {} }
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
         let progress = ProgressLine(total: reader.size)
+        var skipped = 0
+        func skip(_ text: String) {
+            progress.clear()
+            skipped += 1
+            FileHandle.standardError.write(Data("trellis: skipped \(text)\n".utf8))
+        }
         let count: Int
         do {
             count = try store.upsert(
-                in: collection, streaming: { try reader.next() }, progressInterval: 5_000,
-                progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) })
+                in: collection,
+                streaming: {
+                    while true {
+                        do { return try reader.next() } catch let error as FileError
+                            where error.recoverable && !allOrNothing
+                        {
+                            skip("\(error)")
+                        }
+                    }
+                }, progressInterval: 5_000,
+                progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) },
+                refused: allOrNothing ? nil : { skip("\(file) \(reader.place): \($0)") })
         } catch let error as FileError {
             progress.clear()
-            throw UsageError("\(error); nothing was imported")
+            throw ImportError("\(error); nothing was imported")
+        } catch let error as StoreError where error.refusesOneDocument {
+            progress.clear()
+            throw ImportError("\(file) \(reader.place): \(error); nothing was imported (--all-or-nothing)")
         } catch {
             progress.clear()
             throw error
         }
         progress.clear()
         print("imported \(count) document\(count == 1 ? "" : "s") into \(collection)")
+        if skipped > 0 {
+            throw ImportError(
+                "skipped \(skipped) bad record\(skipped == 1 ? "" : "s") of \(file) (each named above); the others were imported"
+            )
+        }
+    }
+
+    /// An import that did not import every record (exit status 1; the command line was right).
+    struct ImportError: Error, CustomStringConvertible {
+        var description: String
+        init(_ description: String) { self.description = description }
     }
 }
 
@@ -309,7 +368,6 @@ enum InspectCommand {
         }
         let data = try parsed.require("data")
         let path = URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path
-        guard FileManager.default.fileExists(atPath: path) else { throw UsageError("no Trellis store in \(data)") }
         var options = StoreOptions()
         options.readOnly = true
         let store = try DocumentStore(path: path, options: options)
@@ -320,7 +378,7 @@ enum InspectCommand {
             if let doc = try store.document(id: id, in: parsed.positional[0]) {
                 print(JSON.string(doc))
             } else {
-                throw UsageError("no document \(JSON.string(id)) in \(parsed.positional[0])")
+                throw NotFound(description: "no document \(JSON.string(id)) in \(parsed.positional[0])")
             }
         default:
             guard let collection = parsed.positional.first else {
@@ -344,6 +402,12 @@ enum InspectCommand {
             }
         }
     }
+}
+
+/// `trellis get` of a document the store does not hold: exit status 1 (the command line was
+/// right).
+struct NotFound: Error, CustomStringConvertible {
+    var description: String
 }
 
 enum KeygenCommand {

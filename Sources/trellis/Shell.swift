@@ -148,12 +148,17 @@ final class Shell {
         reading: while true {
             if interactive { output.prompt("trellis> ") }
             let line: String
-            switch input.next() {
+            let next = input.next()
+            switch next {
             case nil: break reading
-            case .invalid(let number):
+            case .invalid(let number), .tooLong(let number):
                 output.beginCommand()  // the line is read: the prompt is no longer on screen
                 output.endCommand()
-                report("line \(number) is not valid UTF-8" + (stopsOnError ? "" : "; ignored"))
+                let problem =
+                    if case .invalid = next { "is not valid UTF-8" } else {
+                        "is longer than \(LineReader.maxLineBytes) bytes, the longest line the shell takes"
+                    }
+                report("line \(number) \(problem)" + (stopsOnError ? "" : "; ignored"))
                 if errorsFail { status = 1 }
                 if stopsOnError { break reading }
                 continue
@@ -614,45 +619,98 @@ extension Shell {
 
 /// Reads lines from a file descriptor as bytes, so invalid UTF-8 is reported rather than
 /// silently replaced (as `readLine()` does). Lines end with `\n`, optionally preceded by `\r`.
+///
+/// A line longer than ``maxLineBytes`` is refused as soon as that many bytes are read without a
+/// newline: it is reported once (``Line/tooLong(number:)``) and the rest of it is read and
+/// discarded without being held, so memory stays bounded whatever the input.
+///
+/// - Complexity: O(*n*) in the bytes read: each byte is scanned for a newline once, and the
+///   unread rest of the buffer is moved to its front only when more must be read.
 struct LineReader {
     enum Line {
         case line(String)
         case invalid(number: Int)
+        /// The line is longer than ``LineReader/maxLineBytes``; it is skipped.
+        case tooLong(number: Int)
     }
 
+    /// The longest line the shell takes, in bytes without the line end: 16 MiB, three times the
+    /// largest document a store holds (``StoreOptions/maxDocumentBytes``, 5 MiB), leaving room
+    /// for JSON escapes and spacing.
+    static let maxLineBytes = 16 << 20
+
     let fd: Int32
+    private var chunk = [UInt8](repeating: 0, count: 65_536)
     private var buffer: [UInt8] = []
+    /// The first byte of `buffer` not yet returned.
+    private var start = 0
+    /// Where the search for the next newline goes on: the bytes from `start` before it hold none.
+    private var scanned = 0
     private var eof = false
+    /// Whether the rest of a line too long is being discarded.
+    private var skipping = false
     private var number = 0
 
     init(fd: Int32) { self.fd = fd }
 
     mutating func next() -> Line? {
         while true {
-            if let newline = buffer.firstIndex(of: 0x0A) {
-                var bytes = Array(buffer[..<newline])
-                buffer.removeSubrange(...newline)
-                if bytes.last == 0x0D { bytes.removeLast() }
-                return decode(bytes)
+            if let newline = Self.newline(in: buffer, from: scanned) {
+                let lineStart = start
+                start = newline + 1
+                scanned = start
+                if skipping {
+                    skipping = false
+                    continue
+                }
+                number += 1
+                var end = newline
+                if end > lineStart && buffer[end - 1] == 0x0D { end -= 1 }
+                guard end - lineStart <= Self.maxLineBytes else { return .tooLong(number: number) }
+                return decode(buffer[lineStart..<end])
+            }
+            scanned = buffer.count
+            if skipping || buffer.count - start > Self.maxLineBytes {
+                // Nothing before the end of the buffer is kept: the line is refused.
+                buffer.removeAll(keepingCapacity: true)
+                (start, scanned) = (0, 0)
+                if !skipping {
+                    skipping = true
+                    number += 1
+                    return .tooLong(number: number)
+                }
             }
             if eof {
-                guard !buffer.isEmpty else { return nil }
-                defer { buffer = [] }
-                return decode(buffer)
+                guard start < buffer.count, !skipping else { return nil }
+                number += 1
+                defer { (buffer, start, scanned) = ([], 0, 0) }
+                return decode(buffer[start...])
             }
-            var chunk = [UInt8](repeating: 0, count: 65_536)
+            if start > 0 {
+                buffer.removeSubrange(..<start)
+                (scanned, start) = (scanned - start, 0)
+            }
             let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if n < 0 && errno == EINTR { continue }
-            if n <= 0 {
+            guard n > 0 else {
                 eof = true
-            } else {
-                buffer.append(contentsOf: chunk[0..<n])
+                continue
+            }
+            chunk.withUnsafeBufferPointer { buffer.append(contentsOf: UnsafeBufferPointer(rebasing: $0[..<n])) }
+        }
+    }
+
+    /// The index of the first `\n` in `bytes` at or after `from` (`memchr`: fast in any build).
+    private static func newline(in bytes: [UInt8], from: Int) -> Int? {
+        guard from < bytes.count else { return nil }
+        return bytes.withUnsafeBufferPointer { all in
+            memchr(all.baseAddress! + from, 0x0A, all.count - from).map {
+                all.baseAddress!.distance(to: $0.assumingMemoryBound(to: UInt8.self))
             }
         }
     }
 
-    private mutating func decode(_ bytes: [UInt8]) -> Line {
-        number += 1
+    private func decode(_ bytes: ArraySlice<UInt8>) -> Line {
         guard let text = String(validating: bytes, as: UTF8.self) else { return .invalid(number: number) }
         return .line(text)
     }

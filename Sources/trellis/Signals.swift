@@ -23,6 +23,15 @@ enum Signals {
         pthread_sigmask(SIG_BLOCK, &set, nil)
     }
 
+    /// Gives SIGINT and SIGTERM their default action (ending the process) and unblocks them, in
+    /// case the parent ignored or blocked them (both are inherited). Call first thing in `main`.
+    static func restoreDefault() {
+        signal(SIGINT, SIG_DFL)
+        signal(SIGTERM, SIG_DFL)
+        var set = termination()
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
+    }
+
     /// Runs `handler` on a dedicated thread at each SIGINT or SIGTERM (pending ones included).
     static func onTermination(_ handler: @escaping @Sendable () -> Void) {
         let thread = Thread {

@@ -6,6 +6,10 @@ import Trellis
 let commandLine = Array(CommandLine.arguments.dropFirst())
 if commandLine.first == "node" || (commandLine.first == "contacts" && commandLine.dropFirst().first == "mirror") {
     Signals.block()
+} else {
+    // Ctrl-C ends any other command at once (the shell with status 130 as the calling shell
+    // reports it), whatever disposition the parent left SIGINT in.
+    Signals.restoreDefault()
 }
 
 let usage = """

@@ -101,8 +101,8 @@ import TrellisTestKit
         let data = dir.path("D")
         #expect(try TrellisProcess.run(["import", "--data", data, "c", crlf]).stdout.contains("imported 2 documents"))
         #expect(try TrellisProcess.run(["import", "--data", data, "c", bom]).stdout.contains("imported 1 document "))
-        let r = try TrellisProcess.run(["import", "--data", data, "c", bad])
-        #expect(r.status != 0 && r.stderr.contains("bad.json: element 2 is int, not a JSON object"))
+        let r = try TrellisProcess.run(["import", "--data", data, "c", bad, "--all-or-nothing"])
+        #expect(r.status == 1 && r.stderr.contains("bad.json element 2 (line 1) is int, not a JSON object"))
         let listed = try TrellisProcess.run(["find", "--data", data, "c", "--count"])
         #expect(listed.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "3")  // the bad file wrote nothing
     }

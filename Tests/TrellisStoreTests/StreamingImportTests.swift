@@ -59,9 +59,9 @@ import TrellisTestKit
 
     @Test(arguments: [
         ("[{\"_id\":\"x\"},]", "a ',' after element 1 is not followed by a value"),
-        ("[{\"_id\":\"x\"} {\"_id\":\"y\"}]", "bad: element 1: invalid JSON"),
+        ("[{\"_id\":\"x\"} {\"_id\":\"y\"}]", "bad element 1 (line 1): invalid JSON"),
         ("[{\"_id\":\"x\"}", "the array is not closed"),
-        ("[1]", "bad: element 1 is int, not a JSON object"),
+        ("[1]", "bad element 1 (line 1) is int, not a JSON object"),
         ("[{\"_id\":\"x\"}] x", "unexpected 'x' after the array"),
         ("{\"_id\":\"a\"}\n\n{\"_id\":\"b\",}\n", "bad line 3: invalid JSON"),
         ("{\"_id\":\"a\"}\n[1]\n", "bad line 2: array, not a JSON object"),
