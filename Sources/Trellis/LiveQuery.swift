@@ -408,6 +408,9 @@ struct LiveDelivery<Results: Sendable>: Sendable {
 /// while it is full, commits only update `current` and are delivered as one event when a
 /// callback returns. A next-signal observer has a window of 1: between a delivery and its
 /// `signalNext`, commits coalesce the same way.
+
+/// Reads of a live query's initial results tried while commits land, before one is taken as is.
+let liveQueryStartAttempts = 200
 final class Observation<Results: LiveResults>: LiveObservation, @unchecked Sendable {
     // Invariant: `current`, `delivered`, `held*`, `outstanding`, `lastDelivery` and `startSeq`
     // are only touched on `registry.evaluation`; `evaluate` only runs there. `handler` only runs
@@ -455,23 +458,28 @@ final class Observation<Results: LiveResults>: LiveObservation, @unchecked Senda
     var isStopped: Bool { stopped.load(ordering: .acquiring) }
 
     /// Registers, computes the initial results and queues the initial callback. The results are
-    /// read between two equal readings of the store's `lastSeq` (retried a few times while commits
-    /// land), so exactly the commits after them are evaluated afterwards: none missed, none
-    /// applied twice.
+    /// read between two equal readings of the store's `lastSeq` (retried, with a pause that grows
+    /// to 1 ms, while commits land), so exactly the commits after them are evaluated afterwards:
+    /// none missed, none applied twice. Only when all ``liveQueryStartAttempts`` race a commit (a writer
+    /// committing without pause for about 0.2 s) may the commits that raced the last read be
+    /// applied again; none is ever missed.
     ///
     /// - Throws: whatever the first evaluation throws (bad query, missing `$args`, bad sort).
     func start() throws {
         try registry.evaluation.sync {
             id = registry.add(self)
             do {
-                for attempt in 1...8 {
+                for attempt in 1...liveQueryStartAttempts {
                     let before = registry.documents.lastSeq
                     current = try evaluate(.unknown)?.results
                     let after = registry.documents.lastSeq
-                    // After 8 races, commits in before...after may be applied again (they were
-                    // possibly read); none is missed.
+                    // After every attempt raced a commit, commits in before...after may be applied
+                    // again (they were possibly read); none is missed.
                     startSeq = before
-                    if before == after || attempt == 8 { break }
+                    if before == after || attempt == liveQueryStartAttempts { break }
+                    // A writer is busy: let it get ahead, a little longer each time (at most about
+                    // 0.2 s in all), so that one read falls between two commits.
+                    usleep(UInt32(min(attempt, 10) * 100))
                 }
             } catch {
                 stopped.store(true, ordering: .releasing)
