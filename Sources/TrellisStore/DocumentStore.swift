@@ -437,7 +437,10 @@ public final class DocumentStore: Sendable {
             if options.readOnly {
                 // Inspect without writing anything, not even the schema.
                 guard try Self.hasTable(db, "meta"), try Self.meta(db, "site") != nil else {
-                    throw StoreError.corrupt("\(path) is not a Trellis store (no site ID)")
+                    // A node creating the store right now has not written its site ID yet.
+                    throw StoreError.corrupt(
+                        "\(path) is not a Trellis store, or not yet: a node may be creating it at this moment "
+                            + "(try again), else it is another SQLite database (no site ID)")
                 }
                 opened = try db.transaction(readOnly: true) { try Self.readLog(db) }
             } else {
