@@ -49,12 +49,11 @@ except ImportError:
     sys.stderr.write("hostile_peer: the Python module 'cbor2' is not installed; run scripts/test.sh\n")
     sys.exit(3)
 
+from link_peer import MAX_PLAINTEXT, REKEY_MARKER
 from noise.connection import Keypair, NoiseConnection
 
 PROTOCOL_VERSION = 4
 PROLOGUE = b"trellis/3"
-MAX_PLAINTEXT = 65519
-REKEY_MARKER = b"\xff\xff\xff\xff"
 
 
 def emit(event, **fields):

@@ -82,20 +82,12 @@ extension Value {
         case let value as Character: return .string(String(value))
         case let value as Data: return .bytes([UInt8](value))
         case let value as [UInt8]: return .bytes(value)
+        // Any dictionary with String keys and any array cast to these (`[String: Int]`, `[Any]`).
         case let value as [String: Any?]:
             var map = UTF8Map<Value>()
             for (key, element) in value { map[key] = try convert(element, path: Self.join(path, key)) }
             return .map(map)
-        case let value as [String: Any]:
-            var map = UTF8Map<Value>()
-            for (key, element) in value { map[key] = try convert(element, path: Self.join(path, key)) }
-            return .map(map)
         case let value as [Any?]:
-            var array: [Value] = []
-            array.reserveCapacity(value.count)
-            for (index, element) in value.enumerated() { array.append(try convert(element, path: "\(path)[\(index)]")) }
-            return .array(array)
-        case let value as [Any]:
             var array: [Value] = []
             array.reserveCapacity(value.count)
             for (index, element) in value.enumerated() { array.append(try convert(element, path: "\(path)[\(index)]")) }

@@ -72,7 +72,7 @@ extension DocumentStore {
             var scope: Int64?
             if let subscription, !subscription.isWholeCollection {
                 try registerServed(&s, subscription, bound: bound, now: now)
-                scope = Self.scopeHash(subscription.key)
+                scope = subscription.scopeHash
             }
             // Below the retained floor the log no longer holds every remove.
             let floor = try Self.metaInt64(s.db, "floor:" + collection) ?? 0

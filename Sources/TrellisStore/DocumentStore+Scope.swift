@@ -20,7 +20,7 @@ import TrellisCore
 /// A query subscription this store serves (to any peer), kept to record documents leaving its
 /// scope.
 struct ServedScope: Sendable {
-    /// ``DocumentStore/scopeHash(_:)`` of the subscription key.
+    /// ``SubscriptionSpec/scopeHash`` of the subscription: its name in the `scopes` and `served` tables.
     var hash: Int64
     /// The query with its arguments bound.
     var query: Query
@@ -78,18 +78,22 @@ struct ServedScopeIndex: Sendable {
     var general: [ServedScope] = []
     /// `path == scalar` subscriptions: by path, then by ``ServedScope/equalityBucket(_:)``.
     var equalities: [FieldPath: [ServedScope.EqualityBucket: [ServedScope]]] = [:]
-    /// Every subscription's hash.
-    var hashes: Set<Int64> = []
+    /// Every subscription, by hash.
+    var byHash: [Int64: ServedScope] = [:]
+
+    /// Every subscription's hash (the keys of ``byHash``, kept: every commit reads them).
+    let hashes: Set<Int64>
 
     init(_ scopes: [ServedScope]) {
         for scope in scopes {
-            hashes.insert(scope.hash)
+            byHash[scope.hash] = scope
             if let (path, bucket) = scope.equality {
                 equalities[path, default: [:]][bucket, default: []].append(scope)
             } else {
                 general.append(scope)
             }
         }
+        hashes = Set(byHash.keys)
     }
 
     /// The subscriptions a document could match: every general one, and the equality ones whose
@@ -111,11 +115,6 @@ extension DocumentStore {
     /// Served query subscriptions remembered at most; beyond it the least recently used are
     /// forgotten with their records.
     static let maxServedScopes = 4096
-
-    /// The 64-bit name of a subscription key in the `scopes` and `served` tables.
-    static func scopeHash(_ key: String) -> Int64 {
-        Int64(bitPattern: StateDigest(Array(key.utf8)).high)
-    }
 
     static let scopeSchema = """
         CREATE TABLE IF NOT EXISTS served(
@@ -153,7 +152,7 @@ extension DocumentStore {
     /// are recorded). Whole-collection subscriptions need nothing.
     func registerServed(_ s: inout State, _ spec: SubscriptionSpec, bound: Query, now: UInt64) throws {
         guard !spec.isWholeCollection, !options.readOnly else { return }
-        let hash = Self.scopeHash(spec.key)
+        let hash = spec.scopeHash
         let collection = UTF8Key(spec.collection)
         if s.servedScopes[collection]?.contains(where: { $0.hash == hash }) == true {
             // Seen this hour already: nothing to write.
@@ -233,7 +232,7 @@ extension DocumentStore {
         let index = s.servedScopeIndex(UTF8Key(collection), scopes)
         var evaluate: [Int64: ServedScope] = [:]
         for scope in index.candidates(for: old) + index.candidates(for: new) { evaluate[scope.hash] = scope }
-        for scope in scopes where recorded.contains(scope.hash) { evaluate[scope.hash] = scope }
+        for hash in recorded { if let scope = index.byHash[hash] { evaluate[hash] = scope } }
         for scope in evaluate.values.sorted(by: { $0.hash < $1.hash }) {
             let matchedBefore = old.map { (try? scope.query.matches($0)) ?? false } ?? false
             let matchesNow = new.map { (try? scope.query.matches($0)) ?? false } ?? false
@@ -270,7 +269,7 @@ extension DocumentStore {
         let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
         st.bind(1, collection)
         st.bind(2, key)
-        st.bind(3, Self.scopeHash(spec.key))
+        st.bind(3, spec.scopeHash)
         try st.run()
         return s.db.changes > 0
     }

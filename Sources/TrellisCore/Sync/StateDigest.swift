@@ -1,7 +1,7 @@
 /// A 128-bit digest of a document state's bytes, used to recognise a state a peer sent us when
 /// it would be sent straight back (echo suppression inside one session: one digest per document,
 /// of the last state that peer sent on the session). The store also names subscription keys by
-/// its high half (`DocumentStore.scopeHash`).
+/// its high half (``SubscriptionSpec/scopeHash``).
 ///
 /// Not cryptographic: two 64-bit multiply–xorshift lanes over 8-byte words (the construction of
 /// SplitMix64's finaliser, Steele et al. 2014), with the length mixed in. A collision (another
