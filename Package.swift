@@ -74,6 +74,10 @@ let package = Package(
                 "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
+        // Apple's ContactProvider template, ported by changing one import (issue: "ports verbatim").
+        .executableTarget(
+            name: "ContactProviderExtension", dependencies: ["ContactProvider", "TrellisContacts"],
+            path: "Examples/ContactProviderExtension", exclude: ["README.md"]),
 
         .testTarget(name: "TrellisCoreTests", dependencies: ["TrellisCore", "TrellisTestKit"]),
         .testTarget(name: "TrellisStoreTests", dependencies: ["TrellisStore", "Trellis", "TrellisTestKit"]),
@@ -89,7 +93,8 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-for target in package.targets where target.type != .system {
+// Apple's sample is compiled as Xcode compiles it: Swift 6, without these upcoming features.
+for target in package.targets where target.type != .system && target.name != "ContactProviderExtension" {
     var settings = target.swiftSettings ?? []
     settings.append(.enableUpcomingFeature("ExistentialAny"))
     settings.append(.enableUpcomingFeature("InternalImportsByDefault"))

@@ -36,7 +36,10 @@ public protocol ContactItemChangeObserver: Sendable {
 
 /// Enumerates the contacts of one collection (Apple: `ContactItemEnumerator`). No method throws:
 /// every outcome reaches the observer, before the method returns.
-public protocol ContactItemEnumerator: Sendable {
+///
+/// Not `Sendable`, as Apple's: a non-final class conforms. The host calls one method at a time and
+/// makes a new enumerator for every call.
+public protocol ContactItemEnumerator {
     /// Enumerates one page of content.
     func enumerateContent(in page: ContactItemPage, for observer: any ContactItemContentObserver) async
     /// Enumerates one batch of changes after `syncAnchor`.
@@ -47,7 +50,7 @@ public protocol ContactItemEnumerator: Sendable {
 }
 
 /// Supplies enumerators (Apple: `ContactItemEnumerating`).
-public protocol ContactItemEnumerating: Sendable {
+public protocol ContactItemEnumerating {
     /// An enumerator for `collection` (``ContactItem/Identifier/rootContainer``: every contact).
     func enumerator(for collection: ContactItem.Identifier) -> any ContactItemEnumerator
 }
@@ -68,10 +71,31 @@ public struct DefaultContactProviderDomain: ContactProviderDomain, Hashable {
     public init(displayName: String = "Contacts") { self.displayName = displayName }
 }
 
-/// A contact provider (Apple: `ContactProviderExtension`, without `AppExtension`, which Linux lacks).
-public protocol ContactProviderExtension: ContactItemEnumerating {
+/// What a host drives (Trellis only): a provider of enumerators that is configured before the first
+/// one and invalidated at the end. Apple's ``ContactProviderExtension`` is this and an
+/// ``AppExtension``; a provider built in code (TrellisContacts' `TrellisContactProvider`, which
+/// needs a store) is only this.
+///
+/// Not `Sendable`: the host calls one method at a time. Its conformances are not isolated to an
+/// actor (`SendableMetatype`), so a new provider can be handed to a host.
+public protocol ContactProviding: ContactItemEnumerating, SendableMetatype {
     /// Called once, before any enumeration.
     func configure(for domain: any ContactProviderDomain)
     /// Called when the provider is disabled or the system stops it.
     func invalidate() async throws
 }
+
+/// A type the system creates and runs as an extension (Apple's ExtensionFoundation
+/// `AppExtension`, reduced to its initializer: Linux has no extension points). TrellisContacts
+/// gives a ``ContactProviderExtension`` the `static func main()` that `@main` needs.
+public protocol AppExtension {
+    /// The system creates the extension with this initializer (a class conforms with
+    /// `required init()`, as on iOS).
+    init()
+}
+
+/// A contact provider extension (Apple: `ContactProviderExtension`), the type an `@main`
+/// provider declares: `@main class Provider: ContactProviderExtension`. Importing TrellisContacts
+/// gives it the entry point that runs it on a ``ContactProviderManager``'s host (see
+/// docs/CONTACTS.md, "Porting a provider").
+public protocol ContactProviderExtension: ContactProviding, AppExtension {}

@@ -11,14 +11,11 @@ public import TrellisCore
 /// field holds (``ContactProvider/CNContact/vCardProperties``).
 public enum ContactDocument {
     // Key paths are immutable values; the tables are constants.
-    nonisolated(unsafe) static let stringFields: [(String, WritableKeyPath<CNContact, String>)] = [
+    nonisolated(unsafe) static let stringFields: [(String, WritableKeyPath<ContactFields, String>)] = [
         ("namePrefix", \.namePrefix), ("givenName", \.givenName), ("middleName", \.middleName),
         ("familyName", \.familyName), ("nameSuffix", \.nameSuffix), ("nickname", \.nickname),
         ("organizationName", \.organizationName), ("departmentName", \.departmentName),
         ("jobTitle", \.jobTitle), ("note", \.note),
-    ]
-    nonisolated(unsafe) static let listFields: [(String, WritableKeyPath<CNContact, [CNLabeledValue<String>]>)] = [
-        ("phoneNumbers", \.phoneNumbers), ("emailAddresses", \.emailAddresses), ("urlAddresses", \.urlAddresses),
     ]
     nonisolated(unsafe) static let addressFields: [(String, WritableKeyPath<CNPostalAddress, String>)] = [
         ("street", \.street), ("city", \.city), ("state", \.state), ("postalCode", \.postalCode),
@@ -33,12 +30,18 @@ public enum ContactDocument {
 
     /// The document for a contact, with `_id` set to `identifier`'s value.
     public static func value(for contact: CNContact, identifier: ContactItem.Identifier) -> Value {
+        let fields = contact.fields
         var map: UTF8Map<Value> = ["_id": .string(identifier.value)]
-        for (name, path) in stringFields where !contact[keyPath: path].isEmpty {
-            map[name] = .string(contact[keyPath: path])
+        for (name, path) in stringFields where !fields[keyPath: path].isEmpty {
+            map[name] = .string(fields[keyPath: path])
         }
-        for (name, path) in listFields where !contact[keyPath: path].isEmpty {
-            map[name] = .array(contact[keyPath: path].map { labelled($0.label, ["value": .string($0.value)]) })
+        let lists = [
+            ("phoneNumbers", fields.phoneNumbers.map { $0.map(\.stringValue) }),
+            ("emailAddresses", fields.emailAddresses.map { $0.map { $0 as String } }),
+            ("urlAddresses", fields.urlAddresses.map { $0.map { $0 as String } }),
+        ]
+        for (name, list) in lists where !list.isEmpty {
+            map[name] = .array(list.map { labelled($0.label, ["value": .string($0.value)]) })
         }
         if !contact.postalAddresses.isEmpty {
             map["postalAddresses"] = .array(
@@ -72,16 +75,19 @@ public enum ContactDocument {
 
     /// The contact a document holds. Unknown fields are ignored; fields of the wrong type are
     /// left empty.
-    public static func contact(from value: Value) -> CNContact {
-        var c = CNContact()
+    public static func contact(from value: Value) -> CNMutableContact {
+        var c = ContactFields()
         for (name, path) in stringFields {
             if let s = value[name]?.stringValue { c[keyPath: path] = s }
         }
-        for (name, path) in listFields {
-            c[keyPath: path] = items(value[name]).compactMap { item in
+        func list(_ name: String) -> [CNLabeledValue<String>] {
+            items(value[name]).compactMap { item in
                 item["value"]?.stringValue.map { CNLabeledValue(label: item["label"]?.stringValue, value: $0) }
             }
         }
+        c.phoneNumbers = list("phoneNumbers").map { $0.map(CNPhoneNumber.init(stringValue:)) }
+        c.emailAddresses = list("emailAddresses").map { $0.map { $0 as NSString } }
+        c.urlAddresses = list("urlAddresses").map { $0.map { $0 as NSString } }
         c.postalAddresses = items(value["postalAddresses"]).map { item in
             var address = CNPostalAddress()
             for (name, path) in addressFields {
@@ -95,7 +101,7 @@ public enum ContactDocument {
         if let text = value["imageData"]?.stringValue { c.imageData = Data(base64Encoded: text) }
         // Export writes only the lines that are one safe property line each (VCard.keptLine).
         c.vCardProperties = items(value["vCardProperties"]).compactMap(\.stringValue)
-        return c
+        return CNMutableContact(fields: c)
     }
 
     private static func items(_ value: Value?) -> [Value] {

@@ -126,9 +126,15 @@ public enum ContactHostProgress: Sendable, Hashable {
 /// - Coalesces ``signalEnumerator(for:)``: enumerations never overlap; signals arriving during
 ///   one are served together by one more.
 /// - Creates a new enumerator for every call, so providers cannot keep state in them.
+/// - Calls the provider and its enumerators one method at a time (enumerations never overlap),
+///   so neither needs to be `Sendable`: a non-final class conforms, as on iOS.
+/// - Copies the contacts it receives: a provider may reuse a `CNMutableContact` it handed over.
 public actor ContactProviderHost: ContactProviderSystem {
     public nonisolated let domain: any ContactProviderDomain
-    public let provider: any ContactProviderExtension
+    /// The provider, reached only through ``calls``.
+    private nonisolated let calls: ProviderCalls
+    /// The provider hosted.
+    public var provider: any ContactProviding { calls.provider }
     public let sink: any ContactSink
     /// The file holding ``ContactHostState`` (JSON), or `nil` to keep it in memory.
     public nonisolated let stateFile: URL?
@@ -146,6 +152,8 @@ public actor ContactProviderHost: ContactProviderSystem {
     public private(set) var lastViolation: ContactProviderRuleViolation?
     private var running = false
     private var waiting: [CheckedContinuation<Void, any Error>] = []
+    /// Calls waiting for the run under way to end.
+    private var idle: [CheckedContinuation<Void, Never>] = []
     /// Bumped by disable, reset and invalidate: a run started under an older one stops.
     private var generation = 0
     private var contentItems = 0
@@ -153,10 +161,10 @@ public actor ContactProviderHost: ContactProviderSystem {
 
     /// Creates a host; `stateFile`, when it exists, holds the state to resume from.
     public init(
-        provider: any ContactProviderExtension, sink: any ContactSink,
+        provider: sending any ContactProviding, sink: any ContactSink,
         domain: any ContactProviderDomain = DefaultContactProviderDomain(), stateFile: URL? = nil
     ) {
-        self.provider = provider
+        self.calls = ProviderCalls(provider)
         self.sink = sink
         self.domain = domain
         self.stateFile = stateFile
@@ -167,7 +175,7 @@ public actor ContactProviderHost: ContactProviderSystem {
         } else {
             state = ContactHostState()
         }
-        provider.configure(for: domain)
+        calls.provider.configure(for: domain)
     }
 
     public func setPageSize(_ size: Int) { pageSize = size }
@@ -212,10 +220,12 @@ public actor ContactProviderHost: ContactProviderSystem {
         try await sync()
     }
 
-    /// Stops: a running enumeration ends with `extensionInvalidated`; the provider is invalidated.
+    /// Stops: a running enumeration ends with `extensionInvalidated`; the provider is invalidated
+    /// once the enumerator call under way (if any) has returned.
     public func invalidate() async throws {
         generation += 1
-        try await provider.invalidate()
+        if running { await withCheckedContinuation { idle.append($0) } }
+        try await calls.invalidate()
     }
 
     /// Runs enumerations until caught up. A call made while one runs waits for the next run,
@@ -226,7 +236,11 @@ public actor ContactProviderHost: ContactProviderSystem {
             return
         }
         running = true
-        defer { running = false }
+        defer {
+            running = false
+            for continuation in idle { continuation.resume() }
+            idle = []
+        }
         let first: Result<Void, any Error>
         do {
             try await runOnce()
@@ -278,8 +292,7 @@ public actor ContactProviderHost: ContactProviderSystem {
                     try save()
                 }
                 let observer = HostContentObserver(pageSize: pageSize)
-                let enumerator = provider.enumerator(for: .rootContainer)
-                await enumerator.enumerateContent(in: state.page, for: observer)
+                await calls.enumerateContent(in: state.page, for: observer)
                 try checkGeneration(started)
                 switch observer.outcome {
                 case .page(let items, let next):
@@ -310,8 +323,7 @@ public actor ContactProviderHost: ContactProviderSystem {
                 }
             } else {
                 let observer = HostChangeObserver(batchSize: batchSize)
-                let enumerator = provider.enumerator(for: .rootContainer)
-                await enumerator.enumerateChanges(startingAt: state.anchor, for: observer)
+                await calls.enumerateChanges(startingAt: state.anchor, for: observer)
                 try checkGeneration(started)
                 switch observer.outcome {
                 case .batch(let updates, let deletes, let anchor, let more):
@@ -385,6 +397,27 @@ enum ChangeOutcome {
     case failed(any Error)
 }
 
+/// Calls a provider that need not be `Sendable`. Safe because the host makes one call at a time
+/// (a run holds the actor's `running` flag; `invalidate` comes after the run stops or instead
+/// of it) and each enumeration gets a new enumerator that lives only for that call.
+final class ProviderCalls: @unchecked Sendable {
+    let provider: any ContactProviding
+
+    init(_ provider: any ContactProviding) { self.provider = provider }
+
+    func enumerateContent(in page: ContactItemPage, for observer: HostContentObserver) async {
+        let enumerator = provider.enumerator(for: .rootContainer)
+        await enumerator.enumerateContent(in: page, for: observer)
+    }
+
+    func enumerateChanges(startingAt anchor: ContactItemSyncAnchor, for observer: HostChangeObserver) async {
+        let enumerator = provider.enumerator(for: .rootContainer)
+        await enumerator.enumerateChanges(startingAt: anchor, for: observer)
+    }
+
+    func invalidate() async throws { try await provider.invalidate() }
+}
+
 /// Collects one page; checks the terminal-call and page-size rules.
 final class HostContentObserver: ContactItemContentObserver {
     struct State {
@@ -396,7 +429,7 @@ final class HostContentObserver: ContactItemContentObserver {
 
     init(pageSize: Int) { suggestedPageSize = pageSize }
 
-    func didEnumerate(_ items: [ContactItem]) { state.withLock { $0.items += items } }
+    func didEnumerate(_ items: [ContactItem]) { state.withLock { $0.items += items.map(\.copied) } }
     func didFinishEnumeratingPage(upTo nextPage: ContactItemPage) {
         state.withLock { $0.terminal.append(.page($0.items, nextPage)) }
     }
@@ -431,7 +464,7 @@ final class HostChangeObserver: ContactItemChangeObserver {
 
     init(batchSize: Int) { suggestedBatchSize = batchSize }
 
-    func didUpdate(_ items: [ContactItem]) { state.withLock { $0.updates += items } }
+    func didUpdate(_ items: [ContactItem]) { state.withLock { $0.updates += items.map(\.copied) } }
     func didDelete(_ identifiers: [ContactItem.Identifier]) { state.withLock { $0.deletes += identifiers } }
     func didFinishEnumeratingChanges(upTo syncAnchor: ContactItemSyncAnchor, moreComing: Bool) {
         state.withLock {
@@ -454,4 +487,9 @@ final class HostChangeObserver: ContactItemChangeObserver {
             return s.terminal[0]
         }
     }
+}
+
+extension ContactItem {
+    /// The item with a contact of its own: the provider may change the one it handed over.
+    var copied: ContactItem { .contact(contact.mutableContact(), identifier) }
 }

@@ -61,7 +61,7 @@ public final class MemoryContactSink: ContactSink {
         }
         state.withLock { s in
             for item in items {
-                s.contacts[item.identifier] = item.contact
+                s.contacts[item.identifier] = CNContact(fields: item.contact.fields)
                 s.stale?.remove(item.identifier)
                 s.log.append(.update(item.identifier))
             }

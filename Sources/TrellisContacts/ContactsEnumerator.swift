@@ -21,7 +21,7 @@ public import TrellisStore
 ///   ``ContactProviderError/changeAnchorExpired``; never an empty result.
 ///
 /// The enumerator keeps no state between calls (a host may create one per call).
-public final class ContactsEnumerator: ContactItemEnumerator {
+public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
     public let store: DocumentStore
     public let collection: String
     /// Upper bounds applied whatever the observer suggests.
@@ -124,7 +124,7 @@ public final class ContactsEnumerator: ContactItemEnumerator {
 }
 
 /// A contact provider serving one collection of a Trellis store.
-public final class TrellisContactProvider: ContactProviderExtension {
+public final class TrellisContactProvider: ContactProviding, Sendable {
     public let store: DocumentStore
     public let collection: String
     private let configured = Mutex<String?>(nil)

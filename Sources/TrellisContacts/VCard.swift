@@ -288,7 +288,7 @@ public enum VCard {
     /// Lines that no `CNContact` field holds as written go to ``ContactProvider/CNContact/vCardProperties``
     /// (see ``keptLines(_:contact:uid:warnings:)``).
     static func makeContact(_ lines: [ContentLine], line: Int, warnings: inout [VCardError]) throws -> VCardContact {
-        var c = CNContact()
+        var c = ContactFields()
         var uid: String?
         var formatted = ""
         var version: String?
@@ -310,11 +310,13 @@ public enum VCard {
         takeFormattedName(formatted, into: &c, uid: id)
         readUnwritableAsExported(lines, into: &c)
         c.vCardProperties = keptLines(lines, contact: c, uid: id, warnings: &warnings)
-        return VCardContact(uid: id, contact: c, line: line)
+        return VCardContact(uid: id, contact: CNContact(fields: c), line: line)
     }
 
     /// Reads one line into the contact's fields (`FN` into `formatted`); other names are ignored.
-    static func apply(_ l: ContentLine, to c: inout CNContact, formatted: inout String, warnings: inout [VCardError]) {
+    static func apply(
+        _ l: ContentLine, to c: inout ContactFields, formatted: inout String, warnings: inout [VCardError]
+    ) {
         switch l.name {
         case "FN": formatted = unescape(l.value)
         case "N":
@@ -334,9 +336,9 @@ public enum VCard {
             c.departmentName = o.dropFirst().filter { !$0.isEmpty }.joined(separator: ", ")
         case "TITLE": c.jobTitle = unescape(l.value)
         case "NOTE": c.note = c.note.isEmpty ? unescape(l.value) : c.note + "\n" + unescape(l.value)
-        case "TEL": c.phoneNumbers.append(labeledText(l))
-        case "EMAIL": c.emailAddresses.append(labeledText(l))
-        case "URL": c.urlAddresses.append(labeledText(l))
+        case "TEL": c.phoneNumbers.append(labeledText(l).map(CNPhoneNumber.init(stringValue:)))
+        case "EMAIL": c.emailAddresses.append(labeledText(l).map { $0 as NSString })
+        case "URL": c.urlAddresses.append(labeledText(l).map { $0 as NSString })
         case "ADR": c.postalAddresses.append(postalAddress(l))
         case "BDAY":
             if isTextBirthday(l) { return }  // no field holds it: kept alongside
@@ -366,16 +368,16 @@ public enum VCard {
     /// name) is read as the line export writes for it, so that its value is the one exported:
     /// otherwise a label export writes differently (`TYPE=CEL%L` becomes `cell`) could take the
     /// place of an equal kept line on the next import, and the order of the lines would change.
-    static func readUnwritableAsExported(_ lines: [ContentLine], into c: inout CNContact) {
+    static func readUnwritableAsExported(_ lines: [ContentLine], into c: inout ContactFields) {
         var counts: [String: Int] = [:]
         for l in lines where listProperties.contains(l.name) {
             let i = counts[l.name, default: 0]
             counts[l.name] = i + 1
             guard keptLine(l.raw) == nil, let again = parseLine(elementLine(l), l.line) else { continue }
             switch l.name {
-            case "TEL": c.phoneNumbers[i] = labeledText(again)
-            case "EMAIL": c.emailAddresses[i] = labeledText(again)
-            case "URL": c.urlAddresses[i] = labeledText(again)
+            case "TEL": c.phoneNumbers[i] = labeledText(again).map(CNPhoneNumber.init(stringValue:))
+            case "EMAIL": c.emailAddresses[i] = labeledText(again).map { $0 as NSString }
+            case "URL": c.urlAddresses[i] = labeledText(again).map { $0 as NSString }
             default: c.postalAddresses[i] = postalAddress(again)
             }
         }
@@ -385,7 +387,7 @@ public enum VCard {
     /// export would write anyway (name parts, organisation, nickname, email or UID), so exporting
     /// and importing again is stable. An organisation does not stand in for a person's FN
     /// (`FN:labeled guy` with `ORG:Test Inc` and no `N` stays "labeled guy").
-    static func takeFormattedName(_ formatted: String, into c: inout CNContact, uid: String) {
+    static func takeFormattedName(_ formatted: String, into c: inout ContactFields, uid: String) {
         if c.givenName.isEmpty && c.familyName.isEmpty && !formatted.isEmpty && formatted != formattedName(c, uid: uid)
         {
             c.givenName = formatted
@@ -424,7 +426,7 @@ public enum VCard {
     /// A text birthday (`BDAY;VALUE=text:circa 1800`) is a property no field holds. `VERSION`,
     /// `UID`, `PHOTO`, and a `BDAY` that is neither a date nor text are never kept.
     /// - Complexity: O(number of lines).
-    static func keptLines(_ lines: [ContentLine], contact c: CNContact, uid: String, warnings: inout [VCardError])
+    static func keptLines(_ lines: [ContentLine], contact c: ContactFields, uid: String, warnings: inout [VCardError])
         -> [String]
     {
         // A line export could not write back as it is (its group or name is not a vCard name) is
@@ -579,10 +581,12 @@ public enum VCard {
     }
 
     /// The formatted name: name parts, else organisation, nickname, email, or the UID.
-    public static func formattedName(_ c: CNContact, uid: String) -> String {
+    public static func formattedName(_ c: CNContact, uid: String) -> String { formattedName(c.fields, uid: uid) }
+
+    static func formattedName(_ c: ContactFields, uid: String) -> String {
         let name = [c.namePrefix, c.givenName, c.middleName, c.familyName, c.nameSuffix].filter { !$0.isEmpty }
             .joined(separator: " ")
-        for candidate in [name, c.organizationName, c.nickname, c.emailAddresses.first?.value ?? ""]
+        for candidate in [name, c.organizationName, c.nickname, (c.emailAddresses.first?.value as String?) ?? ""]
         where !candidate.isEmpty {
             return candidate
         }
@@ -593,6 +597,7 @@ public enum VCard {
     /// while the name parts are still those it came with, else ``formattedName(_:uid:)``. What khard
     /// and other vCard readers show for the contact.
     public static func displayName(_ c: CNContact, uid: String) -> String {
+        let c = c.fields
         let names = c.vCardProperties.compactMap(keptLine).filter { nameProperties.contains($0.name) }
         if let fn = names.last(where: { $0.name == "FN" }), sameName(names, c, uid: uid) {
             return unescape(fn.value)
@@ -601,7 +606,7 @@ public enum VCard {
     }
 
     /// The lines export writes for the formatted name and the name parts.
-    static func nameLines(_ c: CNContact, uid: String) -> [String] {
+    static func nameLines(_ c: ContactFields, uid: String) -> [String] {
         [
             "FN:" + escape(formattedName(c, uid: uid)),
             "N:"
@@ -611,7 +616,7 @@ public enum VCard {
     }
 
     /// The lines export writes for one of ``fieldProperties`` (none for an empty field).
-    static func fieldLines(_ property: String, _ c: CNContact) -> [String] {
+    static func fieldLines(_ property: String, _ c: ContactFields) -> [String] {
         switch property {
         case "NICKNAME": return c.nickname.isEmpty ? [] : ["NICKNAME:" + escape(c.nickname)]
         case "ORG":
@@ -629,8 +634,8 @@ public enum VCard {
     }
 
     /// Whether `block` (lines of one of ``fieldProperties``) reads as the field `c` holds now.
-    static func sameField(_ property: String, _ block: [ContentLine], _ c: CNContact) -> Bool {
-        var b = CNContact()
+    static func sameField(_ property: String, _ block: [ContentLine], _ c: ContactFields) -> Bool {
+        var b = ContactFields()
         var formatted = ""
         var ignored: [VCardError] = []
         for l in block { apply(l, to: &b, formatted: &formatted, warnings: &ignored) }
@@ -645,8 +650,8 @@ public enum VCard {
     }
 
     /// Whether kept `FN` and `N` lines read as the name parts `c` holds now.
-    static func sameName(_ block: [ContentLine], _ c: CNContact, uid: String) -> Bool {
-        func parts(_ c: CNContact) -> [String] {
+    static func sameName(_ block: [ContentLine], _ c: ContactFields, uid: String) -> Bool {
+        func parts(_ c: ContactFields) -> [String] {
             [c.namePrefix, c.givenName, c.middleName, c.familyName, c.nameSuffix]
         }
         var b = c
@@ -696,6 +701,7 @@ public enum VCard {
     /// is not written (see ``keptLine(_:)``).
     /// - Complexity: O(size of the contact + kept lines × labelled values).
     public static func serialize(_ c: CNContact, uid: String) -> String {
+        let c = c.fields
         let kept = c.vCardProperties.compactMap(keptLine)
         var lines = ["BEGIN:VCARD", "VERSION:4.0", "UID:" + escape(uid)]
         let keptNames = kept.filter { nameProperties.contains($0.name) }
@@ -718,10 +724,10 @@ public enum VCard {
         field("NICKNAME")
         field("ORG")
         field("TITLE")
-        for p in c.phoneNumbers { element("TEL", p, labeledText, telLine(p)) }
-        for e in c.emailAddresses { element("EMAIL", e, labeledText, emailLine(e)) }
+        for p in c.phoneNumbers.map({ $0.map(\.stringValue) }) { element("TEL", p, labeledText, telLine(p)) }
+        for e in c.emailAddresses.map({ $0.map { $0 as String } }) { element("EMAIL", e, labeledText, emailLine(e)) }
         for a in c.postalAddresses { element("ADR", a, postalAddress, adrLine(a)) }
-        for u in c.urlAddresses { element("URL", u, labeledText, urlLine(u)) }
+        for u in c.urlAddresses.map({ $0.map { $0 as String } }) { element("URL", u, labeledText, urlLine(u)) }
         field("BDAY")
         field("NOTE")
         if let image = c.imageData, !image.isEmpty {

@@ -201,4 +201,50 @@ import TrellisTestKit
         #expect(text.contains("south: civic now has 6 cylinders"))
         #expect(text.contains("south live query: 1 updated, 2 Japanese cars"))
     }
+
+    /// Examples/ContactProviderExtension (Apple's template with one import changed) runs its
+    /// `@main` provider on the host: its four contacts, in pages of the host's size, land in a
+    /// vdir as vCards; a second run with the same state resumes with changes (none).
+    @Test func contactProviderExtensionMirrorsItsContacts() throws {
+        let binary = Repository.trellisBinary.deletingLastPathComponent().appendingPathComponent(
+            "ContactProviderExtension")
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("cpx-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        let vdir = dir.appendingPathComponent("vdir")
+        let state = dir.appendingPathComponent("state.json")
+        func run(_ arguments: [String]) throws -> (Int32, String, String) {
+            let process = Process()
+            process.executableURL = binary
+            process.arguments = arguments
+            let out = Pipe()
+            let err = Pipe()
+            process.standardOutput = out
+            process.standardError = err
+            try process.run()
+            let output = out.fileHandleForReading.readDataToEndOfFile()
+            let errors = err.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return (
+                process.terminationStatus, String(decoding: output, as: UTF8.self),
+                String(decoding: errors, as: UTF8.self)
+            )
+        }
+        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
+        let first = try run(["--vdir", vdir.path, "--state", state.path])
+        #expect(first.0 == 0, "\(first.2)")
+        #expect(first.1 == "4 contacts in \(vdir.path)\n")
+        let files = try FileManager.default.contentsOfDirectory(atPath: vdir.path).filter { $0.hasSuffix(".vcf") }
+        #expect(files.sorted() == ["1.vcf", "2.vcf", "3.vcf", "4.vcf"])
+        let ada = try String(contentsOf: vdir.appendingPathComponent("1.vcf"), encoding: .utf8)
+        #expect(ada.contains("FN:Ada Lovelace\r\n"))
+        #expect(ada.contains("TEL;TYPE=cell:+44 20 7946 0001\r\n"))
+        #expect(ada.contains("EMAIL;TYPE=home:ada@example.com\r\n"))
+        let saved = try JSONSerialization.jsonObject(with: Data(contentsOf: state)) as? [String: Any]
+        #expect(saved?["enumeratingContent"] as? Bool == false)
+        let second = try run(["--vdir", vdir.path, "--state", state.path])
+        #expect(second.0 == 0 && second.1 == "4 contacts in \(vdir.path)\n", "\(second.2)")
+        let bad = try run(["--watch", "soon"])
+        #expect(bad.0 == 2)
+        #expect(bad.2.contains("--watch takes a positive number of seconds, not 'soon'"))
+    }
 }

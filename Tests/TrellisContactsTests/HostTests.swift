@@ -33,6 +33,15 @@ struct HostTests {
         #expect(await host.state.enumeratingContent == false)
     }
 
+    @Test("a plain-class provider that reuses one contact object delivers each contact as handed over")
+    func plainClassProvider() async throws {
+        let sink = MemoryContactSink()
+        let host = ContactProviderHost(provider: ReusingProvider(), sink: sink)
+        try await host.enable()
+        #expect(names(sink) == ["ada": "ada", "alan": "alan", "grace": "grace"])
+        try await host.invalidate()
+    }
+
     @Test("other errors are retried a bounded number of times from the saved page or anchor")
     func boundedRetries() async throws {
         let a = try ContactsFixture()
@@ -235,8 +244,36 @@ func eventuallyAsync(timeout: Double = 10, _ condition: @Sendable () async -> Bo
     return await condition()
 }
 
+/// A provider as iOS allows one: a plain class, neither final nor `Sendable`, whose enumerator
+/// hands over one `CNMutableContact` object again and again, changed in between.
+class ReusingProvider: ContactProviding {
+    func configure(for domain: any ContactProviderDomain) {}
+    func invalidate() async throws {}
+    func enumerator(for collection: ContactItem.Identifier) -> any ContactItemEnumerator { ReusingEnumerator() }
+}
+
+class ReusingEnumerator: ContactItemEnumerator {
+    let contact = CNMutableContact()
+
+    func enumerateContent(in page: ContactItemPage, for observer: any ContactItemContentObserver) async {
+        for name in ["ada", "alan", "grace"] {
+            contact.givenName = name
+            observer.didEnumerate([.contact(contact, ContactItem.Identifier(name))])
+        }
+        observer.didFinishEnumeratingContent(upTo: Data("generation".utf8))
+    }
+
+    func enumerateChanges(startingAt syncAnchor: ContactItemSyncAnchor, for observer: any ContactItemChangeObserver)
+        async
+    {
+        observer.didFinishEnumeratingChanges(upTo: syncAnchor, moreComing: false)
+    }
+
+    func invalidate() async {}
+}
+
 /// A provider whose enumerators run the given closures, to break the rules on purpose.
-final class ScriptedProvider: ContactProviderExtension {
+final class ScriptedProvider: ContactProviding, Sendable {
     typealias Content = @Sendable (ContactItemPage, any ContactItemContentObserver) -> Void
     typealias Changes = @Sendable (ContactItemSyncAnchor, any ContactItemChangeObserver) -> Void
     let content: Content
@@ -250,7 +287,7 @@ final class ScriptedProvider: ContactProviderExtension {
     }
 
     static func item(_ id: String) -> ContactItem {
-        var contact = CNMutableContact()
+        let contact = CNMutableContact()
         contact.givenName = id
         return .contact(contact, ContactItem.Identifier(id))
     }

@@ -175,7 +175,7 @@ func applyChanges(
 }
 
 /// A provider wrapper whose enumerators fail the first `failures` calls with `error`.
-final class FlakyProvider: ContactProviderExtension {
+final class FlakyProvider: ContactProviding, Sendable {
     let inner: TrellisContactProvider
     let remaining: Mutex<Int>
     let error: ContactProviderError
@@ -214,7 +214,7 @@ struct FailingEnumerator: ContactItemEnumerator {
 }
 
 /// A provider whose enumerators wait on a gate before each call, so a test can act mid-enumeration.
-final class GatedProvider: ContactProviderExtension {
+final class GatedProvider: ContactProviding, Sendable {
     let inner: TrellisContactProvider
     let entered = Mutex(0)
     let gate = Mutex<[CheckedContinuation<Void, Never>]>([])

@@ -51,7 +51,7 @@ struct VCardRoundTripTests {
     /// the data after it (unescaped, they read `data:image/png;base64` and nothing more).
     @Test("an exported PHOTO escapes the data: URI's comma, and reads back")
     func exportedPhotoEscapesComma() throws {
-        var c = CNContact()
+        let c = CNMutableContact()
         c.givenName = "Photo"
         c.imageData = tinyPNG
         let text = VCard.serialize(c, uid: "p")
@@ -149,7 +149,7 @@ struct VCardRoundTripTests {
     /// second UID, BEGIN/END, a name the grammar does not allow) is never written.
     @Test("kept lines from a document that are not single safe property lines are not written")
     func keptLinesAreChecked() throws {
-        var c = CNContact()
+        let c = CNMutableContact()
         c.givenName = "Eve"
         c.vCardProperties = [
             "X-A:1\r\nUID:evil", "X-B:2\nEND:VCARD", "UID:evil", "END:VCARD", "BEGIN:VCARD", "VERSION:3.0",

@@ -11,8 +11,8 @@ let tinyPNG = Data(
     base64Encoded: "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==")!
 
 /// A contact using every supported property.
-func richContact() -> CNContact {
-    var c = CNContact()
+func richContact() -> CNMutableContact {
+    let c = CNMutableContact()
     c.namePrefix = "Dr."
     c.givenName = "Ada"
     c.middleName = "King"
@@ -23,8 +23,8 @@ func richContact() -> CNContact {
     c.departmentName = "Notes, Appendix"
     c.jobTitle = "Mathematician"
     c.phoneNumbers = [
-        CNLabeledValue(label: CNLabelPhoneNumberMobile, value: "+44 20 7946 0000"),
-        CNLabeledValue(label: CNLabelWork, value: "+44 20 7946 0001"),
+        CNLabeledValue(label: CNLabelPhoneNumberMobile, value: CNPhoneNumber(stringValue: "+44 20 7946 0000")),
+        CNLabeledValue(label: CNLabelWork, value: CNPhoneNumber(stringValue: "+44 20 7946 0001")),
     ]
     c.emailAddresses = [CNLabeledValue(label: CNLabelHome, value: "ada@example.org")]
     c.postalAddresses = [
@@ -61,7 +61,10 @@ struct VCardTests {
         #expect(c.givenName == "Пётр")
         #expect(c.familyName == "Чайковский")
         #expect(c.middleName == "Ильич")
-        #expect(c.phoneNumbers == [CNLabeledValue(label: CNLabelPhoneNumberMobile, value: "+7 495 000")])
+        #expect(
+            c.phoneNumbers == [
+                CNLabeledValue(label: CNLabelPhoneNumberMobile, value: CNPhoneNumber(stringValue: "+7 495 000"))
+            ])
         #expect(c.emailAddresses == [CNLabeledValue(label: CNLabelWork, value: "p@example.ru")])
         #expect(c.postalAddresses.first?.value.street == "Тверская, 1")
         #expect(c.postalAddresses.first?.value.city == "Москва")
@@ -89,7 +92,8 @@ struct VCardTests {
         let c = try #require(cards.first)
         #expect(c.uid == "urn:uuid:4fbe8971-0bc3-424c-9c26-36c3e1eff6b1")
         #expect(c.contact.givenName == "小龙")
-        #expect(c.contact.phoneNumbers == [CNLabeledValue(label: CNLabelHome, value: "+1-555-555-5555")])
+        #expect(c.contact.phoneNumbers.map(\.value.stringValue) == ["+1-555-555-5555"])
+        #expect(c.contact.phoneNumbers.map(\.label) == [CNLabelHome])
         #expect(c.contact.emailAddresses.first?.value == "bruce@example.com")
         #expect(c.contact.birthday == DateComponents(month: 11, day: 27))
         #expect(c.contact.imageData == tinyPNG)
@@ -180,7 +184,7 @@ struct VCardTests {
         #expect(back.uid == "ada/1:x")
         #expect(back.contact == c)
         // Multi-byte text folds between characters, never inside one.
-        var wide = CNContact()
+        let wide = CNMutableContact()
         wide.givenName = String(repeating: "日本語", count: 40)
         let folded = VCard.serialize(wide, uid: "w")
         #expect(VCard.parse(folded).contacts.first?.contact.givenName == wide.givenName)
@@ -188,16 +192,17 @@ struct VCardTests {
 
     @Test("values the writer and reader could once disagree on come back as written")
     func awkwardValuesRoundTrip() throws {
-        var c = CNContact()
+        let c = CNMutableContact()
         c.givenName = "Smith, Jr"  // a comma inside one name part
         c.familyName = "O;Brien\\"
-        c.phoneNumbers = [CNLabeledValue(label: "voice", value: "tel:123")]  // an ignored TYPE; a tel: value
+        // An ignored TYPE; a tel: value.
+        c.phoneNumbers = [CNLabeledValue(label: "voice", value: CNPhoneNumber(stringValue: "tel:123"))]
         c.emailAddresses = [CNLabeledValue(label: "Private \"Box\"", value: "MAILTO:x@example.org")]
         let text = VCard.serialize(c, uid: "awkward")
         let back = try #require(VCard.parse(text).contacts.first)
         #expect(back.contact.givenName == "Smith, Jr")
         #expect(back.contact.familyName == "O;Brien\\")
-        #expect(back.contact.phoneNumbers == [CNLabeledValue(label: nil, value: "tel:123")])
+        #expect(back.contact.phoneNumbers == [CNLabeledValue(label: nil, value: CNPhoneNumber(stringValue: "tel:123"))])
         #expect(back.contact.emailAddresses == [CNLabeledValue(label: "private box", value: "MAILTO:x@example.org")])
         #expect(VCard.serialize(back.contact, uid: back.uid) == text)
     }
@@ -207,7 +212,7 @@ struct VCardTests {
     /// quote still closes, the semicolon is still escaped and the label still reads back.
     @Test("combining marks after quotes and separators round-trip")
     func combiningMarksAfterSeparatorsRoundTrip() throws {
-        var c = CNContact()
+        let c = CNMutableContact()
         c.givenName = "A;\u{301}b"
         c.familyName = "C,\u{301}d"
         c.organizationName = "\u{301}Org"

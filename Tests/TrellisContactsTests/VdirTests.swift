@@ -122,15 +122,15 @@ struct VdirTests {
         let f = try ContactsFixture()
         let vdir = f.dir.url.appendingPathComponent("vdir")
         var expected: [String: String] = [:]
-        var rich = richContact()
+        let rich = richContact()
         rich.givenName = "Ada"
         try f.store.upsert(ContactDocument.value(for: rich, identifier: .init("ada-1")), in: "contacts")
         expected["ada-1"] = VCard.formattedName(rich, uid: "ada-1")
         for (i, name) in ["Пётр", "李小龙", "Zoë", "O'Brien; Jr"].enumerated() {
-            var c = CNContact()
+            let c = CNMutableContact()
             c.givenName = name
             c.familyName = "Family\(i)"
-            c.emailAddresses = [CNLabeledValue(label: CNLabelWork, value: "p\(i)@example.org")]
+            c.emailAddresses = [CNLabeledValue(label: CNLabelWork, value: "p\(i)@example.org" as NSString)]
             try f.store.upsert(ContactDocument.value(for: c, identifier: .init("p-\(i)")), in: "contacts")
             expected["p-\(i)"] = VCard.formattedName(c, uid: "p-\(i)")
         }
