@@ -105,6 +105,9 @@ public final class Simulation: @unchecked Sendable {
     public private(set) var lastActivity: Millis = 0
     /// Messages sent, by type, over the whole run.
     public private(set) var messageCounts: [String: Int] = [:]
+    /// Bytes of the messages sent, by the same kinds as ``messageCounts``: the serialized wire
+    /// messages, before the encrypted link's framing.
+    public private(set) var messageBytes: [String: Int] = [:]
     /// Documents sent in batches, over the whole run (a document sent twice counts twice).
     public private(set) var documentsSent = 0
     /// Dial attempts, by "dialer->target".
@@ -581,6 +584,7 @@ public final class Simulation: @unchecked Sendable {
         let receiver = connection.ends[side].node
         let kind = Self.describe(bytes)
         messageCounts[kind.type, default: 0] += 1
+        messageBytes[kind.type, default: 0] += bytes.count
         documentsSent += kind.documents
         if countingBatches, kind.type == "batch", kind.carriesDocuments,
             case .batch(_, let documents, _, _, _)? = try? WireMessage(serialized: bytes)
@@ -700,6 +704,17 @@ public final class Simulation: @unchecked Sendable {
             schedule(
                 .closed(connection: id, side: 1 - side, reason: "peer closed the connection"),
                 after: profile(node.index, other).latency)
+        }
+    }
+
+    /// Resets every open connection between two nodes, as a lost TCP connection would: both see
+    /// it close after one latency, and the dialing side dials again after its backoff.
+    public func resetConnections(between a: SimulatedNode, and b: SimulatedNode) {
+        for connection in connections.values.sorted(by: { $0.id < $1.id }) where connection.open {
+            let ends = Set(connection.ends.map(\.node))
+            guard ends == [a.index, b.index] else { continue }
+            record("connection \(connection.id) reset")
+            reset(connection, reason: "connection reset (simulated)")
         }
     }
 

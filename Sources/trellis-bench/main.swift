@@ -44,6 +44,8 @@ var linksOnly = false
 var handshakesOnly = false
 var hostileOnly = false
 var syncCostsOnly = false
+var wireOnly = false
+var verbose = false
 var replicationRuns = 1
 var i = 0
 while i < args.count {
@@ -58,6 +60,8 @@ while i < args.count {
     case "--handshakes": handshakesOnly = true
     case "--hostile": hostileOnly = true
     case "--sync-costs": syncCostsOnly = true
+    case "--wire": wireOnly = true
+    case "--verbose": verbose = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
         guard i + 2 < args.count else { exit(2) }
@@ -79,6 +83,7 @@ while i < args.count {
         print(
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
                 + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
+                + " [--wire [--verbose]]"
         )
         exit(0)
     default:
@@ -178,6 +183,13 @@ if simulationOnly {
     printFigures(
         try simulationFigures(meshSizes: [16, 64, 256], seedsPerSize: 5),
         heading: "trellis-bench --simulation: simulated meshes, release build expected")
+    exit(0)
+}
+if wireOnly {
+    printFigures(
+        try wireFigures(verbose: verbose),
+        heading: "trellis-bench --wire: sync messages of an idle reconnect and of one-field changes, counted on the "
+            + "simulator (message bytes; the encrypted link adds at most \(linkOverheadPerMessage) B per message)")
     exit(0)
 }
 if linksOnly {

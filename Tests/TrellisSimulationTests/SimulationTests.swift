@@ -36,6 +36,31 @@ import TrellisTestKit
     }
 
     /// The same seed gives the same trace, byte for byte.
+    /// A reset connection is dialed again; the idle reconnect sends no document, only the
+    /// session's opening, and every message's bytes are counted.
+    @Test func aResetConnectionReconnectsWithoutResendingDocuments() throws {
+        let sim = try Simulation(seed: 3)
+        let a = try sim.addNode()
+        let b = try sim.addNode()
+        sim.connect(b, a)
+        let subscription = try b.store.collection("items").findAll().subscribe()
+        for i in 0..<20 { try a.store.collection("items").upsert(["_id": .string("d\(i)"), "v": .int(Int64(i))]) }
+        try sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().exec().count == 20)
+        let hellos = sim.messageCounts["hello", default: 0]
+        let sent = sim.documentsSent
+        sim.resetConnections(between: a, and: b)
+        try sim.runUntilQuiet()
+        #expect(sim.messageCounts["hello", default: 0] == hellos + 2)
+        #expect(sim.documentsSent == sent)
+        #expect(sim.messageBytes["hello", default: 0] > 0 && sim.messageBytes["batch", default: 0] > 0)
+        try a.store.collection("items").upsert(["_id": "d0", "v": 100])
+        try sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findByID("d0").exec()?["v"] == 100)
+        try sim.check()
+        _ = subscription
+    }
+
     @Test func aSeedReplaysTheSameRun() throws {
         func run() throws -> [String] {
             let sim = try Simulation(seed: 77)
