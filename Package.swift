@@ -74,6 +74,14 @@ let package = Package(
                 "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
+        // Examples/*: each directory holds a README.md (excluded: not a source) with its one command.
+        .executableTarget(
+            name: "ChatRoom", dependencies: ["Trellis"], path: "Examples/ChatRoom", exclude: ["README.md"]),
+        .executableTarget(
+            name: "Inventory", dependencies: ["Trellis"], path: "Examples/Inventory", exclude: ["README.md"]),
+        .executableTarget(
+            name: "ContactsMirror", dependencies: ["Trellis", "TrellisContacts"], path: "Examples/ContactsMirror",
+            exclude: ["README.md", "contacts.vcf"]),
 
         .testTarget(name: "TrellisCoreTests", dependencies: ["TrellisCore", "TrellisTestKit"]),
         .testTarget(name: "TrellisStoreTests", dependencies: ["TrellisStore", "Trellis", "TrellisTestKit"]),
