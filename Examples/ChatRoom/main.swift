@@ -42,14 +42,17 @@ final class Member: Sendable {
     /// or merged from a peer), on the live query's own serial queue.
     func watch(_ show: @escaping @Sendable (Document, _ late: Bool) -> Void) throws {
         let query = try room.observeLocal { [latest] docs, event in
-            for doc in docs { latest.max(doc["at"]?.intValue ?? 0) }
+            latest.max(docs.last?["at"]?.intValue ?? 0)  // the results are sorted by `at`
             switch event {
             case .initial:
                 for doc in docs { show(doc, false) }
             case .update(let update):
-                // `insertions` index the new results. A message sorting before the last one
-                // was written earlier somewhere and arrived late (its author was offline).
-                for index in update.insertions { show(docs[index], index < docs.count - 1) }
+                // `insertions` index the new results. A new message sorting before one shown
+                // already was written earlier somewhere and arrived late (its author was offline).
+                let inserted = Set(update.insertions)
+                for index in update.insertions {
+                    show(docs[index], docs.indices[(index + 1)...].contains { !inserted.contains($0) })
+                }
             }
         }
         live.withLock { $0 = query }

@@ -76,7 +76,9 @@ func run(out: URL, vcf: URL) async throws {
         if event.collections.contains(UTF8Key("contacts")) { signal.yield() }
     }
     let follower = Task {
-        for await _ in commits { try await host.signalEnumerator() }
+        for await _ in commits {
+            do { try await host.signalEnumerator() } catch { print("laptop: the mirror failed: \(error)") }
+        }
     }
 
     try await waitForMirror("mirrored \(imported.count) contacts into \(vdir.path)") {
@@ -108,9 +110,10 @@ func run(out: URL, vcf: URL) async throws {
         try mirrored(vdir).contains { $0.file == "katherine.vcf" }
     }
 
-    follower.cancel()
-    signal.finish()
+    // Stop following (the last enumeration finishes first), then close both nodes.
     store.removeObserver(observer)
+    signal.finish()
+    await follower.value
     subscription.cancel()
     phone.close()
     laptop.close()
