@@ -74,7 +74,15 @@ let package = Package(
                 "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
-        // Apple's ContactProvider template, ported by changing one import (issue: "ports verbatim").
+        // Examples/*: each directory holds a README.md (excluded: not a source) with its one command.
+        .executableTarget(
+            name: "ChatRoom", dependencies: ["Trellis"], path: "Examples/ChatRoom", exclude: ["README.md"]),
+        .executableTarget(
+            name: "Inventory", dependencies: ["Trellis"], path: "Examples/Inventory", exclude: ["README.md"]),
+        .executableTarget(
+            name: "ContactsMirror", dependencies: ["Trellis", "TrellisContacts"], path: "Examples/ContactsMirror",
+            exclude: ["README.md", "contacts.vcf"]),
+        // Apple's ContactProvider template, ported by changing one import.
         .executableTarget(
             name: "ContactProviderExtension", dependencies: ["ContactProvider", "TrellisContacts"],
             path: "Examples/ContactProviderExtension", exclude: ["README.md"]),

@@ -51,6 +51,12 @@ public enum Repository {
         return root.appendingPathComponent(".build/debug/trellis")
     }
 
+    /// A built executable of the package beside ``trellisBinary``, such as an example
+    /// (`Examples/ChatRoom` builds `ChatRoom`).
+    public static func example(_ name: String) -> URL {
+        trellisBinary.deletingLastPathComponent().appendingPathComponent(name)
+    }
+
     /// The Python interpreter with the test packages: `$TRELLIS_PYTHON`, `.venv/bin/python`, or `python3`.
     public static var python: String {
         if let env = ProcessInfo.processInfo.environment["TRELLIS_PYTHON"] { return env }

@@ -10,19 +10,24 @@ public final class TrellisProcess: Sendable {
     private let errors = TextBuffer()
     private let input: Pipe
 
-    /// Starts `trellis ARGS…` (the binary from ``Repository/trellisBinary``).
+    /// Starts `trellis ARGS…` (the binary from ``Repository/trellisBinary``), or another built
+    /// program of the package (``Repository/example(_:)``).
     ///
     /// A `node` or `shell` never runs LAN discovery beyond loopback from a test: unless the
     /// arguments say `--discovery-loopback` or `--no-discovery`, `--no-discovery` is added
     /// (``confined(_:)``).
     ///
-    /// - Parameter environment: variables added to (or replacing) this process's environment,
-    ///   such as ``FakeClock/environment``.
-    public init(_ arguments: [String], environment: [String: String] = [:]) throws {
-        let arguments = Self.confined(arguments)
-        let binary = Repository.trellisBinary
+    /// - Parameters:
+    ///   - environment: variables added to (or replacing) this process's environment, such as
+    ///     ``FakeClock/environment``.
+    ///   - binary: the executable; `trellis` by default.
+    public init(_ arguments: [String], environment: [String: String] = [:], binary: URL = Repository.trellisBinary)
+        throws
+    {
+        let arguments = binary == Repository.trellisBinary ? Self.confined(arguments) : arguments
         guard FileManager.default.isExecutableFile(atPath: binary.path) else {
-            throw ProcessError("no trellis binary at \(binary.path); run `swift build` (scripts/test.sh does)")
+            throw ProcessError(
+                "no \(binary.lastPathComponent) binary at \(binary.path); run `swift build` (scripts/test.sh does)")
         }
         process = Process()
         process.executableURL = binary
@@ -143,9 +148,6 @@ public final class TrellisProcess: Sendable {
         return nil
     }
 
-    /// Runs `trellis ARGS…` to completion.
-    ///
-    /// - Returns: exit status, standard output and standard error.
     /// `arguments` with `--no-discovery` added after a `node` or `shell` command that has neither
     /// `--discovery-loopback` nor `--no-discovery`: tests send traffic only to loopback.
     public static func confined(_ arguments: [String]) -> [String] {
@@ -155,10 +157,13 @@ public final class TrellisProcess: Sendable {
         return [command, "--no-discovery"] + arguments.dropFirst()
     }
 
-    public static func run(_ arguments: [String], input: String? = nil, timeout: Double = 60) throws -> (
-        status: Int32, stdout: String, stderr: String
-    ) {
-        let p = try TrellisProcess(arguments)
+    /// Runs `trellis ARGS…` (or `binary ARGS…`) to completion, killing it after `timeout` seconds.
+    ///
+    /// - Returns: exit status, standard output and standard error.
+    public static func run(
+        _ arguments: [String], input: String? = nil, timeout: Double = 60, binary: URL = Repository.trellisBinary
+    ) throws -> (status: Int32, stdout: String, stderr: String) {
+        let p = try TrellisProcess(arguments, binary: binary)
         if let input { p.send(input) }
         p.closeInput()
         let status = p.wait(timeout: timeout)
