@@ -16,9 +16,11 @@ public final class TrellisProcess: Sendable {
     /// arguments say `--discovery-loopback` or `--no-discovery`, `--no-discovery` is added
     /// (``confined(_:)``).
     ///
-    /// - Parameter environment: variables added to (or replacing) this process's environment,
+    /// - Parameters:
+    ///   - environment: variables added to (or replacing) this process's environment,
     ///   such as ``FakeClock/environment``.
-    public init(_ arguments: [String], environment: [String: String] = [:]) throws {
+    ///   - directory: the working directory (default: this process's).
+    public init(_ arguments: [String], environment: [String: String] = [:], directory: String? = nil) throws {
         let arguments = Self.confined(arguments)
         let binary = Repository.trellisBinary
         guard FileManager.default.isExecutableFile(atPath: binary.path) else {
@@ -27,6 +29,7 @@ public final class TrellisProcess: Sendable {
         process = Process()
         process.executableURL = binary
         process.arguments = arguments
+        if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
         }
@@ -155,10 +158,10 @@ public final class TrellisProcess: Sendable {
         return [command, "--no-discovery"] + arguments.dropFirst()
     }
 
-    public static func run(_ arguments: [String], input: String? = nil, timeout: Double = 60) throws -> (
-        status: Int32, stdout: String, stderr: String
-    ) {
-        let p = try TrellisProcess(arguments)
+    public static func run(
+        _ arguments: [String], input: String? = nil, timeout: Double = 60, directory: String? = nil
+    ) throws -> (status: Int32, stdout: String, stderr: String) {
+        let p = try TrellisProcess(arguments, directory: directory)
         if let input { p.send(input) }
         p.closeInput()
         let status = p.wait(timeout: timeout)
