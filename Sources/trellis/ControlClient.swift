@@ -23,7 +23,12 @@ final class ControlClient: Sendable {
     ///   ``ControlError`` when the socket cannot be reached for another reason.
     static func connect(_ directory: String, ifRunning: Bool = false) throws -> ControlClient? {
         let path = Control.socketPath(directory)
-        var address = try Control.address(path)
+        var address: sockaddr_un
+        do { address = try Control.address(path) } catch {
+            // A node there could not have made its socket either.
+            if ifRunning { return nil }
+            throw error
+        }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ControlError("cannot create a socket: \(String(cString: strerror(errno)))") }
         let connected = withUnsafePointer(to: &address) {

@@ -9,6 +9,8 @@ enum NodeCommand {
         trellis node  — run a headless node in the foreground, until Ctrl-C (SIGINT) or SIGTERM
                         (then it closes its sessions and store and exits 0)
         trellis shell — run an interactive node; one command per line (from a terminal or a pipe)
+        While either runs, `trellis attach`, `trellis status` and `trellis import` reach it through
+        its control socket DIR/control.sock (mode 0600, this user only; removed at exit).
 
         Flags:
           --data DIR            the node's data directory (created if missing)
@@ -138,12 +140,15 @@ enum NodeCommand {
                 try node.store.collection(collection).find(query).subscribe()
             }
         }
-        let control: ControlServer
-        do { control = try ControlServer(directory: data, node: node, subscriptions: book) } catch {
-            node.close()
-            throw error
+        // Without its control socket the node still runs; only attach, status and import cannot reach it.
+        let control: ControlServer?
+        do {
+            control = try ControlServer(directory: data, node: node, subscriptions: book)
+            log(.debug, "control socket \(Control.socketPath(data)) (trellis attach, status, import)")
+        } catch {
+            control = nil
+            log(.warn, "no control socket, so `trellis attach`, `status` and `import` cannot reach this node: \(error)")
         }
-        log(.debug, "control socket \(control.path) (trellis attach, status, import)")
         if let listen {
             let port = try node.listen(on: listen)
             log(.info, "listening on \(Endpoint(host: listen.host, port: port)), peer key \(node.peerKeyHex)")
@@ -173,7 +178,7 @@ enum NodeCommand {
                 node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going"),
                 bail: parsed.switches.contains("bail"), subscriptions: book
             ).run()
-            control.stop()
+            control?.stop()
             node.close()
             if status != 0 { exit(status) }
             return
@@ -196,7 +201,7 @@ enum NodeCommand {
         Signals.onTermination { done.signal() }
         done.wait()
         log(.info, "stopping")
-        control.stop()
+        control?.stop()
         node.close()
     }
 
