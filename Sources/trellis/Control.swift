@@ -214,6 +214,7 @@ final class ControlServer: Sendable {
     let path: String
     private let node: TrellisNode
     private let subscriptions: SubscriptionBook
+    private let times: PeerTimes
     private let listener: Int32
     private struct State {
         var clients: Set<Int32> = []
@@ -262,19 +263,20 @@ final class ControlServer: Sendable {
             throw ControlError("cannot create the control socket \(path): \(reason)")
         }
         listener = fd
+        times = PeerTimes(node: node)
         Thread.detachNewThread { [self] in acceptLoop() }
     }
 
     /// Stops accepting, removes the socket file and closes every client connection (their
     /// clients see the node stop).
     func stop() {
-        let clients = state.withLock { s in
-            s.stopped = true
-            return s.clients
-        }
+        times.stop()
         unlink(path)
         shutdown(listener, Int32(SHUT_RDWR))
-        for fd in clients { shutdown(fd, Int32(SHUT_RDWR)) }
+        state.withLock { s in
+            s.stopped = true
+            for fd in s.clients { shutdown(fd, Int32(SHUT_RDWR)) }
+        }
     }
 
     private func acceptLoop() {
@@ -305,8 +307,10 @@ final class ControlServer: Sendable {
             }
             Thread.detachNewThread { [self] in
                 serve(ControlConnection(fd: fd))
-                state.withLock { _ = $0.clients.remove(fd) }
-                close(fd)
+                state.withLock {
+                    _ = $0.clients.remove(fd)
+                    close(fd)  // under the lock: `stop()` never shuts down a reused descriptor
+                }
             }
         }
     }
@@ -343,7 +347,10 @@ final class ControlServer: Sendable {
             connection.finish(status: shell.run())
         case "status":
             do {
-                connection.send(.output, try node.status().description + "\n")
+                let status = try node.status()
+                connection.send(
+                    .output,
+                    hello.bool("json") ? try StatusReport.json(status, times) : StatusReport.text(status, times))
                 connection.finish(status: 0)
             } catch {
                 connection.send(.error, Control.errorLine(error))

@@ -252,15 +252,17 @@ final class PromptQueue: Sendable {
 /// `trellis status`: what a running node knows.
 enum StatusCommand {
     static let help = """
-        trellis status --data DIR
+        trellis status --data DIR [--json]
           Prints the status of the node running on DIR, as the shell's `status`: identity, log
           and clocks, inbound buffer, connected peers (key prefix, address, direction, subscriptions
           served), subscriptions, sync state per peer and subscription, links closed, documents
-          held back. Exit status 1, with `no node is running on DIR`, when none is.
+          held back; then when each peer connected, or was last seen (peers gone, up to 64).
+          --json prints one JSON object instead (docs/PROTOCOL.md §6). Exit status 1, with
+          `no node is running on DIR`, when none is.
         """
 
     static func run(_ args: [String]) throws {
-        let parsed = try Arguments(args, valueFlags: ["data"], switchFlags: [])
+        let parsed = try Arguments(args, valueFlags: ["data"], switchFlags: ["json"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -269,7 +271,7 @@ enum StatusCommand {
             throw UsageError("unexpected argument '\(parsed.positional[0])'; see `trellis status --help`")
         }
         let client = try ControlClient.connect(try parsed.require("data"))!
-        try client.hello("status")
+        try client.hello("status", ["json": parsed.switches.contains("json")])
         exit(try client.relay())
     }
 }

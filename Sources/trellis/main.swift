@@ -19,7 +19,7 @@ let usage = """
       trellis node   --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE [--subscribe 'COLLECTION [QUERY]']...
       trellis shell  --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE
       trellis attach --data DIR [--keep-going | --bail]
-      trellis status --data DIR
+      trellis status --data DIR [--json]
       trellis import --data DIR COLLECTION FILE [--all-or-nothing]
       trellis find   --data DIR COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N] [--count]
       trellis get    --data DIR COLLECTION ID

@@ -97,7 +97,29 @@ import TrellisTestKit
             eventually {
                 (try? TrellisProcess.run(["status", "--data", a]).stdout)?.contains("serving 1 subscription(s)") == true
             })
+        #expect(text.contains("peer times: 1 connected, 0 gone\n  \(keyA.prefix(16)) connected since 20"), "\(text)")
+
+        // --json: one object with the same facts.
+        let json = try TrellisProcess.run(["status", "--data", b, "--json"])
+        #expect(json.status == 0)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any])
+        let peers = try #require(object["peers"] as? [[String: Any]])
+        #expect(peers.count == 1)
+        #expect(peers.first?["peerKey"] as? String == keyA)
+        #expect(peers.first?["direction"] as? String == "outbound")
+        #expect(peers.first?["connectedSince"] is String)
+        #expect((object["subscriptions"] as? [[String: Any]])?.first?["collection"] as? String == "cars")
+        #expect((object["inboundBuffer"] as? [String: Any])?["limitBytes"] as? Int == 256 << 20)
+
+        let keyB = try #require((object["node"] as? [String: Any])?["peerKey"] as? String)
+
+        // A peer that left is listed as last seen.
         #expect(nodeB.terminate() == 0)
+        #expect(
+            eventually {
+                text = (try? TrellisProcess.run(["status", "--data", a]).stdout) ?? ""
+                return text.contains("peer times: 0 connected, 1 gone\n  \(keyB.prefix(16)) last seen 20")
+            }, "\(text)")
         #expect(nodeA.terminate() == 0)
     }
 
