@@ -150,8 +150,9 @@ enum AttachCommand {
           you leave, observers end with the attach. `quit` or the end of input leaves; the node
           keeps running. From a pipe, standard input goes to the node unchanged and the exit
           status follows the piped shell's rules (1 once a command failed; --keep-going: 0;
-          --bail: end at the first error). Exit status 1, with `no node is running on DIR`,
-          when none is.
+          --bail: end at the first error). Ctrl-C ends the attach, not the node. A file a
+          command names (`rules FILE`) is opened by the node, relative to its working directory.
+          Exit status 1, with `no node is running on DIR`, when none is.
         """
 
     static func run(_ args: [String]) throws {

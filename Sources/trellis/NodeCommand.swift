@@ -272,6 +272,10 @@ enum ImportCommand {
           imports nothing either way. Documents without `_id` get a new UUID. The file is
           streamed: memory does not grow with its size. On a terminal, a progress line is shown
           on standard error.
+          While a node runs on DIR (`trellis node` or `trellis shell`), the import goes through
+          it (its control socket): this command reads FILE and sends it, the node imports it,
+          with the same messages and exit status. Once FILE is sent, the node finishes the
+          import even if this command is interrupted.
         """
 
     static func run(_ args: [String]) throws {
