@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import TrellisTestKit
 
@@ -74,6 +75,44 @@ import TrellisTestKit
 
         #expect(node.terminate() == 0)
         #expect(!FileManager.default.fileExists(atPath: a + "/control.sock"), "a clean exit removes the socket")
+    }
+
+    /// At a terminal, `trellis attach` is the interactive shell: a banner, a prompt per line,
+    /// live query events shown while it waits at the prompt (and the prompt again after them),
+    /// errors that neither end it nor change its status.
+    @Test func attachAtATerminalShowsPromptsAndEvents() throws {
+        let a = dir.path("A")
+        let node = try startNode(a)
+        let terminal = try PseudoTerminal(["attach", "--data", a])
+        #expect(terminal.waitFor("trellis> ", count: 1), "\(terminal.text)")
+        #expect(terminal.text.hasPrefix("trellis attach — node "))
+        terminal.type("observe cars\n")
+        #expect(terminal.waitFor("trellis> ", count: 2), "\(terminal.text)")
+        // Another client writes while this one waits at its prompt.
+        #expect(try attach(a, [#"upsert cars {"_id": "e"}"#]).status == 0)
+        #expect(
+            terminal.waitFor("observe cars true: update 1\r\n  inserted 0 {\"_id\":\"e\"}\r\ntrellis> "),
+            "\(terminal.text)")
+        terminal.type("bogus\n")
+        #expect(terminal.waitFor("error: unknown command 'bogus'; type `help`"), "\(terminal.text)")
+        #expect(terminal.waitFor("trellis> ", count: 4), "\(terminal.text)")
+        terminal.type("\u{04}")  // Ctrl-D: the end of input
+        #expect(terminal.wait() == 0, "at a terminal an error does not change the status")
+        #expect(node.isRunning)
+        #expect(node.terminate() == 0)
+    }
+
+    /// `trellis shell` serves the control socket too: an attached client's write is the shell's.
+    @Test func aShellServesAttachToo() throws {
+        let s = dir.path("S")
+        let shell = try TrellisProcess(["shell", "--data", s, "--mesh-key", try meshKey(), "--quiet"])
+        #expect(eventually { (try? TrellisProcess.run(["status", "--data", s]).status) == 0 }, "\(shell.stderr)")
+        #expect(try attach(s, [#"upsert cars {"_id": "from-attach"}"#]) == (0, "\"from-attach\"\n", ""))
+        shell.send("get cars from-attach")
+        #expect(eventually { shell.stdout.contains(#"{"_id":"from-attach"}"#) }, "\(shell.stdout)")
+        shell.closeInput()
+        #expect(shell.wait() == 0)
+        #expect(!FileManager.default.fileExists(atPath: s + "/control.sock"))
     }
 
     /// `trellis status` of one node of a loopback pair lists the other as a connected peer.
@@ -229,6 +268,63 @@ import TrellisTestKit
     }
 
     // MARK: helpers
+
+    /// `trellis ARGS…` with a pseudo-terminal as its standard input, output and error.
+    final class PseudoTerminal: Sendable {
+        let process = Process()
+        let master: Int32
+        private let output = Mutex<[UInt8]>([])
+
+        init(_ arguments: [String]) throws {
+            // posix_openpt/unlockpt/ptsname by hand (Glibc's module does not import them).
+            master = open("/dev/ptmx", O_RDWR | O_NOCTTY)
+            var unlock: Int32 = 0
+            var number: UInt32 = 0
+            guard master >= 0, ioctl(master, UInt(0x4004_5431), &unlock) == 0,  // TIOCSPTLCK
+                ioctl(master, UInt(0x8004_5430), &number) == 0  // TIOCGPTN
+            else { throw ProcessError("no pseudo-terminal: errno \(errno)") }
+            let name = "/dev/pts/\(number)"
+            let slave = open(name, O_RDWR | O_NOCTTY)
+            guard slave >= 0 else { throw ProcessError("cannot open the pseudo-terminal: errno \(errno)") }
+            let handle = FileHandle(fileDescriptor: slave, closeOnDealloc: true)
+            process.executableURL = Repository.trellisBinary
+            process.arguments = arguments
+            (process.standardInput, process.standardOutput, process.standardError) = (handle, handle, handle)
+            try process.run()
+            try handle.close()
+            Thread.detachNewThread { [self] in
+                var chunk = [UInt8](repeating: 0, count: 4_096)
+                while true {
+                    let n = chunk.withUnsafeMutableBytes { read(master, $0.baseAddress, $0.count) }
+                    if n < 0 && errno == EINTR { continue }
+                    if n <= 0 { return }  // EIO once the child has exited
+                    output.withLock { $0 += chunk[..<n] }
+                }
+            }
+        }
+
+        var text: String { String(decoding: output.withLock { $0 }, as: UTF8.self) }
+
+        func type(_ text: String) { _ = Array(text.utf8).withUnsafeBytes { write(master, $0.baseAddress, $0.count) } }
+
+        /// Waits until `text` appears `count` times in the output.
+        func waitFor(_ text: String, count: Int = 1) -> Bool {
+            eventually { self.text.components(separatedBy: text).count - 1 >= count }
+        }
+
+        func wait() -> Int32 {
+            let deadline = Date().addingTimeInterval(30)
+            while process.isRunning && Date() < deadline { usleep(10_000) }
+            if process.isRunning { process.terminate() }
+            process.waitUntilExit()
+            return process.terminationStatus
+        }
+
+        deinit {
+            if process.isRunning { process.terminate() }
+            close(master)
+        }
+    }
 
     /// The peer key a node logs at start (`…, peer key HEX`).
     static func peerKey(_ log: String) -> String? {
