@@ -287,7 +287,8 @@ final class ControlServer: Sendable {
                     if errno == EMFILE || errno == ENFILE { usleep(100_000) }
                     continue
                 }
-                return  // stopped
+                close(listener)  // stopped
+                return
             }
             _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
             Control.setTimeout(fd, SO_SNDTIMEO, seconds: Control.sendTimeout)
