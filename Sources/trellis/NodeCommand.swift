@@ -144,7 +144,6 @@ enum NodeCommand {
         let control: ControlServer?
         do {
             control = try ControlServer(directory: data, node: node, subscriptions: book)
-            log(.debug, "control socket \(Control.socketPath(data)) (trellis attach, status, import)")
         } catch {
             control = nil
             log(.warn, "no control socket, so `trellis attach`, `status` and `import` cannot reach this node: \(error)")
