@@ -56,6 +56,15 @@ public final class DocumentFileReader {
         self.path = path
     }
 
+    /// Opens the file at `path`, named `name` in ``path`` and in every error (a copy of a file
+    /// named as the user gave it, such as the bytes a node received for `trellis import`).
+    ///
+    /// - Throws: ``FileError`` naming `path`: missing, a directory, unreadable.
+    public init(path: String, name: String) throws(FileError) {
+        (fd, size) = try Files.openForReading(path)
+        self.path = name
+    }
+
     deinit { close(fd) }
 
     /// The next document, or `nil` after the last.

@@ -20,10 +20,12 @@ public final class TrellisProcess: Sendable {
     /// - Parameters:
     ///   - environment: variables added to (or replacing) this process's environment, such as
     ///     ``FakeClock/environment``.
+    ///   - directory: the working directory (default: this process's).
     ///   - binary: the executable; `trellis` by default.
-    public init(_ arguments: [String], environment: [String: String] = [:], binary: URL = Repository.trellisBinary)
-        throws
-    {
+    public init(
+        _ arguments: [String], environment: [String: String] = [:], directory: String? = nil,
+        binary: URL = Repository.trellisBinary
+    ) throws {
         let arguments = binary == Repository.trellisBinary ? Self.confined(arguments) : arguments
         guard FileManager.default.isExecutableFile(atPath: binary.path) else {
             throw ProcessError(
@@ -32,6 +34,7 @@ public final class TrellisProcess: Sendable {
         process = Process()
         process.executableURL = binary
         process.arguments = arguments
+        if let directory { process.currentDirectoryURL = URL(fileURLWithPath: directory) }
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { _, new in new }
         }
@@ -161,9 +164,10 @@ public final class TrellisProcess: Sendable {
     ///
     /// - Returns: exit status, standard output and standard error.
     public static func run(
-        _ arguments: [String], input: String? = nil, timeout: Double = 60, binary: URL = Repository.trellisBinary
+        _ arguments: [String], input: String? = nil, timeout: Double = 60, directory: String? = nil,
+        binary: URL = Repository.trellisBinary
     ) throws -> (status: Int32, stdout: String, stderr: String) {
-        let p = try TrellisProcess(arguments, binary: binary)
+        let p = try TrellisProcess(arguments, directory: directory, binary: binary)
         if let input { p.send(input) }
         p.closeInput()
         let status = p.wait(timeout: timeout)

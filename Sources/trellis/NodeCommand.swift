@@ -9,6 +9,8 @@ enum NodeCommand {
         trellis node  — run a headless node in the foreground, until Ctrl-C (SIGINT) or SIGTERM
                         (then it closes its sessions and store and exits 0)
         trellis shell — run an interactive node; one command per line (from a terminal or a pipe)
+        While either runs, `trellis attach`, `trellis status` and `trellis import` reach it through
+        its control socket DIR/control.sock (mode 0600, this user only; removed at exit).
 
         Flags:
           --data DIR            the node's data directory (created if missing)
@@ -131,9 +133,20 @@ enum NodeCommand {
         options.log = { message in log(LogLevel.of(libraryMessage: message), message) }
         options.store.log = { message in log(.warn, message) }
         let node = try TrellisNode(directory: URL(fileURLWithPath: data), meshKey: meshKey, options: options)
-        var kept: [Subscription] = []
+        // One book of subscriptions for `--subscribe`, the shell and every attached client.
+        let book = SubscriptionBook()
         for (collection, query) in subscriptions {
-            kept.append(try node.store.collection(collection).find(query).subscribe())
+            try book.add("\(collection) \(try Query(query).description)", .query) {
+                try node.store.collection(collection).find(query).subscribe()
+            }
+        }
+        // Without its control socket the node still runs; only attach, status and import cannot reach it.
+        let control: ControlServer?
+        do {
+            control = try ControlServer(directory: data, node: node, subscriptions: book)
+        } catch {
+            control = nil
+            log(.warn, "no control socket, so `trellis attach`, `status` and `import` cannot reach this node: \(error)")
         }
         if let listen {
             let port = try node.listen(on: listen)
@@ -162,10 +175,10 @@ enum NodeCommand {
         if interactive {
             let status = Shell(
                 node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going"),
-                bail: parsed.switches.contains("bail")
+                bail: parsed.switches.contains("bail"), subscriptions: book
             ).run()
+            control?.stop()
             node.close()
-            withExtendedLifetime(kept) {}
             if status != 0 { exit(status) }
             return
         }
@@ -187,8 +200,8 @@ enum NodeCommand {
         Signals.onTermination { done.signal() }
         done.wait()
         log(.info, "stopping")
+        control?.stop()
         node.close()
-        withExtendedLifetime(kept) {}
     }
 
     /// `--admission MODE` and the `--allow-peer` keys → the admission mode.
@@ -258,6 +271,10 @@ enum ImportCommand {
           imports nothing either way. Documents without `_id` get a new UUID. The file is
           streamed: memory does not grow with its size. On a terminal, a progress line is shown
           on standard error.
+          While a node runs on DIR (`trellis node` or `trellis shell`), the import goes through
+          it (its control socket): this command reads FILE and sends it, the node imports it,
+          with the same messages and exit status. Once FILE is sent, the node finishes the
+          import even if this command is interrupted.
         """
 
     static func run(_ args: [String]) throws {
@@ -272,18 +289,46 @@ enum ImportCommand {
         let data = try parsed.require("data")
         let allOrNothing = parsed.switches.contains("all-or-nothing")
         let (collection, file) = (parsed.positional[0], parsed.positional[1])
+        // A node running on DIR holds the store: the import goes through it.
+        if let connection = try ControlClient.connect(data, ifRunning: true) {
+            let status = try connection.importFile(file, into: collection, allOrNothing: allOrNothing)
+            exit(status)
+        }
         let reader = try DocumentFileReader(path: file)
         try Files.makeDirectory(data)
         let lock = try DataDirectoryLock(directory: data)
         defer { withExtendedLifetime(lock) {} }
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
         let progress = ProgressLine(total: reader.size)
+        try perform(
+            into: store, collection: collection, reader: reader, file: file, allOrNothing: allOrNothing,
+            print: { print($0) },
+            skipped: { text in
+                progress.clear()
+                FileHandle.standardError.write(Data("trellis: skipped \(text)\n".utf8))
+            },
+            progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) },
+            clearProgress: { progress.clear() })
+    }
+
+    /// Upserts every document `reader` yields into `collection` of `store` in one transaction,
+    /// skipping bad records unless `allOrNothing` (the command's help says how).
+    ///
+    /// - Parameters:
+    ///   - file: the file's name as the user gave it, in messages.
+    ///   - print: takes the line saying how many documents were imported.
+    ///   - skipped: takes the text naming each record skipped.
+    ///   - progress: takes the count imported so far, every 5,000 documents.
+    ///   - clearProgress: called before anything else is printed and at the end.
+    /// - Throws: ``ImportError`` when nothing was imported (a file that cannot be read on; a bad
+    ///   record with `allOrNothing`), or after `print` when records were skipped; a
+    ///   ``StoreError`` when the store fails.
+    static func perform(
+        into store: DocumentStore, collection: String, reader: DocumentFileReader, file: String,
+        allOrNothing: Bool, print: (String) -> Void, skipped skip: @escaping (String) -> Void,
+        progress: @escaping (Int) -> Void, clearProgress: () -> Void
+    ) throws {
         var skipped = 0
-        func skip(_ text: String) {
-            progress.clear()
-            skipped += 1
-            FileHandle.standardError.write(Data("trellis: skipped \(text)\n".utf8))
-        }
         let count: Int
         do {
             count = try store.upsert(
@@ -293,23 +338,29 @@ enum ImportCommand {
                         do { return try reader.next() } catch let error as FileError
                             where error.recoverable && !allOrNothing
                         {
+                            skipped += 1
                             skip("\(error)")
                         }
                     }
                 }, progressInterval: 5_000,
-                progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) },
-                refused: allOrNothing ? nil : { skip("\(file) \(reader.place): \($0)") })
+                progress: progress,
+                refused: allOrNothing
+                    ? nil
+                    : {
+                        skipped += 1
+                        skip("\(file) \(reader.place): \($0)")
+                    })
         } catch let error as FileError {
-            progress.clear()
+            clearProgress()
             throw ImportError("\(error); nothing was imported")
         } catch let error as StoreError where error.refusesOneDocument {
-            progress.clear()
+            clearProgress()
             throw ImportError("\(file) \(reader.place): \(error); nothing was imported (--all-or-nothing)")
         } catch {
-            progress.clear()
+            clearProgress()
             throw error
         }
-        progress.clear()
+        clearProgress()
         print("imported \(count) document\(count == 1 ? "" : "s") into \(collection)")
         if skipped > 0 {
             throw ImportError(

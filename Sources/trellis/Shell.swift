@@ -103,10 +103,18 @@ final class Shell {
 
     let node: TrellisNode
     let interactive: Bool
+    /// The subscriptions `subscribe` makes: this shell's own, or shared by every client attached
+    /// to the node (they outlive the attach that made them).
+    let subscriptions: SubscriptionBook
+    /// Whether the end of ``run()`` cancels ``subscriptions`` (`trellis shell`: the node ends too).
+    let ownsSubscriptions: Bool
+    /// Where live query callbacks run (a queue of its own for each attached client, so one that
+    /// reads slowly holds up no one else's events).
+    let deliveryQueue: DispatchQueue
+    /// The first line at a terminal.
+    let banner: String
     // Keyed by collection name and query or ID, compared byte-wise: collections "é" and
     // "e" + U+0301 are two collections here as everywhere else.
-    var subscriptions = UTF8Map<Subscription>()
-    var idSubscriptions = UTF8Map<Subscription>()
     var observers = UTF8Map<LiveQuery>()
     /// The pending `signalNext` of each `observe-next` observer (also in `observers`).
     var nextSignals = UTF8Map<NextSignal>()
@@ -114,8 +122,8 @@ final class Shell {
     /// The pending `signalNext` of each `observe-next-id` observer (also in `idObservers`).
     var idNextSignals = UTF8Map<NextSignal>()
 
-    /// The one writer of standard output (command output and events).
-    let output = ShellOutput()
+    /// The one writer of output (command output, events, errors, the prompt).
+    let output: ShellOutput
     /// Whether an error ends the shell (`--bail`, input not a terminal).
     let stopsOnError: Bool
     /// Whether an error makes the exit status 1 (input not a terminal, no `--keep-going`).
@@ -126,14 +134,33 @@ final class Shell {
     ///     nor changes its status.
     ///   - keepGoing: from a pipe, exit 0 whatever failed (`--keep-going`).
     ///   - bail: from a pipe, end at the first error (`--bail`).
-    init(node: TrellisNode, interactive: Bool, keepGoing: Bool = false, bail: Bool = false) {
+    ///   - input: where command lines come from (standard input, or an attached client's socket).
+    ///   - output: where everything printed goes (standard output and error, or the client).
+    ///   - subscriptions: the book `subscribe` keeps subscriptions in (the node's, shared with
+    ///     its other shells, or this shell's own).
+    ///   - ownsSubscriptions: whether the end of ``run()`` cancels them (`trellis shell`).
+    ///   - deliveryQueue: where this shell's live query callbacks run.
+    ///   - banner: the first line printed at a terminal (default: `trellis shell`'s).
+    init(
+        node: TrellisNode, interactive: Bool, keepGoing: Bool = false, bail: Bool = false,
+        input: LineReader = LineReader(fd: 0), output: ShellOutput = ShellOutput(),
+        subscriptions: SubscriptionBook = SubscriptionBook(), ownsSubscriptions: Bool = true,
+        deliveryQueue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
+        banner: String? = nil
+    ) {
         self.node = node
         self.interactive = interactive
         self.stopsOnError = !interactive && bail
         self.errorsFail = !interactive && !keepGoing
+        self.input = input
+        self.output = output
+        self.subscriptions = subscriptions
+        self.ownsSubscriptions = ownsSubscriptions
+        self.deliveryQueue = deliveryQueue
+        self.banner = banner ?? "trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`"
     }
 
-    private var input = LineReader(fd: 0)
+    private var input: LineReader
 
     /// Writes one line of command output.
     func out(_ value: Any) { output.line("\(value)") }
@@ -143,7 +170,7 @@ final class Shell {
     ///
     /// - Returns: the exit status: 1 when a command failed (unless ``errorsFail`` is off), else 0.
     func run() -> Int32 {
-        if interactive { out("trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`") }
+        if interactive { out(banner) }
         var status: Int32 = 0
         reading: while true {
             if interactive { output.prompt("trellis> ") }
@@ -182,8 +209,7 @@ final class Shell {
         settleEvents()
         for live in observers.values { live.stop() }
         for live in idObservers.values { live.stop() }
-        for subscription in subscriptions.values { subscription.cancel() }
-        for subscription in idSubscriptions.values { subscription.cancel() }
+        if ownsSubscriptions { subscriptions.cancelAll() }
         return status
     }
 
@@ -196,8 +222,7 @@ final class Shell {
 
     /// Writes `error: TEXT` on standard error, on one line whatever the text holds.
     func report(_ text: String) {
-        let line = text.split(whereSeparator: \.isNewline).joined(separator: " ")
-        FileHandle.standardError.write(Data("error: \(line)\n".utf8))
+        output.error(text.split(whereSeparator: \.isNewline).joined(separator: " "))
     }
 
     /// Splits `word rest` once at a space or tab. Works on UTF-8 bytes, not `Character`s, so a
@@ -287,33 +312,35 @@ final class Shell {
             // Keyed by the query's canonical text: spacing does not make another subscription.
             let args = find.args.isEmpty ? "" : " args \(JSON.string(.map(find.args)))"
             let key = "\(collection) \(try Query(find.query).description)\(args)"
-            try subscription(command == "subscribe", key, in: &subscriptions) {
+            try subscription(command == "subscribe", key, .query) {
                 try find.operation(on: node.store.collection(collection)).subscribe()
             }
         case "subscribe-id", "unsubscribe-id":
             try needCollection()
             let id = try ShellSyntax.id(argument, query: "subscribe \(collection) QUERY")
             let key = "\(collection) \(JSON.string(id))"
-            try subscription(command == "subscribe-id", key, in: &idSubscriptions, suffix: " (by ID)") {
+            try subscription(command == "subscribe-id", key, .id, suffix: " (by ID)") {
                 try node.store.collection(collection).findByID(id).subscribe()
             }
         case "subscriptions":
             // In byte order, those by query first.
-            for key in subscriptions.keys { out(key) }
-            for key in idSubscriptions.keys { out("\(key) (by ID)") }
-            if subscriptions.isEmpty && idSubscriptions.isEmpty { out("no subscriptions") }
+            let (byQuery, byID) = subscriptions.keys()
+            for key in byQuery { out(key) }
+            for key in byID { out("\(key) (by ID)") }
+            if byQuery.isEmpty && byID.isEmpty { out("no subscriptions") }
         case "observe", "observe-next":
             try needCollection()
             let key = "\(collection) \(query)"
             guard observers[key] == nil else { throw UsageError("already observing '\(key)'") }
             let operation = try ShellSyntax.find(argument).operation(on: node.store.collection(collection))
             if command == "observe" {
-                observers[key] = try operation.observeLocal { [output] docs, event in
+                observers[key] = try operation.observeLocal(deliverOn: deliveryQueue) { [output] docs, event in
                     output.event(Self.describe(command, key: key, docs, event))
                 }
             } else {
                 let signal = NextSignal()
-                observers[key] = try operation.observeLocalWithNextSignal { [output] docs, event, next in
+                observers[key] = try operation.observeLocalWithNextSignal(deliverOn: deliveryQueue) {
+                    [output] docs, event, next in
                     signal.hold(next)  // before the event is written: `next` after it finds the signal
                     output.event(Self.describe(command, key: key, docs, event))
                 }
@@ -336,12 +363,13 @@ final class Shell {
             guard idObservers[key] == nil else { throw UsageError("already observing '\(key)'") }
             let operation = node.store.collection(collection).findByID(id)
             if command == "observe-id" {
-                idObservers[key] = try operation.observeLocal { [output] doc, event in
+                idObservers[key] = try operation.observeLocal(deliverOn: deliveryQueue) { [output] doc, event in
                     output.event(Self.describe(command, key: key, doc, event))
                 }
             } else {
                 let signal = NextSignal()
-                idObservers[key] = try operation.observeLocalWithNextSignal { [output] doc, event, next in
+                idObservers[key] = try operation.observeLocalWithNextSignal(deliverOn: deliveryQueue) {
+                    [output] doc, event, next in
                     signal.hold(next)
                     output.event(Self.describe(command, key: key, doc, event))
                 }
@@ -494,17 +522,18 @@ extension Shell {
         out("\(Self.documents(results.values.filter { !$0.isEmpty }.count)) changed")
     }
 
-    /// `subscribe` (when `subscribe`) or `unsubscribe` of `key` in `table` (by query or by ID;
-    /// `suffix` follows the key in what is printed). Subscribing twice keeps the first.
+    /// `subscribe` (when `subscribe`) or `unsubscribe` of `key` in the book's table `kind` (by
+    /// query or by ID; `suffix` follows the key in what is printed). Subscribing twice keeps the
+    /// first.
     func subscription(
-        _ subscribe: Bool, _ key: String, in table: inout UTF8Map<Subscription>, suffix: String = "",
+        _ subscribe: Bool, _ key: String, _ kind: SubscriptionBook.Kind, suffix: String = "",
         make: () throws -> Subscription
     ) throws {
         if subscribe {
-            if table[key] == nil { table[key] = try make() }
+            try subscriptions.add(key, kind, make: make)
             out("subscribed: \(key)\(suffix)")
         } else {
-            guard let subscription = table.removeValue(forKey: key) else {
+            guard let subscription = subscriptions.remove(key, kind) else {
                 throw UsageError("no subscription '\(key)'\(suffix); `subscriptions` lists them")
             }
             subscription.cancel()
@@ -538,6 +567,50 @@ extension Shell {
         case .insertDefaultIfAbsent: return " not written: this _id is known here"
         default: return " not written: no value differs"
         }
+    }
+}
+
+/// The subscriptions shell commands made, by key (collection and canonical query, or collection
+/// and JSON `_id`), compared byte-wise and listed in byte order. One book serves `trellis shell`;
+/// in a running node one book is shared by `--subscribe` and every attached client, from their
+/// threads.
+final class SubscriptionBook: Sendable {
+    enum Kind: Sendable {
+        case query
+        case id
+    }
+
+    private let tables = Mutex<(query: UTF8Map<Subscription>, id: UTF8Map<Subscription>)>((.init(), .init()))
+
+    /// Keeps the subscription `make` returns under `key`, unless one is kept there already.
+    func add(_ key: String, _ kind: Kind, make: () throws -> Subscription) throws {
+        try tables.withLock { t in
+            switch kind {
+            case .query: if t.query[key] == nil { t.query[key] = try make() }
+            case .id: if t.id[key] == nil { t.id[key] = try make() }
+            }
+        }
+    }
+
+    /// Takes the subscription under `key` out of the book (`nil`: none); the caller cancels it.
+    func remove(_ key: String, _ kind: Kind) -> Subscription? {
+        tables.withLock { t in
+            kind == .query ? t.query.removeValue(forKey: key) : t.id.removeValue(forKey: key)
+        }
+    }
+
+    /// The keys, by query and by ID, each in byte order.
+    func keys() -> (query: [String], id: [String]) {
+        tables.withLock { t in (Array(t.query.keys), Array(t.id.keys)) }
+    }
+
+    /// Cancels every subscription and empties the book.
+    func cancelAll() {
+        let all = tables.withLock { t in
+            defer { t = (.init(), .init()) }
+            return Array(t.query.values) + Array(t.id.values)
+        }
+        for subscription in all { subscription.cancel() }
     }
 }
 

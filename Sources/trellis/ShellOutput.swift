@@ -1,7 +1,53 @@
 import Foundation
 import Synchronization
 
-/// The shell's standard output: the only writer of file descriptor 1, writing whole lines.
+/// Where the shell's bytes go, by kind: a ``ShellOutput`` hands each piece to its sink whole.
+enum ShellStream: UInt8, Sendable {
+    /// Command output.
+    case output
+    /// An error line (`error: …`).
+    case error
+    /// A live query event (one or more lines; at a terminal, with the prompt shown again after it).
+    case event
+    /// The prompt, shown while the shell waits for a line.
+    case prompt
+}
+
+/// Takes the shell's bytes: the process's standard output and error (``FileSink``), or a client
+/// attached through the control socket (``ControlConnection``).
+protocol ShellSink: Sendable {
+    /// Writes `bytes` in full, or drops them when no one reads any more. Called under the
+    /// output's lock: pieces arrive in the order the user must see them.
+    func write(_ bytes: [UInt8], to stream: ShellStream)
+}
+
+/// The sink of `trellis shell`: output, events and the prompt to standard output, errors to
+/// standard error.
+struct FileSink: ShellSink {
+    var output: Int32 = STDOUT_FILENO
+    var error: Int32 = STDERR_FILENO
+
+    func write(_ bytes: [UInt8], to stream: ShellStream) {
+        Self.writeAll(bytes, to: stream == .error ? error : output)
+    }
+
+    /// Writes `bytes` in full (retrying short writes and EINTR). A closed output (EPIPE) drops
+    /// them: there is no one left to read them.
+    static func writeAll(_ bytes: [UInt8], to descriptor: Int32) {
+        bytes.withUnsafeBytes { buffer in
+            var offset = 0
+            while offset < buffer.count {
+                let n = Glibc.write(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { return }
+                offset += n
+            }
+        }
+    }
+}
+
+/// The shell's output: the only writer of its sink (standard output and error, or an attached
+/// client), writing whole lines.
 ///
 /// Command output (from the thread reading commands) and live query events (from the delivery
 /// queue) go out under one lock, each piece with one `write` of whole lines, so no line is ever
@@ -21,9 +67,9 @@ final class ShellOutput: Sendable {
     }
 
     private let state = Mutex(State())
-    private let descriptor: Int32
+    private let sink: any ShellSink
 
-    init(descriptor: Int32 = STDOUT_FILENO) { self.descriptor = descriptor }
+    init(sink: any ShellSink = FileSink()) { self.sink = sink }
 
     /// Writes one line (or several, separated by newlines) of command output.
     func line(_ text: String) {
@@ -31,6 +77,15 @@ final class ShellOutput: Sendable {
             s.pending.append(contentsOf: text.utf8)
             s.pending.append(0x0A)
             if !s.running || s.pending.count >= 65_536 { flush(&s.pending) }
+        }
+    }
+
+    /// Writes `error: TEXT` (one line) to the error stream, after the command output before it.
+    func error(_ text: String) {
+        state.withLock { s in
+            flush(&s.pending)
+            var bytes = Array("error: \(text)\n".utf8)
+            flush(&bytes, to: .error)
         }
     }
 
@@ -45,7 +100,7 @@ final class ShellOutput: Sendable {
             }
             var bytes = Array(((s.prompt != nil ? "\n" : "") + text + "\n").utf8)
             if let prompt = s.prompt { bytes.append(contentsOf: prompt.utf8) }
-            flush(&bytes)
+            flush(&bytes, to: .event)
         }
     }
 
@@ -53,7 +108,7 @@ final class ShellOutput: Sendable {
     func prompt(_ text: String) {
         state.withLock { s in
             var bytes = Array(text.utf8)
-            flush(&bytes)
+            flush(&bytes, to: .prompt)
             s.prompt = text
         }
     }
@@ -79,18 +134,10 @@ final class ShellOutput: Sendable {
         }
     }
 
-    /// Writes `bytes` in full (retrying short writes and EINTR) and empties them. A closed
-    /// output (EPIPE) drops them: there is no one left to read them.
-    private func flush(_ bytes: inout [UInt8]) {
+    /// Hands `bytes` to the sink (nothing when empty) and empties them.
+    private func flush(_ bytes: inout [UInt8], to stream: ShellStream = .output) {
         defer { bytes.removeAll(keepingCapacity: bytes.count <= 65_536) }
-        bytes.withUnsafeBytes { buffer in
-            var offset = 0
-            while offset < buffer.count {
-                let n = write(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return }
-                offset += n
-            }
-        }
+        guard !bytes.isEmpty else { return }
+        sink.write(bytes, to: stream)
     }
 }

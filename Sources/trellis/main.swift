@@ -18,7 +18,9 @@ let usage = """
     Usage:
       trellis node   --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE [--subscribe 'COLLECTION [QUERY]']...
       trellis shell  --data DIR [--listen HOST:PORT] [--peer HOST:PORT]... --mesh-key FILE
-      trellis import --data DIR COLLECTION FILE
+      trellis attach --data DIR [--keep-going | --bail]
+      trellis status --data DIR [--json]
+      trellis import --data DIR COLLECTION FILE [--all-or-nothing]
       trellis find   --data DIR COLLECTION [QUERY] [sort PATH [asc|desc]]... [limit N] [offset N] [--count]
       trellis get    --data DIR COLLECTION ID
       trellis keygen FILE
@@ -26,6 +28,8 @@ let usage = """
       trellis simulate [--seeds N] [--nodes M] [--faults LIST] | --replay SEED
       trellis --version
 
+    `attach` opens a shell on the node running on DIR, `status` prints its status, and `import`
+    goes through it while it runs (its control socket DIR/control.sock).
     Run `trellis COMMAND --help` for a command's details.
     """
 
@@ -41,6 +45,8 @@ do {
     case "node": try NodeCommand.run(rest, interactive: false)
     case "shell": try NodeCommand.run(rest, interactive: true)
     case "import": try ImportCommand.run(rest)
+    case "attach": try AttachCommand.run(rest)
+    case "status": try StatusCommand.run(rest)
     case "find", "get": try InspectCommand.run(command, rest)
     case "keygen": try KeygenCommand.run(rest)
     case "contacts": try ContactsCommand.run(rest)
