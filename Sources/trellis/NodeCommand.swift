@@ -55,6 +55,12 @@ enum NodeCommand {
                                 failed (by default a failed command makes the exit status 1)
           --bail                shell only: when standard input is not a terminal, end at the
                                 first error (with exit status 1)
+          --no-history          shell only: keep no history file (also TRELLIS_HISTORY=''). At a
+                                terminal the shell edits lines (arrows, Ctrl-R searches the
+                                history, Tab completes commands, collections and field paths)
+                                and keeps their history in $TRELLIS_HISTORY, else
+                                $XDG_STATE_HOME/trellis/history, else
+                                ~/.local/state/trellis/history (1000 lines)
         """
 
     static func run(_ args: [String], interactive: Bool) throws {
@@ -64,7 +70,7 @@ enum NodeCommand {
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
                 "inbound-buffer", "allow-peer", "admission", "name", "rules", "log-level", "log-file",
             ],
-            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail"])
+            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail", "no-history"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -73,7 +79,7 @@ enum NodeCommand {
             throw UsageError(
                 "unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
         }
-        for flag in ["keep-going", "bail"] where !interactive && parsed.switches.contains(flag) {
+        for flag in ["keep-going", "bail", "no-history"] where !interactive && parsed.switches.contains(flag) {
             throw UsageError("--\(flag) is for `trellis shell`")
         }
         if parsed.switches.contains("keep-going"), parsed.switches.contains("bail") {
@@ -162,7 +168,10 @@ enum NodeCommand {
         if interactive {
             let status = Shell(
                 node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going"),
-                bail: parsed.switches.contains("bail")
+                bail: parsed.switches.contains("bail"), lineEditing: isatty(1) != 0,
+                historyFile: LineEditor.historyFile(
+                    environment: ProcessInfo.processInfo.environment, disabled: parsed.switches.contains("no-history")),
+                log: log
             ).run()
             node.close()
             withExtendedLifetime(kept) {}
