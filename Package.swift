@@ -29,6 +29,8 @@ let package = Package(
         // C libraries from Debian packages.
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CSQLite", providers: [.apt(["libsqlite3-dev"])]),
+        // BSD editline: line editing and history in `trellis shell` at a terminal.
+        .systemLibrary(name: "CLibEdit", pkgConfig: "libedit", providers: [.apt(["libedit-dev"])]),
 
         // Pure: values, CRDT, HLC, query, wire codec, session state machines.
         .target(name: "TrellisCore"),
@@ -66,7 +68,8 @@ let package = Package(
             ]),
 
         .executableTarget(
-            name: "trellis", dependencies: ["Trellis", "TrellisContacts", "ContactProvider", "TrellisSimulation"]),
+            name: "trellis",
+            dependencies: ["Trellis", "TrellisContacts", "ContactProvider", "TrellisSimulation", "CLibEdit"]),
         .executableTarget(
             name: "trellis-bench",
             dependencies: [

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what Trellis needs on a Debian machine, idempotently:
-#   - apt: libsodium-dev, libsqlite3-dev, pkg-config, faketime (the clock tests preload its
-#     libfaketime) (only those missing; python3-venv when the system Python cannot make virtual
-#     environments)
+#   - apt: libsodium-dev, libsqlite3-dev, libedit-dev (line editing in `trellis shell`), pkg-config,
+#     faketime (the clock tests preload its libfaketime), tmux (the shell's line-editing test runs
+#     it in a pseudo-terminal) (only those missing; python3-venv when the system Python cannot
+#     make virtual environments)
 #   - a Python virtual environment in .venv with the PyPI packages given as arguments
 # Usage: scripts/setup.sh [PYPI-PACKAGE...]
 set -euo pipefail
@@ -14,7 +15,7 @@ if ! command -v swift >/dev/null 2>&1; then
 fi
 
 wanted=()
-for pkg in libsodium-dev libsqlite3-dev pkg-config faketime; do
+for pkg in libsodium-dev libsqlite3-dev libedit-dev pkg-config faketime tmux; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || wanted+=("$pkg")
 done
 if [ "$#" -gt 0 ] && ! python3 -c 'import venv, ensurepip' 2>/dev/null; then

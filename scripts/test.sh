@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every Trellis test: installs what is missing (apt: libsodium-dev, libsqlite3-dev, faketime,
-# pkg-config; PyPI into .venv: noiseprotocol, cbor2, khard and vobject for the interoperability tests), checks formatting,
+# Runs every Trellis test: installs what is missing (apt: libsodium-dev, libsqlite3-dev, libedit-dev,
+# faketime, pkg-config, tmux; PyPI into .venv: noiseprotocol, cbor2, khard and vobject for the interoperability tests), checks formatting,
 # builds, and runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 /// How much a node logs: each level includes the ones before it.
 enum LogLevel: Int, Comparable, Sendable {
@@ -40,6 +41,8 @@ final class Log: Sendable {
     let level: LogLevel
     private let name: String
     private let fd: Int32
+    /// Where lines for standard error go instead, while the shell edits a line at a terminal.
+    private let diverted = Mutex<(@Sendable ([UInt8]) -> Void)?>(nil)
 
     /// - Parameters:
     ///   - file: the file to append to (created with mode 0644); `nil`: standard error.
@@ -60,20 +63,22 @@ final class Log: Sendable {
 
     deinit { if fd != STDERR_FILENO { close(fd) } }
 
+    /// Hands lines bound for standard error to `sink` instead (`nil`: write them again): the
+    /// shell's line editor shows them above the line being typed. A `--log-file` is not affected.
+    func divert(to sink: (@Sendable ([UInt8]) -> Void)?) {
+        diverted.withLock { $0 = sink }
+    }
+
     /// Writes `message` when `level` is at or below the log's level.
     func callAsFunction(_ level: LogLevel, _ message: String) {
         guard level <= self.level else { return }
         let text = message.split(whereSeparator: \.isNewline).joined(separator: " ")
         let line = Array("\(Self.timestamp()) \(level.word) [\(name)] \(text)\n".utf8)
-        line.withUnsafeBytes { bytes in
-            var offset = 0
-            while offset < bytes.count {
-                let n = write(fd, bytes.baseAddress! + offset, bytes.count - offset)
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { return }
-                offset += n
-            }
+        if fd == STDERR_FILENO, let sink = diverted.withLock({ $0 }) {
+            sink(line)
+            return
         }
+        writeAll(fd, line)
     }
 
     /// Now as `YYYY-MM-DDTHH:MM:SS.mmmZ`.

@@ -57,6 +57,12 @@ enum NodeCommand {
                                 failed (by default a failed command makes the exit status 1)
           --bail                shell only: when standard input is not a terminal, end at the
                                 first error (with exit status 1)
+          --no-history          shell only: keep no history file (also TRELLIS_HISTORY=''). At a
+                                terminal the shell edits lines (arrows, Ctrl-R searches the
+                                history, Tab completes commands, collections and field paths)
+                                and keeps their history in $TRELLIS_HISTORY, else
+                                $XDG_STATE_HOME/trellis/history, else
+                                ~/.local/state/trellis/history (1000 lines)
         """
 
     static func run(_ args: [String], interactive: Bool) throws {
@@ -66,7 +72,7 @@ enum NodeCommand {
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
                 "inbound-buffer", "allow-peer", "admission", "name", "rules", "log-level", "log-file",
             ],
-            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail"])
+            switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail", "no-history"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -75,7 +81,7 @@ enum NodeCommand {
             throw UsageError(
                 "unexpected argument '\(parsed.positional[0])'; see `trellis \(interactive ? "shell" : "node") --help`")
         }
-        for flag in ["keep-going", "bail"] where !interactive && parsed.switches.contains(flag) {
+        for flag in ["keep-going", "bail", "no-history"] where !interactive && parsed.switches.contains(flag) {
             throw UsageError("--\(flag) is for `trellis shell`")
         }
         if parsed.switches.contains("keep-going"), parsed.switches.contains("bail") {
@@ -175,7 +181,10 @@ enum NodeCommand {
         if interactive {
             let status = Shell(
                 node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going"),
-                bail: parsed.switches.contains("bail"), subscriptions: book
+                bail: parsed.switches.contains("bail"), subscriptions: book, lineEditing: isatty(1) != 0,
+                historyFile: LineEditor.historyFile(
+                    environment: ProcessInfo.processInfo.environment, disabled: parsed.switches.contains("no-history")),
+                log: log
             ).run()
             control?.stop()
             node.close()

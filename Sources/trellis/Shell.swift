@@ -92,6 +92,7 @@ final class Shell {
                                           stops being asked for
           promote-key                     end a mesh-key changeover: the --next-mesh-key key
                                           becomes current, peers with only the old key are refused
+          clear                           clear the screen (at a terminal; Ctrl-L too)
           help                            this text
           quit                            leave (also end of input)
         Errors print one line starting with `error: ` on standard error, and the shell goes on. From a
@@ -141,12 +142,16 @@ final class Shell {
     ///   - ownsSubscriptions: whether the end of ``run()`` cancels them (`trellis shell`).
     ///   - deliveryQueue: where this shell's live query callbacks run.
     ///   - banner: the first line printed at a terminal (default: `trellis shell`'s).
+    ///   - lineEditing: edit lines with ``LineEditor`` (standard input and output are a terminal).
+    ///   - historyFile: the line editor's history file (`nil`: none).
+    ///   - log: the node's log, whose lines for standard error the line editor shows above the
+    ///     line being typed.
     init(
         node: TrellisNode, interactive: Bool, keepGoing: Bool = false, bail: Bool = false,
         input: LineReader = LineReader(fd: 0), output: ShellOutput = ShellOutput(),
         subscriptions: SubscriptionBook = SubscriptionBook(), ownsSubscriptions: Bool = true,
         deliveryQueue: DispatchQueue = LiveQuery.defaultDeliveryQueue,
-        banner: String? = nil
+        banner: String? = nil, lineEditing: Bool = false, historyFile: String? = nil, log: Log? = nil
     ) {
         self.node = node
         self.interactive = interactive
@@ -158,9 +163,19 @@ final class Shell {
         self.ownsSubscriptions = ownsSubscriptions
         self.deliveryQueue = deliveryQueue
         self.banner = banner ?? "trellis shell — peer key \(node.peerKeyHex.prefix(16))…; type `help`"
+        self.lineEditing = interactive && lineEditing
+        self.historyFile = historyFile
+        self.log = log
     }
 
     private var input: LineReader
+    private let lineEditing: Bool
+    private let historyFile: String?
+    private let log: Log?
+    /// Field paths seen in a sample of each collection's documents, for Tab, with when.
+    var pathCache: [String: (paths: [String], at: ContinuousClock.Instant)] = [:]
+    /// The collections' names, for Tab, with when.
+    var collectionCache: (names: [String], at: ContinuousClock.Instant)?
 
     /// Writes one line of command output.
     func out(_ value: Any) { output.line("\(value)") }
@@ -171,11 +186,28 @@ final class Shell {
     /// - Returns: the exit status: 1 when a command failed (unless ``errorsFail`` is off), else 0.
     func run() -> Int32 {
         if interactive { out(banner) }
+        var editor: LineEditor?
+        if lineEditing {
+            do {
+                editor = try LineEditor(prompt: "trellis> ", historyFile: historyFile, output: output) {
+                    [unowned self] in completion(before: $0)
+                }
+                if isatty(STDERR_FILENO) != 0 { log?.divert { [output] in output.log($0) } }
+            } catch {
+                report("\(error); reading lines without editing")
+            }
+        }
+        defer { log?.divert(to: nil) }
         var status: Int32 = 0
         reading: while true {
-            if interactive { output.prompt("trellis> ") }
             let line: String
-            let next = input.next()
+            let next: LineReader.Line?
+            if let editor {
+                next = editor.readLine().map { .line($0) }
+            } else {
+                if interactive { output.prompt("trellis> ") }
+                next = input.next()
+            }
             switch next {
             case nil: break reading
             case .invalid(let number), .tooLong(let number):
@@ -247,6 +279,9 @@ final class Shell {
         switch command {
         case "help":
             out(Self.help)
+        case "clear":
+            // Home, erase the screen and the scrollback; nothing when output is not a terminal.
+            if isatty(STDOUT_FILENO) != 0 { output.raw(Array("\u{1B}[H\u{1B}[2J\u{1B}[3J".utf8)) }
         case "upsert":
             try needCollection()
             let (document, strategy) = try ShellSyntax.upsert(argument)

@@ -54,6 +54,10 @@ struct FileSink: ShellSink {
 /// split by another. While a command runs, events are held and written after its output: a
 /// command's lines stay together and the events it caused follow them. Command output is
 /// buffered up to 64 KiB, so a large `find` costs few system calls.
+///
+/// While the line editor (``LineEditor``) edits a line at a terminal, no other thread writes to
+/// the terminal: events and log lines are queued and the editor is woken to show them above the
+/// line being typed (``beginEditing(wake:)``, ``takeBackground()``).
 final class ShellOutput: Sendable {
     private struct State {
         /// A command runs: events wait in `held`.
@@ -64,6 +68,12 @@ final class ShellOutput: Sendable {
         var held: [String] = []
         /// The prompt shown at a terminal while it waits for a line, if any.
         var prompt: String?
+        /// The line editor edits a line: other threads' text waits in `background`, and a byte
+        /// written to `wake` tells the editor.
+        var editing = false
+        var wake: Int32 = -1
+        /// Text to show above the line being edited: (stream, whole lines).
+        var background: [(ShellStream, [UInt8])] = []
     }
 
     private let state = Mutex(State())
@@ -91,11 +101,17 @@ final class ShellOutput: Sendable {
 
     /// Writes a live query event (one or more lines): at once between commands, after the
     /// running command's output otherwise. At a terminal waiting for input, the event goes on a
-    /// line of its own and the prompt is shown again after it.
+    /// line of its own and the prompt is shown again after it; with the line editor, above the
+    /// line being typed, which is drawn again below it.
     func event(_ text: String) {
         state.withLock { s in
             if s.running {
                 s.held.append(text)
+                return
+            }
+            if s.editing {
+                s.background.append((.output, Array((text + "\n").utf8)))
+                Self.wake(s.wake)
                 return
             }
             var bytes = Array(((s.prompt != nil ? "\n" : "") + text + "\n").utf8)
@@ -110,6 +126,66 @@ final class ShellOutput: Sendable {
             var bytes = Array(text.utf8)
             flush(&bytes, to: .prompt)
             s.prompt = text
+        }
+    }
+
+    /// A log line (whole, ending with a newline) for standard error: written at once, or while
+    /// the line editor edits a line, shown above it.
+    func log(_ line: [UInt8]) {
+        state.withLock { s in
+            if s.editing {
+                s.background.append((.error, line))
+                Self.wake(s.wake)
+                return
+            }
+            var bytes = line
+            flush(&bytes, to: .error)
+        }
+    }
+
+    /// The line editor shows a prompt and edits a line: until ``endEditing(lineEnd:)`` other
+    /// threads' text is queued and a byte is written to `wake` (a non-blocking pipe).
+    func beginEditing(wake: Int32) {
+        state.withLock { s in
+            s.editing = true
+            s.wake = wake
+            if !s.background.isEmpty { Self.wake(wake) }
+        }
+    }
+
+    /// The text queued for showing above the line being edited, emptied.
+    func takeBackground() -> [(ShellStream, [UInt8])] {
+        state.withLock { s in
+            defer { s.background = [] }
+            return s.background
+        }
+    }
+
+    /// The line editor is done with its line: text queued since it last looked is written now.
+    /// With `lineEnd` (input ended on the edited line) a newline is written first.
+    func endEditing(lineEnd: Bool) {
+        state.withLock { s in
+            s.editing = false
+            if lineEnd {
+                var newline: [UInt8] = [0x0A]
+                flush(&newline)
+            }
+            for (stream, var bytes) in s.background { flush(&bytes, to: stream) }
+            s.background = []
+        }
+    }
+
+    /// Writes a byte to the editor's wakeup pipe (a full pipe already wakes it).
+    private static func wake(_ fd: Int32) {
+        var byte: UInt8 = 1
+        if fd >= 0 { _ = write(fd, &byte, 1) }
+    }
+
+    /// Writes `bytes` (no newline added) at once: a command's screen control (`clear`).
+    func raw(_ bytes: [UInt8]) {
+        state.withLock { s in
+            s.pending.append(contentsOf: bytes)
+            flush(&s.pending)
         }
     }
 
