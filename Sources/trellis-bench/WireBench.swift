@@ -82,12 +82,15 @@ func wireFigures(verbose: Bool) throws -> [Figure] {
             for kind in sim.messageBytes.keys.sorted() {
                 let n = sim.messageCounts[kind, default: 0] - counts[kind, default: 0]
                 guard n > 0 else { continue }
-                print("  reconnect (\(origins) origins): \(n) \(kind), \(sim.messageBytes[kind]! - bytes[kind, default: 0]) B")
+                print(
+                    "  reconnect (\(origins) origins): \(n) \(kind), \(sim.messageBytes[kind]! - bytes[kind, default: 0]) B"
+                )
             }
         }
         figures.append(
             Figure(
-                name: "idle_reconnect_\(origins)_origins_bytes", value: Double(e.bytes), unit: "B (both ways, messages)",
+                name: "idle_reconnect_\(origins)_origins_bytes", value: Double(e.bytes),
+                unit: "B (both ways, messages)",
                 baseline: Double(64 + 12 * origins), baselineName: "goal_64_plus_12_per_origin"))
         figures.append(
             Figure(
@@ -111,7 +114,8 @@ func wireFigures(verbose: Bool) throws -> [Figure] {
         for d in 0..<documents {
             var fields: [String: Value] = ["_id": .string("doc-\(d)")]
             for f in 0..<20 { fields["field\(f)"] = .string("value-\(d)-\(f)-abcdef") }
-            try a.store.collection("items").upsert(.map(UTF8Map(uniqueKeysWithValues: fields.map { ($0.key, $0.value) })))
+            try a.store.collection("items").upsert(
+                .map(UTF8Map(uniqueKeysWithValues: fields.map { ($0.key, $0.value) })))
         }
         try sim.runUntilQuiet(quietFor: 10_000)
         let traceIndex = sim.trace.count
