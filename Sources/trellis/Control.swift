@@ -340,7 +340,8 @@ final class ControlServer: Sendable {
         case "attach":
             let shell = Shell(
                 node: node, interactive: hello.bool("interactive"), keepGoing: hello.bool("keepGoing"),
-                bail: hello.bool("bail"), input: LineReader(fd: fd), output: ShellOutput(sink: connection),
+                bail: hello.bool("bail"), input: LineReader(fd: fd),
+                output: ShellOutput(sink: connection, redrawsPrompt: !hello.bool("lineEditing")),
                 subscriptions: subscriptions, ownsSubscriptions: false,
                 deliveryQueue: DispatchQueue(label: "trellis.control.attach"),
                 banner: "trellis attach — node \(node.peerKeyHex.prefix(16))… on \(directory); type `help`, "

@@ -71,19 +71,30 @@ final class ControlClient: Sendable {
     ///   - prompt: takes each prompt frame (the node waits for a line).
     ///   - progress: takes each progress frame's payload.
     ///   - before: runs before anything is written (to clear a progress line).
+    ///   - screen: where output, events and errors go (standard output and error by default; the
+    ///     line editor's output at a terminal, which shows them above the line being typed).
     /// - Returns: the node's exit status.
     /// - Throws: ``ControlError`` when the connection ends without one or a frame is bad.
     func relay(
-        prompt: (String) -> Void = { _ in }, progress: (String) -> Void = { _ in }, before: () -> Void = {}
+        prompt: (String) -> Void = { _ in }, progress: (String) -> Void = { _ in }, before: () -> Void = {},
+        screen: ShellOutput? = nil
     ) throws -> Int32 {
         while let (type, payload) = try Control.receiveFrame(fd) {
             switch type {
             case .output, .event:
                 before()
-                FileSink.writeAll(payload, to: STDOUT_FILENO)
+                if let screen {
+                    screen.show(payload, on: .output)
+                } else {
+                    FileSink.writeAll(payload, to: STDOUT_FILENO)
+                }
             case .error:
                 before()
-                FileSink.writeAll(payload, to: STDERR_FILENO)
+                if let screen {
+                    screen.show(payload, on: .error)
+                } else {
+                    FileSink.writeAll(payload, to: STDERR_FILENO)
+                }
             case .prompt: prompt(String(decoding: payload, as: UTF8.self))
             case .progress: progress(String(decoding: payload, as: UTF8.self))
             case .exit:
@@ -143,7 +154,7 @@ struct NoNodeRunning: Error, CustomStringConvertible {
 /// `trellis attach`: a shell on a running node.
 enum AttachCommand {
     static let help = """
-        trellis attach --data DIR [--keep-going | --bail]
+        trellis attach --data DIR [--keep-going | --bail] [--no-history]
           Opens a shell on the node running on DIR (`trellis node` or `trellis shell`), through
           its control socket DIR/control.sock. The commands are the shell's (`help` lists them)
           and run in the node: their effects are the node's, subscriptions made here stay after
@@ -152,11 +163,13 @@ enum AttachCommand {
           status follows the piped shell's rules (1 once a command failed; --keep-going: 0;
           --bail: end at the first error). Ctrl-C ends the attach, not the node. A file a
           command names (`rules FILE`) is opened by the node, relative to its working directory.
-          Exit status 1, with `no node is running on DIR`, when none is.
+          At a terminal, lines are edited as in `trellis shell` (history shared with it;
+          --no-history keeps none); Tab completes commands only. Exit status 1, with
+          `no node is running on DIR`, when none is.
         """
 
     static func run(_ args: [String]) throws {
-        let parsed = try Arguments(args, valueFlags: ["data"], switchFlags: ["keep-going", "bail"])
+        let parsed = try Arguments(args, valueFlags: ["data"], switchFlags: ["keep-going", "bail", "no-history"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -170,18 +183,53 @@ enum AttachCommand {
         let data = try parsed.require("data")
         let client = try ControlClient.connect(data)!
         let interactive = isatty(0) != 0
+        // At a terminal, lines are edited as in `trellis shell` (commands complete with Tab; the
+        // node's collections and paths do not, they are the node's), and what the node sends
+        // while a line is typed is shown above it.
+        var screen: ShellOutput?
+        var editor: LineEditor?
+        if interactive && isatty(1) != 0 {
+            let output = ShellOutput()
+            let history = LineEditor.historyFile(
+                environment: ProcessInfo.processInfo.environment, disabled: parsed.switches.contains("no-history"))
+            if let made = try? LineEditor(
+                prompt: "trellis> ", historyFile: history, output: output, complete: Shell.commandCompletion)
+            {
+                (screen, editor) = (output, made)
+            }
+        }
         try client.hello(
             "attach",
             [
                 "interactive": interactive, "keepGoing": parsed.switches.contains("keep-going"),
-                "bail": parsed.switches.contains("bail"),
+                "bail": parsed.switches.contains("bail"), "lineEditing": editor != nil,
             ])
         let prompts = PromptQueue()
         let fd = client.fd
+        let lineEditor = editor.map(SendableBox.init)
         Thread.detachNewThread {
-            if interactive { forwardLines(to: fd, prompts: prompts) } else { forwardBytes(to: fd) }
+            if !interactive {
+                forwardBytes(to: fd)
+            } else if let lineEditor {
+                forwardEditedLines(to: fd, prompts: prompts, editor: lineEditor.value)
+            } else {
+                forwardLines(to: fd, prompts: prompts)
+            }
         }
-        exit(try client.relay(prompt: { prompts.put($0) }))
+        exit(try client.relay(prompt: { prompts.put($0) }, screen: screen))
+    }
+
+    /// At a terminal with the line editor: after each prompt the node sends, one edited line goes
+    /// to the node; Ctrl-D on an empty line ends the attach.
+    static func forwardEditedLines(to fd: Int32, prompts: PromptQueue, editor: LineEditor) {
+        while true {
+            _ = prompts.take()
+            guard let line = editor.readLine() else {
+                shutdown(fd, Int32(SHUT_WR))
+                return
+            }
+            guard Control.sendAll(fd, Array(line.utf8) + [0x0A]) else { return }
+        }
     }
 
     /// From a pipe: standard input to the node, byte for byte, then the end of input. The node
@@ -231,6 +279,11 @@ enum AttachCommand {
         FileSink.writeAll(Array(prompt.utf8), to: STDOUT_FILENO)
         return input.next()
     }
+}
+
+/// A value handed to the one thread that uses it from then on.
+struct SendableBox<Value>: @unchecked Sendable {
+    let value: Value
 }
 
 /// The prompts the node sent, handed from the thread reading frames to the one reading lines.

@@ -34,6 +34,16 @@ extension Shell {
 
     /// What Tab may insert, given the text before the cursor (see ``LineEditor/Completion``).
     /// Candidates start with the word typed byte for byte.
+    /// What Tab completes without a store (`trellis attach`): command names only.
+    static func commandCompletion(before text: String) -> LineEditor.Completion {
+        let endsWord = text.last.map { $0 == " " || $0 == "\t" } ?? true
+        let words = text.split(whereSeparator: { $0 == " " || $0 == "\t" })
+        guard words.count + (endsWord ? 1 : 0) == 1 else { return .init(word: "", candidates: [], appendsSpace: false) }
+        let word = endsWord ? "" : String(words[0])
+        return .init(
+            word: word, candidates: commandNames.filter { $0.utf8.starts(with: word.utf8) }, appendsSpace: true)
+    }
+
     func completion(before text: String) -> LineEditor.Completion {
         let words = text.split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init)
         let endsWord = text.last.map { $0 == " " || $0 == "\t" } ?? true

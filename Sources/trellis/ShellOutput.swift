@@ -79,7 +79,14 @@ final class ShellOutput: Sendable {
     private let state = Mutex(State())
     private let sink: any ShellSink
 
-    init(sink: any ShellSink = FileSink()) { self.sink = sink }
+    /// Whether an event shown at the prompt is followed by the prompt again (off for a client
+    /// whose line editor draws its own prompt and line after it).
+    private let redrawsPrompt: Bool
+
+    init(sink: any ShellSink = FileSink(), redrawsPrompt: Bool = true) {
+        self.sink = sink
+        self.redrawsPrompt = redrawsPrompt
+    }
 
     /// Writes one line (or several, separated by newlines) of command output.
     func line(_ text: String) {
@@ -114,8 +121,9 @@ final class ShellOutput: Sendable {
                 Self.wake(s.wake)
                 return
             }
-            var bytes = Array(((s.prompt != nil ? "\n" : "") + text + "\n").utf8)
-            if let prompt = s.prompt { bytes.append(contentsOf: prompt.utf8) }
+            let prompt = redrawsPrompt ? s.prompt : nil
+            var bytes = Array(((prompt != nil ? "\n" : "") + text + "\n").utf8)
+            if let prompt { bytes.append(contentsOf: prompt.utf8) }
             flush(&bytes, to: .event)
         }
     }
@@ -131,15 +139,19 @@ final class ShellOutput: Sendable {
 
     /// A log line (whole, ending with a newline) for standard error: written at once, or while
     /// the line editor edits a line, shown above it.
-    func log(_ line: [UInt8]) {
+    func log(_ line: [UInt8]) { show(line, on: .error) }
+
+    /// Whole lines from another thread (a log line, or what an attached node sent): written at
+    /// once, or while the line editor edits a line, shown above it.
+    func show(_ lines: [UInt8], on stream: ShellStream) {
         state.withLock { s in
             if s.editing {
-                s.background.append((.error, line))
+                s.background.append((stream, lines))
                 Self.wake(s.wake)
                 return
             }
-            var bytes = line
-            flush(&bytes, to: .error)
+            var bytes = lines
+            flush(&bytes, to: stream)
         }
     }
 

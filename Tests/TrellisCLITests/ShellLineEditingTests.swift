@@ -123,6 +123,42 @@ struct ShellLineEditingTests {
         #expect(peer.wait() == 0)
     }
 
+    /// `trellis attach` at a terminal edits lines too: Tab completes a command, the line is sent
+    /// to the running node, and an event the node sends while a line is typed is shown above it.
+    @Test func attachEditsLinesAndShowsEventsAboveTheTypedLine() throws {
+        let key = try makeMeshKey(in: dir)
+        let data = dir.path("N")
+        let node = try TrellisProcess(["node", "--data", data, "--mesh-key", key])
+        defer { _ = node.terminate() }
+        #expect(eventually { (try? TrellisProcess.run(["status", "--data", data]).status) == 0 })
+        let term = try Terminal(
+            [Repository.trellisBinary.path, "attach", "--data", data, "--no-history"],
+            environment: ["LANG": "C.UTF-8", "EDITRC": dir.path("no-editrc")], in: dir)
+        #expect(term.waitForScreen { $0.last == "trellis>" })
+        term.type("collec")
+        term.press("Tab")
+        #expect(term.waitForScreen { $0.last == "trellis> collections" })
+        term.press("Enter")
+        #expect(term.waitForScreen { Self.output(of: "collections", on: $0) == ["no collections"] })
+        term.type("observe cars")
+        term.press("Enter")
+        #expect(term.waitForScreen { $0.contains("observe cars true: initial 0") && $0.last == "trellis>" })
+        term.type("coun")
+        let write = try TrellisProcess.run(
+            ["attach", "--data", data], input: #"upsert cars {"_id": "e"}"# + "\n")
+        #expect(write.status == 0, "\(write.stderr)")
+        #expect(
+            term.waitForScreen { screen in
+                screen.contains("observe cars true: update 1") && screen.last == "trellis> coun"
+            })
+        term.type("t cars")
+        term.press("Enter")
+        #expect(term.waitForScreen { Self.output(of: "count cars", on: $0) == ["1"] })
+        term.press("C-d")
+        #expect(eventually { !term.isRunning })
+        #expect(node.isRunning, "the node runs on after the attach")
+    }
+
     /// `--no-history` keeps no file; the session's own lines are still recalled.
     @Test func noHistoryWritesNoFile() throws {
         let key = try makeMeshKey(in: dir)
