@@ -208,28 +208,12 @@ import TrellisTestKit
     /// `@main` provider on the host: its four contacts, in pages of the host's size, land in a
     /// vdir as vCards; a second run with the same state resumes with changes (none).
     @Test func contactProviderExtensionMirrorsItsContacts() throws {
-        let binary = Repository.trellisBinary.deletingLastPathComponent().appendingPathComponent(
-            "ContactProviderExtension")
         let dir = FileManager.default.temporaryDirectory.appendingPathComponent("cpx-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: dir) }
         let vdir = dir.appendingPathComponent("vdir")
         let state = dir.appendingPathComponent("state.json")
         func run(_ arguments: [String]) throws -> (Int32, String, String) {
-            let process = Process()
-            process.executableURL = binary
-            process.arguments = arguments
-            let out = Pipe()
-            let err = Pipe()
-            process.standardOutput = out
-            process.standardError = err
-            try process.run()
-            let output = out.fileHandleForReading.readDataToEndOfFile()
-            let errors = err.fileHandleForReading.readDataToEndOfFile()
-            process.waitUntilExit()
-            return (
-                process.terminationStatus, String(decoding: output, as: UTF8.self),
-                String(decoding: errors, as: UTF8.self)
-            )
+            try TrellisProcess.run(arguments, binary: Repository.example("ContactProviderExtension"))
         }
         try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
         let first = try run(["--vdir", vdir.path, "--state", state.path])
