@@ -89,6 +89,24 @@ import TrellisTestKit
 @Suite struct NodeSyncStatusTests {
     let dir = TemporaryDirectory()
 
+    /// An observer registered when the node starts sees a peer connect and leave, also when
+    /// neither side subscribes to anything (a node that only serves).
+    @Test func theObserverSeesAPeerWithoutSubscriptionsComeAndGo() throws {
+        let key = MeshKey.generate()
+        let a = try TrellisNode(directory: dir.url.appendingPathComponent("a2"), meshKey: key)
+        let b = try TrellisNode(directory: dir.url.appendingPathComponent("b2"), meshKey: key)
+        defer { a.close() }
+        let seen = Mutex<[Int]>([])
+        let observer = a.sync.observeStatus { status in seen.withLock { $0.append(status.peers.count) } }
+        defer { observer.stop() }
+        let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+        b.connect(to: Endpoint(host: "127.0.0.1", port: port))
+        #expect(eventually { a.sync.status.peers.count == 1 })
+        #expect(eventually { seen.withLock { $0.last == 1 } }, "\(seen.withLock { $0 })")
+        b.close()
+        #expect(eventually { seen.withLock { $0.last == 0 } }, "\(seen.withLock { $0 })")
+    }
+
     @Test func statusShowsTheInitialSyncCompleteAndTheObserverSeesIt() throws {
         let key = MeshKey.generate()
         let a = try TrellisNode(directory: dir.url.appendingPathComponent("a"), meshKey: key)
