@@ -160,6 +160,8 @@ extension DocumentStore {
     /// call it earlier when a process may exit while other references to the store still exist.
     /// Calling it again does nothing.
     public func close() {
+        // The reader goes first: the writer's connection, closing last, checkpoints the WAL.
+        reader.withLock { $0 = nil }
         state.withLock { s in
             guard !s.closed else { return }
             s.closed = true

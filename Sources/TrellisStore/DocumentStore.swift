@@ -358,6 +358,11 @@ public final class DocumentStore: Sendable {
     private let lock: (any Sendable)?
     /// Checkpoints the WAL off the writer's path (`nil` read-only or when not in WAL mode).
     let checkpointer: WALCheckpointer?
+    /// A second, read-only connection for ``document(id:in:)``: in WAL mode it reads the last
+    /// commit while the writer holds the store lock (a merge's transaction of a whole batch), so
+    /// a lookup by `_id` waits for no write. `nil` read-only, in memory, or when not in WAL mode;
+    /// emptied by ``close()`` before the writer's connection closes.
+    let reader: Mutex<Connection?>
     public let options: StoreOptions
     /// The site ID stamping this store's writes: random, persistent, replaced when the log is
     /// rotated (``rotateLog(reason:)``). Read under the store lock.
@@ -459,8 +464,10 @@ public final class DocumentStore: Sendable {
                 checkpointer = WALCheckpointer(
                     db: db, path: path, threshold: options.walCheckpointPages.threshold,
                     limit: options.walCheckpointPages.limit, log: options.log)
+                reader = Mutex(try? Connection(path: path, readOnly: true))
             } else {
                 checkpointer = nil
+                reader = Mutex(nil)
             }
             for message in opened.messages { options.log(message) }
             var state = State(
@@ -1018,6 +1025,11 @@ public final class DocumentStore: Sendable {
     /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row is damaged.
     public func document(id: Value, in collection: String) throws(StoreError) -> Value? {
         let key = try Self.key(for: id)
+        if let text = try readByID(key, in: collection) {
+            guard let text = text else { return nil }
+            if let value = try? JSON.parse(text) { return value }
+            // A damaged row: reported as the writer's connection reports it, below.
+        }
         return try withState { s -> Value? in
             let st = try s.db.prepare("SELECT value FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
             st.bind(1, collection)
@@ -1029,6 +1041,25 @@ public final class DocumentStore: Sendable {
                 noteDamaged(&s, collection, key, reason)
                 throw StoreError.corrupt("document \(key) in \(collection): \(reason)")
             }
+        }
+    }
+
+    /// The JSON text of a live document read on ``reader`` (`.some(nil)`: no such live
+    /// document), or `nil` when there is no reader (the caller reads under the store lock).
+    private func readByID(_ key: String, in collection: String) throws(StoreError) -> String?? {
+        do {
+            return try reader.withLock { connection throws -> String?? in
+                guard let connection else { return nil }
+                let st = try connection.prepare(
+                    "SELECT value FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
+                st.bind(1, collection)
+                st.bind(2, key)
+                defer { st.reset() }
+                guard try st.step(), let text = st.string(0) else { return .some(nil) }
+                return .some(text)
+            }
+        } catch {
+            throw .sqlite("\(error)")
         }
     }
 
