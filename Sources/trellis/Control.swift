@@ -216,8 +216,14 @@ final class ControlServer: Sendable {
     private let subscriptions: SubscriptionBook
     private let times: PeerTimes
     private let listener: Int32
+    /// The most of them that may be attach or import sessions (which may last long): the rest
+    /// stay for `status` and for clients still sending their hello (cut after
+    /// ``Control/helloTimeout`` seconds).
+    static let maxSessions = 56
+
     private struct State {
         var clients: Set<Int32> = []
+        var sessions = 0
         var stopped = false
     }
     private let state = Mutex(State())
@@ -298,11 +304,17 @@ final class ControlServer: Sendable {
                 return true
             }
             guard admitted else {
+                // The client's hello is likely unread: drain it before closing (a close with
+                // unread bytes resets the connection and the client would miss the reason).
                 let connection = ControlConnection(fd: fd)
                 connection.send(
                     .error,
                     "trellis: error: the node serves \(Self.maxClients) control clients at once; try again later\n")
                 connection.send(.exit, "1")
+                shutdown(fd, Int32(SHUT_WR))
+                _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+                var scratch = [UInt8](repeating: 0, count: 8_192)
+                while scratch.withUnsafeMutableBytes({ recv(fd, $0.baseAddress, $0.count, 0) }) > 0 {}
                 close(fd)
                 continue
             }
@@ -336,6 +348,24 @@ final class ControlServer: Sendable {
             return
         }
         Control.setTimeout(fd, SO_RCVTIMEO, seconds: 0)
+        if hello.operation == "attach" || hello.operation == "import" {
+            let admitted = state.withLock { s in
+                guard s.sessions < Self.maxSessions else { return false }
+                s.sessions += 1
+                return true
+            }
+            guard admitted else {
+                connection.send(
+                    .error,
+                    "trellis: error: the node serves \(Self.maxSessions) attach and import sessions at once; try "
+                        + "again later\n")
+                connection.finish(status: 1)
+                return
+            }
+        }
+        defer {
+            if hello.operation == "attach" || hello.operation == "import" { state.withLock { $0.sessions -= 1 } }
+        }
         switch hello.operation {
         case "attach":
             let shell = Shell(
@@ -380,6 +410,8 @@ final class ControlServer: Sendable {
         defer { unlink(spool) }
         var failure: String?
         if out < 0 { failure = "cannot create \(spool): \(String(cString: strerror(errno)))" }
+        var spooled = 0
+        var checkedAt = 0
         // Read every data frame, also after a failure, so the client hears why.
         reading: while true {
             let next: (Control.Frame, [UInt8])?
@@ -396,6 +428,22 @@ final class ControlServer: Sendable {
                 break reading
             }
             if payload.isEmpty { break }
+            // An endless source (`/dev/zero`) must not fill the disk with the spool: every 64 MiB
+            // the file system must keep at least 1 GiB or 5 % free, as SQLite needs room too.
+            spooled += payload.count
+            if failure == nil, spooled - checkedAt >= 64 << 20 {
+                checkedAt = spooled
+                var fs = statvfs()
+                if statvfs(directory, &fs) == 0 {
+                    let free = Int(fs.f_bavail) * Int(fs.f_frsize)
+                    let total = Int(fs.f_blocks) * Int(fs.f_frsize)
+                    if free < max(1 << 30, total / 20) {
+                        failure =
+                            "\(file) is too large to take here: after \(spooled >> 20) MiB the data directory's "
+                            + "file system has \(free >> 20) MiB free"
+                    }
+                }
+            }
             if failure == nil, out >= 0 {
                 let written = payload.withUnsafeBytes { buffer -> Bool in
                     var offset = 0
@@ -447,7 +495,11 @@ struct Hello {
     ///   or naming another protocol version.
     init?(readingFrom fd: Int32) throws {
         var line: [UInt8] = []
+        // The whole line within the hello timeout, not each byte: a client dripping its hello
+        // byte by byte does not hold a slot for hours.
+        let deadline = ContinuousClock.now + .seconds(Control.helloTimeout)
         while true {
+            guard ContinuousClock.now < deadline else { return nil }
             guard let byte = Control.receive(fd, 1) else { return nil }
             if byte[0] == 0x0A { break }
             line.append(byte[0])

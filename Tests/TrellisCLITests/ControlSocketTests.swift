@@ -269,6 +269,43 @@ import TrellisTestKit
         #expect(node.terminate() == 0)
     }
 
+    /// A hello dripped one byte at a time is cut when the whole line is late (not each byte),
+    /// and idle attach sessions, however many, leave room for `trellis status`.
+    @Test func slowHellosAndIdleAttachesLeaveRoomForStatus() throws {
+        let a = dir.path("A")
+        let node = try startNode(a)
+        let socket = a + "/control.sock"
+        let drip = try Self.connect(socket)
+        defer { close(drip) }
+        let dripped = Thread {
+            for byte in Array(#"{"trellis-control": 1, "operation": "status"}"#.utf8) {
+                var b = byte
+                guard send(drip, &b, 1, Int32(MSG_NOSIGNAL)) == 1 else { return }
+                sleep(1)
+            }
+        }
+        dripped.start()
+        let started = Date()
+        _ = Self.readAll(drip)  // the node closes it
+        #expect(Date().timeIntervalSince(started) < 20, "cut after the hello timeout, not after its last byte")
+
+        // 60 attach sessions that sit at their prompt: the node takes 56, status still answers.
+        var held: [Int32] = []
+        defer { for fd in held { close(fd) } }
+        for _ in 0..<60 {
+            let fd = try Self.connect(socket)
+            let hello = Array(#"{"trellis-control": 1, "operation": "attach", "interactive": true}"#.utf8) + [0x0A]
+            _ = hello.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            held.append(fd)
+        }
+        let status = try TrellisProcess.run(["status", "--data", a])
+        #expect(status.status == 0, "\(status.stderr)")
+        let refused = try attach(a, ["count cars"])
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("attach and import sessions at once"), "\(refused.stderr)")
+        #expect(node.terminate() == 0)
+    }
+
     // MARK: helpers
 
     /// `trellis ARGS…` with a pseudo-terminal as its standard input, output and error.
