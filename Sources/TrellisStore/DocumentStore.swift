@@ -295,7 +295,9 @@ public struct DeferredDocument: Sendable, Equatable {
 /// materialised JSON value (so SQLite's JSON functions can serve queries), and the per-store
 /// change log ordered by `seq`.
 ///
-/// All access goes through one lock that owns the connection (the single writer). Observers are
+/// All access goes through one lock that owns the connection (the single writer), except a lookup
+/// by `_id` (``document(id:in:)``), which in WAL mode reads on a second, read-only connection and
+/// so never waits for a write in progress. Observers are
 /// called after commit on the store's own serial event queue, never under the lock and never on
 /// the thread that committed.
 public final class DocumentStore: Sendable {
