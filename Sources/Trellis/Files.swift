@@ -41,7 +41,7 @@ public enum Files {
     ///
     /// - Returns: the descriptor (the caller closes it) and the file's size in bytes.
     /// - Throws: ``FileError``: missing, a directory, or unreadable, with the path.
-    static func openForReading(_ path: String) throws(FileError) -> (fd: Int32, size: Int) {
+    public static func openForReading(_ path: String) throws(FileError) -> (fd: Int32, size: Int) {
         var info = stat()
         guard stat(path, &info) == 0 else {
             throw FileError("cannot read \(path): \(String(cString: strerror(errno)))")

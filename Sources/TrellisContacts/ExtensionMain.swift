@@ -35,15 +35,18 @@ extension ContactProviderExtension {
             let host = ContactProviderHost(provider: Self(), sink: sink, stateFile: options.state)
             ContactProviderManager.register(host)
             let manager = try ContactProviderManager()
+            // After each enumeration: a broken rule ends the run, else the count is printed.
+            func report() async throws {
+                if let violation = await host.lastViolation { throw violation }
+                print("\(try sink.files().count) contacts in \(options.vdir.path)")
+            }
             try await manager.enable()
-            if let violation = await host.lastViolation { throw violation }
-            print("\(try sink.files().count) contacts in \(options.vdir.path)")
+            try await report()
             guard let seconds = options.watch else { return }
             while true {
                 try await Task.sleep(for: .seconds(seconds))
                 try await manager.signalEnumerator()
-                if let violation = await host.lastViolation { throw violation }
-                print("\(try sink.files().count) contacts in \(options.vdir.path)")
+                try await report()
             }
         } catch {
             FileHandle.standardError.write(Data("error: \(error)\n".utf8))

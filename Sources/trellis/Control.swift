@@ -131,7 +131,8 @@ enum Control {
         return words[1]
     }
 
-    /// The line `main` prints for a failed command: `trellis: error: TEXT` on one line.
+    /// The line `main` prints for a failed command (and the node sends a client for a failed
+    /// operation): `trellis: error: TEXT` on one line.
     static func errorLine(_ error: any Error) -> String {
         let text = "\(error)".split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
             .joined(separator: " ")
@@ -445,17 +446,9 @@ final class ControlServer: Sendable {
                 }
             }
             if failure == nil, out >= 0 {
-                let written = payload.withUnsafeBytes { buffer -> Bool in
-                    var offset = 0
-                    while offset < buffer.count {
-                        let n = Glibc.write(out, buffer.baseAddress! + offset, buffer.count - offset)
-                        if n < 0 && errno == EINTR { continue }
-                        if n <= 0 { return false }
-                        offset += n
-                    }
-                    return true
+                if !FileSink.writeAll(payload, to: out) {
+                    failure = "cannot write \(spool): \(String(cString: strerror(errno)))"
                 }
-                if !written { failure = "cannot write \(spool): \(String(cString: strerror(errno)))" }
             }
         }
         if out >= 0 { close(out) }

@@ -77,24 +77,16 @@ final class ControlClient: Sendable {
     /// - Throws: ``ControlError`` when the connection ends without one or a frame is bad.
     func relay(
         prompt: (String) -> Void = { _ in }, progress: (String) -> Void = { _ in }, before: () -> Void = {},
-        screen: ShellOutput? = nil
+        screen: ShellOutput = ShellOutput()
     ) throws -> Int32 {
         while let (type, payload) = try Control.receiveFrame(fd) {
             switch type {
             case .output, .event:
                 before()
-                if let screen {
-                    screen.show(payload, on: .output)
-                } else {
-                    FileSink.writeAll(payload, to: STDOUT_FILENO)
-                }
+                screen.show(payload, on: .output)
             case .error:
                 before()
-                if let screen {
-                    screen.show(payload, on: .error)
-                } else {
-                    FileSink.writeAll(payload, to: STDERR_FILENO)
-                }
+                screen.show(payload, on: .error)
             case .prompt: prompt(String(decoding: payload, as: UTF8.self))
             case .progress: progress(String(decoding: payload, as: UTF8.self))
             case .exit:
@@ -115,13 +107,7 @@ final class ControlClient: Sendable {
     /// - Returns: the exit status, as a direct import's.
     func importFile(_ file: String, into collection: String, allOrNothing: Bool) throws -> Int32 {
         // The file is opened (and checked) here, as a direct import does, before the node hears of it.
-        var info = stat()
-        guard stat(file, &info) == 0 else {
-            throw ControlError("cannot read \(file): \(String(cString: strerror(errno)))")
-        }
-        if info.st_mode & S_IFMT == S_IFDIR { throw ControlError("cannot read \(file): it is a directory") }
-        let input = open(file, O_RDONLY | O_CLOEXEC)
-        guard input >= 0 else { throw ControlError("cannot read \(file): \(String(cString: strerror(errno)))") }
+        let (input, size) = try Files.openForReading(file)
         defer { close(input) }
         let showProgress = isatty(STDERR_FILENO) == 1
         try hello(
@@ -136,7 +122,7 @@ final class ControlClient: Sendable {
             sent = Control.sendAll(fd, Control.frame(.data, chunk[..<n]))
             if n == 0 { break }
         }
-        let progress = ProgressLine(total: Int(info.st_size))
+        let progress = ProgressLine(total: size)
         return try relay(
             progress: { text in
                 let parts = text.split(separator: " ")
@@ -186,16 +172,15 @@ enum AttachCommand {
         // At a terminal, lines are edited as in `trellis shell` (commands complete with Tab; the
         // node's collections and paths do not, they are the node's), and what the node sends
         // while a line is typed is shown above it.
-        var screen: ShellOutput?
+        let screen = ShellOutput()
         var editor: LineEditor?
         if interactive && isatty(1) != 0 {
-            let output = ShellOutput()
             let history = LineEditor.historyFile(
                 environment: ProcessInfo.processInfo.environment, disabled: parsed.switches.contains("no-history"))
             if let made = try? LineEditor(
-                prompt: "trellis> ", historyFile: history, output: output, complete: Shell.commandCompletion)
+                prompt: "trellis> ", historyFile: history, output: screen, complete: Shell.commandCompletion)
             {
-                (screen, editor) = (output, made)
+                editor = made
             }
         }
         try client.hello(

@@ -211,9 +211,9 @@ final class LineEditor {
         while read(wakeRead, &sink, sink.count) > 0 {}
         let pieces = output.takeBackground()
         guard !pieces.isEmpty else { return }
-        writeAll(STDOUT_FILENO, Array(clearLine().utf8))
+        FileSink.writeAll(Array(clearLine().utf8), to: STDOUT_FILENO)
         for (stream, bytes) in pieces {
-            writeAll(stream == .error ? STDERR_FILENO : STDOUT_FILENO, Self.terminalLines(bytes))
+            FileSink.writeAll(Self.terminalLines(bytes), to: stream == .error ? STDERR_FILENO : STDOUT_FILENO)
         }
         trellis_el_refresh(editLine)
     }
@@ -265,7 +265,7 @@ final class LineEditor {
         }
         var list = Array(clearLine().utf8)
         list += Self.terminalLines(Array((Self.columns(candidates, width: Self.terminalColumns()) + "\n").utf8))
-        writeAll(STDOUT_FILENO, list)
+        FileSink.writeAll(list, to: STDOUT_FILENO)
         return UInt8(CC_REDISPLAY)
     }
 
@@ -310,6 +310,3 @@ final class LineEditor {
         return home + "/.local/state/trellis/history"
     }
 }
-
-/// Writes `bytes` in full to `fd` (``FileSink/writeAll(_:to:)``).
-func writeAll(_ fd: Int32, _ bytes: [UInt8]) { FileSink.writeAll(bytes, to: fd) }

@@ -78,7 +78,7 @@ final class Log: Sendable {
             sink(line)
             return
         }
-        writeAll(fd, line)
+        FileSink.writeAll(line, to: fd)
     }
 
     /// Now as `YYYY-MM-DDTHH:MM:SS.mmmZ`.

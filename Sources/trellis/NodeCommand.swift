@@ -334,10 +334,14 @@ enum ImportCommand {
     ///   ``StoreError`` when the store fails.
     static func perform(
         into store: DocumentStore, collection: String, reader: DocumentFileReader, file: String,
-        allOrNothing: Bool, print: (String) -> Void, skipped skip: @escaping (String) -> Void,
+        allOrNothing: Bool, print: (String) -> Void, skipped skipRecord: @escaping (String) -> Void,
         progress: @escaping (Int) -> Void, clearProgress: () -> Void
     ) throws {
         var skipped = 0
+        func skip(_ text: String) {
+            skipped += 1
+            skipRecord(text)
+        }
         let count: Int
         do {
             count = try store.upsert(
@@ -347,18 +351,12 @@ enum ImportCommand {
                         do { return try reader.next() } catch let error as FileError
                             where error.recoverable && !allOrNothing
                         {
-                            skipped += 1
                             skip("\(error)")
                         }
                     }
                 }, progressInterval: 5_000,
                 progress: progress,
-                refused: allOrNothing
-                    ? nil
-                    : {
-                        skipped += 1
-                        skip("\(file) \(reader.place): \($0)")
-                    })
+                refused: allOrNothing ? nil : { skip("\(file) \(reader.place): \($0)") })
         } catch let error as FileError {
             clearProgress()
             throw ImportError("\(error); nothing was imported")

@@ -32,29 +32,35 @@ extension Shell {
     /// How long the collections' names and a collection's field paths are reused.
     static let completionCacheLifetime = Duration.seconds(5)
 
-    /// What Tab may insert, given the text before the cursor (see ``LineEditor/Completion``).
-    /// Candidates start with the word typed byte for byte.
-    /// What Tab completes without a store (`trellis attach`): command names only.
-    static func commandCompletion(before text: String) -> LineEditor.Completion {
-        let endsWord = text.last.map { $0 == " " || $0 == "\t" } ?? true
-        let words = text.split(whereSeparator: { $0 == " " || $0 == "\t" })
-        guard words.count + (endsWord ? 1 : 0) == 1 else { return .init(word: "", candidates: [], appendsSpace: false) }
-        let word = endsWord ? "" : String(words[0])
-        return .init(
-            word: word, candidates: commandNames.filter { $0.utf8.starts(with: word.utf8) }, appendsSpace: true)
-    }
-
-    func completion(before text: String) -> LineEditor.Completion {
+    /// The words before the cursor, the index of the word being completed, and that word so far
+    /// (empty after a space or tab).
+    static func wordAtCursor(_ text: String) -> (words: [String], index: Int, word: String) {
         let words = text.split(whereSeparator: { $0 == " " || $0 == "\t" }).map(String.init)
         let endsWord = text.last.map { $0 == " " || $0 == "\t" } ?? true
         let index = endsWord ? words.count : words.count - 1
-        let word = endsWord ? "" : words[index]
-        func matching(_ names: [String], _ word: String) -> [String] {
-            names.filter { $0.utf8.starts(with: word.utf8) }
-        }
+        return (words, index, endsWord ? "" : words[index])
+    }
+
+    /// The names starting with `word`, byte for byte.
+    static func matching(_ names: [String], _ word: String) -> [String] {
+        names.filter { $0.utf8.starts(with: word.utf8) }
+    }
+
+    /// What Tab completes without a store (`trellis attach`): command names only.
+    static func commandCompletion(before text: String) -> LineEditor.Completion {
+        let (_, index, word) = wordAtCursor(text)
+        guard index == 0 else { return .init(word: "", candidates: [], appendsSpace: false) }
+        return .init(word: word, candidates: matching(commandNames, word), appendsSpace: true)
+    }
+
+    /// What Tab may insert, given the text before the cursor (see ``LineEditor/Completion``).
+    /// Candidates start with the word typed byte for byte.
+    func completion(before text: String) -> LineEditor.Completion {
+        let (words, index, word) = Self.wordAtCursor(text)
+        let matching = Self.matching
         switch index {
         case 0:
-            return .init(word: word, candidates: matching(Self.commandNames, word), appendsSpace: true)
+            return Self.commandCompletion(before: text)
         case 1 where Self.collectionCommands.contains(words[0]):
             return .init(word: word, candidates: matching(collectionNames(), word), appendsSpace: true)
         case 2... where Self.pathCommands.contains(words[0]):

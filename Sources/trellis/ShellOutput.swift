@@ -33,15 +33,19 @@ struct FileSink: ShellSink {
 
     /// Writes `bytes` in full (retrying short writes and EINTR). A closed output (EPIPE) drops
     /// them: there is no one left to read them.
-    static func writeAll(_ bytes: [UInt8], to descriptor: Int32) {
+    ///
+    /// - Returns: whether every byte was written (`errno` says why not).
+    @discardableResult
+    static func writeAll(_ bytes: [UInt8], to descriptor: Int32) -> Bool {
         bytes.withUnsafeBytes { buffer in
             var offset = 0
             while offset < buffer.count {
                 let n = Glibc.write(descriptor, buffer.baseAddress! + offset, buffer.count - offset)
                 if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return }
+                if n <= 0 { return false }
                 offset += n
             }
+            return true
         }
     }
 }

@@ -57,8 +57,6 @@ do {
     }
 } catch {
     // One line, whatever the error's own text holds.
-    let text = "\(error)".split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
-        .joined(separator: " ")
-    FileHandle.standardError.write(Data("trellis: error: \(text)\n".utf8))
+    FileHandle.standardError.write(Data(Control.errorLine(error).utf8))
     exit(error is UsageError ? 2 : 1)
 }
