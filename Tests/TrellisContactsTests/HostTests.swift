@@ -235,7 +235,7 @@ struct HostTests {
 }
 
 /// Polls `condition` every 5 ms for up to `timeout` seconds.
-func eventuallyAsync(timeout: Double = 10, _ condition: @Sendable () async -> Bool) async -> Bool {
+func eventuallyAsync(timeout: Double = 60, _ condition: @Sendable () async -> Bool) async -> Bool {
     let deadline = Date().addingTimeInterval(timeout)
     while Date() < deadline {
         if await condition() { return true }
