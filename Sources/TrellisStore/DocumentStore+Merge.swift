@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 public import TrellisCore
 
 // Remote merges, deferred documents and checkpoints.
@@ -38,8 +39,15 @@ enum StateMerge {
 extension DocumentStore {
     // MARK: Remote merge
 
-    /// Merges documents from a peer and stores the checkpoint in the same transaction, so after a
-    /// crash neither is applied without the other.
+    /// Merges documents from a peer and stores the checkpoint with the last of them, so after a
+    /// crash the checkpoint never covers a document that was not applied.
+    ///
+    /// The batch is one transaction unless a local write or read waits for the store lock while
+    /// it runs: then the merge commits in pieces of at least ``mergePieceMinimum`` documents and
+    /// lets the waiters in between them, so a local write waits for a piece, not for the batch.
+    /// The checkpoint goes with the last piece; a batch sent again after a crash between pieces
+    /// finds the merged documents already held (the merge is a join), so nothing is applied twice.
+    /// Each piece is one commit with its own change event.
     ///
     /// Each document is applied (when it adds something) or, when it cannot be applied yet, kept
     /// in the deferred table and reported in ``MergeOutcome/deferred``: a stamp further ahead than
@@ -64,8 +72,10 @@ extension DocumentStore {
     /// - Throws: ``StoreError/deferredLimit(_:)`` when the documents deferred from this peer would
     ///   exceed ``StoreOptions/maxDeferredDocumentsPerPeer`` or
     ///   ``StoreOptions/maxDeferredBytesPerPeer``; ``StoreError`` for SQLite errors. Nothing of the
-    ///   batch is applied then, and the checkpoint is not stored (the peer sends it again).
-    /// - Complexity: O(total size of the batch) plus a few indexed lookups per document.
+    ///   piece under way is applied then (pieces committed before it stay), and the checkpoint is
+    ///   not stored (the peer sends the batch again).
+    /// - Complexity: O(total size of the batch) plus a few indexed lookups per document, and one
+    ///   commit per piece.
     public func merge(
         _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?,
         heldBy holders: [SubscriptionSpec] = []
@@ -79,56 +89,76 @@ extension DocumentStore {
         }
         // Decoding, parsing and checking need no lock: done before it is taken.
         let decoded = documents.map { $0.decoded ?? DecodedState($0.state, id: $0.id) }
-        try write(origin: peer) { s in
-            var deferredHere = false
-            for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
-            for (remote, decoded) in zip(documents, decoded) {
-                let key: String
-                do { key = try Self.key(for: remote.id) } catch {
-                    outcome.rejected.append((JSON.string(remote.id), "\(error)"))
-                    continue
+        // The batch is merged in pieces: one transaction while nobody else wants the store lock,
+        // but when a local write or read waits for it, the piece under way commits (after at
+        // least `mergePieceMinimum` documents), the waiters go first, and the merge goes on in
+        // a new transaction. The checkpoint is written with the last piece: after a crash between
+        // pieces the peer sends the batch again, and the documents already merged add nothing
+        // (the merge is a join), so nothing is skipped and nothing is applied twice.
+        var next = 0
+        repeat {
+            let start = next
+            next = try write(origin: peer) { s in
+                var deferredHere = false
+                if start == 0 {
+                    for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
                 }
-                let result = try mergeState(&s, remote.collection, key, remote.id, decoded, now: now)
-                switch result {
-                case .applied, .unchanged, .revived:
+                var index = start
+                while index < documents.count {
+                    if index - start >= Self.mergePieceMinimum, lockWaiters.load(ordering: .relaxed) > 0 { break }
+                    let (remote, decoded) = (documents[index], decoded[index])
+                    index += 1
+                    let key: String
+                    do { key = try Self.key(for: remote.id) } catch {
+                        outcome.rejected.append((JSON.string(remote.id), "\(error)"))
+                        continue
+                    }
+                    let result = try mergeState(&s, remote.collection, key, remote.id, decoded, now: now)
                     switch result {
-                    case .applied: outcome.applied += 1
-                    case .revived:
-                        outcome.applied += 1
-                        outcome.revived.append(key)
-                    default: break
+                    case .applied, .unchanged, .revived:
+                        switch result {
+                        case .applied: outcome.applied += 1
+                        case .revived:
+                            outcome.applied += 1
+                            outcome.revived.append(key)
+                        default: break
+                        }
+                        // The sender holds this document whatever its queries match: later changes to
+                        // it go back to it (DocumentStore+Scope.swift).
+                        var entered = false
+                        for (spec, _) in bound where UTF8Key.equal(spec.collection, remote.collection) {
+                            entered = try recordHeld(&s, remote.collection, key, by: spec) || entered
+                        }
+                        // It entered a scope with an older state than this node's, at a row the
+                        // subscription's cursor may have passed: the row is logged again so the newer
+                        // state (a tombstone, say) reaches the sender.
+                        if entered, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
+                        try dropDeferredIfCovered(&s, remote.collection, key, peer)
+                    case .refused(let kind, let reason, let ready, let decoded):
+                        try keepDeferred(
+                            &s, remote.collection, key, peer, remote.state, decoded, kind, reason, ready: ready,
+                            now: now)
+                        outcome.deferred.append((key, reason))
+                        deferredHere = true
                     }
-                    // The sender holds this document whatever its queries match: later changes to it
-                    // go back to it (DocumentStore+Scope.swift).
-                    var entered = false
-                    for (spec, _) in bound where UTF8Key.equal(spec.collection, remote.collection) {
-                        entered = try recordHeld(&s, remote.collection, key, by: spec) || entered
-                    }
-                    // It entered a scope with an older state than this node's, at a row the
-                    // subscription's cursor may have passed: the row is logged again so the newer
-                    // state (a tombstone, say) reaches the sender.
-                    if entered, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
-                    try dropDeferredIfCovered(&s, remote.collection, key, peer)
-                case .refused(let kind, let reason, let ready, let decoded):
-                    try keepDeferred(
-                        &s, remote.collection, key, peer, remote.state, decoded, kind, reason, ready: ready, now: now)
-                    outcome.deferred.append((key, reason))
-                    deferredHere = true
                 }
+                if deferredHere { try checkDeferredBounds(&s, peer) }
+                if index == documents.count, let (subscription, cp) = checkpoint {
+                    let st = try s.db.prepare(
+                        "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq, collection) VALUES (?,?,?,?,?)"
+                    )
+                    st.bind(1, peer)
+                    st.bind(2, subscription)
+                    st.bind(3, cp.epoch)
+                    st.bind(4, cp.seq)
+                    // Kept beside the checkpoint so an evict finds its collection's checkpoints.
+                    st.bind(5, SubscriptionSpec.collection(ofKey: subscription))
+                    try st.run()
+                }
+                return index
             }
-            if deferredHere { try checkDeferredBounds(&s, peer) }
-            if let (subscription, cp) = checkpoint {
-                let st = try s.db.prepare(
-                    "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq, collection) VALUES (?,?,?,?,?)")
-                st.bind(1, peer)
-                st.bind(2, subscription)
-                st.bind(3, cp.epoch)
-                st.bind(4, cp.seq)
-                // Kept beside the checkpoint so an evict finds its collection's checkpoints.
-                st.bind(5, SubscriptionSpec.collection(ofKey: subscription))
-                try st.run()
-            }
-        }
+            if next < documents.count { letWaitersIn() }
+        } while next < documents.count
         for (key, reason) in outcome.deferred {
             options.log("deferred document \(key) from peer \(Self.hex(Array(peer.prefix(8)))): \(reason)")
         }
@@ -139,6 +169,20 @@ extension DocumentStore {
                     + "they stay removed, and the remove is sent again to whoever still holds them")
         }
         return outcome
+    }
+
+    /// The fewest documents a piece of a remote merge commits before it lets waiting callers
+    /// have the store lock (``merge(_:from:checkpoint:heldBy:)``): about 0.05 ms of merging.
+    static let mergePieceMinimum = 4
+
+    /// Between two pieces of a merge: gives the callers waiting for the store lock up to 2 ms to
+    /// take it before the merge takes it again (the lock is not fair: released and taken back at
+    /// once, it would usually go to the merge again).
+    private func letWaitersIn() {
+        let deadline = DispatchTime.now().uptimeNanoseconds + 2_000_000
+        while lockWaiters.load(ordering: .relaxed) > 0, DispatchTime.now().uptimeNanoseconds < deadline {
+            sched_yield()
+        }
     }
 
     /// Merges one remote state into the stored document (inside a write transaction).

@@ -351,6 +351,9 @@ public final class DocumentStore: Sendable {
     }
 
     let state: Mutex<State>
+    /// How many callers wait for the store lock right now (``withState(_:)``): a remote merge,
+    /// which holds it for a batch, commits what it has and lets them in when this is above zero.
+    let lockWaiters = Atomic<Int>(0)
     let observers = ObserverList()
     /// Delivers commit events to observers, one at a time, in commit order.
     let events = DispatchQueue(label: "trellis.store.events")
@@ -631,8 +634,10 @@ public final class DocumentStore: Sendable {
     // MARK: Local writes
 
     func withState<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
+        lockWaiters.add(1, ordering: .relaxed)
         do {
             return try state.withLock { (s: inout State) throws -> R in
+                lockWaiters.subtract(1, ordering: .relaxed)
                 guard !s.closed else { throw StoreError.closed }
                 return try body(&s)
             }

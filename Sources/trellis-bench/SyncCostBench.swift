@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Trellis
 import TrellisCore
 
@@ -117,6 +118,23 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
         idleWrites += try latencies(1) { _ in try write(n) }
         idleReads += try latencies(1) { _ in try read(n) }
     }
+    // Busy: the same mix, paced as during the merge, while two threads only burn CPU (no store,
+    // no lock): what the scheduler of this machine's two cores alone adds to a write.
+    let spinning = Atomic<Bool>(true)
+    let spinners = (0..<2).map { _ in
+        Thread {
+            var x: UInt64 = 1
+            while spinning.load(ordering: .relaxed) { x = x &* 6_364_136_223_846_793_005 &+ 1 }
+            if x == 0 { print(x) }
+        }
+    }
+    spinners.forEach { $0.start() }
+    var busyWrites: [Double] = []
+    for n in 0..<1_500 {
+        busyWrites += try latencies(1) { _ in try write(n) }
+        usleep(500)
+    }
+    spinning.store(false, ordering: .relaxed)
     let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
     let subscription = try b.store.collection("cars").findAll().subscribe()
     defer { subscription.cancel() }
@@ -134,16 +152,22 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
     try wait("the whole sync") { try b.store.documents.count(in: "cars") == documents.count }
     idleWrites.sort()
     idleReads.sort()
+    busyWrites.sort()
     mergeWrites.sort()
     mergeReads.sort()
     FileHandle.standardError.write(
         Data(
-            ("during the merge (\(mergeWrites.count) samples): write p99 \(percentile(mergeWrites, 0.99)) ms "
-                + "(idle \(percentile(idleWrites, 0.99))), read p99 \(percentile(mergeReads, 0.99)) ms "
+            ("during the merge (\(mergeWrites.count) samples): write p50 \(percentile(mergeWrites, 0.5)) ms p99 "
+                + "\(percentile(mergeWrites, 0.99)) ms (idle p50 \(percentile(idleWrites, 0.5)) p99 "
+                + "\(percentile(idleWrites, 0.99)); beside two spinning threads p50 \(percentile(busyWrites, 0.5)) p99 "
+                + "\(percentile(busyWrites, 0.99))), read p99 \(percentile(mergeReads, 0.99)) ms "
                 + "(idle \(percentile(idleReads, 0.99)))\n").utf8))
     return [
         latencyFigure(
             "write_latency_p99_during_merge_ms", mergeWrites, 0.99, baseline: idleWrites, "write_latency_p99_idle_ms"),
+        latencyFigure(
+            "write_latency_p99_during_merge_ms", mergeWrites, 0.99, baseline: busyWrites,
+            "write_latency_p99_beside_two_spinning_threads_ms"),
         latencyFigure(
             "read_latency_p99_during_merge_ms", mergeReads, 0.99, baseline: idleReads, "read_latency_p99_idle_ms"),
     ]

@@ -134,6 +134,45 @@ import TrellisTestKit
         #expect(b.lastSeq == seqBefore)
     }
 
+    /// A local write during a long merge waits for a piece of the batch, not the whole batch:
+    /// its `seq` falls between the batch's. The checkpoint still comes with the batch's end, and
+    /// the batch merged again adds nothing.
+    @Test func aLocalWriteDuringAMergeGoesBetweenItsPieces() throws {
+        let a = try open("a.sqlite")
+        let b = try open("b.sqlite")
+        let count = 10_000
+        try a.upsert((0..<count).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] }, in: "c")
+        let records = try a.changes(in: "c", after: 0, limit: count, maxBytes: .max).records
+        let docs = records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
+        let peer: [UInt8] = [7, 7]
+        let checkpoint = Checkpoint(epoch: a.epoch, seq: Int64(count))
+        let merged = Mutex<Result<MergeOutcome, StoreError>?>(nil)
+        let merging = Thread {
+            let result = Result { () throws(StoreError) in
+                try b.merge(docs, from: peer, checkpoint: ("sub", checkpoint))
+            }
+            merged.withLock { $0 = result }
+        }
+        merging.start()
+        var local = 0
+        while merged.withLock({ $0 == nil }) {
+            try b.upsert(["_id": .string("local\(local)")], in: "local")
+            local += 1
+        }
+        let outcome = try #require(merged.withLock { $0 }).get()
+        #expect(outcome.applied == count)
+        #expect(try b.checkpoint(peer: peer, subscription: "sub") == checkpoint)
+        let batchSeqs = try b.changes(in: "c", after: 0, limit: count, maxBytes: .max).records.map(\.seq)
+        let localSeqs = try b.changes(in: "local", after: 0, limit: local, maxBytes: .max).records.map(\.seq)
+        #expect(batchSeqs.count == count && localSeqs.count == local)
+        let (first, last) = (batchSeqs.min() ?? 0, batchSeqs.max() ?? 0)
+        #expect(
+            localSeqs.contains { $0 > first && $0 < last }, "local writes \(localSeqs.count), batch \(first)...\(last)")
+        let lastSeq = b.lastSeq
+        #expect(try b.merge(docs, from: peer, checkpoint: ("sub", checkpoint)).applied == 0)
+        #expect(b.lastSeq == lastSeq)
+    }
+
     @Test func queriesRunInSQLiteAndInMemoryAlike() throws {
         let store = try open()
         let (rng, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: 1...UInt64.max))

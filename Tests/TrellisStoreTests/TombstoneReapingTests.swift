@@ -128,7 +128,7 @@ import TrellisTestKit
         _ = try away.merge(try batch(of: fresh), from: [1], checkpoint: nil)
         try fresh.remove(id: "d1", in: "c")
         clock.advance(by: Self.ttl + 1)
-        try fresh.reapExpiredTombstones()
+        _ = try fresh.reapExpiredTombstones()
         try away.upsert(["_id": "d1", "v": 9], in: "c")  // written while away, after the remove
         let merged = try fresh.merge(try batch(of: away), from: [2], checkpoint: nil)
         #expect(merged.revived.isEmpty)
@@ -144,7 +144,7 @@ import TrellisTestKit
         let checkpoint = store.lastSeq
         try store.remove(id: "d0", in: "c")
         clock.advance(by: Self.ttl + 1)
-        try store.reapExpiredTombstones()
+        _ = try store.reapExpiredTombstones()
         let floor = try store.retainedFloor(in: "c")
         let stale = try store.changes(in: "c", after: checkpoint, limit: 100, maxBytes: .max)
         #expect(stale.belowFloor && stale.records.isEmpty)
