@@ -5,8 +5,8 @@ public import TrellisCore
 // Remote merges, deferred documents and checkpoints.
 //
 // Every document of a remote batch is either applied (or found already known) or kept in the
-// `deferred` table, in the same transaction as the batch's checkpoint: a checkpoint never covers
-// a document that is neither applied nor kept. Only a document that cannot even be named (a bad
+// `deferred` table, in the same transaction as the batch's checkpoint or an earlier one (a batch
+// merged in pieces): a checkpoint never covers a document that is neither applied nor kept. Only a document that cannot even be named (a bad
 // `_id`) is rejected.
 
 /// Why a remote state was not applied; decides when trying again can help.
@@ -42,9 +42,10 @@ extension DocumentStore {
     /// Merges documents from a peer and stores the checkpoint with the last of them, so after a
     /// crash the checkpoint never covers a document that was not applied.
     ///
-    /// The batch is one transaction unless a local write or read waits for the store lock while
-    /// it runs: then the merge commits in pieces of at least ``mergePieceMinimum`` documents and
-    /// lets the waiters in between them, so a local write waits for a piece, not for the batch.
+    /// The batch is one transaction unless a local write waits for the store lock while it runs:
+    /// then the merge commits in pieces of at least ``mergePieceMinimum`` documents and
+    /// ``mergePieceMinimumTime`` and lets the writers in between them, so a local write waits for
+    /// a piece, not for the batch. Readers do not cut a batch (``writersWaiting``).
     /// The checkpoint goes with the last piece; a batch sent again after a crash between pieces
     /// finds the merged documents already held (the merge is a join), so nothing is applied twice.
     /// Each piece is one commit with its own change event.
@@ -89,10 +90,10 @@ extension DocumentStore {
         }
         // Decoding, parsing and checking need no lock: done before it is taken.
         let decoded = documents.map { $0.decoded ?? DecodedState($0.state, id: $0.id) }
-        // The batch is merged in pieces: one transaction while nobody else wants the store lock,
-        // but when a local write or read waits for it, the piece under way commits (after at
-        // least `mergePieceMinimum` documents), the waiters go first, and the merge goes on in
-        // a new transaction. The checkpoint is written with the last piece: after a crash between
+        // The batch is merged in pieces: one transaction while no writer wants the store lock,
+        // but when a local write waits for it, the piece under way commits (after at least
+        // `mergePieceMinimum` documents and `mergePieceMinimumTime`), the writers go first, and
+        // the merge goes on in a new transaction. The checkpoint is written with the last piece: after a crash between
         // pieces the peer sends the batch again, and the documents already merged add nothing
         // (the merge is a join), so nothing is skipped and nothing is applied twice.
         var next = 0
@@ -104,8 +105,13 @@ extension DocumentStore {
                     for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
                 }
                 var index = start
+                let began = DispatchTime.now().uptimeNanoseconds
                 while index < documents.count {
-                    if index - start >= Self.mergePieceMinimum, lockWaiters.load(ordering: .relaxed) > 0 { break }
+                    if index - start >= Self.mergePieceMinimum, writersWaiting.load(ordering: .relaxed) > 0,
+                        DispatchTime.now().uptimeNanoseconds - began >= Self.mergePieceMinimumTime
+                    {
+                        break
+                    }
                     let (remote, decoded) = (documents[index], decoded[index])
                     index += 1
                     let key: String
@@ -171,16 +177,20 @@ extension DocumentStore {
         return outcome
     }
 
-    /// The fewest documents a piece of a remote merge commits before it lets waiting callers
-    /// have the store lock (``merge(_:from:checkpoint:heldBy:)``): about 0.05 ms of merging.
+    /// The fewest documents a piece of a remote merge commits before it lets waiting writers
+    /// have the store lock (``merge(_:from:checkpoint:heldBy:)``).
     static let mergePieceMinimum = 4
+    /// The least time (nanoseconds) a piece of a remote merge runs before it lets waiting writers
+    /// in: 0.25 ms, so that a writer that answers every commit (an observer writing back) costs a
+    /// merge at most one commit per 0.25 ms of merging, not one per 4 documents.
+    static let mergePieceMinimumTime: UInt64 = 250_000
 
-    /// Between two pieces of a merge: gives the callers waiting for the store lock up to 2 ms to
+    /// Between two pieces of a merge: gives the writers waiting for the store lock up to 2 ms to
     /// take it before the merge takes it again (the lock is not fair: released and taken back at
     /// once, it would usually go to the merge again).
     private func letWaitersIn() {
         let deadline = DispatchTime.now().uptimeNanoseconds + 2_000_000
-        while lockWaiters.load(ordering: .relaxed) > 0, DispatchTime.now().uptimeNanoseconds < deadline {
+        while writersWaiting.load(ordering: .relaxed) > 0, DispatchTime.now().uptimeNanoseconds < deadline {
             sched_yield()
         }
     }

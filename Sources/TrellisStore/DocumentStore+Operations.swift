@@ -778,9 +778,8 @@ extension DocumentStore {
             var rows: [(key: String, value: Value)] = []
             var damaged = false
             while try st.step() {
-                // The JSON is parsed in SQLite's buffer: no String is made of it.
-                guard let key = st.string(0), let parsed = st.withText(1, { try? JSON.parse($0) }) else { continue }
-                guard let value = parsed else {
+                guard let key = st.string(0), let text = st.string(1) else { continue }
+                guard let value = try? JSON.parse(text) else {
                     noteDamaged(&s, collection, key, "its JSON value does not parse")
                     damaged = true
                     continue

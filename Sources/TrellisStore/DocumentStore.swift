@@ -351,9 +351,11 @@ public final class DocumentStore: Sendable {
     }
 
     let state: Mutex<State>
-    /// How many callers wait for the store lock right now (``withState(_:)``): a remote merge,
-    /// which holds it for a batch, commits what it has and lets them in when this is above zero.
-    let lockWaiters = Atomic<Int>(0)
+    /// How many writers wait for the store lock right now (``write(durable:origin:_:)``): a remote
+    /// merge, which holds it for a batch, commits what it has and lets them in when this is above
+    /// zero. Readers are not counted: a live query that re-runs on each commit would otherwise
+    /// cut every batch into pieces of a few documents.
+    let writersWaiting = Atomic<Int>(0)
     let observers = ObserverList()
     /// Delivers commit events to observers, one at a time, in commit order.
     let events = DispatchQueue(label: "trellis.store.events")
@@ -633,11 +635,14 @@ public final class DocumentStore: Sendable {
 
     // MARK: Local writes
 
-    func withState<R: Sendable>(_ body: (inout State) throws -> R) throws(StoreError) -> R {
-        lockWaiters.add(1, ordering: .relaxed)
+    /// Runs `body` under the store lock.
+    ///
+    /// - Parameter writer: counts the caller in ``writersWaiting`` until it has the lock.
+    func withState<R: Sendable>(writer: Bool = false, _ body: (inout State) throws -> R) throws(StoreError) -> R {
+        if writer { writersWaiting.add(1, ordering: .relaxed) }
         do {
             return try state.withLock { (s: inout State) throws -> R in
-                lockWaiters.subtract(1, ordering: .relaxed)
+                if writer { writersWaiting.subtract(1, ordering: .relaxed) }
                 guard !s.closed else { throw StoreError.closed }
                 return try body(&s)
             }
@@ -667,7 +672,7 @@ public final class DocumentStore: Sendable {
         durable: Bool = false, origin: [UInt8]? = nil, _ body: (inout State) throws -> R
     ) throws(StoreError) -> R {
         guard !options.readOnly else { throw .invalidValue("the store was opened read-only; it cannot be written") }
-        return try withState { s in
+        return try withState(writer: true) { s in
             let saved = s
             let relax = durable && options.durability != .full
             if relax { try s.db.execute("PRAGMA synchronous=FULL") }

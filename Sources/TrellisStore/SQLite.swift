@@ -210,13 +210,6 @@ final class Statement {
         return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
     }
 
-    /// Calls `body` with the column's text as UTF-8 bytes in SQLite's own buffer (no copy, no
-    /// UTF-8 repair), valid only during the call; `nil` without calling it when the column is NULL.
-    func withText<R>(_ column: Int32, _ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R? {
-        guard let p = sqlite3_column_text(stmt, column) else { return nil }
-        return try body(UnsafeRawBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, column))))
-    }
-
     func bytes(_ column: Int32) -> [UInt8]? {
         guard sqlite3_column_type(stmt, column) != SQLITE_NULL else { return nil }
         let n = Int(sqlite3_column_bytes(stmt, column))

@@ -166,7 +166,7 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
         latencyFigure(
             "write_latency_p99_during_merge_ms", mergeWrites, 0.99, baseline: idleWrites, "write_latency_p99_idle_ms"),
         latencyFigure(
-            "write_latency_p99_during_merge_ms", mergeWrites, 0.99, baseline: busyWrites,
+            "write_latency_p99_during_merge_against_spinning_ms", mergeWrites, 0.99, baseline: busyWrites,
             "write_latency_p99_beside_two_spinning_threads_ms"),
         latencyFigure(
             "read_latency_p99_during_merge_ms", mergeReads, 0.99, baseline: idleReads, "read_latency_p99_idle_ms"),

@@ -713,8 +713,9 @@ public struct Replicator: Sendable {
         return sendAsked(link, now: now)
     }
 
-    /// A merge failed as a whole (disk full, I/O error): nothing was applied or acknowledged;
-    /// the session restarts from the stored checkpoint.
+    /// A merge failed (disk full, I/O error): nothing was acknowledged and the checkpoint did
+    /// not move (pieces of the batch committed before the failure stay: merging them again
+    /// changes nothing); the session restarts from the stored checkpoint.
     public mutating func applyFailed(_ link: LinkID, subscription key: String, error: String, now: Millis)
         -> [ReplicatorDirective]
     {
