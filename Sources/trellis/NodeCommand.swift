@@ -179,6 +179,15 @@ enum NodeCommand {
         for peer in peers { node.connect(to: peer) }
 
         if interactive {
+            // SIGTERM (`kill`, a supervisor) stops the shell as the end of its input does: the
+            // control socket is removed and the store closed. The status is 143, what a calling
+            // shell reports for a process ended by SIGTERM (128 + 15).
+            Signals.onTermination(of: [SIGTERM]) {
+                log(.info, "stopping (SIGTERM)")
+                control?.stop()
+                node.close()
+                exit(143)
+            }
             let status = Shell(
                 node: node, interactive: isatty(0) != 0, keepGoing: parsed.switches.contains("keep-going"),
                 bail: parsed.switches.contains("bail"), subscriptions: book, lineEditing: isatty(1) != 0,

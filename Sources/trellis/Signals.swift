@@ -8,18 +8,17 @@ import Foundation
 /// dispatch signal source installs its handler asynchronously after `resume()`, so a signal sent
 /// right after start could be ignored or kill the process.)
 enum Signals {
-    static func termination() -> sigset_t {
+    static func termination(_ signals: [Int32] = [SIGINT, SIGTERM]) -> sigset_t {
         var set = sigset_t()
         sigemptyset(&set)
-        sigaddset(&set, SIGINT)
-        sigaddset(&set, SIGTERM)
+        for signal in signals { sigaddset(&set, signal) }
         return set
     }
 
-    /// Blocks SIGINT and SIGTERM in the calling thread and in threads it creates from now on.
-    /// Call first thing in `main`.
-    static func block() {
-        var set = termination()
+    /// Blocks `signals` (SIGINT and SIGTERM by default) in the calling thread and in threads it
+    /// creates from now on. Call first thing in `main`.
+    static func block(_ signals: [Int32] = [SIGINT, SIGTERM]) {
+        var set = termination(signals)
         pthread_sigmask(SIG_BLOCK, &set, nil)
     }
 
@@ -32,10 +31,11 @@ enum Signals {
         pthread_sigmask(SIG_UNBLOCK, &set, nil)
     }
 
-    /// Runs `handler` on a dedicated thread at each SIGINT or SIGTERM (pending ones included).
-    static func onTermination(_ handler: @escaping @Sendable () -> Void) {
+    /// Runs `handler` on a dedicated thread at each of `signals` (SIGINT and SIGTERM by default,
+    /// blocked with ``block(_:)``; pending ones included).
+    static func onTermination(of signals: [Int32] = [SIGINT, SIGTERM], _ handler: @escaping @Sendable () -> Void) {
         let thread = Thread {
-            var set = termination()
+            var set = termination(signals)
             while true {
                 var received: Int32 = 0
                 if sigwait(&set, &received) == 0 { handler() }

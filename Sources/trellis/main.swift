@@ -10,6 +10,8 @@ if commandLine.first == "node" || (commandLine.first == "contacts" && commandLin
     // Ctrl-C ends any other command at once (the shell with status 130 as the calling shell
     // reports it), whatever disposition the parent left SIGINT in.
     Signals.restoreDefault()
+    // SIGTERM stops the shell as the end of its input would, with status 143 (NodeCommand).
+    if commandLine.first == "shell" { Signals.block([SIGTERM]) }
 }
 
 let usage = """

@@ -23,6 +23,21 @@ extension ShellCommandTests {
         #expect(invalid.stdout == "0\n")
     }
 
+    /// SIGTERM stops a shell as the end of its input does (its control socket goes, its store is
+    /// closed), with status 143; what it wrote is kept.
+    @Test func sigtermStopsAShellCleanlyWithStatus143() throws {
+        let data = dir.path("T")
+        _ = try shell(["count c"])  // makes the suite's mesh key
+        let shell = try TrellisProcess(["shell", "--data", data, "--mesh-key", dir.path("mesh.key"), "--quiet"])
+        shell.send(#"upsert c {"_id": "kept"}"#)
+        #expect(eventually { shell.stdout.contains(#""kept""#) })
+        #expect(FileManager.default.fileExists(atPath: data + "/control.sock"))
+        #expect(shell.terminate() == 143)
+        #expect(!FileManager.default.fileExists(atPath: data + "/control.sock"))
+        let get = try TrellisProcess.run(["get", "--data", data, "c", "kept"])
+        #expect(get.status == 0 && get.stdout == #"{"_id":"kept"}"# + "\n")
+    }
+
     /// `--bail`, as `sh -e` and `sqlite3 -bail`: the first error ends the shell, status 1.
     @Test func bailStopsAtTheFirstErrorWithStatusOne() throws {
         let r = try shell([#"upsert c {"_id": "a"}"#, "bogus", "get c a"], flags: ["--bail"])
