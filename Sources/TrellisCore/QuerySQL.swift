@@ -10,8 +10,9 @@ extension QueryPredicate {
     /// writes. Every comparison checks the JSON type with `json_type` before comparing the value
     /// from `json_extract` (except equality with a string that does not start with `[` or `{`,
     /// where equal text already proves a JSON string), so the SQL keeps the query semantics: type
-    /// classes never mix, `true` is not `1`, a missing field is not `null`, `!=` is `NOT (==)`. Each sub-expression yields 0 or
-    /// 1, never SQL NULL, so `NOT`, `AND` and `OR` behave two-valued. Paths are inlined as SQL
+    /// classes never mix, `true` is not `1`, a missing field is not `null`, `!=` is `NOT (==)`.
+    /// Each sub-expression yields 0 or 1, never SQL NULL, so `NOT`, `AND` and `OR` behave
+    /// two-valued. Paths are inlined as SQL
     /// string literals (`json_extract(doc, '$.a.b[2]')`), so expression indexes on the same
     /// `json_extract` can serve the query; values go into `bindings`, one per `?` in order.
     ///

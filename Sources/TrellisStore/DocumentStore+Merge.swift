@@ -6,8 +6,8 @@ public import TrellisCore
 //
 // Every document of a remote batch is either applied (or found already known) or kept in the
 // `deferred` table, in the same transaction as the batch's checkpoint or an earlier one (a batch
-// merged in pieces): a checkpoint never covers a document that is neither applied nor kept. Only a document that cannot even be named (a bad
-// `_id`) is rejected.
+// merged in pieces): a checkpoint never covers a document that is neither applied nor kept. Only
+// a document that cannot even be named (a bad `_id`) is rejected.
 
 /// Why a remote state was not applied; decides when trying again can help.
 enum DeferralKind: String {
@@ -90,12 +90,7 @@ extension DocumentStore {
         }
         // Decoding, parsing and checking need no lock: done before it is taken.
         let decoded = documents.map { $0.decoded ?? DecodedState($0.state, id: $0.id) }
-        // The batch is merged in pieces: one transaction while no writer wants the store lock,
-        // but when a local write waits for it, the piece under way commits (after at least
-        // `mergePieceMinimum` documents and `mergePieceMinimumTime`), the writers go first, and
-        // the merge goes on in a new transaction. The checkpoint is written with the last piece: after a crash between
-        // pieces the peer sends the batch again, and the documents already merged add nothing
-        // (the merge is a join), so nothing is skipped and nothing is applied twice.
+        // In pieces, as the doc comment says; `next` is where the next piece starts.
         var next = 0
         repeat {
             let start = next
@@ -112,14 +107,14 @@ extension DocumentStore {
                     {
                         break
                     }
-                    let (remote, decoded) = (documents[index], decoded[index])
+                    let (remote, incoming) = (documents[index], decoded[index])
                     index += 1
                     let key: String
                     do { key = try Self.key(for: remote.id) } catch {
                         outcome.rejected.append((JSON.string(remote.id), "\(error)"))
                         continue
                     }
-                    let result = try mergeState(&s, remote.collection, key, remote.id, decoded, now: now)
+                    let result = try mergeState(&s, remote.collection, key, remote.id, incoming, now: now)
                     switch result {
                     case .applied, .unchanged, .revived:
                         switch result {

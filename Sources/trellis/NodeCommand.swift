@@ -178,14 +178,17 @@ enum NodeCommand {
         if let discovery { try node.startDiscovery(discovery) }
         for peer in peers { node.connect(to: peer) }
 
+        // However the node or shell ends: the control socket is removed, then the node closed.
+        let stop: @Sendable () -> Void = {
+            control?.stop()
+            node.close()
+        }
         if interactive {
-            // SIGTERM (`kill`, a supervisor) stops the shell as the end of its input does: the
-            // control socket is removed and the store closed. The status is 143, what a calling
-            // shell reports for a process ended by SIGTERM (128 + 15).
+            // SIGTERM (`kill`, a supervisor) stops the shell as the end of its input does. The
+            // status is 143, what a calling shell reports for a process ended by SIGTERM (128 + 15).
             Signals.onTermination(of: [SIGTERM]) {
                 log(.info, "stopping (SIGTERM)")
-                control?.stop()
-                node.close()
+                stop()
                 exit(143)
             }
             let status = Shell(
@@ -195,8 +198,7 @@ enum NodeCommand {
                     environment: ProcessInfo.processInfo.environment, disabled: parsed.switches.contains("no-history")),
                 log: log
             ).run()
-            control?.stop()
-            node.close()
+            stop()
             if status != 0 { exit(status) }
             return
         }
@@ -218,8 +220,7 @@ enum NodeCommand {
         Signals.onTermination { done.signal() }
         done.wait()
         log(.info, "stopping")
-        control?.stop()
-        node.close()
+        stop()
     }
 
     /// `--admission MODE` and the `--allow-peer` keys → the admission mode.
