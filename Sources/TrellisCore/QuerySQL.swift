@@ -16,6 +16,10 @@ extension QueryPredicate {
     /// string literals (`json_extract(doc, '$.a.b[2]')`), so expression indexes on the same
     /// `json_extract` can serve the query; values go into `bindings`, one per `?` in order.
     ///
+    /// SQLite 3.40's JSON functions cut a string at its first U+0000, so on a row whose JSON holds
+    /// the escape `\u0000` the expression may disagree with ``matches(_:)``: evaluate such rows in
+    /// memory (the store does, DocumentStore+NULStrings.swift).
+    ///
     /// Returns `nil` for: unbound `$args` (bind first); comparisons or `contains` between two
     /// fields; equality, `contains` or `IN` with an array, map or bytes literal; ordering against
     /// bytes; paths through a key named `$bytes` (the JSON form of bytes), or with an empty key or

@@ -98,18 +98,22 @@ extension DocumentStore {
         _ translated: PushedQuery?, _ scope: Int64?, _ keys: [String]?, guarded: Bool
     ) throws -> ChangePage {
         // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged,
-        // 3: send whatever it holds (it left the subscription's scope, DocumentStore+Scope.swift).
+        // 3: send whatever it holds (it left the subscription's scope, DocumentStore+Scope.swift),
+        // 4: evaluate in memory (its JSON holds a string with U+0000, DocumentStore+NULStrings.swift).
         // A translation SQLite refuses to prepare is evaluated in memory instead. Without a scope
         // (a whole collection, or no subscription named) every tombstone is sent.
+        let nulRows = Self.mayHoldNUL(s, collection)
         let (st, pushed) = try Self.preparePushedDown(s.db, translated) { pushed in
             let left =
                 scope.map { "WHEN deleted != 2 AND \(Self.leftScopeSQL($0)) THEN 3 WHEN deleted = 1 THEN 0 " } ?? ""
             var match = scope == nil ? "1" : "CASE \(left)ELSE 1 END"
             if let pushed {
+                let filter =
+                    nulRows ? "CASE WHEN \(Self.nulEscapeSQL) THEN 4 ELSE (\(pushed.sql)) END" : "(\(pushed.sql))"
                 match =
                     guarded
-                    ? "CASE \(left)WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN (\(pushed.sql)) ELSE 2 END"
-                    : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE (\(pushed.sql)) END"
+                    ? "CASE \(left)WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN \(filter) ELSE 2 END"
+                    : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE \(filter) END"
             }
             return "SELECT seq, id, state, deleted, \(match), value, deleted != 0 OR json_valid(value) FROM documents "
                 + "WHERE collection = ? AND seq > ?"
@@ -164,7 +168,7 @@ extension DocumentStore {
                     }
                     state = SingleWriteState(stamp: stamp, json: json).encoded()
                 }
-                if pushed == nil, !deleted, matched != 3 {
+                if pushed == nil || matched == 4, !deleted, matched != 3 {
                     let doc = try StoredState.decode(stored, value: st.string(5))
                     guard let value = doc.materialize(id: id), try bound.matches(value) else { continue }
                 } else if !compact {

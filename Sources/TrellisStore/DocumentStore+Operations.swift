@@ -616,6 +616,10 @@ extension DocumentStore {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
         let counted = try withState { s -> Int? in
+            // Rows with U+0000 in a string are evaluated in memory (DocumentStore+NULStrings.swift).
+            if Self.mayHoldNUL(s, collection) {
+                return try select(&s, collection, bound, sort: [], limit: nil, offset: 0).count
+            }
             let (term, termBindings) = Self.collectionTerm(collection)
             func count(_ condition: @escaping (PushedQuery) -> String) throws -> Int? {
                 let (prepared, pushed) = try Self.preparePushedDown(s.db, translated) {
@@ -735,14 +739,19 @@ extension DocumentStore {
     ///
     /// - Parameter guarded: evaluate the filter only on rows whose JSON is valid (after SQLite
     ///   refused the query over a damaged row); rows with damaged JSON are left out.
+    ///   - nulRows: the collection may hold strings with U+0000: rows whose JSON holds one are
+    ///     selected whatever the filter says, for the caller to evaluate in memory
+    ///     (DocumentStore+NULStrings.swift); no window is given then.
     static func selectSQL(
-        _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?, guarded: Bool = false
+        _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?, guarded: Bool = false,
+        nulRows: Bool = false
     ) -> (sql: String, bindings: [Value]) {
         let (term, termBindings) = collectionTerm(collection)
         var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
         var bindings = termBindings
         if let pushed {
-            sql += " AND " + (guarded ? Self.guarded(pushed.sql) : "(\(pushed.sql))")
+            let filter = guarded ? Self.guarded(pushed.sql) : "(\(pushed.sql))"
+            sql += nulRows ? " AND (\(nulEscapeSQL) OR \(filter))" : " AND " + filter
             bindings += pushed.bindings
         }
         sql += " ORDER BY id"
@@ -759,21 +768,26 @@ extension DocumentStore {
     /// Selects `(id key, value)` rows: filter, sort, window. Runs under the store lock.
     ///
     /// A damaged row (its JSON value does not parse) is left out and remembered
-    /// (``damagedDocuments()``); the window applies to the others.
+    /// (``damagedDocuments()``); the window applies to the others. In a collection that may hold
+    /// strings with U+0000, the rows holding one are evaluated in memory
+    /// (DocumentStore+NULStrings.swift).
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
     ) throws -> [(key: String, value: Value)] {
+        let nulRows = Self.mayHoldNUL(s, collection)
         func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
-            pushed != nil && sort.isEmpty ? (limit, offset) : nil
+            pushed != nil && sort.isEmpty && !nulRows ? (limit, offset) : nil
         }
         let translated = bound.sqlWhere(column: "documents.value")
         var windowInSQL = false
         func rows(guarded: Bool) throws -> (rows: [(key: String, value: Value)], damaged: Bool) {
             let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
-                Self.selectSQL(collection, $0, window: window($0), guarded: guarded).sql
+                Self.selectSQL(collection, $0, window: window($0), guarded: guarded, nulRows: nulRows).sql
             }
             windowInSQL = window(pushed) != nil
-            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed), guarded: guarded).bindings)
+            Self.bind(
+                st,
+                Self.selectSQL(collection, pushed, window: window(pushed), guarded: guarded, nulRows: nulRows).bindings)
             defer { st.reset() }
             var rows: [(key: String, value: Value)] = []
             var damaged = false
@@ -784,7 +798,7 @@ extension DocumentStore {
                     damaged = true
                     continue
                 }
-                if pushed == nil, try !bound.matches(value) { continue }
+                if pushed == nil || (nulRows && Self.holdsNULEscape(text)), try !bound.matches(value) { continue }
                 rows.append((key, value))
             }
             return (rows, damaged)

@@ -325,6 +325,8 @@ public final class DocumentStore: Sendable {
         var closed = false
         /// Damaged rows met since open, with the reason (``DocumentStore/damagedDocuments()``).
         var damaged: [DocumentKey: String] = [:]
+        /// The collections that may hold a string with U+0000 (DocumentStore+NULStrings.swift).
+        var nulCollections: Set<UTF8Key> = []
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
         var rescanGenerations: [UTF8Key: UInt32] = [:]
         /// The query subscriptions served to peers, by collection (DocumentStore+Scope.swift).
@@ -490,6 +492,7 @@ public final class DocumentStore: Sendable {
             }
             generations.reset()
             try Self.loadTombstoneState(db, into: &state)
+            state.nulCollections = try Self.loadNULCollections(db, readOnly: options.readOnly)
             state.servedScopes = try Self.loadServedScopes(db)
             state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }
             if try Self.hasTable(db, "deferred") {
@@ -837,6 +840,7 @@ public final class DocumentStore: Sendable {
         if let removedAt { st.bind(7, Int64(clamping: removedAt)) } else { st.bind(7, nil as String?) }
         try st.run()
         if ifAbsent, s.db.changes == 0 { return false }
+        if let value { try Self.noteNULStrings(&s, collection, value) }
         s.nextSeq += 1
         let listed = Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
         Self.noteValue(&s, collection, key, kind == .live ? value : nil, listed: listed)

@@ -1,0 +1,102 @@
+import Testing
+import TrellisCore
+import TrellisTestKit
+
+@testable import TrellisStore
+
+/// Strings holding U+0000 through the store's SQL paths. SQLite 3.40's JSON functions cut a
+/// string at its first NUL (`json_extract('{"a":"x\u0000y"}', '$.a')` is `'x'`), so a query
+/// pushed down to SQLite would see `"x\u{0}y"` as `"x"`: `a == 'x'` would select it (and a
+/// remove by that query would delete it), `a > 'x'` and `a != 'x'` would miss it. Every query
+/// path must answer as in-memory evaluation does.
+@Suite struct NULStringTests {
+    let dir = TemporaryDirectory("trellis-nul")
+
+    func open() throws -> DocumentStore { try DocumentStore(path: dir.path("store.sqlite")) }
+
+    static let documents: [Value] = [
+        ["_id": "plain", "a": "x", "tags": ["x"]],
+        ["_id": "nul", "a": "x\u{0}y", "tags": ["x\u{0}y"]],
+        ["_id": "lead", "a": "\u{0}", "tags": ["\u{0}"]],
+        ["_id": "other", "a": "w", "tags": ["w"]],
+    ]
+
+    static let cases: [(String, [Value])] = [
+        ("a == 'x'", ["plain"]),
+        ("a != 'x'", ["lead", "nul", "other"]),
+        ("a > 'x'", ["nul"]),
+        ("a >= 'x'", ["nul", "plain"]),
+        ("a < 'x'", ["lead", "other"]),
+        ("a == ''", []),
+        ("a IN ['x', 'w']", ["other", "plain"]),
+        ("contains(tags, 'x')", ["plain"]),
+        ("!(a == 'x')", ["lead", "nul", "other"]),
+        ("a == 'x' || a == 'w'", ["other", "plain"]),
+    ]
+
+    func check(_ store: DocumentStore, _ label: String) throws {
+        for (text, expected) in Self.cases {
+            let query = try Query(text)
+            let inMemory = try store.documents(in: "c") { try query.matches($0) }.compactMap { $0["_id"] }
+            #expect(inMemory == expected, "\(label) memory: \(text)")
+            let found = try store.documents(in: "c", matching: query).compactMap { $0["_id"] }
+            #expect(found == expected, "\(label) find: \(text)")
+            #expect(try store.count(in: "c", matching: query) == expected.count, "\(label) count: \(text)")
+            let windowed = try store.documents(in: "c", matching: query, sort: [], limit: 1, offset: 1)
+            #expect(
+                windowed.compactMap { $0["_id"] } == Array(expected.dropFirst().prefix(1)), "\(label) window: \(text)")
+            let logged = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max, matching: query)
+            #expect(Set(logged.records.map(\.id)) == Set(expected), "\(label) changes: \(text)")
+        }
+    }
+
+    @Test func queriesAnswerAsInMemory() throws {
+        let store = try open()
+        try store.upsert(Self.documents, in: "c")
+        try check(store, "no index")
+        try store.createIndex(path: FieldPath(parsing: "a"), in: "c")
+        try check(store, "indexed")
+        store.close()
+        // Reopened: the store still knows the collection holds such strings.
+        let again = try open()
+        try check(again, "reopened")
+    }
+
+    /// A remove by query deletes only what the query selects.
+    @Test func removeByQueryRemovesOnlyMatches() throws {
+        let store = try open()
+        try store.upsert(Self.documents, in: "c")
+        let removed = try store.remove(in: "c", matching: try Query("a == 'x'"))
+        #expect(removed == ["plain"])
+        #expect(try store.document(id: "nul", in: "c")?["a"] == "x\u{0}y")
+    }
+
+    /// Strings with NUL that arrive in a peer's states are seen as such too.
+    @Test func mergedStatesAnswerAsInMemory() throws {
+        let source = try DocumentStore(path: dir.path("source.sqlite"))
+        try source.upsert(Self.documents, in: "c")
+        let records = try source.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records
+        let store = try open()
+        _ = try store.merge(
+            records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) },
+            from: Array(repeating: 7, count: 32), checkpoint: nil)
+        try check(store, "merged")
+    }
+
+    /// A store written before the store tracked such strings finds them when opened.
+    @Test func aStoreFromBeforeIsScannedOnOpen() throws {
+        let store = try open()
+        try store.upsert(Self.documents, in: "c")
+        store.close()
+        try forgetNULMarkers(dir.path("store.sqlite"))
+        let again = try open()
+        try check(again, "upgraded")
+    }
+}
+
+/// Deletes the store's records of which collections hold strings with NUL, and of having looked,
+/// as a store written by an earlier version has neither.
+private func forgetNULMarkers(_ path: String) throws {
+    let db = try Connection(path: path)
+    try db.execute("DELETE FROM meta WHERE key LIKE 'nul%'")
+}
