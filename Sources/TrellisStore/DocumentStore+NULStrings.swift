@@ -1,4 +1,4 @@
-public import TrellisCore
+import TrellisCore
 
 // Strings holding U+0000, and SQLite's JSON functions.
 //

@@ -325,6 +325,9 @@ public final class DocumentStore: Sendable {
         var closed = false
         /// Damaged rows met since open, with the reason (``DocumentStore/damagedDocuments()``).
         var damaged: [DocumentKey: String] = [:]
+        /// Whether the last local upsert found no row for its document (the next one then tries
+        /// to insert first, ``DocumentStore/upsert(_:in:)``).
+        var upsertsFindNoRow = true
         /// The collections that may hold a string with U+0000 (DocumentStore+NULStrings.swift).
         var nulCollections: Set<UTF8Key> = []
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
@@ -985,20 +988,33 @@ public final class DocumentStore: Sendable {
     }
 
     /// Upserts one checked document (``prepare(_:)``) inside a write transaction.
+    ///
+    /// While upserts find no row (an import, say), the next one first tries to insert the new
+    /// document where no row is (one B-tree descent instead of a look-up and then a write), when no
+    /// served scope needs to see the write; once one finds a row, upserts look up first again.
     private func upsertPrepared(
         _ s: inout State, _ collection: String, _ id: Value, _ key: String, _ fields: UTF8Map<Value>, now: UInt64
     ) throws {
-        guard var doc = try load(&s, collection, key) else {
+        let stamp = s.stamp(now: now)
+        func persistNew(ifAbsent: Bool) throws -> Bool {
             // A new document: one write of every field, stored without building its state.
             var materialized = fields
             materialized["_id"] = id
             let json = JSON.string(.map(materialized))
-            try persistSingleWrite(
-                &s, collection, key, stamp: s.stamp(now: now), json: json,
+            return try persistSingleWrite(
+                &s, collection, key, stamp: stamp, json: json, ifAbsent: ifAbsent,
                 document: { (.map(materialized), fields, json) })
+        }
+        if s.upsertsFindNoRow, s.servedScopes[UTF8Key(collection)]?.isEmpty ?? true {
+            if try persistNew(ifAbsent: true) { return }
+            s.upsertsFindNoRow = false
+        }
+        guard var doc = try load(&s, collection, key) else {
+            s.upsertsFindNoRow = true
+            _ = try persistNew(ifAbsent: false)
             return
         }
-        doc.merge(fields: fields, stamp: s.stamp(now: now))
+        doc.merge(fields: fields, stamp: stamp)
         try persist(&s, collection, key, id, doc)
     }
 

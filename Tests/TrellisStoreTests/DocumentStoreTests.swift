@@ -61,6 +61,27 @@ import TrellisTestKit
         #expect(log[0].isDeleted && log[0].seq == start + 3)
     }
 
+    /// A batch that mixes new documents, a live one and a removed one: each new one is inserted,
+    /// the others merged into their rows (whichever way the upsert looked for the row first).
+    @Test func upsertBatchesMixingNewAndExistingDocumentsMergeIntoRows() throws {
+        let store = try open()
+        try store.upsert([["_id": "live", "a": 1], ["_id": "gone", "a": 1]], in: "c")
+        try store.remove(id: "gone", in: "c")
+        clock.advance(by: 1)
+        let start = store.lastSeq
+        try store.upsert(
+            [["_id": "n1", "b": 1], ["_id": "live", "b": 2], ["_id": "n2", "b": 3], ["_id": "gone", "b": 4]], in: "c")
+        #expect(try store.document(id: "live", in: "c") == ["_id": "live", "a": 1, "b": 2])
+        #expect(try store.document(id: "gone", in: "c") == ["_id": "gone", "b": 4])
+        #expect(try store.document(id: "n1", in: "c") == ["_id": "n1", "b": 1])
+        #expect(try store.document(id: "n2", in: "c") == ["_id": "n2", "b": 3])
+        let log = try store.changes(in: "c", after: start, limit: 10, maxBytes: .max).records
+        #expect(log.map(\.id) == ["n1", "live", "n2", "gone"])
+        #expect(log.map(\.seq) == Array((start + 1)...(start + 4)))
+        try store.upsert(["_id": "n1", "c": 5], in: "c")
+        #expect(try store.document(id: "n1", in: "c") == ["_id": "n1", "b": 1, "c": 5])
+    }
+
     @Test func clockAndSeqSurviveRestart() throws {
         var stamp: HLCTimestamp
         var seq: Int64
