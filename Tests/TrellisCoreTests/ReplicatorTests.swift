@@ -508,6 +508,20 @@ import TrellisCore
         #expect(directives.contains { if case .retryDeferred = $0 { true } else { false } })
     }
 
+    /// A merge that fails part-way (disk full in a later piece) may have kept documents of its
+    /// earlier pieces aside: a retry is scheduled even if the peer never sends the batch again.
+    @Test func documentsDeferredByAMergeThatFailedLaterAreRetried() throws {
+        var r = established()
+        r.deferredRetried(remaining: 0, now: 0)  // nothing deferred so far
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        _ = r.received(.batch(subscription: spec.key, documents: [], upTo: 30, generation: 0), on: link, now: 1)
+        _ = r.applyFailed(link, subscription: spec.key, error: "disk full", now: 1)
+        let interval = ReplicatorConfiguration(peerKey: Self.keyA).deferredRetryInterval
+        let directives = r.tick(now: 1 + interval)
+        #expect(directives.contains { if case .retryDeferred = $0 { true } else { false } })
+    }
+
     // MARK: Item 6: regressed log
 
     @Test func aPeerHoldingACheckpointBeyondThisLogRotatesIt() {

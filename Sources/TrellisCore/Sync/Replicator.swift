@@ -715,11 +715,17 @@ public struct Replicator: Sendable {
 
     /// A merge failed (disk full, I/O error): nothing was acknowledged and the checkpoint did
     /// not move (pieces of the batch committed before the failure stay: merging them again
-    /// changes nothing); the session restarts from the stored checkpoint.
+    /// changes nothing); the session restarts from the stored checkpoint. Those pieces may have
+    /// kept documents aside, so a deferred retry is scheduled, as when a batch defers documents:
+    /// they are retried even if the peer never sends the batch again.
     public mutating func applyFailed(_ link: LinkID, subscription key: String, error: String, now: Millis)
         -> [ReplicatorDirective]
     {
-        close(link, "merging a batch failed: \(error)")
+        if !deferredPending {
+            deferredPending = true
+            nextDeferredRetry = now + configuration.deferredRetryInterval
+        }
+        return close(link, "merging a batch failed: \(error)")
     }
 
     // MARK: Status
