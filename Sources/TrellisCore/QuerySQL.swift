@@ -21,7 +21,8 @@ extension QueryPredicate {
     /// memory (the store does, DocumentStore+NULStrings.swift).
     ///
     /// Returns `nil` for: unbound `$args` (bind first); comparisons or `contains` between two
-    /// fields; equality, `contains` or `IN` with an array, map or bytes literal; ordering against
+    /// fields; equality, `contains` or `IN` with an array, map or bytes literal; `IN` with a list
+    /// holding a string with U+0000; ordering against
     /// bytes; paths through a key named `$bytes` (the JSON form of bytes), or with an empty key or
     /// a key holding `"`, `\` or a control character (SQLite's JSON path syntax cannot name them).
     ///
@@ -214,7 +215,8 @@ struct QuerySQLWriter {
     }
 
     /// `path IN [elements]`, however long the list: one term per type class present, each a
-    /// type check and, for numbers and strings, one `IN` over a bound JSON array:
+    /// type check and, for numbers and strings, one `IN` over a bound JSON array (no translation
+    /// when a string holds U+0000, which `json_each` would cut):
     ///
     ///     (COALESCE(json_type(doc, '$.x') IN ('integer', 'real'), 0)
     ///         AND json_extract(doc, '$.x') IN (SELECT value FROM json_each(?)))
@@ -233,7 +235,10 @@ struct QuerySQLWriter {
             case .null: hasNull = true
             case .bool(let b): booleans.insert(b)
             case .int, .double: numbers.append(element)
-            case .string: strings.append(element)
+            case .string(let text):
+                // `json_each` cuts a string at its first U+0000: such a list is evaluated in memory.
+                if text.utf8.contains(0) { return false }
+                strings.append(element)
             case .array, .map, .bytes: return false
             }
         }

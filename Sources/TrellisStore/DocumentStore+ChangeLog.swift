@@ -77,14 +77,21 @@ extension DocumentStore {
             // Below the retained floor the log no longer holds every remove.
             let floor = try Self.metaInt64(s.db, "floor:" + collection) ?? 0
             var page: ChangePage
-            do {
-                page = try changePage(
-                    &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: false)
-            } catch let error as SQLiteError where error.isMalformedJSON {
-                // A damaged JSON value in the page: evaluate the query only on valid JSON.
-                page = try changePage(
-                    &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: true)
+            func read(nulRows: Bool) throws -> ChangePage {
+                do {
+                    return try changePage(
+                        &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: false,
+                        nulRows: nulRows)
+                } catch let error as SQLiteError where error.isMalformedJSON {
+                    // A damaged JSON value in the page: evaluate the query only on valid JSON.
+                    return try changePage(
+                        &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: true,
+                        nulRows: nulRows)
+                }
             }
+            let nulRows = try mayHoldNUL(&s, collection)
+            page = try read(nulRows: nulRows)
+            if !nulRows, try answeredWithoutNULRows(&s, collection) { page = try read(nulRows: true) }
             page.belowFloor = after > 0 && after < floor
             // Nothing is left between the last row and the floor: an exhausted page covers it, so
             // the next page is not below the floor again.
@@ -95,14 +102,13 @@ extension DocumentStore {
 
     private func changePage(
         _ s: inout State, _ collection: String, _ after: Int64, _ limit: Int, _ maxBytes: Int, _ bound: Query,
-        _ translated: PushedQuery?, _ scope: Int64?, _ keys: [String]?, guarded: Bool
+        _ translated: PushedQuery?, _ scope: Int64?, _ keys: [String]?, guarded: Bool, nulRows: Bool
     ) throws -> ChangePage {
         // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged,
         // 3: send whatever it holds (it left the subscription's scope, DocumentStore+Scope.swift),
         // 4: evaluate in memory (its JSON holds a string with U+0000, DocumentStore+NULStrings.swift).
         // A translation SQLite refuses to prepare is evaluated in memory instead. Without a scope
         // (a whole collection, or no subscription named) every tombstone is sent.
-        let nulRows = Self.mayHoldNUL(s, collection)
         let (st, pushed) = try Self.preparePushedDown(s.db, translated) { pushed in
             let left =
                 scope.map { "WHEN deleted != 2 AND \(Self.leftScopeSQL($0)) THEN 3 WHEN deleted = 1 THEN 0 " } ?? ""

@@ -49,8 +49,27 @@ extension DocumentStore {
 
     /// Whether a collection may hold a string with U+0000 (its pushed-down queries then evaluate
     /// such rows in memory).
-    static func mayHoldNUL(_ s: State, _ collection: String) -> Bool {
-        !s.nulCollections.isEmpty && s.nulCollections.contains(UTF8Key(collection))
+    ///
+    /// A read-only store watches a log another process writes, so it reads the writer's mark
+    /// again each time (one primary-key look-up in `meta`); a store no writer of this version has
+    /// scanned yet (no `nul-scanned`) may hold such strings anywhere. Marks only ever appear, in the
+    /// transaction of the write that made them true: a reader that finds a collection unmarked
+    /// asks again after reading its rows and reads them again if it is marked now
+    /// (``answeredWithoutNULRows(_:_:)``).
+    func mayHoldNUL(_ s: inout State, _ collection: String) throws -> Bool {
+        let name = UTF8Key(collection)
+        if !s.nulCollections.isEmpty, s.nulCollections.contains(name) { return true }
+        guard options.readOnly else { return false }
+        guard try Self.meta(s.db, Self.nulMetaPrefix + collection) != nil || Self.meta(s.db, "nul-scanned") == nil
+        else { return false }
+        s.nulCollections.insert(name)
+        return true
+    }
+
+    /// Whether rows read without the in-memory step for strings with U+0000 must be read again
+    /// with it: in a read-only store, a writer marked the collection meanwhile (``mayHoldNUL(_:_:)``).
+    func answeredWithoutNULRows(_ s: inout State, _ collection: String) throws -> Bool {
+        options.readOnly ? try mayHoldNUL(&s, collection) : false
     }
 
     /// Marks `collection` as holding a string with U+0000 when the JSON just written holds one
@@ -66,22 +85,23 @@ extension DocumentStore {
     static let nulMetaPrefix = "nul:"
 
     /// The collections marked as holding strings with U+0000; a store not yet scanned for them
-    /// (written by an earlier version) is scanned, and the result recorded unless `readOnly`.
+    /// (written by an earlier version) is scanned and the result recorded, unless `readOnly`
+    /// (then ``mayHoldNUL(_:_:)`` counts every collection as marked).
     ///
     /// - Complexity: O(collections marked), or one scan of the documents table the first time.
     static func loadNULCollections(_ db: Connection, readOnly: Bool) throws -> Set<UTF8Key> {
         var marked: Set<UTF8Key> = []
         if try meta(db, "nul-scanned") == nil {
+            // Read-only: every collection counts as marked until a writer has scanned the store.
+            if readOnly { return [] }
             let scan = try db.prepare(
                 "SELECT DISTINCT collection FROM documents WHERE deleted = 0 AND \(nulEscapeSQL)")
             var found: [String] = []
             while try scan.step() { found.append(scan.string(0) ?? "") }
             scan.reset()
-            if !readOnly {
-                try db.transaction {
-                    for collection in found { try setMeta(db, nulMetaPrefix + collection, []) }
-                    try setMeta(db, "nul-scanned", [1])
-                }
+            try db.transaction {
+                for collection in found { try setMeta(db, nulMetaPrefix + collection, []) }
+                try setMeta(db, "nul-scanned", [1])
             }
             for collection in found { marked.insert(UTF8Key(collection)) }
             return marked

@@ -617,7 +617,7 @@ extension DocumentStore {
         let translated = bound.sqlWhere(column: "documents.value")
         let counted = try withState { s -> Int? in
             // Rows with U+0000 in a string are evaluated in memory (DocumentStore+NULStrings.swift).
-            if Self.mayHoldNUL(s, collection) {
+            if try mayHoldNUL(&s, collection) {
                 return try select(&s, collection, bound, sort: [], limit: nil, offset: 0).count
             }
             let (term, termBindings) = Self.collectionTerm(collection)
@@ -631,11 +631,16 @@ extension DocumentStore {
                 _ = try prepared.step()
                 return Int(prepared.int64(0))
             }
-            do { return try count { "(\($0.sql))" } } catch let error as SQLiteError where error.isMalformedJSON {
+            let counted: Int?
+            do { counted = try count { "(\($0.sql))" } } catch let error as SQLiteError where error.isMalformedJSON {
                 // A damaged row: count the others.
                 try noteDamagedJSON(&s, collection)
-                return try count { Self.guarded($0.sql) }
+                counted = try count { Self.guarded($0.sql) }
             }
+            if try answeredWithoutNULRows(&s, collection) {
+                return try select(&s, collection, bound, sort: [], limit: nil, offset: 0).count
+            }
+            return counted
         }
         if let counted { return counted }
         return try documents(in: collection) { try bound.matches($0) }.count
@@ -774,7 +779,16 @@ extension DocumentStore {
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
     ) throws -> [(key: String, value: Value)] {
-        let nulRows = Self.mayHoldNUL(s, collection)
+        let nulRows = try mayHoldNUL(&s, collection)
+        let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset, nulRows: nulRows)
+        guard !nulRows, try answeredWithoutNULRows(&s, collection) else { return rows }
+        return try select(&s, collection, bound, sort: sort, limit: limit, offset: offset, nulRows: true)
+    }
+
+    private func select(
+        _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int,
+        nulRows: Bool
+    ) throws -> [(key: String, value: Value)] {
         func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
             pushed != nil && sort.isEmpty && !nulRows ? (limit, offset) : nil
         }

@@ -17,7 +17,7 @@ import TrellisTestKit
     static let pool: [Value] = [
         0, 1, -1, 4, .double(4), .double(-0.0), .double(0.5), .double(0.1), .int(9_007_199_254_740_993),
         .double(9_007_199_254_740_992), .int(.max), .int(.min), .double(1e300), .double(-1e-300),
-        "", "4", "Japan", "\u{E9}", "e\u{301}", "nul\u{0}x", "it's", "quo\"te", "back\\slash", "\u{1F600}",
+        "", "4", "Japan", "\u{E9}", "e\u{301}", "nul\u{0}x", "nul", "it's", "quo\"te", "back\\slash", "\u{1F600}",
         nil, true, false, [1], ["k": 1],
     ]
 
@@ -42,9 +42,12 @@ import TrellisTestKit
 
     /// A list of `count` scalars: the pool's scalars, then random numbers and strings.
     func randomList(_ count: Int, _ rng: inout SeededRandom) -> [Value] {
+        // A list holding a string with U+0000 is not translated (json_each would cut it) but
+        // evaluated in memory (NULStringTests): these lists are the ones SQLite answers.
         var list = Self.pool.filter {
             switch $0 {
             case .array, .map, .bytes: return false
+            case .string(let text): return !text.utf8.contains(0)
             default: return true
             }
         }

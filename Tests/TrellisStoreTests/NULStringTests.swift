@@ -94,6 +94,81 @@ import TrellisTestKit
     }
 }
 
+/// Strings with U+0000 that the collection's mark does not cover: in a query's `IN` list, and
+/// in a store another process writes.
+@Suite struct NULStringListAndReaderTests {
+    let dir = TemporaryDirectory("trellis-nul-lists")
+
+    static let plain: [Value] = [
+        ["_id": "plain", "a": "x"],
+        ["_id": "other", "a": "w"],
+    ]
+
+    /// The NUL is in the query, not in a document: an `IN` list of two strings or more would be
+    /// bound as one JSON array read by `json_each`, which cuts `'x\u0000y'` to `'x'`, so
+    /// `a IN ['x\u0000y', 'q']` would select a document whose `a` is `"x"`. No document holds a
+    /// NUL (the collection is not marked): such a list is evaluated in memory.
+    @Test func inListLiteralWithNULMatchesWholeStringsOnly() throws {
+        let store = try DocumentStore(path: dir.path("store.sqlite"))
+        try store.upsert(Self.plain, in: "c")
+        let query = try Query("a IN ['x\\u0000y', 'q']")
+        #expect(try query.matches(["_id": "plain", "a": "x"]) == false)
+        let inMemory = try store.documents(in: "c") { try query.matches($0) }.compactMap { $0["_id"] }
+        #expect(inMemory == [])
+        #expect(try store.documents(in: "c", matching: query).compactMap { $0["_id"] } == [])
+        #expect(try store.count(in: "c", matching: query) == 0)
+        let logged = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max, matching: query)
+        #expect(logged.records.map(\.id) == [])
+        // A remove by that query removes only what it selects.
+        #expect(try store.remove(in: "c", matching: query) == [])
+        #expect(try store.document(id: "plain", in: "c") != nil)
+    }
+
+    /// The same with the list given as `$args`, and `contains` written with the list first.
+    @Test func inListArgumentWithNULMatchesWholeStringsOnly() throws {
+        let store = try DocumentStore(path: dir.path("store.sqlite"))
+        try store.upsert(Self.plain, in: "c")
+        let args: UTF8Map<Value> = ["list": ["x\u{0}y", "q"]]
+        for text in ["a IN $args.list", "contains($args.list, a)"] {
+            let query = try Query(text)
+            #expect(try store.documents(in: "c", matching: query, args: args).compactMap { $0["_id"] } == [], "\(text)")
+            #expect(try store.count(in: "c", matching: query, args: args) == 0, "\(text)")
+        }
+        #expect(try store.evict(in: "c", matching: try Query("a IN $args.list"), args: args) == [])
+        #expect(try store.document(id: "plain", in: "c") != nil)
+    }
+
+    /// In a collection marked as holding NUL strings, its rows without the escape are answered
+    /// by SQLite: the list must not be cut there either.
+    @Test func inListLiteralWithNULInAMarkedCollection() throws {
+        let store = try DocumentStore(path: dir.path("store.sqlite"))
+        try store.upsert(Self.plain + [["_id": "nul", "a": "x\u{0}y"]], in: "c")
+        let query = try Query("a IN ['x\\u0000y', 'q']")
+        #expect(try store.documents(in: "c", matching: query).compactMap { $0["_id"] } == ["nul"])
+        #expect(try store.count(in: "c", matching: query) == 1)
+    }
+
+    /// A read-only store watching the log of a node that writes the same file (what `lastSeq`
+    /// re-reads the database for) sees the marks the writer made after it opened.
+    @Test func readOnlyStoreSeesNULStringsWrittenAfterItOpened() throws {
+        let writer = try DocumentStore(path: dir.path("store.sqlite"))
+        try writer.upsert([["_id": "other", "a": "w"]], in: "c")
+        var options = StoreOptions()
+        options.readOnly = true
+        let reader = try DocumentStore(path: dir.path("store.sqlite"), options: options)
+        try writer.upsert([["_id": "plain", "a": "x"], ["_id": "nul", "a": "x\u{0}y"]], in: "c")
+        #expect(reader.lastSeq == writer.lastSeq)
+        let query = try Query("a == 'x'")
+        #expect(try writer.documents(in: "c", matching: query).compactMap { $0["_id"] } == ["plain"])
+        #expect(try reader.documents(in: "c", matching: query).compactMap { $0["_id"] } == ["plain"])
+        #expect(try reader.count(in: "c", matching: query) == 1)
+        let logged = try reader.changes(in: "c", after: 0, limit: 100, maxBytes: .max, matching: query)
+        #expect(logged.records.map(\.id) == ["plain"])
+        let greater = try Query("a > 'x'")
+        #expect(try reader.documents(in: "c", matching: greater).compactMap { $0["_id"] } == ["nul"])
+    }
+}
+
 /// Deletes the store's records of which collections hold strings with NUL, and of having looked,
 /// as a store written by an earlier version has neither.
 private func forgetNULMarkers(_ path: String) throws {
