@@ -671,6 +671,30 @@ import TrellisSimulation
         #expect(try Self.get(b, "X")?["status"] == "closed")
         open.cancel()
     }
+
+    /// F20's other way in: B, subscribed to `v >= 5`, writes d9 {v: 6} while apart; A writes
+    /// d9 {v: 2} later. When they meet, A merges B's d9 (v: 2 wins) and must send the result
+    /// back, although it does not match B's query: B holds d9. Found by the sweep (seed 3463 of
+    /// the wide workload): B kept showing v: 6 in its `v >= 5` results for good.
+    @Test func aDocumentASubscriberWroteApartComesBackWithTheMeshsState() throws {
+        let mesh = try Mesh(seed: 121, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        let high = try b.store.collection("items").find("v >= 5").subscribe()
+        try b.watch("items", query: "v >= 5")
+        try b.store.collection("items").upsert(["_id": "d9", "v": 6])
+        mesh.sim.run(for: 1_000)
+        try a.store.collection("items").upsert(["_id": "d9", "v": 2])
+        mesh.sim.connect(b, a)
+        try mesh.sim.runUntilQuiet()
+        b.store.flushLiveQueries()
+        #expect(try Self.get(a, "d9")?["v"] == 2)
+        #expect(try Self.get(b, "d9")?["v"] == 2)
+        #expect(try b.store.collection("items").find("v >= 5").count() == 0)
+        #expect(b.lastLiveResults["items: v >= 5"]?.isEmpty == true)
+        try mesh.sim.check()
+        high.cancel()
+    }
 }
 
 /// Collects the `_id`s a live query showed, and those it reported inserted twice.
