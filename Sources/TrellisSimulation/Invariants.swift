@@ -110,7 +110,8 @@ final class LiveResults: @unchecked Sendable {
 extension Simulation {
     /// Checks every invariant; call it once the mesh is healed and quiet (``runUntilQuiet(quietFor:timeout:)``).
     ///
-    /// Built in: replicas with overlapping subscriptions hold the same documents and tombstones;
+    /// Built in: replicas with overlapping subscriptions hold the same documents and tombstones (a
+    /// query subscriber: what its query matches, and every document it holds, matching or not);
     /// every write acknowledged to an app is present on every replica of its collection (unless
     /// its node was wiped before it could travel); nothing removed everywhere comes back without
     /// a new write; clocks and checkpoints never go backwards; every watched live query's last
@@ -197,11 +198,12 @@ extension Simulation {
                         let id = (try? JSON.parse(key.string)) ?? .null
                         let matches = decoded.materialize(id: id).map { (try? query.matches($0)) ?? false } ?? false
                         let holds = actual[key] != nil
-                        guard matches || (decoded.isDeleted && holds) else { continue }
+                        // What it holds outside its query stays up to date too (docs/MESH.md).
+                        guard matches || holds else { continue }
                         if actual[key] != state {
                             violations.append(
                                 "\(node.name) (\(spec)) \(holds ? "holds another state of" : "lacks") \(collection)/\(key) that \(reference.name) has"
-                            )
+                                    + (matches ? "" : " (it holds it outside its query)"))
                         }
                     }
                 }

@@ -1,4 +1,6 @@
+import Trellis
 import TrellisCore
+import TrellisStore
 
 /// A fault a ``RandomWorkload`` may inject.
 public enum SimulatedFault: String, CaseIterable, Sendable, Comparable {
@@ -58,6 +60,8 @@ public struct RandomWorkload: Sendable {
     public var faults: Set<SimulatedFault> = Set(SimulatedFault.allCases)
     /// Distinct `_id`s written to (fewer means more conflicts).
     public var documents = 12
+    /// The app operations drawn (``WorkloadOperations``).
+    public var operations = WorkloadOperations.wide
 
     public init() {}
 
@@ -85,7 +89,9 @@ public struct RandomWorkload: Sendable {
                 try node.watch("items")
             }
             node.mirrorContacts("items")
+            if operations == .wide { try WideOperations.watch(node) }
         }
+        if operations == .wide { sim.invariants.append(WideOperations.queriesAgree) }
         var partitioned = false
         for _ in 0..<steps {
             sim.run(for: Millis.random(in: 0...1_500, using: &random))
@@ -114,6 +120,23 @@ public struct RandomWorkload: Sendable {
         guard let node = up.randomElement(using: &random) else { return }
         let items = node.store.collection("items")
         let id = Value.string("d\(Int.random(in: 0..<documents, using: &random))")
+        guard operations == .wide else { return try basicOperation(sim, node, items, id, &random) }
+        if Int.random(in: 0..<2, using: &random) == 0 {
+            try WideOperations(evicts: faults.contains(.evict)).run(sim, node, items, id, &random)
+            return
+        }
+        do {
+            try basicOperation(sim, node, items, id, &random)
+        } catch let error as StoreError where error.refusesOneDocument {
+            // The wide operations may have left a non-number where this increments.
+            sim.note("\(node.name) app: refused: \(error)")
+        }
+    }
+
+    private func basicOperation(
+        _ sim: Simulation, _ node: SimulatedNode, _ items: TrellisCollection, _ id: Value,
+        _ random: inout SplitMix64
+    ) throws {
         switch Int.random(in: 0..<10, using: &random) {
         case 0...3:
             var fields: UTF8Map<Value> = ["_id": id, "v": .int(Int64.random(in: 0...9, using: &random))]

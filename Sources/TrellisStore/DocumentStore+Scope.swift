@@ -261,7 +261,9 @@ extension DocumentStore {
     }
 
     /// Records that the subscriber of `spec` holds a document (it sent it here), so that changes to
-    /// it are sent to that subscriber whatever its query matches.
+    /// it are sent to that subscriber whatever its query matches. A newly recorded document
+    /// concerns `spec` in this commit's scope check: ``trackScope(_:_:_:new:)`` ran before it was
+    /// recorded, and the merged state, if it is not the one the subscriber sent, must reach it.
     ///
     /// - Returns: `true` when the document was not recorded in that scope before.
     @discardableResult
@@ -271,7 +273,9 @@ extension DocumentStore {
         st.bind(2, key)
         st.bind(3, spec.scopeHash)
         try st.run()
-        return s.db.changes > 0
+        guard s.db.changes > 0 else { return false }
+        s.scopeChecked[UTF8Key(collection)]?.check.concerned.insert(spec.scopeHash)
+        return true
     }
 
     /// Gives a document's row the next `seq`, unchanged otherwise, so that change-log pages after

@@ -12,7 +12,8 @@ enum SimulateCommand {
 
         Usage:
           trellis simulate [--seeds N] [--from SEED] [--nodes M|MIN-MAX] [--steps K] [--faults LIST]
-          trellis simulate --replay SEED [--nodes …] [--steps …] [--faults …]
+                           [--operations basic|wide]
+          trellis simulate --replay SEED [--nodes …] [--steps …] [--faults …] [--operations …]
 
         Flags:
           --seeds N       how many seeds to run (default 100), from --from (default 1)
@@ -20,6 +21,9 @@ enum SimulateCommand {
           --steps K       random operations and faults per run before the final heal (default 60)
           --faults LIST   comma-separated: partition, links, crash, wipe, clock, latency, reset,
                           unreliable, evict; or all (default), none
+          --operations O  the app operations: wide (default: values of every type and edge,
+                          remove, evict and update by query, nested fields) or basic (small
+                          ints and four strings, as seeds recorded before wide replay)
           --replay SEED   run one seed and print its trace, then the verdict
 
         Prints each failing seed with what broke and the command that replays it; a progress line
@@ -27,7 +31,8 @@ enum SimulateCommand {
         """
 
     static func run(_ args: [String]) throws {
-        let parsed = try Arguments(args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "replay"])
+        let parsed = try Arguments(
+            args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "replay"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -38,6 +43,12 @@ enum SimulateCommand {
         var workload = RandomWorkload()
         if let nodes = parsed.value("nodes") { workload.nodes = try parseRange(nodes) }
         if let steps = parsed.value("steps") { workload.steps = try number("steps", steps, at: 0...1_000_000) }
+        if let operations = parsed.value("operations") {
+            guard let chosen = WorkloadOperations(rawValue: operations) else {
+                throw UsageError("--operations takes basic or wide, not '\(operations)'")
+            }
+            workload.operations = chosen
+        }
         do {
             workload.faults = try SimulatedFault.parse(parsed.value("faults") ?? "all")
         } catch {
@@ -91,7 +102,8 @@ enum SimulateCommand {
 
     /// The flags that shape a run, to repeat in a replay command.
     static func describe(_ parsed: Arguments) -> String {
-        ["nodes", "steps", "faults"].compactMap { name in parsed.value(name).map { " --\(name) \($0)" } }.joined()
+        ["nodes", "steps", "faults", "operations"].compactMap { name in parsed.value(name).map { " --\(name) \($0)" } }
+            .joined()
     }
 
     static func parseRange(_ text: String) throws -> ClosedRange<Int> {

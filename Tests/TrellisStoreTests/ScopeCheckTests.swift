@@ -61,6 +61,28 @@ import TrellisTestKit
         #expect(fourth.unconcerned == all.subtracting(hashes(["n > 3"])))
     }
 
+    /// A document merged from a query subscriber enters its subscription's scope (the sender holds
+    /// it): when the merged state does not match the query and is not the one the sender holds,
+    /// the commit concerns that subscription, else the sync engine would not scan for it and the
+    /// sender would keep its older state (found by the simulator's sweep: a subscriber to
+    /// `v >= 5` kept showing `v: 6` after reconnecting; the mesh had `v: []`).
+    @Test func aDocumentMergedFromASubscriberConcernsItsSubscription() throws {
+        let store = try openStore(dir, "c.sqlite", clock: clock)
+        let subscriber = try openStore(dir, "d.sqlite", clock: clock)
+        let high = SubscriptionSpec(collection: "items", query: "v >= 5")
+        try serve(store, high)
+        try subscriber.upsert(["_id": "d9", "v": 6], in: "items")  // written apart
+        clock.advance(by: 1_000)
+        try store.upsert(["_id": "d9", "v": 2], in: "items")  // later: wins over v: 6
+        let merged = try #require(
+            try check(store, "items") {
+                _ = try store.merge(try batch(of: subscriber, "items"), from: [9], checkpoint: nil, heldBy: [high])
+            })
+        #expect(try store.document(id: "d9", in: "items")?["v"] == 2)
+        #expect(merged.concerned.contains(high.scopeHash))
+        #expect(!merged.unconcerned.contains(high.scopeHash))
+    }
+
     /// Collections without served query subscriptions, and commits not every change of which was
     /// checked (evictions, a store that has served nothing), carry no check: everything scans.
     @Test func uncheckedCommitsCarryNoCheck() throws {
