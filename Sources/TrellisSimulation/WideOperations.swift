@@ -30,7 +30,8 @@ struct WideOperations {
     static let values: [Value] = [
         .int(5), .int(7), .int(-1), .int(1 << 53), .int((1 << 53) + 1), .int(Int64.max), .int(Int64.min),
         .double(-0.0), .double(0.0), .double(5.5), .double(5.0), .double(4.999_999_999_999_999), .double(1e300),
-        .double(-1e300), .double(5e-324), .double(9_007_199_254_740_992.0), .double(9_223_372_036_854_775_808.0),
+        .double(-1e300), .double(.leastNonzeroMagnitude), .double(9_007_199_254_740_992.0),
+        .double(9_223_372_036_854_775_808.0),
         .string("x\u{0}y"), .string("\u{0}"), .string(""), .string("x"), .string("e\u{301}"), .string("[1]"),
         .string("{}"), .string("5"), .string("null"), .string("true"), .bool(true), .bool(false), .null,
         .bytes([]), .bytes([0, 5]), .array([]), .array([.int(5)]), .array([.int(7), "a", .array([.null])]),

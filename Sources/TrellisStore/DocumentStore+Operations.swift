@@ -474,6 +474,10 @@ extension DocumentStore {
         var evicted: [Value] = []
         for (id, key) in rows {
             guard let doc = try loadLive(&s, collection, key) else { continue }
+            // The served query subscriptions its value matches hold it whatever it becomes: once
+            // a stub, what it matched is unknown (DocumentStore+Scope.swift), so it leaves their
+            // scope now, as if removed, and its later states reach them when it is fetched again.
+            try trackScope(&s, collection, key, new: { nil })
             // Every stamp, context and counter total stays; the values go (docs/DATA-MODEL.md rule 8).
             try writeRow(&s, collection, key, kind: .stub, state: doc.evictionStub().cbor(), value: nil)
             evicted.append(id)

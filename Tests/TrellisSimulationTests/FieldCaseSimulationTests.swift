@@ -699,11 +699,10 @@ import TrellisSimulation
     /// F20 through an eviction: B (subscribed to `v >= 5`, connected to A only) holds d0 {v: 7};
     /// A evicts d0, C changes it to v: 2, A fetches it again. B must hear that d0 left its query.
     /// A's row went from a stub to v: 2, and the store records no scope change for a stub ("what it
-    /// matched is unknown"), so A never sends d0 to B, which shows v: 7 in its results for good.
-    /// Found by the wide sweep (seed 5512). A fix could record, when a document is evicted, the
-    /// served query subscriptions its value matched (as if it left their scope).
-    @Test(.disabled("a document evicted and fetched again that no longer matches is not sent to query subscribers"))
-    func aDocumentEvictedAndFetchedAgainIsSeenLeavingScope() throws {
+    /// matched is unknown"), so A sent d0 to B never again, and B showed v: 7 in its results for
+    /// good. Found by the wide sweep (seed 5512). An eviction now records the served query
+    /// subscriptions the document's value matched (as if it left their scope).
+    @Test func aDocumentEvictedAndFetchedAgainIsSeenLeavingScope() throws {
         let mesh = try Mesh(seed: 122, nodes: 1)
         let a = mesh[0]
         let (b, c) = (try mesh.sim.addNode(), try mesh.sim.addNode())
