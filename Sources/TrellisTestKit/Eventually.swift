@@ -31,11 +31,29 @@ public func pause(_ seconds: Double) async {
     try? await Task.sleep(for: .microseconds(Int(seconds * 1_000_000)))
 }
 
-/// Runs `body` on a global dispatch thread and returns its result, for blocking work whose
-/// timing matters (a kill at a chosen instant): on the cooperative pool, which the test runner
-/// shares among the tests that run at the same time, a sleeping task may wake up late.
+/// Runs `body` on a thread of its own and returns its result, for blocking work whose timing
+/// matters (a kill at a chosen instant) and for long computations (a sweep of seeds).
+///
+/// The test runner shares the cooperative pool (one thread per core, and on Linux the global
+/// dispatch queues draw from the same few threads) among the tests that run at the same time: a
+/// test that computes on it for minutes leaves the others' tasks waiting, and their deadlines
+/// expire although nothing is wrong. A dedicated thread leaves the pool to them.
+///
+/// - Returns: what `body` returned.
+/// - Throws: what `body` threw.
+public func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        let thread = Thread { continuation.resume(with: Result { try body() }) }
+        thread.stackSize = 8 << 20
+        thread.start()
+    }
+}
+
+/// ``onOwnThread(_:)`` for a body that cannot throw.
 public func offPool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
     await withCheckedContinuation { continuation in
-        DispatchQueue.global().async { continuation.resume(returning: body()) }
+        let thread = Thread { continuation.resume(returning: body()) }
+        thread.stackSize = 8 << 20
+        thread.start()
     }
 }

@@ -53,7 +53,7 @@ import TrellisTestKit
             let sessionDelay = Double.random(in: 0..<window, using: &rng) / 1000
             let launched = Date()
             let node = try TrellisProcess(arguments(b))
-            // Timed and killed on a dispatch thread: a task of the shared pool may wake up late.
+            // Timed and killed on a thread of its own: a task of the shared pool may wake up late.
             // The result: nil when no session came; otherwise how long the session lasted (nil
             // for a kill before it) and how long the node had run.
             let timing = await offPool { () -> (session: Double?, run: Double, startup: Double)? in
@@ -148,7 +148,7 @@ import TrellisTestKit
         for round in 1...50 {
             try workload.write(round: round, to: file)
             let importing = try TrellisProcess(["import", "--data", data, "items", file])
-            // Timed and killed on a dispatch thread: a task of the shared pool may wake up late.
+            // Timed and killed on a thread of its own: a task of the shared pool may wake up late.
             // Half of the kills anywhere in the run, half in its last part (the transaction, the
             // commit, the report).
             let fraction =
