@@ -13,6 +13,11 @@
 # A target's default libFuzzer options, if any, are in Fuzz/TARGET/options (whitespace-separated,
 # `#` starts a comment); they come before the options given here, and libFuzzer takes the last.
 # Prints one line per target: executions, executions per second, corpus size, crashed or not.
+#
+# FUZZ_ASAN=0 builds without AddressSanitizer (coverage only, in .build-fuzz-noasan, sharing the
+# corpus): three to five times the executions per second, for long runs. Swift's own checks
+# (bounds, overflow, exclusivity) still trap; what is lost is ASan's view of the C libraries'
+# memory (SQLite, libsodium) and of unsafe pointers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,19 +52,25 @@ else
 fi
 
 scratch=.build-fuzz
+sanitizers=fuzzer,address
+build_scratch=$scratch
+if [ "${FUZZ_ASAN:-1}" = 0 ]; then
+    sanitizers=fuzzer
+    build_scratch=.build-fuzz-noasan
+fi
 status=0
 for target in "${selected[@]}"; do
-    echo "== $target: building (release, -sanitize=fuzzer,address; log in $scratch/build-$target.log)"
-    mkdir -p "$scratch"
+    echo "== $target: building (release, -sanitize=$sanitizers; log in $build_scratch/build-$target.log)"
+    mkdir -p "$scratch" "$build_scratch"
     # --sanitize=fuzzer makes SwiftPM link libFuzzer's main; swiftc keeps only its last -sanitize=
     # flag, so coverage and ASan come together in one -Xswiftc flag (Fuzz/README.md).
-    if ! swift build -c release --product "$target" --scratch-path "$scratch" \
-        --sanitize=fuzzer -Xswiftc -sanitize=fuzzer,address >"$scratch/build-$target.log" 2>&1; then
-        grep -E 'error' "$scratch/build-$target.log" | head -20 || tail -20 "$scratch/build-$target.log"
+    if ! swift build -c release --product "$target" --scratch-path "$build_scratch" \
+        --sanitize=fuzzer -Xswiftc -sanitize="$sanitizers" >"$build_scratch/build-$target.log" 2>&1; then
+        grep -E 'error' "$build_scratch/build-$target.log" | head -20 || tail -20 "$build_scratch/build-$target.log"
         echo "fuzz: building $target failed" >&2
         exit 1
     fi
-    binary="$scratch/release/$target"
+    binary="$build_scratch/release/$target"
     corpus="$scratch/corpus/$target"
     crashes="crashes/$target"
     log="$scratch/run-$target.log"
