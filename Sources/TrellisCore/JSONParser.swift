@@ -45,8 +45,27 @@ struct JSONParser {
 
     /// Parses exactly one JSON text from `input`.
     static func parse(_ input: UnsafeRawBufferPointer) throws(JSONError) -> Value {
+        if let text = plainString(input) { return .string(text) }
         var parser = JSONParser(input)
         return try parser.parseDocument()
+    }
+
+    /// The content of a text that is one string literal without escapes, control characters or
+    /// surrounding whitespace (every stored `_id` key of a string `_id`), read without the
+    /// parser's stacks; `nil` for any other text, including invalid UTF-8, which the parser then
+    /// reports.
+    ///
+    /// - Complexity: O(n), one pass plus UTF-8 validation.
+    private static func plainString(_ input: UnsafeRawBufferPointer) -> String? {
+        let n = input.count
+        guard n >= 2, input[0] == quote, input[n - 1] == quote else { return nil }
+        var i = 1
+        while i < n - 1 {
+            let b = input[i]
+            if b == quote || b == backslash || b < 0x20 { return nil }
+            i += 1
+        }
+        return String(validating: input[1..<(n - 1)], as: UTF8.self)
     }
 
     // MARK: Bytes
@@ -190,11 +209,27 @@ struct JSONParser {
     ///
     /// - Complexity: O(k) for k members in sorted order, O(k log k) otherwise.
     private mutating func closeObject(_ frame: Frame) {
-        let count = values.count - frame.valueStart
-        var members: [(String, Value)] = []
-        members.reserveCapacity(count)
-        for k in 0..<count { members.append((keys[frame.keyStart + k], values[frame.valueStart + k])) }
-        let map = UTF8Map(members, uniquingKeysWith: { _, last in last })
+        // Trellis writes keys in byte order (JSONWriter), so stored JSON needs no sort: the
+        // keys and members move into the map as they are.
+        var ascending = true
+        var k = frame.keyStart + 1
+        while k < keys.count {
+            if UTF8Key.compare(keys[k - 1], keys[k]) >= 0 {
+                ascending = false
+                break
+            }
+            k += 1
+        }
+        let map: UTF8Map<Value>
+        if ascending {
+            map = UTF8Map(ascendingKeys: Array(keys[frame.keyStart...]), members: Array(values[frame.valueStart...]))
+        } else {
+            let count = values.count - frame.valueStart
+            var members: [(String, Value)] = []
+            members.reserveCapacity(count)
+            for k in 0..<count { members.append((keys[frame.keyStart + k], values[frame.valueStart + k])) }
+            map = UTF8Map(members, uniquingKeysWith: { _, last in last })
+        }
         keys.removeSubrange(frame.keyStart...)
         values.removeSubrange(frame.valueStart...)
         values.append(Self.bytesOrMap(map))

@@ -78,6 +78,17 @@ public struct UTF8Map<Mapped> {
         try self.init(sortingPairs: Array(pairs)) { _, first, second in try combine(first, second) }
     }
 
+    /// A map from keys already in strictly ascending byte order and their members, taken as
+    /// they are.
+    ///
+    /// - Precondition: `keys` ascend strictly by ``UTF8Key/compare(_:_:)`` and `members` has
+    ///   as many elements; neither is checked (the caller just did).
+    /// - Complexity: O(1).
+    init(ascendingKeys keys: [String], members: [Mapped]) {
+        storedKeys = keys
+        storedValues = members
+    }
+
     /// Sorts pairs stably by key bytes and merges runs of equal keys with `combine`.
     private init(
         sortingPairs pairs: [(String, Mapped)], combine: (String, Mapped, Mapped) throws -> Mapped

@@ -2,7 +2,7 @@
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
-//       [--sync-costs]
+//       [--sync-costs] [--wire [--verbose]] [--contacts]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -45,6 +45,7 @@ var handshakesOnly = false
 var hostileOnly = false
 var syncCostsOnly = false
 var wireOnly = false
+var contactsOnly = false
 var verbose = false
 var replicationRuns = 1
 var i = 0
@@ -61,6 +62,7 @@ while i < args.count {
     case "--hostile": hostileOnly = true
     case "--sync-costs": syncCostsOnly = true
     case "--wire": wireOnly = true
+    case "--contacts": contactsOnly = true
     case "--verbose": verbose = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
@@ -83,7 +85,7 @@ while i < args.count {
         print(
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
                 + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
-                + " [--wire [--verbose]]"
+                + " [--wire [--verbose]] [--contacts]"
         )
         exit(0)
     default:
@@ -204,6 +206,12 @@ if hostileOnly {
         figures,
         heading: "trellis-bench --hostile: an honest node joins a node holding 2,000 documents, idle and while "
             + "strangers hold 100 connections to it, release build expected")
+    exit(0)
+}
+if contactsOnly {
+    printFigures(
+        try contactsFigures(scratch: scratch),
+        heading: "trellis-bench --contacts: 100,000 contacts enumerated, release build expected")
     exit(0)
 }
 if handshakesOnly {
