@@ -84,17 +84,17 @@ import TrellisTestKit
     }
 }
 
-/// The bounded sweep: 240 seeds of random meshes (3–8 nodes) with random app operations and
+/// The bounded sweep: 200 seeds of random meshes (3–8 nodes) with random app operations and
 /// every fault, each healed and checked. The first seed is random each run (printed); replay a
 /// run with `TRELLIS_SEED=<first seed>`, or one failing seed with `trellis simulate --replay SEED`.
 @Suite struct SimulationSweepTests {
     @Test func randomMeshesKeepEveryInvariant() async throws {
         let (_, first) = SeededRandom.fromEnvironment(default: UInt64.random(in: 0...(1 << 40)))
-        print("SimulationSweepTests seeds \(first)…\(first + 239) (replay: TRELLIS_SEED=\(first))")
+        print("SimulationSweepTests seeds \(first)…\(first + 199) (replay: TRELLIS_SEED=\(first))")
         // Minutes of computation: on a thread of its own, not the pool the other tests wait on.
         let failures = try await onOwnThread { () throws -> [String] in
             var failures: [String] = []
-            for seed in first..<(first + 240) {
+            for seed in first..<(first + 200) {
                 do {
                     try RandomWorkload().run(seed: seed, tracing: false)
                 } catch let failure as SimulationFailure {
@@ -104,7 +104,7 @@ import TrellisTestKit
             return failures
         }
         #expect(
-            failures.isEmpty, "\(failures.count) of 240 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
+            failures.isEmpty, "\(failures.count) of 200 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
 
     /// Seeds the sweep once failed on, each kept after its fix (with the operations the sweep
