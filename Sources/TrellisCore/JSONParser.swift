@@ -209,27 +209,9 @@ struct JSONParser {
     ///
     /// - Complexity: O(k) for k members in sorted order, O(k log k) otherwise.
     private mutating func closeObject(_ frame: Frame) {
-        // Trellis writes keys in byte order (JSONWriter), so stored JSON needs no sort: the
-        // keys and members move into the map as they are.
-        var ascending = true
-        var k = frame.keyStart + 1
-        while k < keys.count {
-            if UTF8Key.compare(keys[k - 1], keys[k]) >= 0 {
-                ascending = false
-                break
-            }
-            k += 1
-        }
-        let map: UTF8Map<Value>
-        if ascending {
-            map = UTF8Map(ascendingKeys: Array(keys[frame.keyStart...]), members: Array(values[frame.valueStart...]))
-        } else {
-            let count = values.count - frame.valueStart
-            var members: [(String, Value)] = []
-            members.reserveCapacity(count)
-            for k in 0..<count { members.append((keys[frame.keyStart + k], values[frame.valueStart + k])) }
-            map = UTF8Map(members, uniquingKeysWith: { _, last in last })
-        }
+        let map = UTF8Map(
+            keys: Array(keys[frame.keyStart...]), members: Array(values[frame.valueStart...]),
+            uniquingKeysWith: { _, last in last })
         keys.removeSubrange(frame.keyStart...)
         values.removeSubrange(frame.valueStart...)
         values.append(Self.bytesOrMap(map))

@@ -78,43 +78,51 @@ public struct UTF8Map<Mapped> {
         try self.init(sortingPairs: Array(pairs)) { _, first, second in try combine(first, second) }
     }
 
-    /// A map from keys already in strictly ascending byte order and their members, taken as
-    /// they are.
+    /// A map from parallel arrays of keys and their members, in any order, combining the members
+    /// of a key that appears more than once (the later one is `combine`'s second argument).
     ///
-    /// - Precondition: `keys` ascend strictly by ``UTF8Key/compare(_:_:)`` and `members` has
-    ///   as many elements; neither is checked (the caller just did).
-    /// - Complexity: O(1).
-    init(ascendingKeys keys: [String], members: [Mapped]) {
-        storedKeys = keys
-        storedValues = members
+    /// Keys that already ascend strictly by byte order (all JSON Trellis writes) are taken as
+    /// they are, arrays and all.
+    ///
+    /// - Precondition: `members` has as many elements as `keys`.
+    /// - Complexity: O(n) when the keys come sorted, O(n log n) otherwise.
+    init(keys: [String], members: [Mapped], uniquingKeysWith combine: (Mapped, Mapped) throws -> Mapped) rethrows {
+        try self.init(keys: keys, members: members) { _, first, second in try combine(first, second) }
     }
 
-    /// Sorts pairs stably by key bytes and merges runs of equal keys with `combine`.
+    /// Splits pairs into keys and members for ``init(keys:members:combine:)``.
     private init(
         sortingPairs pairs: [(String, Mapped)], combine: (String, Mapped, Mapped) throws -> Mapped
     ) rethrows {
-        self.init()
-        reserveCapacity(pairs.count)
+        try self.init(keys: pairs.map(\.0), members: pairs.map(\.1), combine: combine)
+    }
+
+    /// Sorts keys stably by their bytes, with their members, and merges runs of equal keys with
+    /// `combine`; keys already in strictly ascending order are stored as they come.
+    private init(
+        keys: [String], members: [Mapped], combine: (String, Mapped, Mapped) throws -> Mapped
+    ) rethrows {
+        precondition(keys.count == members.count, "UTF8Map: \(keys.count) keys for \(members.count) members")
         var sorted = true
-        for i in pairs.indices.dropFirst() where UTF8Key.compare(pairs[i - 1].0, pairs[i].0) >= 0 {
+        for i in keys.indices.dropFirst() where UTF8Key.compare(keys[i - 1], keys[i]) >= 0 {
             sorted = false
             break
         }
+        self.init()
         if sorted {
-            for (key, member) in pairs {
-                storedKeys.append(key)
-                storedValues.append(member)
-            }
+            storedKeys = keys
+            storedValues = members
             return
         }
+        reserveCapacity(keys.count)
         // Sort positions with the original position as a tie-break, so repeats combine in input order.
-        var order = Array(pairs.indices)
+        var order = Array(keys.indices)
         order.sort { a, b in
-            let c = UTF8Key.compare(pairs[a].0, pairs[b].0)
+            let c = UTF8Key.compare(keys[a], keys[b])
             return c != 0 ? c < 0 : a < b
         }
         for position in order {
-            let (key, member) = pairs[position]
+            let (key, member) = (keys[position], members[position])
             if let last = storedKeys.last, UTF8Key.equal(last, key) {
                 storedValues[storedValues.count - 1] = try combine(key, storedValues[storedValues.count - 1], member)
             } else {

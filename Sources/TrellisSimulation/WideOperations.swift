@@ -77,21 +77,17 @@ struct WideOperations {
             let all = try node.documents.documents(in: "items")
             let items = node.store.collection("items")
             for (text, args) in queries {
-                let query = try Query(text).bind(args: args)
-                let expected = try Set(all.filter { try query.matches($0) }.map { $0["_id"] ?? .null })
+                let expected = try matching(text, args, in: all)
                 let found = try items.find(text, args: args).exec().map(\.id)
                 let sorted = try items.find(text, args: args).sort("v").exec().map(\.id)
                 let counted = try items.find(text, args: args).count()
-                guard
-                    Set(found) != expected || found.count != expected.count || Set(sorted) != expected
-                        || sorted.count != expected.count || counted != expected.count
-                else { continue }
+                guard !same(found, expected) || !same(sorted, expected) || counted != expected.count else { continue }
                 let describe: (Set<Value>) -> String = { ids in
                     ids.map { id in all.first { $0["_id"] == id }.map { JSON.string($0) } ?? "\(id)" }.sorted()
                         .joined(separator: ", ")
                 }
                 violations.append(
-                    "\(node.name): \(query.text) found \(found.count), sorted \(sorted.count), counted \(counted), in memory "
+                    "\(node.name): \(text) \(Value.map(args)) found \(found.count), sorted \(sorted.count), counted \(counted), in memory "
                         + "\(expected.count); only found: [\(describe(Set(found).subtracting(expected)))], only in "
                         + "memory: [\(describe(expected.subtracting(found)))]")
             }
@@ -197,9 +193,18 @@ struct WideOperations {
 
     /// The `_id`s of `node`'s live documents that the query matches, evaluated in memory.
     static func matching(_ text: String, _ args: UTF8Map<Value>, on node: SimulatedNode) throws -> Set<Value> {
+        try matching(text, args, in: node.documents.documents(in: "items"))
+    }
+
+    /// The `_id`s of the documents that the query matches, evaluated in memory.
+    static func matching(_ text: String, _ args: UTF8Map<Value>, in documents: [Value]) throws -> Set<Value> {
         let query = try Query(text).bind(args: args)
-        return try Set(
-            node.documents.documents(in: "items").filter { try query.matches($0) }.map { $0["_id"] ?? .null })
+        return try Set(documents.filter { try query.matches($0) }.map { $0["_id"] ?? .null })
+    }
+
+    /// Whether `chosen` names exactly the documents of `expected`, each once.
+    static func same(_ chosen: [Value], _ expected: Set<Value>) -> Bool {
+        chosen.count == expected.count && Set(chosen) == expected
     }
 
     /// Throws a ``SimulationFailure`` when an operation by query chose other documents than
@@ -207,7 +212,7 @@ struct WideOperations {
     static func expect(
         _ chosen: [Value], _ expected: Set<Value>, _ what: String, _ sim: Simulation, _ node: SimulatedNode
     ) throws {
-        guard Set(chosen) != expected || chosen.count != expected.count else { return }
+        guard !same(chosen, expected) else { return }
         let only = { (ids: Set<Value>) in ids.map { JSON.string($0) }.sorted().joined(separator: ", ") }
         throw SimulationFailure(
             seed: sim.seed,

@@ -43,17 +43,20 @@ public func pause(_ seconds: Double) async {
 /// - Throws: what `body` threw.
 public func onOwnThread<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
     try await withCheckedThrowingContinuation { continuation in
-        let thread = Thread { continuation.resume(with: Result { try body() }) }
-        thread.stackSize = 8 << 20
-        thread.start()
+        startThread { continuation.resume(with: Result { try body() }) }
     }
 }
 
 /// ``onOwnThread(_:)`` for a body that cannot throw.
 public func offPool<T: Sendable>(_ body: @escaping @Sendable () -> T) async -> T {
     await withCheckedContinuation { continuation in
-        let thread = Thread { continuation.resume(returning: body()) }
-        thread.stackSize = 8 << 20
-        thread.start()
+        startThread { continuation.resume(returning: body()) }
     }
+}
+
+/// Starts `body` on a new thread with an 8 MiB stack.
+private func startThread(_ body: @escaping @Sendable () -> Void) {
+    let thread = Thread(block: body)
+    thread.stackSize = 8 << 20
+    thread.start()
 }

@@ -84,7 +84,8 @@ import TrellisTestKit
         let shown = try [a, b].map { try $0.store.collection("items").findByID("d1").exec() }
         // Thrown, not expected: this runs on a thread outside the test's task.
         guard shown[0] == shown[1] else {
-            throw SimulationFailure(seed: seed, violations: ["d1 differs: a \(shown[0]), b \(shown[1])"])
+            let (onA, onB) = (String(describing: shown[0]), String(describing: shown[1]))
+            throw SimulationFailure(seed: seed, violations: ["d1 differs: a \(onA), b \(onB)"])
         }
         _ = subscriptions
     }
