@@ -36,9 +36,8 @@ struct History {
     /// a restored backup) if they had not travelled yet.
     var lossWindows: [Int: [ClosedRange<Millis>]] = [:]
     var evictions: [Int: [UTF8Key: Millis]] = [:]
-    /// Per node, when each document was last evicted there: a write its own node evicted may
-    /// be lost if it had not travelled yet (as in Ditto, eviction drops local data).
-    var evictedKeys: [Int: [UTF8Key: Millis]] = [:]
+    /// Per document, each eviction of it: which node, when.
+    var evictedDocuments: [UTF8Key: [(node: Int, time: Millis)]] = [:]
     /// Documents removed on every node at a check, and when.
     var removedEverywhere: [UTF8Key: Millis] = [:]
     var clocks: [Int: HLCTimestamp] = [:]
@@ -46,6 +45,20 @@ struct History {
     var lastCheck: Millis = -1
 
     static func id(_ collection: String, _ key: String) -> UTF8Key { UTF8Key(collection + "\u{0}" + key) }
+
+    /// Whether a write may be lost by design because every node that held it dropped it: its
+    /// own node evicted the document after it (an eviction drops the values of writes a peer
+    /// acknowledged; docs/DATA-MODEL.md rule 8), and another node evicted the document too, or
+    /// lost its store (a wipe or a restored backup), after the write. The simulation does not
+    /// know which peer acknowledged it, so any other node's loss counts.
+    func droppedEverywhere(_ write: Write) -> Bool {
+        let evictions = evictedDocuments[Self.id(write.collection, write.key)] ?? []
+        guard evictions.contains(where: { $0.node == write.node && $0.time >= write.time }) else { return false }
+        return evictions.contains { $0.node != write.node && $0.time >= write.time }
+            || lossWindows.contains { node, windows in
+                node != write.node && windows.contains { $0.upperBound >= write.time }
+            }
+    }
 
     /// The node's store lost what it wrote between `from` and `to` (a wipe: from 0; a restored
     /// backup: from the backup's time).
@@ -113,8 +126,9 @@ extension Simulation {
     /// Built in: replicas with overlapping subscriptions hold the same documents and tombstones (a
     /// query subscriber: what its query matches, and every document it holds, matching or not);
     /// every write acknowledged to an app is present on every replica of its collection (unless
-    /// its node was wiped before it could travel); nothing removed everywhere comes back without
-    /// a new write; clocks and checkpoints never go backwards; every watched live query's last
+    /// its node was wiped before it could travel, or every node holding it dropped it); no live
+    /// document holds a withheld value (an evicted write no node holds the value of,
+    /// docs/DATA-MODEL.md rule 8); nothing removed everywhere comes back without a new write; clocks and checkpoints never go backwards; every watched live query's last
     /// result equals a fresh query; every contacts mirror (``SimulatedNode/mirrorContacts(_:)``),
     /// brought up to date, holds exactly its store's live documents as vCards.
     ///
@@ -125,6 +139,7 @@ extension Simulation {
         violations += convergence()
         violations += writesPresent()
         violations += noResurrection()
+        violations += valuesHeld()
         violations += monotonic()
         violations += liveQueries()
         violations += contactMirrors()
@@ -255,11 +270,7 @@ extension Simulation {
         var logs: [String: [Int: [UTF8Key: [UInt8]]]] = [:]
         for write in history.writes {
             if history.lossWindows[write.node]?.contains(where: { $0.contains(write.time) }) == true { continue }
-            if let evicted = history.evictedKeys[write.node]?[History.id(write.collection, write.key)],
-                evicted >= write.time
-            {
-                continue
-            }
+            if history.droppedEverywhere(write) { continue }
             guard let holders = whole[write.collection] else { continue }
             for holder in holders {
                 if logs[write.collection]?[holder.index] == nil {
@@ -274,6 +285,36 @@ extension Simulation {
                     violations.append(
                         "\(holder.name) lacks the write to \(write.collection)/\(write.key) made on \(nodes[write.node].name) at \(write.time) ms"
                     )
+                }
+            }
+        }
+        return Array(violations.prefix(20))
+    }
+
+    /// No live document shows nothing for a write because no node holds its value: an eviction
+    /// drops a write's values (rule 8) only once a peer acknowledged them, so a withheld entry in
+    /// a live document means every node holding that value dropped it (documents with such a
+    /// write are passed over).
+    private func valuesHeld() -> [String] {
+        var violations: [String] = []
+        // Documents with a write every holder may have dropped (``History/droppedEverywhere(_:)``).
+        var dropped: Set<UTF8Key> = []
+        for write in history.writes where history.droppedEverywhere(write) {
+            dropped.insert(History.id(write.collection, write.key))
+        }
+        let collections = Set(history.writes.map(\.collection))
+        for collection in collections.sorted() {
+            for node in nodes where node.isUp {
+                guard let log = try? log(of: node, collection: collection) else { continue }
+                for key in log.keys.sorted() {
+                    guard !dropped.contains(History.id(collection, key.string)),
+                        let state = try? DocumentState(bytes: log[key]!), !state.isDeleted
+                    else { continue }
+                    let withheld = state.withheldEntryCount
+                    if withheld > 0 {
+                        violations.append(
+                            "\(node.name) holds \(collection)/\(key) with \(withheld) withheld values no node holds")
+                    }
                 }
             }
         }

@@ -172,7 +172,8 @@ public final class SimulatedNode: @unchecked Sendable {
         for collection in changes.evicted.keys.sorted() {
             simulation.history.evictions[index, default: [:]][UTF8Key(collection)] = simulation.now
             for key in changes.evicted[collection]! {
-                simulation.history.evictedKeys[index, default: [:]][History.id(collection, key)] = simulation.now
+                simulation.history.evictedDocuments[History.id(collection, key), default: []].append(
+                    (index, simulation.now))
             }
             host.evicted(collection, keys: changes.evicted[collection]!.sorted())
         }

@@ -121,7 +121,8 @@ extension DocumentStore {
                     ? "CASE \(left)WHEN deleted != 0 THEN 1 WHEN json_valid(value) THEN \(filter) ELSE 2 END"
                     : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE \(filter) END"
             }
-            return "SELECT seq, id, state, deleted, \(match), value, deleted != 0 OR json_valid(value) FROM documents "
+            return "SELECT seq, id, state, deleted, \(match), value, deleted != 0 OR json_valid(value), "
+                + "unacked IS NOT NULL FROM documents "
                 + "WHERE collection = ? AND seq > ?"
                 + (keys == nil ? "" : " AND id IN (SELECT value FROM json_each(?))") + " ORDER BY seq LIMIT ?"
         }
@@ -145,8 +146,10 @@ extension DocumentStore {
             page.scannedUpTo = seq
             let matched = st.isNull(4) ? 0 : st.int64(4)
             guard matched != 0 else { continue }
-            // An evicted document's stub is local: never sent to peers.
-            guard let kind = RowKind(rawValue: st.int64(3)), kind != .stub else { continue }
+            // An evicted document's stub is local: never sent to peers, unless it holds a write of
+            // this node that no peer has acknowledged (it kept the whole state for it).
+            let unacknowledged = st.int64(7) == 1
+            guard let kind = RowKind(rawValue: st.int64(3)), kind != .stub || unacknowledged else { continue }
             let key = st.string(1) ?? ""
             func skip(_ reason: String, damaged: Bool = true) {
                 page.skipped.append(SkippedRecord(seq: seq, collection: collection, key: key, reason: reason))
@@ -174,7 +177,8 @@ extension DocumentStore {
                     }
                     state = SingleWriteState(stamp: stamp, json: json).encoded()
                 }
-                if pushed == nil || matched == 4, !deleted, matched != 3 {
+                // A stub has no JSON value for SQL to match: its query is evaluated here.
+                if pushed == nil || matched == 4 || kind == .stub, !deleted, matched != 3 {
                     let doc = try StoredState.decode(stored, value: st.string(5))
                     guard let value = doc.materialize(id: id), try bound.matches(value) else { continue }
                 } else if !compact {
@@ -193,7 +197,9 @@ extension DocumentStore {
                 continue
             }
             page.records.append(
-                ChangeRecord(seq: seq, collection: collection, id: id, key: key, state: state, isDeleted: deleted))
+                ChangeRecord(
+                    seq: seq, collection: collection, id: id, key: key, state: state, isDeleted: deleted,
+                    holdsUnacknowledgedWrite: unacknowledged))
             bytes += state.count
             if bytes >= maxBytes { return page }
         }

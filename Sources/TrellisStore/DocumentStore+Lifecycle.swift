@@ -96,6 +96,10 @@ extension DocumentStore {
     ///   so evicting in a collection finds its checkpoints without parsing keys in SQL.
     /// - Tombstones gain `removed_at`, the time of their newest stamp (for the reaper), and a
     ///   partial index on it.
+    /// - Documents gain `unacked`: while no peer has acknowledged a batch holding this node's
+    ///   latest write of the row, how far the row's `seq` is past that write's `seq` (0 when it is
+    ///   the write's own; NULL otherwise; ``DocumentStore/acknowledge(_:)``), so an eviction
+    ///   keeps such a write's values. Rows written before count as acknowledged.
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
     ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
     static func migrate(_ db: Connection) throws {
@@ -128,6 +132,9 @@ extension DocumentStore {
         documentColumns.reset()
         if !documentNames.contains("removed_at") {
             try db.execute("ALTER TABLE documents ADD COLUMN removed_at INTEGER")
+        }
+        if !documentNames.contains("unacked") {
+            try db.execute("ALTER TABLE documents ADD COLUMN unacked INTEGER")
         }
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")

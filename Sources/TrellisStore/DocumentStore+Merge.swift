@@ -260,7 +260,7 @@ extension DocumentStore {
             clock: s.clock.last, latest: incoming.maxTime, now: now, decoded: incoming)
         if let tooFarAhead { return tooFarAhead }
         do {
-            try persist(&s, collection, key, id, doc)
+            try persist(&s, collection, key, id, doc, origin: .merged)
         } catch let error as StoreError {
             switch error {
             case .documentTooLarge:
@@ -301,7 +301,7 @@ extension DocumentStore {
         do {
             let written = try persistSingleWrite(
                 &s, collection, key, stamp: single.stamp, json: parsed?.json ?? single.json, ifAbsent: ifAbsent,
-                document: document)
+                origin: .merged, document: document)
             guard written else { return nil }
         } catch let error as StoreError {
             switch error {

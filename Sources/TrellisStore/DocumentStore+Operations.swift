@@ -478,8 +478,11 @@ extension DocumentStore {
             // a stub, what it matched is unknown (DocumentStore+Scope.swift), so it leaves their
             // scope now, as if removed, and its later states reach them when it is fetched again.
             try trackScope(&s, collection, key, new: { nil })
-            // Every stamp, context and counter total stays; the values go (docs/DATA-MODEL.md rule 8).
-            try writeRow(&s, collection, key, kind: .stub, state: doc.evictionStub().cbor(), value: nil)
+            // Every stamp, context and counter total stays; the values go (docs/DATA-MODEL.md rule 8),
+            // unless a write of this node in it has reached no peer yet: then nobody else holds its
+            // values, and its withheld entries, fetched back, would hide the field on every node.
+            let stub = try holdsUnacknowledgedWrite(&s, collection, key) ? doc : doc.evictionStub()
+            try writeRow(&s, collection, key, kind: .stub, state: stub.cbor(), value: nil, origin: .evicted)
             evicted.append(id)
         }
         // Peers send evicted documents back while a subscription matches them (Ditto's rule): the
@@ -487,6 +490,53 @@ extension DocumentStore {
         // exactly these `_id`s again (Refetch in TrellisCore); checkpoints stay.
         if !evicted.isEmpty { s.evictedInCommit = true }
         return evicted
+    }
+
+    /// Whether the document's row holds a write of this node that no peer has acknowledged.
+    private func holdsUnacknowledgedWrite(_ s: inout State, _ collection: String, _ key: String) throws -> Bool {
+        let st = try s.db.prepare("SELECT unacked IS NOT NULL FROM documents WHERE collection = ? AND id = ?")
+        defer { st.reset() }
+        st.bind(1, collection)
+        st.bind(2, key)
+        return try st.step() && st.int64(0) == 1
+    }
+
+    // MARK: Acknowledged writes
+
+    /// Records that a peer durably applied these change-log entries (it acknowledged a batch that
+    /// held them): this node's writes in them are no longer its alone. An evicted document that
+    /// kept its whole state for such a write (``evict(id:in:)``) now drops its values, like any
+    /// stub. An entry older than the document's latest unacknowledged write changes nothing.
+    ///
+    /// Not recording an acknowledgement (a crash before this commits) is safe: the document is
+    /// offered to peers again, and an eviction keeps values it could have dropped.
+    ///
+    /// - Complexity: one indexed look-up per entry (and a write for each that matches), in one
+    ///   transaction; no `seq` is issued and no observer is told.
+    public func acknowledge(_ entries: [AcknowledgedEntry]) throws(StoreError) {
+        guard !entries.isEmpty else { return }
+        try write { s in
+            let find = try s.db.prepare(
+                "SELECT deleted, state FROM documents WHERE collection = ? AND id = ? AND seq - unacked <= ?")
+            for entry in entries {
+                find.reset()
+                find.bind(1, entry.collection)
+                find.bind(2, entry.key)
+                find.bind(3, entry.seq)
+                guard try find.step() else { continue }
+                var stub: [UInt8]?
+                if RowKind(rawValue: find.int64(0)) == .stub {
+                    stub = try DocumentState(bytes: find.bytes(1) ?? []).evictionStub().cbor()
+                }
+                find.reset()
+                let clear = try s.db.prepare(
+                    "UPDATE documents SET unacked = NULL, state = coalesce(?, state) WHERE collection = ? AND id = ?")
+                clear.bind(1, stub)
+                clear.bind(2, entry.collection)
+                clear.bind(3, entry.key)
+                try clear.run()
+            }
+        }
     }
 
     /// The `_id`s of the evicted documents of a collection (their local stubs), most recently

@@ -281,7 +281,9 @@ extension DocumentStore {
     /// Gives a document's row the next `seq`, unchanged otherwise, so that change-log pages after
     /// it return the row again.
     func relog(_ s: inout State, _ collection: String, _ key: String) throws {
-        let st = try s.db.prepare("UPDATE documents SET seq = ? WHERE collection = ? AND id = ?")
+        // `unacked` counts from the row's `seq` (DocumentStore.writeRowSQL): it moves on with it.
+        let st = try s.db.prepare(
+            "UPDATE documents SET seq = ?1, unacked = unacked + ?1 - seq WHERE collection = ?2 AND id = ?3")
         st.bind(1, s.nextSeq)
         st.bind(2, collection)
         st.bind(3, key)

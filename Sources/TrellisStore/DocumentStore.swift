@@ -130,14 +130,21 @@ public struct ChangeRecord: Sendable, Equatable {
     public var state: [UInt8]
     /// `true` for a tombstone.
     public var isDeleted: Bool
+    /// `true` when the document holds a write of this node that no peer has acknowledged yet
+    /// (``DocumentStore/acknowledge(_:)``).
+    public var holdsUnacknowledgedWrite: Bool
 
-    public init(seq: Int64, collection: String, id: Value, key: String, state: [UInt8], isDeleted: Bool) {
+    public init(
+        seq: Int64, collection: String, id: Value, key: String, state: [UInt8], isDeleted: Bool,
+        holdsUnacknowledgedWrite: Bool = false
+    ) {
         self.seq = seq
         self.collection = collection
         self.id = id
         self.key = key
         self.state = state
         self.isDeleted = isDeleted
+        self.holdsUnacknowledgedWrite = holdsUnacknowledgedWrite
     }
 }
 
@@ -743,7 +750,13 @@ public final class DocumentStore: Sendable {
     }
 
     /// Writes a document state with the next `seq`. Checks the size limit.
-    func persist(_ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState) throws {
+    ///
+    /// - Parameter origin: ``WriteOrigin/merged`` for a peer's state; by default the write is this
+    ///   node's own (recorded as not yet acknowledged by a peer, which only ever keeps more).
+    func persist(
+        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
+        origin: WriteOrigin = .local
+    ) throws {
         // Every write of a whole state reaps its removed fields' expired contexts (the state is in
         // hand; docs/DATA-MODEL.md, "Tombstones and reaping").
         var doc = doc
@@ -756,7 +769,7 @@ public final class DocumentStore: Sendable {
         let bytes = StoredState.bytes(for: doc, materialized: materialized)
         try persistRow(
             &s, collection, key, materialized: { materialized }, json: value, state: bytes,
-            removedAt: value == nil ? doc.maxTime.millis : nil, fullState: { doc })
+            removedAt: value == nil ? doc.maxTime.millis : nil, origin: origin, fullState: { doc })
     }
 
     /// The horizon before which the remove contexts of removed fields are reaped at `now`
@@ -780,11 +793,11 @@ public final class DocumentStore: Sendable {
     @discardableResult
     func persistSingleWrite(
         _ s: inout State, _ collection: String, _ key: String, stamp: Stamp, json: String, ifAbsent: Bool = false,
-        document: () throws -> SingleWriteState.Document
+        origin: WriteOrigin = .local, document: () throws -> SingleWriteState.Document
     ) throws -> Bool {
         try persistRow(
             &s, collection, key, materialized: { try document().value }, json: json,
-            state: StoredState.compact(stamp), removedAt: nil, ifAbsent: ifAbsent,
+            state: StoredState.compact(stamp), removedAt: nil, ifAbsent: ifAbsent, origin: origin,
             fullState: { DocumentState(fields: try document().fields, stamp: stamp) })
     }
 
@@ -795,7 +808,8 @@ public final class DocumentStore: Sendable {
     @discardableResult
     private func persistRow(
         _ s: inout State, _ collection: String, _ key: String, materialized: () throws -> Value?, json value: String?,
-        state bytes: [UInt8], removedAt: UInt64?, ifAbsent: Bool = false, fullState: () throws -> DocumentState
+        state bytes: [UInt8], removedAt: UInt64?, ifAbsent: Bool = false, origin: WriteOrigin,
+        fullState: () throws -> DocumentState
     ) throws -> Bool {
         // The limit counts the whole state as peers receive it, whatever form is stored.
         let valueBytes = value?.utf8.count ?? 0
@@ -811,7 +825,7 @@ public final class DocumentStore: Sendable {
         if !ifAbsent { try trackScope(&s, collection, key, new: materialized) }
         let written = try writeRow(
             &s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value,
-            removedAt: removedAt, ifAbsent: ifAbsent)
+            removedAt: removedAt, ifAbsent: ifAbsent, origin: origin)
         // Once, by the write that happens (an insert that found a row is tried again the general way).
         if written, size > options.warnDocumentBytes {
             options.log(
@@ -827,13 +841,23 @@ public final class DocumentStore: Sendable {
     ///     delete it, with ``StoreOptions/tombstoneTTL``).
     ///   - ifAbsent: write only when the document has no row: one B-tree descent instead of a
     ///     look-up and then a write, for the documents of a first sync.
+    ///   - origin: ``WriteOrigin/local`` records the row's new `seq` as this node's write that no
+    ///     peer has acknowledged (`unacked` 0, ``acknowledge(_:)``); ``WriteOrigin/merged`` and
+    ///     ``WriteOrigin/evicted`` keep what the row recorded.
     /// - Returns: whether the row was written (always, unless `ifAbsent` found a row).
     @discardableResult
     func writeRow(
         _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?,
-        removedAt: UInt64? = nil, ifAbsent: Bool = false
+        removedAt: UInt64? = nil, ifAbsent: Bool = false, origin: WriteOrigin
     ) throws -> Bool {
-        let st = try s.db.prepare(ifAbsent ? Self.insertRowIfAbsentSQL : Self.writeRowSQL)
+        let sql: String
+        switch (origin, ifAbsent) {
+        case (.local, false): sql = Self.writeLocalRowSQL
+        case (.local, true): sql = Self.insertLocalRowIfAbsentSQL
+        case (.merged, false), (.evicted, _): sql = Self.writeRowSQL
+        case (.merged, true): sql = Self.insertRowIfAbsentSQL
+        }
+        let st = try s.db.prepare(sql)
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, s.nextSeq)
@@ -851,8 +875,31 @@ public final class DocumentStore: Sendable {
         return true
     }
 
+    /// Who wrote a row (``writeRow(_:_:_:kind:state:value:removedAt:ifAbsent:origin:)``).
+    enum WriteOrigin {
+        /// An operation of this node: its write must reach a peer before an eviction may drop it.
+        case local
+        /// A merge of a peer's state.
+        case merged
+        /// An eviction's stub.
+        case evicted
+    }
+
+    // `unacked` is how far the row's `seq` has moved past this node's latest write that no peer
+    // has acknowledged (NULL when there is none): 0 for a local write, which SQLite stores in no
+    // bytes at all. The others keep it, counting the `seq`s the row moved on by, so a merge or
+    // an eviction does not forget a write of this node that no peer has yet.
+    static let writeLocalRowSQL =
+        "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked) "
+        + "VALUES (?,?,?,?,?,?,?,0)"
+    static let insertLocalRowIfAbsentSQL =
+        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked) "
+        + "VALUES (?,?,?,?,?,?,?,0)"
     static let writeRowSQL =
-        "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?)"
+        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?) "
+        + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
+        + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, "
+        + "unacked = unacked + excluded.seq - seq"
     static let insertRowIfAbsentSQL =
         "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?)"
 

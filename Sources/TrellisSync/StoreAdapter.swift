@@ -15,7 +15,8 @@ extension DocumentStore: SyncStore {
             records: page.records.map { record in
                 LogRecord(
                     seq: record.seq, key: record.key,
-                    document: WireDocument(collection: record.collection, id: record.id, state: record.state))
+                    document: WireDocument(collection: record.collection, id: record.id, state: record.state),
+                    holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite)
             },
             upTo: page.scannedUpTo, exhausted: page.exhausted,
             remaining: page.exhausted
@@ -35,6 +36,10 @@ extension DocumentStore: SyncStore {
             outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
             + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }
         return (outcome.deferred.count, refusals)
+    }
+
+    public func acknowledged(_ entries: [AcknowledgedEntry]) throws {
+        try acknowledge(entries)
     }
 
     public func retryDeferredDocuments() throws -> Int {

@@ -301,6 +301,44 @@ import TrellisCore
         #expect(docs.map(\.id) == ["small"])
     }
 
+    /// An ack tells the store which of this node's unacknowledged writes the peer now holds:
+    /// those of the batch with exactly the acknowledged `upTo` (a batch before it may have been
+    /// postponed there), and nothing for a batch that carried none.
+    @Test func anAckNamesTheUnacknowledgedWritesOfItsBatchOnly() throws {
+        var r = established()
+        let spec = SubscriptionSpec(collection: "cars")
+        let first = try #require(
+            Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0))
+                .first)
+        func unsent(_ seq: Int64, _ id: String) -> LogRecord {
+            var record = Self.record(seq, id)
+            record.holdsUnacknowledgedWrite = true
+            return record
+        }
+        let more = r.scanned(
+            link, first, page: ScanPage(records: [unsent(1, "a"), Self.record(2, "b")], upTo: 2, exhausted: false),
+            now: 0)
+        let second = try #require(Self.scans(more).first)
+        let last = r.scanned(link, second, page: ScanPage(records: [unsent(3, "c")], upTo: 3, exhausted: true), now: 0)
+        #expect(Self.sent(more + last).count == 2)
+        func acknowledged(_ directives: [ReplicatorDirective]) -> [AcknowledgedEntry] {
+            directives.flatMap { directive -> [AcknowledgedEntry] in
+                if case .acknowledged(let entries) = directive { return entries }
+                return []
+            }
+        }
+        let key = { (id: String) in JSON.string(.string(id)) }
+        #expect(
+            acknowledged(r.received(.ack(subscription: first.subscription, upTo: 3), on: link, now: 0)) == [
+                AcknowledgedEntry(collection: "cars", key: key("c"), seq: 3)
+            ])
+        #expect(
+            acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)) == [
+                AcknowledgedEntry(collection: "cars", key: key("a"), seq: 1)
+            ])
+        #expect(acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)).isEmpty)
+    }
+
     // MARK: Perf P1, P2
 
     @Test func aCommitScansOnlyTheSubscriptionsOfItsCollections() throws {

@@ -727,15 +727,13 @@ import TrellisSimulation
         high.cancel()
     }
 
-    /// An eviction is local: a node that evicts a document holding a write it never sent loses
-    /// that write (no node ever held it), and the mesh should keep what it had. It does not
-    /// today: the stub keeps the write's stamp with its value withheld (rule 8), the document
-    /// fetched back carries that withheld entry to the peers, it beats their older value there
-    /// too, and the field shows nothing on every node. Fixing it needs the stub to know which of
-    /// its own writes no peer has received (or to keep their values), which the store does not
-    /// record yet; docs/API.md ("Remove and evict") describes the behaviour until then.
-    @Test(.disabled("fails today: a withheld unsent write erases the mesh's older value (docs/API.md)"))
-    func evictingAnUnsentWriteLeavesTheMeshsValue() throws {
+    /// An eviction must not lose a write no other node holds. A sets `u = "new"` while
+    /// partitioned from B and evicts the document. A stub that withheld the write's value (rule
+    /// 8) would, once fetched back, carry a withheld entry that beats B's `u = "old"` everywhere:
+    /// the field would show nothing on every node (this test failed so, before the store
+    /// recorded unacknowledged writes). The stub keeps the values of a document holding a write
+    /// no peer has acknowledged, so after the heal the write reaches B.
+    @Test func evictingAnUnsentWriteKeepsIt() throws {
         let mesh = try Mesh(seed: 123, nodes: 2)
         let (a, b) = (mesh[0], mesh[1])
         try a.store.collection("items").upsert(["_id": "d0", "u": "old", "k": 1])
@@ -744,11 +742,75 @@ import TrellisSimulation
         mesh.sim.partition([[a], [b]])
         _ = try a.store.collection("items").findByID("d0").update { $0?["u"].set("new") }
         #expect(try a.store.collection("items").findByID("d0").evict())
+        #expect(try a.store.documents.state(id: "d0", in: "items")?.withheldEntryCount == 0)
         mesh.sim.heal()
         try mesh.sim.runUntilQuiet()
         let (onA, onB) = (try Self.get(a, "d0"), try Self.get(b, "d0"))
-        #expect(onB?["u"] == "old", "b: \(String(describing: onB))")
-        #expect(onA?["u"] == "old", "a: \(String(describing: onA))")
+        #expect(onB?["u"] == "new", "b: \(String(describing: onB))")
+        #expect(onA?["u"] == "new", "a: \(String(describing: onA))")
+        try mesh.sim.check()
+    }
+
+    /// The same write, once B acknowledged it: the stub withholds the values (eviction frees the
+    /// space), and the document fetched back shows B's copy of the write.
+    @Test func evictingAnAcknowledgedWriteWithholdsItsValue() throws {
+        let mesh = try Mesh(seed: 124, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert(["_id": "d0", "u": "old", "k": 1])
+        _ = try a.store.collection("items").findByID("d0").update { $0?["u"].set("new") }
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.partition([[a], [b]])
+        #expect(try a.store.collection("items").findByID("d0").evict())
+        #expect(try a.store.documents.state(id: "d0", in: "items")?.withheldEntryCount ?? 0 > 0)
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(a, "d0")?["u"] == "new")
+        #expect(try Self.get(b, "d0")?["u"] == "new")
+        try mesh.sim.check()
+    }
+
+    /// A document created and evicted before any peer received it: its stub keeps the whole
+    /// state and is still offered to peers (it is not shown here). B receives it after the heal;
+    /// A, whose subscription matches it, fetches it back. A node that cancelled its subscription
+    /// first keeps only a stub once B acknowledged the write.
+    @Test func aDocumentEvictedBeforeItTravelledStillReachesPeers() throws {
+        let mesh = try Mesh(seed: 126, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        mesh.sim.partition([[a], [b]])
+        try a.store.collection("items").upsert(["_id": "kept", "v": 1])
+        #expect(try a.store.collection("items").findByID("kept").evict())
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(b, "kept")?["v"] == 1)
+        #expect(try Self.get(a, "kept")?["v"] == 1)
+        // Without a subscription on A, the evicted document stays evicted there.
+        mesh.sim.partition([[a], [b]])
+        mesh.subscriptions[0].cancel()  // A's
+        try a.store.collection("items").upsert(["_id": "dropped", "v": 2])
+        #expect(try a.store.collection("items").findByID("dropped").evict())
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(b, "dropped")?["v"] == 2)
+        #expect(try Self.get(a, "dropped") == nil)
+        #expect(try a.store.documents.state(id: "dropped", in: "items")?.withheldEntryCount ?? 0 > 0)
+    }
+
+    /// What a peer has not acknowledged survives a crash: A writes while partitioned, crashes,
+    /// restarts, then evicts. The write still reaches B after the heal.
+    @Test func anUnsentWriteSurvivesARestartAndAnEviction() throws {
+        let mesh = try Mesh(seed: 125, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        try a.store.collection("items").upsert(["_id": "d0", "u": "old"])
+        try mesh.sim.runUntilQuiet()
+        mesh.sim.partition([[a], [b]])
+        _ = try a.store.collection("items").findByID("d0").update { $0?["u"].set("new") }
+        mesh.sim.crash(a)
+        try mesh.sim.restart(a)
+        #expect(try a.store.collection("items").findByID("d0").evict())
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(a, "d0")?["u"] == "new")
+        #expect(try Self.get(b, "d0")?["u"] == "new")
         try mesh.sim.check()
     }
 }

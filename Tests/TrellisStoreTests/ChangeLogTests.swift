@@ -81,3 +81,74 @@ import TrellisTestKit
         #expect(reopened.epoch != epoch && reopened.siteID != site)  // persisted
     }
 }
+
+/// Writes of this node that no peer has acknowledged (docs/DATA-MODEL.md rule 8): recorded per
+/// row, kept by merges, cleared by an acknowledgement of the latest one, kept whole by an eviction.
+@Suite struct UnacknowledgedWriteTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+
+    func record(_ store: DocumentStore, _ id: Value) throws -> ChangeRecord {
+        try #require(try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.first { $0.id == id })
+    }
+
+    func acknowledge(_ store: DocumentStore, _ record: ChangeRecord, seq: Int64? = nil) throws {
+        try store.acknowledge([AcknowledgedEntry(collection: "c", key: record.key, seq: seq ?? record.seq)])
+    }
+
+    @Test func aLocalWriteStaysUnacknowledgedUntilAPeerAcknowledgesItsEntry() throws {
+        let a = try openStore(dir, "a.sqlite", clock: clock)
+        let b = try openStore(dir, "b.sqlite", clock: clock)
+        try a.upsert(["_id": "d", "v": 1], in: "c")
+        let first = try record(a, "d")
+        #expect(first.holdsUnacknowledgedWrite)
+        // An acknowledgement of an older entry of the document says nothing of this write.
+        try acknowledge(a, first, seq: first.seq - 1)
+        #expect(try record(a, "d").holdsUnacknowledgedWrite)
+        try acknowledge(a, first)
+        #expect(try !record(a, "d").holdsUnacknowledgedWrite)
+        // A new local write is unacknowledged again; a merge from a peer keeps that.
+        try a.upsert(["_id": "d", "v": 2], in: "c")
+        let second = try record(a, "d")
+        #expect(second.holdsUnacknowledgedWrite)
+        clock.advance(by: 5)
+        try b.upsert(["_id": "d", "w": 3], in: "c")
+        _ = try a.merge(try batch(of: b), from: [2], checkpoint: nil)
+        let merged = try record(a, "d")
+        #expect(merged.seq > second.seq && merged.holdsUnacknowledgedWrite)
+        // The acknowledgement of the entry that first carried the write is enough.
+        try acknowledge(a, second)
+        #expect(try !record(a, "d").holdsUnacknowledgedWrite)
+        // Merged documents are never this node's writes.
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        clock.advance(by: 5)
+        try a.upsert(["_id": "e"], in: "c")
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        #expect(try !record(b, "e").holdsUnacknowledgedWrite)
+    }
+
+    @Test func anEvictionKeepsTheValuesOfAnUnacknowledgedWrite() throws {
+        let store = try openStore(dir, "store.sqlite", clock: clock)
+        try store.upsert([["_id": "sent", "v": 1], ["_id": "unsent", "v": 1]], in: "c")
+        try acknowledge(store, try record(store, "sent"))
+        #expect(try store.evict(ids: ["sent", "unsent"], in: "c") == ["sent", "unsent"])
+        #expect(try store.state(id: "sent", in: "c")?.withheldEntryCount == 1)
+        let kept = try #require(try store.state(id: "unsent", in: "c"))
+        #expect(kept.withheldEntryCount == 0 && kept.materialize(id: "unsent")?["v"] == 1)
+        // Neither is shown; the one holding the unacknowledged write is still offered to peers
+        // (whole, to a query that matches it), until one acknowledges it: then it is a stub
+        // like the other.
+        #expect(try store.count(in: "c") == 0)
+        let offered = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records
+        #expect(offered.map(\.id) == ["unsent"] && offered[0].holdsUnacknowledgedWrite && !offered[0].isDeleted)
+        #expect(try DocumentState(bytes: offered[0].state).materialize(id: "unsent")?["v"] == 1)
+        let matching = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max, matching: Query("v == 1"))
+        #expect(matching.records.map(\.id) == ["unsent"])
+        #expect(
+            try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max, matching: Query("v == 2")).records.isEmpty)
+        try acknowledge(store, offered[0])
+        #expect(try store.state(id: "unsent", in: "c")?.withheldEntryCount == 1)
+        #expect(try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records.isEmpty)
+        #expect(try store.count(in: "c") == 0)
+    }
+}

@@ -154,6 +154,7 @@ import TrellisTestKit
     @Test func evictDropsTheLocalCopyWhileRemoveLeavesATombstone() throws {
         try seed()
         let documents = node.store.documents
+        try acknowledgeAll(documents, "cars")  // a peer holds them: the stubs are local
         #expect(try cars.findByID("beetle").evict())
         #expect(try !cars.findByID("beetle").evict())
         #expect(try cars.findByID("civic").remove())

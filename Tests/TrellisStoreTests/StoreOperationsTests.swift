@@ -363,6 +363,7 @@ import TrellisTestKit
         let store = try open()
         let events = Events(store)
         try store.upsert([["_id": "e", "v": 1], ["_id": "r", "v": 2]], in: "c")
+        try acknowledgeAll(store)  // a peer holds them: the stub is local
         let before = store.lastSeq
         #expect(try store.evict(id: "e", in: "c"))
         #expect(store.lastSeq == before + 1)  // the stub takes a new seq
@@ -489,6 +490,7 @@ import TrellisTestKit
             let store = try open()
             try store.upsert(["_id": "a"], in: "c")
             try store.upsert(["_id": "b"], in: "c")
+            try acknowledgeAll(store)
             #expect(try store.evict(id: "b", in: "c"))
             issued = store.lastSeq
         }

@@ -23,6 +23,15 @@ func batch(of store: DocumentStore, _ collection: String = "c") throws -> [Remot
     }
 }
 
+/// Records that a peer acknowledged every entry of a collection's log, as after a sync: this
+/// node's writes are then held elsewhere, and an eviction may drop their values.
+func acknowledgeAll(_ store: DocumentStore, _ collection: String = "c") throws {
+    try store.acknowledge(
+        store.changes(in: collection, after: 0, limit: 100_000, maxBytes: .max).records.map {
+            AcknowledgedEntry(collection: $0.collection, key: $0.key, seq: $0.seq)
+        })
+}
+
 /// Log lines collected from a store's `log` option.
 final class LogLines: Sendable {
     private let storage = Mutex<[String]>([])

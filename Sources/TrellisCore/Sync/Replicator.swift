@@ -291,8 +291,14 @@ public struct Replicator: Sendable {
             served.inFlight = max(0, served.inFlight - 1)
             served.ackedUpTo = max(served.ackedUpTo, min(upTo, served.lastSentUpTo))
             served.lastProgress = now
+            // Only the batch with exactly this `upTo` was applied: a batch before it may have
+            // been postponed there.
+            var acknowledged: [ReplicatorDirective] = []
+            if let index = served.unacknowledged.firstIndex(where: { $0.upTo == upTo }) {
+                acknowledged = [.acknowledged(served.unacknowledged.remove(at: index).entries)]
+            }
             sessions[link]?.served[key] = served
-            return scanIfReady(link, key, now: now)
+            return acknowledged + scanIfReady(link, key, now: now)
         case (.established, .presence(let records)):
             return presenceReceived(records, on: link, now: now)
         case (.established, .subscriptionError(let subscription, let code, let text)):
@@ -471,6 +477,7 @@ public struct Replicator: Sendable {
                     served.cursor = served.ackedUpTo
                     served.lastSentUpTo = served.ackedUpTo
                     served.inFlight = 0
+                    served.unacknowledged = []
                     served.pending = true
                     served.lastProgress = now
                 } else if served.failure != nil, served.retryAt <= now, served.retryable {
@@ -583,6 +590,7 @@ public struct Replicator: Sendable {
         // Later pages follow cursors this node produced in this session.
         served.floorChecked = true
         var bytes = 0
+        var unacknowledged: [AcknowledgedEntry] = []
         // A refetch asks for documents the peer evicted, including those it once sent here.
         let refetch = Refetch.ids(of: served.spec) != nil
         for record in page.records where record.seq > served.cursor {
@@ -601,6 +609,10 @@ public struct Replicator: Sendable {
             }
             documents.append(record.document)
             bytes += record.document.state.count
+            if record.holdsUnacknowledgedWrite {
+                unacknowledged.append(
+                    AcknowledgedEntry(collection: record.document.collection, key: record.key, seq: record.seq))
+            }
         }
         served.cursor = max(served.cursor, page.upTo)
         if !page.exhausted { served.pending = true }
@@ -629,6 +641,14 @@ public struct Replicator: Sendable {
             if served.inFlight == 0 { served.lastProgress = now }
             served.inFlight += 1
             served.lastSentUpTo = served.cursor
+            if !unacknowledged.isEmpty {
+                served.unacknowledged.append((served.cursor, unacknowledged))
+                // Batches whose acks never came (postponed there) are forgotten: their writes
+                // stay unacknowledged in the store, which only keeps more on an eviction.
+                if served.unacknowledged.count > 2 * configuration.maxInFlight {
+                    served.unacknowledged.removeFirst()
+                }
+            }
         }
         sessions[link]!.served[key] = served
         return directives + scanIfReady(link, key, now: now)
@@ -933,6 +953,7 @@ public struct Replicator: Sendable {
                     // Batches in flight belong to the old request: their acks may still come
                     // (and are bounded by `lastSentUpTo`), but they hold no slot of the new one.
                     existing.inFlight = 0
+                    existing.unacknowledged = []
                     existing.pending = true
                 }
                 next[key] = existing
@@ -1323,6 +1344,9 @@ extension Replicator {
         /// When the last acknowledgement came (or the first unacknowledged batch went).
         var lastProgress: Millis = 0
         var inFlight = 0
+        /// The batches in flight that carry writes of this node no peer has acknowledged, by their
+        /// `upTo`: their ack tells the store (``ReplicatorDirective/acknowledged(_:)``).
+        var unacknowledged: [(upTo: Int64, entries: [AcknowledgedEntry])] = []
         var scanning = false
         /// More entries may wait after `cursor` (a commit happened or the last scan was cut).
         var pending = true

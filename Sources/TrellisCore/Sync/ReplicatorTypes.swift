@@ -46,11 +46,32 @@ public struct LogRecord: Sendable, Equatable {
     public var key: String
     /// The document as it travels.
     public var document: WireDocument
+    /// Whether the document holds a write of this node that no peer has acknowledged: once a
+    /// peer acknowledges the batch that carries it, the replicator says so
+    /// (``ReplicatorDirective/acknowledged(_:)``).
+    public var holdsUnacknowledgedWrite: Bool
 
-    public init(seq: Int64, key: String, document: WireDocument) {
+    public init(seq: Int64, key: String, document: WireDocument, holdsUnacknowledgedWrite: Bool = false) {
         self.seq = seq
         self.key = key
         self.document = document
+        self.holdsUnacknowledgedWrite = holdsUnacknowledgedWrite
+    }
+}
+
+/// A change-log entry a peer acknowledged: the batch that carried the document at this `seq`
+/// was durably applied there.
+public struct AcknowledgedEntry: Sendable, Hashable {
+    public var collection: String
+    /// The canonical key of the document's `_id`.
+    public var key: String
+    /// The entry's position in this node's log.
+    public var seq: Int64
+
+    public init(collection: String, key: String, seq: Int64) {
+        self.collection = collection
+        self.key = key
+        self.seq = seq
     }
 }
 
@@ -139,6 +160,10 @@ public enum ReplicatorDirective: Sendable, Equatable {
     /// This node's log went back in time (a peer holds a checkpoint beyond its last `seq`): start
     /// a new epoch and site ID, then call ``Replicator/logRotated(_:now:)``.
     case rotateLog(reason: String)
+    /// A peer acknowledged batches carrying these entries, which held writes of this node no peer
+    /// had acknowledged before: record it in the store (an eviction may then drop those values;
+    /// docs/DATA-MODEL.md rule 8). Failing to record it only keeps more on an eviction.
+    case acknowledged([AcknowledgedEntry])
     /// Re-merge the documents the store deferred, then call ``Replicator/deferredRetried(remaining:now:)``.
     case retryDeferred
     /// Report this event in the node's log.
