@@ -199,7 +199,7 @@ extension DocumentStore {
             page.records.append(
                 ChangeRecord(
                     seq: seq, collection: collection, id: id, key: key, state: state, isDeleted: deleted,
-                    holdsUnacknowledgedWrite: unacknowledged))
+                    holdsUnacknowledgedWrite: unacknowledged, isEvictionStub: kind == .stub))
             bytes += state.count
             if bytes >= maxBytes { return page }
         }

@@ -99,7 +99,8 @@ extension DocumentStore {
     /// - Documents gain `unacked`: while no peer has acknowledged a batch holding this node's
     ///   latest write of the row, how far the row's `seq` is past that write's `seq` (0 when it is
     ///   the write's own; NULL otherwise; ``DocumentStore/acknowledge(_:)``), so an eviction
-    ///   keeps such a write's values. Rows written before count as acknowledged.
+    ///   keeps such a write's values (an acknowledgement clears it when the document is evicted).
+    ///   Rows written before count as acknowledged.
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
     ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
     static func migrate(_ db: Connection) throws {

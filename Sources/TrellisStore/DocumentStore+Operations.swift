@@ -492,49 +492,78 @@ extension DocumentStore {
         return evicted
     }
 
-    /// Whether the document's row holds a write of this node that no peer has acknowledged.
+    /// Whether the document's row holds a write of this node that no peer has acknowledged. A row
+    /// whose write was acknowledged since open (``acknowledge(_:)``, in memory) is cleared here.
     private func holdsUnacknowledgedWrite(_ s: inout State, _ collection: String, _ key: String) throws -> Bool {
-        let st = try s.db.prepare("SELECT unacked IS NOT NULL FROM documents WHERE collection = ? AND id = ?")
-        defer { st.reset() }
+        let st = try s.db.prepare(
+            "SELECT seq - unacked FROM documents WHERE collection = ? AND id = ? AND unacked IS NOT NULL")
         st.bind(1, collection)
         st.bind(2, key)
-        return try st.step() && st.int64(0) == 1
+        guard try st.step() else {
+            st.reset()
+            return false
+        }
+        let written = st.int64(0)
+        st.reset()
+        guard let acknowledged = s.acknowledged[DocumentKey(collection: collection, key: key)],
+            acknowledged >= written
+        else { return true }
+        try clearUnacknowledged(&s, collection, key, stub: nil)
+        return false
+    }
+
+    private func clearUnacknowledged(_ s: inout State, _ collection: String, _ key: String, stub: [UInt8]?) throws {
+        let st = try s.db.prepare(
+            "UPDATE documents SET unacked = NULL, state = coalesce(?, state) WHERE collection = ? AND id = ?")
+        st.bind(1, stub)
+        st.bind(2, collection)
+        st.bind(3, key)
+        try st.run()
     }
 
     // MARK: Acknowledged writes
 
+    /// At most this many acknowledgements are kept in memory (``acknowledge(_:)``); beyond it
+    /// they are forgotten, which only costs an eviction the values it could have dropped.
+    public static let maxAcknowledgedWrites = 1 << 16
+
     /// Records that a peer durably applied these change-log entries (it acknowledged a batch that
-    /// held them): this node's writes in them are no longer its alone. An evicted document that
-    /// kept its whole state for such a write (``evict(id:in:)``) now drops its values, like any
-    /// stub. An entry older than the document's latest unacknowledged write changes nothing.
+    /// held them): this node's writes in them are no longer its alone, so an eviction may drop
+    /// their values (``evict(id:in:)``). An evicted document that kept its whole state for such a
+    /// write is made an ordinary stub now; for the others it is noted in memory and written to
+    /// the row only when the document is evicted, so acknowledging costs the sync path no writes.
     ///
-    /// Not recording an acknowledgement (a crash before this commits) is safe: the document is
-    /// offered to peers again, and an eviction keeps values it could have dropped.
+    /// Forgetting an acknowledgement (a restart, the bound ``maxAcknowledgedWrites``) is safe:
+    /// evicting that document keeps its whole state and offers it to peers once more, until one
+    /// acknowledges it again.
     ///
-    /// - Complexity: one indexed look-up per entry (and a write for each that matches), in one
-    ///   transaction; no `seq` is issued and no observer is told.
+    /// - Complexity: O(entries) in memory; one indexed read and write per eviction stub among them,
+    ///   in one transaction.
     public func acknowledge(_ entries: [AcknowledgedEntry]) throws(StoreError) {
         guard !entries.isEmpty else { return }
+        try withState { s in
+            if s.acknowledged.count + entries.count > Self.maxAcknowledgedWrites { s.acknowledged = [:] }
+            for entry in entries {
+                let key = DocumentKey(collection: entry.collection, key: entry.key)
+                s.acknowledged[key] = max(s.acknowledged[key] ?? entry.seq, entry.seq)
+            }
+        }
+        let stubs = entries.filter(\.isEvictionStub)
+        guard !stubs.isEmpty else { return }
         try write { s in
             let find = try s.db.prepare(
-                "SELECT deleted, state FROM documents WHERE collection = ? AND id = ? AND seq - unacked <= ?")
-            for entry in entries {
+                "SELECT state FROM documents WHERE collection = ? AND id = ? AND seq - unacked <= ? "
+                    + "AND deleted = \(RowKind.stub.rawValue)")
+            defer { find.reset() }
+            for entry in stubs {
                 find.reset()
                 find.bind(1, entry.collection)
                 find.bind(2, entry.key)
                 find.bind(3, entry.seq)
                 guard try find.step() else { continue }
-                var stub: [UInt8]?
-                if RowKind(rawValue: find.int64(0)) == .stub {
-                    stub = try DocumentState(bytes: find.bytes(1) ?? []).evictionStub().cbor()
-                }
+                let stub = try DocumentState(bytes: find.bytes(0) ?? []).evictionStub().cbor()
                 find.reset()
-                let clear = try s.db.prepare(
-                    "UPDATE documents SET unacked = NULL, state = coalesce(?, state) WHERE collection = ? AND id = ?")
-                clear.bind(1, stub)
-                clear.bind(2, entry.collection)
-                clear.bind(3, entry.key)
-                try clear.run()
+                try clearUnacknowledged(&s, entry.collection, entry.key, stub: stub)
             }
         }
     }

@@ -133,10 +133,13 @@ public struct ChangeRecord: Sendable, Equatable {
     /// `true` when the document holds a write of this node that no peer has acknowledged yet
     /// (``DocumentStore/acknowledge(_:)``).
     public var holdsUnacknowledgedWrite: Bool
+    /// `true` for an evicted document's stub, offered whole while it holds such a write
+    /// (``DocumentStore/evict(id:in:)``).
+    public var isEvictionStub: Bool
 
     public init(
         seq: Int64, collection: String, id: Value, key: String, state: [UInt8], isDeleted: Bool,
-        holdsUnacknowledgedWrite: Bool = false
+        holdsUnacknowledgedWrite: Bool = false, isEvictionStub: Bool = false
     ) {
         self.seq = seq
         self.collection = collection
@@ -145,6 +148,7 @@ public struct ChangeRecord: Sendable, Equatable {
         self.state = state
         self.isDeleted = isDeleted
         self.holdsUnacknowledgedWrite = holdsUnacknowledgedWrite
+        self.isEvictionStub = isEvictionStub
     }
 }
 
@@ -326,6 +330,9 @@ public final class DocumentStore: Sendable {
         var changedValueBytes = 0
         /// Whether the transaction under way evicted documents.
         var evictedInCommit = false
+        /// Per document, the latest `seq` of this node's log a peer acknowledged, since open
+        /// (``DocumentStore/acknowledge(_:)``); at most ``DocumentStore/maxAcknowledgedWrites``.
+        var acknowledged: [DocumentKey: Int64] = [:]
         /// The number of rows in the `deferred` table (0 lets merges skip looking there).
         var deferredRows = 0
         /// Set by ``DocumentStore/close()``: every later access throws ``StoreError/closed``.

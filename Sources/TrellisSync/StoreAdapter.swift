@@ -16,7 +16,7 @@ extension DocumentStore: SyncStore {
                 LogRecord(
                     seq: record.seq, key: record.key,
                     document: WireDocument(collection: record.collection, id: record.id, state: record.state),
-                    holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite)
+                    holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite, isEvictionStub: record.isEvictionStub)
             },
             upTo: page.scannedUpTo, exhausted: page.exhausted,
             remaining: page.exhausted

@@ -83,7 +83,8 @@ import TrellisTestKit
 }
 
 /// Writes of this node that no peer has acknowledged (docs/DATA-MODEL.md rule 8): recorded per
-/// row, kept by merges, cleared by an acknowledgement of the latest one, kept whole by an eviction.
+/// row, kept by merges, and once a peer acknowledged the latest one an eviction drops its values;
+/// until then the eviction keeps the whole state and offers it to peers.
 @Suite struct UnacknowledgedWriteTests {
     let dir = TemporaryDirectory()
     let clock = ManualClock()
@@ -93,38 +94,56 @@ import TrellisTestKit
     }
 
     func acknowledge(_ store: DocumentStore, _ record: ChangeRecord, seq: Int64? = nil) throws {
-        try store.acknowledge([AcknowledgedEntry(collection: "c", key: record.key, seq: seq ?? record.seq)])
+        try store.acknowledge([
+            AcknowledgedEntry(
+                collection: "c", key: record.key, seq: seq ?? record.seq, isEvictionStub: record.isEvictionStub)
+        ])
     }
 
-    @Test func aLocalWriteStaysUnacknowledgedUntilAPeerAcknowledgesItsEntry() throws {
+    /// Evicts `id`, says whether the stub dropped the values, and writes the document again.
+    func evictionDropsValues(_ store: DocumentStore, _ id: Value) throws -> Bool {
+        #expect(try store.evict(id: id, in: "c"))
+        let dropped = try #require(try store.state(id: id, in: "c")).withheldEntryCount > 0
+        try store.upsert(["_id": id, "again": true], in: "c")
+        return dropped
+    }
+
+    @Test func aLocalWriteIsKeptByAnEvictionUntilAPeerAcknowledgesItsEntry() throws {
         let a = try openStore(dir, "a.sqlite", clock: clock)
         let b = try openStore(dir, "b.sqlite", clock: clock)
-        try a.upsert(["_id": "d", "v": 1], in: "c")
+        try a.upsert([["_id": "d", "v": 1], ["_id": "e", "v": 1]], in: "c")
         let first = try record(a, "d")
-        #expect(first.holdsUnacknowledgedWrite)
+        #expect(first.holdsUnacknowledgedWrite && !first.isEvictionStub)
         // An acknowledgement of an older entry of the document says nothing of this write.
         try acknowledge(a, first, seq: first.seq - 1)
-        #expect(try record(a, "d").holdsUnacknowledgedWrite)
-        try acknowledge(a, first)
-        #expect(try !record(a, "d").holdsUnacknowledgedWrite)
-        // A new local write is unacknowledged again; a merge from a peer keeps that.
-        try a.upsert(["_id": "d", "v": 2], in: "c")
+        try acknowledge(a, try record(a, "e"))
+        #expect(try !evictionDropsValues(a, "d"))
+        #expect(try evictionDropsValues(a, "e"))
+        // Written again: unacknowledged again. A merge from a peer keeps that, and the
+        // acknowledgement of the entry that first carried the write is enough.
         let second = try record(a, "d")
-        #expect(second.holdsUnacknowledgedWrite)
         clock.advance(by: 5)
         try b.upsert(["_id": "d", "w": 3], in: "c")
         _ = try a.merge(try batch(of: b), from: [2], checkpoint: nil)
         let merged = try record(a, "d")
         #expect(merged.seq > second.seq && merged.holdsUnacknowledgedWrite)
-        // The acknowledgement of the entry that first carried the write is enough.
-        try acknowledge(a, second)
-        #expect(try !record(a, "d").holdsUnacknowledgedWrite)
+        #expect(try !evictionDropsValues(a, "d"))
+        let third = try record(a, "d")
+        _ = try a.merge(try batch(of: b), from: [2], checkpoint: nil)
+        try acknowledge(a, third)
+        #expect(try evictionDropsValues(a, "d"))
         // Merged documents are never this node's writes.
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
         clock.advance(by: 5)
-        try a.upsert(["_id": "e"], in: "c")
+        try a.upsert(["_id": "f"], in: "c")
         _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
-        #expect(try !record(b, "e").holdsUnacknowledgedWrite)
+        #expect(try !record(b, "f").holdsUnacknowledgedWrite)
+        // Acknowledgements live in memory: after a restart, an eviction keeps the whole state.
+        let g = try openStore(dir, "g.sqlite", clock: clock)
+        try g.upsert(["_id": "g"], in: "c")
+        try acknowledge(g, try record(g, "g"))
+        g.close()
+        let reopened = try openStore(dir, "g.sqlite", clock: clock)
+        #expect(try !evictionDropsValues(reopened, "g"))
     }
 
     @Test func anEvictionKeepsTheValuesOfAnUnacknowledgedWrite() throws {
@@ -141,6 +160,7 @@ import TrellisTestKit
         #expect(try store.count(in: "c") == 0)
         let offered = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max).records
         #expect(offered.map(\.id) == ["unsent"] && offered[0].holdsUnacknowledgedWrite && !offered[0].isDeleted)
+        #expect(offered[0].isEvictionStub)
         #expect(try DocumentState(bytes: offered[0].state).materialize(id: "unsent")?["v"] == 1)
         let matching = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max, matching: Query("v == 1"))
         #expect(matching.records.map(\.id) == ["unsent"])

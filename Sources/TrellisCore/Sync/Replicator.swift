@@ -611,7 +611,9 @@ public struct Replicator: Sendable {
             bytes += record.document.state.count
             if record.holdsUnacknowledgedWrite {
                 unacknowledged.append(
-                    AcknowledgedEntry(collection: record.document.collection, key: record.key, seq: record.seq))
+                    AcknowledgedEntry(
+                        collection: record.document.collection, key: record.key, seq: record.seq,
+                        isEvictionStub: record.isEvictionStub))
             }
         }
         served.cursor = max(served.cursor, page.upTo)

@@ -50,12 +50,18 @@ public struct LogRecord: Sendable, Equatable {
     /// peer acknowledges the batch that carries it, the replicator says so
     /// (``ReplicatorDirective/acknowledged(_:)``).
     public var holdsUnacknowledgedWrite: Bool
+    /// Whether the entry is an evicted document's stub, sent whole while it holds such a write.
+    public var isEvictionStub: Bool
 
-    public init(seq: Int64, key: String, document: WireDocument, holdsUnacknowledgedWrite: Bool = false) {
+    public init(
+        seq: Int64, key: String, document: WireDocument, holdsUnacknowledgedWrite: Bool = false,
+        isEvictionStub: Bool = false
+    ) {
         self.seq = seq
         self.key = key
         self.document = document
         self.holdsUnacknowledgedWrite = holdsUnacknowledgedWrite
+        self.isEvictionStub = isEvictionStub
     }
 }
 
@@ -67,11 +73,14 @@ public struct AcknowledgedEntry: Sendable, Hashable {
     public var key: String
     /// The entry's position in this node's log.
     public var seq: Int64
+    /// Whether the entry was an evicted document's stub (``LogRecord/isEvictionStub``).
+    public var isEvictionStub: Bool
 
-    public init(collection: String, key: String, seq: Int64) {
+    public init(collection: String, key: String, seq: Int64, isEvictionStub: Bool = false) {
         self.collection = collection
         self.key = key
         self.seq = seq
+        self.isEvictionStub = isEvictionStub
     }
 }
 
