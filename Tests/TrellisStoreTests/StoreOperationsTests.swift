@@ -484,6 +484,24 @@ import TrellisTestKit
         #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [5])
     }
 
+    /// A store written before `unacked` existed opens with the column added: its rows count as
+    /// acknowledged (an eviction drops their values), and new local writes are recorded.
+    @Test func anOlderStoreGainsTheUnacknowledgedWriteColumn() throws {
+        do {
+            let store = try open("old.sqlite")
+            try store.upsert([["_id": "old", "v": 1]], in: "c")
+            try store.withState { s in try s.db.execute("ALTER TABLE documents DROP COLUMN unacked") }
+        }
+        let store = try open("old.sqlite")
+        try store.upsert([["_id": "new", "v": 1]], in: "c")
+        let log = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
+        #expect(log.map(\.id) == ["old", "new"])
+        #expect(log.map(\.holdsUnacknowledgedWrite) == [false, true])
+        #expect(try store.evict(ids: ["old", "new"], in: "c") == ["old", "new"])
+        #expect(try store.state(id: "old", in: "c")?.withheldEntryCount == 1)
+        #expect(try store.state(id: "new", in: "c")?.withheldEntryCount == 0)
+    }
+
     @Test func seqsAreNeverReusedAfterEvictingTheNewestDocument() throws {
         var issued: Int64
         do {
