@@ -672,13 +672,19 @@ public struct FieldNode: Hashable, Sendable {
         for child in map.entries.values { child.versionVector(into: &vv) }
     }
 
-    /// Whether anything under this field (an entry, a total, a context) names `site`.
     /// How many entries in this field and below are withheld (eviction stubs, rule 8).
     var withheldEntryCount: Int {
         entries.reduce(0) { count, entry in entry.withheld == entry && !entry.isRestart ? count + 1 : count }
             + map.entries.values.reduce(0) { $0 + $1.withheldEntryCount }
     }
 
+    /// The withheld entries in this field and below, with the path of their field.
+    func withheldEntries(at path: String, into out: inout [(path: String, stamp: Stamp)]) {
+        for entry in entries where entry.withheld == entry && !entry.isRestart { out.append((path, entry.stamp)) }
+        for (key, child) in map.entries { child.withheldEntries(at: path + "." + key, into: &out) }
+    }
+
+    /// Whether anything under this field (an entry, a total, a context) names `site`.
     func mentions(_ site: SiteID) -> Bool {
         if entries.names(site) || totals[site] != nil || removedTotals[site] != nil || removed[site] != nil {
             return true
@@ -1207,6 +1213,16 @@ public struct DocumentState: Hashable, Sendable {
     /// - Complexity: O(size of the state).
     public var withheldEntryCount: Int {
         root.entries.values.reduce(0) { $0 + $1.withheldEntryCount }
+    }
+
+    /// The withheld entries of this state: each one's field path (dotted, map keys as they are)
+    /// and stamp. For diagnostics (the simulator names them in a violation).
+    ///
+    /// - Complexity: O(size of the state).
+    public var withheldEntries: [(path: String, stamp: Stamp)] {
+        var out: [(path: String, stamp: Stamp)] = []
+        for (key, field) in root.entries { field.withheldEntries(at: key, into: &out) }
+        return out
     }
 
     /// A copy for a document evicted from this node: every stamp, context, counter total and

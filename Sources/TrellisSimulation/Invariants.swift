@@ -46,6 +46,14 @@ struct History {
 
     static func id(_ collection: String, _ key: String) -> UTF8Key { UTF8Key(collection + "\u{0}" + key) }
 
+    /// Whether a write may be lost by design: its node lost its store (a wipe, a restored backup)
+    /// after making it, or every node that held it dropped it (``droppedEverywhere(_:)``). Its
+    /// value may then be gone, and a withheld entry of it shows nothing (docs/DATA-MODEL.md rule
+    /// 8: a node that evicts counts on the writer, or a peer, to hold it).
+    func mayBeLost(_ write: Write) -> Bool {
+        lossWindows[write.node]?.contains(where: { $0.contains(write.time) }) == true || droppedEverywhere(write)
+    }
+
     /// Whether a write may be lost by design because every node that held it dropped it: its
     /// own node evicted the document after it (an eviction drops the values of writes a peer
     /// acknowledged; docs/DATA-MODEL.md rule 8), and another node evicted the document too, or
@@ -269,8 +277,7 @@ extension Simulation {
         let whole = wholeSubscribers()
         var logs: [String: [Int: [UTF8Key: [UInt8]]]] = [:]
         for write in history.writes {
-            if history.lossWindows[write.node]?.contains(where: { $0.contains(write.time) }) == true { continue }
-            if history.droppedEverywhere(write) { continue }
+            if history.mayBeLost(write) { continue }
             guard let holders = whole[write.collection] else { continue }
             for holder in holders {
                 if logs[write.collection]?[holder.index] == nil {
@@ -297,9 +304,9 @@ extension Simulation {
     /// write are passed over).
     private func valuesHeld() -> [String] {
         var violations: [String] = []
-        // Documents with a write every holder may have dropped (``History/droppedEverywhere(_:)``).
+        // Documents with a write that may be lost by design (``History/mayBeLost(_:)``).
         var dropped: Set<UTF8Key> = []
-        for write in history.writes where history.droppedEverywhere(write) {
+        for write in history.writes where history.mayBeLost(write) {
             dropped.insert(History.id(write.collection, write.key))
         }
         let collections = Set(history.writes.map(\.collection))
@@ -310,10 +317,11 @@ extension Simulation {
                     guard !dropped.contains(History.id(collection, key.string)),
                         let state = try? DocumentState(bytes: log[key]!), !state.isDeleted
                     else { continue }
-                    let withheld = state.withheldEntryCount
-                    if withheld > 0 {
+                    let withheld = state.withheldEntries
+                    if !withheld.isEmpty {
+                        let named = withheld.map { "\($0.path) (\($0.stamp))" }.sorted().joined(separator: ", ")
                         violations.append(
-                            "\(node.name) holds \(collection)/\(key) with \(withheld) withheld values no node holds")
+                            "\(node.name) holds \(collection)/\(key) with withheld values no node holds: \(named)")
                     }
                 }
             }
