@@ -26,9 +26,10 @@ func mirrored(_ vdir: URL) throws -> [(file: String, name: String)] {
     }
 }
 
-/// Waits (every 20 ms, up to 30 s) until the mirror shows what `condition` looks for.
+/// Waits (every 20 ms, up to 60 s, for a machine busy with other work) until the mirror shows
+/// what `condition` looks for.
 func waitForMirror(_ what: String, _ condition: () throws -> Bool) async throws {
-    let deadline = Date().addingTimeInterval(30)
+    let deadline = Date().addingTimeInterval(60)
     while (try? condition()) != true {
         guard Date() < deadline else { throw MirrorError("timed out waiting until \(what)") }
         try await Task.sleep(for: .milliseconds(20))
