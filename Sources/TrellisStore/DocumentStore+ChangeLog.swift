@@ -111,7 +111,11 @@ extension DocumentStore {
         // (a whole collection, or no subscription named) every tombstone is sent.
         let (st, pushed) = try Self.preparePushedDown(s.db, translated) { pushed in
             let left =
-                scope.map { "WHEN deleted != 2 AND \(Self.leftScopeSQL($0)) THEN 3 WHEN deleted = 1 THEN 0 " } ?? ""
+                scope.map {
+                    // A stub offered whole (an unacknowledged write) tells the subscriber too.
+                    "WHEN (deleted != 2 OR unacked IS NOT NULL) AND \(Self.leftScopeSQL($0)) THEN 3 "
+                        + "WHEN deleted = 1 THEN 0 "
+                } ?? ""
             var match = scope == nil ? "1" : "CASE \(left)ELSE 1 END"
             if let pushed {
                 let filter =

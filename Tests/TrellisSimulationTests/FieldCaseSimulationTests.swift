@@ -795,6 +795,32 @@ import TrellisSimulation
         #expect(try a.store.documents.state(id: "dropped", in: "items")?.withheldEntryCount ?? 0 > 0)
     }
 
+    /// A write that takes a document out of a subscriber's query, then evicted before it
+    /// travelled (A holds no subscription, so it does not fetch the document back): the stub
+    /// offered to peers reaches the query subscriber B, which sees the document leave its query.
+    @Test func anEvictedUnsentWriteStillTakesADocumentOutOfAQuery() throws {
+        let mesh = try Mesh(seed: 127, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        let high = try b.store.collection("items").find("v >= 5").subscribe()
+        try b.watch("items", query: "v >= 5")
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert(["_id": "d0", "v": 7])
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").find("v >= 5").count() == 1)
+        mesh.sim.partition([[a], [b]])
+        mesh.subscriptions[0].cancel()  // A's
+        _ = try a.store.collection("items").findByID("d0").update { $0?["v"].set(2) }
+        #expect(try a.store.collection("items").findByID("d0").evict())
+        mesh.sim.heal()
+        try mesh.sim.runUntilQuiet()
+        b.store.flushLiveQueries()
+        #expect(try Self.get(a, "d0") == nil)
+        #expect(try Self.get(b, "d0")?["v"] == 2)
+        #expect(b.lastLiveResults["items: v >= 5"]?.isEmpty == true)
+        high.cancel()
+    }
+
     /// What a peer has not acknowledged survives a crash: A writes while partitioned, crashes,
     /// restarts, then evicts. The write still reaches B after the heal.
     @Test func anUnsentWriteSurvivesARestartAndAnEviction() throws {
