@@ -759,7 +759,7 @@ public final class Simulation: @unchecked Sendable {
                 "batch",
                 "batch \(sub.split(separator: "\u{1F}").first ?? "") \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(size) B"
             )
-        case .ack(_, let upTo): return ("ack", "ack upTo \(upTo)")
+        case .ack(_, let upTo, let deferred): return ("ack", "ack upTo \(upTo)\(deferred ? " deferred" : "")")
         case .subscriptionError(_, let code, let text): return ("suberr", "suberr \(code): \(text)")
         case .ping: return ("ping", "ping")
         case .pong: return ("pong", "pong")

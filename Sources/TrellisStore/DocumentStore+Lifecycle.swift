@@ -100,7 +100,8 @@ extension DocumentStore {
     ///   latest write of the row, how far the row's `seq` is past that write's `seq` (0 when it is
     ///   the write's own; NULL otherwise; ``DocumentStore/acknowledge(_:)``), so an eviction
     ///   keeps such a write's values (an acknowledgement clears it when the document is evicted).
-    ///   Rows written before count as acknowledged.
+    ///   Live rows written before count as unacknowledged: nothing says a peer holds them (one
+    ///   write of each row, once).
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
     ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
     static func migrate(_ db: Connection) throws {
@@ -135,7 +136,12 @@ extension DocumentStore {
             try db.execute("ALTER TABLE documents ADD COLUMN removed_at INTEGER")
         }
         if !documentNames.contains("unacked") {
-            try db.execute("ALTER TABLE documents ADD COLUMN unacked INTEGER")
+            // Nothing says which live rows a peer holds: they count as unacknowledged (an eviction
+            // keeps their values and offers the stub until a peer acknowledges it).
+            try db.transaction {
+                try db.execute("ALTER TABLE documents ADD COLUMN unacked INTEGER")
+                try db.execute("UPDATE documents SET unacked = 0 WHERE deleted = 0")
+            }
         }
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")

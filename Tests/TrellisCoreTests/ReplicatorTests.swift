@@ -339,6 +339,44 @@ import TrellisCore
         #expect(acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)).isEmpty)
     }
 
+    /// A page cut at `batchEntries` is followed, when nothing more is in the log, by the empty
+    /// end-of-log batch (`left: 0`) with the same `upTo`. Acks name only `upTo`, so the ack of
+    /// the empty batch (the peer may have postponed the first one, which it does not
+    /// acknowledge) acknowledges no write. An ack that says documents were deferred does not
+    /// either.
+    @Test func theAckOfTheEmptyEndBatchIsNotTheAckOfThePageBeforeIt() throws {
+        var r = established()
+        let spec = SubscriptionSpec(collection: "cars")
+        let first = try #require(
+            Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0))
+                .first)
+        var unsent = Self.record(1, "a")
+        unsent.holdsUnacknowledgedWrite = true
+        let more = r.scanned(
+            link, first, page: ScanPage(records: [unsent, Self.record(2, "b")], upTo: 2, exhausted: false), now: 0)
+        let second = try #require(Self.scans(more).first)
+        let last = r.scanned(link, second, page: ScanPage(records: [], upTo: 2, exhausted: true), now: 0)
+        let batches = Self.sent(more + last).compactMap { message -> Int64? in
+            if case .batch(_, _, let upTo, _, _) = message { return upTo }
+            return nil
+        }
+        #expect(batches == [2, 2], "two batches in flight with the same upTo")
+        // The peer postponed the first batch (no ack) and applied the empty one.
+        let directives = r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)
+        let acknowledged = directives.flatMap { directive -> [AcknowledgedEntry] in
+            if case .acknowledged(let entries) = directive { return entries }
+            return []
+        }
+        #expect(acknowledged.isEmpty, "one ack of upTo 2 cannot tell which batch was applied: \(acknowledged)")
+        // A later batch whose ack says the peer deferred some of its documents.
+        var later = Self.record(3, "c")
+        later.holdsUnacknowledgedWrite = true
+        let third = try #require(Self.scans(r.committed(collections: ["cars"], lastSeq: 3, now: 1)).first)
+        _ = r.scanned(link, third, page: ScanPage(records: [later], upTo: 3, exhausted: true), now: 1)
+        let deferred = r.received(.ack(subscription: first.subscription, upTo: 3, deferred: true), on: link, now: 1)
+        #expect(!deferred.contains { if case .acknowledged = $0 { true } else { false } })
+    }
+
     // MARK: Perf P1, P2
 
     @Test func aCommitScansOnlyTheSubscriptionsOfItsCollections() throws {

@@ -285,17 +285,19 @@ public struct Replicator: Sendable {
         case (.established, .batch(let key, let documents, let upTo, let generation, let left)):
             noteProgress(key, documents: documents.count, left: left, on: link, now: now)
             return batch(key, documents, upTo, generation, on: link, now: now)
-        case (.established, .ack(let subscription, let upTo)):
+        case (.established, .ack(let subscription, let upTo, let deferred)):
             let key = UTF8Key(subscription)
             guard var served = sessions[link]?.served[key] else { return [] }
             served.inFlight = max(0, served.inFlight - 1)
             served.ackedUpTo = max(served.ackedUpTo, min(upTo, served.lastSentUpTo))
             served.lastProgress = now
-            // Only the batch with exactly this `upTo` was applied: a batch before it may have
-            // been postponed there.
+            // Only the batch with exactly this `upTo` was applied (a batch before it may have been
+            // postponed there), and only when the peer kept none of it aside: a deferred document
+            // is not held there yet.
             var acknowledged: [ReplicatorDirective] = []
             if let index = served.unacknowledged.firstIndex(where: { $0.upTo == upTo }) {
-                acknowledged = [.acknowledged(served.unacknowledged.remove(at: index).entries)]
+                let entries = served.unacknowledged.remove(at: index).entries
+                if !deferred { acknowledged = [.acknowledged(entries)] }
             }
             sessions[link]?.served[key] = served
             return acknowledged + scanIfReady(link, key, now: now)
@@ -474,6 +476,7 @@ public struct Replicator: Sendable {
                 guard var served = s.served[key] else { continue }
                 if served.inFlight > 0, !s.congested, now - served.lastProgress >= configuration.ackTimeout {
                     // Batches sent and never acknowledged: send again from the last acknowledged point.
+                    served.unacknowledgedFloor = max(served.unacknowledgedFloor, served.lastSentUpTo)
                     served.cursor = served.ackedUpTo
                     served.lastSentUpTo = served.ackedUpTo
                     served.inFlight = 0
@@ -643,7 +646,14 @@ public struct Replicator: Sendable {
             if served.inFlight == 0 { served.lastProgress = now }
             served.inFlight += 1
             served.lastSentUpTo = served.cursor
-            if !unacknowledged.isEmpty {
+            // An ack names only `upTo`: a second batch with the same `upTo` (the empty end-of-log
+            // batch after a cut page, or a batch resent after a reset while the old one may still
+            // be acknowledged) makes it ambiguous, so neither batch acknowledges writes.
+            let ambiguous =
+                served.cursor <= served.unacknowledgedFloor
+                || served.unacknowledged.contains { $0.upTo == served.cursor }
+            served.unacknowledged.removeAll { $0.upTo == served.cursor }
+            if !unacknowledged.isEmpty, !ambiguous {
                 served.unacknowledged.append((served.cursor, unacknowledged))
                 // Batches whose acks never came (postponed there) are forgotten: their writes
                 // stay unacknowledged in the store, which only keeps more on an eviction.
@@ -697,7 +707,7 @@ public struct Replicator: Sendable {
             deferredPending = true
             nextDeferredRetry = now + configuration.deferredRetryInterval
         }
-        return [send(link, .ack(subscription: key, upTo: upTo), now)]
+        return [send(link, .ack(subscription: key, upTo: upTo, deferred: deferred > 0), now)]
     }
 
     /// The store could not take a batch now because too many of this peer's documents already
@@ -948,6 +958,7 @@ public struct Replicator: Sendable {
                     let collection = sub.spec.collection
                     sessions[link]!.echo = sessions[link]!.echo.filter { !UTF8Key.equal($0.key.collection, collection) }
                     existing.generation = sub.generation
+                    existing.unacknowledgedFloor = max(existing.unacknowledgedFloor, existing.lastSentUpTo)
                     existing.cursor = sub.since
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
@@ -1349,6 +1360,9 @@ extension Replicator {
         /// The batches in flight that carry writes of this node no peer has acknowledged, by their
         /// `upTo`: their ack tells the store (``ReplicatorDirective/acknowledged(_:)``).
         var unacknowledged: [(upTo: Int64, entries: [AcknowledgedEntry])] = []
+        /// Batches up to this `upTo` may share it with a batch sent before a reset: theirs are
+        /// not recorded.
+        var unacknowledgedFloor: Int64 = 0
         var scanning = false
         /// More entries may wait after `cursor` (a commit happened or the last scan was cut).
         var pending = true

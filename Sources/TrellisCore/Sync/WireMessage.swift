@@ -147,7 +147,9 @@ public enum WireMessage: Sendable, Equatable {
     case batch(subscription: String, documents: [WireDocument], upTo: Int64, generation: UInt32, left: Int64? = nil)
     /// `{t:"ack", sub, upTo}`: the receiver committed the batch up to `upTo` (with SQLite's
     /// `synchronous=NORMAL` by default: a power loss may still take the commit back).
-    case ack(subscription: String, upTo: Int64)
+    /// `deferred`: the receiver kept some of the batch's documents aside to retry (their clock,
+    /// size or validity, docs/PROTOCOL.md §3): it does not hold them yet.
+    case ack(subscription: String, upTo: Int64, deferred: Bool = false)
     /// `{t:"suberr", sub, code, msg}`: the sender cannot serve this one subscription (its query
     /// does not parse or bind here, reading the log failed, a limit); the session goes on.
     case subscriptionError(subscription: String, code: String, message: String)
@@ -197,8 +199,10 @@ public enum WireMessage: Sendable, Equatable {
             ]
             if let left { map["left"] = .int(left) }
             return .map(map)
-        case .ack(let sub, let upTo):
-            return ["t": "ack", "sub": .string(sub), "upTo": .int(upTo)]
+        case .ack(let sub, let upTo, let deferred):
+            var map: UTF8Map<Value> = ["t": "ack", "sub": .string(sub), "upTo": .int(upTo)]
+            if deferred { map["deferred"] = .int(1) }
+            return .map(map)
         case .subscriptionError(let sub, let code, let message):
             return ["t": "suberr", "sub": .string(sub), "code": .string(code), "msg": .string(message)]
         case .ping(let n):
@@ -395,7 +399,9 @@ public enum WireMessage: Sendable, Equatable {
                 generation: UInt32(try m.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
                 left: try m.optionalInt("left", in: 0...Int64.max))
         case "ack":
-            self = .ack(subscription: try m.string("sub"), upTo: try m.int("upTo", in: 0...Int64.max))
+            self = .ack(
+                subscription: try m.string("sub"), upTo: try m.int("upTo", in: 0...Int64.max),
+                deferred: try m.optionalInt("deferred", in: 0...1) == 1)
         case "suberr":
             self = .subscriptionError(
                 subscription: try m.string("sub"), code: try m.string("code"), message: try m.string("msg"))
