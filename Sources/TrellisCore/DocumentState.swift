@@ -271,6 +271,14 @@ public struct FieldEntry: Hashable, Sendable, Comparable {
         }
     }
 
+    /// Whether this is a value or "map" entry whose content an eviction stub withheld.
+    var isWithheld: Bool {
+        switch content {
+        case .withheldValue, .withheldMap: return true
+        default: return false
+        }
+    }
+
     /// The same write with its value dropped (for eviction stubs); restarts keep theirs.
     var withheld: FieldEntry {
         switch content {
@@ -674,13 +682,13 @@ public struct FieldNode: Hashable, Sendable {
 
     /// How many entries in this field and below are withheld (eviction stubs, rule 8).
     var withheldEntryCount: Int {
-        entries.reduce(0) { count, entry in entry.withheld == entry && !entry.isRestart ? count + 1 : count }
+        entries.reduce(0) { count, entry in entry.isWithheld ? count + 1 : count }
             + map.entries.values.reduce(0) { $0 + $1.withheldEntryCount }
     }
 
     /// The withheld entries in this field and below, with the path of their field.
     func withheldEntries(at path: String, into out: inout [(path: String, stamp: Stamp)]) {
-        for entry in entries where entry.withheld == entry && !entry.isRestart { out.append((path, entry.stamp)) }
+        for entry in entries where entry.isWithheld { out.append((path, entry.stamp)) }
         for (key, child) in map.entries { child.withheldEntries(at: path + "." + key, into: &out) }
     }
 

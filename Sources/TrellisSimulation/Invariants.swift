@@ -136,8 +136,9 @@ extension Simulation {
     /// every write acknowledged to an app is present on every replica of its collection (unless
     /// its node was wiped before it could travel, or every node holding it dropped it); no live
     /// document holds a withheld value (an evicted write no node holds the value of,
-    /// docs/DATA-MODEL.md rule 8); nothing removed everywhere comes back without a new write; clocks and checkpoints never go backwards; every watched live query's last
-    /// result equals a fresh query; every contacts mirror (``SimulatedNode/mirrorContacts(_:)``),
+    /// docs/DATA-MODEL.md rule 8); nothing removed everywhere comes back without a new write;
+    /// clocks and checkpoints never go backwards; every watched live query's last result equals
+    /// a fresh query; every contacts mirror (``SimulatedNode/mirrorContacts(_:)``),
     /// brought up to date, holds exactly its store's live documents as vCards.
     ///
     /// - Throws: ``SimulationFailure`` listing every violation, with the seed.

@@ -38,10 +38,6 @@ extension DocumentStore: SyncStore {
         return (outcome.deferred.count, refusals)
     }
 
-    public func acknowledged(_ entries: [AcknowledgedEntry]) throws {
-        try acknowledge(entries)
-    }
-
     public func retryDeferredDocuments() throws -> Int {
         try retryDeferred().remaining
     }

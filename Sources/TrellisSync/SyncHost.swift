@@ -19,7 +19,7 @@ public protocol SyncStore: AnyObject, Sendable {
     /// - Returns: how many documents were kept aside to retry, and the refusals to report.
     func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String])
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
-    func acknowledged(_ entries: [AcknowledgedEntry]) throws
+    func acknowledge(_ entries: [AcknowledgedEntry]) throws
     /// Re-merges deferred documents whose condition cleared.
     ///
     /// - Returns: how many remain deferred.
@@ -345,7 +345,7 @@ public final class SyncHost {
                     log("rotating the log failed: \(error)")
                 }
             case .acknowledged(let entries):
-                do { try store.acknowledged(entries) } catch { log("recording acknowledged writes failed: \(error)") }
+                do { try store.acknowledge(entries) } catch { log("recording acknowledged writes failed: \(error)") }
             case .retryDeferred:
                 do {
                     replicator.deferredRetried(remaining: try store.retryDeferredDocuments(), now: now())

@@ -77,17 +77,16 @@ enum SimulateCommand {
             let seed = first + UInt64(i)
             do {
                 try workload.run(seed: seed, tracing: false)
-            } catch let failure as SimulationFailure {
-                failed.append(seed)
-                if terminal { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-                print(failure)
-                print("  replay: trellis simulate --replay \(seed)\(options)")
             } catch {
                 // A run that stopped on an error (the store could not be opened or read) is a
                 // failed seed too: the sweep goes on and reports it.
                 failed.append(seed)
                 if terminal { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-                print("simulation seed \(seed) stopped: \(error)")
+                if let failure = error as? SimulationFailure {
+                    print(failure)
+                } else {
+                    print("simulation seed \(seed) stopped: \(error)")
+                }
                 print("  replay: trellis simulate --replay \(seed)\(options)")
             }
             if terminal {

@@ -81,7 +81,7 @@ private final class CostlyStore: SyncStore {
         return try store.scan(request)
     }
     func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) { try store.apply(request) }
-    func acknowledged(_ entries: [AcknowledgedEntry]) throws { try store.acknowledged(entries) }
+    func acknowledge(_ entries: [AcknowledgedEntry]) throws { try store.acknowledge(entries) }
     func retryDeferredDocuments() throws -> Int { try store.retryDeferredDocuments() }
     func evictedIDs(in collection: String, limit: Int) throws -> [Value] {
         try store.evictedIDs(in: collection, limit: limit)
