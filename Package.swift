@@ -73,8 +73,8 @@ let package = Package(
         .executableTarget(
             name: "trellis-bench",
             dependencies: [
-                "Trellis", "TrellisStore", "TrellisCore", "TrellisNet", "TrellisCrypto", "CSQLite", "ContactProvider",
-                "TrellisContacts", "TrellisSimulation",
+                "Trellis", "TrellisStore", "TrellisCore", "TrellisSync", "TrellisNet", "TrellisCrypto", "CSQLite",
+                "ContactProvider", "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // Examples/*: each directory holds a README.md (excluded: not a source) with its one command.

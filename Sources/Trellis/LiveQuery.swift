@@ -677,9 +677,9 @@ final class CursorEvaluator: @unchecked Sendable {
 
     private func rerun() throws {
         stats.reruns.add(1, ordering: .relaxed)
-        let values = try documents.documents(
+        let stored = try documents.storedDocuments(
             in: collection, matching: query, args: args, sort: sort, limit: limit, offset: offset)
-        rows = try values.map { (try DocumentStore.key(for: $0["_id"] ?? .null), Document(value: $0)) }
+        rows = stored.map { (key: $0.key, document: Document(key: $0.key, json: $0.json)) }
         keys = Set(rows.map { UTF8Key($0.key) })
     }
 

@@ -6,22 +6,64 @@ public import TrellisStore
 package import TrellisSync
 
 /// A document as returned by queries: its `_id` and its value (a map including `_id`).
+///
+/// A document a query returns keeps the JSON text it was stored as and parses it the first time
+/// ``value`` is read (Ditto's query result items are materialised on access too): a query that
+/// only counts, lists `_id`s or reads a few fields never builds the whole value. Reading one
+/// top-level field with the subscript before that parses only that field. A document is safe to
+/// share between threads; reads parse at most once.
 public struct Document: Sendable, Hashable, CustomStringConvertible {
+    /// The document's `_id`.
     public let id: Value
-    public let value: Value
+    private let storage: Storage
+
+    private enum Storage: Sendable {
+        case value(Value)
+        case stored(StoredJSON)
+    }
 
     public init(value: Value) {
-        self.value = value
+        self.storage = .value(value)
         self.id = value["_id"] ?? .null
     }
 
-    /// A top-level field, or `nil` when absent.
-    public subscript(key: String) -> Value? { value[key] }
+    /// A document read from the store: its key (the canonical JSON of its `_id`) and its JSON.
+    init(key: String, json: StoredJSON) {
+        self.storage = .stored(json)
+        self.id = (try? JSON.parse(key)) ?? json.member("_id") ?? .null
+    }
+
+    /// The whole document, `_id` included. For a document a query returned, the first read
+    /// parses its stored JSON (O(n) in its length); later reads return the parsed value.
+    public var value: Value {
+        switch storage {
+        case .value(let value): return value
+        case .stored(let json): return json.value
+        }
+    }
+
+    /// A top-level field, or `nil` when absent. Before ``value`` is read, this scans the stored
+    /// JSON and parses that field alone (O(n) in the text's length, no tree for the rest).
+    public subscript(key: String) -> Value? {
+        switch storage {
+        case .value(let value): return value[key]
+        case .stored(let json): return json.member(key)
+        }
+    }
 
     /// The document as compact JSON with sorted keys.
     public var json: String { JSON.string(value) }
 
     public var description: String { json }
+
+    public static func == (lhs: Document, rhs: Document) -> Bool {
+        if case .stored(let a) = lhs.storage, case .stored(let b) = rhs.storage, a === b || a.text == b.text {
+            return true  // the same text parses to the same value
+        }
+        return lhs.value == rhs.value
+    }
+
+    public func hash(into hasher: inout Hasher) { hasher.combine(value) }
 }
 
 /// The local store, shaped like Ditto's `DittoStore`: `store.collection("cars")`.
@@ -293,9 +335,9 @@ public struct PendingCursorOperation: Sendable {
     ///   index (``TrellisCollection/createIndex(_:)``) serves the query; plus O(k log k) to sort.
     public func exec() throws -> [Document] {
         let (parsed, keys) = try resolved()
-        return try collection.store.documents.documents(
+        return try collection.store.documents.storedDocuments(
             in: collection.name, matching: parsed, args: args, sort: keys, limit: limitCount, offset: offsetCount
-        ).map(Document.init(value:))
+        ).map { Document(key: $0.key, json: $0.json) }
     }
 
     /// The number of documents ``exec()`` would return, counted inside SQLite when the query

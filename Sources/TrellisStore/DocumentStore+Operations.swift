@@ -685,8 +685,27 @@ extension DocumentStore {
         let bound = try Self.bind(query, args)
         try Self.checkWindow(limit: limit, offset: offset)
         return try withState { s in
-            try select(&s, collection, bound, sort: sort, limit: limit, offset: offset).map(\.value)
+            try select(&s, collection, bound, sort: sort, limit: limit, offset: offset).map(\.json.value)
         }
+    }
+
+    /// The documents ``documents(in:matching:args:sort:limit:offset:)`` returns, as their stored
+    /// JSON with each one's key, parsed only when read (``StoredJSON``): what `find` results are
+    /// made of.
+    ///
+    /// - Returns: `(key, json)` pairs in result order; `key` is the document's key
+    ///   (``DocumentStore/key(for:)``: the canonical JSON of its `_id`).
+    /// - Throws: as ``documents(in:matching:args:sort:limit:offset:)``.
+    /// - Complexity: as ``documents(in:matching:args:sort:limit:offset:)``, less the parsing of
+    ///   the rows: one pass over each row's text (O(n) in its length), unless the query is
+    ///   evaluated in memory or sorted, which parses the rows it reads.
+    public func storedDocuments(
+        in collection: String, matching query: Query, args: UTF8Map<Value> = [:], sort: [SortKey],
+        limit: Int? = nil, offset: Int = 0
+    ) throws(StoreError) -> [StoredRow] {
+        let bound = try Self.bind(query, args)
+        try Self.checkWindow(limit: limit, offset: offset)
+        return try withState { s in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) }
     }
 
     /// The number of live documents of a collection matching `query`.
@@ -743,9 +762,9 @@ extension DocumentStore {
         let now = options.now()
         let removed = try write { s -> [Value] in
             var removed: [Value] = []
-            for (key, value) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
+            for (key, json) in try select(&s, collection, bound, sort: sort, limit: limit, offset: offset) {
                 guard var doc = try loadLive(&s, collection, key) else { continue }
-                let id = value["_id"] ?? .null
+                let id = json.member("_id") ?? .null
                 doc.remove(stamp: s.stamp(now: now))
                 try persist(&s, collection, key, id, doc)
                 removed.append(id)
@@ -768,7 +787,7 @@ extension DocumentStore {
         try Self.checkWindow(limit: limit, offset: offset)
         let evicted = try write { s -> [Value] in
             let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset)
-            return try evictRows(&s, collection, rows.map { ($0.value["_id"] ?? .null, $0.key) })
+            return try evictRows(&s, collection, rows.map { ($0.json.member("_id") ?? .null, $0.key) })
         }
         return evicted
     }
@@ -861,7 +880,7 @@ extension DocumentStore {
     /// (DocumentStore+NULStrings.swift).
     func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int
-    ) throws -> [(key: String, value: Value)] {
+    ) throws -> [StoredRow] {
         let nulRows = try mayHoldNUL(&s, collection)
         let rows = try select(&s, collection, bound, sort: sort, limit: limit, offset: offset, nulRows: nulRows)
         guard !nulRows, try answeredWithoutNULRows(&s, collection) else { return rows }
@@ -871,13 +890,13 @@ extension DocumentStore {
     private func select(
         _ s: inout State, _ collection: String, _ bound: Query, sort: [SortKey], limit: Int?, offset: Int,
         nulRows: Bool
-    ) throws -> [(key: String, value: Value)] {
+    ) throws -> [StoredRow] {
         func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
             pushed != nil && sort.isEmpty && !nulRows ? (limit, offset) : nil
         }
         let translated = bound.sqlWhere(column: "documents.value")
         var windowInSQL = false
-        func rows(guarded: Bool) throws -> (rows: [(key: String, value: Value)], damaged: Bool) {
+        func rows(guarded: Bool) throws -> (rows: [StoredRow], damaged: Bool) {
             let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
                 Self.selectSQL(collection, $0, window: window($0), guarded: guarded, nulRows: nulRows).sql
             }
@@ -886,21 +905,21 @@ extension DocumentStore {
                 st,
                 Self.selectSQL(collection, pushed, window: window(pushed), guarded: guarded, nulRows: nulRows).bindings)
             defer { st.reset() }
-            var rows: [(key: String, value: Value)] = []
+            var rows: [StoredRow] = []
             var damaged = false
             while try st.step() {
                 guard let key = st.string(0), let text = st.string(1) else { continue }
-                guard let value = try? JSON.parse(text) else {
+                guard let json = StoredJSON(checking: text) else {
                     noteDamaged(&s, collection, key, "its JSON value does not parse")
                     damaged = true
                     continue
                 }
-                if pushed == nil || (nulRows && Self.holdsNULEscape(text)), try !bound.matches(value) { continue }
-                rows.append((key, value))
+                if pushed == nil || (nulRows && Self.holdsNULEscape(text)), try !bound.matches(json.value) { continue }
+                rows.append((key, json))
             }
             return (rows, damaged)
         }
-        var selected: [(key: String, value: Value)]
+        var selected: [StoredRow]
         do {
             let first = try rows(guarded: false)
             // A damaged row inside a window SQLite counted: count again without it.
@@ -916,8 +935,8 @@ extension DocumentStore {
     }
 
     /// Rows ordered by the sort keys, then by `_id` key byte-wise.
-    static func sorted(_ rows: [(key: String, value: Value)], by sort: [SortKey]) -> [(key: String, value: Value)] {
-        let keyed = rows.map { row in (row, sort.map { row.value.value(at: $0.path) }) }
+    static func sorted(_ rows: [StoredRow], by sort: [SortKey]) -> [StoredRow] {
+        let keyed = rows.map { row in (row, sort.map { row.json.value.value(at: $0.path) }) }
         return keyed.sorted { a, b in
             for (i, key) in sort.enumerated() {
                 var order = Value.sortOrder(a.1[i], b.1[i])

@@ -193,6 +193,10 @@ public struct ChangePage: Sendable {
     }
 }
 
+/// A selected document: its key (``DocumentStore/key(for:)``, the canonical JSON of its `_id`)
+/// and its stored JSON, parsed when read.
+public typealias StoredRow = (key: String, json: StoredJSON)
+
 /// A document received from a peer, to be merged: its collection, `_id` and CBOR state.
 public typealias RemoteDocument = WireDocument
 

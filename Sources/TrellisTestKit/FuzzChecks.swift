@@ -87,6 +87,7 @@ public enum FuzzChecks {
     /// deterministic, and the `String`, `Data` and byte overloads agree.
     public static func json(_ input: [UInt8]) throws(FuzzCheckFailure) {
         let fail = failing("FuzzJSON", input)
+        try storedJSON(String(decoding: input, as: UTF8.self), fail)
         guard let value = try? JSON.parse(input) else { return }
         let written = JSON.bytes(value)
         guard let again = try? JSON.parse(written), again == value else {
@@ -108,6 +109,26 @@ public enum FuzzChecks {
             guard JSON.bytes(value) == input else { throw fail("accepted as canonical but writes back differently") }
             guard case .map(let fields) = value, let stored = fields["_id"], JSON.string(stored) == id else {
                 throw fail("accepted as canonical with _id \(id), which is not the document's")
+            }
+        }
+    }
+
+    /// The one-pass scans a query's results rely on (``JSONScan``): text `certainlyParses`
+    /// accepts parses, and a member found by scanning is the parsed map's member.
+    static func storedJSON(_ text: String, _ fail: (String) -> FuzzCheckFailure) throws(FuzzCheckFailure) {
+        let vouched = JSONScan.certainlyParses(text)
+        let parsed = try? JSON.parse(text)
+        if vouched && parsed == nil { throw fail("certainlyParses accepted text that does not parse") }
+        guard case .map(let fields)? = parsed else { return }
+        for key in Array(fields.keys.prefix(8)) + ["_id", "absent key"] {
+            switch JSONScan.member(key, in: text) {
+            case .found(let value):
+                if value != fields[key] {
+                    throw fail("member '\(key)' scanned as \(value), parsed as \(fields[key] ?? .null)")
+                }
+            case .absent:
+                if fields[key] != nil { throw fail("member '\(key)' scanned as absent but it parses") }
+            case .unsure: break
             }
         }
     }

@@ -30,6 +30,31 @@ import TrellisTestKit
         ])
     }
 
+    /// `find` results keep their stored JSON and parse it when read (docs/API.md): what they
+    /// show, how they compare and hash, and composite `_id`s, are as for documents made from values.
+    @Test func findResultsReadTheirStoredJSONWhenAsked() throws {
+        try seed()
+        try cars.upsert(["_id": ["vin": "A1", "plant": 3], "Name": "composite", "Origin": "Japan", "Note": "a\u{1}b"])
+        let found = try cars.find("Origin == 'Japan'").exec()
+        #expect(found.map(\.id) == ["civic", "corolla", "rx7", ["plant": 3, "vin": "A1"]])
+        #expect(found.map { $0["Name"] } == ["honda civic", "toyota corolla", "mazda rx-7", "composite"])
+        #expect(found[2]["Horsepower"] == 100.5 && found[2]["Missing"] == nil)
+        #expect(found[3]["Note"] == "a\u{1}b")  // a \u escape: parsed at once, read the same way
+        let expected: Value = [
+            "_id": "corolla", "Name": "toyota corolla", "Origin": "Japan", "Cylinders": 4, "Horsepower": 75,
+        ]
+        #expect(found[1].value == expected)
+        #expect(found[1] == Document(value: expected) && Document(value: expected) == found[1])
+        #expect(found[1].hashValue == Document(value: expected).hashValue)
+        #expect(found[1].json == JSON.string(expected))
+        let again = try cars.find("Origin == 'Japan'").exec()
+        #expect(again == found && Set(again) == Set(found))
+        #expect(found[0] != found[1])
+        // Sorted and windowed results too.
+        let sorted = try cars.find("Origin == 'Japan'").sort("Horsepower", direction: .descending).limit(2).exec()
+        #expect(sorted.map { $0["Name"] } == ["mazda rx-7", "toyota corolla"])
+    }
+
     @Test func upsertTakesAWriteStrategy() throws {
         try cars.upsert(["_id": "c", "Name": "real", "Seats": 4])
         let strategy: WriteStrategy = .insertIfAbsent

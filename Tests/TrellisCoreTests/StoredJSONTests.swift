@@ -1,0 +1,115 @@
+import Testing
+import TrellisCore
+import TrellisTestKit
+
+/// A query result's stored JSON, parsed when read (``StoredJSON``, ``JSONScan``): what the
+/// one-pass check vouches for parses, a member read by scanning is the parsed member, and the
+/// value read later is the parsed text.
+@Suite struct StoredJSONTests {
+    /// Checks the promises on one text.
+    func checkPromises(_ text: String) {
+        let parsed = try? JSON.parse(text)
+        if JSONScan.certainlyParses(text) { #expect(parsed != nil, "vouched for \(text), which does not parse") }
+        let stored = StoredJSON(checking: text)
+        #expect((stored == nil) == (parsed == nil), "\(text): checked \(stored != nil), parses \(parsed != nil)")
+        guard let stored, let parsed else { return }
+        guard case .map(let fields) = parsed else { return }
+        for key in Array(fields.keys) + ["missing"] {
+            switch JSONScan.member(key, in: text) {
+            case .found(let value): #expect(value == fields[key], "\(text): member \(key) scanned as \(value)")
+            case .absent: #expect(fields[key] == nil, "\(text): member \(key) scanned as absent")
+            case .unsure: break
+            }
+            #expect(stored.member(key) == fields[key])
+        }
+        #expect(stored.value == parsed)
+        #expect(stored.isParsed)
+    }
+
+    /// Random documents as Trellis writes them are vouched for unless they hold what the check
+    /// leaves to the parser, and mutations of them keep the promises.
+    @Test func writtenDocumentsAreVouchedForAndMutationsKeepThePromises() {
+        var (rng, seed) = SeededRandom.fromEnvironment(default: 0x5EED_0015)
+        print("StoredJSONTests seed \(seed) (replay with \(SeededRandom.environmentVariable)=\(seed))")
+        var vouched = 0
+        for _ in 0..<2000 {
+            var fields = UTF8Map<Value>()
+            for _ in 0..<Int.random(in: 0...6, using: &rng) {
+                fields[randomString(using: &rng)] = randomValue(depth: 3, using: &rng)
+            }
+            fields["_id"] = .string("car-\(rng.next() % 1000)")
+            let text = JSON.string(.map(fields))
+            if JSONScan.certainlyParses(text) { vouched += 1 }
+            checkPromises(text)
+            var bytes = Array(text.utf8)
+            for _ in 0..<3 {
+                guard !bytes.isEmpty else { break }
+                let at = Int.random(in: 0..<bytes.count, using: &rng)
+                switch Int.random(in: 0..<3, using: &rng) {
+                case 0: bytes.remove(at: at)
+                case 1: bytes.insert(Array(" ,:{}[]\"\\-0.e1u".utf8).randomElement(using: &rng)!, at: at)
+                default: bytes[at] = UInt8.random(in: 0x20...0x7E, using: &rng)
+                }
+                checkPromises(String(decoding: bytes, as: UTF8.self))
+            }
+        }
+        #expect(vouched > 500)
+    }
+
+    @Test func theCheckDeclinesWhatItCannotVouchFor() {
+        // Each of these parses; the check leaves them to the parser.
+        for text in [
+            #"{"a": 1}"#, #"{"a":"\u00e9"}"#, #"{"a":1e3}"#, #"{"a":1E-2}"#,
+            "{\"a\":0." + String(repeating: "1", count: 400) + "}",
+        ] {
+            #expect(!JSONScan.certainlyParses(text), "\(text)")
+            #expect(StoredJSON(checking: text)?.isParsed == true, "\(text) is parsed at once")
+        }
+        // Nesting: the parser's limit, exactly.
+        let deepest =
+            String(repeating: "[", count: JSON.maximumDepth) + String(repeating: "]", count: JSON.maximumDepth)
+        #expect(JSONScan.certainlyParses(deepest))
+        #expect(!JSONScan.certainlyParses("[" + deepest + "]"))
+        #expect(StoredJSON(checking: "[" + deepest + "]") == nil)
+        // What does not parse is refused.
+        for text in ["", "{", #"{"a":}"#, #"{"a":01}"#, "{\"a\":\"\u{1}\"}", #"{"a":1,}"#, "nul", #"{"a":"\x"}"#] {
+            #expect(!JSONScan.certainlyParses(text), "\(text)")
+            #expect(StoredJSON(checking: text) == nil, "\(text)")
+        }
+    }
+
+    @Test func aMemberIsReadWithoutParsingTheDocument() throws {
+        let stored = try #require(
+            StoredJSON(checking: #"{"Name":"chevelle","_id":"car-1","n":[1,{"x":true}],"s":"a\"b"}"#))
+        #expect(!stored.isParsed)
+        #expect(stored.member("Name") == "chevelle")
+        #expect(stored.member("n") == .array([1, .map(["x": true])]))
+        #expect(stored.member("s") == "a\"b")
+        #expect(stored.member("missing") == nil)
+        #expect(!stored.isParsed)
+        #expect(stored.value["_id"] == "car-1")
+        #expect(stored.isParsed)
+        #expect(stored.member("Name") == "chevelle")
+    }
+
+    @Test func aRepeatedKeyAnswersItsLastValueAndByteStringsAreLeftToTheParser() {
+        #expect(member("a", in: #"{"a":1,"a":2}"#) == .int(2))
+        #expect(member("a", in: #"{"a":{"$bytes":"AQI="}}"#) == .bytes([1, 2]))
+        if case .unsure = JSONScan.member("$bytes", in: #"{"$bytes":"AQI="}"#) {
+        } else {
+            Issue.record("a lone $bytes key is a byte string, not a map member")
+        }
+        if case .unsure = JSONScan.member("a", in: #"{"\u0061":1}"#) {
+        } else {
+            Issue.record("a key with an escape is left to the parser")
+        }
+        if case .absent = JSONScan.member("b", in: #"{"a":1}"#) {} else { Issue.record("b is absent") }
+        if case .unsure = JSONScan.member("a", in: "[1]") {} else { Issue.record("an array has no members") }
+    }
+
+    private func member(_ key: String, in text: String) -> Value? {
+        if case .found(let value) = JSONScan.member(key, in: text) { return value }
+        Issue.record("\(key) not found by scanning \(text)")
+        return nil
+    }
+}
