@@ -74,7 +74,7 @@ let package = Package(
             name: "trellis-bench",
             dependencies: [
                 "Trellis", "TrellisStore", "TrellisCore", "TrellisSync", "TrellisNet", "TrellisCrypto", "CSQLite",
-                "ContactProvider", "TrellisContacts", "TrellisSimulation",
+                "CSodium", "ContactProvider", "TrellisContacts", "TrellisSimulation",
             ]),
         .executableTarget(name: "QuickStart", dependencies: ["Trellis"], path: "Examples/QuickStart"),
         // Examples/*: each directory holds a README.md (excluded: not a source) with its one command.

@@ -1,9 +1,41 @@
+import CSodium
 import Foundation
 import Synchronization
 import TrellisCrypto
 import TrellisNet
 
-// Link figures: the encrypted link (SecureLink) against plain loopback TCP in the same run.
+// Link figures: the encrypted link (SecureLink) against plain loopback TCP, and against
+// libsodium's ChaCha20-Poly1305 alone on the link's frame size, in the same run.
+
+/// Plaintext megabytes per second of libsodium's `crypto_aead_chacha20poly1305_ietf` (the
+/// link's cipher, Noise's ChaChaPoly) on `bytes` bytes in frames of `frame` bytes, into buffers
+/// allocated once, on one thread: sealing every frame, or opening every frame.
+func rawAEADMegabytesPerSecond(bytes: Int, frame: Int) -> (seal: Double, open: Double) {
+    Sodium.initialize()
+    let key = [UInt8](repeating: 7, count: Int(crypto_aead_chacha20poly1305_ietf_KEYBYTES))
+    let plaintext = [UInt8](repeating: 0x5A, count: frame)
+    let frames = bytes / frame
+    var sealed = [UInt8](repeating: 0, count: frame + Int(crypto_aead_chacha20poly1305_ietf_ABYTES))
+    var opened = [UInt8](repeating: 0, count: frame)
+    let nonce = [UInt8](repeating: 0, count: Int(crypto_aead_chacha20poly1305_ietf_NPUBBYTES))
+    var sealedLength: UInt64 = 0
+    let sealStart = nowNanos()
+    for _ in 0..<frames {
+        _ = crypto_aead_chacha20poly1305_ietf_encrypt(
+            &sealed, &sealedLength, plaintext, UInt64(frame), nil, 0, nil, nonce, key)
+    }
+    let sealSeconds = Double(nowNanos() - sealStart) / 1e9
+    let openStart = nowNanos()
+    for _ in 0..<frames {
+        var openedLength: UInt64 = 0
+        let status = crypto_aead_chacha20poly1305_ietf_decrypt(
+            &opened, &openedLength, nil, sealed, sealedLength, nil, 0, nonce, key)
+        precondition(status == 0 && openedLength == UInt64(frame), "a sealed frame did not open")
+    }
+    let openSeconds = Double(nowNanos() - openStart) / 1e9
+    let megabytes = Double(frames * frame) / 1e6
+    return (megabytes / sealSeconds, megabytes / openSeconds)
+}
 
 /// Two handshaken ``SecureLink``s over loopback, not started.
 func secureLinkPair() throws -> (client: SecureLink, server: SecureLink) {
@@ -117,6 +149,11 @@ func linkFigures() throws -> [Figure] {
     // A rekey every 16 transport messages (1 MiB): 65,536 times the default rate, an upper bound
     // on what rekeying costs.
     let rekeying = megabytes / (try secureLinkBulkSeconds(messages: messages, size: size, rekeyEvery: 16))
+    let frame = NoiseTransport.maxPlaintextLength
+    // A link seals on the sender's thread and opens on the receiver's, so at best it runs at
+    // the slower of the two.
+    let aead = rawAEADMegabytesPerSecond(bytes: messages * size, frame: frame)
+    let aeadBound = min(aead.seal, aead.open)
     let rawRTT = quantile(try loopbackRoundTrips(2000), 0.5)
     let linkRTT = try secureLinkRoundTrips(2000)
     return [
@@ -124,6 +161,11 @@ func linkFigures() throws -> [Figure] {
         Figure(
             name: "link_bulk_mb_per_s", value: link, unit: "MB/s", baseline: raw,
             baselineName: "raw_loopback_tcp_mb_per_s"),
+        Figure(name: "aead_seal_mb_per_s", value: aead.seal, unit: "MB/s"),
+        Figure(name: "aead_open_mb_per_s", value: aead.open, unit: "MB/s"),
+        Figure(
+            name: "link_bulk_vs_aead_mb_per_s", value: link, unit: "MB/s", baseline: aeadBound,
+            baselineName: aead.seal < aead.open ? "aead_seal_mb_per_s" : "aead_open_mb_per_s"),
         Figure(
             name: "link_bulk_rekey_every_16_mb_per_s", value: rekeying, unit: "MB/s", baseline: link,
             baselineName: "link_bulk_mb_per_s"),
