@@ -12,16 +12,23 @@ let linkOverheadPerMessage = 22
 private struct Exchange {
     var messages = 0
     var bytes = 0
-    /// Send times (ms) of the messages other than acks, in order.
-    var times: [Int] = []
+    /// Per node: the send time (ms) of its first message, and of the last message other than an
+    /// ack sent to it.
+    var firstSent: [String: Int] = [:]
+    var lastReceived: [String: Int] = [:]
     var lines: [String] = []
 
-    /// Round trips from the first message sent to the arrival of the last one other than an ack
-    /// (nobody waits for acks): when both sides know they are caught up. Links have a fixed
-    /// latency and no jitter here.
+    /// Round trips, for the slower of the two nodes, from its first message to the arrival of the
+    /// last message other than an ack sent to it (nobody waits for acks): when both know they are
+    /// caught up. Each node counts from its own start (the accepting side learns of a connection
+    /// after the dialer). Links have a fixed latency and no jitter here.
     func roundTrips(latency: Millis) -> Double {
-        guard let first = times.min(), let last = times.max() else { return 0 }
-        return Double(last + Int(latency) - first) / Double(2 * latency)
+        var worst = 0.0
+        for (node, first) in firstSent {
+            guard let last = lastReceived[node] else { continue }
+            worst = max(worst, Double(last + Int(latency) - first) / Double(2 * latency))
+        }
+        return worst
     }
 }
 
@@ -37,7 +44,9 @@ private func exchange(_ sim: Simulation, since traceIndex: Int, countsBefore: [S
         let parts = line.split(separator: " ", maxSplits: 4)
         guard parts.count == 5, !["ping", "pong"].contains(parts[4]), !parts[4].hasPrefix("presence") else { continue }
         let time = Int((Double(parts[0]) ?? 0) * 1000 + 0.5)
-        if !parts[4].hasPrefix("ack") { result.times.append(time) }
+        let (from, to) = (String(parts[1]), String(parts[3]))
+        result.firstSent[from] = min(result.firstSent[from] ?? time, time)
+        if !parts[4].hasPrefix("ack") { result.lastReceived[to] = max(result.lastReceived[to] ?? time, time) }
         result.lines.append(line)
     }
     return result

@@ -90,6 +90,120 @@ import TrellisCore
         #expect(scans.first?.after == 5 && scans.first?.spec == served)
     }
 
+    /// The one-round-trip reconnect (docs/PROTOCOL.md §2, step 3): to a peer whose hello said it
+    /// honours subscription epochs, the subscriptions go right after this node's hello, each
+    /// `since` with the epoch its checkpoint was stored in; to any other peer, after its hello.
+    @Test func aPeerThatHonoursEpochsGetsTheSubscriptionsWithTheHello() throws {
+        var r = replicator()
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        let checkpoints = [spec.key: Checkpoint(epoch: Self.epochB, seq: 40)]
+        func open(_ link: LinkID) -> [WireMessage] {
+            Self.sent(
+                r.linkOpened(
+                    link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints,
+                    now: 0))
+        }
+        func helloB(early: Bool) -> WireMessage {
+            .hello(
+                Hello(
+                    version: 4, peerKey: Self.keyB, site: 0x102, epoch: Self.epochB, nonce: 7, earlySubscriptions: early
+                ))
+        }
+        // First contact: B is unknown, so the subscriptions wait for its hello.
+        let first = open(LinkID(1))
+        guard case .hello(let mine)? = first.first else { return #expect(Bool(false), "no hello: \(first)") }
+        #expect(mine.earlySubscriptions && first.count == 1)
+        let established = Self.sent(r.received(helloB(early: true), on: LinkID(1), now: 0))
+        #expect(established.first == .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0)], version: 1))
+        _ = r.linkClosed(LinkID(1), reason: "test", now: 1)
+        // B said it honours epochs: on the next connection the subscriptions follow the hello.
+        let second = open(LinkID(2))
+        #expect(second.count == 2)
+        #expect(
+            second.last
+                == .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0, epoch: Self.epochB)], version: 1))
+        // B's hello then changes nothing: the set was sent.
+        let after = Self.sent(r.received(helloB(early: false), on: LinkID(2), now: 2))
+        #expect(!after.contains { if case .subscriptions = $0 { true } else { false } })
+        _ = r.linkClosed(LinkID(2), reason: "test", now: 3)
+        // This time B did not say so (an older node): back to waiting for its hello.
+        #expect(open(LinkID(3)).count == 1)
+    }
+
+    /// A restarted peer's new connection: this node sends its subscriptions with its hello, then
+    /// holds the link in standby while it probes the old one, and drops the batches the peer sent
+    /// for them. When the new link is chosen, it asks again with a new generation, so the peer
+    /// scans again from `since` (simulation seed 49139186207 lost a write this way).
+    @Test func batchesDroppedInStandbyAreAskedForAgainWhenTheLinkIsChosen() throws {
+        var r = replicator()
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        func helloB(nonce: UInt64) -> WireMessage {
+            .hello(
+                Hello(
+                    version: WireMessage.protocolVersion, peerKey: Self.keyB, site: 0x102, epoch: Self.epochB,
+                    nonce: nonce, earlySubscriptions: true))
+        }
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        _ = r.received(helloB(nonce: 7), on: link, now: 0)
+        let fresh = LinkID(2)
+        let opened = Self.sent(
+            r.linkOpened(
+                fresh, peerKey: Self.keyB, initiator: false, address: "b2", endpoint: nil, checkpoints: [:], now: 10))
+        guard case .subscriptions(let asked, _)? = opened.last, let first = asked.first else {
+            Issue.record("no early subscriptions: \(opened)")
+            return
+        }
+        _ = r.received(helloB(nonce: 99), on: fresh, now: 10)
+        #expect(r.status.peers.map(\.phase) == ["established", "standby (duplicate)"])
+        let answer = WireMessage.batch(
+            subscription: spec.key, documents: [Self.record(60, "c1").document], upTo: 60, generation: first.generation)
+        #expect(r.received(answer, on: fresh, now: 11).isEmpty)  // dropped in standby
+        var chosen = r.tick(now: 3_010)
+        chosen += r.linkClosed(link, reason: "closed", now: 3_011)
+        #expect(r.status.peers.map(\.phase) == ["established"])
+        let again = Self.sent(chosen).compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }
+        #expect(again.last?.first?.generation == first.generation &+ 1, "\(chosen)")
+    }
+
+    /// A `since` sent before the subscriber read this node's hello counts in the epoch it names:
+    /// this node serves it from there only in that epoch, and from 0 in any other.
+    @Test func anEarlySubscriptionOfAnotherEpochIsServedFromZero() throws {
+        let spec = SubscriptionSpec(collection: "cars")
+        let ownEpoch: [UInt8] = Array(repeating: 0xA, count: 16)
+        for (epoch, expected) in [(ownEpoch, Int64(60)), (Array(repeating: 0xE, count: 16), 0)] {
+            var r = established()
+            let directives = r.received(
+                .subscriptions([WireSubscription(spec: spec, since: 60, hops: 0, epoch: epoch)], version: 1), on: link,
+                now: 1)
+            #expect(Self.scans(directives).map(\.after) == [expected])
+            #expect(!directives.contains { if case .log(let line) = $0 { line.contains("regress") } else { false } })
+        }
+    }
+
+    @Test func subscriptionEpochsAndTheHelloFlagTravel() throws {
+        let spec = SubscriptionSpec(collection: "cars")
+        for message: WireMessage in [
+            .subscriptions([WireSubscription(spec: spec, since: 9, hops: 1, epoch: Self.epochB)], version: 3),
+            .subscriptions([WireSubscription(spec: spec, since: 9, hops: 1)], version: 3),
+            .hello(
+                Hello(version: 4, peerKey: Self.keyB, site: 5, epoch: Self.epochB, nonce: 1, earlySubscriptions: true)),
+            .hello(Hello(version: 4, peerKey: Self.keyB, site: 5, epoch: Self.epochB, nonce: 1)),
+        ] {
+            #expect(try WireMessage(serialized: message.serialized()) == message)
+        }
+        var bad = WireMessage.subscriptions([WireSubscription(spec: spec, since: 9, hops: 1)]).encoded
+        if case .map(var m) = bad, case .array(var subs)? = m["subs"], case .map(var entry) = subs[0] {
+            entry["e"] = .bytes([1, 2, 3])
+            subs[0] = .map(entry)
+            m["subs"] = .array(subs)
+            bad = .map(m)
+        }
+        #expect(throws: WireError.self) { try WireMessage(bad) }
+    }
+
     @Test func anUnknownVersionGetsAnExplicitErrorAndClose() {
         var r = replicator()
         _ = r.linkOpened(

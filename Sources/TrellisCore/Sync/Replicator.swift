@@ -34,6 +34,10 @@ public struct Replicator: Sendable {
     /// recently seen.
     private var siteOwners: [SiteID: [UInt8]] = [:]
     private var siteOrder: [SiteID] = []
+    /// Peers whose last `hello` said they honour a subscription's epoch (`es`): on a new
+    /// connection to one, this node sends its `subs` right after its `hello` (the one-round-trip
+    /// reconnect, docs/PROTOCOL.md §2, step 3). Kept while the node runs.
+    private var earlySubscriptionPeers: Set<[UInt8]> = []
     /// What the rules and pins refused, and the rate limit of their log lines.
     public private(set) var refusals = AuthorizationRefusals()
     private var lastRefusalLog: Millis?
@@ -246,8 +250,16 @@ public struct Replicator: Sendable {
         }
         let hello = Hello(
             version: WireMessage.protocolVersion, peerKey: configuration.peerKey, site: local.site, epoch: local.epoch,
-            nonce: nonce)
-        return [.send(link, .hello(hello))]
+            nonce: nonce, earlySubscriptions: true)
+        var directives: [ReplicatorDirective] = [.send(link, .hello(hello))]
+        // A peer met before that honours subscription epochs gets the subscriptions at once,
+        // each `since` with the epoch it was stored in: its batches (or "nothing new") come back
+        // one round trip after the connection opens, instead of after its hello and ours crossed.
+        if earlySubscriptionPeers.contains(peerKey) {
+            directives += sendAsked(link, now: now, early: true)
+            sessions[link]?.askedEarly = true
+        }
+        return directives
     }
 
     /// A message arrived on a link.
@@ -277,7 +289,9 @@ public struct Replicator: Sendable {
             sessions[link]?.remoteSubscriptions = subs  // served once this link is chosen
             sessions[link]?.remoteSubscriptionsVersion = version
             return []
-        case (.standby, _):
+        case (.standby, .batch):
+            // Answers to subscriptions sent early: asked for again if this link is chosen.
+            sessions[link]?.droppedInStandby = true
             return []
         case (.established, .subscriptions(let subs, let version)):
             sessions[link]?.remoteSubscriptionsVersion = version
@@ -303,7 +317,10 @@ public struct Replicator: Sendable {
             return acknowledged + scanIfReady(link, key, now: now)
         case (.established, .presence(let records)):
             return presenceReceived(records, on: link, now: now)
-        case (.established, .subscriptionError(let subscription, let code, let text)):
+        case (.established, .subscriptionError(let subscription, let code, let text)),
+            (.standby, .subscriptionError(let subscription, let code, let text)):
+            // Also in standby: the answer to subscriptions sent early, which a new generation
+            // would not bring again.
             let key = UTF8Key(subscription)
             guard sessions[link]?.asked[key] != nil else { return [] }
             let previous = sessions[link]?.remoteErrors[key]
@@ -311,6 +328,8 @@ public struct Replicator: Sendable {
             guard previous != "\(code): \(text)" else { return [] }
             let name = sessions[link]?.asked[key]?.spec.description ?? subscription
             return [.log("\(sessions[link]!.address) cannot serve subscription '\(name)': \(code): \(text)")]
+        case (.standby, _):
+            return []
         case (.closed, _):
             return []
         }
@@ -829,6 +848,11 @@ public struct Replicator: Sendable {
             return fail(link, "identity", "hello names a peer key other than the one the channel authenticated", now)
         }
         sessions[link]!.remote = hello
+        if hello.earlySubscriptions {
+            earlySubscriptionPeers.insert(hello.peerKey)
+        } else {
+            earlySubscriptionPeers.remove(hello.peerKey)
+        }
         if hello.peerKey == configuration.peerKey {
             if let endpoint = s.endpoint { endpoints[endpoint]?.isSelf = true }
             return close(link, "connected to itself")
@@ -884,6 +908,12 @@ public struct Replicator: Sendable {
         s.rival = nil
         let pendingSubs = s.remoteSubscriptions
         s.remoteSubscriptions = []
+        if s.askedEarly && s.droppedInStandby {
+            // The peer served the early subscriptions while this side held the link in standby
+            // and dropped its batches: a new generation makes it scan again from `since`.
+            for key in s.asked.keys { s.resyncs[key, default: 0] &+= 1 }
+            s.droppedInStandby = false
+        }
         sessions[link] = s
         var directives: [ReplicatorDirective] = [
             .log(
@@ -903,6 +933,15 @@ public struct Replicator: Sendable {
     /// The peer's complete subscription set arrived: serve it.
     private mutating func serve(_ subs: [WireSubscription], on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         var directives: [ReplicatorDirective] = []
+        // A subscription sent before the peer read our hello names the epoch its `since` counts
+        // in: another epoch's position means nothing in this log, so it is served from 0.
+        let subs = subs.map { sub -> WireSubscription in
+            guard let epoch = sub.epoch else { return sub }
+            var sub = sub
+            if epoch != local.epoch { sub.since = 0 }
+            sub.epoch = nil
+            return sub
+        }
         var accepted = subs
         if subs.count > configuration.maxServedSubscriptions {
             accepted = subs.sorted { ($0.hops, UTF8Key($0.spec.key)) < ($1.hops, UTF8Key($1.spec.key)) }
@@ -1228,17 +1267,30 @@ public struct Replicator: Sendable {
         return wanted
     }
 
-    private mutating func sendAsked(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
-        guard let s = sessions[link], let remote = s.remote else { return [] }
+    /// Sends the subscriptions this node asks of the peer on `link` when they changed.
+    ///
+    /// - Parameter early: before the peer's hello (a peer that honours subscription epochs):
+    ///   each `since` is the stored checkpoint with the epoch it was stored in, for the peer to
+    ///   check; otherwise each `since` counts in the epoch the peer's hello named.
+    private mutating func sendAsked(_ link: LinkID, now: Millis, early: Bool = false) -> [ReplicatorDirective] {
+        guard let s = sessions[link], early || s.remote != nil else { return [] }
         let checkpoints = checkpointCache[s.peerKey] ?? [:]
         var list: [WireSubscription] = []
         for (key, entry) in wanted(for: link).sorted(by: { $0.key < $1.key }) {
             var since: Int64 = 0
-            if let cp = checkpoints[key], cp.epoch == remote.epoch { since = cp.seq }
+            var epoch: [UInt8]?
+            if let cp = checkpoints[key] {
+                if early {
+                    (since, epoch) = (cp.seq, cp.epoch)
+                } else if cp.epoch == s.remote?.epoch {
+                    since = cp.seq
+                }
+            }
             list.append(
                 WireSubscription(
                     spec: entry.spec, since: since, hops: entry.hops,
-                    generation: (generations[UTF8Key(entry.spec.collection)] ?? 0) &+ (s.resyncs[key] ?? 0)))
+                    generation: (generations[UTF8Key(entry.spec.collection)] ?? 0) &+ (s.resyncs[key] ?? 0),
+                    epoch: since > 0 ? epoch : nil))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change.
@@ -1294,6 +1346,11 @@ extension Replicator {
         let nonce: UInt64
         var phase = Phase.awaitingHello
         var remote: Hello?
+        /// Whether this node sent its subscriptions before the peer's hello (the one-round-trip
+        /// reconnect), and whether the link then waited in standby, where the batches the peer
+        /// sent for them were dropped.
+        var askedEarly = false
+        var droppedInStandby = false
         var closeReason: String?
         var lastReceived: Millis
         var lastSent: Millis

@@ -82,12 +82,18 @@ public struct WireSubscription: Hashable, Sendable {
     /// evicted documents or postponed a batch and wants matching ones sent again from `since`.
     /// Echoed in every `batch`.
     public var generation: UInt32
+    /// The epoch of the receiver's change log that `since` counts in (16 bytes), when the sender
+    /// sent this before it read the receiver's `hello` (docs/PROTOCOL.md §2, step 3): a receiver
+    /// whose epoch is another serves it from 0. `nil`: `since` counts in the receiver's current
+    /// epoch.
+    public var epoch: [UInt8]?
 
-    public init(spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0) {
+    public init(spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0, epoch: [UInt8]? = nil) {
         self.spec = spec
         self.since = since
         self.hops = hops
         self.generation = generation
+        self.epoch = epoch
     }
 }
 
@@ -120,13 +126,21 @@ public struct Hello: Sendable, Equatable {
     public var epoch: [UInt8]
     /// A random number naming this connection, chosen by the sender (duplicate-link tie-break).
     public var nonce: UInt64
+    /// Whether the sender honours a subscription's `e` (``WireSubscription/epoch``), so that a
+    /// peer that saw this may send its `subs` on a later connection right after its own `hello`,
+    /// without waiting for the sender's: the one-round-trip reconnect (docs/PROTOCOL.md §2, step 3).
+    public var earlySubscriptions: Bool
 
-    public init(version: Int, peerKey: [UInt8], site: SiteID, epoch: [UInt8], nonce: UInt64 = 0) {
+    public init(
+        version: Int, peerKey: [UInt8], site: SiteID, epoch: [UInt8], nonce: UInt64 = 0,
+        earlySubscriptions: Bool = false
+    ) {
         self.version = version
         self.peerKey = peerKey
         self.site = site
         self.epoch = epoch
         self.nonce = nonce
+        self.earlySubscriptions = earlySubscriptions
     }
 }
 
@@ -175,20 +189,24 @@ public enum WireMessage: Sendable, Equatable {
     public var encoded: Value {
         switch self {
         case .hello(let h):
-            return [
+            var map: UTF8Map<Value> = [
                 "t": "hello", "v": .int(Int64(h.version)), "key": .bytes(h.peerKey),
                 "site": .int(Int64(bitPattern: h.site)), "epoch": .bytes(h.epoch),
                 "n": .int(Int64(bitPattern: h.nonce)),
             ]
+            if h.earlySubscriptions { map["es"] = 1 }
+            return .map(map)
         case .subscriptions(let subs, let version):
             return [
                 "t": "subs", "v": .int(Int64(bitPattern: version)),
                 "subs": .array(
                     subs.map {
-                        [
+                        var entry: UTF8Map<Value> = [
                             "c": .string($0.spec.collection), "q": .string($0.spec.query), "a": .map($0.spec.args),
                             "since": .int($0.since), "hops": .int(Int64($0.hops)), "gen": .int(Int64($0.generation)),
                         ]
+                        if let epoch = $0.epoch { entry["e"] = .bytes(epoch) }
+                        return .map(entry)
                     }),
             ]
         case .batch(let sub, let docs, let upTo, let generation, let left):
@@ -361,7 +379,8 @@ public enum WireMessage: Sendable, Equatable {
                 Hello(
                     version: Int(try m.int("v", in: 0...Int64(UInt16.max))), peerKey: key,
                     site: SiteID(bitPattern: try m.int("site")), epoch: epoch,
-                    nonce: UInt64(bitPattern: try m.optionalInt("n") ?? 0)))
+                    nonce: UInt64(bitPattern: try m.optionalInt("n") ?? 0),
+                    earlySubscriptions: try m.optionalInt("es", in: 0...1) == 1))
         case "subs":
             guard case .array(let list)? = value["subs"] else { throw WireError("subs: missing 'subs' array") }
             var subs: [WireSubscription] = []
@@ -377,12 +396,18 @@ public enum WireMessage: Sendable, Equatable {
                 }
                 let collection = try s.string("c")
                 try SubscriptionSpec.validateCollectionName(collection)
+                var epoch: [UInt8]?
+                if item["e"] != nil {
+                    epoch = try s.bytes("e")
+                    guard epoch?.count == 16 else { throw WireError("subs: 'e' must be 16 bytes, not \(epoch!.count)") }
+                }
                 subs.append(
                     WireSubscription(
                         spec: SubscriptionSpec(collection: collection, query: try s.string("q"), args: args),
                         since: try s.int("since", in: 0...Int64.max),
                         hops: Int(try s.int("hops", in: 0...Int64(Self.maxHops))),
-                        generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0)))
+                        generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
+                        epoch: epoch))
             }
             self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "batch":
