@@ -124,3 +124,21 @@ import TrellisSimulation
         try workload.run(seed: seed, tracing: false)
     }
 }
+
+/// Seeds that lost writes in the first version of the one-round-trip reconnect (a link held in
+/// standby dropped the batches answering its early subscriptions, and did not ask again when it
+/// was chosen); each holds every invariant since the fix.
+@Suite struct EarlySubscriptionSeedTests {
+    /// From the sweep test and `trellis simulate --seeds 1000 --from 30001 --nodes 3-8`.
+    @Test(arguments: [49_139_186_207, 49_139_186_246, 30165, 30593, 30754, 30965] as [UInt64])
+    func seed(_ seed: UInt64) throws {
+        try RandomWorkload().run(seed: seed, tracing: false)
+    }
+
+    /// From `trellis simulate --seeds 200 --from 40001 --nodes 3-8 --steps 150`.
+    @Test func longSeed40141() throws {
+        var workload = RandomWorkload()
+        workload.steps = 150
+        try workload.run(seed: 40141, tracing: false)
+    }
+}
