@@ -168,6 +168,96 @@ import TrellisCore
         #expect(again.last?.first?.generation == first.generation &+ 1, "\(chosen)")
     }
 
+    /// Review: a peer that said `es: 1` once and then comes back as a node that does not (an
+    /// older Trellis after a rollback) with another epoch (its store replaced or wiped). The early
+    /// `subs` it got carried `since: 40` of the old epoch with `e`, which it does not read: it
+    /// serves from 40 in its new log. Its hello shows both facts; unless this node asks again
+    /// from 0 with a new generation (an unchanged generation never moves a cursor back), the
+    /// peer's documents at 1…40 of its new log never arrive.
+    @Test func anEarlySinceIgnoredByAPeerThatNoLongerHonoursEpochsIsAskedAgainFromZero() throws {
+        var r = replicator()
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        let oldEpoch = Self.epochB
+        let newEpoch: [UInt8] = Array(repeating: 0xE, count: 16)
+        let checkpoints = [spec.key: Checkpoint(epoch: oldEpoch, seq: 40)]
+        _ = r.linkOpened(
+            LinkID(1), peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints,
+            now: 0)
+        _ = r.received(
+            .hello(
+                Hello(version: 4, peerKey: Self.keyB, site: 0x102, epoch: oldEpoch, nonce: 7, earlySubscriptions: true)),
+            on: LinkID(1), now: 0)
+        _ = r.linkClosed(LinkID(1), reason: "peer restarted", now: 1)
+        let opened = Self.sent(
+            r.linkOpened(
+                LinkID(2), peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints,
+                now: 2))
+        guard case .subscriptions(let early, _)? = opened.last, let first = early.first else {
+            return #expect(Bool(false), "no early subscriptions: \(opened)")
+        }
+        #expect(first.since == 40 && first.epoch == oldEpoch)
+        // The peer's hello: no `es`, a new epoch. It served `since: 40` in its new log.
+        let after = Self.sent(
+            r.received(
+                .hello(Hello(version: 4, peerKey: Self.keyB, site: 0x103, epoch: newEpoch, nonce: 8)), on: LinkID(2),
+                now: 3))
+        let again = after.compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }
+        #expect(again.last?.first?.since == 0, "asked again from 0: \(after)")
+        #expect(again.last?.first.map { $0.generation != first.generation } == true, "with a new generation")
+    }
+
+    /// Review: a second link to B opens while the first is alive (a redial, or B's own dial):
+    /// its early `subs` carry `since: 70`. While it waits in standby, B's checkpoint on the first
+    /// link turns out to be below this node's floor, so this node asks B again from 0 for the
+    /// collection (the stale copies B still holds must meet the reaped keys here). The first
+    /// link then goes and the second is chosen: B serves the early `since: 70` there, and an
+    /// unchanged generation never moves that cursor back, so the request from 0 is lost (without
+    /// the early `subs`, the second link's first `subs` would have read the reset checkpoint).
+    @Test func aCheckpointResetWhileTheEarlyLinkWaitsIsAskedOnItWhenChosen() throws {
+        var r = replicator()
+        let spec = SubscriptionSpec.all("cars")
+        _ = try r.subscribe(spec, now: 0)
+        let checkpoints = [spec.key: Checkpoint(epoch: Self.epochB, seq: 70)]
+        func helloB(nonce: UInt64) -> WireMessage {
+            .hello(
+                Hello(
+                    version: WireMessage.protocolVersion, peerKey: Self.keyB, site: 0x102, epoch: Self.epochB,
+                    nonce: nonce, earlySubscriptions: true))
+        }
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints, now: 0)
+        _ = r.received(helloB(nonce: 7), on: link, now: 0)
+        let serve = r.received(
+            .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0)], version: 1), on: link, now: 1)
+        let request = try #require(Self.scans(serve).first)
+        // The second link: early subs from the stored checkpoint.
+        let fresh = LinkID(2)
+        let opened = Self.sent(
+            r.linkOpened(
+                fresh, peerKey: Self.keyB, initiator: false, address: "b2", endpoint: nil, checkpoints: checkpoints,
+                now: 2))
+        guard case .subscriptions(let early, _)? = opened.last, let first = early.first else {
+            return #expect(Bool(false), "no early subscriptions: \(opened)")
+        }
+        #expect(first.since == 70)
+        // B's checkpoint on the first link is below the floor: B is asked again from 0 there.
+        let reset = r.scanned(
+            link, request, page: ScanPage(records: [], upTo: 100, exhausted: true, belowFloor: true), now: 3)
+        let onFirst = Self.sent(reset).compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }
+        #expect(onFirst.last?.first?.since == 0)
+        // B's hello on the second link: standby; then the first link goes and the second is chosen.
+        _ = r.received(helloB(nonce: 99), on: fresh, now: 4)
+        #expect(r.status.peers.map(\.phase) == ["established", "standby (duplicate)"])
+        let chosen = r.linkClosed(link, reason: "closed", now: 5)
+        #expect(r.status.peers.map(\.phase) == ["established"])
+        let again = chosen.compactMap { d -> [WireSubscription]? in
+            if case .send(fresh, .subscriptions(let subs, _)) = d { subs } else { nil }
+        }
+        #expect(again.last?.first?.since == 0, "asked again from 0 on the chosen link: \(chosen)")
+        #expect(again.last?.first.map { $0.generation != first.generation } == true, "with a new generation")
+    }
+
     /// A `since` sent before the subscriber read this node's hello counts in the epoch it names:
     /// this node serves it from there only in that epoch, and from 0 in any other.
     @Test func anEarlySubscriptionOfAnotherEpochIsServedFromZero() throws {

@@ -908,10 +908,23 @@ public struct Replicator: Sendable {
         s.rival = nil
         let pendingSubs = s.remoteSubscriptions
         s.remoteSubscriptions = []
-        if s.askedEarly && s.droppedInStandby {
-            // The peer served the early subscriptions while this side held the link in standby
-            // and dropped its batches: a new generation makes it scan again from `since`.
-            for key in s.asked.keys { s.resyncs[key, default: 0] &+= 1 }
+        if s.askedEarly, let remote = s.remote {
+            // The subscriptions went before the peer's hello; now that it is read, ask again
+            // with a new generation (the peer then scans again from the `since` sent with it)
+            // wherever the early ones were wrong:
+            // - the peer served them while this side held the link in standby, dropping the
+            //   batches;
+            // - the peer serves from further than it should: it no longer honours `e` (an
+            //   older Trellis after a rollback) and its epoch changed, or this side's
+            //   checkpoint went back meanwhile (below the peer's floor, on another link).
+            let checkpoints = checkpointCache[s.peerKey] ?? [:]
+            for (key, sent) in s.asked {
+                let serving =
+                    remote.earlySubscriptions && sent.epoch.map { $0 != remote.epoch } == true ? 0 : sent.since
+                let stored = checkpoints[key].flatMap { $0.epoch == remote.epoch ? $0.seq : nil } ?? 0
+                if s.droppedInStandby || serving > stored { s.resyncs[key, default: 0] &+= 1 }
+            }
+            s.askedEarly = false
             s.droppedInStandby = false
         }
         sessions[link] = s
