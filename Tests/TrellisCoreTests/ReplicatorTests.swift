@@ -23,9 +23,15 @@ import TrellisCore
             seed: 42)
     }
 
-    func hello(_ key: [UInt8] = keyB, version: Int = WireMessage.protocolVersion, nonce: UInt64 = 7) -> WireMessage {
+    /// - Parameter early: the hello says `es: 1` (its sender honours subscription epochs).
+    func hello(
+        _ key: [UInt8] = keyB, version: Int = WireMessage.protocolVersion, nonce: UInt64 = 7, early: Bool = false
+    ) -> WireMessage {
         // Each key its own site ID: two keys presenting one site are refused (site pins).
-        .hello(Hello(version: version, peerKey: key, site: 0x100 + SiteID(key[0]), epoch: Self.epochB, nonce: nonce))
+        .hello(
+            Hello(
+                version: version, peerKey: key, site: 0x100 + SiteID(key[0]), epoch: Self.epochB, nonce: nonce,
+                earlySubscriptions: early))
     }
 
     /// A replicator with one established session to B on `link`.
@@ -104,17 +110,11 @@ import TrellisCore
                     link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints,
                     now: 0))
         }
-        func helloB(early: Bool) -> WireMessage {
-            .hello(
-                Hello(
-                    version: 4, peerKey: Self.keyB, site: 0x102, epoch: Self.epochB, nonce: 7, earlySubscriptions: early
-                ))
-        }
         // First contact: B is unknown, so the subscriptions wait for its hello.
         let first = open(LinkID(1))
         guard case .hello(let mine)? = first.first else { return #expect(Bool(false), "no hello: \(first)") }
         #expect(mine.earlySubscriptions && first.count == 1)
-        let established = Self.sent(r.received(helloB(early: true), on: LinkID(1), now: 0))
+        let established = Self.sent(r.received(hello(early: true), on: LinkID(1), now: 0))
         #expect(established.first == .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0)], version: 1))
         _ = r.linkClosed(LinkID(1), reason: "test", now: 1)
         // B said it honours epochs: on the next connection the subscriptions follow the hello.
@@ -124,7 +124,7 @@ import TrellisCore
             second.last
                 == .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0, epoch: Self.epochB)], version: 1))
         // B's hello then changes nothing: the set was sent.
-        let after = Self.sent(r.received(helloB(early: false), on: LinkID(2), now: 2))
+        let after = Self.sent(r.received(hello(), on: LinkID(2), now: 2))
         #expect(!after.contains { if case .subscriptions = $0 { true } else { false } })
         _ = r.linkClosed(LinkID(2), reason: "test", now: 3)
         // This time B did not say so (an older node): back to waiting for its hello.
@@ -139,15 +139,9 @@ import TrellisCore
         var r = replicator()
         let spec = SubscriptionSpec(collection: "cars")
         _ = try r.subscribe(spec, now: 0)
-        func helloB(nonce: UInt64) -> WireMessage {
-            .hello(
-                Hello(
-                    version: WireMessage.protocolVersion, peerKey: Self.keyB, site: 0x102, epoch: Self.epochB,
-                    nonce: nonce, earlySubscriptions: true))
-        }
         _ = r.linkOpened(
             link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
-        _ = r.received(helloB(nonce: 7), on: link, now: 0)
+        _ = r.received(hello(nonce: 7, early: true), on: link, now: 0)
         let fresh = LinkID(2)
         let opened = Self.sent(
             r.linkOpened(
@@ -156,7 +150,7 @@ import TrellisCore
             Issue.record("no early subscriptions: \(opened)")
             return
         }
-        _ = r.received(helloB(nonce: 99), on: fresh, now: 10)
+        _ = r.received(hello(nonce: 99, early: true), on: fresh, now: 10)
         #expect(r.status.peers.map(\.phase) == ["established", "standby (duplicate)"])
         let answer = WireMessage.batch(
             subscription: spec.key, documents: [Self.record(60, "c1").document], upTo: 60, generation: first.generation)
@@ -219,15 +213,9 @@ import TrellisCore
         let spec = SubscriptionSpec.all("cars")
         _ = try r.subscribe(spec, now: 0)
         let checkpoints = [spec.key: Checkpoint(epoch: Self.epochB, seq: 70)]
-        func helloB(nonce: UInt64) -> WireMessage {
-            .hello(
-                Hello(
-                    version: WireMessage.protocolVersion, peerKey: Self.keyB, site: 0x102, epoch: Self.epochB,
-                    nonce: nonce, earlySubscriptions: true))
-        }
         _ = r.linkOpened(
             link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints, now: 0)
-        _ = r.received(helloB(nonce: 7), on: link, now: 0)
+        _ = r.received(hello(nonce: 7, early: true), on: link, now: 0)
         let serve = r.received(
             .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0)], version: 1), on: link, now: 1)
         let request = try #require(Self.scans(serve).first)
@@ -247,7 +235,7 @@ import TrellisCore
         let onFirst = Self.sent(reset).compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }
         #expect(onFirst.last?.first?.since == 0)
         // B's hello on the second link: standby; then the first link goes and the second is chosen.
-        _ = r.received(helloB(nonce: 99), on: fresh, now: 4)
+        _ = r.received(hello(nonce: 99, early: true), on: fresh, now: 4)
         #expect(r.status.peers.map(\.phase) == ["established", "standby (duplicate)"])
         let chosen = r.linkClosed(link, reason: "closed", now: 5)
         #expect(r.status.peers.map(\.phase) == ["established"])
