@@ -90,3 +90,26 @@ public func randomString(using rng: inout some RandomNumberGenerator) -> String 
 public func randomBytes(using rng: inout some RandomNumberGenerator) -> [UInt8] {
     (0..<Int.random(in: 0...16, using: &rng)).map { _ in UInt8.random(in: 0...255, using: &rng) }
 }
+
+/// Successive mutations of a JSON text, each one edit further (a byte removed, a JSON
+/// punctuation or number byte inserted, or a byte replaced by printable ASCII): near-misses of
+/// valid text for the checks that must decline or parse them.
+///
+/// - Returns: up to `count` texts, each the previous one with one more edit.
+public func mutatedJSONTexts(
+    of text: String, count: Int = 3, using rng: inout some RandomNumberGenerator
+) -> [String] {
+    var bytes = Array(text.utf8)
+    var texts: [String] = []
+    for _ in 0..<count {
+        guard !bytes.isEmpty else { break }
+        let at = Int.random(in: 0..<bytes.count, using: &rng)
+        switch Int.random(in: 0..<3, using: &rng) {
+        case 0: bytes.remove(at: at)
+        case 1: bytes.insert(Array(" ,:{}[]\"\\-0.e1u".utf8).randomElement(using: &rng)!, at: at)
+        default: bytes[at] = UInt8.random(in: 0x20...0x7E, using: &rng)
+        }
+        texts.append(String(decoding: bytes, as: UTF8.self))
+    }
+    return texts
+}

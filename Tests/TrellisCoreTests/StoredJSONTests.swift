@@ -41,17 +41,7 @@ import TrellisTestKit
             let text = JSON.string(.map(fields))
             if JSONScan.certainlyParses(text) { vouched += 1 }
             checkPromises(text)
-            var bytes = Array(text.utf8)
-            for _ in 0..<3 {
-                guard !bytes.isEmpty else { break }
-                let at = Int.random(in: 0..<bytes.count, using: &rng)
-                switch Int.random(in: 0..<3, using: &rng) {
-                case 0: bytes.remove(at: at)
-                case 1: bytes.insert(Array(" ,:{}[]\"\\-0.e1u".utf8).randomElement(using: &rng)!, at: at)
-                default: bytes[at] = UInt8.random(in: 0x20...0x7E, using: &rng)
-                }
-                checkPromises(String(decoding: bytes, as: UTF8.self))
-            }
+            for mutated in mutatedJSONTexts(of: text, using: &rng) { checkPromises(mutated) }
         }
         #expect(vouched > 500)
     }
