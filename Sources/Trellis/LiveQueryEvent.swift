@@ -139,7 +139,7 @@ public struct LiveQueryUpdate: Sendable, Equatable, CustomStringConvertible {
         var updates: [Int] = []
         for (index, document) in new.enumerated() {
             if let from = oldIndex[document.id] {
-                if old[from].value != document.value || rewritten.contains(document.id) { updates.append(index) }
+                if old[from] != document || rewritten.contains(document.id) { updates.append(index) }
             } else {
                 insertions.append(index)
             }
