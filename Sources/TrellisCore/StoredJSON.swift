@@ -117,6 +117,7 @@ public enum JSONScan {
                 var scanner = Scanner(bytes: bytes)
                 guard scanner.next == UInt8(ascii: "{") else { return .unsure }
                 scanner.position += 1
+                scanner.depth = 1  // the map itself counts towards the parser's nesting limit
                 if scanner.next == UInt8(ascii: "}") { return .absent }
                 var found: Range<Int>?
                 while true {

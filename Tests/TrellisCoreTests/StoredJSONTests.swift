@@ -61,6 +61,10 @@ import TrellisTestKit
         #expect(JSONScan.certainlyParses(deepest))
         #expect(!JSONScan.certainlyParses("[" + deepest + "]"))
         #expect(StoredJSON(checking: "[" + deepest + "]") == nil)
+        // A member nested to the limit inside the map is one level too deep for the document.
+        if case .found = JSONScan.member("a", in: #"{"a":"# + deepest + "}") {
+            Issue.record("a member of a document nested deeper than the parser allows was found")
+        }
         // What does not parse is refused.
         for text in ["", "{", #"{"a":}"#, #"{"a":01}"#, "{\"a\":\"\u{1}\"}", #"{"a":1,}"#, "nul", #"{"a":"\x"}"#] {
             #expect(!JSONScan.certainlyParses(text), "\(text)")
