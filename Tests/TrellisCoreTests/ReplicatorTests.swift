@@ -58,11 +58,24 @@ import TrellisCore
         directives.compactMap { if case .close(let l, _) = $0 { l } else { nil } }
     }
 
-    static func record(_ seq: Int64, _ id: String, state: [UInt8] = [1, 2, 3], collection: String = "cars") -> LogRecord
-    {
-        LogRecord(
+    /// A change-log record; `unacknowledged`: it holds a write of this node no peer acknowledged.
+    static func record(
+        _ seq: Int64, _ id: String, state: [UInt8] = [1, 2, 3], collection: String = "cars",
+        unacknowledged: Bool = false
+    ) -> LogRecord {
+        var record = LogRecord(
             seq: seq, key: JSON.string(.string(id)),
             document: WireDocument(collection: collection, id: .string(id), state: state))
+        record.holdsUnacknowledgedWrite = unacknowledged
+        return record
+    }
+
+    /// The entries of the `.acknowledged` directives.
+    static func acknowledged(_ directives: [ReplicatorDirective]) -> [AcknowledgedEntry] {
+        directives.flatMap { directive -> [AcknowledgedEntry] in
+            if case .acknowledged(let entries) = directive { return entries }
+            return []
+        }
     }
 
     // MARK: Session
@@ -502,33 +515,28 @@ import TrellisCore
         let first = try #require(
             Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0))
                 .first)
-        func unsent(_ seq: Int64, _ id: String) -> LogRecord {
-            var record = Self.record(seq, id)
-            record.holdsUnacknowledgedWrite = true
-            return record
-        }
         let more = r.scanned(
-            link, first, page: ScanPage(records: [unsent(1, "a"), Self.record(2, "b")], upTo: 2, exhausted: false),
+            link, first,
+            page: ScanPage(
+                records: [Self.record(1, "a", unacknowledged: true), Self.record(2, "b")], upTo: 2, exhausted: false),
             now: 0)
         let second = try #require(Self.scans(more).first)
-        let last = r.scanned(link, second, page: ScanPage(records: [unsent(3, "c")], upTo: 3, exhausted: true), now: 0)
+        let last = r.scanned(
+            link, second,
+            page: ScanPage(records: [Self.record(3, "c", unacknowledged: true)], upTo: 3, exhausted: true),
+            now: 0)
         #expect(Self.sent(more + last).count == 2)
-        func acknowledged(_ directives: [ReplicatorDirective]) -> [AcknowledgedEntry] {
-            directives.flatMap { directive -> [AcknowledgedEntry] in
-                if case .acknowledged(let entries) = directive { return entries }
-                return []
-            }
-        }
         let key = { (id: String) in JSON.string(.string(id)) }
         #expect(
-            acknowledged(r.received(.ack(subscription: first.subscription, upTo: 3), on: link, now: 0)) == [
+            Self.acknowledged(r.received(.ack(subscription: first.subscription, upTo: 3), on: link, now: 0)) == [
                 AcknowledgedEntry(collection: "cars", key: key("c"), seq: 3)
             ])
         #expect(
-            acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)) == [
+            Self.acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)) == [
                 AcknowledgedEntry(collection: "cars", key: key("a"), seq: 1)
             ])
-        #expect(acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)).isEmpty)
+        #expect(
+            Self.acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)).isEmpty)
     }
 
     /// A page cut at `batchEntries` is followed, when nothing more is in the log, by the empty
@@ -542,10 +550,11 @@ import TrellisCore
         let first = try #require(
             Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0))
                 .first)
-        var unsent = Self.record(1, "a")
-        unsent.holdsUnacknowledgedWrite = true
         let more = r.scanned(
-            link, first, page: ScanPage(records: [unsent, Self.record(2, "b")], upTo: 2, exhausted: false), now: 0)
+            link, first,
+            page: ScanPage(
+                records: [Self.record(1, "a", unacknowledged: true), Self.record(2, "b")], upTo: 2, exhausted: false),
+            now: 0)
         let second = try #require(Self.scans(more).first)
         let last = r.scanned(link, second, page: ScanPage(records: [], upTo: 2, exhausted: true), now: 0)
         let batches = Self.sent(more + last).compactMap { message -> Int64? in
@@ -554,17 +563,14 @@ import TrellisCore
         }
         #expect(batches == [2, 2], "two batches in flight with the same upTo")
         // The peer postponed the first batch (no ack) and applied the empty one.
-        let directives = r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)
-        let acknowledged = directives.flatMap { directive -> [AcknowledgedEntry] in
-            if case .acknowledged(let entries) = directive { return entries }
-            return []
-        }
+        let acknowledged = Self.acknowledged(
+            r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0))
         #expect(acknowledged.isEmpty, "one ack of upTo 2 cannot tell which batch was applied: \(acknowledged)")
         // A later batch whose ack says the peer deferred some of its documents.
-        var later = Self.record(3, "c")
-        later.holdsUnacknowledgedWrite = true
         let third = try #require(Self.scans(r.committed(collections: ["cars"], lastSeq: 3, now: 1)).first)
-        _ = r.scanned(link, third, page: ScanPage(records: [later], upTo: 3, exhausted: true), now: 1)
+        _ = r.scanned(
+            link, third, page: ScanPage(records: [Self.record(3, "c", unacknowledged: true)], upTo: 3, exhausted: true),
+            now: 1)
         let deferred = r.received(.ack(subscription: first.subscription, upTo: 3, deferred: true), on: link, now: 1)
         #expect(!deferred.contains { if case .acknowledged = $0 { true } else { false } })
     }
