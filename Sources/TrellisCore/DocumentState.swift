@@ -67,9 +67,24 @@ extension Dictionary where Key == SiteID, Value == HLCTimestamp {
 /// The causal contexts of the two states a join meets (each one's write vector joined with its
 /// remove context): an entry or a counter total one side holds and the other lacks although the
 /// other saw it was dropped there, and the join drops it.
+///
+/// A delta (``StateDelta``) vouches only for the stamps it adds to its base: `theirsAbove` is that
+/// base, and what it covers is not taken as seen by the other side (δ-CRDT deltas, Almeida,
+/// Shoker and Baquero 2018: a delta's context is only the dots it holds).
 struct CausalContexts {
     var mine: VersionVector
     var theirs: VersionVector
+    var theirsAbove: VersionVector = [:]
+
+    /// Whether the other side saw the write `stamp` (and so dropped it if it lacks it).
+    func theySaw(_ stamp: Stamp) -> Bool {
+        theirs.saw(stamp) && (theirsAbove.isEmpty || !theirsAbove.covers(stamp))
+    }
+
+    /// Whether the other side's context covers `stamp` (counter totals, time zero included).
+    func theyCover(_ stamp: Stamp) -> Bool {
+        theirs.covers(stamp) && (theirsAbove.isEmpty || !theirsAbove.covers(stamp))
+    }
 }
 
 // MARK: - Counter numbers
@@ -499,7 +514,7 @@ public struct FieldNode: Hashable, Sendable {
         // default data, so a total at time zero is judged like any other (`covers`), which keeps
         // one total per site consistent with the rule in every order of joins.
         let theySawAndLack = { (entry: FieldEntry) in
-            causal.theirs.saw(entry.stamp) && other.entries.entry(inSlotOf: entry.stamp)?.stamp != entry.stamp
+            causal.theySaw(entry.stamp) && other.entries.entry(inSlotOf: entry.stamp)?.stamp != entry.stamp
         }
         let mine = entries
         let myTotals = totals
@@ -512,10 +527,10 @@ public struct FieldNode: Hashable, Sendable {
         var changed = false
         if entries.removeAll(where: theySawAndLack) { changed = true }
         if totals.contains(where: {
-            causal.theirs.covers($0.value.stamp) && other.totals[$0.key]?.stamp != $0.value.stamp
+            causal.theyCover($0.value.stamp) && other.totals[$0.key]?.stamp != $0.value.stamp
         }) {
             totals = totals.filter {
-                !causal.theirs.covers($0.value.stamp) || other.totals[$0.key]?.stamp == $0.value.stamp
+                !causal.theyCover($0.value.stamp) || other.totals[$0.key]?.stamp == $0.value.stamp
             }
             changed = true
         }
@@ -1260,7 +1275,14 @@ public struct DocumentState: Hashable, Sendable {
     /// - Complexity: O(size of `other` plus size of this state).
     @discardableResult
     public mutating func merge(_ other: DocumentState) -> Bool {
-        let causal = CausalContexts(mine: writes.joined(removed), theirs: other.writes.joined(other.removed))
+        merge(other, above: [:])
+    }
+
+    /// ``merge(_:)`` of a state that vouches only for the stamps its context holds above `base`
+    /// (a ``StateDelta``'s fields; `base` empty: a whole state).
+    mutating func merge(_ other: DocumentState, above base: VersionVector) -> Bool {
+        let causal = CausalContexts(
+            mine: writes.joined(removed), theirs: other.writes.joined(other.removed), theirsAbove: base)
         var changed = writes.join(other.writes)
         let grew = removed.join(other.removed)
         if grew {

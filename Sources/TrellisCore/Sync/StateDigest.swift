@@ -11,6 +11,12 @@ public struct StateDigest: Hashable, Sendable {
     public let high: UInt64
     public let low: UInt64
 
+    /// The digest with these halves.
+    public init(high: UInt64, low: UInt64) {
+        self.high = high
+        self.low = low
+    }
+
     /// The digest of `bytes`.
     ///
     /// - Complexity: O(n) in the number of bytes.

@@ -1,0 +1,189 @@
+// The delta form of a document state (docs/PROTOCOL.md §3, "Delta form"; docs/DELTAS.md):
+//
+//   delta = { "b": [[site, time], ...],   the base: the causal context (w joined with r) of the
+//                                         sender's state before the writes the delta carries
+//             "d": state,                 whole-state encoding (version 2) of the sender's state
+//                                         after them, holding only the top-level fields they changed
+//             "h": bytes (16) }           the StateDigest of the sender's whole state after them
+//
+// Its first bytes are `a3 61 62` (a three-entry map whose first key is "b"): no other form starts so.
+
+/// A **delta** of a document's state: the top-level fields that local writes changed, taken from
+/// the state after them, with the causal context of the state before them (the **base**).
+///
+/// A receiver whose state of the document covers the base (its `w` joined with its `r` is at or
+/// above the base for every site) joins the delta with ``DocumentState/merge(_:)-(StateDelta)`` and
+/// gets exactly what joining the sender's whole state would give: under the soundness argument of
+/// docs/DATA-MODEL.md ("Normal form, and why merge is a join"), a state whose context covers the
+/// base descends from every state the sender's state before the writes descends from, so it holds
+/// all the delta leaves out, or has seen it removed. The delta vouches only for the stamps above its
+/// base: an entry of the receiver that the delta lacks is dropped only when its stamp is in the
+/// delta's context and not in the base (the δ-CRDT join of Almeida, Shoker and Baquero,
+/// "Delta state replicated data types", 2018). A receiver whose state does not cover the base
+/// asks for the whole state instead (docs/PROTOCOL.md §2 step 7).
+public struct StateDelta: Sendable, Equatable {
+    /// The causal context of the sender's state before the writes: what the receiver must cover.
+    public var base: VersionVector
+    /// The sender's state after the writes, restricted to the top-level fields they changed (its
+    /// `w`, `r` and `a` whole).
+    public var state: DocumentState
+    /// The digest of the sender's whole state after the writes, as it stores and sends it: what
+    /// the receiver remembers for echo suppression (docs/PROTOCOL.md §2 step 6).
+    public var digest: StateDigest
+
+    public init(base: VersionVector, state: DocumentState, digest: StateDigest) {
+        self.base = base
+        self.state = state
+        self.digest = digest
+    }
+
+    /// The delta from `old` to `new`, two states of one document on this node where `new` is
+    /// `old` after local writes only, or `nil` when none is worth sending: `old` holds nothing, the
+    /// document is removed in `new`, the base names default data (time zero, which a context does
+    /// not vouch for), or a changed field is gone from `new`.
+    ///
+    /// - Parameters:
+    ///   - previous: the delta stored with `old`, when `old` itself came from local writes after a
+    ///     base: its base is kept and its fields are carried again, so one delta covers every
+    ///     write since that base.
+    ///   - digest: ``StateDigest`` of `new` as stored and sent.
+    /// - Complexity: O(size of both states).
+    public static func make(from old: DocumentState, to new: DocumentState, previous: StateDelta?, digest: StateDigest)
+        -> StateDelta?
+    {
+        guard !old.writes.isEmpty, !new.isDeleted else { return nil }
+        let base = previous?.base ?? old.writes.joined(old.removed)
+        guard !base.isEmpty, !base.values.contains(.zero) else { return nil }
+        var changed = Set<UTF8Key>()
+        for (key, node) in new.root.entries where old.root[key] != node { changed.insert(UTF8Key(key)) }
+        for key in old.root.entries.keys where new.root[key] == nil { changed.insert(UTF8Key(key)) }
+        if let previous { for key in previous.state.root.entries.keys { changed.insert(UTF8Key(key)) } }
+        var root = MapNode(minimumCapacity: changed.count)
+        for key in changed.map(\.string).sorted(by: CBORWriter.keyPrecedes) {
+            guard let node = new.root[key] else { return nil }
+            root[key] = node
+        }
+        return StateDelta(
+            base: base, state: DocumentState(root: root, writes: new.writes, removed: new.removed, adds: new.adds),
+            digest: digest)
+    }
+
+    // MARK: Encoding
+
+    /// Whether `bytes` are in the delta form (by their first bytes; not whether they decode).
+    public static func isEncoded(_ bytes: [UInt8]) -> Bool { bytes.starts(with: [0xA3, 0x61, 0x62]) }
+
+    /// The digest an encoded delta carries (its last 16 bytes, after `"h"`), or `nil` when the
+    /// bytes do not end so. Cheap: for echo suppression before the delta is decoded.
+    public static func digest(in bytes: [UInt8]) -> StateDigest? {
+        guard isEncoded(bytes), bytes.count >= 22 else { return nil }
+        let tail = bytes.count - 19
+        guard bytes[tail] == 0x61, bytes[tail + 1] == 0x68, bytes[tail + 2] == 0x50 else { return nil }
+        return StateDigest(bytes: bytes[(tail + 3)...])
+    }
+
+    /// The CBOR bytes (RFC 8949 §4.2.1 deterministic: keys `b`, `d`, `h`; the base sorted by site).
+    ///
+    /// - Complexity: O(size of the delta's state).
+    public func encoded() -> [UInt8] {
+        var w = CBORWriter(capacity: 128)
+        w.writeMapHeader(count: 3)
+        w.writeText("b")
+        let sites = base.keys.sorted()
+        w.writeArrayHeader(count: sites.count)
+        for site in sites {
+            w.writeArrayHeader(count: 2)
+            w.writeInt(Int64(bitPattern: site))
+            w.writeInt(Int64(bitPattern: base[site]!.rawValue))
+        }
+        w.writeText("d")
+        var out = CBORWriter(appendingTo: w.bytes + state.cbor())
+        out.writeText("h")
+        out.writeBytes(digest.bytes)
+        return out.bytes
+    }
+
+    /// Decodes a delta.
+    ///
+    /// - Throws: ``DocumentStateError`` when the bytes are not a delta of this shape, its state
+    ///   does not decode (as ``DocumentState/init(encoded:)`` checks it), or its base is above the
+    ///   state's own causal context (a sender's state only grows). Input from peers: never a trap.
+    /// - Complexity: O(size of the bytes).
+    public init(bytes: [UInt8]) throws(DocumentStateError) {
+        let value: Value
+        do { value = try CBOR.decode(bytes) } catch {
+            throw DocumentStateError(message: "delta does not decode: \(error)")
+        }
+        guard case .map(let m) = value, m.count == 3, case .array(let rows)? = m["b"], let d = m["d"],
+            case .bytes(let h)? = m["h"], h.count == 16
+        else {
+            throw DocumentStateError(message: "delta is not {b: base, d: state, h: 16-byte digest}")
+        }
+        let state = try DocumentState(encoded: d)
+        let context = state.writes.joined(state.removed)
+        var base = VersionVector()
+        for row in rows {
+            guard case .array(let pair) = row, pair.count == 2, case .int(let site) = pair[0],
+                case .int(let time) = pair[1]
+            else { throw DocumentStateError(message: "delta base entry is not [site, time]") }
+            let stamp = Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site))
+            guard base[stamp.site] == nil else {
+                throw DocumentStateError(message: "delta base names site \(String(stamp.site, radix: 16)) twice")
+            }
+            guard context.covers(stamp) else {
+                throw DocumentStateError(message: "delta base \(stamp) is above the delta's own context")
+            }
+            base[stamp.site] = stamp.time
+        }
+        self.init(base: base, state: state, digest: StateDigest(bytes: h[...]))
+    }
+}
+
+extension DocumentState {
+    /// Whether this state covers `base`: its `w` joined with its `r` is at or above `base` for
+    /// every site, and `base` names no time zero (default data, which a context does not vouch
+    /// for). A delta on that base can then be joined (``merge(_:)-(StateDelta)``).
+    ///
+    /// - Complexity: O(sites of `base`).
+    public func covers(base: VersionVector) -> Bool {
+        guard !base.isEmpty else { return false }
+        for (site, time) in base {
+            guard time != .zero, max(writes[site] ?? .zero, removed[site] ?? .zero) >= time else { return false }
+        }
+        return true
+    }
+
+    /// Joins a delta into this state, which must cover its base (``covers(base:)``): the result is
+    /// what joining the sender's whole state would give.
+    ///
+    /// - Returns: `true` when this state changed.
+    /// - Precondition: `covers(base: delta.base)`; the store checks it and asks for the whole state
+    ///   otherwise. Joining a delta without it is still a join of valid states but may miss what
+    ///   the delta leaves out.
+    /// - Complexity: O(size of the delta plus size of this state).
+    @discardableResult
+    public mutating func merge(_ delta: StateDelta) -> Bool {
+        merge(delta.state, above: delta.base)
+    }
+}
+
+extension StateDigest {
+    /// The digest from its 16 bytes (``bytes``).
+    ///
+    /// - Precondition: exactly 16 bytes.
+    public init(bytes: ArraySlice<UInt8>) {
+        precondition(bytes.count == 16)
+        var high: UInt64 = 0
+        var low: UInt64 = 0
+        for (i, byte) in bytes.enumerated() {
+            if i < 8 { high = high << 8 | UInt64(byte) } else { low = low << 8 | UInt64(byte) }
+        }
+        self.init(high: high, low: low)
+    }
+
+    /// The 16 bytes of the digest, high half first, big-endian.
+    public var bytes: [UInt8] {
+        (0..<8).map { UInt8(truncatingIfNeeded: high >> (56 - 8 * $0)) }
+            + (0..<8).map { UInt8(truncatingIfNeeded: low >> (56 - 8 * $0)) }
+    }
+}
