@@ -10,20 +10,28 @@ public struct DecodedState: Sendable {
         case single(SingleWriteState, parsed: SingleWriteState.Document?)
         /// A whole state.
         case whole(DocumentState)
+        /// A delta (``StateDelta``): applied only to a state that covers its base.
+        case delta(StateDelta)
     }
 
     /// What the bytes hold, or why they do not decode.
     public let form: Result<Form, DocumentStateError>
     /// The document's `_id`.
     public let id: Value
+    /// Whether the bytes are in the delta form (``StateDelta/isEncoded(_:)``), decoded or not: a
+    /// delta that cannot be applied is never kept aside, its whole state is asked for instead.
+    public let isDelta: Bool
 
     /// Decodes `bytes`, the state of the document `id` (every form: docs/PROTOCOL.md §3).
     ///
     /// - Complexity: O(size of the state); a canonical single-write state builds no ``Value``.
     public init(_ bytes: [UInt8], id: Value) {
         self.id = id
+        isDelta = StateDelta.isEncoded(bytes)
         do {
-            if let single = try SingleWriteState.decode(bytes) {
+            if StateDelta.isEncoded(bytes) {
+                form = .success(.delta(try StateDelta(bytes: bytes)))
+            } else if let single = try SingleWriteState.decode(bytes) {
                 if let key = id.documentKey, CanonicalJSON.isDocument(single.json, idKey: key) {
                     form = .success(.single(single, parsed: nil))
                 } else {
@@ -49,7 +57,7 @@ public struct DecodedState: Sendable {
         return try single.document(id: id)
     }
 
-    /// The whole state.
+    /// The whole state (of a delta: the delta's own state, which is not the document's).
     ///
     /// - Throws: the decoding error.
     public func state() throws(DocumentStateError) -> DocumentState {
@@ -57,6 +65,7 @@ public struct DecodedState: Sendable {
         case .success(.single(let single, let parsed)):
             return DocumentState(fields: try Self.document(single, parsed, id: id).fields, stamp: single.stamp)
         case .success(.whole(let state)): return state
+        case .success(.delta(let delta)): return delta.state
         case .failure(let error): throw error
         }
     }

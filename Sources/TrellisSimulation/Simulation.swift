@@ -110,6 +110,9 @@ public final class Simulation: @unchecked Sendable {
     public private(set) var messageBytes: [String: Int] = [:]
     /// Documents sent in batches, over the whole run (a document sent twice counts twice).
     public private(set) var documentsSent = 0
+    /// Of those, how many went as deltas (``StateDelta``), and the bytes of their states.
+    public private(set) var deltasSent = 0
+    public private(set) var deltaBytesSent = 0
     /// Dial attempts, by "dialer->target".
     public private(set) var dialCounts: [String: Int] = [:]
     /// How many times each distinct batch carrying documents was sent over each link (in one
@@ -586,6 +589,12 @@ public final class Simulation: @unchecked Sendable {
         messageCounts[kind.type, default: 0] += 1
         messageBytes[kind.type, default: 0] += bytes.count
         documentsSent += kind.documents
+        if kind.carriesDocuments, case .batch(_, let documents, _, _, _)? = try? WireMessage(serialized: bytes) {
+            for document in documents where StateDelta.isEncoded(document.state) {
+                deltasSent += 1
+                deltaBytesSent += document.state.count
+            }
+        }
         if countingBatches, kind.type == "batch", kind.carriesDocuments,
             case .batch(_, let documents, _, _, _)? = try? WireMessage(serialized: bytes)
         {

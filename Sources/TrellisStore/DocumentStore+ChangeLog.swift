@@ -126,7 +126,7 @@ extension DocumentStore {
                     : "CASE \(left)WHEN deleted != 0 THEN 1 ELSE \(filter) END"
             }
             return "SELECT seq, id, state, deleted, \(match), value, deleted != 0 OR json_valid(value), "
-                + "unacked IS NOT NULL FROM documents "
+                + "unacked IS NOT NULL, delta, delta_seq FROM documents "
                 + "WHERE collection = ? AND seq > ?"
                 + (keys == nil ? "" : " AND id IN (SELECT value FROM json_each(?))") + " ORDER BY seq LIMIT ?"
         }
@@ -200,10 +200,13 @@ extension DocumentStore {
                         + "(stored under a larger limit)", damaged: false)
                 continue
             }
+            // A live row's delta (local writes since its base) goes beside it; the replicator
+            // chooses which a peer gets.
+            let delta = kind == .live && !compact ? st.bytes(8).map { LogDelta(bytes: $0, baseSeq: st.int64(9)) } : nil
             page.records.append(
                 ChangeRecord(
                     seq: seq, collection: collection, id: id, key: key, state: state, isDeleted: deleted,
-                    holdsUnacknowledgedWrite: unacknowledged, isEvictionStub: kind == .stub))
+                    holdsUnacknowledgedWrite: unacknowledged, isEvictionStub: kind == .stub, delta: delta))
             bytes += state.count
             if bytes >= maxBytes { return page }
         }

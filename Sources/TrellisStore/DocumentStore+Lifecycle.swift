@@ -102,6 +102,9 @@ extension DocumentStore {
     ///   keeps such a write's values (an acknowledgement clears it when the document is evicted).
     ///   Live rows written before count as unacknowledged: nothing says a peer holds them (one
     ///   write of each row, once).
+    /// - Documents gain `delta`: the encoded ``StateDelta`` of the local writes since the row's
+    ///   base, sent to peers that hold that base instead of the whole state (docs/DELTAS.md), and
+    ///   `delta_seq`, the row's `seq` when its state was that base; NULL in rows written before.
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
     ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
     static func migrate(_ db: Connection) throws {
@@ -134,6 +137,14 @@ extension DocumentStore {
         documentColumns.reset()
         if !documentNames.contains("removed_at") {
             try db.execute("ALTER TABLE documents ADD COLUMN removed_at INTEGER")
+        }
+        if !documentNames.contains("delta") {
+            // The delta of a row's local writes since its base (StateDelta): NULL in rows written
+            // before, which are sent whole until written again.
+            try db.execute("ALTER TABLE documents ADD COLUMN delta BLOB")
+        }
+        if !documentNames.contains("delta_seq") {
+            try db.execute("ALTER TABLE documents ADD COLUMN delta_seq INTEGER")
         }
         if !documentNames.contains("unacked") {
             // Nothing says which live rows a peer holds: they count as unacknowledged (an eviction

@@ -34,6 +34,9 @@ enum StateMerge {
     case unchanged(behind: Bool)
     /// Not applied: why, and from when (milliseconds) trying again may succeed (clock refusals).
     case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
+    /// A delta this node cannot apply now (it does not hold the state the delta is based on, or
+    /// the result would be refused): never kept aside; the peer is asked for the whole state.
+    case needsWholeState(String)
 }
 
 extension DocumentStore {
@@ -135,6 +138,10 @@ extension DocumentStore {
                         // state (a tombstone, say) reaches the sender.
                         if entered, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
                         try dropDeferredIfCovered(&s, remote.collection, key, peer)
+                    case .needsWholeState(let reason):
+                        // Nothing of this piece is kept and no checkpoint is stored: the replicator
+                        // asks the peer for the subscription again, without deltas.
+                        throw StoreError.needsWholeState("document \(key) of \(remote.collection): \(reason)")
                     case .refused(let kind, let reason, let ready, let decoded):
                         try keepDeferred(
                             &s, remote.collection, key, peer, remote.state, decoded, kind, reason, ready: ready,
@@ -198,7 +205,8 @@ extension DocumentStore {
     ) throws -> StateMerge {
         // A damaged row (its state or its JSON does not decode) is replaced by the good state.
         var repair = s.damaged[DocumentKey(collection: collection, key: key)] != nil
-        var stored: (state: DocumentState, kind: RowKind)?
+        if decoded.isDelta { return try mergeDelta(&s, collection, key, id, decoded, repair: repair, now: now) }
+        var stored: Row?
         if case .failure(let error) = decoded.form {
             return .refused(
                 .decode, reason: "its state does not decode here (\(error)); kept until a version that reads it",
@@ -273,6 +281,50 @@ extension DocumentStore {
         }
         s.clock.receive(incoming.maxTime, physicalMillis: horizon)
         if repair { options.log("document \(key) in \(collection) was damaged and is repaired from a peer's state") }
+        return .applied
+    }
+
+    /// Merges a delta (``StateDelta``) into the stored document, when the stored state covers the
+    /// delta's base and is whole here (not an eviction stub, no withheld values, not damaged), and
+    /// the result would be applied (not too far ahead, not too large, valid). Otherwise the delta
+    /// is not kept aside as a state would be: ``StateMerge/needsWholeState(_:)``, and the peer
+    /// sends the whole state, which takes the usual way (deferred, if it must be).
+    private func mergeDelta(
+        _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ decoded: DecodedState, repair: Bool,
+        now: UInt64
+    ) throws -> StateMerge {
+        let delta: StateDelta
+        switch decoded.form {
+        case .success(.delta(let d)): delta = d
+        case .failure(let error): return .needsWholeState("its delta does not decode (\(error))")
+        default: return .needsWholeState("it is not a delta")
+        }
+        guard !repair else { return .needsWholeState("the document is damaged here") }
+        let stored: Row?
+        do { stored = try row(&s, collection, key) } catch StoreError.corrupt {
+            return .needsWholeState("the document is damaged here")
+        }
+        guard let stored else { return .needsWholeState("this node holds no state of it") }
+        guard stored.kind != .stub, stored.state.withheldEntryCount == 0 else {
+            return .needsWholeState("it is evicted here")
+        }
+        guard stored.state.covers(base: delta.base) else {
+            return .needsWholeState("this node has not seen the state the delta is based on")
+        }
+        var doc = stored.state
+        var changed = doc.merge(delta)
+        if changed, doc.reapRemovedFields(before: fieldReapHorizon(now: now)), doc == stored.state { changed = false }
+        guard changed else { return .unchanged(behind: true) }
+        let latest = delta.state.maxTime
+        let (horizon, tooFarAhead) = driftCheck(clock: s.clock.last, latest: latest, now: now, decoded: nil)
+        if let tooFarAhead, case .refused(_, let reason, _, _) = tooFarAhead { return .needsWholeState(reason) }
+        do {
+            try persist(&s, collection, key, id, doc, origin: .merged)
+        } catch let error as StoreError {
+            guard error.refusesOneDocument else { throw error }
+            return .needsWholeState(error.description)
+        }
+        s.clock.receive(latest, physicalMillis: horizon)
         return .applied
     }
 
@@ -485,7 +537,8 @@ extension DocumentStore {
                     case .applied, .revived:
                         count += 1
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
-                    case .unchanged:
+                    case .unchanged, .needsWholeState:
+                        // (A delta is never kept aside, so none is retried.)
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
                     case .refused(let kind, let reason, let ready, _):
                         let update = try s.db.prepare(

@@ -291,7 +291,7 @@ extension DocumentStore {
                     }
                     doc.merge(fields: changes, stamp: s.stamp(now: now))
                 }
-                try persist(&s, collection, key, id, doc)
+                try persist(&s, collection, key, id, doc, previous: existing)
                 written[index] = true
             }
         }
@@ -353,10 +353,11 @@ extension DocumentStore {
         return try write { s -> [[UpdateResult]?] in
             var results: [[UpdateResult]?] = []
             for ((id, mutations), key) in zip(batch, keys) {
-                guard let original = try loadLive(&s, collection, key) else {
+                guard let previous = try row(&s, collection, key), previous.kind == .live else {
                     results.append(nil)
                     continue
                 }
+                let original = previous.state
                 var doc = original
                 var applied: [UpdateResult] = []
                 for mutation in mutations {
@@ -365,7 +366,7 @@ extension DocumentStore {
                     }
                 }
                 results.append(applied)
-                if doc != original { try persist(&s, collection, key, id, doc) }
+                if doc != original { try persist(&s, collection, key, id, doc, previous: previous) }
             }
             return results
         }

@@ -89,6 +89,11 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     /// A remote batch was refused whole because the documents deferred from its peer would exceed
     /// the bounds of ``StoreOptions``; nothing of it was applied and its checkpoint was not stored.
     case deferredLimit(String)
+    /// A remote batch carried a delta (``StateDelta``) this store cannot apply (it does not hold
+    /// the state the delta is based on, or would not apply the state now); nothing of the piece
+    /// under way was applied and the checkpoint was not stored: the peer is asked for the whole
+    /// states again.
+    case needsWholeState(String)
     /// The store was closed (``DocumentStore/close()``).
     case closed
 
@@ -112,6 +117,7 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
         case .corrupt(let why): return "corrupt store: \(why)"
         case .sqlite(let why): return why
         case .deferredLimit(let why): return why
+        case .needsWholeState(let why): return why
         case .closed: return "the store is closed"
         }
     }
@@ -136,10 +142,15 @@ public struct ChangeRecord: Sendable, Equatable {
     /// `true` for an evicted document's stub, offered whole while it holds such a write
     /// (``DocumentStore/evict(id:in:)``).
     public var isEvictionStub: Bool
+    /// The delta of the local writes since the row's base (``StateDelta``, encoded) and the row's
+    /// `seq` when its state was that base, or `nil`: what a peer holding that base may be sent
+    /// instead of `state` (docs/DELTAS.md).
+    public var delta: LogDelta?
 
     public init(
         seq: Int64, collection: String, id: Value, key: String, state: [UInt8], isDeleted: Bool,
-        holdsUnacknowledgedWrite: Bool = false, isEvictionStub: Bool = false
+        holdsUnacknowledgedWrite: Bool = false, isEvictionStub: Bool = false,
+        delta: LogDelta? = nil
     ) {
         self.seq = seq
         self.collection = collection
@@ -149,6 +160,7 @@ public struct ChangeRecord: Sendable, Equatable {
         self.isDeleted = isDeleted
         self.holdsUnacknowledgedWrite = holdsUnacknowledgedWrite
         self.isEvictionStub = isEvictionStub
+        self.delta = delta
     }
 }
 
@@ -731,17 +743,33 @@ public final class DocumentStore: Sendable {
         case stub = 2
     }
 
+    /// A stored document: its state, what its row is, its `seq`, and the delta of the local writes
+    /// that made it (`nil` when its last change was not a local write).
+    typealias Row = (state: DocumentState, kind: RowKind, seq: Int64, delta: StoredDelta?)
+
+    /// The delta a row keeps of the local writes since its base: the encoded ``StateDelta`` and
+    /// the `seq` the row had when its state was the base (a peer whose checkpoint is at or past it
+    /// likely holds the base: only then is the delta sent).
+    struct StoredDelta {
+        var bytes: [UInt8]
+        var baseSeq: Int64
+    }
+
     /// The stored state of a document and what its row is, or `nil` when there is no row.
     ///
     /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row does not decode.
-    func row(_ s: inout State, _ collection: String, _ key: String) throws -> (state: DocumentState, kind: RowKind)? {
-        let st = try s.db.prepare("SELECT state, value, deleted FROM documents WHERE collection = ? AND id = ?")
+    func row(_ s: inout State, _ collection: String, _ key: String) throws -> Row? {
+        let st = try s.db.prepare(
+            "SELECT state, value, deleted, seq, delta, delta_seq FROM documents WHERE collection = ? AND id = ?")
         st.bind(1, collection)
         st.bind(2, key)
         defer { st.reset() }
         guard try st.step(), let bytes = st.bytes(0) else { return nil }
         do {
-            return (try StoredState.decode(bytes, value: st.string(1)), RowKind(rawValue: st.int64(2)) ?? .tombstone)
+            return (
+                try StoredState.decode(bytes, value: st.string(1)), RowKind(rawValue: st.int64(2)) ?? .tombstone,
+                st.int64(3), st.bytes(4).map { StoredDelta(bytes: $0, baseSeq: st.int64(5)) }
+            )
         } catch {
             let reason = "its state does not decode: \(error)"
             noteDamaged(&s, collection, key, reason)
@@ -764,9 +792,12 @@ public final class DocumentStore: Sendable {
     ///
     /// - Parameter origin: ``WriteOrigin/merged`` for a peer's state; by default the write is this
     ///   node's own (recorded as not yet acknowledged by a peer, which only ever keeps more).
+    ///   - previous: for local writes, the row they started from: the row then keeps the delta of
+    ///     the writes since it (``StateDelta``), which peers that hold that row's state receive
+    ///     instead of the whole state (docs/DELTAS.md).
     func persist(
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
-        origin: WriteOrigin = .local
+        origin: WriteOrigin = .local, previous: Row? = nil
     ) throws {
         // Every write of a whole state reaps its removed fields' expired contexts (the state is in
         // hand; docs/DATA-MODEL.md, "Tombstones and reaping").
@@ -778,9 +809,20 @@ public final class DocumentStore: Sendable {
         do { try materialized?.validate() } catch { throw StoreError.invalidValue("document \(key): \(error)") }
         let value = materialized.map { JSON.string($0) }
         let bytes = StoredState.bytes(for: doc, materialized: materialized)
+        var delta: StoredDelta?
+        if origin == .local, let previous, previous.kind == .live, value != nil, !StoredState.isCompact(bytes) {
+            // A compact row travels as its JSON and stamp: not the bytes a digest of `bytes` names.
+            let prior = previous.delta.flatMap { try? StateDelta(bytes: $0.bytes) }
+            if let made = StateDelta.make(from: previous.state, to: doc, previous: prior, digest: StateDigest(bytes)) {
+                let encoded = made.encoded()
+                if encoded.count < bytes.count {
+                    delta = StoredDelta(bytes: encoded, baseSeq: prior != nil ? previous.delta!.baseSeq : previous.seq)
+                }
+            }
+        }
         try persistRow(
             &s, collection, key, materialized: { materialized }, json: value, state: bytes,
-            removedAt: value == nil ? doc.maxTime.millis : nil, origin: origin, fullState: { doc })
+            removedAt: value == nil ? doc.maxTime.millis : nil, origin: origin, delta: delta, fullState: { doc })
     }
 
     /// The horizon before which the remove contexts of removed fields are reaped at `now`
@@ -820,7 +862,7 @@ public final class DocumentStore: Sendable {
     private func persistRow(
         _ s: inout State, _ collection: String, _ key: String, materialized: () throws -> Value?, json value: String?,
         state bytes: [UInt8], removedAt: UInt64?, ifAbsent: Bool = false, origin: WriteOrigin,
-        fullState: () throws -> DocumentState
+        delta: StoredDelta? = nil, fullState: () throws -> DocumentState
     ) throws -> Bool {
         // The limit counts the whole state as peers receive it, whatever form is stored.
         let valueBytes = value?.utf8.count ?? 0
@@ -836,7 +878,7 @@ public final class DocumentStore: Sendable {
         if !ifAbsent { try trackScope(&s, collection, key, new: materialized) }
         let written = try writeRow(
             &s, collection, key, kind: value == nil ? .tombstone : .live, state: bytes, value: value,
-            removedAt: removedAt, ifAbsent: ifAbsent, origin: origin)
+            removedAt: removedAt, ifAbsent: ifAbsent, origin: origin, delta: delta)
         // Once, by the write that happens (an insert that found a row is tried again the general way).
         if written, size > options.warnDocumentBytes {
             options.log(
@@ -855,11 +897,13 @@ public final class DocumentStore: Sendable {
     ///   - origin: ``WriteOrigin/local`` records the row's new `seq` as this node's write that no
     ///     peer has acknowledged (`unacked` 0, ``acknowledge(_:)``); ``WriteOrigin/merged`` and
     ///     ``WriteOrigin/evicted`` keep what the row recorded.
+    ///   - delta: for a local write, the delta of the local writes since the row's base
+    ///     (``StateDelta``, encoded); every other write clears it.
     /// - Returns: whether the row was written (always, unless `ifAbsent` found a row).
     @discardableResult
     func writeRow(
         _ s: inout State, _ collection: String, _ key: String, kind: RowKind, state bytes: [UInt8], value: String?,
-        removedAt: UInt64? = nil, ifAbsent: Bool = false, origin: WriteOrigin
+        removedAt: UInt64? = nil, ifAbsent: Bool = false, origin: WriteOrigin, delta: StoredDelta? = nil
     ) throws -> Bool {
         let sql: String
         switch (origin, ifAbsent) {
@@ -876,6 +920,10 @@ public final class DocumentStore: Sendable {
         st.bind(5, bytes)
         st.bind(6, value)
         if let removedAt { st.bind(7, Int64(clamping: removedAt)) } else { st.bind(7, nil as String?) }
+        if origin == .local, !ifAbsent {
+            st.bind(8, delta?.bytes)
+            if let delta { st.bind(9, delta.baseSeq) } else { st.bind(9, nil as String?) }
+        }
         try st.run()
         if ifAbsent, s.db.changes == 0 { return false }
         if let value { try Self.noteNULStrings(&s, collection, value) }
@@ -900,9 +948,11 @@ public final class DocumentStore: Sendable {
     // has acknowledged (NULL when there is none): 0 for a local write, which SQLite stores in no
     // bytes at all. The others keep it, counting the `seq`s the row moved on by, so a merge or
     // an eviction does not forget a write of this node that no peer has yet.
+    // `delta` is the encoded StateDelta of the local writes since the row's base: written by local
+    // writes, cleared by every other write of the row's state.
     static let writeLocalRowSQL =
-        "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked) "
-        + "VALUES (?,?,?,?,?,?,?,0)"
+        "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked, delta, "
+        + "delta_seq) VALUES (?,?,?,?,?,?,?,0,?,?)"
     static let insertLocalRowIfAbsentSQL =
         "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked) "
         + "VALUES (?,?,?,?,?,?,?,0)"
@@ -910,7 +960,7 @@ public final class DocumentStore: Sendable {
         "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?) "
         + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
         + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, "
-        + "unacked = unacked + excluded.seq - seq"
+        + "unacked = unacked + excluded.seq - seq, delta = NULL, delta_seq = NULL"
     static let insertRowIfAbsentSQL =
         "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?)"
 
@@ -1067,13 +1117,14 @@ public final class DocumentStore: Sendable {
             if try persistNew(ifAbsent: true) { return }
             s.upsertsFindNoRow = false
         }
-        guard var doc = try load(&s, collection, key) else {
+        guard let previous = try row(&s, collection, key) else {
             s.upsertsFindNoRow = true
             _ = try persistNew(ifAbsent: false)
             return
         }
+        var doc = previous.state
         doc.merge(fields: fields, stamp: stamp)
-        try persist(&s, collection, key, id, doc)
+        try persist(&s, collection, key, id, doc, previous: previous)
     }
 
     /// Checks documents for upsert and splits each into `_id` (a new UUID string when absent), its

@@ -16,7 +16,8 @@ extension DocumentStore: SyncStore {
                 LogRecord(
                     seq: record.seq, key: record.key,
                     document: WireDocument(collection: record.collection, id: record.id, state: record.state),
-                    holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite, isEvictionStub: record.isEvictionStub)
+                    holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite, isEvictionStub: record.isEvictionStub,
+                    delta: record.delta)
             },
             upTo: page.scannedUpTo, exhausted: page.exhausted,
             remaining: page.exhausted

@@ -332,6 +332,10 @@ public final class SyncHost {
                     // checkpoint (the retries make room meanwhile).
                     more = replicator.applyPostponed(
                         link, subscription: request.subscription, reason: reason, now: now())
+                } catch StoreError.needsWholeState(let reason) {
+                    // A delta the store cannot apply: asked again, whole.
+                    more = replicator.applyNeedsWholeStates(
+                        link, subscription: request.subscription, reason: reason, now: now())
                 } catch {
                     more = replicator.applyFailed(
                         link, subscription: request.subscription, error: "\(error)", now: now())

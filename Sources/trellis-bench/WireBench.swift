@@ -112,43 +112,58 @@ func wireFigures(verbose: Bool) throws -> [Figure] {
         _ = subscriptions
     }
 
-    // One field of a 20-field document changes; the other side holds the rest.
+    // One field of a 20-field document changes; the other side holds the rest. With deltas (the
+    // default) and, as the baseline of the same run, with whole states.
     for documents in [1, 100] {
-        let sim = try Simulation(seed: 8)
-        sim.defaultProfile = LinkProfile(latency: latency)
-        let a = try sim.addNode("a")
-        let b = try sim.addNode("b")
-        let subscription = try b.store.collection("items").findAll().subscribe()
-        sim.connect(b, a)
-        for d in 0..<documents {
-            var fields: [String: Value] = ["_id": .string("doc-\(d)")]
-            for f in 0..<20 { fields["field\(f)"] = .string("value-\(d)-\(f)-abcdef") }
-            try a.store.collection("items").upsert(
-                .map(UTF8Map(uniqueKeysWithValues: fields.map { ($0.key, $0.value) })))
+        var wholeStates = 0.0
+        for deltas in [false, true] {
+            let sim = try Simulation(seed: 8)
+            sim.defaultProfile = LinkProfile(latency: latency)
+            sim.replicatorConfiguration = { $0.deltas = deltas }
+            let a = try sim.addNode("a")
+            let b = try sim.addNode("b")
+            let subscription = try b.store.collection("items").findAll().subscribe()
+            sim.connect(b, a)
+            for d in 0..<documents {
+                var fields: [String: Value] = ["_id": .string("doc-\(d)")]
+                for f in 0..<20 { fields["field\(f)"] = .string("value-\(d)-\(f)-abcdef") }
+                try a.store.collection("items").upsert(
+                    .map(UTF8Map(uniqueKeysWithValues: fields.map { ($0.key, $0.value) })))
+            }
+            try sim.runUntilQuiet(quietFor: 10_000)
+            let traceIndex = sim.trace.count
+            let counts = sim.messageCounts
+            let bytes = sim.messageBytes
+            let newValue = Value.string("changed-0123456789")
+            for d in 0..<documents {
+                try a.store.collection("items").upsert(["_id": .string("doc-\(d)"), "field7": newValue])
+            }
+            try sim.runUntilQuiet(quietFor: 10_000)
+            let e = exchange(sim, since: traceIndex, countsBefore: counts, bytesBefore: bytes)
+            if verbose { for line in e.lines.prefix(6) { print("  one field of \(documents) docs: \(line)") } }
+            let batchBytes = sim.messageBytes["batch", default: 0] - bytes["batch", default: 0]
+            let valueSize = CBOR.encode(newValue).count
+            let perDocument = Double(batchBytes) / Double(documents)
+            guard deltas else {
+                wholeStates = perDocument
+                _ = subscription
+                continue
+            }
+            figures.append(
+                Figure(
+                    name: "wire_bytes_per_changed_field_\(documents)_docs", value: perDocument,
+                    unit: "B (batch bytes / documents)", baseline: Double(valueSize + 40),
+                    baselineName: "goal_value_\(valueSize)_B_plus_40"))
+            figures.append(
+                Figure(
+                    name: "wire_bytes_per_changed_field_\(documents)_docs_vs_whole_states", value: perDocument,
+                    unit: "B (batch bytes / documents)", baseline: wholeStates, baselineName: "whole_states_same_run"))
+            figures.append(
+                Figure(
+                    name: "wire_bytes_with_acks_per_changed_field_\(documents)_docs",
+                    value: Double(e.bytes) / Double(documents), unit: "B (batches and acks / documents)"))
+            _ = subscription
         }
-        try sim.runUntilQuiet(quietFor: 10_000)
-        let traceIndex = sim.trace.count
-        let counts = sim.messageCounts
-        let bytes = sim.messageBytes
-        let newValue = Value.string("changed-0123456789")
-        for d in 0..<documents {
-            try a.store.collection("items").upsert(["_id": .string("doc-\(d)"), "field7": newValue])
-        }
-        try sim.runUntilQuiet(quietFor: 10_000)
-        let e = exchange(sim, since: traceIndex, countsBefore: counts, bytesBefore: bytes)
-        if verbose { for line in e.lines.prefix(6) { print("  one field of \(documents) docs: \(line)") } }
-        let batchBytes = sim.messageBytes["batch", default: 0] - bytes["batch", default: 0]
-        let valueSize = CBOR.encode(newValue).count
-        figures.append(
-            Figure(
-                name: "wire_bytes_per_changed_field_\(documents)_docs", value: Double(batchBytes) / Double(documents),
-                unit: "B (batch bytes / documents)", baseline: Double(valueSize + 40),
-                baselineName: "goal_value_\(valueSize)_B_plus_40"))
-        figures.append(
-            Figure(
-                name: "wire_bytes_with_acks_per_changed_field_\(documents)_docs",
-                value: Double(e.bytes) / Double(documents), unit: "B (batches and acks / documents)"))
-        _ = subscription
     }
     return figures
 }

@@ -73,10 +73,13 @@ enum SimulateCommand {
         let terminal = isatty(2) != 0
         let started = Date()
         var failed: [UInt64] = []
+        var (documents, deltas) = (0, 0)
         for i in 0..<count {
             let seed = first + UInt64(i)
             do {
-                try workload.run(seed: seed, tracing: false)
+                let sim = try workload.run(seed: seed, tracing: false)
+                documents += sim.documentsSent
+                deltas += sim.deltasSent
             } catch {
                 // A run that stopped on an error (the store could not be opened or read) is a
                 // failed seed too: the sweep goes on and reports it.
@@ -101,8 +104,9 @@ enum SimulateCommand {
         let elapsed = Date().timeIntervalSince(started)
         print(
             String(
-                format: "%d seeds (%llu…%llu), %d failed, %.1f s, %.0f seeds/min", count, first,
-                first + UInt64(count) - 1, failed.count, elapsed, Double(count) / max(elapsed, 0.001) * 60))
+                format: "%d seeds (%llu…%llu), %d failed, %.1f s, %.0f seeds/min; %d documents sent, %d as deltas",
+                count, first, first + UInt64(count) - 1, failed.count, elapsed,
+                Double(count) / max(elapsed, 0.001) * 60, documents, deltas))
         if !failed.isEmpty { exit(1) }
     }
 

@@ -128,14 +128,17 @@ import TrellisCore
         guard case .hello(let mine)? = first.first else { return #expect(Bool(false), "no hello: \(first)") }
         #expect(mine.earlySubscriptions && first.count == 1)
         let established = Self.sent(r.received(hello(early: true), on: LinkID(1), now: 0))
-        #expect(established.first == .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0)], version: 1))
+        #expect(
+            established.first
+                == .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0, deltas: true)], version: 1))
         _ = r.linkClosed(LinkID(1), reason: "test", now: 1)
         // B said it honours epochs: on the next connection the subscriptions follow the hello.
         let second = open(LinkID(2))
         #expect(second.count == 2)
         #expect(
             second.last
-                == .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0, epoch: Self.epochB)], version: 1))
+                == .subscriptions(
+                    [WireSubscription(spec: spec, since: 40, hops: 0, epoch: Self.epochB, deltas: true)], version: 1))
         // B's hello then changes nothing: the set was sent.
         let after = Self.sent(r.received(hello(), on: LinkID(2), now: 2))
         #expect(!after.contains { if case .subscriptions = $0 { true } else { false } })
@@ -720,7 +723,8 @@ import TrellisCore
         let evicted = r.evicted("cars", generation: 3, now: 1)
         #expect(
             Self.sent(evicted) == [
-                .subscriptions([WireSubscription(spec: spec, since: 0, hops: 0, generation: 3)], version: 3)
+                .subscriptions(
+                    [WireSubscription(spec: spec, since: 0, hops: 0, generation: 3, deltas: true)], version: 3)
             ])
         let old = r.received(.batch(subscription: spec.key, documents: [], upTo: 80, generation: 0), on: link, now: 2)
         let new = r.received(.batch(subscription: spec.key, documents: [], upTo: 10, generation: 3), on: link, now: 3)
@@ -937,5 +941,115 @@ import TrellisCore
             if case .dial = $0 { true } else { false }
         }
         #expect(dials.isEmpty)
+    }
+}
+
+/// Deltas on the wire (docs/DELTAS.md): who gets them, and what a receiver that cannot apply one
+/// asks for.
+@Suite struct ReplicatorDeltaTests {
+    let link = LinkID(1)
+    let t = ReplicatorTests()
+
+    /// A record whose row keeps a delta based on `baseSeq`.
+    static func record(_ seq: Int64, _ id: String, baseSeq: Int64, delta: [UInt8] = [0xA3, 0x61, 0x62, 1]) -> LogRecord
+    {
+        var record = ReplicatorTests.record(seq, id, state: Array(repeating: 7, count: 100))
+        record.delta = LogDelta(bytes: delta, baseSeq: baseSeq)
+        return record
+    }
+
+    /// The states of the documents of the batches in `directives`.
+    static func states(_ directives: [ReplicatorDirective]) -> [[UInt8]] {
+        ReplicatorTests.sent(directives).flatMap { message -> [[UInt8]] in
+            if case .batch(_, let docs, _, _, _) = message { return docs.map(\.state) }
+            return []
+        }
+    }
+
+    @Test func aDeltaGoesOnlyToAPeerThatAskedForItAndAcknowledgedItsBase() throws {
+        for (spec, deltas, since, expectDelta) in [
+            (SubscriptionSpec(collection: "cars"), true, 50, true),
+            (SubscriptionSpec(collection: "cars"), true, 40, false),  // the base at 45 is not acknowledged
+            (SubscriptionSpec(collection: "cars"), false, 50, false),  // not asked for
+            (SubscriptionSpec(collection: "cars", query: "price > 1"), true, 50, false),  // a query: may lack it
+        ] {
+            var r = t.established()
+            let asked = ReplicatorTests.scans(
+                r.received(
+                    .subscriptions([WireSubscription(spec: spec, since: Int64(since), hops: 0, deltas: deltas)]),
+                    on: link, now: 0))
+            let request = try #require(asked.first)
+            let page = ScanPage(records: [Self.record(60, "x", baseSeq: 45)], upTo: 60, exhausted: true)
+            let states = Self.states(r.scanned(link, request, page: page, now: 0))
+            #expect(states.count == 1)
+            #expect((states.first?.count == 4) == expectDelta, "\(spec) deltas \(deltas) since \(since)")
+        }
+    }
+
+    @Test func aReceivedDeltaIsRememberedByTheDigestOfTheSendersWholeState() throws {
+        var r = t.established()
+        let spec = SubscriptionSpec(collection: "cars")
+        _ = try r.subscribe(spec, now: 0)
+        var sender = DocumentState()
+        sender.merge(fields: ["a": 1, "b": 2], stamp: Stamp(time: HLCTimestamp(millis: 10, logical: 0), site: 9))
+        let old = sender
+        sender.merge(fields: ["a": 3], stamp: Stamp(time: HLCTimestamp(millis: 11, logical: 0), site: 9))
+        let whole = sender.cbor()
+        let delta = try #require(StateDelta.make(from: old, to: sender, previous: nil, digest: StateDigest(whole)))
+        _ = r.received(
+            .batch(
+                subscription: spec.key,
+                documents: [WireDocument(collection: "cars", id: "x", state: delta.encoded())], upTo: 5,
+                generation: 0), on: link, now: 0)
+        // This node's row then holds the sender's whole state: not sent back.
+        let request = try #require(
+            ReplicatorTests.scans(
+                r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0)
+            ).first)
+        let page = ScanPage(records: [ReplicatorTests.record(101, "x", state: whole)], upTo: 101, exhausted: true)
+        #expect(Self.states(r.scanned(link, request, page: page, now: 0)).isEmpty)
+    }
+
+    @Test func aDeltaTheStoreCannotApplyAsksAgainWithoutDeltasUnderANewGeneration() throws {
+        var r = t.established(checkpoints: [
+            "cars\u{1F}true\u{1F}{}": Checkpoint(epoch: ReplicatorTests.epochB, seq: 30)
+        ])
+        let spec = SubscriptionSpec(collection: "cars")
+        let first = ReplicatorTests.sent(try r.subscribe(spec, now: 0))
+        #expect(first == [.subscriptions([WireSubscription(spec: spec, since: 30, hops: 0, deltas: true)], version: 2)])
+        // The batch stores its checkpoint when applied; the store refuses it for its delta.
+        let batch = r.received(.batch(subscription: spec.key, documents: [], upTo: 60, generation: 0), on: link, now: 1)
+        #expect(batch.contains { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { false } })
+        let again = ReplicatorTests.sent(
+            r.applyNeedsWholeStates(link, subscription: spec.key, reason: "no base", now: 2))
+        #expect(
+            again == [
+                .subscriptions(
+                    [WireSubscription(spec: spec, since: 30, hops: 0, generation: 1, deltas: false)], version: 3)
+            ])
+        // A batch of the old generation in flight stores no checkpoint; a second refusal asks nothing.
+        let late = r.received(.batch(subscription: spec.key, documents: [], upTo: 70, generation: 0), on: link, now: 3)
+        #expect(!late.contains { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { false } })
+        #expect(r.applyNeedsWholeStates(link, subscription: spec.key, reason: "again", now: 4).isEmpty)
+    }
+
+    @Test func aSubscriptionSaysWhetherItTakesDeltas() throws {
+        let subs = WireMessage.subscriptions([
+            WireSubscription(spec: SubscriptionSpec(collection: "cars"), since: 1, hops: 0, deltas: true),
+            WireSubscription(spec: SubscriptionSpec(collection: "cars", query: "a > 1"), since: 1, hops: 0),
+        ])
+        #expect(try WireMessage(serialized: subs.serialized()) == subs)
+        // An older peer's entry has no `d`: no deltas. `d` outside 0…1 is refused.
+        guard case .map(var m) = try CBOR.decode(subs.serialized()), case .array(var list)? = m["subs"],
+            case .map(var entry) = list[0]
+        else {
+            Issue.record("not a map")
+            return
+        }
+        #expect(entry["d"] == .int(1))
+        entry["d"] = .int(2)
+        list[0] = .map(entry)
+        m["subs"] = .array(list)
+        #expect(throws: (any Error).self) { try WireMessage(serialized: CBOR.encode(.map(m))) }
     }
 }

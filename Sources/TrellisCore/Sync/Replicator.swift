@@ -621,7 +621,16 @@ public struct Replicator: Sendable {
                 if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
                 sessions[link]!.echo.removeValue(forKey: echoKey)
             }
-            guard record.document.state.count <= configuration.maxStateBytes else {
+            // A delta goes to a peer that asked for deltas on a whole-collection subscription (it
+            // holds every document of it) and has acknowledged the entry's base here; it checks that
+            // it holds the base, and asks for the whole state otherwise.
+            var document = record.document
+            if served.deltas, !refetch, served.spec.isWholeCollection, let delta = record.delta,
+                delta.baseSeq <= served.ackedUpTo, delta.bytes.count < document.state.count
+            {
+                document.state = delta.bytes
+            }
+            guard document.state.count <= configuration.maxStateBytes else {
                 directives.append(
                     .log(
                         "document \(record.key) in \(record.document.collection) is not sent to \(sessions[link]!.address): "
@@ -629,8 +638,8 @@ public struct Replicator: Sendable {
                             + "\(configuration.maxStateBytes)-byte limit of one message"))
                 continue
             }
-            documents.append(record.document)
-            bytes += record.document.state.count
+            documents.append(document)
+            bytes += document.state.count
             if record.holdsUnacknowledgedWrite {
                 unacknowledged.append(
                     AcknowledgedEntry(
@@ -750,6 +759,26 @@ public struct Replicator: Sendable {
         else { return [] }
         sessions[link]!.postponed[name] = now + configuration.deferredRetryInterval
         return [.log("postponed a batch from \(sessions[link]!.address): \(reason)")]
+    }
+
+    /// The store could not apply a delta of a batch (it does not hold the state the delta is based
+    /// on: evicted, damaged, or never received; or it would not apply the state now): nothing of
+    /// the batch from there was applied, no checkpoint was stored and no `ack` goes. The
+    /// subscription is asked for again at once from its stored checkpoint under a new generation,
+    /// without deltas for the rest of the session, so the peer sends whole states, which take the
+    /// usual way (deferred, if they must be). Batches of the old generation still in flight store
+    /// no checkpoint. A second refusal for the same subscription (a batch in flight, or a peer
+    /// sending deltas unasked) asks nothing more.
+    public mutating func applyNeedsWholeStates(
+        _ link: LinkID, subscription key: String, reason: String, now: Millis
+    ) -> [ReplicatorDirective] {
+        let name = UTF8Key(key)
+        guard sessions[link]?.phase == .established, sessions[link]?.asked[name] != nil,
+            !sessions[link]!.noDeltas.contains(name)
+        else { return [] }
+        sessions[link]!.noDeltas.insert(name)
+        sessions[link]!.resyncs[name, default: 0] &+= 1
+        return [.log("asked \(sessions[link]!.address) again for whole states: \(reason)")] + sendAsked(link, now: now)
     }
 
     /// Asks again for the subscriptions whose batches were postponed, once their delay is over.
@@ -1004,6 +1033,7 @@ public struct Replicator: Sendable {
             }
             if var existing = sessions[link]!.served[key], !existing.forbidden {
                 existing.hops = sub.hops
+                existing.deltas = sub.deltas
                 if existing.generation != sub.generation {
                     // The peer evicted documents and wants matching ones again from `since`,
                     // including those it once sent here itself.
@@ -1028,6 +1058,7 @@ public struct Replicator: Sendable {
             var served = Served(
                 spec: sub.spec, hops: sub.hops, generation: sub.generation, cursor: sub.since,
                 retryDelay: configuration.scanRetryInitial)
+            served.deltas = sub.deltas
             switch query(for: sub.spec) {
             case .ready(let q):
                 served.query = q
@@ -1180,7 +1211,8 @@ public struct Replicator: Sendable {
             accepted.append(document)
             if refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id)) != nil { refetched = true }
             let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
-            sessions[link]!.echo[echoKey] = StateDigest(document.state)
+            // A delta names the digest of the sender's whole state after it.
+            sessions[link]!.echo[echoKey] = StateDelta.digest(in: document.state) ?? StateDigest(document.state)
         }
         // Only a batch of the generation asked for stores its checkpoint: one sent before an
         // eviction or a postponed batch made this node ask again from an earlier point would
@@ -1303,11 +1335,14 @@ public struct Replicator: Sendable {
                 WireSubscription(
                     spec: entry.spec, since: since, hops: entry.hops,
                     generation: (generations[UTF8Key(entry.spec.collection)] ?? 0) &+ (s.resyncs[key] ?? 0),
-                    epoch: since > 0 ? epoch : nil))
+                    epoch: since > 0 ? epoch : nil,
+                    deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key)))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change.
-        let shape = list.map { WireSubscription(spec: $0.spec, since: 0, hops: $0.hops, generation: $0.generation) }
+        let shape = list.map {
+            WireSubscription(spec: $0.spec, since: 0, hops: $0.hops, generation: $0.generation, deltas: $0.deltas)
+        }
         if s.askedShape == shape { return [] }
         sessions[link]!.askedShape = shape
         sessions[link]!.asked = Dictionary(list.map { (UTF8Key($0.spec.key), $0) }, uniquingKeysWith: { a, _ in a })
@@ -1387,6 +1422,9 @@ extension Replicator {
         var resyncs: [UTF8Key: UInt32] = [:]
         /// Asked subscriptions with a postponed batch, and when to ask for them again.
         var postponed: [UTF8Key: Millis] = [:]
+        /// Asked subscriptions a delta of which this node could not apply: asked again without
+        /// deltas for the rest of the session.
+        var noDeltas: Set<UTF8Key> = []
         var remoteErrors: [UTF8Key: String] = [:]
         /// States received on this session, for echo suppression.
         var echo: [EchoKey: StateDigest] = [:]
@@ -1452,6 +1490,8 @@ extension Replicator {
         /// The peer may not read the collection (``Authorization``): answered `suberr forbidden`,
         /// never scanned.
         var forbidden = false
+        /// The peer accepts deltas for this subscription (``WireSubscription/deltas``).
+        var deltas = false
 
         init(spec: SubscriptionSpec, hops: Int, generation: UInt32, cursor: Int64, retryDelay: Millis) {
             self.spec = spec

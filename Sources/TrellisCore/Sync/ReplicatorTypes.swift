@@ -52,16 +52,35 @@ public struct LogRecord: Sendable, Equatable {
     public var holdsUnacknowledgedWrite: Bool
     /// Whether the entry is an evicted document's stub, sent whole while it holds such a write.
     public var isEvictionStub: Bool
+    /// The delta of the local writes since the document's base (``StateDelta``, encoded), and the
+    /// entry's `seq` when its state was that base, when the store has one: sent instead of the
+    /// whole state to a peer that accepts deltas for the subscription and has acknowledged that
+    /// `seq` (docs/PROTOCOL.md §2 step 5).
+    public var delta: LogDelta?
 
     public init(
         seq: Int64, key: String, document: WireDocument, holdsUnacknowledgedWrite: Bool = false,
-        isEvictionStub: Bool = false
+        isEvictionStub: Bool = false, delta: LogDelta? = nil
     ) {
         self.seq = seq
         self.key = key
         self.document = document
         self.holdsUnacknowledgedWrite = holdsUnacknowledgedWrite
         self.isEvictionStub = isEvictionStub
+        self.delta = delta
+    }
+}
+
+/// The delta a change-log entry keeps of the local writes since its base (docs/DELTAS.md).
+public struct LogDelta: Sendable, Equatable {
+    /// The encoded ``StateDelta``.
+    public var bytes: [UInt8]
+    /// The entry's `seq` when its state was the delta's base.
+    public var baseSeq: Int64
+
+    public init(bytes: [UInt8], baseSeq: Int64) {
+        self.bytes = bytes
+        self.baseSeq = baseSeq
     }
 }
 
@@ -243,6 +262,10 @@ public struct ReplicatorConfiguration: Sendable {
     public var duplicateProbeTimeout: Millis = 3_000
     /// Batches unacknowledged this long are sent again from the last acknowledged point.
     public var ackTimeout: Millis = 30_000
+    /// Whether this node asks peers for deltas (``StateDelta``: the fields local writes changed,
+    /// for documents it holds) on its whole-collection subscriptions; it serves them whenever a
+    /// peer asks (docs/PROTOCOL.md §2 step 5).
+    public var deltas = true
     /// First and largest delay between attempts to dial a static peer (jittered ×0.5…1.5).
     public var dialBackoffInitial: Millis = 250
     public var dialBackoffMax: Millis = 30_000

@@ -87,13 +87,20 @@ public struct WireSubscription: Hashable, Sendable {
     /// whose epoch is another serves it from 0. `nil`: `since` counts in the receiver's current
     /// epoch.
     public var epoch: [UInt8]?
+    /// Whether the sender of the subscription accepts deltas (``StateDelta``) for it: documents it
+    /// holds may come as the fields local writes changed (wire `d`: 1; docs/PROTOCOL.md §2 step 5).
+    public var deltas: Bool
 
-    public init(spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0, epoch: [UInt8]? = nil) {
+    public init(
+        spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0, epoch: [UInt8]? = nil,
+        deltas: Bool = false
+    ) {
         self.spec = spec
         self.since = since
         self.hops = hops
         self.generation = generation
         self.epoch = epoch
+        self.deltas = deltas
     }
 }
 
@@ -206,6 +213,7 @@ public enum WireMessage: Sendable, Equatable {
                             "since": .int($0.since), "hops": .int(Int64($0.hops)), "gen": .int(Int64($0.generation)),
                         ]
                         if let epoch = $0.epoch { entry["e"] = .bytes(epoch) }
+                        if $0.deltas { entry["d"] = .int(1) }
                         return .map(entry)
                     }),
             ]
@@ -407,7 +415,7 @@ public enum WireMessage: Sendable, Equatable {
                         since: try s.int("since", in: 0...Int64.max),
                         hops: Int(try s.int("hops", in: 0...Int64(Self.maxHops))),
                         generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
-                        epoch: epoch))
+                        epoch: epoch, deltas: try s.optionalInt("d", in: 0...1) == 1))
             }
             self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "batch":

@@ -1,0 +1,162 @@
+import Testing
+import TrellisCore
+import TrellisTestKit
+
+@testable import TrellisStore
+
+/// Local writes keep the delta of what they changed beside the row (docs/DELTAS.md); a store
+/// that holds the delta's base merges it to exactly the sender's state, and one that does not
+/// refuses the batch for the whole states (never keeps the delta aside, never stores the
+/// checkpoint past it).
+@Suite struct DeltaStoreTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+
+    /// A 20-field car.
+    static func car(_ id: String, price: Int64 = 1_000) -> Value {
+        var fields: UTF8Map<Value> = ["_id": .string(id), "price": .int(price)]
+        for i in 0..<19 { fields["field\(i)"] = .string("value number \(i) of \(id)") }
+        return .map(fields)
+    }
+
+    /// The change-log entry of `id` in collection `c`.
+    static func record(_ store: DocumentStore, _ id: String) throws -> ChangeRecord {
+        try #require(
+            try store.changes(in: "c", after: 0, limit: 1_000, maxBytes: .max).records.first { $0.id == .string(id) })
+    }
+
+    /// The entry as a peer receives it: its delta when it has one.
+    static func asDelta(_ record: ChangeRecord) throws -> RemoteDocument {
+        let delta = try #require(record.delta)
+        return RemoteDocument(collection: record.collection, id: record.id, state: delta.bytes)
+    }
+
+    static let checkpoint = ("c\u{1F}true\u{1F}{}", Checkpoint(epoch: Array(repeating: 1, count: 16), seq: 99))
+
+    @Test func aReceiverHoldingTheBaseMergesTheDeltaToTheSendersState() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        let before = try Self.record(a, "x")
+        #expect(before.delta == nil)  // written once: nothing to base a delta on
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        let after = try Self.record(a, "x")
+        let delta = try #require(after.delta)
+        #expect(delta.baseSeq == before.seq)
+        #expect(delta.bytes.count * 4 < after.state.count, "\(delta.bytes.count) against \(after.state.count)")
+        #expect(StateDelta.digest(in: delta.bytes) == StateDigest(after.state))
+        let outcome = try b.merge([try Self.asDelta(after)], from: [1], checkpoint: Self.checkpoint)
+        #expect(outcome.applied == 1)
+        #expect(try Self.record(b, "x").state == after.state)
+        #expect(try b.checkpoint(peer: [1], subscription: Self.checkpoint.0) == Self.checkpoint.1)
+        // The merge is B's, not a local write: B keeps no delta to pass on.
+        #expect(try Self.record(b, "x").delta == nil)
+    }
+
+    @Test func oneDeltaCoversEveryLocalWriteSinceItsBase() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        let base = try Self.record(a, "x").seq
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        clock.advance(by: 10)
+        _ = try a.update(
+            id: "x", in: "c",
+            operations: [.unset(try FieldPath(parsing: "field3")), .increment(try FieldPath(parsing: "n"), 2)])
+        let after = try Self.record(a, "x")
+        #expect(after.delta?.baseSeq == base)
+        _ = try b.merge([try Self.asDelta(after)], from: [1], checkpoint: nil)
+        #expect(try Self.record(b, "x").state == after.state)
+    }
+
+    @Test func aReceiverWithoutTheBaseAsksForTheWholeStateAndKeepsNothingOfThePiece() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert([Self.car("x"), Self.car("y")], in: "c", writeStrategy: .merge)
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        // B never had x: the delta cannot be applied, and y, merged before it in the same piece,
+        // is not kept either; the checkpoint stays where it was.
+        let y = try #require(try batch(of: a).first { $0.id == "y" })
+        #expect(throws: StoreError.self) {
+            try b.merge([y, try Self.asDelta(try Self.record(a, "x"))], from: [1], checkpoint: Self.checkpoint)
+        }
+        #expect(try b.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records.isEmpty)
+        #expect(try b.checkpoint(peer: [1], subscription: Self.checkpoint.0) == nil)
+        #expect(try b.deferredDocuments().isEmpty)
+        // The whole state then goes the usual way.
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        #expect(try Self.record(b, "x").state == (try Self.record(a, "x")).state)
+    }
+
+    @Test func aReceiverThatMissedAnIntermediateWriteAsksForTheWholeState() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        // A remote merge on A ends the delta: the next local write starts a new one, based on a
+        // state B never saw.
+        let c = try openStore(dir, "c", clock: clock)
+        clock.advance(by: 10)
+        try c.upsert(["_id": "x", "colour": "red"], in: "c", writeStrategy: .merge)
+        _ = try a.merge(try batch(of: c), from: [3], checkpoint: nil)
+        #expect(try Self.record(a, "x").delta == nil)
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_300], in: "c", writeStrategy: .merge)
+        do {
+            _ = try b.merge([try Self.asDelta(try Self.record(a, "x"))], from: [1], checkpoint: nil)
+            Issue.record("a delta on a base B never held was applied")
+        } catch StoreError.needsWholeState(let reason) {
+            #expect(reason.contains("has not seen the state the delta is based on"), "\(reason)")
+        }
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        #expect(try Self.record(b, "x").state == (try Self.record(a, "x")).state)
+    }
+
+    @Test func anEvictedDocumentAsksForTheWholeState() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        #expect(try b.evict(id: "x", in: "c"))
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        #expect(throws: StoreError.self) {
+            try b.merge([try Self.asDelta(try Self.record(a, "x"))], from: [1], checkpoint: nil)
+        }
+    }
+
+    @Test func aDeltaTooFarAheadIsNotKeptAsideButAskedForWhole() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let bClock = ManualClock()
+        let b = try openStore(dir, "b", clock: bClock)
+        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        clock.advance(by: 3_600_000)
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        #expect(throws: StoreError.self) {
+            try b.merge([try Self.asDelta(try Self.record(a, "x"))], from: [1], checkpoint: nil)
+        }
+        #expect(try b.deferredDocuments().isEmpty)
+        // Whole, the state is deferred as any state too far ahead.
+        let outcome = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        #expect(outcome.deferred.count == 1)
+    }
+
+    @Test func removesAndWritesOfNewDocumentsKeepNoDelta() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        #expect(try Self.record(a, "x").delta != nil)
+        clock.advance(by: 10)
+        #expect(try a.remove(id: "x", in: "c"))
+        #expect(try Self.record(a, "x").delta == nil)
+    }
+}
