@@ -10,7 +10,8 @@ import TrellisTestKit
 /// and equal stamps (a site whose data directory was cloned writes twice with one stamp).
 ///
 /// Runs `TRELLIS_PROPERTY_CASES` cases (10,000 by default); prints its seed, and
-/// `TRELLIS_SEED=<seed>` replays a run.
+/// `TRELLIS_SEED=<seed>` replays a run. `deltasOfLocalWritesJoinLikeTheWholeState`
+/// (StateDeltaPropertyTests.swift) runs the same steps and checks the delta of every local write.
 @Suite struct DocumentStatePropertyTests {
     typealias Model = DocumentStateModel
     typealias Path = Model.Path
@@ -42,6 +43,9 @@ import TrellisTestKit
         var view = Model.View()
         var clock = HybridLogicalClock()
         let site: SiteID
+        /// The delta of this replica's latest local writes, while its state changed only by local
+        /// writes since that delta's base (`StateDeltaPropertyTests`).
+        var pending: StateDelta? = nil
     }
 
     static var cases: Int {
@@ -70,15 +74,19 @@ import TrellisTestKit
     struct Stats: CustomStringConvertible {
         var steps = 0
         var kinds: [String: Int] = [:]
+        /// The deltas of local writes checked, when the run checks them (`StateDeltaPropertyTests`).
+        var deltas = DeltaStats()
 
         mutating func add(_ other: Stats) {
             steps += other.steps
             kinds.merge(other.kinds, uniquingKeysWith: +)
+            deltas.add(other.deltas)
         }
 
         var description: String {
             "\(steps) steps: "
                 + kinds.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", ")
+                + (deltas.localWrites > 0 ? "; \(deltas)" : "")
         }
     }
 
@@ -95,10 +103,14 @@ import TrellisTestKit
         /// state that missed its remove for longer than the TTL (docs/DATA-MODEL.md, "Tombstones
         /// and reaping"): such runs skip the reaping laws.
         var wroteDefaults = false
+        /// When set, every local write's delta is checked against every state of the run
+        /// (`StateDeltaPropertyTests`); no random draw depends on it, so seeds replay either way.
+        var deltas: DeltaCheck? = nil
 
-        init(round: Int, seed: UInt64) {
+        init(round: Int, seed: UInt64, checksDeltas: Bool = false) {
             self.round = round
             self.seed = seed
+            if checksDeltas { deltas = DeltaCheck() }
         }
 
         var where_: String { "round \(round), seed \(seed)" }
@@ -151,6 +163,7 @@ import TrellisTestKit
                 case 7:
                     replicas[r].state = replicas[r].state.evictionStub()
                     replicas[r].view.withheld = replicas[r].view.held
+                    replicas[r].pending = nil
                     count("evict")
                     check(r, "evict")
                 case 8: try twin(r, &random)
@@ -158,6 +171,7 @@ import TrellisTestKit
                 default: try operation(r, roll, &random)
                 }
                 if failed { return }
+                rememberStates()
             }
             try finalChecks(&random)
         }
@@ -165,6 +179,7 @@ import TrellisTestKit
         mutating func merge(into r: Int, from o: Int) {
             let before = replicas[r].state
             let changed = replicas[r].state.merge(replicas[o].state)
+            if before != replicas[r].state { replicas[r].pending = nil }
             if changed != (before != replicas[r].state) {
                 fail("merge from \(o) returned \(changed) but the state \(changed ? "did not change" : "changed")", r)
             }
@@ -184,6 +199,8 @@ import TrellisTestKit
             let pick = { (paths: [[String]], random: inout SeededRandom) in
                 Path(paths.randomElement(using: &random)!)
             }
+            let old = replicas[r].state
+            defer { localWrite(r, from: old) }
             switch roll {
             case 10..<14:  // set a leaf, a counter field or a whole map
                 let p: Path
@@ -292,10 +309,12 @@ import TrellisTestKit
                 fail("default data admitted at \(p); the model refuses the write", r)
                 return
             }
+            let old = replicas[r].state
             try replicas[r].state.set(p.fieldPath, to: value, stamp: s)
             wroteDefaults = true
             record(op, on: r)
             check(r, "default \(p) = \(value)")
+            localWrite(r, from: old)
         }
 
         /// A clone of replica `r` (same site, same clock) writes one value, which another replica
@@ -316,13 +335,16 @@ import TrellisTestKit
             model.ops.append(cloneOp)
             var cloneView = view
             cloneView.held.insert(model.ops.count - 1)
-            replicas[x].state.merge(clone)
+            if replicas[x].state.merge(clone) { replicas[x].pending = nil }
             replicas[x].view = replicas[x].view.merged(cloneView)
             replicas[x].clock.receive(clone.maxTime, physicalMillis: physical)
             check(x, "merge of a clone's \(p) = \(v2) at \(s)")
+            deltas?.remember(clone)
+            let old = replicas[r].state
             try replicas[r].state.set(p.fieldPath, to: v1, stamp: s)
             record(op, on: r)
             check(r, "twin \(p) = \(v1) at \(s)")
+            localWrite(r, from: old)
         }
 
         /// Join laws on the final states, the encoding, and the model on everything merged.

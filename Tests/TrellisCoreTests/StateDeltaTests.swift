@@ -1,0 +1,330 @@
+import Testing
+import TrellisCore
+
+/// Deltas of local writes (`StateDelta`, docs/DELTAS.md): a receiver whose state covers a delta's
+/// base joins it to exactly the state the sender's whole state gives; a receiver that does not
+/// cover it can tell; a peer's bytes that are not a delta are refused with an error.
+@Suite struct StateDeltaTests {
+    let id: Value = "d1"
+
+    func delta(_ old: DocumentState, _ new: DocumentState, previous: StateDelta? = nil) -> StateDelta? {
+        StateDelta.make(from: old, to: new, previous: previous, digest: StateDigest(new.cbor()))
+    }
+
+    func joined(_ state: DocumentState, _ delta: StateDelta) -> DocumentState {
+        var out = state
+        out.merge(delta)
+        return out
+    }
+
+    func joined(_ state: DocumentState, _ other: DocumentState) -> DocumentState {
+        var out = state
+        out.merge(other)
+        return out
+    }
+
+    /// Checks the claim for `receiver`: it covers the base, and the delta joins like `new`.
+    func expectJoinsLikeTheWholeState(
+        _ receiver: DocumentState, _ delta: StateDelta, _ new: DocumentState,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        #expect(receiver.covers(base: delta.base), sourceLocation: sourceLocation)
+        #expect(joined(receiver, delta) == joined(receiver, new), sourceLocation: sourceLocation)
+    }
+
+    // MARK: The hazards of docs/DELTAS.md
+
+    /// Site 1 writes x, then y; the delta of the y write leaves x out, and a receiver holding x
+    /// keeps it (the delta vouches only for the stamps above its base).
+    @Test func aReceiverKeepsAnOlderFieldTheDeltaLeavesOut() throws {
+        var old = DocumentState()
+        try old.set(.key("x"), to: 1, stamp: stamp(10, 1))
+        let receiver = old
+        var new = old
+        try new.set(.key("y"), to: 2, stamp: stamp(11, 1))
+        let d = try #require(delta(old, new))
+        #expect(d.base == [1: HLCTimestamp(millis: 10, logical: 0)])
+        #expect(Array(d.state.root.entries.keys) == ["y"])
+        expectJoinsLikeTheWholeState(receiver, d, new)
+        #expect(joined(receiver, d).materialize(id: id) == ["_id": "d1", "x": 1, "y": 2])
+        // The hazard itself: the delta's fields joined as a whole state vouch for the x they lack.
+        #expect(joined(receiver, d.state).value(at: .key("x")) == nil)
+    }
+
+    /// A receiver holding a concurrent entry of a third site in the field the delta changes keeps
+    /// it: the write's own remove context does not cover it.
+    @Test func aReceiverKeepsAConcurrentEntryOfAThirdSiteInTheChangedField() throws {
+        var old = DocumentState()
+        try old.set(.key("x"), to: 1, stamp: stamp(10, 1))
+        var third = old
+        try third.set(.key("x"), to: 3, stamp: stamp(12, 3))
+        let receiver = joined(old, third)
+        for time: UInt64 in [11, 13] {  // the sender's write before, then after, the third site's
+            var new = old
+            try new.set(.key("x"), to: 2, stamp: stamp(time, 1))
+            let d = try #require(delta(old, new))
+            expectJoinsLikeTheWholeState(receiver, d, new)
+            let after = joined(receiver, d)
+            #expect(after.value(at: .key("x")) == (time == 11 ? 3 : 2))
+            // Site 3's entry stays either way: an unset of x by site 1 would not remove it.
+            var unset = after
+            _ = try unset.unset(.key("x"), stamp: stamp(14, 1))
+            #expect(joined(unset, third).value(at: .key("x")) == nil)  // site 1 had seen it
+            var late = new
+            _ = try late.unset(.key("x"), stamp: stamp(14, 1))
+            #expect(joined(late, after).value(at: .key("x")) == 3)  // site 1 had not
+        }
+    }
+
+    /// An unset, an increment and a counter restart carried by a delta give what the whole state
+    /// gives, one delta per write and one delta for all three, also to a receiver holding a
+    /// concurrent increment and a concurrent write.
+    @Test func anUnsetAnIncrementAndARestartJoinLikeTheWholeState() throws {
+        var s0 = DocumentState()
+        s0.merge(fields: ["a": "keep?", "b": true, "m": ["x": 1, "y": 2]], stamp: stamp(10, 1))
+        try s0.increment(.key("n"), by: 5, stamp: stamp(11, 1))
+        var other = s0
+        try other.increment(.key("n"), by: 7, stamp: stamp(12, 2))
+        try other.set(path("m.z"), to: "z", stamp: stamp(13, 2))
+        let receivers = [s0, joined(s0, other)]
+
+        var s1 = s0
+        _ = try s1.unset(.key("a"), stamp: stamp(14, 1))
+        var s2 = s1
+        try s2.increment(.key("n"), by: 3, stamp: stamp(15, 1))
+        var s3 = s2
+        try s3.set(.key("n"), to: 100, stamp: stamp(16, 1))  // a counter restart
+        var s4 = s3
+        _ = try s4.unset(path("m.x"), stamp: stamp(17, 1))
+        let states = [s0, s1, s2, s3, s4]
+
+        var pending: StateDelta? = nil
+        for i in 1..<states.count {
+            let single = try #require(delta(states[i - 1], states[i]))
+            let composed = try #require(delta(states[i - 1], states[i], previous: pending))
+            pending = composed
+            #expect(composed.base == s0.writes)
+            for receiver in receivers {
+                expectJoinsLikeTheWholeState(joined(receiver, states[i - 1]), single, states[i])
+                expectJoinsLikeTheWholeState(receiver, composed, states[i])
+            }
+        }
+        let final = joined(receivers[1], try #require(pending))
+        #expect(final == joined(receivers[1], s4))
+        #expect(final.materialize(id: id) == ["_id": "d1", "b": true, "m": ["y": 2, "z": "z"], "n": 107])
+    }
+
+    /// A receiver that missed an intermediate write does not cover the base of the next one's
+    /// delta; the delta of both writes since what it holds it does cover.
+    @Test func aReceiverThatMissedAWriteDoesNotCoverTheBase() throws {
+        var s0 = DocumentState()
+        try s0.set(.key("x"), to: 1, stamp: stamp(10, 1))
+        var s1 = s0
+        try s1.set(.key("y"), to: 2, stamp: stamp(11, 1))
+        var s2 = s1
+        try s2.set(.key("z"), to: 3, stamp: stamp(12, 1))
+        let first = try #require(delta(s0, s1))
+        let second = try #require(delta(s1, s2))
+        #expect(!s0.covers(base: second.base))  // it misses y
+        #expect(s1.covers(base: second.base))
+        let both = try #require(delta(s1, s2, previous: first))
+        #expect(both.base == first.base)
+        expectJoinsLikeTheWholeState(s0, both, s2)
+        #expect(joined(s0, both).materialize(id: id) == ["_id": "d1", "x": 1, "y": 2, "z": 3])
+    }
+
+    /// A write of another site stamped below what the receiver holds reaches the sender late, and
+    /// the sender writes after merging it: the base names that site above what the receiver holds.
+    @Test func aLateWriteOfAThirdSiteIsInTheBase() throws {
+        var s0 = DocumentState()
+        try s0.set(.key("x"), to: 1, stamp: stamp(20, 1))
+        var third = DocumentState()
+        try third.set(.key("t"), to: "late", stamp: stamp(15, 3))
+        let receiver = s0  // holds site 1's write at 20, not site 3's at 15
+        let old = joined(s0, third)
+        var new = old
+        try new.set(.key("y"), to: 2, stamp: stamp(21, 1))
+        let d = try #require(delta(old, new))
+        #expect(!receiver.covers(base: d.base))
+        #expect(joined(receiver, third).covers(base: d.base))
+        expectJoinsLikeTheWholeState(joined(receiver, third), d, new)
+    }
+
+    /// Default data is stamped at time zero, which a context does not vouch for: no delta has a
+    /// base naming it, and no state covers such a base.
+    @Test func aBaseWithTimeZeroIsNeitherMadeNorCovered() throws {
+        var defaults = DocumentState()
+        #expect(defaults.admitsDefaultData(at: .key("x"), site: 1))
+        try defaults.set(.key("x"), to: 0, stamp: Stamp(time: .zero, site: 1))
+        #expect(defaults.writes == [1: .zero])
+        var new = defaults
+        try new.set(.key("y"), to: 1, stamp: stamp(10, 1))
+        #expect(delta(defaults, new) == nil)
+        #expect(delta(DocumentState(), new) == nil)  // nothing before: the whole state is the delta
+        var removed = new
+        removed.remove(stamp: stamp(11, 1))
+        #expect(delta(new, removed) == nil)
+
+        let full = joined(new, defaults)
+        #expect(!full.covers(base: [1: .zero]))
+        #expect(!full.covers(base: [1: HLCTimestamp(millis: 10, logical: 0), 2: .zero]))
+        #expect(!full.covers(base: [:]))
+        #expect(full.covers(base: [1: HLCTimestamp(millis: 10, logical: 0)]))
+        #expect(!full.covers(base: [1: HLCTimestamp(millis: 10, logical: 1)]))
+    }
+
+    // MARK: Counterexamples found by the property test (StateDeltaPropertyTests)
+
+    /// Default data written after the base does not move any context: a receiver that covers the
+    /// base need not hold it, and a delta that leaves its field out never brings it. Site 1 writes
+    /// a, then default data b (its write vector stays at a's stamp); site 2 merges that and writes
+    /// c; a receiver holding site 1's state before b covers the delta's base.
+    @Test func aReceiverCoveringTheBaseMayLackDefaultDataTheDeltaLeavesOut() throws {
+        var s0 = DocumentState()
+        try s0.set(.key("a"), to: 1, stamp: stamp(10, 1))
+        let receiver = s0
+        var s1 = s0
+        #expect(s1.admitsDefaultData(at: .key("b"), site: 1))
+        try s1.set(.key("b"), to: "default", stamp: Stamp(time: .zero, site: 1))
+        #expect(s1.writes == s0.writes)
+        var new = s1  // site 2's state: site 1's merged
+        try new.set(.key("c"), to: 2, stamp: stamp(20, 2))
+        let d = try #require(delta(s1, new))
+        #expect(Array(d.state.root.entries.keys) == ["c"])
+        #expect(joined(receiver, new).value(at: .key("b")) == "default")
+        expectJoinsLikeTheWholeState(receiver, d, new)
+        #expect(joined(receiver, d).value(at: .key("b")) == "default")
+    }
+
+    /// An eviction stub covers the base of a delta of its document, but the delta's join leaves the
+    /// stub's other fields withheld, where the whole state restores them (DELTAS.md point 3 says a
+    /// receiver applies deltas only to a full state; `covers(base:)` does not say so).
+    @Test func aStubCoveringTheBaseStaysWithheldWhereTheWholeStateRestoresIt() throws {
+        var old = DocumentState()
+        try old.set(.key("a"), to: 1, stamp: stamp(10, 1))
+        let stub = old.evictionStub()
+        var new = old
+        try new.set(.key("b"), to: 2, stamp: stamp(11, 1))
+        let d = try #require(delta(old, new))
+        #expect(joined(stub, new) == new)
+        #expect(stub.withheldEntryCount == 1)
+        expectJoinsLikeTheWholeState(stub, d, new)
+        #expect(joined(stub, d).value(at: .key("a")) == 1)
+    }
+
+    /// Two writes with one stamp (a site whose data directory was cloned): a receiver holding the
+    /// clone's value covers the base of the original's next delta, which leaves the field out, so
+    /// the receiver keeps the clone's value where the whole state's join decides between the two.
+    @Test func aTwinsValueWithTheSenderStampSurvivesADeltaThatLeavesItsFieldOut() throws {
+        var s0 = DocumentState()
+        try s0.set(.key("b"), to: 1, stamp: stamp(5, 2))
+        var original = s0
+        var clone = s0
+        try original.set(.key("a"), to: "original", stamp: stamp(10, 1))
+        try clone.set(.key("a"), to: "clone", stamp: stamp(10, 1))
+        let both = joined(original, clone)
+        // Make the sender the one whose value the join keeps.
+        let (sender, receiver) = both == joined(original, original) ? (original, clone) : (clone, original)
+        var new = sender
+        try new.set(.key("c"), to: 3, stamp: stamp(11, 1))
+        let d = try #require(delta(sender, new))
+        expectJoinsLikeTheWholeState(receiver, d, new)
+        #expect(joined(receiver, d).value(at: .key("a")) == joined(receiver, new).value(at: .key("a")))
+    }
+
+    // MARK: Encoding
+
+    func sample() throws -> (delta: StateDelta, new: DocumentState) {
+        var old = DocumentState()
+        old.merge(fields: ["a": 1, "m": ["x": "y"]], stamp: stamp(10, 1))
+        try old.set(.key("b"), to: 2, stamp: stamp(11, 2))
+        var new = old
+        try new.increment(.key("n"), by: 3, stamp: stamp(12, 1))
+        return (try #require(delta(old, new)), new)
+    }
+
+    @Test func aDeltaReadsBackFromItsBytes() throws {
+        let (d, new) = try sample()
+        let bytes = d.encoded()
+        #expect(StateDelta.isEncoded(bytes))
+        #expect(try StateDelta(bytes: bytes) == d)
+        #expect(StateDelta.digest(in: bytes) == StateDigest(new.cbor()))
+        #expect(d.digest.bytes.count == 16)
+        #expect(StateDigest(bytes: d.digest.bytes[...]) == d.digest)
+    }
+
+    /// `digest(in:)` reads only the delta form.
+    @Test func theDigestIsReadOnlyFromADelta() throws {
+        let (d, new) = try sample()
+        #expect(StateDelta.digest(in: d.encoded()) == d.digest)
+        #expect(StateDelta.digest(in: new.cbor()) == nil)
+        #expect(StateDelta.digest(in: SingleWriteState(stamp: stamp(10, 1), json: "{\"a\":1}").encoded()) == nil)
+        #expect(StateDelta.digest(in: []) == nil)
+        #expect(StateDelta.digest(in: [0xA3, 0x61, 0x62]) == nil)
+        #expect(StateDelta.digest(in: Array(d.encoded().dropLast())) == nil)
+        #expect(!StateDelta.isEncoded(new.cbor()))
+    }
+
+    /// The bytes of a delta with the parts given as values (`d` the state's own value by default).
+    func bytes(b: Value, d: Value? = nil, h: Value = .bytes(Array(repeating: 7, count: 16))) throws -> [UInt8] {
+        let (sample, _) = try sample()
+        return CBOR.encode(["b": b, "d": try d ?? CBOR.decode(sample.state.cbor()), "h": h])
+    }
+
+    func row(_ site: Int64, _ millis: UInt64) -> Value {
+        [.int(site), .int(Int64(HLCTimestamp(millis: millis, logical: 0).rawValue))]
+    }
+
+    @Test func refusedDeltasThrowAnError() throws {
+        let (d, _) = try sample()
+        // Built from the same parts, the bytes are the delta's own.
+        #expect(try bytes(b: [row(1, 10), row(2, 11)], h: .bytes(d.digest.bytes)) == d.encoded())
+        #expect(throws: Never.self) { try StateDelta(bytes: self.bytes(b: [row(1, 10), row(2, 11)])) }
+        let refused: [(bytes: [UInt8], reason: String)] = [
+            (try bytes(b: [row(1, 13)]), "above the delta's own context"),
+            (try bytes(b: [row(1, 10), row(3, 1)]), "above the delta's own context"),
+            (try bytes(b: [row(1, 10), row(1, 10)]), "twice"),
+            (try bytes(b: [row(1, 10)], h: .bytes(Array(repeating: 7, count: 15))), "16-byte digest"),
+            (try bytes(b: [row(1, 10)], h: .bytes(Array(repeating: 7, count: 17))), "16-byte digest"),
+            (try bytes(b: [row(1, 10)], h: "digest"), "16-byte digest"),
+            (try bytes(b: [[.int(1)]]), "[site, time]"),
+            (try bytes(b: [["x", 10]]), "[site, time]"),
+            (try bytes(b: [row(1, 10)], d: ["v": 2]), "no site table"),
+            (try bytes(b: [row(1, 10)], d: 5), "not a map"),
+            (try bytes(b: .int(1)), "is not {b: base"),
+            (CBOR.encode(["b": [], "d": try CBOR.decode(d.state.cbor())]), "is not {b: base"),
+            (CBOR.encode([.array([]), 1, 2]), "is not {b: base"),
+            (d.state.cbor(), "is not {b: base"),
+            ([0xA3, 0x61, 0x62], "does not decode"),
+            ([], "does not decode"),
+        ]
+        for (bytes, reason) in refused {
+            do {
+                let decoded = try StateDelta(bytes: bytes)
+                Issue.record("decoded \(decoded) from \(bytes); expected: \(reason)")
+            } catch {
+                #expect(error.message.contains(reason), "\(error)")
+            }
+        }
+    }
+
+    /// Every cut and every one-byte change of a delta's bytes decodes or throws: never a trap.
+    @Test func mangledBytesNeverTrap() throws {
+        let (d, _) = try sample()
+        let bytes = d.encoded()
+        for n in 0..<bytes.count {
+            #expect(throws: DocumentStateError.self) { try StateDelta(bytes: Array(bytes[..<n])) }
+            _ = StateDelta.digest(in: Array(bytes[..<n]))
+        }
+        for i in bytes.indices {
+            for flip: UInt8 in [0x01, 0x20, 0x80, 0xFF] {
+                var mangled = bytes
+                mangled[i] ^= flip
+                if let decoded = try? StateDelta(bytes: mangled) {
+                    #expect(try StateDelta(bytes: decoded.encoded()) == decoded)
+                }
+                _ = StateDelta.digest(in: mangled)
+            }
+        }
+    }
+}
