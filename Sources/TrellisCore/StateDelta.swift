@@ -39,8 +39,9 @@ public struct StateDelta: Sendable, Equatable {
 
     /// The delta from `old` to `new`, two states of one document on this node where `new` is
     /// `old` after local writes only, or `nil` when none is worth sending: `old` holds nothing, the
-    /// document is removed in `new`, the base names default data (time zero, which a context does
-    /// not vouch for), or a changed field is gone from `new`.
+    /// document is removed in `new`, either state holds anything stamped at time zero (default
+    /// data, or a context naming it: a context does not vouch for default data, so a state that
+    /// covers the base may lack it), or a changed field is gone from `new`.
     ///
     /// - Parameters:
     ///   - previous: the delta stored with `old`, when `old` itself came from local writes after a
@@ -51,7 +52,7 @@ public struct StateDelta: Sendable, Equatable {
     public static func make(from old: DocumentState, to new: DocumentState, previous: StateDelta?, digest: StateDigest)
         -> StateDelta?
     {
-        guard !old.writes.isEmpty, !new.isDeleted else { return nil }
+        guard !old.writes.isEmpty, !new.isDeleted, !old.holdsTimeZero, !new.holdsTimeZero else { return nil }
         let base = previous?.base ?? old.writes.joined(old.removed)
         guard !base.isEmpty, !base.values.contains(.zero) else { return nil }
         var changed = Set<UTF8Key>()
@@ -140,13 +141,15 @@ public struct StateDelta: Sendable, Equatable {
 }
 
 extension DocumentState {
-    /// Whether this state covers `base`: its `w` joined with its `r` is at or above `base` for
-    /// every site, and `base` names no time zero (default data, which a context does not vouch
-    /// for). A delta on that base can then be joined (``merge(_:)-(StateDelta)``).
+    /// Whether this state can take a delta on `base`: its `w` joined with its `r` is at or above
+    /// `base` for every site, `base` names no time zero (default data, which a context does not
+    /// vouch for), and this state withholds no value (an eviction stub takes whole states, which
+    /// restore its values; rule 8). A delta on that base can then be joined
+    /// (``merge(_:)-(StateDelta)``).
     ///
-    /// - Complexity: O(sites of `base`).
+    /// - Complexity: O(sites of `base`), plus O(size of the state) to look for withheld values.
     public func covers(base: VersionVector) -> Bool {
-        guard !base.isEmpty else { return false }
+        guard !base.isEmpty, withheldEntryCount == 0 else { return false }
         for (site, time) in base {
             guard time != .zero, max(writes[site] ?? .zero, removed[site] ?? .zero) >= time else { return false }
         }
@@ -164,6 +167,24 @@ extension DocumentState {
     @discardableResult
     public mutating func merge(_ delta: StateDelta) -> Bool {
         merge(delta.state, above: delta.base)
+    }
+}
+
+extension DocumentState {
+    /// Whether anything in this state is stamped at time zero: an entry (default data), a
+    /// counter total or a context or vector entry.
+    var holdsTimeZero: Bool {
+        writes.values.contains(.zero) || removed.values.contains(.zero) || adds.values.contains(.zero)
+            || root.entries.values.contains { $0.holdsTimeZero }
+    }
+}
+
+extension FieldNode {
+    /// ``DocumentState/holdsTimeZero`` for this field and the fields below it.
+    var holdsTimeZero: Bool {
+        entries.contains { $0.stamp.time == .zero } || totals.values.contains { $0.stamp.time == .zero }
+            || removedTotals.values.contains { $0.stamp.time == .zero } || removed.values.contains(.zero)
+            || map.entries.values.contains { $0.holdsTimeZero }
     }
 }
 

@@ -285,7 +285,8 @@ extension DocumentStore {
     }
 
     /// Merges a delta (``StateDelta``) into the stored document, when the stored state covers the
-    /// delta's base and is whole here (not an eviction stub, no withheld values, not damaged), and
+    /// delta's base (``DocumentState/covers(base:)``: no value withheld either) and is whole here
+    /// (not an eviction stub, not damaged), and
     /// the result would be applied (not too far ahead, not too large, valid). Otherwise the delta
     /// is not kept aside as a state would be: ``StateMerge/needsWholeState(_:)``, and the peer
     /// sends the whole state, which takes the usual way (deferred, if it must be).
@@ -305,11 +306,10 @@ extension DocumentStore {
             return .needsWholeState("the document is damaged here")
         }
         guard let stored else { return .needsWholeState("this node holds no state of it") }
-        guard stored.kind != .stub, stored.state.withheldEntryCount == 0 else {
-            return .needsWholeState("it is evicted here")
-        }
+        guard stored.kind != .stub else { return .needsWholeState("it is evicted here") }
         guard stored.state.covers(base: delta.base) else {
-            return .needsWholeState("this node has not seen the state the delta is based on")
+            return .needsWholeState(
+                "this node has not seen the state the delta is based on, or withholds some of its values")
         }
         var doc = stored.state
         var changed = doc.merge(delta)
