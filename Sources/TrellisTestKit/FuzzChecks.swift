@@ -233,6 +233,20 @@ public enum FuzzChecks {
     /// associative, absorbing what it merged, and reporting a change exactly when there is one.
     public static func documentState(_ input: [UInt8]) throws(FuzzCheckFailure) {
         let fail = failing("FuzzDocumentState", input)
+        if StateDelta.isEncoded(input) {
+            // The delta form: what decodes reads back from its own bytes, its state passes the
+            // state checks, and joining it into the state it carries changes nothing.
+            guard let delta = try? StateDelta(bytes: input) else { return }
+            try checkState(delta.state, fail)
+            guard (try? StateDelta(bytes: delta.encoded())) == delta else {
+                throw fail("a delta does not read back from its own encoding")
+            }
+            var joined = delta.state
+            if joined.covers(base: delta.base), joined.merge(delta) || joined != delta.state {
+                throw fail("joining a delta into the state it carries changed it")
+            }
+            return
+        }
         if let single = try? SingleWriteState.decode(input) {
             // The single-write form: its state passes the same checks, and the canonical JSON the
             // receiver stores stands for the same state.

@@ -366,6 +366,58 @@ figures.append(
         name: "remote_merges_per_s", value: Double(documentCount) / mergeTime, unit: "docs/s",
         baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
 
+// MARK: Local updates of one field, batched: each also keeps the delta of what it changed
+// (docs/DELTAS.md). The delta's own work (compare, encode, digest) is timed apart on the same
+// states, as a share of the update.
+
+let updateCount = min(documentCount, 20_000)
+let updateTime = try seconds {
+    var start = 0
+    while start < updateCount {
+        let end = min(updateCount, start + 1_000)
+        _ = try batchedStore.update(
+            (start..<end).map { n in
+                (
+                    Value.string(String(format: "car-%08d", n)),
+                    [
+                        DocumentMutation.set(
+                            FieldPath(components: [.key("Horsepower")]), .int(Int64(n)), isDefault: false)
+                    ]
+                )
+            }, in: "cars")
+        start = end
+    }
+}
+let updateRate = Double(updateCount) / updateTime
+figures.append(
+    Figure(
+        name: "local_updates_one_field_batched_per_s", value: updateRate, unit: "docs/s",
+        baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
+var deltaPairs: [(DocumentState, DocumentState, [UInt8])] = []
+for n in 0..<min(updateCount, 5_000) {
+    guard case .map(var fields) = documents[n] else { continue }
+    fields["_id"] = nil
+    let old = DocumentState(fields: fields, stamp: Stamp(time: HLCTimestamp(millis: 1_000, logical: 0), site: 1))
+    var new = old
+    try new.set(
+        FieldPath(components: [.key("Horsepower")]), to: .int(Int64(n)),
+        stamp: Stamp(time: HLCTimestamp(millis: 1_001, logical: 0), site: 1))
+    deltaPairs.append((old, new, new.cbor()))  // the store encodes the state anyway
+}
+var deltaBytes = 0
+let deltaTime = seconds {
+    for (old, new, bytes) in deltaPairs {
+        let digest = StateDigest(bytes)
+        deltaBytes += StateDelta.make(from: old, to: new, previous: nil, digest: digest)?.encoded().count ?? 0
+    }
+}
+figures.append(
+    Figure(
+        name: "delta_made_per_s", value: Double(deltaPairs.count) / deltaTime, unit: "deltas/s",
+        baseline: updateRate, baselineName: "local_updates_one_field_batched_per_s"))
+figures.append(
+    Figure(name: "delta_bytes_one_field_of_a_car", value: Double(deltaBytes) / Double(deltaPairs.count), unit: "B"))
+
 // MARK: Query: an equality on an indexed field, Trellis `find` against the same query by hand.
 
 /// Runs `body` `rounds` times and returns queries per second.
