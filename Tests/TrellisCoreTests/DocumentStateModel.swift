@@ -8,8 +8,13 @@ import TrellisCore
 /// the stamps of every operation its issuer held that wrote at or below that field, or of every
 /// operation for a document remove) and, for an increment, the issuing site's new running total.
 /// A replica holding a set of operations then shows, per field:
-/// - per site, that site's latest write (by stamp, ties by the order of rule 3), visible unless a
-///   context of a held operation whose scope is the field or above it covers its stamp;
+/// - per site, that site's latest write (by stamp, ties by the order of rule 3) and, apart from it,
+///   the site's default data (time zero), each visible unless a context of a held operation whose
+///   scope is the field or above it covers its stamp. A site writes default data whatever it wrote
+///   before, so its default is not ordered with its other writes and a later stamp does not
+///   replace it (docs/DATA-MODEL.md, "What a state holds" and "Normal form"): the "a map" a
+///   default records on its parents keeps a map showing after an eviction withheld the site's
+///   earlier "map" entry there;
 /// - value, map or counter, whichever has the latest visible stamp;
 /// - a counter: the winning visible restart's value (or 0) plus, per site in ascending order, the
 ///   latest visible running total minus the later of what the winner had seen and the latest
@@ -75,6 +80,17 @@ struct DocumentStateModel {
 
         func precedes(_ other: Part) -> Bool {
             stamp != other.stamp ? stamp < other.stamp : kind.rawValue < other.kind.rawValue
+        }
+    }
+
+    /// Where a field keeps an entry: per site, its latest write, and apart from it its default data.
+    struct Slot: Hashable {
+        var site: SiteID
+        var isDefault: Bool
+
+        init(_ stamp: Stamp) {
+            site = stamp.site
+            isDefault = stamp.time == .zero
         }
     }
 
@@ -156,7 +172,7 @@ struct DocumentStateModel {
         let n = paths.count
         var rootContext: VersionVector = [:]
         var contexts = [VersionVector](repeating: [:], count: n)
-        var latest = [[SiteID: (op: Int, content: Content)]](repeating: [:], count: n)
+        var latest = [[Slot: (op: Int, content: Content)]](repeating: [:], count: n)
         var incs = [[SiteID: [Total]]](repeating: [:], count: n)
         for i in view.held {
             let op = ops[i]
@@ -168,13 +184,13 @@ struct DocumentStateModel {
                 }
             }
             for (p, content) in op.writes {
-                let site = op.stamp.site
-                if let (j, other) = latest[p][site] {
+                let slot = Slot(op.stamp)
+                if let (j, other) = latest[p][slot] {
                     let a = (ops[j].stamp, Self.order(other, withheld: view.withheld.contains(j)))
                     let b = (op.stamp, Self.order(content, withheld: view.withheld.contains(i)))
                     if !Self.below(a, b) { continue }
                 }
-                latest[p][site] = (i, content)
+                latest[p][slot] = (i, content)
             }
             if let inc = op.increment {
                 incs[inc.path][op.stamp.site, default: []].append(Total(total: inc.total, stamp: op.stamp))
@@ -190,7 +206,7 @@ struct DocumentStateModel {
     }
 
     private func part(
-        _ p: Int, _ latest: [SiteID: (op: Int, content: Content)], _ incs: [SiteID: [Total]], _ ctx: VersionVector,
+        _ p: Int, _ latest: [Slot: (op: Int, content: Content)], _ incs: [SiteID: [Total]], _ ctx: VersionVector,
         _ parts: [Part?], _ view: View
     ) -> Part? {
         var best: Part?

@@ -71,6 +71,36 @@ import TrellisTestKit
         #expect(stats.kinds.count == 9, "every kind of step ran: \(stats.kinds.keys.sorted())")
     }
 
+    /// The reference model keeps a site's default data apart from its latest entry, as states do
+    /// (reduced from round 47363 of seed 16322543050915008908): a site sets `m.x`, evicts, and
+    /// writes default data at `m.y`, which records a valued "a map" at `m` at time zero beside the
+    /// site's earlier, withheld "map" entry there. Once `m.y` is unset, `m` shows `{}`.
+    @Test func theModelKeepsADefaultApartFromItsSitesLaterEntries() throws {
+        var model = Self.emptyModel
+        var view = Model.View()
+        var state = DocumentState()
+        let site: SiteID = 1
+        let t = { (millis: UInt64) in Stamp(time: HLCTimestamp(millis: millis, logical: 0), site: site) }
+        func apply(_ op: Model.Op?) throws {
+            let op = try #require(op)
+            model.ops.append(op)
+            view.held.insert(model.ops.count - 1)
+        }
+        try state.set(Path(["m", "x"]).fieldPath, to: true, stamp: t(10))
+        try apply(model.set(Path(["m", "x"]), true, stamp: t(10), view: view))
+        state = state.evictionStub()
+        view.withheld = view.held
+        let zero = Stamp(time: .zero, site: site)
+        #expect(state.admitsDefaultData(at: Path(["m", "y"]).fieldPath, site: site))
+        try state.set(Path(["m", "y"]).fieldPath, to: .null, stamp: zero)
+        try apply(model.set(Path(["m", "y"]), .null, stamp: zero, view: view))
+        #expect(model.display(view, id: Self.id) == ["_id": "d1", "m": ["y": .null]])
+        _ = try state.unset(Path(["m", "y"]).fieldPath, stamp: t(11))
+        try apply(model.unset(Path(["m", "y"]), stamp: t(11), view: view))
+        #expect(state.materialize(id: Self.id) == ["_id": "d1", "m": [:]])
+        #expect(model.display(view, id: Self.id) == state.materialize(id: Self.id))
+    }
+
     struct Stats: CustomStringConvertible {
         var steps = 0
         var kinds: [String: Int] = [:]

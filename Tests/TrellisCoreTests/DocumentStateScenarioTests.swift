@@ -87,6 +87,39 @@ import TrellisTestKit
         #expect(joined(b, seen).value(at: .key("theme")) == "light")
     }
 
+    /// Default data written below a map after an eviction records a valued "a map" at the map
+    /// (rule 2), kept apart from its site's earlier, withheld "map" entry there ("What a state
+    /// holds"): the map stays an (empty) map once the default shows nothing (rule 5), as after a
+    /// write stamped by the clock, whether an unset or a later write this node holds no value for
+    /// (a peer's stub, rule 8) hides the default.
+    @Test func aDefaultWrittenBelowAnEvictedMapKeepsTheMapShowing() throws {
+        let defaultStamp = Stamp(time: .zero, site: siteA)
+        var a = DocumentState()
+        try a.set(path("m.x"), to: true, stamp: at(10, siteA))
+        var stub = a.evictionStub()
+        #expect(stub.materialize(id: id) == ["_id": "d1"])
+        #expect(stub.admitsDefaultData(at: path("m.y"), site: siteA))
+        try stub.set(path("m.y"), to: .null, stamp: defaultStamp)
+        #expect(stub.materialize(id: id) == ["_id": "d1", "m": ["y": .null]])
+        // C wrote m.y later and evicted it: merged, m.y shows nothing and m shows {}.
+        var c = DocumentState()
+        try c.set(.key("m"), to: ["y": 1], stamp: at(12, siteC))
+        let cStub = c.evictionStub()
+        let expected: Value = ["_id": "d1", "m": [:]]
+        #expect(joined(stub, cStub).materialize(id: id) == expected)
+        #expect(joined(cStub, stub) == joined(stub, cStub))
+        // A unsets m.y: the same.
+        var unset = stub
+        _ = try unset.unset(path("m.y"), stamp: at(13, siteA))
+        #expect(unset.materialize(id: id) == expected)
+        // With a clock stamp instead of the default: the same.
+        var stamped = a.evictionStub()
+        try stamped.set(path("m.y"), to: .null, stamp: at(11, siteA))
+        #expect(joined(stamped, cStub).materialize(id: id) == expected)
+        _ = try stamped.unset(path("m.y"), stamp: at(13, siteA))
+        #expect(stamped.materialize(id: id) == expected)
+    }
+
     // MARK: Registers
 
     /// Issue 8 item 11: A and B hold {v:1}; apart, B sets v=2, A sets v=3 and removes d1.
