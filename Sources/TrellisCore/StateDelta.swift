@@ -41,7 +41,9 @@ public struct StateDelta: Sendable, Equatable {
     /// `old` after local writes only, or `nil` when none is worth sending: `old` holds nothing, the
     /// document is removed in `new`, either state holds anything stamped at time zero (default
     /// data, or a context naming it: a context does not vouch for default data, so a state that
-    /// covers the base may lack it), or a changed field is gone from `new`.
+    /// covers the base may lack it), either state withholds values (a document written after it
+    /// was evicted travels whole, so receivers that hold the values send them back), or a changed
+    /// field is gone from `new`.
     ///
     /// - Parameters:
     ///   - previous: the delta stored with `old`, when `old` itself came from local writes after a
@@ -52,7 +54,9 @@ public struct StateDelta: Sendable, Equatable {
     public static func make(from old: DocumentState, to new: DocumentState, previous: StateDelta?, digest: StateDigest)
         -> StateDelta?
     {
-        guard !old.writes.isEmpty, !new.isDeleted, !old.holdsTimeZero, !new.holdsTimeZero else { return nil }
+        guard !old.writes.isEmpty, !new.isDeleted, !old.holdsTimeZero, !new.holdsTimeZero,
+            old.withheldEntryCount == 0, new.withheldEntryCount == 0
+        else { return nil }
         let base = previous?.base ?? old.writes.joined(old.removed)
         guard !base.isEmpty, !base.values.contains(.zero) else { return nil }
         var changed = Set<UTF8Key>()

@@ -634,7 +634,7 @@ public struct Replicator: Sendable {
                 directives.append(
                     .log(
                         "document \(record.key) in \(record.document.collection) is not sent to \(sessions[link]!.address): "
-                            + "its state is \(record.document.state.count) bytes, above the "
+                            + "its state is \(document.state.count) bytes, above the "
                             + "\(configuration.maxStateBytes)-byte limit of one message"))
                 continue
             }
