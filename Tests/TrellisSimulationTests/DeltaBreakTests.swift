@@ -308,7 +308,9 @@ import TrellisSimulation
                     let y = nodes[Int(random.next() % 4)]
                     if x !== y { sim.setLink(x, y, up: random.next() % 2 == 0) }
                 default:
-                    try Self.update(node, doc) { $0[field].set(.string(String(repeating: "\(node.name)\(round)", count: 3))) }
+                    try Self.update(node, doc) {
+                        $0[field].set(.string(String(repeating: "\(node.name)\(round)", count: 3)))
+                    }
                 }
             } catch let error as StoreError where error.refusesOneDocument {
                 sim.note("refused: \(error)")
@@ -322,7 +324,9 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         sim.run(for: 400_000)
         try sim.runUntilQuiet()
-        sim.note("seed \(seed) deltas sent: \(sim.deltasSent) of \(sim.documentsSent), subs \(sim.messageCounts["subs"] ?? 0)")
+        sim.note(
+            "seed \(seed) deltas sent: \(sim.deltasSent) of \(sim.documentsSent), subs \(sim.messageCounts["subs"] ?? 0)"
+        )
         try sim.check()
     }
 }
