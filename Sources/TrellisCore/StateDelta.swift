@@ -59,13 +59,13 @@ public struct StateDelta: Sendable, Equatable {
         else { return nil }
         let base = previous?.base ?? old.writes.joined(old.removed)
         guard !base.isEmpty, !base.values.contains(.zero) else { return nil }
-        var changed = Set<UTF8Key>()
-        for (key, node) in new.root.entries where old.root[key] != node { changed.insert(UTF8Key(key)) }
-        for key in old.root.entries.keys where new.root[key] == nil { changed.insert(UTF8Key(key)) }
-        if let previous { for key in previous.state.root.entries.keys { changed.insert(UTF8Key(key)) } }
-        var root = MapNode(minimumCapacity: changed.count)
-        for key in changed.map(\.string).sorted(by: CBORWriter.keyPrecedes) {
-            guard let node = new.root[key] else { return nil }
+        // A field gone from `new` (now or since the previous delta's base) went by a context the
+        // delta would carry only in a field it holds: none is made.
+        for key in old.root.entries.keys where new.root[key] == nil { return nil }
+        if let previous { for key in previous.state.root.entries.keys where new.root[key] == nil { return nil } }
+        // The fields that changed, in the map's own order (each one an append).
+        var root = MapNode()
+        for (key, node) in new.root.entries where old.root[key] != node || previous?.state.root[key] != nil {
             root[key] = node
         }
         return StateDelta(

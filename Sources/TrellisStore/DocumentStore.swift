@@ -790,8 +790,9 @@ public final class DocumentStore: Sendable {
 
     /// Writes a document state with the next `seq`. Checks the size limit.
     ///
-    /// - Parameter origin: ``WriteOrigin/merged`` for a peer's state; by default the write is this
-    ///   node's own (recorded as not yet acknowledged by a peer, which only ever keeps more).
+    /// - Parameters:
+    ///   - origin: ``WriteOrigin/merged`` for a peer's state; by default the write is this node's
+    ///     own (recorded as not yet acknowledged by a peer, which only ever keeps more).
     ///   - previous: for local writes, the row they started from: the row then keeps the delta of
     ///     the writes since it (``StateDelta``), which peers that hold that row's state receive
     ///     instead of the whole state (docs/DELTAS.md).
