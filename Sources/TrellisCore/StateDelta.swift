@@ -20,7 +20,7 @@
 /// base: an entry of the receiver that the delta lacks is dropped only when its stamp is in the
 /// delta's context and not in the base (the δ-CRDT join of Almeida, Shoker and Baquero,
 /// "Delta state replicated data types", 2018). A receiver whose state does not cover the base
-/// asks for the whole state instead (docs/PROTOCOL.md §2 step 7).
+/// asks for the whole state instead (docs/PROTOCOL.md §2 step 5, "Deltas").
 public struct StateDelta: Sendable, Equatable {
     /// The causal context of the sender's state before the writes: what the receiver must cover.
     public var base: VersionVector

@@ -25,6 +25,15 @@ import TrellisSimulation
         try nodes.map { try $0.store.collection("items").findAll().subscribe() }
     }
 
+    /// Two connected nodes, each subscribed to the whole of `items`.
+    static func pair(seed: UInt64) throws -> (Simulation, SimulatedNode, SimulatedNode, [Subscription]) {
+        let sim = try Simulation(seed: seed)
+        let a = try sim.addNode()
+        let b = try sim.addNode()
+        sim.connectAll()
+        return (sim, a, b, try subscribeAll([a, b]))
+    }
+
     /// A line A–B–C (C reaches A only through B); every node writes fields of the same documents
     /// in rounds, with the line cut now and then.
     @Test(arguments: [200_001, 200_002, 200_003, 200_004] as [UInt64])
@@ -110,11 +119,7 @@ import TrellisSimulation
     /// again without deltas, keeps the whole state deferred, and applies it later. The re-ask
     /// must not loop.
     @Test func aDeltaTooFarAheadIsAskedWholeOnce() throws {
-        let sim = try Simulation(seed: 200_021)
-        let a = try sim.addNode()
-        let b = try sim.addNode()
-        sim.connectAll()
-        let subs = try Self.subscribeAll([a, b])
+        let (sim, a, b, subs) = try Self.pair(seed: 200_021)
         defer { subs.forEach { $0.cancel() } }
         for i in 0..<3 { _ = try a.store.collection("items").upsert(Self.wide("d\(i)")) }
         try sim.runUntilQuiet()
@@ -137,11 +142,7 @@ import TrellisSimulation
     /// B crashes right after receiving a delta (before or after its commit and ack).
     @Test(arguments: [1, 3, 5, 6, 8, 11, 15, 20] as [Millis])
     func receiverCrashesAroundADelta(delay: Millis) throws {
-        let sim = try Simulation(seed: 200_031)
-        let a = try sim.addNode()
-        let b = try sim.addNode()
-        sim.connectAll()
-        let subs = try Self.subscribeAll([a, b])
+        let (sim, a, b, subs) = try Self.pair(seed: 200_031)
         defer { subs.forEach { $0.cancel() } }
         for i in 0..<5 { _ = try a.store.collection("items").upsert(Self.wide("d\(i)")) }
         try sim.runUntilQuiet()
@@ -162,11 +163,7 @@ import TrellisSimulation
     /// writes again (deltas based on its restored state).
     @Test(arguments: [200_041, 200_042, 200_043] as [UInt64])
     func senderRestoredFromABackup(seed: UInt64) throws {
-        let sim = try Simulation(seed: seed)
-        let a = try sim.addNode()
-        let b = try sim.addNode()
-        sim.connectAll()
-        let subs = try Self.subscribeAll([a, b])
+        let (sim, a, b, subs) = try Self.pair(seed: seed)
         defer { subs.forEach { $0.cancel() } }
         for i in 0..<3 { _ = try a.store.collection("items").upsert(Self.wide("d\(i)")) }
         try sim.runUntilQuiet()
@@ -190,11 +187,8 @@ import TrellisSimulation
 
     /// B holds a query subscription and a whole-collection subscription on the same collection.
     @Test func queryAndWholeSubscriptionsOfOnePeer() throws {
-        let sim = try Simulation(seed: 200_051)
-        let a = try sim.addNode()
-        let b = try sim.addNode()
-        sim.connectAll()
-        var subs = try Self.subscribeAll([a, b])
+        let (sim, a, b, pairSubs) = try Self.pair(seed: 200_051)
+        var subs = pairSubs
         subs.append(try b.store.collection("items").find("f0 == 'q'").subscribe())
         defer { subs.forEach { $0.cancel() } }
         for i in 0..<4 { _ = try a.store.collection("items").upsert(Self.wide("d\(i)")) }
@@ -212,11 +206,7 @@ import TrellisSimulation
 
     /// Remove then re-create, with deltas around it.
     @Test func removeThenRecreate() throws {
-        let sim = try Simulation(seed: 200_061)
-        let a = try sim.addNode()
-        let b = try sim.addNode()
-        sim.connectAll()
-        let subs = try Self.subscribeAll([a, b])
+        let (sim, a, b, subs) = try Self.pair(seed: 200_061)
         defer { subs.forEach { $0.cancel() } }
         _ = try a.store.collection("items").upsert(Self.wide("d"))
         try sim.runUntilQuiet()

@@ -13,11 +13,7 @@ import TrellisTestKit
     let clock = ManualClock()
 
     @Test func mutatedAndTruncatedDeltasNeverTrapNorStick() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let b = try openStore(dir, "b", clock: clock)
-        try a.upsert(DeltaStoreTests.car("x"), in: "c", writeStrategy: .merge)
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
-        clock.advance(by: 10)
+        let (a, b) = try DeltaStoreTests.pairHoldingX(dir, clock)
         try a.upsert(["_id": "x", "price": 1_200, "nested": ["k": 1]], in: "c", writeStrategy: .merge)
         let record = try DeltaStoreTests.record(a, "x")
         let delta = try #require(record.delta).bytes

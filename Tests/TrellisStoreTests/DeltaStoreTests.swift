@@ -31,16 +31,25 @@ import TrellisTestKit
         return RemoteDocument(collection: record.collection, id: record.id, state: delta.bytes)
     }
 
+    /// Stores A and B holding the same car `x`, written once on A and merged into B, the clock
+    /// 10 ms on: the set-up of a delta B can apply. `bClock` gives B a clock of its own.
+    static func pairHoldingX(_ dir: TemporaryDirectory, _ clock: ManualClock, bClock: ManualClock? = nil) throws
+        -> (DocumentStore, DocumentStore)
+    {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: bClock ?? clock)
+        try a.upsert(car("x"), in: "c", writeStrategy: .merge)
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        clock.advance(by: 10)
+        return (a, b)
+    }
+
     static let checkpoint = ("c\u{1F}true\u{1F}{}", Checkpoint(epoch: Array(repeating: 1, count: 16), seq: 99))
 
     @Test func aReceiverHoldingTheBaseMergesTheDeltaToTheSendersState() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let b = try openStore(dir, "b", clock: clock)
-        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        let (a, b) = try Self.pairHoldingX(dir, clock)
         let before = try Self.record(a, "x")
         #expect(before.delta == nil)  // written once: nothing to base a delta on
-        clock.advance(by: 10)
         try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
         let after = try Self.record(a, "x")
         let delta = try #require(after.delta)
@@ -56,12 +65,8 @@ import TrellisTestKit
     }
 
     @Test func oneDeltaCoversEveryLocalWriteSinceItsBase() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let b = try openStore(dir, "b", clock: clock)
-        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        let (a, b) = try Self.pairHoldingX(dir, clock)
         let base = try Self.record(a, "x").seq
-        clock.advance(by: 10)
         try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
         clock.advance(by: 10)
         _ = try a.update(
@@ -94,11 +99,7 @@ import TrellisTestKit
     }
 
     @Test func aReceiverThatMissedAnIntermediateWriteAsksForTheWholeState() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let b = try openStore(dir, "b", clock: clock)
-        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
-        clock.advance(by: 10)
+        let (a, b) = try Self.pairHoldingX(dir, clock)
         try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
         // A remote merge on A ends the delta: the next local write starts a new one, based on a
         // state B never saw.
@@ -120,12 +121,8 @@ import TrellisTestKit
     }
 
     @Test func anEvictedDocumentAsksForTheWholeState() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let b = try openStore(dir, "b", clock: clock)
-        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        let (a, b) = try Self.pairHoldingX(dir, clock)
         #expect(try b.evict(id: "x", in: "c"))
-        clock.advance(by: 10)
         try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
         #expect(throws: StoreError.self) {
             try b.merge([try Self.asDelta(try Self.record(a, "x"))], from: [1], checkpoint: nil)
@@ -133,11 +130,7 @@ import TrellisTestKit
     }
 
     @Test func aDeltaTooFarAheadIsNotKeptAsideButAskedForWhole() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let bClock = ManualClock()
-        let b = try openStore(dir, "b", clock: bClock)
-        try a.upsert(Self.car("x"), in: "c", writeStrategy: .merge)
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        let (a, b) = try Self.pairHoldingX(dir, clock, bClock: ManualClock())
         clock.advance(by: 3_600_000)
         try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
         #expect(throws: StoreError.self) {
