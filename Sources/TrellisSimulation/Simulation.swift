@@ -110,9 +110,8 @@ public final class Simulation: @unchecked Sendable {
     public private(set) var messageBytes: [String: Int] = [:]
     /// Documents sent in batches, over the whole run (a document sent twice counts twice).
     public private(set) var documentsSent = 0
-    /// Of those, how many went as deltas (``StateDelta``), and the bytes of their states.
+    /// Of those, how many went as deltas (``StateDelta``).
     public private(set) var deltasSent = 0
-    public private(set) var deltaBytesSent = 0
     /// Dial attempts, by "dialer->target".
     public private(set) var dialCounts: [String: Int] = [:]
     /// How many times each distinct batch carrying documents was sent over each link (in one
@@ -588,17 +587,10 @@ public final class Simulation: @unchecked Sendable {
         let kind = Self.describe(bytes)
         messageCounts[kind.type, default: 0] += 1
         messageBytes[kind.type, default: 0] += bytes.count
-        documentsSent += kind.documents
-        if kind.carriesDocuments, case .batch(_, let documents, _, _, _)? = try? WireMessage(serialized: bytes) {
-            for document in documents where StateDelta.isEncoded(document.state) {
-                deltasSent += 1
-                deltaBytesSent += document.state.count
-            }
-        }
-        if countingBatches, kind.type == "batch", kind.carriesDocuments,
-            case .batch(_, let documents, _, _, _)? = try? WireMessage(serialized: bytes)
-        {
-            let digest = StateDigest(documents.flatMap { $0.state })
+        documentsSent += kind.documents.count
+        deltasSent += kind.documents.count { StateDelta.isEncoded($0.state) }
+        if countingBatches, !kind.documents.isEmpty {
+            let digest = StateDigest(kind.documents.flatMap { $0.state })
             batchRepeats["\(nodes[sender].name)->\(nodes[receiver].name) \(digest.high)", default: 0] += 1
         }
         if kind.type != "ping" && kind.type != "pong" { lastActivity = now }
@@ -743,15 +735,16 @@ public final class Simulation: @unchecked Sendable {
         batchRepeats.removeAll()
     }
 
-    /// A short description of a message for the trace.
-    static func describe(_ bytes: [UInt8]) -> (type: String, summary: String, carriesDocuments: Bool, documents: Int) {
+    /// A short description of a message for the trace, and the documents of a batch (decoded once
+    /// for the counters and the trace).
+    static func describe(_ bytes: [UInt8]) -> (type: String, summary: String, documents: [WireDocument]) {
         guard let message = try? WireMessage(serialized: bytes) else {
-            return ("?", "undecodable \(bytes.count) bytes", false, 0)
+            return ("?", "undecodable \(bytes.count) bytes", [])
         }
         let (type, summary) = summarise(message, bytes.count)
-        var documents = 0
-        if case .batch(_, let docs, _, _, _) = message { documents = docs.count }
-        return (type, summary, documents > 0, documents)
+        var documents: [WireDocument] = []
+        if case .batch(_, let docs, _, _, _) = message { documents = docs }
+        return (type, summary, documents)
     }
 
     private static func summarise(_ message: WireMessage, _ size: Int) -> (type: String, summary: String) {
