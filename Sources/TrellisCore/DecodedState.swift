@@ -29,7 +29,7 @@ public struct DecodedState: Sendable {
         self.id = id
         isDelta = StateDelta.isEncoded(bytes)
         do {
-            if StateDelta.isEncoded(bytes) {
+            if isDelta {
                 form = .success(.delta(try StateDelta(bytes: bytes)))
             } else if let single = try SingleWriteState.decode(bytes) {
                 if let key = id.documentKey, CanonicalJSON.isDocument(single.json, idKey: key) {
