@@ -62,10 +62,16 @@ struct JSONParser {
         var i = 1
         while i < n - 1 {
             let b = input[i]
-            if b == quote || b == backslash || b < 0x20 { return nil }
-            i += 1
+            if b < 0x80 {
+                if b == quote || b == backslash || b < 0x20 { return nil }
+                i += 1
+            } else {
+                // Well-formed UTF-8 checked here, so the decoding below repairs nothing.
+                guard let length = UTF8Check.sequenceLength(input, at: i), i + length < n else { return nil }
+                i += length
+            }
         }
-        return String(validating: input[1..<(n - 1)], as: UTF8.self)
+        return String(decoding: UnsafeRawBufferPointer(rebasing: input[1..<(n - 1)]), as: UTF8.self)
     }
 
     // MARK: Bytes

@@ -90,8 +90,9 @@ public enum JSONScan {
     public static func certainlyParses(_ text: String) -> Bool {
         var text = text
         return text.withUTF8 { bytes in
-            var scanner = Scanner(bytes: bytes)
-            return scanner.value() && scanner.position == bytes.count
+            guard let base = bytes.baseAddress else { return false }
+            var sawEscape = false
+            return Scanner.value(base, bytes.count, at: 0, depth: 0, sawEscape: &sawEscape) == bytes.count
         }
     }
 
@@ -114,28 +115,30 @@ public enum JSONScan {
         var key = key
         return text.withUTF8 { bytes in
             key.withUTF8 { wanted in
-                var scanner = Scanner(bytes: bytes)
-                guard scanner.next == UInt8(ascii: "{") else { return .unsure }
-                scanner.position += 1
-                scanner.depth = 1  // the map itself counts towards the parser's nesting limit
-                if scanner.next == UInt8(ascii: "}") { return .absent }
+                let n = bytes.count
+                guard n > 1, let base = bytes.baseAddress, base[0] == UInt8(ascii: "{") else { return .unsure }
+                var i = 1
+                if base[i] == UInt8(ascii: "}") { return n == 2 ? .absent : .unsure }
                 var found: Range<Int>?
                 while true {
-                    guard scanner.next == UInt8(ascii: "\"") else { return .unsure }
-                    let keyStart = scanner.position + 1
-                    guard scanner.string(), !scanner.sawEscape else { return .unsure }
-                    let keyBytes = UnsafeBufferPointer(rebasing: bytes[keyStart..<scanner.position - 1])
-                    guard scanner.next == UInt8(ascii: ":") else { return .unsure }
-                    scanner.position += 1
-                    let valueStart = scanner.position
-                    guard scanner.value() else { return .unsure }
+                    guard i < n, base[i] == UInt8(ascii: "\"") else { return .unsure }
+                    let keyStart = i + 1
+                    var sawEscape = false
+                    i = Scanner.string(base, n, at: i, sawEscape: &sawEscape)
+                    guard i >= 0, !sawEscape, i < n, base[i] == UInt8(ascii: ":") else { return .unsure }
+                    let keyBytes = UnsafeBufferPointer(start: base + keyStart, count: i - 1 - keyStart)
+                    let valueStart = i + 1
+                    // The map itself counts towards the parser's nesting limit.
+                    i = Scanner.value(base, n, at: valueStart, depth: 1, sawEscape: &sawEscape)
+                    guard i >= 0 else { return .unsure }
                     // `{"$bytes": …}` alone is a byte string, not a map: leave that to the parser.
                     if keyBytes.elementsEqual("$bytes".utf8) { return .unsure }
-                    if keyBytes.elementsEqual(wanted) { found = valueStart..<scanner.position }
-                    switch scanner.next {
-                    case UInt8(ascii: ","): scanner.position += 1
+                    if keyBytes.elementsEqual(wanted) { found = valueStart..<i }
+                    guard i < n else { return .unsure }
+                    switch base[i] {
+                    case UInt8(ascii: ","): i += 1
                     case UInt8(ascii: "}"):
-                        guard scanner.position + 1 == bytes.count else { return .unsure }
+                        guard i + 1 == n else { return .unsure }
                         guard let found else { return .absent }
                         let slice = UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[found]))
                         guard let value = try? JSON.parse(slice) else { return .unsure }
@@ -147,112 +150,144 @@ public enum JSONScan {
         }
     }
 
-    private struct Scanner {
-        let bytes: UnsafeBufferPointer<UInt8>
-        var position = 0
-        var depth = 0
-        /// Whether the last string scanned held an escape.
-        var sawEscape = false
+    /// The one-pass grammar of ``certainlyParses(_:)``. Each function takes the position where
+    /// its construct starts and returns the position just after it, or -1 when the text is not
+    /// one it vouches for. Positions are passed and returned rather than kept in a structure, so
+    /// that they stay in registers.
+    private enum Scanner {
+        static let quote = UInt8(ascii: "\"")
+        static let backslash = UInt8(ascii: "\\")
 
-        init(bytes: UnsafeBufferPointer<UInt8>) { self.bytes = bytes }
-
-        var next: UInt8? { position < bytes.count ? bytes[position] : nil }
-
-        mutating func value() -> Bool {
-            guard let first = next else { return false }
-            switch first {
-            case UInt8(ascii: "{"): return container(close: UInt8(ascii: "}"), keyed: true)
-            case UInt8(ascii: "["): return container(close: UInt8(ascii: "]"), keyed: false)
-            case UInt8(ascii: "\""): return string()
-            case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return number()
-            case UInt8(ascii: "t"): return literal("true")
-            case UInt8(ascii: "f"): return literal("false")
-            case UInt8(ascii: "n"): return literal("null")
-            default: return false
+        /// A value at `i`, inside `depth` open maps and arrays.
+        static func value(
+            _ p: UnsafePointer<UInt8>, _ n: Int, at i: Int, depth: Int, sawEscape: inout Bool
+        ) -> Int {
+            guard i < n else { return -1 }
+            switch p[i] {
+            case UInt8(ascii: "{"), UInt8(ascii: "["): return container(p, n, at: i, depth: depth)
+            case quote: return string(p, n, at: i, sawEscape: &sawEscape)
+            case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return number(p, n, at: i)
+            case UInt8(ascii: "t"): return literal(p, n, at: i, "true")
+            case UInt8(ascii: "f"): return literal(p, n, at: i, "false")
+            case UInt8(ascii: "n"): return literal(p, n, at: i, "null")
+            default: return -1
             }
         }
 
-        private mutating func container(close: UInt8, keyed: Bool) -> Bool {
-            guard depth < JSON.maximumDepth else { return false }
-            depth += 1
-            defer { depth -= 1 }
-            position += 1
-            if next == close {
-                position += 1
-                return true
-            }
+        /// A map or an array at `i`; its members are `depth + 1` deep, at most
+        /// ``JSON/maximumDepth``.
+        private static func container(_ p: UnsafePointer<UInt8>, _ n: Int, at start: Int, depth: Int) -> Int {
+            guard depth < JSON.maximumDepth else { return -1 }
+            let keyed = p[start] == UInt8(ascii: "{")
+            let close = keyed ? UInt8(ascii: "}") : UInt8(ascii: "]")
+            var i = start + 1
+            guard i < n else { return -1 }
+            if p[i] == close { return i + 1 }
+            var sawEscape = false
             while true {
                 if keyed {
-                    guard next == UInt8(ascii: "\""), string(), next == UInt8(ascii: ":") else { return false }
-                    position += 1
+                    guard i < n, p[i] == quote else { return -1 }
+                    i = string(p, n, at: i, sawEscape: &sawEscape)
+                    guard i >= 0, i < n, p[i] == UInt8(ascii: ":") else { return -1 }
+                    i += 1
                 }
-                guard value() else { return false }
-                switch next {
-                case UInt8(ascii: ","): position += 1
-                case close:
-                    position += 1
-                    return true
-                default: return false
+                guard i < n else { return -1 }
+                // Strings and numbers, the common members, without the dispatch of `value`.
+                let first = p[i]
+                if first == quote {
+                    i = string(p, n, at: i, sawEscape: &sawEscape)
+                } else if first &- UInt8(ascii: "0") < 10 || first == UInt8(ascii: "-") {
+                    i = number(p, n, at: i)
+                } else {
+                    i = value(p, n, at: i, depth: depth + 1, sawEscape: &sawEscape)
+                }
+                guard i >= 0, i < n else { return -1 }
+                let next = p[i]
+                if next == UInt8(ascii: ",") {
+                    i += 1
+                } else {
+                    return next == close ? i + 1 : -1
                 }
             }
         }
 
-        /// A string whose opening quote is at the position: plain bytes from U+0020 on (any
-        /// UTF-8, which a Swift string holds well-formed) and the escapes other than `\u`.
-        mutating func string() -> Bool {
-            guard let base = bytes.baseAddress else { return false }
-            let end = bytes.count
-            var i = position + 1
-            sawEscape = false
-            while i < end {
-                let b = base[i]
-                i += 1
-                if b > UInt8(ascii: "\\") || (b >= 0x20 && b != UInt8(ascii: "\"") && b != UInt8(ascii: "\\")) {
-                    continue
+        /// A string whose opening quote is at `i`: plain bytes from U+0020 on (any UTF-8, which
+        /// a Swift string holds well-formed) and the escapes other than `\u`. Sets `sawEscape`
+        /// when it holds an escape.
+        @inline(__always)
+        static func string(_ p: UnsafePointer<UInt8>, _ n: Int, at start: Int, sawEscape: inout Bool) -> Int {
+            var i = start &+ 1
+            while i < n {
+                // Eight bytes at a time up to the first quote, backslash or control character.
+                if n &- i >= 8 {
+                    let special = specialBytes(
+                        UInt64(littleEndian: UnsafeRawPointer(p + i).loadUnaligned(as: UInt64.self)))
+                    if special == 0 {
+                        i &+= 8
+                        continue
+                    }
+                    i &+= special.trailingZeroBitCount &>> 3
                 }
-                if b == UInt8(ascii: "\"") {
-                    position = i
-                    return true
-                }
-                guard b == UInt8(ascii: "\\"), i < end else { return false }
-                switch base[i] {
-                case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"), UInt8(ascii: "b"),
-                    UInt8(ascii: "f"), UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
+                let b = p[i]
+                i &+= 1
+                if b >= 0x20 && b != quote && b != backslash { continue }
+                if b == quote { return i }
+                guard b == backslash, i < n else { return -1 }
+                switch p[i] {
+                case quote, backslash, UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"),
+                    UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
                     sawEscape = true
                     i += 1
-                default: return false
+                default: return -1
                 }
             }
-            return false
+            return -1
+        }
+
+        /// The high bit of each byte of `word` (byte 0 the lowest) that is `"`, `\` or below
+        /// U+0020, and maybe of bytes above the lowest such byte: a byte's test borrows only from
+        /// the bytes below it, so the lowest bit set always marks such a byte; zero when there is
+        /// none.
+        @inline(__always)
+        static func specialBytes(_ word: UInt64) -> UInt64 {
+            let ones: UInt64 = 0x0101_0101_0101_0101
+            let quotes = word ^ (ones &* UInt64(quote))
+            let backslashes = word ^ (ones &* UInt64(backslash))
+            let zeroQuote = (quotes &- ones) & ~quotes
+            let zeroBackslash = (backslashes &- ones) & ~backslashes
+            let control = (word &- ones &* 0x20) & ~word
+            return (zeroQuote | zeroBackslash | control) & (ones &* 0x80)
         }
 
         /// `-? (0 | [1-9][0-9]*) (.[0-9]+)?` of at most 300 digits: always a finite number.
-        private mutating func number() -> Bool {
-            if next == UInt8(ascii: "-") { position += 1 }
-            let start = position
-            guard let first = next, first &- UInt8(ascii: "0") < 10 else { return false }
-            position += 1
-            if first == UInt8(ascii: "0") {
-                if let b = next, b &- UInt8(ascii: "0") < 10 { return false }
+        @inline(__always)
+        private static func number(_ p: UnsafePointer<UInt8>, _ n: Int, at start: Int) -> Int {
+            var i = start
+            if p[i] == UInt8(ascii: "-") { i += 1 }
+            let digitsStart = i
+            guard i < n, p[i] &- UInt8(ascii: "0") < 10 else { return -1 }
+            if p[i] == UInt8(ascii: "0") {
+                i += 1
+                if i < n, p[i] &- UInt8(ascii: "0") < 10 { return -1 }
             } else {
-                while let b = next, b &- UInt8(ascii: "0") < 10 { position += 1 }
+                i += 1
+                while i < n, p[i] &- UInt8(ascii: "0") < 10 { i += 1 }
             }
-            if next == UInt8(ascii: ".") {
-                position += 1
-                let fractionStart = position
-                while let b = next, b &- UInt8(ascii: "0") < 10 { position += 1 }
-                guard position > fractionStart else { return false }
+            if i < n, p[i] == UInt8(ascii: ".") {
+                i += 1
+                let fractionStart = i
+                while i < n, p[i] &- UInt8(ascii: "0") < 10 { i += 1 }
+                guard i > fractionStart else { return -1 }
             }
-            if let b = next, b | 0x20 == UInt8(ascii: "e") { return false }
-            return position - start <= 301
+            if i < n, p[i] | 0x20 == UInt8(ascii: "e") { return -1 }
+            return i - digitsStart <= 301 ? i : -1
         }
 
-        private mutating func literal(_ word: StaticString) -> Bool {
+        private static func literal(_ p: UnsafePointer<UInt8>, _ n: Int, at i: Int, _ word: StaticString) -> Int {
             let count = word.utf8CodeUnitCount
-            guard bytes.count - position >= count else { return false }
-            for k in 0..<count where bytes[position + k] != word.utf8Start[k] { return false }
-            position += count
-            return true
+            guard n - i >= count else { return -1 }
+            for k in 0..<count where p[i + k] != word.utf8Start[k] { return -1 }
+            return i + count
         }
     }
 }

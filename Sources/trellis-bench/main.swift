@@ -2,7 +2,7 @@
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
-//       [--sync-costs] [--wire [--verbose]] [--contacts]
+//       [--sync-costs] [--wire [--verbose]] [--contacts] [--find [--runs N]]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -54,6 +54,7 @@ var hostileOnly = false
 var syncCostsOnly = false
 var wireOnly = false
 var contactsOnly = false
+var findOnly = false
 var verbose = false
 var replicationRuns = 1
 var i = 0
@@ -71,6 +72,7 @@ while i < args.count {
     case "--sync-costs": syncCostsOnly = true
     case "--wire": wireOnly = true
     case "--contacts": contactsOnly = true
+    case "--find": findOnly = true
     case "--verbose": verbose = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
@@ -93,7 +95,7 @@ while i < args.count {
         print(
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
                 + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
-                + " [--wire [--verbose]] [--contacts]"
+                + " [--wire [--verbose]] [--contacts] [--find [--runs N]]"
         )
         exit(0)
     default:
@@ -254,6 +256,14 @@ if syncCostsOnly {
         try syncCostFigures(scratch: scratch, documents: documents),
         heading: "trellis-bench --sync-costs: local latency with 10 peers x 100 subscriptions, and during a "
             + "\(documentCount)-document merge, release build expected")
+    exit(0)
+}
+if findOnly {
+    // The query figures alone, on a store of batched upserts; with --runs N, N rounds of them.
+    let store = try DocumentStore(path: path("batched.sqlite"))
+    try store.upsert(documents, in: "cars")
+    for _ in 0..<replicationRuns { figures += try findFigures(store: store, raw: path("raw.sqlite")) }
+    printFigures(figures, heading: "trellis-bench --find: an indexed equality, \(documentCount) documents")
     exit(0)
 }
 if replicationOnly {
@@ -424,62 +434,7 @@ figures.append(
 
 // MARK: Query: an equality on an indexed field, Trellis `find` against the same query by hand.
 
-/// Runs `body` `rounds` times and returns queries per second.
-func rate(rounds: Int, _ body: () throws -> Void) rethrows -> Double {
-    let t = try seconds { for _ in 0..<rounds { try body() } }
-    return Double(rounds) / t
-}
-
-_ = try batchedStore.createIndex(path: FieldPath(parsing: "Origin"), in: "cars")
-var rawDB: OpaquePointer?
-sqlite3_open(path("raw.sqlite"), &rawDB)
-sqlite3_exec(rawDB, "CREATE INDEX docs_origin ON docs(json_extract(body, '$.Origin'))", nil, nil, nil)
-var rawMatched = 0
-var rawStatement: OpaquePointer?
-sqlite3_prepare_v2(
-    rawDB, "SELECT id, body FROM docs WHERE json_extract(body, '$.Origin') = 'Japan'", -1, &rawStatement, nil)
-let rounds = 20
-let rawQueryRate = rate(rounds: rounds) {
-    rawMatched = 0
-    while sqlite3_step(rawStatement) == SQLITE_ROW {
-        // Read the row as an application would: the JSON text.
-        _ = sqlite3_column_text(rawStatement, 1)
-        rawMatched += 1
-    }
-    sqlite3_reset(rawStatement)
-}
-sqlite3_finalize(rawStatement)
-sqlite3_close(rawDB)
-// Through the public API, as an application calls it: `find(…).exec()` returns documents that
-// parse their stored JSON when read (docs/BENCHMARKS.md, "Query results parsed when read").
-let japan = Store(documents: batchedStore, subscriptions: NoSubscriptions()).collection("cars")
-    .find("Origin == 'Japan'")
-var matched = 0
-let queryRate = try rate(rounds: rounds) { matched = try japan.exec().count }
-precondition(matched == rawMatched, "query results differ: \(matched) vs \(rawMatched)")
-// The same, then one field of every result read, or every result's whole value.
-var names = 0
-let fieldRate = try rate(rounds: rounds) {
-    names = try japan.exec().count { $0["Name"] != nil }
-}
-precondition(names == rawMatched, "results without a Name: \(rawMatched - names)")
-let valueRate = try rate(rounds: rounds) {
-    names = try japan.exec().count { $0.value["Name"] != nil }
-}
-precondition(names == rawMatched, "results without a Name: \(rawMatched - names)")
-figures.append(Figure(name: "sql_indexed_equality_query_per_s", value: rawQueryRate, unit: "queries/s"))
-figures.append(
-    Figure(
-        name: "find_indexed_equality_per_s", value: queryRate, unit: "queries/s", baseline: rawQueryRate,
-        baselineName: "sql_indexed_equality_query_per_s"))
-figures.append(
-    Figure(
-        name: "find_then_one_field_per_s", value: fieldRate, unit: "queries/s", baseline: rawQueryRate,
-        baselineName: "sql_indexed_equality_query_per_s"))
-figures.append(
-    Figure(
-        name: "find_then_whole_values_per_s", value: valueRate, unit: "queries/s", baseline: rawQueryRate,
-        baselineName: "sql_indexed_equality_query_per_s"))
+figures += try findFigures(store: batchedStore, raw: path("raw.sqlite"))
 
 // MARK: Storage: bytes per document against raw JSON.
 

@@ -72,6 +72,37 @@ import TrellisTestKit
         }
     }
 
+    /// The check reads strings eight bytes at a time up to the first quote, backslash or control
+    /// character: each such byte, and others beside them, at every offset of strings up to 24
+    /// bytes, as a value and as a key, keeps the promises, and a string of plain bytes is still
+    /// vouched for.
+    @Test func everyByteOfAStringIsSeenWhereverItIs() {
+        let inserts: [String] = [
+            "\"", "\\", "\\\"", "\\\\", "\\n", "\\u0041", "\\x", "\u{0}", "\u{1}", "\u{1F}", "\n", "\t",
+            "\u{7F}", "é", "€", "😀", " ", "!", "#", "[", "]", "\u{20}\"",
+        ]
+        var vouched = 0
+        for length in 0...24 {
+            let plain = String((0..<length).map { Character(UnicodeScalar(UInt8(ascii: "a") + UInt8($0 % 26))) })
+            for text in [#"{"k":"\#(plain)"}"#, #"{"\#(plain)":1}"#, #"["\#(plain)","z"]"#] {
+                #expect(JSONScan.certainlyParses(text), "\(text)")
+                checkPromises(text)
+            }
+            for offset in 0...length {
+                for insert in inserts {
+                    var chars = Array(plain)
+                    chars.insert(contentsOf: insert, at: offset)
+                    let content = String(chars)
+                    for text in [#"{"k":"\#(content)","m":2}"#, #"{"\#(content)":1}"#, #"["\#(content)"]"#] {
+                        if JSONScan.certainlyParses(text) { vouched += 1 }
+                        checkPromises(text)
+                    }
+                }
+            }
+        }
+        #expect(vouched > 2000)
+    }
+
     @Test func aMemberIsReadWithoutParsingTheDocument() throws {
         let stored = try #require(
             StoredJSON(checking: #"{"Name":"chevelle","_id":"car-1","n":[1,{"x":true}],"s":"a\"b"}"#))

@@ -30,6 +30,19 @@ import TrellisTestKit
         ])
     }
 
+    /// A result's `_id` is read from its stored key: a string without escapes in its key
+    /// without a parse, any other through the parser; either way it is the `_id` written.
+    @Test func findResultsHaveTheIDsTheyWereWrittenWith() throws {
+        let ids: [Value] = [
+            "plain", "with \"quotes\"", "back\\slash", "tab\tand\nline", "\u{1}", "é€😀", "\u{7F}",
+            "slash/ed", ["vin": "A1", "plant": 3], ["k": "with \"quotes\""],
+        ]
+        for (n, id) in ids.enumerated() { try cars.upsert(["_id": id, "n": .int(Int64(n))]) }
+        let found = try cars.findAll().exec()
+        #expect(Set(found.map(\.id)) == Set(ids))
+        for document in found { #expect(document.id == document.value["_id"]) }
+    }
+
     /// `find` results keep their stored JSON and parse it when read (docs/API.md): what they
     /// show, how they compare and hash, and composite `_id`s, are as for documents made from values.
     @Test func findResultsReadTheirStoredJSONWhenAsked() throws {
