@@ -147,6 +147,27 @@ public enum JSONScan {
         }
     }
 
+    /// Steps over the JSON value starting at `position` in `bytes`, which sits inside `depth` open
+    /// arrays and objects, and moves `position` past it; `false` when the value is not one the
+    /// parser certainly accepts there (the same conservative rules as
+    /// ``certainlyParses(_:)``: no whitespace, no `\u` escapes, no exponents, nesting within
+    /// ``JSON/maximumDepth``). The bytes must be well-formed UTF-8 (a Swift string's).
+    ///
+    /// For decoders that read a document straight from its text and step over what they do not
+    /// read, falling back to the parser when this answers `false`.
+    ///
+    /// - Complexity: O(length of the value); no allocation.
+    package static func skipValue(
+        in bytes: UnsafeBufferPointer<UInt8>, at position: inout Int, depth: Int
+    ) -> Bool {
+        var scanner = Scanner(bytes: bytes)
+        scanner.position = position
+        scanner.depth = depth
+        guard scanner.value() else { return false }
+        position = scanner.position
+        return true
+    }
+
     private struct Scanner {
         let bytes: UnsafeBufferPointer<UInt8>
         var position = 0

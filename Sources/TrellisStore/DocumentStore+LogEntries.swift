@@ -21,6 +21,26 @@ public struct LogEntry: Sendable, Equatable {
     }
 }
 
+/// One entry of a collection's change log with the document as the caller decoded it from its
+/// stored JSON text (``DocumentStore/entries(in:after:through:limit:includeDeleted:decodingJSON:)``).
+public struct DecodedLogEntry<Document: Sendable>: Sendable {
+    /// The entry's position in the change log.
+    public var seq: Int64
+    /// The canonical key of the `_id` (``DocumentStore/key(for:)``).
+    public var key: String
+    /// The document's `_id`.
+    public var id: Value
+    /// The live document as decoded; `nil` for a removed or evicted document.
+    public var document: Document?
+
+    public init(seq: Int64, key: String, id: Value, document: Document?) {
+        self.seq = seq
+        self.key = key
+        self.id = id
+        self.document = document
+    }
+}
+
 extension DocumentStore {
     /// Log entries of a collection with `after < seq <= through`, in `seq` order (each document
     /// once, at its latest `seq`).
@@ -40,12 +60,39 @@ extension DocumentStore {
     public func entries(
         in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool
     ) throws(StoreError) -> [LogEntry] {
-        try withState { s -> [LogEntry] in
+        try entries(
+            in: collection, after: after, through: through, limit: limit, includeDeleted: includeDeleted,
+            decodingJSON: { try? JSON.parse($0) }
+        ).map { LogEntry(seq: $0.seq, key: $0.key, id: $0.id, value: $0.document) }
+    }
+
+    /// Log entries as ``entries(in:after:through:limit:includeDeleted:)`` lists them, each live
+    /// document read by `decode` from its stored JSON text instead of parsed into a ``Value``:
+    /// for readers that decode the text straight into their own type.
+    ///
+    /// `collection`, `after`, `through`, `limit` and `includeDeleted` are those of
+    /// ``entries(in:after:through:limit:includeDeleted:)``.
+    ///
+    /// - Parameter decode: reads a live document's JSON text (compact, as the store writes it, unless the
+    ///     row was changed behind the store's back) and answers `nil` when, and only when, the
+    ///     text is not JSON (``JSON/parse(_:)-(String)`` would throw): the row is then damaged,
+    ///     skipped, logged and listed as ``entries(in:after:through:limit:includeDeleted:)``
+    ///     does. It runs while the store is held, once per live row.
+    /// - Returns: at most `limit` entries in `seq` order; a removed or evicted document (when
+    ///   included) has a `nil` document and is not passed to `decode`.
+    /// - Throws: ``StoreError`` for SQLite errors.
+    /// - Complexity: as ``entries(in:after:through:limit:includeDeleted:)``, plus the cost of
+    ///   `decode` for each live row read.
+    public func entries<Document: Sendable>(
+        in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool,
+        decodingJSON decode: (String) -> Document?
+    ) throws(StoreError) -> [DecodedLogEntry<Document>] {
+        try withState { s -> [DecodedLogEntry<Document>] in
             let st = try s.db.prepare(
                 "SELECT seq, id, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
                     + (includeDeleted ? "" : " AND deleted = 0") + " ORDER BY seq LIMIT ?")
             let wanted = max(0, limit)
-            var result: [LogEntry] = []
+            var result: [DecodedLogEntry<Document>] = []
             var cursor = after
             // A damaged row is skipped (and remembered); read on so the page still holds `limit`
             // entries when the log has them, which is how readers tell that more are coming.
@@ -65,15 +112,15 @@ extension DocumentStore {
                         noteDamaged(&s, collection, key, "its _id key is not JSON")
                         continue
                     }
-                    var value: Value?
+                    var document: Document?
                     if let text = st.string(2) {
-                        guard let parsed = try? JSON.parse(text) else {
+                        guard let decoded = decode(text) else {
                             noteDamaged(&s, collection, key, "its JSON value does not parse")
                             continue
                         }
-                        value = parsed
+                        document = decoded
                     }
-                    result.append(LogEntry(seq: cursor, key: key, id: id, value: value))
+                    result.append(DecodedLogEntry(seq: cursor, key: key, id: id, document: document))
                 }
                 if rows < need { break }  // the end of the range
             }
