@@ -116,8 +116,21 @@ public enum ContactDocument {
     ///   throws). Text that is JSON but not a map gives an empty contact, as ``contact(from:)``.
     /// - Complexity: O(n) in the length of the text.
     public static func contact(fromJSON text: String) -> CNMutableContact? {
-        if let fields = ContactJSONDecoder.fields(text) { return CNMutableContact(fields: fields) }
-        guard let value = try? JSON.parse(text) else { return nil }
+        var text = text
+        return text.withUTF8 { contact(fromJSON: $0) }
+    }
+
+    /// The contact in a document's JSON text given as bytes, read as
+    /// `contact(fromJSON: String(decoding: bytes, as: UTF8.self))` reads it (an ill-formed UTF-8
+    /// sequence counts as U+FFFD), without making that string when the text has the compact
+    /// shape the store writes: what ``ContactsEnumerator`` reads rows with.
+    ///
+    /// - Parameter bytes: the text; read only during the call.
+    /// - Returns: the contact, or `nil` when the text is not JSON.
+    /// - Complexity: O(n) in the length of the text.
+    public static func contact(fromJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
+        if let contact = ContactJSONDecoder.contact(bytes) { return contact }
+        guard let value = try? JSON.parse(String(decoding: bytes, as: UTF8.self)) else { return nil }
         return contact(from: value)
     }
 

@@ -16,18 +16,35 @@ import TrellisCore
 /// member with ``JSONScan/skipValue(in:at:depth:)``. Whitespace, a key with an escape, a member
 /// it steps over that holds a `\u` escape or an exponent, and anything malformed answer `nil`.
 /// A key given twice counts with its last value, as the parser keeps it.
+///
+/// Given bytes rather than a `String`, it reads them as `String(decoding:as:)` would: an
+/// ill-formed UTF-8 sequence inside a string is read as U+FFFD (strings are made that way, and
+/// such a sequence never holds an ASCII byte, so the text's structure is the same), one outside
+/// strings declines.
 package enum ContactJSONDecoder {
-    /// The fields of the contact in `text`, or `nil` when the decoder declines it (then parse it:
-    /// the text may still be JSON).
+    /// The contact in the JSON text `bytes`, or `nil` when the decoder declines it (then parse
+    /// `String(decoding: bytes, as: UTF8.self)`: it may still be JSON). The fields are read into
+    /// the new contact in place.
     ///
     /// - Complexity: O(n) in the length of the text.
-    package static func fields(_ text: String) -> ContactFields? {
-        var text = text
-        return text.withUTF8 { bytes in
-            var reader = Reader(bytes: bytes)
-            return reader.document()
-        }
+    package static func contact(_ bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
+        let contact = CNMutableContact()
+        var reader = Reader(bytes: bytes)
+        return reader.document(into: &contact.fields) ? contact : nil
     }
+
+    /// The contact in `text`, or `nil` when the decoder declines it.
+    ///
+    /// - Complexity: O(n) in the length of the text.
+    package static func contact(_ text: String) -> CNMutableContact? {
+        var text = text
+        return text.withUTF8 { contact($0) }
+    }
+
+    /// The fields of the contact in `text`, or `nil` when the decoder declines it.
+    ///
+    /// - Complexity: O(n) in the length of the text.
+    package static func fields(_ text: String) -> ContactFields? { contact(text)?.fields }
 }
 
 /// The keys of a contact document (``ContactDocument``).
@@ -115,15 +132,15 @@ private struct Reader {
 
     // MARK: The document
 
-    mutating func document() -> ContactFields? {
-        guard next == openBrace else { return nil }
-        var c = ContactFields()
+    /// Reads the document into `c`, which holds an empty contact; `false` when declined.
+    mutating func document(into c: inout ContactFields) -> Bool {
+        guard next == openBrace else { return false }
         var more = enter(close: closeBrace)
         while more {
-            guard let key = key() else { return nil }
+            guard let key = key() else { return false }
             guard let field = Field(key) else {
-                guard skip(depth: 1) else { return nil }
-                guard let m = separator(close: closeBrace) else { return nil }
+                guard skip(depth: 1) else { return false }
+                guard let m = separator(close: closeBrace) else { return false }
                 more = m
                 continue
             }
@@ -131,7 +148,7 @@ private struct Reader {
             switch field {
             case .namePrefix, .givenName, .middleName, .familyName, .nameSuffix, .nickname, .organizationName,
                 .departmentName, .jobTitle, .note, .imageData:
-                guard string(into: &text, depth: 1) else { return nil }
+                guard string(into: &text, depth: 1) else { return false }
                 switch field {
                 case .namePrefix: c.namePrefix = text ?? ""
                 case .givenName: c.givenName = text ?? ""
@@ -146,23 +163,23 @@ private struct Reader {
                 default: c.imageData = text.flatMap { Data(base64Encoded: $0) }
                 }
             case .phoneNumbers:
-                guard labelled(into: &c.phoneNumbers, CNPhoneNumber.init(stringValue:)) else { return nil }
+                guard labelled(into: &c.phoneNumbers, CNPhoneNumber.init(stringValue:)) else { return false }
             case .emailAddresses:
-                guard labelled(into: &c.emailAddresses, { $0 as NSString }) else { return nil }
+                guard labelled(into: &c.emailAddresses, { $0 as NSString }) else { return false }
             case .urlAddresses:
-                guard labelled(into: &c.urlAddresses, { $0 as NSString }) else { return nil }
+                guard labelled(into: &c.urlAddresses, { $0 as NSString }) else { return false }
             case .postalAddresses:
-                guard postalAddresses(into: &c.postalAddresses) else { return nil }
+                guard postalAddresses(into: &c.postalAddresses) else { return false }
             case .birthday:
-                guard birthday(into: &c.birthday) else { return nil }
+                guard birthday(into: &c.birthday) else { return false }
             case .vCardProperties:
-                guard strings(into: &c.vCardProperties) else { return nil }
+                guard strings(into: &c.vCardProperties) else { return false }
             }
-            guard let m = separator(close: closeBrace) else { return nil }
+            guard let m = separator(close: closeBrace) else { return false }
             more = m
         }
-        guard position == bytes.count else { return nil }
-        return c
+        guard position == bytes.count else { return false }
+        return true
     }
 
     /// `[{"label"?, "value"}, …]` (at depth 1): the items whose value is a string, as

@@ -57,7 +57,7 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
             }
             var entries = try store.entries(
                 in: collection, after: after, through: marker.snapshot, limit: pageSize + 1, includeDeleted: false,
-                decodingJSON: ContactDocument.contact(fromJSON:))
+                decodingJSON: { ContactDocument.contact(fromJSON: $0) })
             let more = entries.count > pageSize
             if more { entries.removeLast() }
             if !entries.isEmpty { observer.didEnumerate(entries.compactMap(Self.item)) }
@@ -93,7 +93,7 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
             }
             var entries = try store.entries(
                 in: collection, after: cursor, limit: batchSize + 1, includeDeleted: true,
-                decodingJSON: ContactDocument.contact(fromJSON:))
+                decodingJSON: { ContactDocument.contact(fromJSON: $0) })
             let more = entries.count > batchSize
             if more { entries.removeLast() }
             let updates = entries.compactMap(Self.item)

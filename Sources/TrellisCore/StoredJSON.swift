@@ -151,7 +151,9 @@ public enum JSONScan {
     /// arrays and objects, and moves `position` past it; `false` when the value is not one the
     /// parser certainly accepts there (the same conservative rules as
     /// ``certainlyParses(_:)``: no whitespace, no `\u` escapes, no exponents, nesting within
-    /// ``JSON/maximumDepth``). The bytes must be well-formed UTF-8 (a Swift string's).
+    /// ``JSON/maximumDepth``). Bytes from 0x80 up are taken as they come inside strings (also
+    /// ill-formed UTF-8: the text with such sequences read as U+FFFD parses alike) and declined
+    /// outside them.
     ///
     /// For decoders that read a document straight from its text and step over what they do not
     /// read, falling back to the parser when this answers `false`.

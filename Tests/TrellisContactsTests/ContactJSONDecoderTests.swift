@@ -29,8 +29,17 @@ import TrellisTestKit
     /// The properties in which `contact(fromJSON:)` differs from the reference for `text`, with
     /// both values (`"not JSON"` when only one of them is `nil`); empty when they agree.
     static func differences(_ text: String) -> [String] {
-        let fast = ContactDocument.contact(fromJSON: text)
-        let slow = reference(text)
+        differences(ContactDocument.contact(fromJSON: text), reference(text))
+    }
+
+    /// The same for a text given as bytes, possibly ill-formed UTF-8: the reference reads them
+    /// as the store's `entries` does, with each ill-formed sequence as U+FFFD.
+    static func differences(bytes: [UInt8]) -> [String] {
+        let fast = bytes.withUnsafeBufferPointer { ContactDocument.contact(fromJSON: $0) }
+        return differences(fast, reference(String(decoding: bytes, as: UTF8.self)))
+    }
+
+    static func differences(_ fast: CNMutableContact?, _ slow: CNMutableContact?) -> [String] {
         guard let fast, let slow else {
             return (fast == nil) == (slow == nil)
                 ? [] : ["not JSON: decoder \(fast == nil), parser \(slow == nil)"]
@@ -61,7 +70,8 @@ import TrellisTestKit
     /// Random contact documents (each field well typed or any value, keys repeated, unknown keys)
     /// and random values of any shape, each spelled in random ways (escapes, `\u` and surrogate
     /// pairs, whitespace, numbers as `3`, `3.0`, `3e0`, keys in any order), then mutated a byte at
-    /// a time into near-misses: the decoder agrees with the parser on every one, field by field.
+    /// a time into near-misses, and given stray bytes that make them ill-formed UTF-8: the decoder
+    /// agrees with the parser on every one, field by field.
     ///
     /// Runs `TRELLIS_PROPERTY_CASES` cases (6,000 by default, about ten seconds); prints its seed, and
     /// `TRELLIS_SEED=<seed>` replays a run.
@@ -77,6 +87,8 @@ import TrellisTestKit
         var stored = 0
         var storedOnePass = 0
         var spelledOnePass = 0
+        var illFormed = 0
+        var illFormedOnePass = 0
         var failures: [String] = []
         for round in 0..<cases {
             let document: Value
@@ -110,15 +122,28 @@ import TrellisTestKit
                 let found = Self.differences(text)
                 if !found.isEmpty && failures.count < 5 { failures.append("round \(round), \(text): \(found)") }
             }
+            // The stored text with ill-formed UTF-8: stray bytes from 0x80 up put in or over it.
+            var bytes = Array(texts[0].utf8)
+            for _ in 0..<Int.random(in: 1...3, using: &rng) where !bytes.isEmpty {
+                let at = Int.random(in: 0..<bytes.count, using: &rng)
+                let stray = UInt8.random(in: 0x80...0xFF, using: &rng)
+                if Bool.random(using: &rng) { bytes.insert(stray, at: at) } else { bytes[at] = stray }
+            }
+            illFormed += 1
+            if bytes.withUnsafeBufferPointer({ ContactJSONDecoder.contact($0) }) != nil { illFormedOnePass += 1 }
+            let found = Self.differences(bytes: bytes)
+            if !found.isEmpty && failures.count < 5 { failures.append("round \(round), bytes \(bytes): \(found)") }
         }
         print(
             "ContactJSONDecoderTests: \(checked) texts, \(onePass) read in one pass (stored contacts: "
-                + "\(storedOnePass) of \(stored); spelled otherwise: \(spelledOnePass)), \(notJSON) not JSON")
+                + "\(storedOnePass) of \(stored); spelled otherwise: \(spelledOnePass); ill-formed UTF-8: \(illFormedOnePass) "
+                + "of \(illFormed)), \(notJSON) not JSON")
         #expect(failures.isEmpty, "seed \(seed): \(failures.joined(separator: "\n"))")
         // The checks are not vacuous: stored contacts take the one pass, others and damaged
         // text the parser.
         #expect(storedOnePass == stored && spelledOnePass > cases / 10, "one pass: \(onePass) of \(checked)")
         #expect(notJSON > checked / 20 && checked - onePass - notJSON > checked / 20)
+        #expect(illFormedOnePass > illFormed / 10, "\(illFormedOnePass) of \(illFormed) ill-formed texts")
     }
 
     static let fieldNames = [
@@ -314,6 +339,31 @@ import TrellisTestKit
             Self.check(spaced, onePass: false)
             #expect(ContactDocument.contact(fromJSON: spaced) != nil, "\(spaced)")
         }
+    }
+
+    /// Bytes that are not UTF-8 read as the store's readers read them: each ill-formed sequence
+    /// inside a string as U+FFFD (also beside escapes and quotes), outside strings as not JSON.
+    @Test func illFormedUTF8ReadsAsReplacementCharacters() {
+        func u(_ text: String) -> [UInt8] { Array(text.utf8) }
+        let texts: [[UInt8]] = [
+            u(#"{"givenName":"a"#) + [0xFF] + u(#"b"}"#),
+            u(#"{"givenName":""#) + [0xE2, 0x82] + u(#"","note":"x"#) + [0xC3] + u(#""}"#),
+            u(#"{"givenName":"\u00e9"#) + [0xA9] + u(#"","note":""#) + [0xE2, 0x82] + u(#"\u00AC"}"#),
+            u(#"{"phoneNumbers":[{"value":""#) + [0xF0, 0x9F, 0x98] + u(#"","label":"\n"#) + [0x80] + u(#""}]}"#),
+            u(#"{"given"#) + [0xFF] + u(#"Name":"a","x"#) + [0xC0, 0xAF] + u(#"":"b","familyName":"c"}"#),
+            u(#"{"vCardProperties":[""#) + [0xED, 0xA0, 0x80] + u(#""],"x":[""#) + [0xF5] + u(#""]}"#),
+            u(#"{"givenName":"a",""#) + [0xFF],
+            u(#"{"givenName":"a","#) + [0xFF] + u(#""note":"b"}"#),
+            [0xFF] + u(#"{"givenName":"a"}"#),
+        ]
+        for text in texts {
+            let found = Self.differences(bytes: text)
+            #expect(found.isEmpty, "\(text): \(found)")
+        }
+        let first = texts[0].withUnsafeBufferPointer { ContactDocument.contact(fromJSON: $0) }
+        #expect(first?.givenName == "a\u{FFFD}b")
+        #expect(texts[3].withUnsafeBufferPointer { ContactJSONDecoder.contact($0) } != nil)
+        #expect(texts[7].withUnsafeBufferPointer { ContactDocument.contact(fromJSON: $0) } == nil)
     }
 
     /// The store hands the decoder the row's text as SQLite holds it, invalid UTF-8 replaced by
