@@ -30,20 +30,7 @@ public struct Document: Sendable, Hashable, CustomStringConvertible {
     /// A document read from the store: its key (the canonical JSON of its `_id`) and its JSON.
     init(key: String, json: StoredJSON) {
         self.storage = .stored(json)
-        self.id = Self.plainStringID(key) ?? (try? JSON.parse(key)) ?? json.member("_id") ?? .null
-    }
-
-    /// The `_id` a key names when the key is a string literal without escapes (every `_id` of a
-    /// string without `"`, `\` or control characters): the text between its quotes, with no parse.
-    private static func plainStringID(_ key: String) -> Value? {
-        var key = key
-        return key.withUTF8 { bytes -> Value? in
-            let n = bytes.count
-            guard n >= 2, bytes[0] == UInt8(ascii: "\""), bytes[n - 1] == UInt8(ascii: "\"") else { return nil }
-            for i in 1..<(n - 1) where bytes[i] == UInt8(ascii: "\\") { return nil }
-            // Well-formed UTF-8 already (a Swift string's), so decoding repairs nothing.
-            return .string(String(decoding: UnsafeBufferPointer(rebasing: bytes[1..<(n - 1)]), as: UTF8.self))
-        }
+        self.id = DocumentStore.id(ofKey: key) ?? json.member("_id") ?? .null
     }
 
     /// The whole document, `_id` included. For a document a query returned, the first read

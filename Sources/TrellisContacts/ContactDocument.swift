@@ -104,6 +104,36 @@ public enum ContactDocument {
         return CNMutableContact(fields: c)
     }
 
+    /// The contact a document's JSON text holds: `contact(from: try JSON.parse(text))`, read
+    /// without building the ``Value`` tree when the text has the compact shape the store writes.
+    ///
+    /// The text is read in one pass straight into the contact's fields; text that one pass
+    /// cannot vouch for (whitespace, a key with an escape, an exponent or `\u` escape in a member
+    /// the contact does not hold, malformed JSON) is parsed and read as ``contact(from:)`` reads
+    /// it. The result is the same either way, for every text.
+    ///
+    /// - Returns: the contact, or `nil` when `text` is not JSON (``JSON/parse(_:)-(String)``
+    ///   throws). Text that is JSON but not a map gives an empty contact, as ``contact(from:)``.
+    /// - Complexity: O(n) in the length of the text.
+    public static func contact(fromJSON text: String) -> CNMutableContact? {
+        var text = text
+        return text.withUTF8 { contact(fromJSON: $0) }
+    }
+
+    /// The contact in a document's JSON text given as bytes, read as
+    /// `contact(fromJSON: String(decoding: bytes, as: UTF8.self))` reads it (an ill-formed UTF-8
+    /// sequence counts as U+FFFD), without making that string when the text has the compact
+    /// shape the store writes: what ``ContactsEnumerator`` reads rows with.
+    ///
+    /// - Parameter bytes: the text; read only during the call.
+    /// - Returns: the contact, or `nil` when the text is not JSON.
+    /// - Complexity: O(n) in the length of the text.
+    public static func contact(fromJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
+        if let contact = ContactJSONDecoder.contact(bytes) { return contact }
+        guard let value = try? JSON.parse(String(decoding: bytes, as: UTF8.self)) else { return nil }
+        return contact(from: value)
+    }
+
     private static func items(_ value: Value?) -> [Value] {
         if case .array(let a)? = value { return a }
         return []

@@ -56,13 +56,11 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
                 after = Int64(page.offset)
             }
             var entries = try store.entries(
-                in: collection, after: after, through: marker.snapshot, limit: pageSize + 1, includeDeleted: false)
+                in: collection, after: after, through: marker.snapshot, limit: pageSize + 1, includeDeleted: false,
+                decodingJSON: { ContactDocument.contact(fromJSON: $0) })
             let more = entries.count > pageSize
             if more { entries.removeLast() }
-            if !entries.isEmpty {
-                observer.didEnumerate(
-                    entries.compactMap { e in e.value.map { ContactDocument.item(id: e.id, value: $0) } })
-            }
+            if !entries.isEmpty { observer.didEnumerate(entries.compactMap(Self.item)) }
             if more, let last = entries.last {
                 observer.didFinishEnumeratingPage(
                     upTo: ContactItemPage(generationMarker: marker.data, offset: Int(last.seq)))
@@ -93,11 +91,13 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
             guard try isCurrent(marker, cursor: cursor) else {
                 return observer.didFinishEnumeratingChangesWithError(ContactProviderError.changeAnchorExpired)
             }
-            var entries = try store.entries(in: collection, after: cursor, limit: batchSize + 1, includeDeleted: true)
+            var entries = try store.entries(
+                in: collection, after: cursor, limit: batchSize + 1, includeDeleted: true,
+                decodingJSON: { ContactDocument.contact(fromJSON: $0) })
             let more = entries.count > batchSize
             if more { entries.removeLast() }
-            let updates = entries.compactMap { e in e.value.map { ContactDocument.item(id: e.id, value: $0) } }
-            let deletes = entries.filter { $0.value == nil }.map { ContactDocument.identifier(for: $0.id) }
+            let updates = entries.compactMap(Self.item)
+            let deletes = entries.filter { $0.document == nil }.map { ContactDocument.identifier(for: $0.id) }
             if !deletes.isEmpty { observer.didDelete(deletes) }
             if !updates.isEmpty { observer.didUpdate(updates) }
             let next = entries.last.map { Int($0.seq) } ?? Int(cursor)
@@ -106,6 +106,12 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
         } catch {
             observer.didFinishEnumeratingChangesWithError(error)
         }
+    }
+
+    /// The item for a live entry, `nil` for a deleted one. Contacts are read straight from the
+    /// stored JSON text (``ContactDocument/contact(fromJSON:)``), not through a ``Value``.
+    private static func item(_ entry: DecodedLogEntry<CNMutableContact>) -> ContactItem? {
+        entry.document.map { .contact($0, ContactDocument.identifier(for: entry.id)) }
     }
 
     /// Whether a marker names this store's log and collection, and a cursor it can still answer.

@@ -150,6 +150,29 @@ public enum JSONScan {
         }
     }
 
+    /// Steps over the JSON value starting at `position` in `bytes`, which sits inside `depth` open
+    /// arrays and objects, and moves `position` past it; `false` when the value is not one the
+    /// parser certainly accepts there (the same conservative rules as
+    /// ``certainlyParses(_:)``: no whitespace, no `\u` escapes, no exponents, nesting within
+    /// ``JSON/maximumDepth``). Bytes from 0x80 up are taken as they come inside strings (also
+    /// ill-formed UTF-8: the text with such sequences read as U+FFFD parses alike) and declined
+    /// outside them.
+    ///
+    /// For decoders that read a document straight from its text and step over what they do not
+    /// read, falling back to the parser when this answers `false`.
+    ///
+    /// - Complexity: O(length of the value); no allocation.
+    package static func skipValue(
+        in bytes: UnsafeBufferPointer<UInt8>, at position: inout Int, depth: Int
+    ) -> Bool {
+        guard let base = bytes.baseAddress else { return false }
+        var sawEscape = false
+        let end = Scanner.value(base, bytes.count, at: position, depth: depth, sawEscape: &sawEscape)
+        guard end >= 0 else { return false }
+        position = end
+        return true
+    }
+
     /// The one-pass grammar of ``certainlyParses(_:)``. Each function takes the position where
     /// its construct starts and returns the position just after it, or -1 when the text is not
     /// one it vouches for. Positions are passed and returned rather than kept in a structure, so

@@ -21,6 +21,27 @@ public struct LogEntry: Sendable, Equatable {
     }
 }
 
+/// One entry of a collection's change log with the document as the caller decoded it from its
+/// stored JSON text (``DocumentStore/entries(in:after:through:limit:includeDeleted:decodingJSON:)``).
+public struct DecodedLogEntry<Document: Sendable>: Sendable {
+    /// The entry's position in the change log.
+    public var seq: Int64
+    /// The canonical key of the `_id` (``DocumentStore/key(for:)``).
+    public var key: String
+    /// The document's `_id`.
+    public var id: Value
+    /// The live document as decoded; `nil` for a removed or evicted document.
+    public var document: Document?
+
+    @inlinable
+    public init(seq: Int64, key: String, id: Value, document: Document?) {
+        self.seq = seq
+        self.key = key
+        self.id = id
+        self.document = document
+    }
+}
+
 extension DocumentStore {
     /// Log entries of a collection with `after < seq <= through`, in `seq` order (each document
     /// once, at its latest `seq`).
@@ -40,17 +61,85 @@ extension DocumentStore {
     public func entries(
         in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool
     ) throws(StoreError) -> [LogEntry] {
-        try withState { s -> [LogEntry] in
+        try entries(
+            in: collection, after: after, through: through, limit: limit, includeDeleted: includeDeleted,
+            decodingJSON: { try? JSON.parse(String(decoding: $0, as: UTF8.self)) }
+        ).map { LogEntry(seq: $0.seq, key: $0.key, id: $0.id, value: $0.document) }
+    }
+
+    /// Log entries as ``entries(in:after:through:limit:includeDeleted:)`` lists them, each live
+    /// document read by `decode` from its stored JSON text instead of parsed into a ``Value``:
+    /// for readers that decode the text straight into their own type.
+    ///
+    /// `collection`, `after`, `through`, `limit` and `includeDeleted` are those of
+    /// ``entries(in:after:through:limit:includeDeleted:)``.
+    ///
+    /// - Parameter decode: reads a live document's JSON text, given as the UTF-8 bytes SQLite
+    ///   holds (valid during the call only), and answers `nil` when, and only when, the text is
+    ///   not JSON: the row is then damaged, skipped, logged and listed as
+    ///   ``entries(in:after:through:limit:includeDeleted:)`` does. The text is compact JSON as
+    ///   the store writes it unless the row was changed behind the store's back; then it may
+    ///   even be ill-formed UTF-8, which the store's own readers take as
+    ///   `String(decoding: bytes, as: UTF8.self)` does (each ill-formed sequence read as U+FFFD)
+    ///   before parsing it, and so should `decode`. It runs while the store is held, once per
+    ///   live row.
+    /// - Returns: at most `limit` entries in `seq` order; a removed or evicted document (when
+    ///   included) has a `nil` document and is not passed to `decode`.
+    /// - Throws: ``StoreError`` for SQLite errors.
+    /// - Complexity: as ``entries(in:after:through:limit:includeDeleted:)``, plus the cost of
+    ///   `decode` for each live row read.
+    @inlinable
+    public func entries<Document: Sendable>(
+        in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool,
+        decodingJSON decode: (UnsafeBufferPointer<UInt8>) -> Document?
+    ) throws(StoreError) -> [DecodedLogEntry<Document>] {
+        // Inlined into the caller, so the per-row work is specialised for its `Document`.
+        var result: [DecodedLogEntry<Document>] = []
+        result.reserveCapacity(min(max(limit, 0), 1_024))
+        try readEntries(in: collection, after: after, through: through, limit: limit, includeDeleted: includeDeleted) {
+            seq, key, id, json in
+            guard let json else {
+                result.append(DecodedLogEntry(seq: seq, key: key, id: id, document: nil))
+                return true
+            }
+            guard let document = decode(json) else { return false }
+            result.append(DecodedLogEntry(seq: seq, key: key, id: id, document: document))
+            return true
+        }
+        return result
+    }
+
+    /// Hands each log entry ``entries(in:after:through:limit:includeDeleted:)`` would list to
+    /// `read`, in `seq` order, with the live document's JSON text as stored (not parsed).
+    ///
+    /// `collection`, `after`, `through`, `limit` and `includeDeleted` are those of
+    /// ``entries(in:after:through:limit:includeDeleted:)``.
+    ///
+    /// - Parameter read: takes the entry's `seq`, canonical `_id` key, `_id` and the bytes of its
+    ///   JSON text as
+    ///   ``entries(in:after:through:limit:includeDeleted:decodingJSON:)`` passes them to its
+    ///   `decode` (`nil` for a removed or evicted document), and answers `false` when, and only
+    ///   when, the text is not JSON: the row is then damaged, skipped (it does not count towards
+    ///   `limit`), logged once and listed by ``damagedDocuments()``. It runs while the store is
+    ///   held.
+    /// - Throws: ``StoreError`` for SQLite errors.
+    /// - Complexity: as ``entries(in:after:through:limit:includeDeleted:)``, plus the cost of
+    ///   `read` for each row.
+    public func readEntries(
+        in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool,
+        _ read: (_ seq: Int64, _ key: String, _ id: Value, _ json: UnsafeBufferPointer<UInt8>?) -> Bool
+    ) throws(StoreError) {
+        try withState { s in
             let st = try s.db.prepare(
                 "SELECT seq, id, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
                     + (includeDeleted ? "" : " AND deleted = 0") + " ORDER BY seq LIMIT ?")
             let wanted = max(0, limit)
-            var result: [LogEntry] = []
+            var count = 0
             var cursor = after
             // A damaged row is skipped (and remembered); read on so the page still holds `limit`
             // entries when the log has them, which is how readers tell that more are coming.
-            while result.count < wanted {
-                let need = wanted - result.count
+            while count < wanted {
+                let need = wanted - count
                 st.reset()
                 st.bind(1, collection)
                 st.bind(2, cursor)
@@ -61,24 +150,36 @@ extension DocumentStore {
                     rows += 1
                     cursor = st.int64(0)
                     let key = st.string(1) ?? ""
-                    guard let id = try? JSON.parse(key) else {
+                    guard let id = Self.id(ofKey: key) else {
                         noteDamaged(&s, collection, key, "its _id key is not JSON")
                         continue
                     }
-                    var value: Value?
-                    if let text = st.string(2) {
-                        guard let parsed = try? JSON.parse(text) else {
-                            noteDamaged(&s, collection, key, "its JSON value does not parse")
-                            continue
-                        }
-                        value = parsed
+                    guard read(cursor, key, id, st.textBytes(2)) else {
+                        noteDamaged(&s, collection, key, "its JSON value does not parse")
+                        continue
                     }
-                    result.append(LogEntry(seq: cursor, key: key, id: id, value: value))
+                    count += 1
                 }
                 if rows < need { break }  // the end of the range
             }
             st.reset()
-            return result
         }
+    }
+
+    /// The `_id` a canonical key names (`try? JSON.parse(key)`): a key that is one string literal
+    /// without escapes or control characters (every string `_id`'s) is read without the parser.
+    ///
+    /// - Complexity: O(n) in the length of the key.
+    package static func id(ofKey key: String) -> Value? {
+        let plain = key.utf8.withContiguousStorageIfAvailable { bytes -> Value? in
+            let n = bytes.count
+            let quote = UInt8(ascii: "\"")
+            let backslash = UInt8(ascii: "\\")
+            guard n >= 2, bytes[0] == quote, bytes[n - 1] == quote else { return nil }
+            for b in bytes[1..<(n - 1)] where b == quote || b == backslash || b < 0x20 { return nil }
+            return .string(String(decoding: UnsafeBufferPointer(rebasing: bytes[1..<(n - 1)]), as: UTF8.self))
+        }
+        if let plain, let plain { return plain }
+        return try? JSON.parse(key)
     }
 }

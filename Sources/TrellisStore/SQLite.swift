@@ -210,6 +210,13 @@ final class Statement {
         return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
     }
 
+    /// The text of a column as SQLite holds it (not checked or repaired as UTF-8), `nil` for
+    /// `NULL`; the bytes are valid until the statement steps, resets or reads the column again.
+    func textBytes(_ column: Int32) -> UnsafeBufferPointer<UInt8>? {
+        guard let p = sqlite3_column_text(stmt, column) else { return nil }
+        return UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, column)))
+    }
+
     func bytes(_ column: Int32) -> [UInt8]? {
         guard sqlite3_column_type(stmt, column) != SQLITE_NULL else { return nil }
         let n = Int(sqlite3_column_bytes(stmt, column))

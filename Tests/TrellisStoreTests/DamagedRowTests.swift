@@ -75,6 +75,18 @@ import TrellisTestKit
         #expect(try store.documents(in: "c").count == 20)
     }
 
+    /// The log entries read a string `_id` from its key without the parser, and every key as the
+    /// parser reads it: escapes, composite keys, damaged keys.
+    @Test func logEntriesReadIDKeysAsTheParserDoes() {
+        let keys = [
+            #""d5""#, #""""#, #""a\"b""#, #""\u00e9""#, #""名前 😀""#, "\"tab\t\"", #"{"a":1,"b":"x"}"#, #""a"#,
+            #"a""#, #"""#, "", " \"a\"", #""a" "#, #""a"b""#, "\u{FEFF}\"a\"", "null", "12",
+        ]
+        for key in keys {
+            #expect(DocumentStore.id(ofKey: key) == (try? JSON.parse(key)), "\(key)")
+        }
+    }
+
     /// A row whose JSON the one-pass check of query results declines (an exponent, spaces) but
     /// that parses is a result like any other, parsed at once.
     @Test func aRowTheQuickCheckDeclinesButThatParsesIsAResult() throws {
