@@ -465,7 +465,7 @@ struct JSONParser {
             } else if scalar >= 0xDC00 && scalar < 0xE000 {
                 throw loneSurrogate(scalar, at: escapeStart)
             }
-            appendUTF8(scalar)
+            UTF8Check.append(scalar, to: &scratch)
         default:
             throw expected("an escape character (one of \" \\ / b f n r t u)", at: position - 1)
         }
@@ -481,37 +481,11 @@ struct JSONParser {
         var unit: UInt32 = 0
         for _ in 0..<4 {
             guard position < end else { throw expected("a hex digit", at: position) }
-            let b = byte(position)
-            let digit: UInt8
-            switch b {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = b - UInt8(ascii: "0")
-            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = b - UInt8(ascii: "a") + 10
-            case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = b - UInt8(ascii: "A") + 10
-            default: throw expected("a hex digit", at: position)
-            }
+            guard let digit = UTF8Check.hexDigit(byte(position)) else { throw expected("a hex digit", at: position) }
             unit = unit << 4 | UInt32(digit)
             position += 1
         }
         return unit
-    }
-
-    private mutating func appendUTF8(_ scalar: UInt32) {
-        switch scalar {
-        case 0..<0x80:
-            scratch.append(UInt8(scalar))
-        case 0x80..<0x800:
-            scratch.append(UInt8(0xC0 | scalar >> 6))
-            scratch.append(UInt8(0x80 | scalar & 0x3F))
-        case 0x800..<0x10000:
-            scratch.append(UInt8(0xE0 | scalar >> 12))
-            scratch.append(UInt8(0x80 | scalar >> 6 & 0x3F))
-            scratch.append(UInt8(0x80 | scalar & 0x3F))
-        default:
-            scratch.append(UInt8(0xF0 | scalar >> 18))
-            scratch.append(UInt8(0x80 | scalar >> 12 & 0x3F))
-            scratch.append(UInt8(0x80 | scalar >> 6 & 0x3F))
-            scratch.append(UInt8(0x80 | scalar & 0x3F))
-        }
     }
 
     /// Steps over one well-formed multi-byte UTF-8 sequence (RFC 3629 §4) at the current position.

@@ -1,7 +1,7 @@
 /// Well-formed UTF-8, byte by byte (Unicode §3.9, Table 3-7; RFC 3629 §4): no overlong forms, no
 /// surrogates, nothing above U+10FFFF, no truncated sequences. Shared by the JSON and CBOR decoders,
 /// which must refuse invalid text rather than repair it.
-enum UTF8Check {
+package enum UTF8Check {
     /// The length of the well-formed multi-byte sequence that starts at `i` (whose first byte is
     /// ≥ 0x80), or `nil` when it is not well formed.
     @inline(__always)
@@ -33,5 +33,38 @@ enum UTF8Check {
         guard second >= low && second <= high else { return nil }
         for k in 2..<length where bytes[i + k] & 0xC0 != 0x80 { return nil }
         return length
+    }
+
+    /// Appends the UTF-8 of `scalar`, a Unicode scalar value (not a surrogate, at most
+    /// U+10FFFF), to `bytes`: what JSON's `\u` escapes decode to.
+    @inline(__always)
+    package static func append(_ scalar: UInt32, to bytes: inout [UInt8]) {
+        switch scalar {
+        case 0..<0x80:
+            bytes.append(UInt8(scalar))
+        case 0x80..<0x800:
+            bytes.append(UInt8(0xC0 | scalar >> 6))
+            bytes.append(UInt8(0x80 | scalar & 0x3F))
+        case 0x800..<0x10000:
+            bytes.append(UInt8(0xE0 | scalar >> 12))
+            bytes.append(UInt8(0x80 | scalar >> 6 & 0x3F))
+            bytes.append(UInt8(0x80 | scalar & 0x3F))
+        default:
+            bytes.append(UInt8(0xF0 | scalar >> 18))
+            bytes.append(UInt8(0x80 | scalar >> 12 & 0x3F))
+            bytes.append(UInt8(0x80 | scalar >> 6 & 0x3F))
+            bytes.append(UInt8(0x80 | scalar & 0x3F))
+        }
+    }
+
+    /// The value of the hexadecimal digit `b` (`0-9`, `a-f`, `A-F`), or `nil`.
+    @inline(__always)
+    package static func hexDigit(_ b: UInt8) -> UInt8? {
+        switch b {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return b - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return b - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): return b - UInt8(ascii: "A") + 10
+        default: return nil
+        }
     }
 }
