@@ -88,6 +88,7 @@ public enum FuzzChecks {
     public static func json(_ input: [UInt8]) throws(FuzzCheckFailure) {
         let fail = failing("FuzzJSON", input)
         try storedJSON(String(decoding: input, as: UTF8.self), fail)
+        try contactFromJSON(input, fail)
         guard let value = try? JSON.parse(input) else { return }
         let written = JSON.bytes(value)
         guard let again = try? JSON.parse(written), again == value else {
@@ -130,6 +131,24 @@ public enum FuzzChecks {
                 if fields[key] != nil { throw fail("member '\(key)' scanned as absent but it parses") }
             case .unsure: break
             }
+        }
+    }
+
+    /// The contacts enumerator's one-pass decoder (`ContactDocument.contact(fromJSON:)`)
+    /// reads every text as the parser path does: the same contact, and `nil` exactly when the
+    /// text (read with ill-formed UTF-8 as U+FFFD, as the store reads it) does not parse.
+    static func contactFromJSON(_ input: [UInt8], _ fail: (String) -> FuzzCheckFailure) throws(FuzzCheckFailure) {
+        let direct = input.withUnsafeBufferPointer { ContactDocument.contact(fromJSON: $0) }
+        let parsed = try? JSON.parse(String(decoding: input, as: UTF8.self))
+        switch (direct, parsed) {
+        case (nil, nil): return
+        case (let direct?, let parsed?):
+            let expected = ContactDocument.contact(from: parsed)
+            guard direct.fields == expected.fields else {
+                throw fail("the contact decoder reads \(direct.fields), the parser path \(expected.fields)")
+            }
+        case (nil, _?): throw fail("the contact decoder declines text that parses")
+        case (_?, nil): throw fail("the contact decoder reads a contact from text that does not parse")
         }
     }
 
