@@ -366,6 +366,59 @@ import TrellisTestKit
         #expect(texts[7].withUnsafeBufferPointer { ContactDocument.contact(fromJSON: $0) } == nil)
     }
 
+    /// Rows changed behind the store's back: random bytes (ill-formed UTF-8, quotes, backslashes,
+    /// NUL and other control characters, braces) put in or over each contact's stored JSON,
+    /// written into SQLite directly. The enumerator lists the rows that parse, each as the parser
+    /// reads it, and names the others as damaged, as the store's parsing `entries` does.
+    @Test func theEnumeratorReadsRandomlyDamagedRowsAsTheParserDoes() async throws {
+        let (seeded, seed) = SeededRandom.fromEnvironment(default: 0x5EED_DA3A)
+        print("ContactJSONDecoderTests damaged rows seed=\(seed) (replay: TRELLIS_SEED=\(seed))")
+        var rng = seeded
+        let fixture = try ContactsFixture()
+        let store = fixture.store
+        let ids = (0..<40).map { "r\($0)" }
+        let documents = ids.map { id -> Value in
+            guard case .map(var map) = randomContactDocument(clean: true, using: &rng) else {
+                return ["_id": .string(id)]
+            }
+            map["_id"] = .string(id)
+            map["$bytes"] = nil  // a reserved field name: the store refuses it
+            return .map(map)
+        }
+        try store.upsert(documents, in: fixture.collection)
+        let strays: [UInt8] = [
+            0x22, 0x5C, 0x00, 0x01, 0x1F, 0x7F, 0x7B, 0x7D, 0x80, 0xBF, 0xC0, 0xC3, 0xE2, 0xED, 0xF0, 0xFF,
+        ]
+        var cases: [String] = []
+        var notJSON: [String] = []
+        var onePass = 0
+        for (id, document) in zip(ids, documents) {
+            var bytes = Array(JSON.string(document).utf8)
+            for _ in 0..<Int.random(in: 0...2, using: &rng) {
+                let at = Int.random(in: 0..<bytes.count, using: &rng)
+                let stray =
+                    Int.random(in: 0..<4, using: &rng) == 0
+                    ? strays.randomElement(using: &rng)! : UInt8.random(in: 0x80...0xFF, using: &rng)
+                if Bool.random(using: &rng) { bytes.insert(stray, at: at) } else { bytes[at] = stray }
+            }
+            if (try? JSON.parse(String(decoding: bytes, as: UTF8.self))) == nil { notJSON.append("\"\(id)\"") }
+            if bytes.withUnsafeBufferPointer({ ContactJSONDecoder.contact($0) }) != nil { onePass += 1 }
+            let hex = bytes.map {
+                String($0, radix: 16).count == 1 ? "0" + String($0, radix: 16) : String($0, radix: 16)
+            }
+            cases.append("WHEN '\"\(id)\"' THEN CAST(X'\(hex.joined())' AS TEXT)")
+        }
+        _ = try SQLiteFile.query(
+            fixture.dir.path("a.sqlite"), "UPDATE documents SET value = CASE id \(cases.joined(separator: " ")) END")
+
+        let items = try await enumerateContent(fixture.enumerator, pageSize: 7).items
+        let expected = try store.entries(in: fixture.collection, after: 0, limit: 100, includeDeleted: false)
+            .compactMap { e in e.value.map { ContactDocument.item(id: e.id, value: $0) } }
+        #expect(items == expected, "seed \(seed)")
+        #expect(items.count == ids.count - notJSON.count && !notJSON.isEmpty && onePass > ids.count / 4)
+        #expect(Set(store.damagedDocuments().map(\.key)) == Set(notJSON), "seed \(seed)")
+    }
+
     /// The store hands the decoder the row's text as SQLite holds it, invalid UTF-8 replaced by
     /// U+FFFD (as the parser saw it before); a row that is not JSON is skipped and named.
     @Test func theEnumeratorReadsRowsAsBefore() async throws {

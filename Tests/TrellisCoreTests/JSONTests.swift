@@ -564,6 +564,41 @@ private enum FoundationJSON {
         expectError(bytes, "invalid UTF-8 at offset \(offset)")
     }
 
+    /// A text that is one string literal takes the parser's shortcut; the same literal after a
+    /// space takes the parser's full path. The two read alike (or both refuse) for every content
+    /// of one and two bytes, and for three- and four-byte sequences that are well formed, cut
+    /// short, overlong, surrogates or beyond U+10FFFF, beside quotes, backslashes and the end.
+    @Test func aLoneStringLiteralReadsAsTheFullParserReadsIt() {
+        var failures: [String] = []
+        var accepted = 0
+        func agree(_ text: [UInt8]) {
+            let fast = try? JSON.parse(text)
+            let full = try? JSON.parse([0x20] + text)
+            if fast != full { failures.append("\(text): \(String(describing: fast)), not \(String(describing: full))") }
+            if fast != nil {
+                accepted += 1
+                if String(validating: text, as: UTF8.self) == nil { failures.append("\(text) is not UTF-8") }
+            }
+        }
+        for a in UInt8.min...UInt8.max {
+            agree([0x22, a, 0x22])
+            agree([0x22, a])
+            for b in UInt8.min...UInt8.max { agree([0x22, a, b, 0x22]) }
+        }
+        let continuations: [UInt8] = [0x22, 0x5C, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xFF]
+        for lead: UInt8 in [0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xF7, 0xF8, 0xFF] {
+            for second in continuations {
+                for third in continuations {
+                    agree([0x22, lead, second, third, 0x22])
+                    agree([0x22, 0x61, lead, second, third])
+                    for fourth in continuations { agree([0x22, lead, second, third, fourth, 0x22]) }
+                }
+            }
+        }
+        #expect(failures.isEmpty, "\(failures.prefix(10))")
+        #expect(accepted > 2_000)
+    }
+
     @Test func validUTF8Edges() throws {
         // The first and last scalar of each UTF-8 length, and the edges around the surrogates.
         for scalar: UInt32 in [0x80, 0x7ff, 0x800, 0xd7ff, 0xe000, 0xfffd, 0xffff, 0x10000, 0x10ffff] {

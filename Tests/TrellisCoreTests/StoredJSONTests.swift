@@ -103,6 +103,88 @@ import TrellisTestKit
         #expect(vouched > 2000)
     }
 
+    /// The last word of the text: a quote, backslash or control character at every offset of
+    /// the final eight bytes, after a run of plain bytes up to 1 MiB long, where the text ends (a
+    /// string cut short, a backslash as the last byte, an escaped quote that closes nothing).
+    @Test func theLastBytesOfTheTextAreSeen() {
+        let tails: [(tail: String, closes: Bool)] = [
+            ("\"", true), ("\\\"", false), ("\\\\\"", true), ("\\", false), ("\\\\", false), ("\u{1}\"", false),
+            ("\u{1F}", false), ("\\n\"", true), ("\\u0041\"", false), ("\u{7F}\"", true), ("é\"", true),
+            ("\"\"", false), ("\\\"\"", true),
+        ]
+        for length in Array(0...17) + [1 << 20, (1 << 20) + 1, (1 << 20) + 7] {
+            let plain = String(repeating: "a", count: length)
+            for (tail, closes) in tails {
+                let text = "\"" + plain + tail
+                #expect(JSONScan.certainlyParses(text) == closes, "\(length) bytes, then \(tail.debugDescription)")
+                checkPromises(text)
+                if length < 64 || tail == "\\" {
+                    checkPromises(#"{"k":""# + plain + tail)
+                    checkPromises(#"{"k":""# + plain + tail + "}")
+                }
+            }
+        }
+    }
+
+    /// Numbers about the check's 300-digit bound (integers beyond 308 digits are out of range),
+    /// and the spellings the parser refuses or the check leaves to it.
+    @Test func numbersAtTheDigitBoundAndMalformedOnes() {
+        func digits(_ count: Int) -> String { "9" + String(repeating: "8", count: count - 1) }
+        for count in [299, 300, 301, 302, 308, 309, 310] {
+            for number in [
+                digits(count), "-" + digits(count), "0." + digits(count - 1), digits(count - 2) + ".5",
+                "-0." + digits(count - 1),
+            ] {
+                checkPromises(number)
+                checkPromises(#"{"a":\#(number),"b":[\#(number)]}"#)
+            }
+        }
+        #expect(JSONScan.certainlyParses(digits(301)) && !JSONScan.certainlyParses(digits(302)))
+        #expect(JSONScan.certainlyParses("-" + digits(301)) && (try? JSON.parse(digits(310))) == nil)
+        for number in [
+            "-0", "-", "01", "-01", "1.", ".5", "1e5", "1E+5", "-0.0", "0.", "-.5", "1.5e", "00", "+1", "0x1",
+            "9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",
+        ] {
+            for text in [number, "[\(number)]", #"{"a":\#(number)}"#, #"{"a":\#(number),"b":1}"#] {
+                checkPromises(text)
+            }
+        }
+    }
+
+    /// Malformed and near-miss documents, nesting at the limit of maps, arrays and both as a
+    /// member's value, and the documents `member` must not call maps without the key.
+    @Test func nearMissesAndMixedNestingKeepThePromises() {
+        for text in [
+            "", "{", "}", "{}", "{}x", "{}}", "{}{}", #"{"a":1}}"#, #"{"a":1}x"#, #"{"a":1,}"#, #"{"a"}"#, "tru", "nul",
+            "fals", "truee", #"{"a":tru}"#, #"{"a":nul}"#, #"{"a":1,"a":2}"#, #"{"a":1,"b":2,"a":[3]}"#,
+            #"{"$bytes":"AQI="}"#, #"{"$bytes":"AQI=","a":1}"#, #"{"a":1,"$bytes":"AQI="}"#, #"{"$bytes":"!"}"#,
+            #"{"a":{"$bytes":"AQI="}}"#, #"{"":1}"#, #"{"\"":1}"#, #"["a"]"#, #""a""#, "[1]]", "{\"a\":1}\u{0}",
+        ] {
+            checkPromises(text)
+        }
+        if case .absent = JSONScan.member("a", in: "{}}") { Issue.record("{}} is not a map") }
+        if case .absent = JSONScan.member("a", in: "{}x") { Issue.record("{}x is not a map") }
+        for depth in [JSON.maximumDepth - 2, JSON.maximumDepth - 1, JSON.maximumDepth, JSON.maximumDepth + 1] {
+            // Nested `depth` deep inside the document's map: arrays, maps, and the two in turn.
+            var open = ""
+            var close = ""
+            for level in 0..<depth {
+                let map = level % 3 == 1
+                open += map ? #"{"k":"# : "["
+                close = (map ? "}" : "]") + close
+            }
+            for inner in ["1", "[]", "{}", #""s""#] {
+                let nested = open + inner + close
+                checkPromises(#"{"a":\#(nested)}"#)
+                checkPromises(#"{"b":1,"a":\#(nested),"c":2}"#)
+                checkPromises(nested)
+                let maps = String(repeating: #"{"k":"#, count: depth) + inner + String(repeating: "}", count: depth)
+                checkPromises(#"{"a":\#(maps)}"#)
+                checkPromises(maps)
+            }
+        }
+    }
+
     @Test func aMemberIsReadWithoutParsingTheDocument() throws {
         let stored = try #require(
             StoredJSON(checking: #"{"Name":"chevelle","_id":"car-1","n":[1,{"x":true}],"s":"a\"b"}"#))
