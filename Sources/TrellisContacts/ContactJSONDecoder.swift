@@ -416,13 +416,11 @@ private struct Reader {
         position += 1
         guard let b = next else { return false }
         position += 1
+        if let escaped = UTF8Check.jsonEscape(b) {
+            scratch.append(escaped)
+            return true
+        }
         switch b {
-        case quote, backslash, UInt8(ascii: "/"): scratch.append(b)
-        case UInt8(ascii: "b"): scratch.append(0x08)
-        case UInt8(ascii: "f"): scratch.append(0x0C)
-        case UInt8(ascii: "n"): scratch.append(0x0A)
-        case UInt8(ascii: "r"): scratch.append(0x0D)
-        case UInt8(ascii: "t"): scratch.append(0x09)
         case UInt8(ascii: "u"):
             guard var scalar = hex4() else { return false }
             if scalar >= 0xD800 && scalar < 0xDC00 {

@@ -444,15 +444,11 @@ struct JSONParser {
         guard position < end else { throw expected("an escape character", at: position) }
         let b = byte(position)
         position += 1
+        if let escaped = UTF8Check.jsonEscape(b) {
+            scratch.append(escaped)
+            return
+        }
         switch b {
-        case UInt8(ascii: "\""): scratch.append(Self.quote)
-        case UInt8(ascii: "\\"): scratch.append(Self.backslash)
-        case UInt8(ascii: "/"): scratch.append(UInt8(ascii: "/"))
-        case UInt8(ascii: "b"): scratch.append(0x08)
-        case UInt8(ascii: "f"): scratch.append(0x0C)
-        case UInt8(ascii: "n"): scratch.append(0x0A)
-        case UInt8(ascii: "r"): scratch.append(0x0D)
-        case UInt8(ascii: "t"): scratch.append(0x09)
         case UInt8(ascii: "u"):
             var scalar = try parseHex4()
             if scalar >= 0xD800 && scalar < 0xDC00 {

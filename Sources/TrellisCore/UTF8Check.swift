@@ -67,4 +67,19 @@ package enum UTF8Check {
         default: return nil
         }
     }
+
+    /// The byte a JSON one-character escape stands for: `b` is the character after the backslash
+    /// (`"`, `\`, `/`, `b`, `f`, `n`, `r`, `t`); `nil` for any other, `u` included (RFC 8259 §7).
+    @inline(__always)
+    package static func jsonEscape(_ b: UInt8) -> UInt8? {
+        switch b {
+        case UInt8(ascii: "\""), UInt8(ascii: "\\"), UInt8(ascii: "/"): return b
+        case UInt8(ascii: "b"): return 0x08
+        case UInt8(ascii: "f"): return 0x0C
+        case UInt8(ascii: "n"): return 0x0A
+        case UInt8(ascii: "r"): return 0x0D
+        case UInt8(ascii: "t"): return 0x09
+        default: return nil
+        }
+    }
 }
