@@ -255,14 +255,9 @@ public enum JSONScan {
                 i &+= 1
                 if b >= 0x20 && b != quote && b != backslash { continue }
                 if b == quote { return i }
-                guard b == backslash, i < n else { return -1 }
-                switch p[i] {
-                case quote, backslash, UInt8(ascii: "/"), UInt8(ascii: "b"), UInt8(ascii: "f"),
-                    UInt8(ascii: "n"), UInt8(ascii: "r"), UInt8(ascii: "t"):
-                    sawEscape = true
-                    i += 1
-                default: return -1
-                }
+                guard b == backslash, i < n, UTF8Check.jsonEscape(p[i]) != nil else { return -1 }
+                sawEscape = true
+                i += 1
             }
             return -1
         }
