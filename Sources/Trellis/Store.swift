@@ -30,7 +30,7 @@ public struct Document: Sendable, Hashable, CustomStringConvertible {
     /// A document read from the store: its key (the canonical JSON of its `_id`) and its JSON.
     init(key: String, json: StoredJSON) {
         self.storage = .stored(json)
-        self.id = DocumentStore.id(ofKey: key) ?? json.member("_id") ?? .null
+        self.id = (try? JSON.parse(key)) ?? json.member("_id") ?? .null
     }
 
     /// The whole document, `_id` included. For a document a query returned, the first read

@@ -150,7 +150,7 @@ extension DocumentStore {
                     rows += 1
                     cursor = st.int64(0)
                     let key = st.string(1) ?? ""
-                    guard let id = Self.id(ofKey: key) else {
+                    guard let id = try? JSON.parse(key) else {
                         noteDamaged(&s, collection, key, "its _id key is not JSON")
                         continue
                     }
@@ -164,22 +164,5 @@ extension DocumentStore {
             }
             st.reset()
         }
-    }
-
-    /// The `_id` a canonical key names (`try? JSON.parse(key)`): a key that is one string literal
-    /// without escapes or control characters (every string `_id`'s) is read without the parser.
-    ///
-    /// - Complexity: O(n) in the length of the key.
-    package static func id(ofKey key: String) -> Value? {
-        let plain = key.utf8.withContiguousStorageIfAvailable { bytes -> Value? in
-            let n = bytes.count
-            let quote = UInt8(ascii: "\"")
-            let backslash = UInt8(ascii: "\\")
-            guard n >= 2, bytes[0] == quote, bytes[n - 1] == quote else { return nil }
-            for b in bytes[1..<(n - 1)] where b == quote || b == backslash || b < 0x20 { return nil }
-            return .string(String(decoding: UnsafeBufferPointer(rebasing: bytes[1..<(n - 1)]), as: UTF8.self))
-        }
-        if let plain, let plain { return plain }
-        return try? JSON.parse(key)
     }
 }

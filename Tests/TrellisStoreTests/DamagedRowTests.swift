@@ -75,35 +75,6 @@ import TrellisTestKit
         #expect(try store.documents(in: "c").count == 20)
     }
 
-    /// The log entries read a string `_id` from its key without the parser, and every key as the
-    /// parser reads it: escapes, composite keys, damaged keys.
-    @Test func logEntriesReadIDKeysAsTheParserDoes() {
-        let keys = [
-            #""d5""#, #""""#, #""a\"b""#, #""\u00e9""#, #""名前 😀""#, "\"tab\t\"", #"{"a":1,"b":"x"}"#, #""a"#,
-            #"a""#, #"""#, "", " \"a\"", #""a" "#, #""a"b""#, "\u{FEFF}\"a\"", "null", "12",
-        ]
-        for key in keys {
-            #expect(DocumentStore.id(ofKey: key) == (try? JSON.parse(key)), "\(key)")
-        }
-    }
-
-    /// Every key of one or two bytes between quotes (as SQLite hands it over: ill-formed UTF-8
-    /// read as U+FFFD), and cut, doubled and spaced quotes: the shortcut reads them as the parser.
-    @Test func everyShortKeyReadsAsTheParserReadsIt() {
-        var failures: [String] = []
-        func agree(_ bytes: [UInt8]) {
-            let key = String(decoding: bytes, as: UTF8.self)
-            if DocumentStore.id(ofKey: key) != (try? JSON.parse(key)) { failures.append(key.debugDescription) }
-        }
-        for a in UInt8.min...UInt8.max {
-            agree([0x22, a, 0x22])
-            agree([a, 0x22])
-            agree([0x22, a])
-            for b in UInt8.min...UInt8.max { agree([0x22, a, b, 0x22]) }
-        }
-        #expect(failures.isEmpty, "\(failures.prefix(10))")
-    }
-
     /// A row whose JSON the one-pass check of query results declines (an exponent, spaces) but
     /// that parses is a result like any other, parsed at once.
     @Test func aRowTheQuickCheckDeclinesButThatParsesIsAResult() throws {
