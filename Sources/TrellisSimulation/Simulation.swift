@@ -756,10 +756,16 @@ public final class Simulation: @unchecked Sendable {
                 "subs v\(version) [\(subs.map { "\($0.spec) since \($0.since) hops \($0.hops)" }.joined(separator: "; "))]"
             )
         case .batch(let sub, let docs, let upTo, let generation, let left):
+            // A key names its collection; a number (a peer that reads compact names), itself.
+            let name: String
+            switch sub {
+            case .key(let key): name = SubscriptionSpec.collection(ofKey: key)
+            case .number(let n): name = "#\(n)"
+            }
             let ids = docs.prefix(8).map { $0.id.description }.joined(separator: ",")
             return (
                 "batch",
-                "batch \(sub.split(separator: "\u{1F}").first ?? "") \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(size) B"
+                "batch \(name) \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(size) B"
             )
         case .ack(_, let upTo, let deferred): return ("ack", "ack upTo \(upTo)\(deferred ? " deferred" : "")")
         case .subscriptionError(_, let code, let text): return ("suberr", "suberr \(code): \(text)")

@@ -9,7 +9,7 @@ extension ReplicatorTests {
     }
 
     static func subscriptionErrors(_ directives: [ReplicatorDirective]) -> [(String, String)] {
-        sent(directives).compactMap { if case .subscriptionError(let s, let c, _) = $0 { (s, c) } else { nil } }
+        sent(directives).compactMap { if case .subscriptionError(.key(let s), let c, _) = $0 { (s, c) } else { nil } }
     }
 
     static func applies(_ directives: [ReplicatorDirective]) -> [ApplyRequest] {
@@ -65,24 +65,26 @@ extension ReplicatorTests {
             WireDocument(collection: "secrets", id: "s2", state: [2]),
         ]
         let refused = r.received(
-            .batch(subscription: SubscriptionSpec.all("secrets").key, documents: documents, upTo: 9, generation: 0),
+            .batch(
+                subscription: .key(SubscriptionSpec.all("secrets").key), documents: documents, upTo: 9, generation: 0),
             on: link, now: 5)
         #expect(Self.applies(refused).isEmpty && Self.sent(refused).isEmpty)  // not merged, not acknowledged
         #expect(Self.logs(refused).count == 1 && Self.logs(refused)[0].contains("may not write 'secrets'"))
         // Within the second: counted, not logged.
         let second = r.received(
-            .batch(subscription: SubscriptionSpec.all("secrets").key, documents: documents, upTo: 10, generation: 0),
+            .batch(
+                subscription: .key(SubscriptionSpec.all("secrets").key), documents: documents, upTo: 10, generation: 0),
             on: link, now: 6)
         #expect(Self.logs(second).isEmpty)
         #expect(r.refusals.batches == 2 && r.refusals.documents == 4)
         let later = r.received(
-            .batch(subscription: SubscriptionSpec.all("secrets").key, documents: [], upTo: 11, generation: 0),
+            .batch(subscription: .key(SubscriptionSpec.all("secrets").key), documents: [], upTo: 11, generation: 0),
             on: link, now: 1_100)
         #expect(Self.logs(later).first?.contains("1 refusal(s) not logged") == true)
         // The permitted collection still merges.
         let cars = r.received(
             .batch(
-                subscription: SubscriptionSpec.all("cars").key,
+                subscription: .key(SubscriptionSpec.all("cars").key),
                 documents: [WireDocument(collection: "cars", id: "c1", state: [3])], upTo: 4, generation: 0),
             on: link, now: 1_200)
         #expect(Self.applies(cars).map(\.documents.count) == [1])
@@ -128,7 +130,7 @@ extension ReplicatorTests {
         #expect(Self.sent(r.scanned(link, scan, page: page, now: 3)).isEmpty)
         let late = r.received(
             .batch(
-                subscription: SubscriptionSpec.all("notes").key,
+                subscription: .key(SubscriptionSpec.all("notes").key),
                 documents: [WireDocument(collection: "notes", id: "n1", state: [1])], upTo: 3, generation: 0),
             on: link, now: 4)
         #expect(Self.applies(late).isEmpty)

@@ -169,7 +169,8 @@ import TrellisCore
         _ = r.received(hello(nonce: 99, early: true), on: fresh, now: 10)
         #expect(r.status.peers.map(\.phase) == ["established", "standby (duplicate)"])
         let answer = WireMessage.batch(
-            subscription: spec.key, documents: [Self.record(60, "c1").document], upTo: 60, generation: first.generation)
+            subscription: .key(spec.key), documents: [Self.record(60, "c1").document], upTo: 60,
+            generation: first.generation)
         #expect(r.received(answer, on: fresh, now: 11).isEmpty)  // dropped in standby
         var chosen = r.tick(now: 3_010)
         chosen += r.linkClosed(link, reason: "closed", now: 3_011)
@@ -456,7 +457,7 @@ import TrellisCore
         // B sends p1; this node asked for cars.
         _ = r.received(
             .batch(
-                subscription: spec.key, documents: [Self.record(1, "p1", state: [9, 9]).document], upTo: 1,
+                subscription: .key(spec.key), documents: [Self.record(1, "p1", state: [9, 9]).document], upTo: 1,
                 generation: 0), on: link, now: 0)
         let request = try #require(
             Self.scans(r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 0))
@@ -531,15 +532,16 @@ import TrellisCore
         #expect(Self.sent(more + last).count == 2)
         let key = { (id: String) in JSON.string(.string(id)) }
         #expect(
-            Self.acknowledged(r.received(.ack(subscription: first.subscription, upTo: 3), on: link, now: 0)) == [
+            Self.acknowledged(r.received(.ack(subscription: .key(first.subscription), upTo: 3), on: link, now: 0)) == [
                 AcknowledgedEntry(collection: "cars", key: key("c"), seq: 3)
             ])
         #expect(
-            Self.acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)) == [
+            Self.acknowledged(r.received(.ack(subscription: .key(first.subscription), upTo: 2), on: link, now: 0)) == [
                 AcknowledgedEntry(collection: "cars", key: key("a"), seq: 1)
             ])
         #expect(
-            Self.acknowledged(r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0)).isEmpty)
+            Self.acknowledged(r.received(.ack(subscription: .key(first.subscription), upTo: 2), on: link, now: 0))
+                .isEmpty)
     }
 
     /// A page cut at `batchEntries` is followed, when nothing more is in the log, by the empty
@@ -567,14 +569,15 @@ import TrellisCore
         #expect(batches == [2, 2], "two batches in flight with the same upTo")
         // The peer postponed the first batch (no ack) and applied the empty one.
         let acknowledged = Self.acknowledged(
-            r.received(.ack(subscription: first.subscription, upTo: 2), on: link, now: 0))
+            r.received(.ack(subscription: .key(first.subscription), upTo: 2), on: link, now: 0))
         #expect(acknowledged.isEmpty, "one ack of upTo 2 cannot tell which batch was applied: \(acknowledged)")
         // A later batch whose ack says the peer deferred some of its documents.
         let third = try #require(Self.scans(r.committed(collections: ["cars"], lastSeq: 3, now: 1)).first)
         _ = r.scanned(
             link, third, page: ScanPage(records: [Self.record(3, "c", unacknowledged: true)], upTo: 3, exhausted: true),
             now: 1)
-        let deferred = r.received(.ack(subscription: first.subscription, upTo: 3, deferred: true), on: link, now: 1)
+        let deferred = r.received(
+            .ack(subscription: .key(first.subscription), upTo: 3, deferred: true), on: link, now: 1)
         #expect(!deferred.contains { if case .acknowledged = $0 { true } else { false } })
     }
 
@@ -591,7 +594,7 @@ import TrellisCore
             on: link, now: 0)
         for request in Self.scans(first) {
             _ = r.scanned(link, request, page: ScanPage(records: [], upTo: 100, exhausted: true), now: 0)
-            _ = r.received(.ack(subscription: request.subscription, upTo: 100), on: link, now: 0)
+            _ = r.received(.ack(subscription: .key(request.subscription), upTo: 100), on: link, now: 0)
         }
         let directives = r.committed(collections: ["trucks"], lastSeq: 101, now: 1)
         #expect(Self.scans(directives).map(\.spec) == [trucks])
@@ -610,7 +613,7 @@ import TrellisCore
             now: 0)
         for request in Self.scans(first) {
             _ = r.scanned(link, request, page: ScanPage(records: [], upTo: 100, exhausted: true), now: 0)
-            _ = r.received(.ack(subscription: request.subscription, upTo: 100), on: link, now: 0)
+            _ = r.received(.ack(subscription: .key(request.subscription), upTo: 100), on: link, now: 0)
         }
         // Checked: red and blue, blue unconcerned; green was not checked (the store does not serve
         // it yet, say), and the whole collection needs no check.
@@ -662,12 +665,14 @@ import TrellisCore
             d.compactMap { if case .apply(_, let a) = $0 { a } else { nil } }.first
         }
         let first = r.received(
-            .batch(subscription: refetch.key, documents: [Self.record(5, "c1").document], upTo: 50, generation: 0),
+            .batch(
+                subscription: .key(refetch.key), documents: [Self.record(5, "c1").document], upTo: 50, generation: 0),
             on: link, now: 2)
         #expect(apply(first)?.storeCheckpoint == false)
         #expect(Self.sent(first).isEmpty)  // c2 is still missing: the refetch stays
         let second = r.received(
-            .batch(subscription: refetch.key, documents: [Self.record(6, "c2").document], upTo: 60, generation: 0),
+            .batch(
+                subscription: .key(refetch.key), documents: [Self.record(6, "c2").document], upTo: 60, generation: 0),
             on: link, now: 3)
         guard case .subscriptions(let after, _)? = Self.sent(second).first else {
             Issue.record("the refetch was not dropped")
@@ -726,8 +731,10 @@ import TrellisCore
                 .subscriptions(
                     [WireSubscription(spec: spec, since: 0, hops: 0, generation: 3, deltas: true)], version: 3)
             ])
-        let old = r.received(.batch(subscription: spec.key, documents: [], upTo: 80, generation: 0), on: link, now: 2)
-        let new = r.received(.batch(subscription: spec.key, documents: [], upTo: 10, generation: 3), on: link, now: 3)
+        let old = r.received(
+            .batch(subscription: .key(spec.key), documents: [], upTo: 80, generation: 0), on: link, now: 2)
+        let new = r.received(
+            .batch(subscription: .key(spec.key), documents: [], upTo: 10, generation: 3), on: link, now: 3)
         func stores(_ d: [ReplicatorDirective]) -> Bool? {
             d.compactMap { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { nil } }.first
         }
@@ -751,16 +758,17 @@ import TrellisCore
                 if case .subscriptions(let subs, _) = m { subs } else { nil }
             }.first
         }
-        let first = r.received(.batch(subscription: spec.key, documents: [], upTo: 30, generation: 0), on: link, now: 1)
+        let first = r.received(
+            .batch(subscription: .key(spec.key), documents: [], upTo: 30, generation: 0), on: link, now: 1)
         #expect(stores(first) == true)
         _ = r.applied(link, subscription: spec.key, upTo: 30, checkpointStored: true, deferred: 0, now: 1)
         let postponed = r.received(
-            .batch(subscription: spec.key, documents: [], upTo: 40, generation: 0), on: link, now: 2)
+            .batch(subscription: .key(spec.key), documents: [], upTo: 40, generation: 0), on: link, now: 2)
         #expect(stores(postponed) == true)
         #expect(asked(r.applyPostponed(link, subscription: spec.key, reason: "limit", now: 2)) == nil)
         // A batch behind the postponed one: merged, its checkpoint not stored.
         let behind = r.received(
-            .batch(subscription: spec.key, documents: [], upTo: 50, generation: 0), on: link, now: 3)
+            .batch(subscription: .key(spec.key), documents: [], upTo: 50, generation: 0), on: link, now: 3)
         #expect(stores(behind) == false)
         #expect(r.applyPostponed(link, subscription: spec.key, reason: "limit", now: 3).isEmpty)  // once per round
         // After the retry interval the subscription is asked again from the stored checkpoint.
@@ -771,10 +779,10 @@ import TrellisCore
         let generation = try #require(again.first?.generation)
         #expect(generation != 0)
         let old = r.received(
-            .batch(subscription: spec.key, documents: [], upTo: 60, generation: 0), on: link, now: 6_000)
+            .batch(subscription: .key(spec.key), documents: [], upTo: 60, generation: 0), on: link, now: 6_000)
         #expect(stores(old) == false)
         let resent = r.received(
-            .batch(subscription: spec.key, documents: [], upTo: 40, generation: generation), on: link, now: 6_001)
+            .batch(subscription: .key(spec.key), documents: [], upTo: 40, generation: generation), on: link, now: 6_001)
         #expect(stores(resent) == true)
     }
 
@@ -793,7 +801,7 @@ import TrellisCore
         r.deferredRetried(remaining: 0, now: 0)  // nothing deferred so far
         let spec = SubscriptionSpec(collection: "cars")
         _ = try r.subscribe(spec, now: 0)
-        _ = r.received(.batch(subscription: spec.key, documents: [], upTo: 30, generation: 0), on: link, now: 1)
+        _ = r.received(.batch(subscription: .key(spec.key), documents: [], upTo: 30, generation: 0), on: link, now: 1)
         _ = r.applyFailed(link, subscription: spec.key, error: "disk full", now: 1)
         let interval = ReplicatorConfiguration(peerKey: Self.keyA).deferredRetryInterval
         let directives = r.tick(now: 1 + interval)
@@ -998,7 +1006,7 @@ import TrellisCore
         let delta = try #require(StateDelta.make(from: old, to: sender, previous: nil, digest: StateDigest(whole)))
         _ = r.received(
             .batch(
-                subscription: spec.key,
+                subscription: .key(spec.key),
                 documents: [WireDocument(collection: "cars", id: "x", state: delta.encoded())], upTo: 5,
                 generation: 0), on: link, now: 0)
         // This node's row then holds the sender's whole state: not sent back.
@@ -1018,7 +1026,8 @@ import TrellisCore
         let first = ReplicatorTests.sent(try r.subscribe(spec, now: 0))
         #expect(first == [.subscriptions([WireSubscription(spec: spec, since: 30, hops: 0, deltas: true)], version: 2)])
         // The batch stores its checkpoint when applied; the store refuses it for its delta.
-        let batch = r.received(.batch(subscription: spec.key, documents: [], upTo: 60, generation: 0), on: link, now: 1)
+        let batch = r.received(
+            .batch(subscription: .key(spec.key), documents: [], upTo: 60, generation: 0), on: link, now: 1)
         #expect(batch.contains { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { false } })
         let again = ReplicatorTests.sent(
             r.applyNeedsWholeStates(link, subscription: spec.key, reason: "no base", now: 2))
@@ -1028,7 +1037,8 @@ import TrellisCore
                     [WireSubscription(spec: spec, since: 30, hops: 0, generation: 1, deltas: false)], version: 3)
             ])
         // A batch of the old generation in flight stores no checkpoint; a second refusal asks nothing.
-        let late = r.received(.batch(subscription: spec.key, documents: [], upTo: 70, generation: 0), on: link, now: 3)
+        let late = r.received(
+            .batch(subscription: .key(spec.key), documents: [], upTo: 70, generation: 0), on: link, now: 3)
         #expect(!late.contains { if case .apply(_, let a) = $0 { a.storeCheckpoint } else { false } })
         #expect(r.applyNeedsWholeStates(link, subscription: spec.key, reason: "again", now: 4).isEmpty)
     }

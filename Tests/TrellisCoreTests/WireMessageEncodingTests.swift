@@ -9,16 +9,19 @@ import TrellisTestKit
 @Suite struct WireMessageEncodingTests {
     func randomBatch(_ random: inout SeededRandom) -> WireMessage {
         let documents = (0..<Int.random(in: 0...6, using: &random)).map { n in
+            // An empty collection is an entry without `c` (the subscription's).
             WireDocument(
-                collection: Bool.random(using: &random) ? "cars" : randomString(using: &random),
+                collection: [0, 1].randomElement(using: &random) == 0
+                    ? "" : Bool.random(using: &random) ? "cars" : randomString(using: &random),
                 id: Bool.random(using: &random) ? .string("d\(n)") : randomValue(depth: 2, using: &random),
                 state: (0..<Int.random(in: 0...40, using: &random)).map { _ in UInt8.random(in: 0...255, using: &random)
                 })
         }
         return WireMessage.batch(
-            subscription: randomString(using: &random), documents: documents,
-            upTo: Int64.random(in: 0...Int64.max, using: &random),
-            generation: UInt32.random(in: 0...UInt32.max, using: &random),
+            subscription: Bool.random(using: &random)
+                ? .key(randomString(using: &random)) : .number(UInt32.random(in: 0...UInt32.max, using: &random)),
+            documents: documents, upTo: Int64.random(in: 0...Int64.max, using: &random),
+            generation: Bool.random(using: &random) ? 0 : UInt32.random(in: 0...UInt32.max, using: &random),
             left: Bool.random(using: &random) ? nil : Int64.random(in: 0...1_000_000_000_000, using: &random))
     }
 

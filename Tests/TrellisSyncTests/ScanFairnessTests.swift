@@ -49,7 +49,7 @@ import TrellisSync
             host.runScans(limit: 1)
             for upTo in transport.takeBatches(on: LinkID(2)) {
                 host.received(
-                    WireMessage.ack(subscription: SubscriptionSpec.all("items").key, upTo: upTo).serialized(),
+                    WireMessage.ack(subscription: .key(SubscriptionSpec.all("items").key), upTo: upTo).serialized(),
                     on: LinkID(2))
             }
             rounds += 1

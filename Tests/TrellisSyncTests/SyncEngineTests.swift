@@ -101,8 +101,9 @@ func cars(_ n: Int) -> [Value] {
                 WireDocument(collection: collection, id: $0.id, state: $0.state)
             }
         }
-        try mine.send(WireMessage.batch(subscription: spec.key, documents: docs, upTo: 2, generation: 0).serialized())
-        #expect(eventually { received.withLock { $0.contains(.ack(subscription: spec.key, upTo: 2)) } })
+        try mine.send(
+            WireMessage.batch(subscription: .key(spec.key), documents: docs, upTo: 2, generation: 0).serialized())
+        #expect(eventually { received.withLock { $0.contains(.ack(subscription: .key(spec.key), upTo: 2)) } })
         #expect(try a.ids("cars") == ["c1"])
         #expect(try a.store.count(in: "secret") == 0)
     }

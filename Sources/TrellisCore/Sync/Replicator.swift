@@ -38,6 +38,10 @@ public struct Replicator: Sendable {
     /// connection to one, this node sends its `subs` right after its `hello` (the one-round-trip
     /// reconnect, docs/PROTOCOL.md §2, step 3). Kept while the node runs.
     private var earlySubscriptionPeers: Set<[UInt8]> = []
+    /// Peers whose last `hello` said they read compact names (`x: 1`): on a new connection to
+    /// one, this node's `hello` leaves out its key (the channel authenticated it). Kept while the
+    /// node runs.
+    private var compactNamePeers: Set<[UInt8]> = []
     /// What the rules and pins refused, and the rate limit of their log lines.
     public private(set) var refusals = AuthorizationRefusals()
     private var lastRefusalLog: Millis?
@@ -248,9 +252,13 @@ public struct Replicator: Sendable {
             checkpointCache[peerKey] = Dictionary(
                 checkpoints.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: { a, _ in a })
         }
+        // A peer that read compact names before gets a hello without the key the channel already
+        // proved; a peer of an older build would refuse it once, and its hello (sent at once,
+        // without `x`) makes the next connection carry the key again.
         let hello = Hello(
-            version: WireMessage.protocolVersion, peerKey: configuration.peerKey, site: local.site, epoch: local.epoch,
-            nonce: nonce, earlySubscriptions: true)
+            version: WireMessage.protocolVersion,
+            peerKey: compactNamePeers.contains(peerKey) ? [] : configuration.peerKey, site: local.site,
+            epoch: local.epoch, nonce: nonce, earlySubscriptions: true, compactNames: true)
         var directives: [ReplicatorDirective] = [.send(link, .hello(hello))]
         // A peer met before that honours subscription epochs gets the subscriptions at once,
         // each `since` with the epoch it was stored in: its batches (or "nothing new") come back
@@ -268,6 +276,10 @@ public struct Replicator: Sendable {
         // every change to the session (the echo memory of a batch) copy it whole.
         guard let phase = sessions[link]?.phase, phase != .closed else { return [] }
         sessions[link]!.lastReceived = now
+        // Subscriptions named by number become their keys here; a number this side never gave
+        // (or, for an ack, never received) names nothing: the message was in flight while the
+        // set changed, or the peer is broken, and is ignored as an unknown key would be.
+        guard let message = resolvingNames(message, on: link) else { return [] }
         switch (phase, message) {
         case (_, .error(let code, let text)):
             return close(link, "peer closed the session: \(code): \(text)")
@@ -279,7 +291,8 @@ public struct Replicator: Sendable {
             return helloReceived(hello, on: link, now: now)
         case (.awaitingHello, _):
             return fail(link, "protocol", "expected hello first", now)
-        case (_, .hello(let hello)):
+        case (_, .hello(var hello)):
+            if hello.peerKey.isEmpty { hello.peerKey = sessions[link]!.peerKey }
             if hello == sessions[link]!.remote { return [] }  // the same hello again (a duplicating transport)
             return fail(link, "protocol", "hello sent twice", now)
         case (_, .subscriptions(_, let version))
@@ -296,10 +309,10 @@ public struct Replicator: Sendable {
         case (.established, .subscriptions(let subs, let version)):
             sessions[link]?.remoteSubscriptionsVersion = version
             return serve(subs, on: link, now: now)
-        case (.established, .batch(let key, let documents, let upTo, let generation, let left)):
+        case (.established, .batch(.key(let key), let documents, let upTo, let generation, let left)):
             noteProgress(key, documents: documents.count, left: left, on: link, now: now)
             return batch(key, documents, upTo, generation, on: link, now: now)
-        case (.established, .ack(let subscription, let upTo, let deferred)):
+        case (.established, .ack(.key(let subscription), let upTo, let deferred)):
             let key = UTF8Key(subscription)
             guard var served = sessions[link]?.served[key] else { return [] }
             served.inFlight = max(0, served.inFlight - 1)
@@ -317,8 +330,8 @@ public struct Replicator: Sendable {
             return acknowledged + scanIfReady(link, key, now: now)
         case (.established, .presence(let records)):
             return presenceReceived(records, on: link, now: now)
-        case (.established, .subscriptionError(let subscription, let code, let text)),
-            (.standby, .subscriptionError(let subscription, let code, let text)):
+        case (.established, .subscriptionError(.key(let subscription), let code, let text)),
+            (.standby, .subscriptionError(.key(let subscription), let code, let text)):
             // Also in standby: the answer to subscriptions sent early, which a new generation
             // would not bring again.
             let key = UTF8Key(subscription)
@@ -332,6 +345,30 @@ public struct Replicator: Sendable {
             return []
         case (.closed, _):
             return []
+        case (.established, .batch(.number, _, _, _, _)), (.established, .ack(.number, _, _)),
+            (.established, .subscriptionError(.number, _, _)):
+            return []  // resolved above
+        }
+    }
+
+    /// `message` with a subscription named by number (``SubscriptionName/number(_:)``) named by
+    /// its key: for a `batch` or `suberr`, a number this node gave one of its asked subscriptions;
+    /// for an `ack`, one the peer gave a subscription this node serves. `nil` when the number
+    /// names none.
+    private func resolvingNames(_ message: WireMessage, on link: LinkID) -> WireMessage? {
+        switch message {
+        case .batch(.number(let n), let documents, let upTo, let generation, let left):
+            guard let key = sessions[link]?.askedByNumber[n] else { return nil }
+            return .batch(
+                subscription: .key(key.string), documents: documents, upTo: upTo, generation: generation, left: left)
+        case .subscriptionError(.number(let n), let code, let text):
+            guard let key = sessions[link]?.askedByNumber[n] else { return nil }
+            return .subscriptionError(subscription: .key(key.string), code: code, message: text)
+        case .ack(.number(let n), let upTo, let deferred):
+            guard let key = sessions[link]?.servedByNumber[n] else { return nil }
+            return .ack(subscription: .key(key.string), upTo: upTo, deferred: deferred)
+        default:
+            return message
         }
     }
 
@@ -668,7 +705,7 @@ public struct Replicator: Sendable {
                 send(
                     link,
                     .batch(
-                        subscription: request.subscription, documents: documents, upTo: served.cursor,
+                        subscription: .key(request.subscription), documents: documents, upTo: served.cursor,
                         generation: served.generation, left: served.remainingEstimate),
                     now))
             if served.inFlight == 0 { served.lastProgress = now }
@@ -712,7 +749,8 @@ public struct Replicator: Sendable {
         guard changed else { return [] }
         return [
             send(
-                link, .subscriptionError(subscription: request.subscription, code: "unavailable", message: error), now),
+                link, .subscriptionError(subscription: .key(request.subscription), code: "unavailable", message: error),
+                now),
             .log("cannot serve '\(served.spec)' to \(sessions[link]!.address): \(error)"),
         ]
     }
@@ -735,7 +773,7 @@ public struct Replicator: Sendable {
             deferredPending = true
             nextDeferredRetry = now + configuration.deferredRetryInterval
         }
-        return [send(link, .ack(subscription: key, upTo: upTo, deferred: deferred > 0), now)]
+        return [send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)]
     }
 
     /// The store could not take a batch now because too many of this peer's documents already
@@ -843,7 +881,33 @@ public struct Replicator: Sendable {
 
     mutating func send(_ link: LinkID, _ message: WireMessage, _ now: Millis) -> ReplicatorDirective {
         sessions[link]?.lastSent = now
-        return .send(link, message)
+        return .send(link, compactingNames(message, on: link))
+    }
+
+    /// `message` with its subscription named by number where the other side reads that: a
+    /// `batch` or `suberr` for a subscription the peer numbered (its entries then without `c`,
+    /// which is the subscription's), an `ack` for one this node numbered when the peer's `hello`
+    /// said `x: 1` (docs/PROTOCOL.md §2 step 4).
+    private func compactingNames(_ message: WireMessage, on link: LinkID) -> WireMessage {
+        guard let s = sessions[link] else { return message }
+        switch message {
+        case .batch(.key(let key), var documents, let upTo, let generation, let left):
+            guard let number = s.servedNumbers[UTF8Key(key)] else { return message }
+            let collection = SubscriptionSpec.collection(ofKey: key)
+            for k in documents.indices where UTF8Key.equal(documents[k].collection, collection) {
+                documents[k].collection = ""
+            }
+            return .batch(
+                subscription: .number(number), documents: documents, upTo: upTo, generation: generation, left: left)
+        case .subscriptionError(.key(let key), let code, let text):
+            guard let number = s.servedNumbers[UTF8Key(key)] else { return message }
+            return .subscriptionError(subscription: .number(number), code: code, message: text)
+        case .ack(.key(let key), let upTo, let deferred):
+            guard s.remote?.compactNames == true, let number = s.askedNumbers[UTF8Key(key)] else { return message }
+            return .ack(subscription: .number(number), upTo: upTo, deferred: deferred)
+        default:
+            return message
+        }
     }
 
     private mutating func close(_ link: LinkID, _ reason: String) -> [ReplicatorDirective] {
@@ -863,6 +927,8 @@ public struct Replicator: Sendable {
 
     private mutating func helloReceived(_ hello: Hello, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         let s = sessions[link]!
+        var hello = hello
+        if hello.peerKey.isEmpty { hello.peerKey = s.peerKey }  // left out: the key the channel authenticated
         guard hello.version == WireMessage.protocolVersion else {
             noteIncompatible(hello, address: s.address, now: now)
             if let endpoint = s.endpoint {
@@ -877,6 +943,11 @@ public struct Replicator: Sendable {
             return fail(link, "identity", "hello names a peer key other than the one the channel authenticated", now)
         }
         sessions[link]!.remote = hello
+        if hello.compactNames {
+            compactNamePeers.insert(hello.peerKey)
+        } else {
+            compactNamePeers.remove(hello.peerKey)
+        }
         if hello.earlySubscriptions {
             earlySubscriptionPeers.insert(hello.peerKey)
         } else {
@@ -975,6 +1046,17 @@ public struct Replicator: Sendable {
     /// The peer's complete subscription set arrived: serve it.
     private mutating func serve(_ subs: [WireSubscription], on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         var directives: [ReplicatorDirective] = []
+        // The numbers the peer gave its subscriptions name them in what goes back (a number
+        // given twice names the last of them: only a broken peer does that).
+        var numbers: [UTF8Key: UInt32] = [:]
+        var byNumber: [UInt32: UTF8Key] = [:]
+        for sub in subs {
+            guard let number = sub.number else { continue }
+            numbers[UTF8Key(sub.spec.key)] = number
+            byNumber[number] = UTF8Key(sub.spec.key)
+        }
+        sessions[link]!.servedNumbers = numbers
+        sessions[link]!.servedByNumber = byNumber
         // A subscription sent before the peer read our hello names the epoch its `since` counts
         // in: another epoch's position means nothing in this log, so it is served from 0.
         let subs = subs.map { sub -> WireSubscription in
@@ -994,7 +1076,7 @@ public struct Replicator: Sendable {
                     send(
                         link,
                         .subscriptionError(
-                            subscription: sub.spec.key, code: "limit",
+                            subscription: .key(sub.spec.key), code: "limit",
                             message:
                                 "this node serves at most \(configuration.maxServedSubscriptions) subscriptions per peer"
                         ),
@@ -1020,7 +1102,7 @@ public struct Replicator: Sendable {
                         send(
                             link,
                             .subscriptionError(
-                                subscription: key.string, code: "forbidden",
+                                subscription: .key(key.string), code: "forbidden",
                                 message: "this node's rules do not let your key read '\(sub.spec.collection)'"),
                             now))
                     directives += logRefusal(
@@ -1066,7 +1148,7 @@ public struct Replicator: Sendable {
                 served.failure = reason
                 served.retryable = false
                 directives.append(
-                    send(link, .subscriptionError(subscription: key.string, code: "query", message: reason), now))
+                    send(link, .subscriptionError(subscription: .key(key.string), code: "query", message: reason), now))
             }
             next[key] = served
         }
@@ -1199,7 +1281,9 @@ public struct Replicator: Sendable {
         var directives: [ReplicatorDirective] = []
         if sessions[link]!.echo.count + documents.count > configuration.echoMemory { sessions[link]!.echo.removeAll() }
         var refetched = false
-        for document in documents {
+        for var document in documents {
+            // An entry without `c` is of the subscription's collection (docs/PROTOCOL.md §2).
+            if document.collection.isEmpty { document.collection = collection }
             guard UTF8Key.equal(document.collection, collection) else {
                 // A batch answers one subscription: a peer cannot write into collections nobody asked it for.
                 directives.append(
@@ -1320,8 +1404,22 @@ public struct Replicator: Sendable {
     private mutating func sendAsked(_ link: LinkID, now: Millis, early: Bool = false) -> [ReplicatorDirective] {
         guard let s = sessions[link], early || s.remote != nil else { return [] }
         let checkpoints = checkpointCache[s.peerKey] ?? [:]
+        // A peer that reads compact names gets each subscription numbered: one number per key for
+        // the whole connection, never given to another key.
+        let numbered = early ? compactNamePeers.contains(s.peerKey) : s.remote?.compactNames == true
         var list: [WireSubscription] = []
         for (key, entry) in wanted(for: link).sorted(by: { $0.key < $1.key }) {
+            var number: UInt32?
+            if numbered {
+                if let given = sessions[link]!.askedNumbers[key] {
+                    number = given
+                } else {
+                    number = sessions[link]!.nextAskedNumber
+                    sessions[link]!.nextAskedNumber &+= 1
+                    sessions[link]!.askedNumbers[key] = number
+                    sessions[link]!.askedByNumber[number!] = key
+                }
+            }
             var since: Int64 = 0
             var epoch: [UInt8]?
             if let cp = checkpoints[key] {
@@ -1336,7 +1434,8 @@ public struct Replicator: Sendable {
                     spec: entry.spec, since: since, hops: entry.hops,
                     generation: (generations[UTF8Key(entry.spec.collection)] ?? 0) &+ (s.resyncs[key] ?? 0),
                     epoch: since > 0 ? epoch : nil,
-                    deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key)))
+                    deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
+                    number: number))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change.
@@ -1416,6 +1515,13 @@ extension Replicator {
         var asked: [UTF8Key: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
         var askedVersion: UInt64 = 0
+        /// The numbers this node gave its asked subscriptions on this connection (one per key,
+        /// never reused), and the peer's numbers for the subscriptions it asks of this node.
+        var askedNumbers: [UTF8Key: UInt32] = [:]
+        var askedByNumber: [UInt32: UTF8Key] = [:]
+        var nextAskedNumber: UInt32 = 0
+        var servedNumbers: [UTF8Key: UInt32] = [:]
+        var servedByNumber: [UInt32: UTF8Key] = [:]
         /// Per asked subscription, how often it was asked again after a postponed batch: added to
         /// the collection's rescan generation in what is asked, so that batches sent before the
         /// peer saw the new request do not store their checkpoint.

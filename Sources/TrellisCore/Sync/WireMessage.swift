@@ -90,10 +90,15 @@ public struct WireSubscription: Hashable, Sendable {
     /// Whether the sender of the subscription accepts deltas (``StateDelta``) for it: documents it
     /// holds may come as the fields local writes changed (wire `d`: 1; docs/PROTOCOL.md §2 step 5).
     public var deltas: Bool
+    /// The number the sender of the subscription gave it on this connection (wire `i`,
+    /// 0…2³²−1; docs/PROTOCOL.md §2 step 4), or `nil`: the receiver then names it by this number
+    /// in its `batch` and `suberr` messages instead of by its key, and the sender names it so in
+    /// its `ack`s. A sender numbers its subscriptions only for a peer whose `hello` said `x: 1`.
+    public var number: UInt32?
 
     public init(
         spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0, epoch: [UInt8]? = nil,
-        deltas: Bool = false
+        deltas: Bool = false, number: UInt32? = nil
     ) {
         self.spec = spec
         self.since = since
@@ -101,11 +106,38 @@ public struct WireSubscription: Hashable, Sendable {
         self.generation = generation
         self.epoch = epoch
         self.deltas = deltas
+        self.number = number
     }
+}
+
+/// How a `batch`, `ack` or `suberr` names a subscription (docs/PROTOCOL.md §2 step 4): by its
+/// ``SubscriptionSpec/key`` (wire `sub`), or by the number its subscriber gave it in `subs`
+/// (wire `i`, ``WireSubscription/number``), which a peer that said `x: 1` in its `hello` reads.
+public enum SubscriptionName: Hashable, Sendable, CustomStringConvertible, ExpressibleByStringLiteral {
+    /// The subscription's key.
+    case key(String)
+    /// The number its subscriber gave it on this connection.
+    case number(UInt32)
+
+    public init(stringLiteral key: String) { self = .key(key) }
+
+    public var description: String {
+        switch self {
+        case .key(let key): key
+        case .number(let n): "#\(n)"
+        }
+    }
+
+    /// Matches a name against a subscription key in patterns (`case .ack(spec.key, …)`).
+    public static func ~= (key: String, name: SubscriptionName) -> Bool { name == .key(key) }
 }
 
 /// A document state on the wire.
 public struct WireDocument: Sendable, Equatable {
+    /// The document's collection; empty in a `batch` entry that left `c` out because it is the
+    /// subscription's (a batch that names its subscription by number, docs/PROTOCOL.md §2): the
+    /// receiving replicator fills it in before anything else reads it, and a sender writes an
+    /// empty one as no `c`.
     public var collection: String
     public var id: Value
     /// The document's CRDT state: ``DocumentState/cbor()``.
@@ -137,10 +169,17 @@ public struct Hello: Sendable, Equatable {
     /// peer that saw this may send its `subs` on a later connection right after its own `hello`,
     /// without waiting for the sender's: the one-round-trip reconnect (docs/PROTOCOL.md §2, step 3).
     public var earlySubscriptions: Bool
+    /// Whether the sender reads the compact names of docs/PROTOCOL.md §2 (wire `x`: 1):
+    /// subscriptions numbered in `subs` and named by number in `batch`, `ack` and `suberr`, batch
+    /// entries without `c`, and a `hello` without `key` (the key the channel authenticated).
+    public var compactNames: Bool
 
+    /// - Parameter peerKey: the sender's 32-byte peer key, or empty when the `hello` left `key`
+    ///   out (a sender does so only to a peer that said `x: 1`): it is then the key the channel
+    ///   authenticated.
     public init(
         version: Int, peerKey: [UInt8], site: SiteID, epoch: [UInt8], nonce: UInt64 = 0,
-        earlySubscriptions: Bool = false
+        earlySubscriptions: Bool = false, compactNames: Bool = false
     ) {
         self.version = version
         self.peerKey = peerKey
@@ -148,6 +187,7 @@ public struct Hello: Sendable, Equatable {
         self.epoch = epoch
         self.nonce = nonce
         self.earlySubscriptions = earlySubscriptions
+        self.compactNames = compactNames
     }
 }
 
@@ -165,15 +205,16 @@ public enum WireMessage: Sendable, Equatable {
     /// sender's count of log entries of the collection after `upTo` when the batch was cut: an
     /// upper bound on the documents still to come, 0 once the sender reached the end of its log
     /// (the receiver's initial sync of the subscription is then complete).
-    case batch(subscription: String, documents: [WireDocument], upTo: Int64, generation: UInt32, left: Int64? = nil)
+    case batch(
+        subscription: SubscriptionName, documents: [WireDocument], upTo: Int64, generation: UInt32, left: Int64? = nil)
     /// `{t:"ack", sub, upTo}`: the receiver committed the batch up to `upTo` (with SQLite's
     /// `synchronous=NORMAL` by default: a power loss may still take the commit back).
     /// `deferred`: the receiver kept some of the batch's documents aside to retry (their clock,
     /// size or validity, docs/PROTOCOL.md §3): it does not hold them yet.
-    case ack(subscription: String, upTo: Int64, deferred: Bool = false)
+    case ack(subscription: SubscriptionName, upTo: Int64, deferred: Bool = false)
     /// `{t:"suberr", sub, code, msg}`: the sender cannot serve this one subscription (its query
     /// does not parse or bind here, reading the log failed, a limit); the session goes on.
-    case subscriptionError(subscription: String, code: String, message: String)
+    case subscriptionError(subscription: SubscriptionName, code: String, message: String)
     /// `{t:"ping", n}`: keepalive; answered by `pong` with the same `n`.
     case ping(UInt64)
     /// `{t:"pong", n}`.
@@ -197,40 +238,55 @@ public enum WireMessage: Sendable, Equatable {
         switch self {
         case .hello(let h):
             var map: UTF8Map<Value> = [
-                "t": "hello", "v": .int(Int64(h.version)), "key": .bytes(h.peerKey),
-                "site": .int(Int64(bitPattern: h.site)), "epoch": .bytes(h.epoch),
-                "n": .int(Int64(bitPattern: h.nonce)),
+                "t": "hello", "v": .int(Int64(h.version)), "site": .int(Int64(bitPattern: h.site)),
+                "epoch": .bytes(h.epoch), "n": .int(Int64(bitPattern: h.nonce)),
             ]
+            if !h.peerKey.isEmpty { map["key"] = .bytes(h.peerKey) }
             if h.earlySubscriptions { map["es"] = 1 }
+            if h.compactNames { map["x"] = 1 }
             return .map(map)
         case .subscriptions(let subs, let version):
             return [
                 "t": "subs", "v": .int(Int64(bitPattern: version)),
                 "subs": .array(
                     subs.map {
+                        // `a` and `gen` are optional: left out at their defaults.
                         var entry: UTF8Map<Value> = [
-                            "c": .string($0.spec.collection), "q": .string($0.spec.query), "a": .map($0.spec.args),
-                            "since": .int($0.since), "hops": .int(Int64($0.hops)), "gen": .int(Int64($0.generation)),
+                            "c": .string($0.spec.collection), "q": .string($0.spec.query), "since": .int($0.since),
+                            "hops": .int(Int64($0.hops)),
                         ]
+                        if !$0.spec.args.isEmpty { entry["a"] = .map($0.spec.args) }
+                        if $0.generation != 0 { entry["gen"] = .int(Int64($0.generation)) }
                         if let epoch = $0.epoch { entry["e"] = .bytes(epoch) }
                         if $0.deltas { entry["d"] = .int(1) }
+                        if let number = $0.number { entry["i"] = .int(Int64(number)) }
                         return .map(entry)
                     }),
             ]
         case .batch(let sub, let docs, let upTo, let generation, let left):
             var map: UTF8Map<Value> = [
-                "t": "batch", "sub": .string(sub),
-                "docs": .array(docs.map { ["c": .string($0.collection), "id": $0.id, "s": .bytes($0.state)] }),
-                "upTo": .int(upTo), "gen": .int(Int64(generation)),
+                "t": "batch",
+                "docs": .array(
+                    docs.map {
+                        $0.collection.isEmpty
+                            ? ["id": $0.id, "s": .bytes($0.state)]
+                            : ["c": .string($0.collection), "id": $0.id, "s": .bytes($0.state)]
+                    }),
+                "upTo": .int(upTo),
             ]
+            Self.name(sub, into: &map)
+            if generation != 0 { map["gen"] = .int(Int64(generation)) }
             if let left { map["left"] = .int(left) }
             return .map(map)
         case .ack(let sub, let upTo, let deferred):
-            var map: UTF8Map<Value> = ["t": "ack", "sub": .string(sub), "upTo": .int(upTo)]
+            var map: UTF8Map<Value> = ["t": "ack", "upTo": .int(upTo)]
+            Self.name(sub, into: &map)
             if deferred { map["deferred"] = .int(1) }
             return .map(map)
         case .subscriptionError(let sub, let code, let message):
-            return ["t": "suberr", "sub": .string(sub), "code": .string(code), "msg": .string(message)]
+            var map: UTF8Map<Value> = ["t": "suberr", "code": .string(code), "msg": .string(message)]
+            Self.name(sub, into: &map)
+            return .map(map)
         case .ping(let n):
             return ["t": "ping", "n": .int(Int64(bitPattern: n))]
         case .pong(let n):
@@ -251,6 +307,14 @@ public enum WireMessage: Sendable, Equatable {
         }
     }
 
+    /// `sub` (a key) or `i` (a number) naming a subscription in a message map.
+    private static func name(_ name: SubscriptionName, into map: inout UTF8Map<Value>) {
+        switch name {
+        case .key(let key): map["sub"] = .string(key)
+        case .number(let number): map["i"] = .int(Int64(number))
+        }
+    }
+
     /// Encodes to CBOR bytes.
     public func serialized() -> [UInt8] {
         guard case .batch(let subscription, let documents, let upTo, let generation, let left) = self else {
@@ -258,22 +322,41 @@ public enum WireMessage: Sendable, Equatable {
         }
         // The bulk of a sync, written straight into one buffer: the bytes of `CBOR.encode(encoded)`
         // (keys in deterministic order: shorter first, then bytewise), without building the tree.
-        var capacity = 64 + subscription.utf8.count
+        var capacity = 64
+        if case .key(let key) = subscription { capacity += key.utf8.count }
         for document in documents { capacity += 48 + document.collection.utf8.count + document.state.count }
         var writer = CBORWriter(capacity: capacity)
-        writer.writeMapHeader(count: left == nil ? 5 : 6)
-        writer.writeText("t")
-        writer.writeText("batch")
-        writer.writeText("gen")
-        writer.writeInt(Int64(generation))
-        writer.writeText("sub")
-        writer.writeText(subscription)
+        writer.writeMapHeader(count: 4 + (generation == 0 ? 0 : 1) + (left == nil ? 0 : 1))  // t, docs, upTo and a name
+        switch subscription {
+        case .number(let number):
+            writer.writeText("i")
+            writer.writeInt(Int64(number))
+            writer.writeText("t")
+            writer.writeText("batch")
+            if generation != 0 {
+                writer.writeText("gen")
+                writer.writeInt(Int64(generation))
+            }
+        case .key(let key):
+            writer.writeText("t")
+            writer.writeText("batch")
+            if generation != 0 {
+                writer.writeText("gen")
+                writer.writeInt(Int64(generation))
+            }
+            writer.writeText("sub")
+            writer.writeText(key)
+        }
         writer.writeText("docs")
         writer.writeArrayHeader(count: documents.count)
         for document in documents {
-            writer.writeMapHeader(count: 3)
-            writer.writeText("c")
-            writer.writeText(document.collection)
+            if document.collection.isEmpty {
+                writer.writeMapHeader(count: 2)
+            } else {
+                writer.writeMapHeader(count: 3)
+                writer.writeText("c")
+                writer.writeText(document.collection)
+            }
             writer.writeText("s")
             writer.writeBytes(document.state)
             writer.writeText("id")
@@ -326,35 +409,62 @@ public enum WireMessage: Sendable, Equatable {
             guard let head = try? reader.readHead(), head.major == 0, head.argument <= max else { return nil }
             return Int64(head.argument)
         }
-        guard let top = try? reader.readHead(), top.major == 5, !top.isIndefinite,
-            top.argument == 5 || top.argument == 6,
-            key("t"), text() == "batch",
-            key("gen"), let generation = unsigned(max: UInt64(UInt32.max)),
-            key("sub"), let subscription = text(),
-            key("docs"), let list = try? reader.readHead(), list.major == 4, !list.isIndefinite,
-            let count = try? reader.checkCount(list, minimumSize: 1, what: "array")
-        else { return nil }
-        var documents: [WireDocument] = []
-        documents.reserveCapacity(count)
-        for _ in 0..<count {
-            guard let map = try? reader.readHead(), map.major == 5, !map.isIndefinite, map.argument == 3,
-                key("c"), let collection = text(),
-                key("s"), let stateHead = try? reader.readHead(), stateHead.major == 2, !stateHead.isIndefinite,
-                let state = try? reader.readByteString(stateHead),
-                key("id"), let id = try? reader.readValue(depth: 3)
+        func documentList() -> [WireDocument]? {
+            guard let list = try? reader.readHead(), list.major == 4, !list.isIndefinite,
+                let count = try? reader.checkCount(list, minimumSize: 1, what: "array")
             else { return nil }
-            documents.append(WireDocument(collection: collection, id: id, state: state))
+            var documents: [WireDocument] = []
+            documents.reserveCapacity(count)
+            for _ in 0..<count {
+                guard let map = try? reader.readHead(), map.major == 5, !map.isIndefinite,
+                    map.argument == 2 || map.argument == 3
+                else { return nil }
+                var collection = ""
+                if map.argument == 3 {
+                    guard key("c"), let text = text(), !text.isEmpty else { return nil }
+                    collection = text
+                }
+                guard key("s"), let stateHead = try? reader.readHead(), stateHead.major == 2, !stateHead.isIndefinite,
+                    let state = try? reader.readByteString(stateHead),
+                    key("id"), let id = try? reader.readValue(depth: 3)
+                else { return nil }
+                documents.append(WireDocument(collection: collection, id: id, state: state))
+            }
+            return documents
         }
+        // The keys in deterministic order, each at most once: `i` (a numbered subscription) or
+        // `sub` (a key), `t`, then the optional `gen`, `docs`, the optional `left`, and `upTo`.
+        guard let top = try? reader.readHead(), top.major == 5, !top.isIndefinite, (3...6).contains(top.argument)
+        else { return nil }
+        var name: SubscriptionName?
+        if bytes.count > 2, bytes[1] == 0x61, bytes[2] == UInt8(ascii: "i") {
+            guard key("i"), let number = unsigned(max: UInt64(UInt32.max)) else { return nil }
+            name = .number(UInt32(number))
+        }
+        guard key("t"), text() == "batch" else { return nil }
+        var fields = 2 + (name == nil ? 0 : 1)
+        var generation: Int64 = 0
+        if reader.remaining > 4, bytes[reader.position] == 0x63, bytes[reader.position + 1] == UInt8(ascii: "g") {
+            guard key("gen"), let value = unsigned(max: UInt64(UInt32.max)) else { return nil }
+            generation = value
+            fields += 1
+        }
+        if name == nil {
+            guard key("sub"), let subscription = text() else { return nil }
+            name = .key(subscription)
+            fields += 1
+        }
+        guard key("docs"), let documents = documentList() else { return nil }
         var left: Int64?
-        if top.argument == 6 {
+        if UInt64(fields) + 1 < top.argument {
             guard key("left"), let value = unsigned(max: UInt64(Int64.max)) else { return nil }
             left = value
+            fields += 1
         }
-        guard key("upTo"), let upTo = unsigned(max: UInt64(Int64.max)), (try? reader.expectEnd()) != nil else {
-            return nil
-        }
-        return .batch(
-            subscription: subscription, documents: documents, upTo: upTo, generation: UInt32(generation), left: left)
+        guard UInt64(fields) + 1 == top.argument, key("upTo"), let upTo = unsigned(max: UInt64(Int64.max)),
+            (try? reader.expectEnd()) != nil, let name
+        else { return nil }
+        return .batch(subscription: name, documents: documents, upTo: upTo, generation: UInt32(generation), left: left)
     }
 
     /// The message with the state of every document of a batch decoded
@@ -379,16 +489,20 @@ public enum WireMessage: Sendable, Equatable {
         let m = Fields(message: type, value: value)
         switch type {
         case "hello":
-            let key = try m.bytes("key")
+            // `key` may be left out for a peer that said `x: 1`: it is then the channel's.
+            let key = value["key"] == nil ? [] : try m.bytes("key")
             let epoch = try m.bytes("epoch")
-            guard key.count == 32 else { throw WireError("hello: 'key' must be 32 bytes, not \(key.count)") }
+            guard key.isEmpty || key.count == 32 else {
+                throw WireError("hello: 'key' must be 32 bytes, not \(key.count)")
+            }
             guard epoch.count == 16 else { throw WireError("hello: 'epoch' must be 16 bytes, not \(epoch.count)") }
             self = .hello(
                 Hello(
                     version: Int(try m.int("v", in: 0...Int64(UInt16.max))), peerKey: key,
                     site: SiteID(bitPattern: try m.int("site")), epoch: epoch,
                     nonce: UInt64(bitPattern: try m.optionalInt("n") ?? 0),
-                    earlySubscriptions: try m.optionalInt("es", in: 0...1) == 1))
+                    earlySubscriptions: try m.optionalInt("es", in: 0...1) == 1,
+                    compactNames: try m.optionalInt("x", in: 0...1) == 1))
         case "subs":
             guard case .array(let list)? = value["subs"] else { throw WireError("subs: missing 'subs' array") }
             var subs: [WireSubscription] = []
@@ -415,7 +529,8 @@ public enum WireMessage: Sendable, Equatable {
                         since: try s.int("since", in: 0...Int64.max),
                         hops: Int(try s.int("hops", in: 0...Int64(Self.maxHops))),
                         generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
-                        epoch: epoch, deltas: try s.optionalInt("d", in: 0...1) == 1))
+                        epoch: epoch, deltas: try s.optionalInt("d", in: 0...1) == 1,
+                        number: try s.optionalInt("i", in: 0...Int64(UInt32.max)).map { UInt32($0) }))
             }
             self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "batch":
@@ -425,19 +540,21 @@ public enum WireMessage: Sendable, Equatable {
             for item in list {
                 guard case .map = item, let id = item["id"] else { throw WireError("batch: document without 'id'") }
                 let d = Fields(message: "batch", value: item)
-                docs.append(WireDocument(collection: try d.string("c"), id: id, state: try d.bytes("s")))
+                // No `c`: the subscription's collection (filled in by the replicator).
+                let collection = item["c"] == nil ? "" : try d.string("c")
+                docs.append(WireDocument(collection: collection, id: id, state: try d.bytes("s")))
             }
             self = .batch(
-                subscription: try m.string("sub"), documents: docs, upTo: try m.int("upTo", in: 0...Int64.max),
+                subscription: try m.subscriptionName(), documents: docs, upTo: try m.int("upTo", in: 0...Int64.max),
                 generation: UInt32(try m.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
                 left: try m.optionalInt("left", in: 0...Int64.max))
         case "ack":
             self = .ack(
-                subscription: try m.string("sub"), upTo: try m.int("upTo", in: 0...Int64.max),
+                subscription: try m.subscriptionName(), upTo: try m.int("upTo", in: 0...Int64.max),
                 deferred: try m.optionalInt("deferred", in: 0...1) == 1)
         case "suberr":
             self = .subscriptionError(
-                subscription: try m.string("sub"), code: try m.string("code"), message: try m.string("msg"))
+                subscription: try m.subscriptionName(), code: try m.string("code"), message: try m.string("msg"))
         case "ping":
             self = .ping(UInt64(bitPattern: try m.int("n")))
         case "pong":
@@ -516,6 +633,12 @@ private struct Fields {
             throw WireError("\(message): '\(key)' is missing or not a string")
         }
         return s
+    }
+
+    /// The subscription a `batch`, `ack` or `suberr` names: its number `i`, else its key `sub`.
+    func subscriptionName() throws(WireError) -> SubscriptionName {
+        if let number = try optionalInt("i", in: 0...Int64(UInt32.max)) { return .number(UInt32(number)) }
+        return .key(try string("sub"))
     }
 
     func bytes(_ key: String) throws(WireError) -> [UInt8] {

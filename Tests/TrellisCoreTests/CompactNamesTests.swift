@@ -1,0 +1,189 @@
+import Testing
+import TrellisCore
+
+/// Compact names (docs/PROTOCOL.md §2 steps 1 and 4): between peers whose `hello` said `x: 1`,
+/// subscriptions are numbered in `subs` and named by number in `batch`, `ack` and `suberr`, batch
+/// entries leave out `c`, and a reconnecting node's `hello` leaves out the key the channel proved.
+/// A peer that never said `x: 1` (an older build) sees none of it.
+@Suite struct CompactNamesTests {
+    static let keyA: [UInt8] = Array(repeating: 1, count: 32)
+    static let keyB: [UInt8] = Array(repeating: 2, count: 32)
+    static let epochB: [UInt8] = Array(repeating: 0xB, count: 16)
+    let link = LinkID(1)
+    let spec = SubscriptionSpec(collection: "cars")
+
+    func replicator() -> Replicator {
+        Replicator(
+            configuration: ReplicatorConfiguration(peerKey: Self.keyA),
+            local: LocalLog(epoch: Array(repeating: 0xA, count: 16), site: 0x101, lastSeq: 100), seed: 42)
+    }
+
+    func hello(compact: Bool, key: [UInt8] = keyB, nonce: UInt64 = 7) -> WireMessage {
+        .hello(
+            Hello(
+                version: WireMessage.protocolVersion, peerKey: key, site: 0x102, epoch: Self.epochB, nonce: nonce,
+                earlySubscriptions: true, compactNames: compact))
+    }
+
+    static func sent(_ directives: [ReplicatorDirective]) -> [WireMessage] {
+        directives.compactMap { if case .send(_, let m) = $0 { m } else { nil } }
+    }
+
+    static func applies(_ directives: [ReplicatorDirective]) -> [ApplyRequest] {
+        directives.compactMap { if case .apply(_, let r) = $0 { r } else { nil } }
+    }
+
+    /// A replicator subscribed to `cars`, with a session to B whose hello said `x` as given; and
+    /// the subscriptions it sent B.
+    func established(compact: Bool) throws -> (Replicator, [WireSubscription]) {
+        var r = replicator()
+        _ = try r.subscribe(spec, now: 0)
+        _ = r.linkOpened(
+            link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        let directives = r.received(hello(compact: compact), on: link, now: 0)
+        let subs = Self.sent(directives).compactMap { if case .subscriptions(let s, _) = $0 { s } else { nil } }.first
+        return (r, subs ?? [])
+    }
+
+    @Test func aPeerThatReadsCompactNamesGetsNumberedSubscriptionsAndNumberedAcks() throws {
+        var (r, subs) = try established(compact: true)
+        #expect(subs.map(\.number) == [0])
+        // B names its batch by that number and leaves out `c`: the entry is of `cars`.
+        let document = WireDocument(collection: "", id: .string("c1"), state: [1, 2, 3])
+        let directives = r.received(
+            .batch(subscription: .number(0), documents: [document], upTo: 9, generation: 0), on: link, now: 1)
+        let apply = try #require(Self.applies(directives).first)
+        #expect(apply.subscription == spec.key && apply.documents.map(\.collection) == ["cars"])
+        let ack = Self.sent(
+            r.applied(link, subscription: spec.key, upTo: 9, checkpointStored: true, deferred: 0, now: 2))
+        #expect(ack == [.ack(subscription: .number(0), upTo: 9)])
+        // A number this node never gave names nothing: nothing is applied, nothing answered.
+        #expect(
+            r.received(
+                .batch(subscription: .number(7), documents: [document], upTo: 10, generation: 0), on: link, now: 3
+            )
+            .isEmpty)
+        #expect(
+            r.received(.subscriptionError(subscription: .number(7), code: "query", message: "x"), on: link, now: 3)
+                .isEmpty)
+    }
+
+    @Test func anOlderPeerSeesKeysOnly() throws {
+        var (r, subs) = try established(compact: false)
+        #expect(subs.map(\.number) == [nil])
+        _ = r.received(.batch(subscription: .key(spec.key), documents: [], upTo: 9, generation: 0), on: link, now: 1)
+        let ack = Self.sent(
+            r.applied(link, subscription: spec.key, upTo: 9, checkpointStored: true, deferred: 0, now: 2))
+        #expect(ack == [.ack(subscription: .key(spec.key), upTo: 9)])
+        // It serves B's subscriptions, which B did not number, by key, entries with `c`.
+        let served = r.received(.subscriptions([WireSubscription(spec: spec, since: 0, hops: 0)]), on: link, now: 3)
+        let scan = try #require(served.compactMap { if case .scan(_, let s) = $0 { s } else { nil } }.first)
+        let page = ScanPage(
+            records: [
+                LogRecord(
+                    seq: 5, key: JSON.string(.string("c1")),
+                    document: WireDocument(collection: "cars", id: .string("c1"), state: [1]))
+            ], upTo: 5, exhausted: true)
+        #expect(
+            Self.sent(r.scanned(link, scan, page: page, now: 4)) == [
+                .batch(
+                    subscription: .key(spec.key),
+                    documents: [WireDocument(collection: "cars", id: .string("c1"), state: [1])], upTo: 5,
+                    generation: 0, left: 0)
+            ])
+    }
+
+    @Test func numberedSubscriptionsAreServedByNumber() throws {
+        var (r, _) = try established(compact: true)
+        let served = r.received(
+            .subscriptions([WireSubscription(spec: spec, since: 0, hops: 0, number: 3)], version: 1), on: link, now: 1)
+        let scan = try #require(served.compactMap { if case .scan(_, let s) = $0 { s } else { nil } }.first)
+        let page = ScanPage(
+            records: [
+                LogRecord(
+                    seq: 5, key: JSON.string(.string("c1")),
+                    document: WireDocument(collection: "cars", id: .string("c1"), state: [1]),
+                    holdsUnacknowledgedWrite: true)
+            ], upTo: 5, exhausted: true)
+        let batch = Self.sent(r.scanned(link, scan, page: page, now: 2))
+        #expect(
+            batch == [
+                .batch(
+                    subscription: .number(3), documents: [WireDocument(collection: "", id: .string("c1"), state: [1])],
+                    upTo: 5, generation: 0, left: 0)
+            ])
+        // Its ack by number acknowledges the write; one by another number does nothing.
+        #expect(r.received(.ack(subscription: .number(4), upTo: 5), on: link, now: 3).isEmpty)
+        let acked = r.received(.ack(subscription: .number(3), upTo: 5), on: link, now: 3)
+        #expect(
+            acked.contains {
+                if case .acknowledged(let e) = $0 { e.map(\.key) == [JSON.string(.string("c1"))] } else { false }
+            })
+        // A query it cannot serve is named by number too.
+        let bad = SubscriptionSpec(collection: "cars", query: "((")
+        let refused = Self.sent(
+            r.received(
+                .subscriptions(
+                    [
+                        WireSubscription(spec: spec, since: 5, hops: 0, number: 3),
+                        WireSubscription(spec: bad, since: 0, hops: 0, number: 4),
+                    ],
+                    version: 2), on: link, now: 4))
+        #expect(refused.contains { if case .subscriptionError(.number(4), "query", _) = $0 { true } else { false } })
+    }
+
+    @Test func aReconnectingNodeLeavesItsKeyOutForAPeerThatReadsCompactNames() throws {
+        var r = replicator()
+        func open(_ link: LinkID) -> Hello? {
+            let opened = r.linkOpened(
+                link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+            return Self.sent(opened).compactMap { if case .hello(let h) = $0 { h } else { nil } }.first
+        }
+        let first = try #require(open(LinkID(1)))
+        #expect(first.peerKey == Self.keyA && first.compactNames)
+        // B's hello without its key is B's: the channel authenticated it.
+        let keyless = Hello(
+            version: WireMessage.protocolVersion, peerKey: [], site: 0x102, epoch: Self.epochB, nonce: 7,
+            earlySubscriptions: true, compactNames: true)
+        let established = r.received(.hello(keyless), on: LinkID(1), now: 0)
+        #expect(r.status.peers.map(\.peerKey) == [Self.keyB], "\(established)")
+        // The same hello again (a duplicating transport) is no protocol error.
+        #expect(r.received(.hello(keyless), on: LinkID(1), now: 0).isEmpty)
+        _ = r.linkClosed(LinkID(1), reason: "gone", now: 1)
+        let second = try #require(open(LinkID(2)))
+        #expect(second.peerKey.isEmpty)
+        // B came back as an older build (no `x`): the next hello carries the key again.
+        _ = r.received(hello(compact: false, nonce: 8), on: LinkID(2), now: 2)
+        _ = r.linkClosed(LinkID(2), reason: "gone", now: 3)
+        #expect(try #require(open(LinkID(3))).peerKey == Self.keyA)
+    }
+
+    @Test func compactNamesTravel() throws {
+        for message: WireMessage in [
+            .hello(
+                Hello(
+                    version: 4, peerKey: [], site: 5, epoch: Self.epochB, nonce: 1, earlySubscriptions: true,
+                    compactNames: true)),
+            .subscriptions([WireSubscription(spec: spec, since: 9, hops: 1, number: 12)], version: 3),
+            .batch(
+                subscription: .number(12), documents: [WireDocument(collection: "", id: .string("a"), state: [1])],
+                upTo: 4, generation: 0),
+            .ack(subscription: .number(12), upTo: 4, deferred: true),
+            .subscriptionError(subscription: .number(12), code: "query", message: "no"),
+        ] {
+            #expect(try WireMessage(serialized: message.serialized()) == message)
+            #expect(try WireMessage(CBOR.decode(message.serialized())) == message)
+        }
+        // A number outside 0…2³²−1, or a key of another length than 32 bytes, does not decode.
+        #expect(throws: WireError.self) {
+            try WireMessage(["t": "ack", "i": .int(-1), "upTo": 1])
+        }
+        #expect(throws: WireError.self) {
+            try WireMessage(["t": "ack", "i": .int(1 << 32), "upTo": 1])
+        }
+        #expect(throws: WireError.self) {
+            try WireMessage(
+                ["t": "hello", "v": 4, "key": .bytes([1]), "site": 1, "epoch": .bytes(Self.epochB), "n": 1])
+        }
+    }
+}
