@@ -165,6 +165,14 @@ import TrellisCore
                     version: 4, peerKey: [], site: 5, epoch: Self.epochB, nonce: 1, earlySubscriptions: true,
                     compactNames: true)),
             .subscriptions([WireSubscription(spec: spec, since: 9, hops: 1, number: 12)], version: 3),
+            // A numbered whole-collection entry at 0 hops leaves `q` and `hops` out.
+            .subscriptions([WireSubscription(spec: spec, since: 9, hops: 0, number: 0)], version: 1),
+            .subscriptions(
+                [
+                    WireSubscription(
+                        spec: SubscriptionSpec(collection: "cars", query: "a == $args.x", args: ["x": 1]), since: 0,
+                        hops: 2, generation: 3, number: 1)
+                ], version: 2),
             .batch(
                 subscription: .number(12), documents: [WireDocument(collection: "", id: .string("a"), state: [1])],
                 upTo: 4, generation: 0),

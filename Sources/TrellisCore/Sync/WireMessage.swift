@@ -250,11 +250,11 @@ public enum WireMessage: Sendable, Equatable {
                 "t": "subs", "v": .int(Int64(bitPattern: version)),
                 "subs": .array(
                     subs.map {
-                        // `a` and `gen` are optional: left out at their defaults.
-                        var entry: UTF8Map<Value> = [
-                            "c": .string($0.spec.collection), "q": .string($0.spec.query), "since": .int($0.since),
-                            "hops": .int(Int64($0.hops)),
-                        ]
+                        // `a` and `gen` are optional: left out at their defaults; so are `q` and `hops`
+                        // in a numbered entry, which only a peer that reads compact names receives.
+                        var entry: UTF8Map<Value> = ["c": .string($0.spec.collection), "since": .int($0.since)]
+                        if $0.number == nil || $0.spec.query != "true" { entry["q"] = .string($0.spec.query) }
+                        if $0.number == nil || $0.hops != 0 { entry["hops"] = .int(Int64($0.hops)) }
                         if !$0.spec.args.isEmpty { entry["a"] = .map($0.spec.args) }
                         if $0.generation != 0 { entry["gen"] = .int(Int64($0.generation)) }
                         if let epoch = $0.epoch { entry["e"] = .bytes(epoch) }
@@ -525,9 +525,10 @@ public enum WireMessage: Sendable, Equatable {
                 }
                 subs.append(
                     WireSubscription(
-                        spec: SubscriptionSpec(collection: collection, query: try s.string("q"), args: args),
+                        spec: SubscriptionSpec(
+                            collection: collection, query: item["q"] == nil ? "true" : try s.string("q"), args: args),
                         since: try s.int("since", in: 0...Int64.max),
-                        hops: Int(try s.int("hops", in: 0...Int64(Self.maxHops))),
+                        hops: Int(try s.optionalInt("hops", in: 0...Int64(Self.maxHops)) ?? 0),
                         generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
                         epoch: epoch, deltas: try s.optionalInt("d", in: 0...1) == 1,
                         number: try s.optionalInt("i", in: 0...Int64(UInt32.max)).map { UInt32($0) }))
