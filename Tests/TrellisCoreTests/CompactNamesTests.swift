@@ -319,4 +319,33 @@ import TrellisCore
                 now: 3))
         #expect(refused.contains { if case .subscriptionError(.key(bad.key), "query", _) = $0 { true } else { false } })
     }
+
+    /// A subscription dropped and asked again on the same connection keeps its number (never
+    /// another key's), and a batch of the old request that was in flight is, by number as by
+    /// key, taken for the new one. The batch before it (upTo 10) arrived while the subscription
+    /// was not asked and was dropped: the later one (upTo 20) must not store a checkpoint past
+    /// it, or a reconnect before the peer's rescan resumes after documents never applied.
+    @Test(arguments: [true, false]) func aBatchOfADroppedRequestStoresNoCheckpoint(compact: Bool) throws {
+        var (r, subs) = try CompactNamesTests().established(compact: compact)
+        let link = CompactNamesTests().link
+        let name: SubscriptionName = compact ? .number(try #require(subs.first?.number)) : .key(spec.key)
+        let removed = T.sent(r.unsubscribe(spec, now: 1))
+        #expect(removed.contains { if case .subscriptions([], _) = $0 { true } else { false } })
+        let document = WireDocument(collection: compact ? "" : "cars", id: .string("c1"), state: [1])
+        #expect(
+            T.applies(
+                r.received(.batch(subscription: name, documents: [document], upTo: 10, generation: 0), on: link, now: 2)
+            ).isEmpty)
+        let again = T.sent(try r.subscribe(spec, now: 3))
+        let numbers: [UInt32?] = again.flatMap { m -> [UInt32?] in
+            if case .subscriptions(let s, _) = m { s.map(\.number) } else { [] }
+        }
+        #expect(numbers == [compact ? UInt32(0) : nil], "the same key keeps its number")
+        let late = T.applies(
+            r.received(.batch(subscription: name, documents: [document], upTo: 20, generation: 0), on: link, now: 4))
+        // Not of compact names: by key the same (a re-asked key could get a new rescan generation).
+        withKnownIssue("a re-asked subscription keeps its generation: an old batch stores its checkpoint") {
+            #expect(late.allSatisfy { !$0.storeCheckpoint }, "checkpoint 20 stored; the batch up to 10 was dropped")
+        }
+    }
 }
