@@ -195,3 +195,165 @@ import TrellisCore
         }
     }
 }
+
+/// Review of the compact names (7fa480b): cases found failing, and cases that held.
+@Suite struct CompactNamesReviewTests {
+    typealias T = CompactNamesTests
+    let spec = SubscriptionSpec(collection: "cars")
+
+    /// The numbers named in the `subs` a replicator sent on `link`.
+    static func numbersSent(_ directives: [ReplicatorDirective], on link: LinkID) -> Set<UInt32> {
+        var numbers: Set<UInt32> = []
+        for case .send(let l, .subscriptions(let subs, _)) in directives where l == link {
+            numbers.formUnion(subs.compactMap(\.number))
+        }
+        return numbers
+    }
+
+    /// A peer met before as a build that honours early subscriptions but not compact names
+    /// (`es: 1`, no `x`) comes back upgraded (`x: 1`) while this node runs. This node's early
+    /// `subs` went unnumbered (it did not know); once the hello says `x: 1`, numbers are given,
+    /// but the set's shape (which leaves numbers out) is unchanged, so they are never sent. The
+    /// ack then names a number the peer never received: the peer ignores it, its batch stays in
+    /// flight, and it resends from the last acknowledged point after every ack timeout.
+    @Test func anAckNamesOnlyANumberThePeerWasGiven() throws {
+        var r = CompactNamesTests().replicator()
+        var log: [ReplicatorDirective] = []
+        _ = try r.subscribe(spec, now: 0)
+        _ = r.linkOpened(
+            LinkID(1), peerKey: T.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        _ = r.received(CompactNamesTests().hello(compact: false), on: LinkID(1), now: 0)
+        _ = r.linkClosed(LinkID(1), reason: "B upgrades", now: 1)
+        let link = LinkID(2)
+        log += r.linkOpened(
+            link, peerKey: T.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 2)
+        log += r.received(CompactNamesTests().hello(compact: true, nonce: 8), on: link, now: 2)
+        let given = Self.numbersSent(log, on: link)
+        // B serves the subscriptions as it received them (by key, entries with `c`).
+        let document = WireDocument(collection: "cars", id: .string("c1"), state: [1, 2, 3])
+        log += r.received(
+            .batch(subscription: .key(spec.key), documents: [document], upTo: 9, generation: 0), on: link, now: 3)
+        let acks = T.sent(r.applied(link, subscription: spec.key, upTo: 9, checkpointStored: true, deferred: 0, now: 4))
+        let ack = try #require(acks.first)
+        switch ack {
+        case .ack(.number(let n), _, _):
+            #expect(given.contains(n), "ack names #\(n); B was given \(given.sorted()): B ignores it")
+        case .ack(.key(let key), _, _):
+            #expect(key == spec.key)
+        default:
+            Issue.record("not an ack: \(ack)")
+        }
+    }
+
+    /// The same upgrade between two real replicators, every message through its bytes: B (just
+    /// upgraded and restarted, `x: 1`) serves `cars` to A (running, met B before as `es: 1`
+    /// without `x`). Each of A's acks must reach B's served subscription: B counts its writes as
+    /// held by A (`.acknowledged`) and keeps sending.
+    @Test func anUpgradedPeerGetsTheAcksOfWhatItServes() throws {
+        var a = CompactNamesTests().replicator()
+        var b = Replicator(
+            configuration: ReplicatorConfiguration(peerKey: T.keyB),
+            local: LocalLog(epoch: T.epochB, site: 0x102, lastSeq: 100), seed: 7)
+        _ = try a.subscribe(spec, now: 0)
+        // A met B before B's upgrade: `es: 1`, no `x`.
+        _ = a.linkOpened(
+            LinkID(1), peerKey: T.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
+        _ = a.received(CompactNamesTests().hello(compact: false), on: LinkID(1), now: 0)
+        _ = a.linkClosed(LinkID(1), reason: "B upgrades", now: 1)
+        let link = LinkID(2)
+        var toB = a.linkOpened(
+            link, peerKey: T.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 2)
+        var toA = b.linkOpened(
+            link, peerKey: T.keyA, initiator: false, address: "a", endpoint: nil, checkpoints: [:], now: 2)
+        var acknowledged = 0
+        var batches = 0
+        var seq: Int64 = 0
+        for _ in 0..<40 where !(toA.isEmpty && toB.isEmpty) {
+            let (forB, forA) = (toB, toA)
+            (toA, toB) = ([], [])
+            for directive in forB {
+                switch directive {
+                case .send(_, let m): toA += b.received(try WireMessage(serialized: m.serialized()), on: link, now: 3)
+                case .apply(_, let request):
+                    toB += a.applied(
+                        link, subscription: request.subscription, upTo: request.upTo,
+                        checkpointStored: request.storeCheckpoint, deferred: 0, now: 3)
+                default: break
+                }
+            }
+            for directive in forA {
+                switch directive {
+                case .send(_, let m):
+                    if case .batch = m { batches += 1 }
+                    toB += a.received(try WireMessage(serialized: m.serialized()), on: link, now: 3)
+                case .scan(_, let request) where seq < 3:
+                    // Three pages of one own write each, then the end of the log.
+                    seq += 1
+                    let record = LogRecord(
+                        seq: seq, key: JSON.string(.string("c\(seq)")),
+                        document: WireDocument(collection: "cars", id: .string("c\(seq)"), state: [1]),
+                        holdsUnacknowledgedWrite: true)
+                    toA += b.scanned(
+                        link, request, page: ScanPage(records: [record], upTo: seq, exhausted: seq == 3), now: 3)
+                case .acknowledged: acknowledged += 1
+                default: break
+                }
+            }
+        }
+        #expect(batches == 3)
+        #expect(acknowledged == 3, "B saw \(acknowledged) of A's 3 acks")
+    }
+
+    /// docs/PROTOCOL.md §2 step 4: "A `subs` entry without `i`, or a peer that never said
+    /// `x: 1`, is answered by key, entries with `c`." A peer without `x` whose `subs` carry `i`
+    /// (another implementation) gets key-named batches with `c`.
+    @Test func aPeerThatNeverSaidXIsAnsweredByKeyEvenIfItNumbers() throws {
+        var (r, _) = try CompactNamesTests().established(compact: false)
+        let link = CompactNamesTests().link
+        let served = r.received(
+            .subscriptions([WireSubscription(spec: spec, since: 0, hops: 0, number: 3)], version: 1), on: link, now: 1)
+        let scan = try #require(served.compactMap { if case .scan(_, let s) = $0 { s } else { nil } }.first)
+        let document = WireDocument(collection: "cars", id: .string("c1"), state: [1])
+        let page = ScanPage(
+            records: [LogRecord(seq: 5, key: JSON.string(.string("c1")), document: document)], upTo: 5, exhausted: true)
+        #expect(
+            T.sent(r.scanned(link, scan, page: page, now: 2)) == [
+                .batch(subscription: .key(spec.key), documents: [document], upTo: 5, generation: 0, left: 0)
+            ])
+        let bad = SubscriptionSpec(collection: "cars", query: "((")
+        let refused = T.sent(
+            r.received(
+                .subscriptions([WireSubscription(spec: bad, since: 0, hops: 0, number: 4)], version: 2), on: link,
+                now: 3))
+        #expect(refused.contains { if case .subscriptionError(.key(bad.key), "query", _) = $0 { true } else { false } })
+    }
+
+    /// A subscription dropped and asked again on the same connection keeps its number (never
+    /// another key's), and a batch of the old request that was in flight is, by number as by
+    /// key, taken for the new one. The batch before it (upTo 10) arrived while the subscription
+    /// was not asked and was dropped: the later one (upTo 20) must not store a checkpoint past
+    /// it, or a reconnect before the peer's rescan resumes after documents never applied.
+    @Test(arguments: [true, false]) func aBatchOfADroppedRequestStoresNoCheckpoint(compact: Bool) throws {
+        var (r, subs) = try CompactNamesTests().established(compact: compact)
+        let link = CompactNamesTests().link
+        let name: SubscriptionName = compact ? .number(try #require(subs.first?.number)) : .key(spec.key)
+        let removed = T.sent(r.unsubscribe(spec, now: 1))
+        #expect(removed.contains { if case .subscriptions([], _) = $0 { true } else { false } })
+        let document = WireDocument(collection: compact ? "" : "cars", id: .string("c1"), state: [1])
+        #expect(
+            T.applies(
+                r.received(.batch(subscription: name, documents: [document], upTo: 10, generation: 0), on: link, now: 2)
+            ).isEmpty)
+        let again = T.sent(try r.subscribe(spec, now: 3))
+        let numbers: [UInt32?] = again.flatMap { m -> [UInt32?] in
+            if case .subscriptions(let s, _) = m { s.map(\.number) } else { [] }
+        }
+        #expect(numbers == [compact ? UInt32(0) : nil], "the same key keeps its number")
+        let late = T.applies(
+            r.received(.batch(subscription: name, documents: [document], upTo: 20, generation: 0), on: link, now: 4))
+        // Not of compact names: by key the same (a re-asked key could get a new rescan generation).
+        withKnownIssue("a re-asked subscription keeps its generation: an old batch stores its checkpoint") {
+            #expect(late.allSatisfy { !$0.storeCheckpoint }, "checkpoint 20 stored; the batch up to 10 was dropped")
+        }
+    }
+}

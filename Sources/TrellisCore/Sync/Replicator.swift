@@ -884,12 +884,14 @@ public struct Replicator: Sendable {
         return .send(link, compactingNames(message, on: link))
     }
 
-    /// `message` with its subscription named by number where the other side reads that: a
-    /// `batch` or `suberr` for a subscription the peer numbered (its entries then without `c`,
-    /// which is the subscription's), an `ack` for one this node numbered when the peer's `hello`
-    /// said `x: 1` (docs/PROTOCOL.md §2 step 4).
+    /// `message` with its subscription named by number where the other side reads that (its
+    /// `hello` said `x: 1`): a `batch` or `suberr` for a subscription the peer numbered (its
+    /// entries then without `c`, which is the subscription's), an `ack` for one this node
+    /// numbered (docs/PROTOCOL.md §2 step 4).
     private func compactingNames(_ message: WireMessage, on link: LinkID) -> WireMessage {
-        guard let s = sessions[link] else { return message }
+        // A peer that never said `x: 1` is answered by key, even where its `subs` numbered
+        // (docs/PROTOCOL.md §2 step 4).
+        guard let s = sessions[link], s.remote?.compactNames == true else { return message }
         switch message {
         case .batch(.key(let key), var documents, let upTo, let generation, let left):
             guard let number = s.servedNumbers[UTF8Key(key)] else { return message }
@@ -903,7 +905,7 @@ public struct Replicator: Sendable {
             guard let number = s.servedNumbers[UTF8Key(key)] else { return message }
             return .subscriptionError(subscription: .number(number), code: code, message: text)
         case .ack(.key(let key), let upTo, let deferred):
-            guard s.remote?.compactNames == true, let number = s.askedNumbers[UTF8Key(key)] else { return message }
+            guard let number = s.askedNumbers[UTF8Key(key)] else { return message }
             return .ack(subscription: .number(number), upTo: upTo, deferred: deferred)
         default:
             return message
@@ -1438,9 +1440,12 @@ public struct Replicator: Sendable {
                     number: number))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
-        // generation is a change.
+        // generation is a change, and so are numbers given since: the early set went unnumbered
+        // when this node did not know yet that the peer reads compact names, and an `ack` may
+        // name a subscription by number only once the peer received that number.
         let shape = list.map {
-            WireSubscription(spec: $0.spec, since: 0, hops: $0.hops, generation: $0.generation, deltas: $0.deltas)
+            WireSubscription(
+                spec: $0.spec, since: 0, hops: $0.hops, generation: $0.generation, deltas: $0.deltas, number: $0.number)
         }
         if s.askedShape == shape { return [] }
         sessions[link]!.askedShape = shape
