@@ -1411,6 +1411,10 @@ public struct Replicator: Sendable {
         let numbered = early ? compactNamePeers.contains(s.peerKey) : s.remote?.compactNames == true
         var list: [WireSubscription] = []
         for (key, entry) in wanted(for: link).sorted(by: { $0.key < $1.key }) {
+            // Asked again on this connection after it was dropped: a new generation, so a batch
+            // of the old request still in flight stores no checkpoint (one before it may have
+            // arrived while the subscription was not asked, and was dropped unapplied).
+            if s.asked[key] == nil, s.askedBefore.contains(key) { sessions[link]!.resyncs[key, default: 0] &+= 1 }
             var number: UInt32?
             if numbered {
                 if let given = sessions[link]!.askedNumbers[key] {
@@ -1434,7 +1438,8 @@ public struct Replicator: Sendable {
             list.append(
                 WireSubscription(
                     spec: entry.spec, since: since, hops: entry.hops,
-                    generation: (generations[UTF8Key(entry.spec.collection)] ?? 0) &+ (s.resyncs[key] ?? 0),
+                    generation: (generations[UTF8Key(entry.spec.collection)] ?? 0)
+                        &+ (sessions[link]!.resyncs[key] ?? 0),
                     epoch: since > 0 ? epoch : nil,
                     deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
                     number: number))
@@ -1450,6 +1455,7 @@ public struct Replicator: Sendable {
         if s.askedShape == shape { return [] }
         sessions[link]!.askedShape = shape
         sessions[link]!.asked = Dictionary(list.map { (UTF8Key($0.spec.key), $0) }, uniquingKeysWith: { a, _ in a })
+        sessions[link]!.askedBefore.formUnion(sessions[link]!.asked.keys)
         sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
         sessions[link]!.askedVersion += 1
         return [send(link, .subscriptions(list, version: sessions[link]!.askedVersion), now)]
@@ -1525,6 +1531,8 @@ extension Replicator {
         var askedNumbers: [UTF8Key: UInt32] = [:]
         var askedByNumber: [UInt32: UTF8Key] = [:]
         var nextAskedNumber: UInt32 = 0
+        /// Every subscription asked of the peer on this connection.
+        var askedBefore: Set<UTF8Key> = []
         var servedNumbers: [UTF8Key: UInt32] = [:]
         var servedByNumber: [UInt32: UTF8Key] = [:]
         /// Per asked subscription, how often it was asked again after a postponed batch: added to
