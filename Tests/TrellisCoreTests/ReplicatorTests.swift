@@ -1039,17 +1039,54 @@ import TrellisCore
             WireSubscription(spec: SubscriptionSpec(collection: "cars", query: "a > 1"), since: 1, hops: 0),
         ])
         #expect(try WireMessage(serialized: subs.serialized()) == subs)
-        // An older peer's entry has no `d`: no deltas. `d` outside 0…1 is refused.
+        // `d: 2`: both delta forms. An older peer's entry has no `d` (no deltas) or `d: 1` (old-form
+        // deltas only): both read as no deltas. `d` outside 0…2 is refused.
+        #expect(try Self.withD(of: subs, .int(2)) == subs.serialized())
+        for (d, deltas) in [(Value.int(1), false), (.int(0), false), (.null, false), (.int(2), true)] {
+            guard case .subscriptions(let list, _) = try WireMessage(serialized: Self.withD(of: subs, d)) else {
+                Issue.record("not subs")
+                continue
+            }
+            #expect(list[0].deltas == deltas, "d: \(d)")
+        }
+        for d: Value in [3, -1, "2"] {
+            #expect(throws: (any Error).self) { try WireMessage(serialized: Self.withD(of: subs, d)) }
+        }
+    }
+
+    /// `subs` serialized with its first entry's `d` set to `d` (`.null`: left out).
+    static func withD(of subs: WireMessage, _ d: Value) throws -> [UInt8] {
         guard case .map(var m) = try CBOR.decode(subs.serialized()), case .array(var list)? = m["subs"],
             case .map(var entry) = list[0]
-        else {
-            Issue.record("not a map")
-            return
-        }
-        #expect(entry["d"] == .int(1))
-        entry["d"] = .int(2)
+        else { throw WireError("not a subs map") }
+        if case .null = d { _ = entry.removeValue(forKey: "d") } else { entry["d"] = d }
         list[0] = .map(entry)
         m["subs"] = .array(list)
-        #expect(throws: (any Error).self) { try WireMessage(serialized: CBOR.encode(.map(m))) }
+        return CBOR.encode(.map(m))
+    }
+
+    /// A subscriber that says `d: 1` (a build before the compact form, which reads only old-form
+    /// deltas) gets whole states; one that says `d: 2` gets the row's delta, compact as stored.
+    @Test func aD1SubscriberGetsWholeStatesAndAD2SubscriberCompactDeltas() throws {
+        var sender = DocumentState()
+        sender.merge(fields: ["a": 1, "b": 2], stamp: Stamp(time: HLCTimestamp(millis: 10, logical: 0), site: 9))
+        let old = sender
+        sender.merge(fields: ["a": 3], stamp: Stamp(time: HLCTimestamp(millis: 11, logical: 0), site: 9))
+        let whole = sender.cbor()
+        let delta = try #require(StateDelta.make(from: old, to: sender, previous: nil, digest: StateDigest(whole)))
+        let compact = delta.encoded()
+        #expect(compact.first == 0x84 && compact.count < whole.count)
+        let spec = SubscriptionSpec(collection: "cars")
+        for (d, expected) in [(Value.int(1), whole), (.int(2), compact)] {
+            var r = t.established()
+            let subs = WireMessage.subscriptions([WireSubscription(spec: spec, since: 50, hops: 0, deltas: true)])
+            let asked = ReplicatorTests.scans(
+                r.received(try WireMessage(serialized: Self.withD(of: subs, d)), on: link, now: 0))
+            let request = try #require(asked.first)
+            var record = ReplicatorTests.record(60, "x", state: whole)
+            record.delta = LogDelta(bytes: compact, baseSeq: 45)
+            let page = ScanPage(records: [record], upTo: 60, exhausted: true)
+            #expect(Self.states(r.scanned(link, request, page: page, now: 0)) == [expected], "d: \(d)")
+        }
     }
 }

@@ -87,8 +87,10 @@ public struct WireSubscription: Hashable, Sendable {
     /// whose epoch is another serves it from 0. `nil`: `since` counts in the receiver's current
     /// epoch.
     public var epoch: [UInt8]?
-    /// Whether the sender of the subscription accepts deltas (``StateDelta``) for it: documents it
-    /// holds may come as the fields local writes changed (wire `d`: 1; docs/PROTOCOL.md §2 step 5).
+    /// Whether the sender of the subscription accepts deltas (``StateDelta``) in both forms for
+    /// it: documents it holds may come as the fields local writes changed (wire `d`: 2;
+    /// docs/PROTOCOL.md §2 step 5). A `d: 1` from an older build (old-form deltas only) reads as
+    /// `false`: such a subscriber gets whole states.
     public var deltas: Bool
 
     public init(
@@ -213,7 +215,7 @@ public enum WireMessage: Sendable, Equatable {
                             "since": .int($0.since), "hops": .int(Int64($0.hops)), "gen": .int(Int64($0.generation)),
                         ]
                         if let epoch = $0.epoch { entry["e"] = .bytes(epoch) }
-                        if $0.deltas { entry["d"] = .int(1) }
+                        if $0.deltas { entry["d"] = .int(2) }
                         return .map(entry)
                     }),
             ]
@@ -415,7 +417,7 @@ public enum WireMessage: Sendable, Equatable {
                         since: try s.int("since", in: 0...Int64.max),
                         hops: Int(try s.int("hops", in: 0...Int64(Self.maxHops))),
                         generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
-                        epoch: epoch, deltas: try s.optionalInt("d", in: 0...1) == 1))
+                        epoch: epoch, deltas: try s.optionalInt("d", in: 0...2) == 2))
             }
             self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "batch":
