@@ -1,3 +1,4 @@
+import Foundation
 import Testing
 import TrellisTestKit
 
@@ -281,6 +282,22 @@ import TrellisTestKit
         #expect(state["w"] == [[0, 0], [1, 2]])
         #expect(state["s"] == [1, 2])
         #expect(parts[3] == .bytes(d.digest.bytes))
+    }
+
+    /// The `-compact` seeds of the fuzz corpus were written from PROTOCOL.md by an independent
+    /// encoder (scripts/compact_delta.py) from their old-form neighbours: Trellis writes exactly
+    /// those bytes for the same deltas, and reads them to the same deltas.
+    @Test func theCompactFormIsWhatAnIndependentEncoderWrites() throws {
+        let corpus = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Fuzz/FuzzDocumentState/Corpus")
+        for name in ["delta-one-field", "delta-two-sites-counter-map"] {
+            let old = try #require(FileManager.default.contents(atPath: corpus.appendingPathComponent(name).path))
+            let compact = try #require(
+                FileManager.default.contents(atPath: corpus.appendingPathComponent(name + "-compact").path))
+            let delta = try StateDelta(bytes: Array(old))
+            #expect(delta.encoded() == Array(compact), "\(name)")
+            #expect(try StateDelta(bytes: Array(compact)) == delta, "\(name)")
+        }
     }
 
     /// A state whose `a` differs from its `w` writes it, empty or not.

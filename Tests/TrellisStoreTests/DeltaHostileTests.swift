@@ -80,7 +80,7 @@ import TrellisTestKit
                 refused += 1
             }
         }
-        _ = ("refused \(refused), applied \(applied) of \(inputs.count)")
+        print("DeltaHostileTests: refused \(refused), applied \(applied) of \(inputs.count) inputs")
         // Whatever the hostile deltas did, the sender's whole state still brings b to a join
         // that holds a's state (b then sends a the difference).
         _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
