@@ -1,15 +1,17 @@
 // The delta form of a document state (docs/PROTOCOL.md §3, "Delta form"; docs/DELTAS.md).
 // What this build writes, the compact form:
 //
-//   delta = [ R,                        the reference time: the highest time of the state's w and r
-//             [[i, R − time], ...],     the base: the causal context (w joined with r) of the
-//                                       sender's state before the writes the delta carries, its
-//                                       sites as indexes into the state's site table
-//             state,                    the sender's state after the writes, holding only the
-//                                       top-level fields they changed: the whole-state shape
-//                                       without "v", every time written as R − time
-//             bytes (16) ]              the StateDigest of the sender's whole state after them
+//   delta = [ R,                   the reference time: the highest time of the state's w and r
+//             [[i, dt], ...],      the base: the causal context (w joined with r) of the sender's
+//                                  state before the writes the delta carries, its sites as indexes
+//                                  into the state's site table
+//             state,               the sender's state after the writes, holding only the top-level
+//                                  fields they changed: the whole-state shape without "v", "a" left
+//                                  out when it equals "w"
+//             bytes (16) ]         the StateDigest of the sender's whole state after them
 //
+// Every time in it (`dt`, and every time of the state) is written as its difference below R
+// (CompactTime, in DocumentStateCoding.swift).
 // It starts with `84` (an array of four): every other state form is a map. The old form, which
 // builds before it wrote and this one still reads, starts with `a3 61 62` (a three-entry map whose
 // first key is "b"):
