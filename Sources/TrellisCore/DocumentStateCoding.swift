@@ -48,14 +48,7 @@ extension DocumentState {
         case nil:
             self = try LegacyStateDecoder(sites: sites).state(m)
         case .int(Self.encodingVersion)?:
-            var decoder = StateDecoder(sites: sites)
-            try decoder.checkKeys(m, StateDecoder.documentKeys, "the document")
-            let writes = try decoder.vector(m["w"], "w", "the document", bounded: false)
-            let removed = try decoder.vector(m["r"], "r", "the document", bounded: false)
-            decoder.bound = writes.joined(removed)
-            let adds = try decoder.vector(m["a"], "a", "the document", bounded: true)
-            let root = try decoder.map(m["m"] ?? .map([:]), path: [])
-            self.init(root: root, writes: writes, removed: removed, adds: adds)
+            self = try StateDecoder(sites: sites).state(m, keys: StateDecoder.documentKeys)
         case let version?:
             throw DocumentStateError(
                 message: "document state encoding version \(version) is not supported (this node reads 1 and 2)")
@@ -64,14 +57,63 @@ extension DocumentState {
     }
 }
 
+extension DocumentState {
+    /// Decodes the state of a compact delta (docs/PROTOCOL.md §3, "Delta form"): the version-2
+    /// shape without `"v"`, every time written as its difference below `reference`
+    /// (``CompactTime``), and `"a"` left out when it equals `"w"`; brings it to the normal form.
+    ///
+    /// - Returns: the state, and its site table as written (what the delta's base indexes into).
+    /// - Throws: ``DocumentStateError`` for what ``init(encoded:)`` refuses, a `"v"` part, and a
+    ///   time that is not a difference ``CompactTime`` reads (malformed, or a time below 0).
+    ///   Input from peers: never a trap.
+    /// - Complexity: O(size of the state).
+    static func decodeCompact(_ value: Value, reference: HLCTimestamp) throws(DocumentStateError)
+        -> (state: DocumentState, sites: [SiteID])
+    {
+        guard case .map(let m) = value else { throw DocumentStateError(message: "document state is not a map") }
+        guard case .array(let siteValues)? = m["s"] else {
+            throw DocumentStateError(message: "document state has no site table")
+        }
+        var sites: [SiteID] = []
+        sites.reserveCapacity(siteValues.count)
+        for v in siteValues {
+            guard case .int(let s) = v else { throw DocumentStateError(message: "site table holds \(v.typeName)") }
+            sites.append(SiteID(bitPattern: s))
+        }
+        var state = try StateDecoder(sites: sites, reference: reference).state(m, keys: StateDecoder.compactKeys)
+        state.normalizeDocument()
+        return (state, sites)
+    }
+}
+
 /// Reads the version-2 shape, checking every stamp against the state's own vectors.
 private struct StateDecoder {
     let sites: [SiteID]
+    /// Times are written as differences below `reference` (a compact delta's state: ``CompactTime``),
+    /// or as themselves (`nil`).
+    let reference: HLCTimestamp?
     /// `w` joined with `r`: no stamp inside the state may be above it.
     var bound: VersionVector = [:]
     static let maxDepth = Value.maximumDepth + 1
 
-    init(sites: [SiteID]) { self.sites = sites }
+    init(sites: [SiteID], reference: HLCTimestamp? = nil) {
+        self.sites = sites
+        self.reference = reference
+    }
+
+    /// The state from the parts of its map, `keys` the parts it may have.
+    func state(_ m: UTF8Map<Value>, keys: Set<UTF8Key>) throws(DocumentStateError) -> DocumentState {
+        try checkKeys(m, keys, "the document")
+        var decoder = self
+        let writes = try decoder.vector(m["w"], "w", "the document", bounded: false)
+        let removed = try decoder.vector(m["r"], "r", "the document", bounded: false)
+        decoder.bound = writes.joined(removed)
+        // A compact delta's state leaves out `a` when it equals `w`.
+        let adds =
+            reference != nil && m["a"] == nil ? writes : try decoder.vector(m["a"], "a", "the document", bounded: true)
+        let root = try decoder.map(m["m"] ?? .map([:]), path: [])
+        return DocumentState(root: root, writes: writes, removed: removed, adds: adds)
+    }
 
     func fail(_ message: String) -> DocumentStateError {
         DocumentStateError(message: "malformed document state: \(message)")
@@ -83,6 +125,8 @@ private struct StateDecoder {
 
     /// The parts of a state, compared byte-wise like every key from outside.
     static let documentKeys: Set<UTF8Key> = ["a", "m", "r", "s", "v", "w"]
+    /// The parts of a compact delta's state: no version.
+    static let compactKeys: Set<UTF8Key> = ["a", "m", "r", "s", "w"]
 
     func checkKeys(_ m: UTF8Map<Value>, _ allowed: Set<UTF8Key>, _ place: @autoclosure () -> String)
         throws(DocumentStateError)
@@ -99,7 +143,12 @@ private struct StateDecoder {
 
     func time(_ v: Value, _ place: @autoclosure () -> String) throws(DocumentStateError) -> HLCTimestamp {
         guard case .int(let t) = v else { throw fail("\(place()): time is \(v.typeName)") }
-        return HLCTimestamp(rawValue: UInt64(bitPattern: t))
+        guard let reference else { return HLCTimestamp(rawValue: UInt64(bitPattern: t)) }
+        guard let time = CompactTime.read(t, below: reference) else {
+            throw fail(
+                "\(place()): \(t) is not a time difference below \(reference.rawValue) that gives a time of 0 or more")
+        }
+        return time
     }
 
     /// A stamp from `[i, time, ...]`, checked against ``bound``.
@@ -346,6 +395,17 @@ extension DocumentState {
     ///
     /// - Complexity: O(size of the state), plus sorting each map's keys and each list's sites.
     public func cbor() -> [UInt8] {
+        var w = CBORWriter(capacity: 256)
+        write(into: &w, layout(reference: nil))
+        return w.bytes
+    }
+
+    /// The site table of the state's encoding, and how its times are written.
+    ///
+    /// - Parameter reference: `nil` for the whole-state encoding; for a compact delta's state, the
+    ///   time every time is written against (``CompactTime``).
+    /// - Complexity: O(size of the state), plus sorting its sites.
+    func layout(reference: HLCTimestamp?) -> StateLayout {
         var sites = Set<SiteID>()
         for s in writes.keys { sites.insert(s) }
         for s in removed.keys { sites.insert(s) }
@@ -355,57 +415,70 @@ extension DocumentState {
         var index: [SiteID: Int64] = [:]
         index.reserveCapacity(table.count)
         for (i, s) in table.enumerated() { index[s] = Int64(i) }
-        var w = CBORWriter(capacity: 256)
+        return StateLayout(table: table, index: index, reference: reference)
+    }
+
+    /// Writes the state's map with `layout` (from ``layout(reference:)`` of this state): encoding
+    /// version 2, or with a reference time the compact delta's state (no `"v"`, times written as
+    /// differences below the reference by ``CompactTime``, `"a"` left out when it equals `"w"` and
+    /// written even when empty otherwise).
+    ///
+    /// - Complexity: O(size of the state), plus sorting each map's keys and each list's sites.
+    func write(into w: inout CBORWriter, _ layout: StateLayout) {
+        let version = layout.reference == nil
+        let writesAdds = version ? !adds.isEmpty : adds != writes
         // Keys in deterministic order: "a", "m", "r", "s", "v", "w" (one byte each, byte-wise).
-        w.writeMapHeader(count: 3 + (adds.isEmpty ? 0 : 1) + (root.isEmpty ? 0 : 1) + (removed.isEmpty ? 0 : 1))
-        if !adds.isEmpty {
+        w.writeMapHeader(
+            count: 2 + (version ? 1 : 0) + (writesAdds ? 1 : 0) + (root.isEmpty ? 0 : 1) + (removed.isEmpty ? 0 : 1))
+        if writesAdds {
             w.writeText("a")
-            Self.write(adds, index, into: &w)
+            Self.write(adds, layout, into: &w)
         }
         if !root.isEmpty {
             w.writeText("m")
-            Self.write(root, index, into: &w)
+            Self.write(root, layout, into: &w)
         }
         if !removed.isEmpty {
             w.writeText("r")
-            Self.write(removed, index, into: &w)
+            Self.write(removed, layout, into: &w)
         }
         w.writeText("s")
-        w.writeArrayHeader(count: table.count)
-        for s in table { w.writeInt(Int64(bitPattern: s)) }
-        w.writeText("v")
-        w.writeInt(Self.encodingVersion)
+        w.writeArrayHeader(count: layout.table.count)
+        for s in layout.table { w.writeInt(Int64(bitPattern: s)) }
+        if version {
+            w.writeText("v")
+            w.writeInt(Self.encodingVersion)
+        }
         w.writeText("w")
-        Self.write(writes, index, into: &w)
-        return w.bytes
+        Self.write(writes, layout, into: &w)
     }
 
-    private static func writeTime(_ t: HLCTimestamp, into w: inout CBORWriter) {
-        w.writeInt(Int64(bitPattern: t.rawValue))
+    private static func writeTime(_ t: HLCTimestamp, _ layout: StateLayout, into w: inout CBORWriter) {
+        w.writeInt(layout.written(t))
     }
 
-    private static func write(_ vv: VersionVector, _ index: [SiteID: Int64], into w: inout CBORWriter) {
+    private static func write(_ vv: VersionVector, _ index: StateLayout, into w: inout CBORWriter) {
         let entries = vv.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }
         w.writeArrayHeader(count: entries.count)
         for (i, t) in entries {
             w.writeArrayHeader(count: 2)
             w.writeInt(i)
-            writeTime(t, into: &w)
+            writeTime(t, index, into: &w)
         }
     }
 
-    private static func write(_ totals: [SiteID: CounterTotal], _ index: [SiteID: Int64], into w: inout CBORWriter) {
+    private static func write(_ totals: [SiteID: CounterTotal], _ index: StateLayout, into w: inout CBORWriter) {
         let entries = totals.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }
         w.writeArrayHeader(count: entries.count)
         for (i, total) in entries {
             w.writeArrayHeader(count: 3)
             w.writeInt(i)
-            writeTime(total.stamp.time, into: &w)
+            writeTime(total.stamp.time, index, into: &w)
             w.write(total.total)
         }
     }
 
-    private static func write(_ map: MapNode, _ index: [SiteID: Int64], into w: inout CBORWriter) {
+    private static func write(_ map: MapNode, _ index: StateLayout, into w: inout CBORWriter) {
         let keys = map.sortedKeys()
         w.writeMapHeader(count: keys.count)
         for key in keys {
@@ -428,7 +501,7 @@ extension DocumentState {
         }
     }
 
-    private static func write(_ node: FieldNode, _ index: [SiteID: Int64], into w: inout CBORWriter) {
+    private static func write(_ node: FieldNode, _ index: StateLayout, into w: inout CBORWriter) {
         var (restarts, values, withheld, maps) = (0, 0, 0, 0)
         for entry in node.entries {
             switch EntryList(entry.content) {
@@ -489,7 +562,7 @@ extension DocumentState {
     /// Writes the `count` entries of one list as `[[i, time, rest...], ...]` in site-index order;
     /// `rest` writes what follows the stamp.
     private static func write(
-        _ node: FieldNode, _ list: EntryList, _ count: Int, _ index: [SiteID: Int64], into w: inout CBORWriter,
+        _ node: FieldNode, _ list: EntryList, _ count: Int, _ index: StateLayout, into w: inout CBORWriter,
         _ rest: (FieldEntry, inout CBORWriter) -> Void
     ) {
         let extra: Int
@@ -501,7 +574,7 @@ extension DocumentState {
         func one(_ i: Int64, _ entry: FieldEntry) {
             w.writeArrayHeader(count: 2 + extra)
             w.writeInt(i)
-            writeTime(entry.stamp.time, into: &w)
+            writeTime(entry.stamp.time, index, into: &w)
             rest(entry, &w)
         }
         w.writeArrayHeader(count: count)
@@ -514,5 +587,70 @@ extension DocumentState {
         for (i, entry) in entries.sorted(by: { $0.0 != $1.0 ? $0.0 < $1.0 : $0.1.stamp.time < $1.1.stamp.time }) {
             one(i, entry)
         }
+    }
+}
+
+/// How a state is written: its site table, each site's index in it, and the reference time of a
+/// compact delta's state.
+struct StateLayout {
+    /// The sites the state names, ascending.
+    let table: [SiteID]
+    let index: [SiteID: Int64]
+    /// `nil`: times are written as themselves; otherwise as differences below it (``CompactTime``).
+    let reference: HLCTimestamp?
+
+    subscript(_ site: SiteID) -> Int64? { index[site] }
+
+    /// The integer `t` is written as: the `Int64` bit pattern of `t`, or its difference below the
+    /// reference (``CompactTime/written(_:below:)``).
+    func written(_ t: HLCTimestamp) -> Int64 {
+        guard let reference else { return Int64(bitPattern: t.rawValue) }
+        return CompactTime.written(t, below: reference)
+    }
+}
+
+/// A time of a compact delta, written as its difference below the delta's reference time `R`
+/// (docs/PROTOCOL.md §3, "Delta form"). With `d = R − t`, the time is written as the CBOR
+/// integer
+///
+/// - `2 · (d >> 16)` when the low 16 bits of `d` are 0 (`t` is whole milliseconds below `R`,
+///   with the same logical counter: the usual case, 1 to 5 bytes for up to 24 days);
+/// - `2 · d + 1` otherwise.
+///
+/// So `R` itself is `0`, one byte, where an HLC time of today is a 9-byte integer. Every such
+/// integer is at or above 0 while `R` is below 2⁶² (all times until the year 4200): the compact
+/// form is written only then.
+enum CompactTime {
+    /// Whether times below `reference` can all be written: it is below 2⁶².
+    static func canWrite(below reference: HLCTimestamp) -> Bool { reference.rawValue < 1 << 62 }
+
+    /// The integer `t` is written as, for `t` at or below `reference` and `reference` below 2⁶²
+    /// (``canWrite(below:)``). A time above the reference is written as −1, which reads as no time.
+    ///
+    /// - Complexity: O(1).
+    static func written(_ t: HLCTimestamp, below reference: HLCTimestamp) -> Int64 {
+        guard t <= reference else { return -1 }
+        let d = reference.rawValue - t.rawValue
+        return Int64(bitPattern: d & 0xFFFF == 0 ? (d >> 16) << 1 : d << 1 | 1)
+    }
+
+    /// The time `n` stands for, or `nil` when `n` is below 0, is not the shortest writing of a
+    /// difference (odd, with the low 16 bits of `d` 0), or gives a time below 0 (`d` above
+    /// `reference`).
+    ///
+    /// - Complexity: O(1).
+    static func read(_ n: Int64, below reference: HLCTimestamp) -> HLCTimestamp? {
+        guard n >= 0 else { return nil }
+        let u = UInt64(n)
+        let d: UInt64
+        if u & 1 == 0 {
+            guard u >> 1 < 1 << 48 else { return nil }
+            d = (u >> 1) << 16
+        } else {
+            d = u >> 1
+            guard d & 0xFFFF != 0 else { return nil }
+        }
+        guard d <= reference.rawValue else { return nil }
+        return HLCTimestamp(rawValue: reference.rawValue - d)
     }
 }

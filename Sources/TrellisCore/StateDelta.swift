@@ -1,12 +1,22 @@
-// The delta form of a document state (docs/PROTOCOL.md §3, "Delta form"; docs/DELTAS.md):
+// The delta form of a document state (docs/PROTOCOL.md §3, "Delta form"; docs/DELTAS.md).
+// What this build writes, the compact form:
 //
-//   delta = { "b": [[site, time], ...],   the base: the causal context (w joined with r) of the
-//                                         sender's state before the writes the delta carries
-//             "d": state,                 whole-state encoding (version 2) of the sender's state
-//                                         after them, holding only the top-level fields they changed
-//             "h": bytes (16) }           the StateDigest of the sender's whole state after them
+//   delta = [ R,                   the reference time: the highest time of the state's w and r
+//             [[i, dt], ...],      the base: the causal context (w joined with r) of the sender's
+//                                  state before the writes the delta carries, its sites as indexes
+//                                  into the state's site table
+//             state,               the sender's state after the writes, holding only the top-level
+//                                  fields they changed: the whole-state shape without "v", "a" left
+//                                  out when it equals "w"
+//             bytes (16) ]         the StateDigest of the sender's whole state after them
 //
-// Its first bytes are `a3 61 62` (a three-entry map whose first key is "b"): no other form starts so.
+// Every time in it (`dt`, and every time of the state) is written as its difference below R
+// (CompactTime, in DocumentStateCoding.swift).
+// It starts with `84` (an array of four): every other state form is a map. The old form, which
+// builds before it wrote and this one still reads, starts with `a3 61 62` (a three-entry map whose
+// first key is "b"):
+//
+//   delta = { "b": [[site, time], ...], "d": state (version 2), "h": bytes (16) }
 
 /// A **delta** of a document's state: the top-level fields that local writes changed, taken from
 /// the state after them, with the causal context of the state before them (the **base**).
@@ -75,22 +85,72 @@ public struct StateDelta: Sendable, Equatable {
 
     // MARK: Encoding
 
-    /// Whether `bytes` are in the delta form (by their first bytes; not whether they decode).
-    public static func isEncoded(_ bytes: [UInt8]) -> Bool { bytes.starts(with: [0xA3, 0x61, 0x62]) }
+    /// Whether `bytes` are in a delta form, compact or old (by their first bytes; not whether
+    /// they decode).
+    public static func isEncoded(_ bytes: [UInt8]) -> Bool { isCompact(bytes) || isOldForm(bytes) }
 
-    /// The digest an encoded delta carries (its last 16 bytes, after `"h"`), or `nil` when the
-    /// bytes do not end so. Cheap: for echo suppression before the delta is decoded.
+    /// Whether `bytes` are in the compact delta form: they start with `84` (an array of four;
+    /// every other state form is a map).
+    static func isCompact(_ bytes: [UInt8]) -> Bool { bytes.first == 0x84 }
+
+    /// Whether `bytes` are in the old delta form: they start with `a3 61 62` (a map of three whose
+    /// first key is `"b"`).
+    static func isOldForm(_ bytes: [UInt8]) -> Bool { bytes.starts(with: [0xA3, 0x61, 0x62]) }
+
+    /// The digest an encoded delta carries (its last 16 bytes: the byte string `h` that ends
+    /// either form), or `nil` when the bytes are in no delta form or do not end so. Cheap: for
+    /// echo suppression before the delta is decoded.
+    ///
+    /// - Complexity: O(1).
     public static func digest(in bytes: [UInt8]) -> StateDigest? {
-        guard isEncoded(bytes), bytes.count >= 22 else { return nil }
+        if isCompact(bytes) {
+            // `84`, the reference, the base, the state, then `50` and 16 bytes.
+            guard bytes.count >= 20, bytes[bytes.count - 17] == 0x50 else { return nil }
+            return StateDigest(bytes: bytes[(bytes.count - 16)...])
+        }
+        guard isOldForm(bytes), bytes.count >= 22 else { return nil }
         let tail = bytes.count - 19
         guard bytes[tail] == 0x61, bytes[tail + 1] == 0x68, bytes[tail + 2] == 0x50 else { return nil }
         return StateDigest(bytes: bytes[(tail + 3)...])
     }
 
-    /// The CBOR bytes (RFC 8949 §4.2.1 deterministic: keys `b`, `d`, `h`; the base sorted by site).
+    /// The bytes of the delta: the compact form (docs/PROTOCOL.md §3, "Delta form"; RFC 8949
+    /// §4.2.1 deterministic encoding), which is what nodes store and send.
+    ///
+    /// A delta the compact form cannot hold is written in the old form (``encodedInOldForm()``):
+    /// one whose base is empty, names time 0, or is not covered by the state's own context (none
+    /// of which a receiver can take, nor ``make(from:to:previous:digest:)`` makes), or whose
+    /// state holds a time at or above 2⁶² (the year 4200; ``CompactTime``).
     ///
     /// - Complexity: O(size of the delta's state).
     public func encoded() -> [UInt8] {
+        let context = state.writes.joined(state.removed)
+        guard let reference = context.values.max(), CompactTime.canWrite(below: reference), !base.isEmpty,
+            base.allSatisfy({ $0.value != .zero && context.covers(Stamp(time: $0.value, site: $0.key)) })
+        else { return encodedInOldForm() }
+        let layout = state.layout(reference: reference)
+        var w = CBORWriter(capacity: 128)
+        w.writeArrayHeader(count: 4)
+        w.writeInt(Int64(bitPattern: reference.rawValue))
+        // Every base site is in the context, so in the state's site table.
+        let entries = base.map { (layout[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }
+        w.writeArrayHeader(count: entries.count)
+        for (i, time) in entries {
+            w.writeArrayHeader(count: 2)
+            w.writeInt(i)
+            w.writeInt(layout.written(time))
+        }
+        state.write(into: &w, layout)
+        w.writeBytes(digest.bytes)
+        return w.bytes
+    }
+
+    /// The bytes of the delta in the old form, as builds before the compact form wrote it and
+    /// still read it (docs/PROTOCOL.md §3, "Delta form"; RFC 8949 §4.2.1 deterministic: keys `b`,
+    /// `d`, `h`; the base sorted by site).
+    ///
+    /// - Complexity: O(size of the delta's state).
+    public func encodedInOldForm() -> [UInt8] {
         var w = CBORWriter(capacity: 128)
         w.writeMapHeader(count: 3)
         w.writeText("b")
@@ -108,16 +168,23 @@ public struct StateDelta: Sendable, Equatable {
         return out.bytes
     }
 
-    /// Decodes a delta.
+    /// Decodes a delta in either form (compact or old).
     ///
-    /// - Throws: ``DocumentStateError`` when the bytes are not a delta of this shape, its state
+    /// - Throws: ``DocumentStateError`` when the bytes are not a delta of either shape, its state
     ///   does not decode (as ``DocumentState/init(encoded:)`` checks it), or its base is above the
-    ///   state's own causal context (a sender's state only grows). Input from peers: never a trap.
+    ///   state's own causal context (a sender's state only grows) or names a site twice. In the
+    ///   compact form also: a reference that is not the highest time of the state's `w` and `r`,
+    ///   a time below 0 once subtracted from it, a base site index outside the state's site table,
+    ///   an empty base, or a base naming time 0. Input from peers: never a trap.
     /// - Complexity: O(size of the bytes).
     public init(bytes: [UInt8]) throws(DocumentStateError) {
         let value: Value
         do { value = try CBOR.decode(bytes) } catch {
             throw DocumentStateError(message: "delta does not decode: \(error)")
+        }
+        if case .array(let parts) = value {
+            try self.init(compact: parts)
+            return
         }
         guard case .map(let m) = value, m.count == 3, case .array(let rows)? = m["b"], let d = m["d"],
             case .bytes(let h)? = m["h"], h.count == 16
@@ -132,15 +199,54 @@ public struct StateDelta: Sendable, Equatable {
                 case .int(let time) = pair[1]
             else { throw DocumentStateError(message: "delta base entry is not [site, time]") }
             let stamp = Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site))
-            guard base[stamp.site] == nil else {
-                throw DocumentStateError(message: "delta base names site \(String(stamp.site, radix: 16)) twice")
-            }
-            guard context.covers(stamp) else {
-                throw DocumentStateError(message: "delta base \(stamp) is above the delta's own context")
-            }
-            base[stamp.site] = stamp.time
+            try Self.add(stamp, to: &base, within: context)
         }
         self.init(base: base, state: state, digest: StateDigest(bytes: h[...]))
+    }
+
+    /// Decodes the compact form from the four parts of its array: `[R, base, state, h]`.
+    private init(compact parts: [Value]) throws(DocumentStateError) {
+        guard parts.count == 4, case .int(let r) = parts[0], r > 0, case .array(let rows) = parts[1],
+            case .bytes(let h) = parts[3], h.count == 16
+        else {
+            throw DocumentStateError(message: "delta is not [reference > 0, base, state, 16-byte digest]")
+        }
+        let reference = HLCTimestamp(rawValue: UInt64(bitPattern: r))
+        let (state, sites) = try DocumentState.decodeCompact(parts[2], reference: reference)
+        let context = state.writes.joined(state.removed)
+        guard context.values.max() == reference else {
+            throw DocumentStateError(
+                message: "delta reference time \(reference.rawValue) is not the highest time of its state's w and r")
+        }
+        guard !rows.isEmpty else { throw DocumentStateError(message: "delta base is empty") }
+        var base = VersionVector()
+        for row in rows {
+            guard case .array(let pair) = row, pair.count == 2, case .int(let i) = pair[0], i >= 0, i < sites.count,
+                case .int(let n) = pair[1]
+            else { throw DocumentStateError(message: "delta base entry is not [site index, time difference]") }
+            guard let time = CompactTime.read(n, below: reference), time != .zero else {
+                throw DocumentStateError(
+                    message:
+                        "delta base time difference \(n) gives no time above 0 below the reference \(reference.rawValue)"
+                )
+            }
+            try Self.add(Stamp(time: time, site: sites[Int(i)]), to: &base, within: context)
+        }
+        self.init(base: base, state: state, digest: StateDigest(bytes: h[...]))
+    }
+
+    /// Adds a base entry, checking that its site is new to the base and that the delta's own
+    /// context covers it.
+    private static func add(_ stamp: Stamp, to base: inout VersionVector, within context: VersionVector)
+        throws(DocumentStateError)
+    {
+        guard base[stamp.site] == nil else {
+            throw DocumentStateError(message: "delta base names site \(String(stamp.site, radix: 16)) twice")
+        }
+        guard context.covers(stamp) else {
+            throw DocumentStateError(message: "delta base \(stamp) is above the delta's own context")
+        }
+        base[stamp.site] = stamp.time
     }
 }
 

@@ -253,12 +253,16 @@ public enum FuzzChecks {
     public static func documentState(_ input: [UInt8]) throws(FuzzCheckFailure) {
         let fail = failing("FuzzDocumentState", input)
         if StateDelta.isEncoded(input) {
-            // The delta form: what decodes reads back from its own bytes, its state passes the
-            // state checks, and joining it into the state it carries changes nothing.
+            // The delta form (compact or old): what decodes reads back from its own bytes and from
+            // its old-form bytes, its state passes the state checks, and joining it into the state
+            // it carries changes nothing.
             guard let delta = try? StateDelta(bytes: input) else { return }
             try checkState(delta.state, fail)
             guard (try? StateDelta(bytes: delta.encoded())) == delta else {
                 throw fail("a delta does not read back from its own encoding")
+            }
+            guard (try? StateDelta(bytes: delta.encodedInOldForm())) == delta else {
+                throw fail("a delta does not read back from its old-form encoding")
             }
             var joined = delta.state
             if joined.covers(base: delta.base), joined.merge(delta) || joined != delta.state {

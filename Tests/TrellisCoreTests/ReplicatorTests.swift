@@ -23,26 +23,29 @@ import TrellisCore
             seed: 42)
     }
 
-    /// - Parameter early: the hello says `es: 1` (its sender honours subscription epochs).
+    /// - Parameters:
+    ///   - early: the hello says `es: 1` (its sender honours subscription epochs).
+    ///   - compactNames: the hello says `x: 1` (its sender reads compact names and deltas).
     func hello(
-        _ key: [UInt8] = keyB, version: Int = WireMessage.protocolVersion, nonce: UInt64 = 7, early: Bool = false
+        _ key: [UInt8] = keyB, version: Int = WireMessage.protocolVersion, nonce: UInt64 = 7, early: Bool = false,
+        compactNames: Bool = false
     ) -> WireMessage {
         // Each key its own site ID: two keys presenting one site are refused (site pins).
         .hello(
             Hello(
                 version: version, peerKey: key, site: 0x100 + SiteID(key[0]), epoch: Self.epochB, nonce: nonce,
-                earlySubscriptions: early))
+                earlySubscriptions: early, compactNames: compactNames))
     }
 
     /// A replicator with one established session to B on `link`.
     func established(
         _ key: [UInt8] = keyA, lastSeq: Int64 = 100, checkpoints: [String: Checkpoint] = [:],
-        configure: (inout ReplicatorConfiguration) -> Void = { _ in }
+        compactNames: Bool = false, configure: (inout ReplicatorConfiguration) -> Void = { _ in }
     ) -> Replicator {
         var r = replicator(key, lastSeq: lastSeq, configure: configure)
         _ = r.linkOpened(
             link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints, now: 0)
-        _ = r.received(hello(), on: link, now: 0)
+        _ = r.received(hello(compactNames: compactNames), on: link, now: 0)
         return r
     }
 
@@ -981,7 +984,7 @@ import TrellisCore
             (SubscriptionSpec(collection: "cars"), false, 50, false),  // not asked for
             (SubscriptionSpec(collection: "cars", query: "price > 1"), true, 50, false),  // a query: may lack it
         ] {
-            var r = t.established()
+            var r = t.established(compactNames: true)
             let asked = ReplicatorTests.scans(
                 r.received(
                     .subscriptions([WireSubscription(spec: spec, since: Int64(since), hops: 0, deltas: deltas)]),
@@ -1049,17 +1052,61 @@ import TrellisCore
             WireSubscription(spec: SubscriptionSpec(collection: "cars", query: "a > 1"), since: 1, hops: 0),
         ])
         #expect(try WireMessage(serialized: subs.serialized()) == subs)
-        // An older peer's entry has no `d`: no deltas. `d` outside 0…1 is refused.
+        // `d: 1`: deltas. An older peer's entry has no `d`: no deltas. `d` outside 0…1 is refused.
+        #expect(try Self.withD(of: subs, .int(1)) == subs.serialized())
+        for (d, deltas) in [(Value.int(1), true), (.int(0), false), (.null, false)] {
+            guard case .subscriptions(let list, _) = try WireMessage(serialized: Self.withD(of: subs, d)) else {
+                Issue.record("not subs")
+                continue
+            }
+            #expect(list[0].deltas == deltas, "d: \(d)")
+        }
+        for d: Value in [2, -1, "1"] {
+            #expect(throws: (any Error).self) { try WireMessage(serialized: Self.withD(of: subs, d)) }
+        }
+    }
+
+    /// `subs` serialized with its first entry's `d` set to `d` (`.null`: left out).
+    static func withD(of subs: WireMessage, _ d: Value) throws -> [UInt8] {
         guard case .map(var m) = try CBOR.decode(subs.serialized()), case .array(var list)? = m["subs"],
             case .map(var entry) = list[0]
-        else {
-            Issue.record("not a map")
-            return
-        }
-        #expect(entry["d"] == .int(1))
-        entry["d"] = .int(2)
+        else { throw WireError("not a subs map") }
+        if case .null = d { _ = entry.removeValue(forKey: "d") } else { entry["d"] = d }
         list[0] = .map(entry)
         m["subs"] = .array(list)
-        #expect(throws: (any Error).self) { try WireMessage(serialized: CBOR.encode(.map(m))) }
+        return CBOR.encode(.map(m))
+    }
+
+    /// A subscriber that says `d: 1` without `x: 1` in its hello (a build from before the compact
+    /// form, which reads only old-form deltas) gets whole states; one whose hello said `x: 1`
+    /// gets the row's delta, compact as stored.
+    @Test func onlyASubscriberThatReadsCompactNamesGetsCompactDeltas() throws {
+        var sender = DocumentState()
+        sender.merge(fields: ["a": 1, "b": 2], stamp: Stamp(time: HLCTimestamp(millis: 10, logical: 0), site: 9))
+        let old = sender
+        sender.merge(fields: ["a": 3], stamp: Stamp(time: HLCTimestamp(millis: 11, logical: 0), site: 9))
+        let whole = sender.cbor()
+        let delta = try #require(StateDelta.make(from: old, to: sender, previous: nil, digest: StateDigest(whole)))
+        let compact = delta.encoded()
+        #expect(compact.first == 0x84 && compact.count < whole.count)
+        let spec = SubscriptionSpec(collection: "cars")
+        for (compactNames, expected) in [(false, whole), (true, compact)] {
+            var r = t.replicator()
+            _ = r.linkOpened(
+                link, peerKey: ReplicatorTests.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:],
+                now: 0)
+            _ = r.received(
+                .hello(
+                    Hello(
+                        version: WireMessage.protocolVersion, peerKey: ReplicatorTests.keyB, site: 0x102,
+                        epoch: ReplicatorTests.epochB, nonce: 7, compactNames: compactNames)), on: link, now: 0)
+            let subs = WireMessage.subscriptions([WireSubscription(spec: spec, since: 50, hops: 0, deltas: true)])
+            let asked = ReplicatorTests.scans(r.received(subs, on: link, now: 0))
+            let request = try #require(asked.first)
+            var record = ReplicatorTests.record(60, "x", state: whole)
+            record.delta = LogDelta(bytes: compact, baseSeq: 45)
+            let page = ScanPage(records: [record], upTo: 60, exhausted: true)
+            #expect(Self.states(r.scanned(link, request, page: page, now: 0)) == [expected], "x: \(compactNames)")
+        }
     }
 }

@@ -161,8 +161,13 @@ extension DocumentStatePropertyTests.Run {
 
         let bytes = delta.encoded()
         law(StateDelta.isEncoded(bytes), "a delta's bytes are in the delta form")
+        law(bytes.first == 0x84, "a delta of local writes is written in the compact form")
         law((try? StateDelta(bytes: bytes)) == delta, "a delta reads back from its bytes")
         law(StateDelta.digest(in: bytes) == delta.digest, "the digest reads from an encoded delta")
+        let oldForm = delta.encodedInOldForm()
+        law((try? StateDelta(bytes: oldForm)) == delta, "a delta reads back from its old-form bytes")
+        law(StateDelta.digest(in: oldForm) == delta.digest, "the digest reads from an old-form delta")
+        law(bytes.count < oldForm.count, "the compact form is smaller than the old form")
 
         rememberStates()
         for (index, receiver) in deltas!.history.enumerated() {

@@ -1,5 +1,8 @@
+import Foundation
 import Testing
-import TrellisCore
+import TrellisTestKit
+
+@testable import TrellisCore
 
 /// Deltas of local writes (`StateDelta`, docs/DELTAS.md): a receiver whose state covers a delta's
 /// base joins it to exactly the state the sender's whole state gives; a receiver that does not
@@ -248,11 +251,149 @@ import TrellisCore
     @Test func aDeltaReadsBackFromItsBytes() throws {
         let (d, new) = try sample()
         let bytes = d.encoded()
+        #expect(bytes.first == 0x84)  // the compact form
         #expect(StateDelta.isEncoded(bytes))
         #expect(try StateDelta(bytes: bytes) == d)
         #expect(StateDelta.digest(in: bytes) == StateDigest(new.cbor()))
         #expect(d.digest.bytes.count == 16)
         #expect(StateDigest(bytes: d.digest.bytes[...]) == d.digest)
+        // The old form, as builds before the compact form stored and sent it, still reads.
+        let old = d.encodedInOldForm()
+        #expect(old.starts(with: [0xA3, 0x61, 0x62]))
+        #expect(StateDelta.isEncoded(old))
+        #expect(try StateDelta(bytes: old) == d)
+        #expect(StateDelta.digest(in: old) == d.digest)
+        #expect(bytes.count < old.count - 40, "\(bytes.count) against \(old.count)")
+    }
+
+    /// The compact form writes the sample's times as differences below its reference, 12 ms:
+    /// the base's 10 and 11 ms as 2 and 1 ms below it, and leaves out `a` (equal to `w`).
+    @Test func theCompactFormWritesTimesBelowItsReference() throws {
+        let (d, _) = try sample()
+        let reference = HLCTimestamp(millis: 12, logical: 0)
+        let value = try CBOR.decode(d.encoded())
+        guard case .array(let parts) = value, parts.count == 4, case .map(let state) = parts[2] else {
+            Issue.record("not [R, base, state, h]: \(value)")
+            return
+        }
+        #expect(parts[0] == .int(Int64(reference.rawValue)))
+        #expect(parts[1] == [[0, 4], [1, 2]])  // 2 · whole milliseconds below R
+        #expect(state["v"] == nil && state["a"] == nil)
+        #expect(state["w"] == [[0, 0], [1, 2]])
+        #expect(state["s"] == [1, 2])
+        #expect(parts[3] == .bytes(d.digest.bytes))
+    }
+
+    /// The `-compact` seeds of the fuzz corpus were written from PROTOCOL.md by an independent
+    /// encoder (scripts/compact_delta.py) from their old-form neighbours: Trellis writes exactly
+    /// those bytes for the same deltas, and reads them to the same deltas.
+    @Test func theCompactFormIsWhatAnIndependentEncoderWrites() throws {
+        let corpus = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent().appendingPathComponent("Fuzz/FuzzDocumentState/Corpus")
+        for name in ["delta-one-field", "delta-two-sites-counter-map"] {
+            let old = try #require(FileManager.default.contents(atPath: corpus.appendingPathComponent(name).path))
+            let compact = try #require(
+                FileManager.default.contents(atPath: corpus.appendingPathComponent(name + "-compact").path))
+            let delta = try StateDelta(bytes: Array(old))
+            #expect(delta.encoded() == Array(compact), "\(name)")
+            #expect(try StateDelta(bytes: Array(compact)) == delta, "\(name)")
+        }
+    }
+
+    /// A state whose `a` differs from its `w` writes it, empty or not.
+    @Test func theCompactFormWritesAddsThatDifferFromTheWriteVector() throws {
+        var old = DocumentState()
+        old.merge(fields: ["a": 1, "b": 2], stamp: stamp(10, 1))
+        var new = old
+        try new.unset(.key("b"), stamp: stamp(11, 1))
+        let d = try #require(delta(old, new))
+        #expect(d.state.adds != d.state.writes)
+        guard case .array(let parts) = try CBOR.decode(d.encoded()), case .map(let state) = parts[2] else {
+            Issue.record("not [R, base, state, h]")
+            return
+        }
+        #expect(state["a"] == [[0, 2]])
+        #expect(try StateDelta(bytes: d.encoded()) == d)
+        var empty = d
+        empty.state.adds = [:]
+        guard case .array(let emptyParts) = try CBOR.decode(empty.encoded()), case .map(let emptyState) = emptyParts[2]
+        else {
+            Issue.record("not [R, base, state, h]")
+            return
+        }
+        #expect(emptyState["a"] == [])
+        #expect(try StateDelta(bytes: empty.encoded()) == empty)
+    }
+
+    /// A delta the compact form cannot hold (an empty base, time 0 in it, a base above the
+    /// state's context) is written in the old form, and reads back as it did.
+    @Test func deltasTheCompactFormCannotHoldAreWrittenInTheOldForm() throws {
+        let (d, _) = try sample()
+        var unusual: [StateDelta] = []
+        for base: VersionVector in [[:], [1: .zero], [1: HLCTimestamp(millis: 10, logical: 0), 2: .zero]] {
+            var other = d
+            other.base = base
+            unusual.append(other)
+        }
+        for delta in unusual {
+            let bytes = delta.encoded()
+            #expect(bytes == delta.encodedInOldForm())
+            #expect(try StateDelta(bytes: bytes) == delta)
+        }
+        var above = d
+        above.base = [1: HLCTimestamp(millis: 13, logical: 0)]
+        #expect(above.encoded() == above.encodedInOldForm())
+        // A time at or above 2⁶² (the year 4200).
+        var far = DocumentState()
+        far.merge(fields: ["a": 1], stamp: Stamp(time: HLCTimestamp(rawValue: 1 << 62), site: 1))
+        var farther = far
+        farther.merge(fields: ["a": 2], stamp: Stamp(time: HLCTimestamp(rawValue: (1 << 62) + 1), site: 1))
+        let farDelta = try #require(delta(far, farther))
+        #expect(farDelta.encoded() == farDelta.encodedInOldForm())
+        #expect(try StateDelta(bytes: farDelta.encoded()) == farDelta)
+    }
+
+    /// ``CompactTime`` reads back what it writes, in its shortest writing, and nothing else.
+    @Test func compactTimesReadBackAndRefuseTheRest() {
+        let (rng, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: 1...UInt64.max))
+        print("StateDeltaTests.compactTimesReadBackAndRefuseTheRest seed=\(seed) (replay: TRELLIS_SEED=\(seed))")
+        var random = rng
+        let r = HLCTimestamp(millis: 1_800_000_000_000, logical: 3)
+        #expect(CompactTime.written(r, below: r) == 0)
+        #expect(CompactTime.written(HLCTimestamp(millis: 1_799_999_990_000, logical: 3), below: r) == 20_000)
+        #expect(CompactTime.written(HLCTimestamp(millis: 1_800_000_000_000, logical: 1), below: r) == 5)
+        #expect(CompactTime.written(HLCTimestamp(rawValue: r.rawValue + 1), below: r) == -1)
+        for _ in 0..<10_000 {
+            let reference = HLCTimestamp(rawValue: UInt64.random(in: 1..<(1 << 62), using: &random))
+            let t: HLCTimestamp
+            switch Int.random(in: 0..<4, using: &random) {
+            case 0: t = HLCTimestamp(rawValue: UInt64.random(in: 0...reference.rawValue, using: &random))
+            case 1:
+                t = HLCTimestamp(rawValue: reference.rawValue - min(reference.rawValue, reference.rawValue & 0xFFFF))
+            case 2:
+                let millis = UInt64.random(in: 0...(reference.rawValue >> 16), using: &random)
+                t = HLCTimestamp(rawValue: reference.rawValue - (millis << 16))
+            default: t = HLCTimestamp(rawValue: UInt64.random(in: 0...min(reference.rawValue, 1 << 20), using: &random))
+            }
+            let n = CompactTime.written(t, below: reference)
+            #expect(n >= 0)
+            #expect(CompactTime.read(n, below: reference) == t, "\(t) below \(reference) written \(n)")
+            let junk = Int64(bitPattern: random.next() >> UInt64.random(in: 0...63, using: &random))
+            if let read = CompactTime.read(junk, below: reference) {
+                #expect(CompactTime.written(read, below: reference) == junk)
+            }
+        }
+        // Not the shortest writing (odd, whole milliseconds), below 0, and too many milliseconds.
+        #expect(CompactTime.read(2 << 16 | 1, below: r) == nil)
+        #expect(CompactTime.read(Int64(r.rawValue >> 16) * 2 + 2, below: r) == nil)
+        #expect(CompactTime.read(-1, below: r) == nil)
+        #expect(CompactTime.read(-2, below: r) == nil)
+        #expect(CompactTime.read(1 << 49, below: HLCTimestamp(rawValue: .max)) == nil)
+        #expect(
+            CompactTime.read(.max, below: HLCTimestamp(rawValue: .max))
+                == HLCTimestamp(rawValue: .max - ((1 << 62) - 1)))
+        #expect(!CompactTime.canWrite(below: HLCTimestamp(rawValue: 1 << 62)))
+        #expect(CompactTime.read(0, below: .zero) == .zero)
     }
 
     /// `digest(in:)` reads only the delta form.
@@ -263,7 +404,10 @@ import TrellisCore
         #expect(StateDelta.digest(in: SingleWriteState(stamp: stamp(10, 1), json: "{\"a\":1}").encoded()) == nil)
         #expect(StateDelta.digest(in: []) == nil)
         #expect(StateDelta.digest(in: [0xA3, 0x61, 0x62]) == nil)
+        #expect(StateDelta.digest(in: [0x84]) == nil)
         #expect(StateDelta.digest(in: Array(d.encoded().dropLast())) == nil)
+        #expect(StateDelta.digest(in: d.encodedInOldForm()) == d.digest)
+        #expect(StateDelta.digest(in: Array(d.encodedInOldForm().dropLast())) == nil)
         #expect(!StateDelta.isEncoded(new.cbor()))
     }
 
@@ -279,8 +423,8 @@ import TrellisCore
 
     @Test func refusedDeltasThrowAnError() throws {
         let (d, _) = try sample()
-        // Built from the same parts, the bytes are the delta's own.
-        #expect(try bytes(b: [row(1, 10), row(2, 11)], h: .bytes(d.digest.bytes)) == d.encoded())
+        // Built from the same parts, the bytes are the delta's own (in the old form).
+        #expect(try bytes(b: [row(1, 10), row(2, 11)], h: .bytes(d.digest.bytes)) == d.encodedInOldForm())
         #expect(throws: Never.self) { try StateDelta(bytes: self.bytes(b: [row(1, 10), row(2, 11)])) }
         let refused: [(bytes: [UInt8], reason: String)] = [
             (try bytes(b: [row(1, 13)]), "above the delta's own context"),
@@ -295,7 +439,7 @@ import TrellisCore
             (try bytes(b: [row(1, 10)], d: 5), "not a map"),
             (try bytes(b: .int(1)), "is not {b: base"),
             (CBOR.encode(["b": [], "d": try CBOR.decode(d.state.cbor())]), "is not {b: base"),
-            (CBOR.encode([.array([]), 1, 2]), "is not {b: base"),
+            (CBOR.encode([.array([]), 1, 2]), "is not [reference"),  // an array: the compact form
             (d.state.cbor(), "is not {b: base"),
             ([0xA3, 0x61, 0x62], "does not decode"),
             ([], "does not decode"),
@@ -310,10 +454,82 @@ import TrellisCore
         }
     }
 
-    /// Every cut and every one-byte change of a delta's bytes decodes or throws: never a trap.
-    @Test func mangledBytesNeverTrap() throws {
+    /// The four parts of the sample's compact bytes, as values.
+    func compactParts() throws -> [Value] {
         let (d, _) = try sample()
-        let bytes = d.encoded()
+        guard case .array(let parts) = try CBOR.decode(d.encoded()) else {
+            throw DocumentStateError(message: "not an array")
+        }
+        return parts
+    }
+
+    /// The compact bytes with part `i` replaced, or with `state` changed.
+    func compact(_ i: Int? = nil, _ part: Value = .null, state change: ((inout UTF8Map<Value>) -> Void)? = nil) throws
+        -> [UInt8]
+    {
+        var parts = try compactParts()
+        if let i { parts[i] = part }
+        if let change, case .map(var m) = parts[2] {
+            change(&m)
+            parts[2] = .map(m)
+        }
+        return CBOR.encode(.array(parts))
+    }
+
+    @Test func refusedCompactDeltasThrowAnError() throws {
+        let (d, _) = try sample()
+        #expect(try compact() == d.encoded())
+        // The state written against a reference 1 ms later, with that reference: no time is at it.
+        var later = CBORWriter()
+        d.state.write(into: &later, d.state.layout(reference: HLCTimestamp(millis: 13, logical: 0)))
+        let laterState = try CBOR.decode(later.bytes)
+        var laterParts = try compactParts()
+        laterParts[0] = .int(Int64(HLCTimestamp(millis: 13, logical: 0).rawValue))
+        laterParts[2] = laterState
+        laterParts[1] = [[0, 6], [1, 4]]
+        let refused: [(bytes: [UInt8], reason: String)] = [
+            (CBOR.encode(.array(laterParts)), "not the highest time"),
+            (try compact(1, [[1, 0]]), "above the delta's own context"),  // site 2 at 12 ms, w 11 ms
+            (try compact(1, [[0, 4], [0, 4]]), "twice"),
+            (try compact(1, [[0, 24]]), "no time above 0"),  // 12 ms below R: time 0
+            (try compact(1, [[0, 26]]), "no time above 0"),  // below 0
+            (try compact(1, [[0, .int(2 << 16 | 1)]]), "no time above 0"),  // not the shortest writing
+            (try compact(1, [[0, -1]]), "no time above 0"),
+            (try compact(1, [[2, 4]]), "[site index, time difference]"),
+            (try compact(1, [[-1, 4]]), "[site index, time difference]"),
+            (try compact(1, [[0, 4, 0]]), "[site index, time difference]"),
+            (try compact(1, [["x", 4]]), "[site index, time difference]"),
+            (try compact(1, []), "base is empty"),
+            (try compact(1, .int(1)), "is not [reference > 0"),
+            (try compact(0, 0), "is not [reference > 0"),
+            (try compact(0, -5), "is not [reference > 0"),
+            (try compact(0, "x"), "is not [reference > 0"),
+            (try compact(0, .int(Int64(HLCTimestamp(millis: 1, logical: 0).rawValue))), "no time above 0"),
+            (try compact(3, .bytes(Array(repeating: 7, count: 15))), "16-byte digest"),
+            (try compact(2, .int(5)), "not a map"),
+            (try compact(2, ["v": 2]), "no site table"),
+            (try compact(state: { $0["v"] = 2 }), "unknown part 'v'"),
+            (try compact(state: { $0["w"] = [[0, 26]] }), "time difference below"),
+            (try compact(state: { $0["w"] = [[0, 0], [1, 2], [2, 0]] }), "bad site index"),
+            (CBOR.encode(.array(Array(try compactParts().prefix(3)))), "is not [reference > 0"),
+            (CBOR.encode(.array(try compactParts() + [0])), "is not [reference > 0"),
+            ([0x84], "does not decode"),
+        ]
+        for (bytes, reason) in refused {
+            do {
+                let decoded = try StateDelta(bytes: bytes)
+                Issue.record("decoded \(decoded) from \(bytes); expected: \(reason)")
+            } catch {
+                #expect(error.message.contains(reason), "\(error)")
+            }
+        }
+    }
+
+    /// Every cut and every one-byte change of a delta's bytes, in either form, decodes or
+    /// throws: never a trap; what decodes reads back from its own bytes.
+    @Test(arguments: [false, true]) func mangledBytesNeverTrap(oldForm: Bool) throws {
+        let (d, _) = try sample()
+        let bytes = oldForm ? d.encodedInOldForm() : d.encoded()
         for n in 0..<bytes.count {
             #expect(throws: DocumentStateError.self) { try StateDelta(bytes: Array(bytes[..<n])) }
             _ = StateDelta.digest(in: Array(bytes[..<n]))

@@ -64,6 +64,33 @@ import TrellisTestKit
         #expect(try Self.record(b, "x").delta == nil)
     }
 
+    /// A row stored by a build before the compact form keeps an old-form delta: the store reads
+    /// it, a receiver takes it as it is sent (as stored), and the next local write extends it
+    /// into one compact delta from the same base.
+    @Test func anOldFormDeltaStoredByAnEarlierBuildIsSentAndExtended() throws {
+        let (a, b) = try Self.pairHoldingX(dir, clock)
+        let base = try Self.record(a, "x").seq
+        try a.upsert(["_id": "x", "price": 1_200], in: "c", writeStrategy: .merge)
+        let compact = try #require(try Self.record(a, "x").delta).bytes
+        #expect(compact.first == 0x84)
+        let old = try StateDelta(bytes: compact).encodedInOldForm()
+        let hex = old.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
+        try Connection(path: dir.path("a")).execute("UPDATE documents SET delta = x'\(hex)' WHERE collection = 'c'")
+        let stored = try Self.record(a, "x")
+        #expect(stored.delta?.bytes == old)
+        #expect(try b.merge([try Self.asDelta(stored)], from: [1], checkpoint: nil).applied == 1)
+        #expect(try Self.record(b, "x").state == stored.state)
+        clock.advance(by: 10)
+        try a.upsert(["_id": "x", "price": 1_300], in: "c", writeStrategy: .merge)
+        let extended = try Self.record(a, "x")
+        let delta = try #require(extended.delta)
+        #expect(delta.baseSeq == base)
+        #expect(delta.bytes.first == 0x84)
+        #expect(try StateDelta(bytes: delta.bytes).base == StateDelta(bytes: old).base)
+        #expect(try b.merge([try Self.asDelta(extended)], from: [1], checkpoint: nil).applied == 1)
+        #expect(try Self.record(b, "x").state == extended.state)
+    }
+
     @Test func oneDeltaCoversEveryLocalWriteSinceItsBase() throws {
         let (a, b) = try Self.pairHoldingX(dir, clock)
         let base = try Self.record(a, "x").seq

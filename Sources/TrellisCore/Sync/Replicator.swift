@@ -662,7 +662,10 @@ public struct Replicator: Sendable {
             // holds every document of it) and has acknowledged the entry's base here; it checks that
             // it holds the base, and asks for the whole state otherwise.
             var document = record.document
-            if served.deltas, !refetch, served.spec.isWholeCollection, let delta = record.delta,
+            // Only a peer that said `x: 1` reads the compact delta form (docs/PROTOCOL.md §3); an
+            // earlier build with deltas gets whole states.
+            if served.deltas, sessions[link]!.remote?.compactNames == true, !refetch, served.spec.isWholeCollection,
+                let delta = record.delta,
                 delta.baseSeq <= served.ackedUpTo, delta.bytes.count < document.state.count
             {
                 document.state = delta.bytes

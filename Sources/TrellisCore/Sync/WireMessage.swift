@@ -88,7 +88,9 @@ public struct WireSubscription: Hashable, Sendable {
     /// epoch.
     public var epoch: [UInt8]?
     /// Whether the sender of the subscription accepts deltas (``StateDelta``) for it: documents it
-    /// holds may come as the fields local writes changed (wire `d`: 1; docs/PROTOCOL.md §2 step 5).
+    /// holds may come as the fields local writes changed (wire `d`: 1; docs/PROTOCOL.md §2 step
+    /// 5). A node sends deltas only where the subscriber's `hello` also said `x: 1`: builds from
+    /// before compact names read only the old delta form, and get whole states.
     public var deltas: Bool
     /// The number the sender of the subscription gave it on this connection (wire `i`,
     /// 0…2³²−1; docs/PROTOCOL.md §2 step 4), or `nil`: the receiver then names it by this number
