@@ -35,15 +35,7 @@ extension DocumentState {
     /// - Complexity: O(size of the state).
     public init(encoded value: Value) throws(DocumentStateError) {
         guard case .map(let m) = value else { throw DocumentStateError(message: "document state is not a map") }
-        guard case .array(let siteValues)? = m["s"] else {
-            throw DocumentStateError(message: "document state has no site table")
-        }
-        var sites: [SiteID] = []
-        sites.reserveCapacity(siteValues.count)
-        for v in siteValues {
-            guard case .int(let s) = v else { throw DocumentStateError(message: "site table holds \(v.typeName)") }
-            sites.append(SiteID(bitPattern: s))
-        }
+        let sites = try Self.siteTable(of: m)
         switch m["v"] {
         case nil:
             self = try LegacyStateDecoder(sites: sites).state(m)
@@ -58,6 +50,22 @@ extension DocumentState {
 }
 
 extension DocumentState {
+    /// The site table `"s"` of an encoded state's map (version 1 or 2, or a compact delta's).
+    ///
+    /// - Throws: ``DocumentStateError`` when it is missing or holds anything but integers.
+    static func siteTable(of m: UTF8Map<Value>) throws(DocumentStateError) -> [SiteID] {
+        guard case .array(let siteValues)? = m["s"] else {
+            throw DocumentStateError(message: "document state has no site table")
+        }
+        var sites: [SiteID] = []
+        sites.reserveCapacity(siteValues.count)
+        for v in siteValues {
+            guard case .int(let s) = v else { throw DocumentStateError(message: "site table holds \(v.typeName)") }
+            sites.append(SiteID(bitPattern: s))
+        }
+        return sites
+    }
+
     /// Decodes the state of a compact delta (docs/PROTOCOL.md §3, "Delta form"): the version-2
     /// shape without `"v"`, every time written as its difference below `reference`
     /// (``CompactTime``), and `"a"` left out when it equals `"w"`; brings it to the normal form.
@@ -71,15 +79,7 @@ extension DocumentState {
         -> (state: DocumentState, sites: [SiteID])
     {
         guard case .map(let m) = value else { throw DocumentStateError(message: "document state is not a map") }
-        guard case .array(let siteValues)? = m["s"] else {
-            throw DocumentStateError(message: "document state has no site table")
-        }
-        var sites: [SiteID] = []
-        sites.reserveCapacity(siteValues.count)
-        for v in siteValues {
-            guard case .int(let s) = v else { throw DocumentStateError(message: "site table holds \(v.typeName)") }
-            sites.append(SiteID(bitPattern: s))
-        }
+        let sites = try Self.siteTable(of: m)
         var state = try StateDecoder(sites: sites, reference: reference).state(m, keys: StateDecoder.compactKeys)
         state.normalizeDocument()
         return (state, sites)

@@ -1409,8 +1409,8 @@ public struct Replicator: Sendable {
     private mutating func sendAsked(_ link: LinkID, now: Millis, early: Bool = false) -> [ReplicatorDirective] {
         guard let s = sessions[link], early || s.remote != nil else { return [] }
         let checkpoints = checkpointCache[s.peerKey] ?? [:]
-        // A peer that reads compact names gets each subscription numbered: one number per key for
-        // the whole connection, never given to another key.
+        // A peer that reads compact names gets each subscription numbered: one number per key
+        // while it is asked, never given to another key on the connection.
         let numbered = early ? compactNamePeers.contains(s.peerKey) : s.remote?.compactNames == true
         var list: [WireSubscription] = []
         for (key, entry) in wanted(for: link).sorted(by: { $0.key < $1.key }) {
@@ -1458,7 +1458,14 @@ public struct Replicator: Sendable {
         if s.askedShape == shape { return [] }
         sessions[link]!.askedShape = shape
         sessions[link]!.asked = Dictionary(list.map { (UTF8Key($0.spec.key), $0) }, uniquingKeysWith: { a, _ in a })
-        sessions[link]!.askedBefore.formUnion(sessions[link]!.asked.keys)
+        // A subscription no longer asked loses its number (a batch for it still in flight then
+        // names nothing and is ignored; asked again, it gets a new one), so the maps stay the
+        // size of the asked set. Refetches store no checkpoint and their keys (up to 256 `_id`s
+        // each) are many: only the others are remembered as asked before.
+        sessions[link]!.askedNumbers = sessions[link]!.askedNumbers.filter { sessions[link]!.asked[$0.key] != nil }
+        sessions[link]!.askedByNumber = sessions[link]!.askedByNumber.filter { sessions[link]!.asked[$0.value] != nil }
+        sessions[link]!.askedBefore.formUnion(
+            list.filter { Refetch.ids(of: $0.spec) == nil }.map { UTF8Key($0.spec.key) })
         sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
         sessions[link]!.askedVersion += 1
         return [send(link, .subscriptions(list, version: sessions[link]!.askedVersion), now)]
@@ -1529,8 +1536,8 @@ extension Replicator {
         var asked: [UTF8Key: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
         var askedVersion: UInt64 = 0
-        /// The numbers this node gave its asked subscriptions on this connection (one per key,
-        /// never reused), and the peer's numbers for the subscriptions it asks of this node.
+        /// The numbers this node gave the subscriptions it asks now (a number is never given twice
+        /// on a connection), and the peer's numbers for the subscriptions it asks of this node.
         var askedNumbers: [UTF8Key: UInt32] = [:]
         var askedByNumber: [UInt32: UTF8Key] = [:]
         var nextAskedNumber: UInt32 = 0
