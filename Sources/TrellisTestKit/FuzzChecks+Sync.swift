@@ -95,7 +95,9 @@ extension FuzzChecks {
     /// The input is a sequence of messages, each a 2-byte big-endian length and that many bytes
     /// (a short tail is one message); each is handed to the host as the link delivered it, then the
     /// host runs its scans and its clock moves 0.1 s. The first input byte's low bit sends a valid
-    /// `hello` first, so that the fuzzer reaches the messages after it. Checks: nothing traps, and
+    /// `hello` first, so that the fuzzer reaches the messages after it; its bit 2 makes that hello
+    /// say `x: 1` and `es: 1` (compact names: numbered subscriptions, deltas), its bit 3 leaves
+    /// out its key. Checks: nothing traps, and
     /// everything this node sends decodes as a ``WireMessage`` (never a malformed reply), no
     /// message follows the close of the link, and the store still answers queries.
     ///
@@ -158,8 +160,9 @@ extension FuzzChecks {
         if flags & 1 == 1 {
             let hello = WireMessage.hello(
                 Hello(
-                    version: WireMessage.protocolVersion, peerKey: peerKey, site: 0x5EED,
-                    epoch: [UInt8](repeating: 4, count: 16), nonce: 3))
+                    version: WireMessage.protocolVersion, peerKey: flags & 8 != 0 ? [] : peerKey, site: 0x5EED,
+                    epoch: [UInt8](repeating: 4, count: 16), nonce: 3, earlySubscriptions: flags & 4 != 0,
+                    compactNames: flags & 4 != 0))
             host.received(hello.serialized(), on: link)
         }
         var index = 1
