@@ -760,7 +760,7 @@ public final class Simulation: @unchecked Sendable {
             let name: String
             switch sub {
             case .key(let key): name = SubscriptionSpec.collection(ofKey: key)
-            case .number(let n): name = "#\(n)"
+            case .number: name = sub.description
             }
             let ids = docs.prefix(8).map { $0.id.description }.joined(separator: ",")
             return (

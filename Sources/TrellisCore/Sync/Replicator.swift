@@ -34,14 +34,12 @@ public struct Replicator: Sendable {
     /// recently seen.
     private var siteOwners: [SiteID: [UInt8]] = [:]
     private var siteOrder: [SiteID] = []
-    /// Peers whose last `hello` said they honour a subscription's epoch (`es`): on a new
-    /// connection to one, this node sends its `subs` right after its `hello` (the one-round-trip
-    /// reconnect, docs/PROTOCOL.md §2, step 3). Kept while the node runs.
-    private var earlySubscriptionPeers: Set<[UInt8]> = []
-    /// Peers whose last `hello` said they read compact names (`x: 1`): on a new connection to
-    /// one, this node's `hello` leaves out its key (the channel authenticated it). Kept while the
-    /// node runs.
-    private var compactNamePeers: Set<[UInt8]> = []
+    /// Each peer's last `hello`, by peer key, kept while the node runs. On a new connection to a
+    /// peer whose last `hello` said it honours a subscription's epoch (`es`), this node sends its
+    /// `subs` right after its own `hello` (the one-round-trip reconnect, docs/PROTOCOL.md §2,
+    /// step 3); to one that said it reads compact names (`x: 1`), its `hello` leaves out its key
+    /// (the channel authenticated it) and its `subs` go numbered (step 4).
+    private var lastHellos: [[UInt8]: Hello] = [:]
     /// What the rules and pins refused, and the rate limit of their log lines.
     public private(set) var refusals = AuthorizationRefusals()
     private var lastRefusalLog: Millis?
@@ -257,13 +255,13 @@ public struct Replicator: Sendable {
         // without `x`) makes the next connection carry the key again.
         let hello = Hello(
             version: WireMessage.protocolVersion,
-            peerKey: compactNamePeers.contains(peerKey) ? [] : configuration.peerKey, site: local.site,
+            peerKey: lastHellos[peerKey]?.compactNames == true ? [] : configuration.peerKey, site: local.site,
             epoch: local.epoch, nonce: nonce, earlySubscriptions: true, compactNames: true)
         var directives: [ReplicatorDirective] = [.send(link, .hello(hello))]
         // A peer met before that honours subscription epochs gets the subscriptions at once,
         // each `since` with the epoch it was stored in: its batches (or "nothing new") come back
         // one round trip after the connection opens, instead of after its hello and ours crossed.
-        if earlySubscriptionPeers.contains(peerKey) {
+        if lastHellos[peerKey]?.earlySubscriptions == true {
             directives += sendAsked(link, now: now, early: true)
             sessions[link]?.askedEarly = true
         }
@@ -276,7 +274,8 @@ public struct Replicator: Sendable {
         // every change to the session (the echo memory of a batch) copy it whole.
         guard let phase = sessions[link]?.phase, phase != .closed else { return [] }
         sessions[link]!.lastReceived = now
-        // Subscriptions named by number become their keys here; a number this side never gave
+        // A keyless hello gets the channel's key, and subscriptions named by number become their
+        // keys, here (compact names, docs/PROTOCOL.md §2); a number this side never gave
         // (or, for an ack, never received) names nothing: the message was in flight while the
         // set changed, or the peer is broken, and is ignored as an unknown key would be.
         guard let message = resolvingNames(message, on: link) else { return [] }
@@ -291,8 +290,7 @@ public struct Replicator: Sendable {
             return helloReceived(hello, on: link, now: now)
         case (.awaitingHello, _):
             return fail(link, "protocol", "expected hello first", now)
-        case (_, .hello(var hello)):
-            if hello.peerKey.isEmpty { hello.peerKey = sessions[link]!.peerKey }
+        case (_, .hello(let hello)):
             if hello == sessions[link]!.remote { return [] }  // the same hello again (a duplicating transport)
             return fail(link, "protocol", "hello sent twice", now)
         case (_, .subscriptions(_, let version))
@@ -351,12 +349,16 @@ public struct Replicator: Sendable {
         }
     }
 
-    /// `message` with a subscription named by number (``SubscriptionName/number(_:)``) named by
-    /// its key: for a `batch` or `suberr`, a number this node gave one of its asked subscriptions;
-    /// for an `ack`, one the peer gave a subscription this node serves. `nil` when the number
-    /// names none.
+    /// `message` with what compact names left out filled in: a `hello` without `key` carries the
+    /// key the channel authenticated, and a subscription named by number
+    /// (``SubscriptionName/number(_:)``) is named by its key: for a `batch` or `suberr`, a number
+    /// this node gave one of its asked subscriptions; for an `ack`, one the peer gave a
+    /// subscription this node serves. `nil` when the number names none.
     private func resolvingNames(_ message: WireMessage, on link: LinkID) -> WireMessage? {
         switch message {
+        case .hello(var hello) where hello.peerKey.isEmpty:
+            hello.peerKey = sessions[link]!.peerKey
+            return .hello(hello)
         case .batch(.number(let n), let documents, let upTo, let generation, let left):
             guard let key = sessions[link]?.askedByNumber[n] else { return nil }
             return .batch(
@@ -932,8 +934,6 @@ public struct Replicator: Sendable {
 
     private mutating func helloReceived(_ hello: Hello, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         let s = sessions[link]!
-        var hello = hello
-        if hello.peerKey.isEmpty { hello.peerKey = s.peerKey }  // left out: the key the channel authenticated
         guard hello.version == WireMessage.protocolVersion else {
             noteIncompatible(hello, address: s.address, now: now)
             if let endpoint = s.endpoint {
@@ -948,16 +948,7 @@ public struct Replicator: Sendable {
             return fail(link, "identity", "hello names a peer key other than the one the channel authenticated", now)
         }
         sessions[link]!.remote = hello
-        if hello.compactNames {
-            compactNamePeers.insert(hello.peerKey)
-        } else {
-            compactNamePeers.remove(hello.peerKey)
-        }
-        if hello.earlySubscriptions {
-            earlySubscriptionPeers.insert(hello.peerKey)
-        } else {
-            earlySubscriptionPeers.remove(hello.peerKey)
-        }
+        lastHellos[hello.peerKey] = hello
         if hello.peerKey == configuration.peerKey {
             if let endpoint = s.endpoint { endpoints[endpoint]?.isSelf = true }
             return close(link, "connected to itself")
@@ -1411,7 +1402,7 @@ public struct Replicator: Sendable {
         let checkpoints = checkpointCache[s.peerKey] ?? [:]
         // A peer that reads compact names gets each subscription numbered: one number per key
         // while it is asked, never given to another key on the connection.
-        let numbered = early ? compactNamePeers.contains(s.peerKey) : s.remote?.compactNames == true
+        let numbered = (early ? lastHellos[s.peerKey] : s.remote)?.compactNames == true
         var list: [WireSubscription] = []
         for (key, entry) in wanted(for: link).sorted(by: { $0.key < $1.key }) {
             // Asked again on this connection after it was dropped: a new generation, so a batch
