@@ -969,6 +969,17 @@ import TrellisCore
         return record
     }
 
+    /// A sender's state after one field of a two-field document changed (site 9, 10 ms then
+    /// 11 ms), as whole-state bytes, and the delta of that change.
+    static func oneFieldChange() throws -> (whole: [UInt8], delta: StateDelta) {
+        var sender = DocumentState()
+        sender.merge(fields: ["a": 1, "b": 2], stamp: Stamp(time: HLCTimestamp(millis: 10, logical: 0), site: 9))
+        let old = sender
+        sender.merge(fields: ["a": 3], stamp: Stamp(time: HLCTimestamp(millis: 11, logical: 0), site: 9))
+        let whole = sender.cbor()
+        return (whole, try #require(StateDelta.make(from: old, to: sender, previous: nil, digest: StateDigest(whole))))
+    }
+
     /// The states of the documents of the batches in `directives`.
     static func states(_ directives: [ReplicatorDirective]) -> [[UInt8]] {
         ReplicatorTests.sent(directives).flatMap { message -> [[UInt8]] in
@@ -1001,12 +1012,7 @@ import TrellisCore
         var r = t.established()
         let spec = SubscriptionSpec(collection: "cars")
         _ = try r.subscribe(spec, now: 0)
-        var sender = DocumentState()
-        sender.merge(fields: ["a": 1, "b": 2], stamp: Stamp(time: HLCTimestamp(millis: 10, logical: 0), site: 9))
-        let old = sender
-        sender.merge(fields: ["a": 3], stamp: Stamp(time: HLCTimestamp(millis: 11, logical: 0), site: 9))
-        let whole = sender.cbor()
-        let delta = try #require(StateDelta.make(from: old, to: sender, previous: nil, digest: StateDigest(whole)))
+        let (whole, delta) = try Self.oneFieldChange()
         _ = r.received(
             .batch(
                 subscription: .key(spec.key),
@@ -1081,12 +1087,7 @@ import TrellisCore
     /// form, which reads only old-form deltas) gets whole states; one whose hello said `x: 1`
     /// gets the row's delta, compact as stored.
     @Test func onlyASubscriberThatReadsCompactNamesGetsCompactDeltas() throws {
-        var sender = DocumentState()
-        sender.merge(fields: ["a": 1, "b": 2], stamp: Stamp(time: HLCTimestamp(millis: 10, logical: 0), site: 9))
-        let old = sender
-        sender.merge(fields: ["a": 3], stamp: Stamp(time: HLCTimestamp(millis: 11, logical: 0), site: 9))
-        let whole = sender.cbor()
-        let delta = try #require(StateDelta.make(from: old, to: sender, previous: nil, digest: StateDigest(whole)))
+        let (whole, delta) = try Self.oneFieldChange()
         let compact = delta.encoded()
         #expect(compact.first == 0x84 && compact.count < whole.count)
         let spec = SubscriptionSpec(collection: "cars")
