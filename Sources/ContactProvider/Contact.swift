@@ -1,4 +1,5 @@
 public import Foundation
+import Synchronization
 
 /// A value with a label, as in a contact's phone numbers or email addresses (Contacts'
 /// `CNLabeledValue`). Labels are free text; the Contacts framework's well-known labels are given
@@ -103,6 +104,46 @@ package struct ContactFields: Hashable, @unchecked Sendable {
     package var vCardProperties: [String] = []
 }
 
+/// Where a contact's properties are: held, or still in the text they will be read from.
+///
+/// A contact an enumerator reads from a stored document keeps the document's JSON text and reads
+/// its properties the first time one is asked for (docs/CONTACTS.md, "How the enumerator reads
+/// contacts"), as a query's results parse their JSON when first read. Either way the contact
+/// object stays small: held properties are boxed, so an unread contact costs its text and a few
+/// words.
+package enum ContactStorage: @unchecked Sendable {
+    /// The properties, in a box no other contact shares.
+    case held(ContactFieldsBox)
+    /// The text the properties are still to be read from, and the reader.
+    case unread([UInt8], @Sendable ([UInt8]) -> ContactFields)
+
+    /// The box of properties, read from the text first if they are still there.
+    mutating func box() -> ContactFieldsBox {
+        switch self {
+        case .held(let box): return box
+        case .unread(let bytes, let read):
+            let box = ContactFieldsBox(read(bytes))
+            self = .held(box)
+            return box
+        }
+    }
+
+    /// The same contact in storage of its own: held properties in a new box (so that changing
+    /// one contact never changes another), unread text shared (it never changes).
+    var copy: ContactStorage {
+        switch self {
+        case .held(let box): return .held(ContactFieldsBox(box.fields))
+        case .unread: return self
+        }
+    }
+}
+
+/// A contact's properties, boxed (one contact's own; see ``ContactStorage``).
+package final class ContactFieldsBox {
+    package var fields: ContactFields
+    package init(_ fields: ContactFields) { self.fields = fields }
+}
+
 /// A contact (Contacts' `CNContact`): immutable, the properties a contact provider supplies,
 /// with Apple's names and types. ``CNMutableContact`` is the one to build and change.
 ///
@@ -110,123 +151,164 @@ package struct ContactFields: Hashable, @unchecked Sendable {
 /// equal. Apple's contacts are thread-safe to read; so is this one. A ``CNMutableContact``, as
 /// Apple's, must not be changed while another thread reads it: a contact handed to an observer
 /// belongs to the host from then on (the host copies it).
+///
+/// A contact that an enumerator delivers may hold its document's text until a property is first
+/// read; the first read then takes the time of reading the text (O(n) in its length), and every
+/// property reads as it would have had the contact been read at once.
 open class CNContact: NSObject, NSCopying, NSMutableCopying, @unchecked Sendable {
-    package var fields: ContactFields
+    private let storage: Mutex<ContactStorage>
 
     /// An empty contact.
-    public override init() { fields = ContactFields() }
+    public override init() { storage = Mutex(.held(ContactFieldsBox(ContactFields()))) }
 
-    package init(fields: ContactFields) { self.fields = fields }
+    package init(fields: ContactFields) { storage = Mutex(.held(ContactFieldsBox(fields))) }
 
-    public var namePrefix: String { fields.namePrefix }
-    public var givenName: String { fields.givenName }
-    public var middleName: String { fields.middleName }
-    public var familyName: String { fields.familyName }
-    public var nameSuffix: String { fields.nameSuffix }
-    public var nickname: String { fields.nickname }
-    public var organizationName: String { fields.organizationName }
-    public var departmentName: String { fields.departmentName }
-    public var jobTitle: String { fields.jobTitle }
-    public var phoneNumbers: [CNLabeledValue<CNPhoneNumber>] { fields.phoneNumbers }
-    public var emailAddresses: [CNLabeledValue<NSString>] { fields.emailAddresses }
-    public var postalAddresses: [CNLabeledValue<CNPostalAddress>] { fields.postalAddresses }
-    public var urlAddresses: [CNLabeledValue<NSString>] { fields.urlAddresses }
+    /// A contact whose properties `read` reads from `bytes` when one is first asked for (Trellis
+    /// only). `read` must give the same fields every time for the same bytes.
+    package init(source bytes: [UInt8], read: @escaping @Sendable ([UInt8]) -> ContactFields) {
+        storage = Mutex(.unread(bytes, read))
+    }
+
+    /// A contact with the properties of `other`, in storage of its own (Trellis only): a source
+    /// not yet read stays unread.
+    package init(copying other: CNContact) { storage = Mutex(other.storage.withLock { $0.copy }) }
+
+    /// Every property, read from the source first if it has not been.
+    package var fields: ContactFields {
+        get { read { $0 } }
+        set { write { $0 = newValue } }
+    }
+
+    /// Whether the properties are still to be read from the contact's source (Trellis only).
+    package var isDeferred: Bool {
+        storage.withLock {
+            if case .unread = $0 { return true }
+            return false
+        }
+    }
+
+    /// `body` of the properties, read from the source first if it has not been.
+    package func read<T>(_ body: (borrowing ContactFields) -> T) -> T {
+        storage.withLock { body($0.box().fields) }
+    }
+
+    /// Changes the properties in place, read from the source first if it has not been.
+    package func write(_ body: (inout ContactFields) -> Void) {
+        storage.withLock { body(&$0.box().fields) }
+    }
+
+    public var namePrefix: String { read { $0.namePrefix } }
+    public var givenName: String { read { $0.givenName } }
+    public var middleName: String { read { $0.middleName } }
+    public var familyName: String { read { $0.familyName } }
+    public var nameSuffix: String { read { $0.nameSuffix } }
+    public var nickname: String { read { $0.nickname } }
+    public var organizationName: String { read { $0.organizationName } }
+    public var departmentName: String { read { $0.departmentName } }
+    public var jobTitle: String { read { $0.jobTitle } }
+    public var phoneNumbers: [CNLabeledValue<CNPhoneNumber>] { read { $0.phoneNumbers } }
+    public var emailAddresses: [CNLabeledValue<NSString>] { read { $0.emailAddresses } }
+    public var postalAddresses: [CNLabeledValue<CNPostalAddress>] { read { $0.postalAddresses } }
+    public var urlAddresses: [CNLabeledValue<NSString>] { read { $0.urlAddresses } }
     /// The birthday's calendar components (year may be absent).
-    public var birthday: DateComponents? { fields.birthday }
-    public var note: String { fields.note }
+    public var birthday: DateComponents? { read { $0.birthday } }
+    public var note: String { read { $0.note } }
     /// The contact's picture, as encoded image bytes (JPEG or PNG).
-    public var imageData: Data? { fields.imageData }
+    public var imageData: Data? { read { $0.imageData } }
     /// vCard content lines that no other property holds, as read (unfolded, group and parameters
     /// included): written again on export while they still apply. Trellis only: Apple's
     /// `CNContact` has no such property (see docs/CONTACTS.md, "What a card keeps").
-    public var vCardProperties: [String] { fields.vCardProperties }
+    public var vCardProperties: [String] { read { $0.vCardProperties } }
 
     public override func isEqual(_ object: Any?) -> Bool {
-        (object as? CNContact)?.fields == fields
+        guard let other = object as? CNContact else { return false }
+        return other === self || other.fields == fields
     }
     public override var hash: Int { fields.hashValue }
 
-    /// An immutable copy (Apple: `copy()` gives a `CNContact`).
-    open func copy(with zone: NSZone? = nil) -> Any { CNContact(fields: fields) }
-    /// A mutable copy (Apple: `mutableCopy()` gives a ``CNMutableContact``).
-    open func mutableCopy(with zone: NSZone? = nil) -> Any { CNMutableContact(fields: fields) }
+    /// An immutable copy (Apple: `copy()` gives a `CNContact`); a source not yet read is copied
+    /// unread.
+    open func copy(with zone: NSZone? = nil) -> Any { CNContact(copying: self) }
+    /// A mutable copy (Apple: `mutableCopy()` gives a ``CNMutableContact``); a source not yet read
+    /// is copied unread.
+    open func mutableCopy(with zone: NSZone? = nil) -> Any { CNMutableContact(copying: self) }
 }
 
 /// A contact to build or change (Contacts' `CNMutableContact`), the contact
 /// `ContactItem.contact(_:_:)` carries.
 open class CNMutableContact: CNContact, @unchecked Sendable {
     public override var namePrefix: String {
-        get { fields.namePrefix }
-        set { fields.namePrefix = newValue }
+        get { read { $0.namePrefix } }
+        set { write { $0.namePrefix = newValue } }
     }
     public override var givenName: String {
-        get { fields.givenName }
-        set { fields.givenName = newValue }
+        get { read { $0.givenName } }
+        set { write { $0.givenName = newValue } }
     }
     public override var middleName: String {
-        get { fields.middleName }
-        set { fields.middleName = newValue }
+        get { read { $0.middleName } }
+        set { write { $0.middleName = newValue } }
     }
     public override var familyName: String {
-        get { fields.familyName }
-        set { fields.familyName = newValue }
+        get { read { $0.familyName } }
+        set { write { $0.familyName = newValue } }
     }
     public override var nameSuffix: String {
-        get { fields.nameSuffix }
-        set { fields.nameSuffix = newValue }
+        get { read { $0.nameSuffix } }
+        set { write { $0.nameSuffix = newValue } }
     }
     public override var nickname: String {
-        get { fields.nickname }
-        set { fields.nickname = newValue }
+        get { read { $0.nickname } }
+        set { write { $0.nickname = newValue } }
     }
     public override var organizationName: String {
-        get { fields.organizationName }
-        set { fields.organizationName = newValue }
+        get { read { $0.organizationName } }
+        set { write { $0.organizationName = newValue } }
     }
     public override var departmentName: String {
-        get { fields.departmentName }
-        set { fields.departmentName = newValue }
+        get { read { $0.departmentName } }
+        set { write { $0.departmentName = newValue } }
     }
     public override var jobTitle: String {
-        get { fields.jobTitle }
-        set { fields.jobTitle = newValue }
+        get { read { $0.jobTitle } }
+        set { write { $0.jobTitle = newValue } }
     }
     public override var phoneNumbers: [CNLabeledValue<CNPhoneNumber>] {
-        get { fields.phoneNumbers }
-        set { fields.phoneNumbers = newValue }
+        get { read { $0.phoneNumbers } }
+        set { write { $0.phoneNumbers = newValue } }
     }
     public override var emailAddresses: [CNLabeledValue<NSString>] {
-        get { fields.emailAddresses }
-        set { fields.emailAddresses = newValue }
+        get { read { $0.emailAddresses } }
+        set { write { $0.emailAddresses = newValue } }
     }
     public override var postalAddresses: [CNLabeledValue<CNPostalAddress>] {
-        get { fields.postalAddresses }
-        set { fields.postalAddresses = newValue }
+        get { read { $0.postalAddresses } }
+        set { write { $0.postalAddresses = newValue } }
     }
     public override var urlAddresses: [CNLabeledValue<NSString>] {
-        get { fields.urlAddresses }
-        set { fields.urlAddresses = newValue }
+        get { read { $0.urlAddresses } }
+        set { write { $0.urlAddresses = newValue } }
     }
     public override var birthday: DateComponents? {
-        get { fields.birthday }
-        set { fields.birthday = newValue }
+        get { read { $0.birthday } }
+        set { write { $0.birthday = newValue } }
     }
     public override var note: String {
-        get { fields.note }
-        set { fields.note = newValue }
+        get { read { $0.note } }
+        set { write { $0.note = newValue } }
     }
     public override var imageData: Data? {
-        get { fields.imageData }
-        set { fields.imageData = newValue }
+        get { read { $0.imageData } }
+        set { write { $0.imageData = newValue } }
     }
     public override var vCardProperties: [String] {
-        get { fields.vCardProperties }
-        set { fields.vCardProperties = newValue }
+        get { read { $0.vCardProperties } }
+        set { write { $0.vCardProperties = newValue } }
     }
 }
 
 extension CNContact {
     /// A new mutable contact with the same properties (Trellis only: `mutableCopy() as!
     /// CNMutableContact` without the cast).
-    public func mutableContact() -> CNMutableContact { CNMutableContact(fields: fields) }
+    public func mutableContact() -> CNMutableContact { CNMutableContact(copying: self) }
 }

@@ -129,9 +129,42 @@ public enum ContactDocument {
     /// - Returns: the contact, or `nil` when the text is not JSON.
     /// - Complexity: O(n) in the length of the text.
     public static func contact(fromJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
-        if let contact = ContactJSONDecoder.contact(bytes) { return contact }
+        fields(fromJSON: bytes).map(CNMutableContact.init(fields:))
+    }
+
+    /// The fields of the contact in `bytes`, read as ``contact(fromJSON:)-(UnsafeBufferPointer<UInt8>)``
+    /// reads them; `nil` when the text is not JSON.
+    package static func fields(fromJSON bytes: UnsafeBufferPointer<UInt8>) -> ContactFields? {
+        if let fields = ContactJSONDecoder.fields(bytes) { return fields }
         guard let value = try? JSON.parse(String(decoding: bytes, as: UTF8.self)) else { return nil }
-        return contact(from: value)
+        return contact(from: value).fields
+    }
+
+    /// The contact in a document's JSON text given as bytes, as
+    /// ``contact(fromJSON:)-(UnsafeBufferPointer<UInt8>)`` gives it, but read when one of its
+    /// properties is first asked for: what ``ContactsEnumerator`` delivers.
+    ///
+    /// Text that the one-pass check vouches for as JSON (``JSONScan/skipValue(in:at:depth:)``
+    /// over the whole text: compact, no `\u` escapes or exponents) is kept as a copy of its bytes,
+    /// and the contact reads it on first use. Any other text is read now, so that text which is
+    /// not JSON still answers `nil` here.
+    ///
+    /// - Parameter bytes: the text; read (and copied) only during the call.
+    /// - Returns: the contact, or `nil` when the text is not JSON.
+    /// - Complexity: O(n) in the length of the text now, without allocation beyond the copy and
+    ///   the contact; O(n) again on the first read of a property.
+    package static func contact(deferringJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
+        var end = 0
+        guard JSONScan.skipValue(in: bytes, at: &end, depth: 0), end == bytes.count else {
+            return contact(fromJSON: bytes)
+        }
+        return CNMutableContact(source: Array(bytes), read: fieldsOfVouchedText)
+    }
+
+    /// The fields of text the one-pass check vouched for (so it parses; were it ever not to, an
+    /// empty contact rather than a trap).
+    @Sendable private static func fieldsOfVouchedText(_ bytes: [UInt8]) -> ContactFields {
+        bytes.withUnsafeBufferPointer { fields(fromJSON: $0) } ?? ContactFields()
     }
 
     private static func items(_ value: Value?) -> [Value] {

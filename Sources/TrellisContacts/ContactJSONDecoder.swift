@@ -28,9 +28,16 @@ package enum ContactJSONDecoder {
     ///
     /// - Complexity: O(n) in the length of the text.
     package static func contact(_ bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
-        let contact = CNMutableContact()
+        fields(bytes).map(CNMutableContact.init(fields:))
+    }
+
+    /// The fields of the contact in the JSON text `bytes`, or `nil` when the decoder declines it.
+    ///
+    /// - Complexity: O(n) in the length of the text.
+    package static func fields(_ bytes: UnsafeBufferPointer<UInt8>) -> ContactFields? {
+        var fields = ContactFields()
         var reader = Reader(bytes: bytes)
-        return reader.document(into: &contact.fields) ? contact : nil
+        return reader.document(into: &fields) ? fields : nil
     }
 
     /// The contact in `text`, or `nil` when the decoder declines it.

@@ -61,7 +61,7 @@ public final class MemoryContactSink: ContactSink {
         }
         state.withLock { s in
             for item in items {
-                s.contacts[item.identifier] = CNContact(fields: item.contact.fields)
+                s.contacts[item.identifier] = CNContact(copying: item.contact)
                 s.stale?.remove(item.identifier)
                 s.log.append(.update(item.identifier))
             }

@@ -57,7 +57,7 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
             }
             var entries = try store.entries(
                 in: collection, after: after, through: marker.snapshot, limit: pageSize + 1, includeDeleted: false,
-                decodingJSON: { ContactDocument.contact(fromJSON: $0) })
+                decodingJSON: { ContactDocument.contact(deferringJSON: $0) })
             let more = entries.count > pageSize
             if more { entries.removeLast() }
             if !entries.isEmpty { observer.didEnumerate(entries.compactMap(Self.item)) }
@@ -93,7 +93,7 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
             }
             var entries = try store.entries(
                 in: collection, after: cursor, limit: batchSize + 1, includeDeleted: true,
-                decodingJSON: { ContactDocument.contact(fromJSON: $0) })
+                decodingJSON: { ContactDocument.contact(deferringJSON: $0) })
             let more = entries.count > batchSize
             if more { entries.removeLast() }
             let updates = entries.compactMap(Self.item)
@@ -109,7 +109,8 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
     }
 
     /// The item for a live entry, `nil` for a deleted one. Contacts are read straight from the
-    /// stored JSON text (``ContactDocument/contact(fromJSON:)``), not through a ``Value``.
+    /// stored JSON text, not through a ``Value``, when a property is first asked for
+    /// (``ContactDocument/contact(deferringJSON:)``).
     private static func item(_ entry: DecodedLogEntry<CNMutableContact>) -> ContactItem? {
         entry.document.map { .contact($0, ContactDocument.identifier(for: entry.id)) }
     }

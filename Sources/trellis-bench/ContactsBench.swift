@@ -1,8 +1,9 @@
 // Contacts figures for trellis-bench (docs/BENCHMARKS.md, "Contacts"), each with a baseline
 // measured in the same run:
 //   1. a full content enumeration of 100,000 contacts in pages of 500, against a raw SQLite scan
-//      of the same rows (reading each row's JSON text); and, to show where the difference goes,
-//      the same scan parsing each row's JSON into a `Value`;
+//      of the same rows (reading each row's JSON text); the same enumeration with each contact's
+//      given name read, and with every property read (contacts are read when first asked for);
+//      and, to show where the difference goes, the same scan parsing each row's JSON into a `Value`;
 //   2. a change enumeration of 1,000 changes on a 100,000-contact store, against the same on a
 //      1,000-contact store.
 import CSQLite
@@ -17,6 +18,8 @@ import TrellisStore
 final class CountingObserver: ContactItemContentObserver, ContactItemChangeObserver {
     struct State {
         var items = 0
+        /// Kept so the reads are not optimised away.
+        var read = 0
         var nextPage: ContactItemPage?
         var marker: Data?
         var anchor: ContactItemSyncAnchor?
@@ -26,10 +29,26 @@ final class CountingObserver: ContactItemContentObserver, ContactItemChangeObser
     let state = Mutex(State())
     let suggestedPageSize: Int
     var suggestedBatchSize: Int { suggestedPageSize }
+    /// What the observer reads of each contact it is given.
+    let reading: ContactReading
 
-    init(size: Int) { suggestedPageSize = size }
+    init(size: Int, reading: ContactReading = .nothing) {
+        suggestedPageSize = size
+        self.reading = reading
+    }
 
-    func didEnumerate(_ items: [ContactItem]) { state.withLock { $0.items += items.count } }
+    func didEnumerate(_ items: [ContactItem]) {
+        var read = 0
+        switch reading {
+        case .nothing: break
+        case .name: for item in items { read &+= item.contact.givenName.utf8.count }
+        case .everything: for item in items { read &+= item.contact.fields.hashValue }
+        }
+        state.withLock {
+            $0.items += items.count
+            $0.read &+= read
+        }
+    }
     func didFinishEnumeratingPage(upTo nextPage: ContactItemPage) { state.withLock { $0.nextPage = nextPage } }
     func didFinishEnumeratingContent(upTo generationMarker: Data) { state.withLock { $0.marker = generationMarker } }
     func didFinishEnumeratingContentWithError(_ error: any Error) { state.withLock { $0.error = error } }
@@ -42,6 +61,12 @@ final class CountingObserver: ContactItemContentObserver, ContactItemChangeObser
         }
     }
     func didFinishEnumeratingChangesWithError(_ error: any Error) { state.withLock { $0.error = error } }
+}
+
+/// What a content enumeration's observer reads of each contact: nothing (the enumeration alone),
+/// its given name, or every property (what a host mirroring the contacts does).
+enum ContactReading {
+    case nothing, name, everything
 }
 
 /// Runs an async body to completion from synchronous code.
@@ -82,14 +107,16 @@ func contactsStore(_ file: String, count: Int) throws -> DocumentStore {
 }
 
 /// Pages through the whole content; returns (items, seconds, marker).
-func enumerateAllContent(_ store: DocumentStore, pageSize: Int) -> (Int, Double, Data) {
+func enumerateAllContent(_ store: DocumentStore, pageSize: Int, reading: ContactReading = .nothing) -> (
+    Int, Double, Data
+) {
     let enumerator = ContactsEnumerator(store: store, collection: "contacts")
     var page = ContactItemPage.initialPage
     var items = 0
     var marker = Data()
     let t = seconds {
         while true {
-            let observer = CountingObserver(size: pageSize)
+            let observer = CountingObserver(size: pageSize, reading: reading)
             let p = page
             blocking { await enumerator.enumerateContent(in: p, for: observer) }
             let s = observer.state.withLock { $0 }
@@ -149,6 +176,8 @@ func contactsFigures(scratch: URL) throws -> [Figure] {
     var bytes = 0
     var rawTimes: [Double] = []
     var enumTimes: [Double] = []
+    var nameTimes: [Double] = []
+    var wholeTimes: [Double] = []
     var marker = Data()
     for _ in 0..<3 {
         scanned = 0
@@ -166,6 +195,8 @@ func contactsFigures(scratch: URL) throws -> [Figure] {
         precondition(items == big && scanned == big, "enumerated \(items), scanned \(scanned)")
         enumTimes.append(t)
         marker = m
+        nameTimes.append(enumerateAllContent(store, pageSize: 500, reading: .name).1)
+        wholeTimes.append(enumerateAllContent(store, pageSize: 500, reading: .everything).1)
     }
     // Where the difference goes: the same scan, parsing each row's JSON into a `Value`.
     var parseTimes: [Double] = []
@@ -186,6 +217,8 @@ func contactsFigures(scratch: URL) throws -> [Figure] {
     sqlite3_close(db)
     let rawRate = Double(big) / rawTimes.min()!
     let enumRate = Double(big) / enumTimes.min()!
+    let nameRate = Double(big) / nameTimes.min()!
+    let wholeRate = Double(big) / wholeTimes.min()!
     let parseRate = Double(big) / parseTimes.min()!
 
     // Change enumeration: 1,000 changes on the big store against 1,000 on a small one.
@@ -211,6 +244,12 @@ func contactsFigures(scratch: URL) throws -> [Figure] {
             baselineName: "sqlite_raw_contact_scan_per_s"),
         Figure(
             name: "contacts_content_enum_per_s", value: enumRate, unit: "items/s", baseline: rawRate,
+            baselineName: "sqlite_raw_contact_scan_per_s"),
+        Figure(
+            name: "contacts_content_enum_name_read_per_s", value: nameRate, unit: "items/s", baseline: rawRate,
+            baselineName: "sqlite_raw_contact_scan_per_s"),
+        Figure(
+            name: "contacts_content_enum_all_read_per_s", value: wholeRate, unit: "items/s", baseline: rawRate,
             baselineName: "sqlite_raw_contact_scan_per_s"),
         Figure(name: "contacts_changes_1k_store_per_s", value: smallRate, unit: "changes/s"),
         Figure(

@@ -28,15 +28,32 @@ import TrellisTestKit
 
     /// The properties in which `contact(fromJSON:)` differs from the reference for `text`, with
     /// both values (`"not JSON"` when only one of them is `nil`); empty when they agree.
+    /// The contact read when first asked for (`contact(deferringJSON:)`, what the enumerator
+    /// delivers) is checked the same way.
     static func differences(_ text: String) -> [String] {
-        differences(ContactDocument.contact(fromJSON: text), reference(text))
+        let reference = reference(text)
+        return differences(ContactDocument.contact(fromJSON: text), reference)
+            + deferredDifferences(Array(text.utf8), reference)
+    }
+
+    /// The properties in which the contact `contact(deferringJSON:)` gives for `bytes` differs
+    /// from `reference`: one property read first (which one follows the text's length, so the
+    /// run reads each first many times), then the whole contact compared.
+    static func deferredDifferences(_ bytes: [UInt8], _ reference: CNMutableContact?) -> [String] {
+        let deferred = bytes.withUnsafeBufferPointer { ContactDocument.contact(deferringJSON: $0) }
+        let (name, read) = properties[bytes.count % properties.count]
+        if let deferred, let reference, read(deferred) != read(reference) {
+            return ["read deferred, \(name) first: \(read(deferred)) instead of \(read(reference))"]
+        }
+        return differences(deferred, reference).map { "read deferred: " + $0 }
     }
 
     /// The same for a text given as bytes, possibly ill-formed UTF-8: the reference reads them
     /// as the store's `entries` does, with each ill-formed sequence as U+FFFD.
     static func differences(bytes: [UInt8]) -> [String] {
         let fast = bytes.withUnsafeBufferPointer { ContactDocument.contact(fromJSON: $0) }
-        return differences(fast, reference(String(decoding: bytes, as: UTF8.self)))
+        let reference = reference(String(decoding: bytes, as: UTF8.self))
+        return differences(fast, reference) + deferredDifferences(bytes, reference)
     }
 
     static func differences(_ fast: CNMutableContact?, _ slow: CNMutableContact?) -> [String] {
@@ -86,6 +103,7 @@ import TrellisTestKit
         // Contacts as the store writes them (compact, texts without rare control characters).
         var stored = 0
         var storedOnePass = 0
+        var storedDeferred = 0
         var spelledOnePass = 0
         var illFormed = 0
         var illFormedOnePass = 0
@@ -117,6 +135,10 @@ import TrellisTestKit
                 if round % 4 == 0 && k == 0 {
                     stored += 1
                     if one { storedOnePass += 1 }
+                    let deferred = text.utf8.withContiguousStorageIfAvailable {
+                        ContactDocument.contact(deferringJSON: $0)
+                    }
+                    if deferred??.isDeferred == true { storedDeferred += 1 }
                 }
                 if Self.reference(text) == nil { notJSON += 1 }
                 let found = Self.differences(text)
@@ -142,6 +164,8 @@ import TrellisTestKit
         // The checks are not vacuous: stored contacts take the one pass, others and damaged
         // text the parser.
         #expect(storedOnePass == stored && spelledOnePass > cases / 10, "one pass: \(onePass) of \(checked)")
+        // Stored contacts are delivered unread (their text is what the store writes).
+        #expect(storedDeferred == stored, "\(storedDeferred) of \(stored) stored contacts deferred")
         #expect(notJSON > checked / 20 && checked - onePass - notJSON > checked / 20)
         #expect(illFormedOnePass > illFormed / 10, "\(illFormedOnePass) of \(illFormed) ill-formed texts")
     }
