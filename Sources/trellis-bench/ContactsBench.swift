@@ -42,7 +42,8 @@ final class CountingObserver: ContactItemContentObserver, ContactItemChangeObser
         switch reading {
         case .nothing: break
         case .name: for item in items { read &+= item.contact.givenName.utf8.count }
-        case .everything: for item in items { read &+= item.contact.fields.hashValue }
+        // All properties at once, as the vdir mirror reads a contact to write its vCard.
+        case .everything: for item in items { read &+= item.contact.fields.phoneNumbers.count }
         }
         state.withLock {
             $0.items += items.count
