@@ -16,17 +16,24 @@ It dials 127.0.0.1:PORT as the Noise initiator (Noise_XXpsk0_25519_ChaChaPoly_SH
      `batch` for that subscription, and waits for the node's `ack` of it;
   5. sends the authenticated close and exits 0.
 
+With --caught-up its `hello` also says `f: 1` (caught-up batches, docs/PROTOCOL.md §2 step 5): a
+`batch` without `upTo` from the node counts as its `left: 0` and is not acknowledged; and, its own
+log being empty, it answers each subscription the node asks of it (from `since` 0) with a
+caught-up batch, which the node must not acknowledge.
+
 It answers `ping` with `pong`, ignores `presence`, follows rekey markers (link_peer.py's framing).
 
 Standard output: one JSON object per line: {"event": "hello", ...} for the node's hello, {"event":
 "document", "collection", "id", "form": "single"|"state", "exists", "doc"} for each document
 received ("doc" is the JSON the document shows, `_id` included; byte strings as {"$bytes": base64}),
-{"event": "batch", ...} per batch, {"event": "wrote", ...} for the write, {"event": "ack", ...} for
-the node's ack of it, {"event": "suberr"|"error", ...} when the node sends one.
+{"event": "batch", ...} per batch, {"event": "caughtUp", ...} per caught-up batch either way,
+{"event": "wrote", ...} for the write, {"event": "ack", ...} for the node's ack of it and
+{"event": "other-ack", ...} for any other ack, {"event": "suberr"|"error", ...} when the node
+sends one.
 
 Arguments: --port PORT, the mesh key as --mesh-key FILE (64 hex digits or 32 raw bytes, as
 `trellis keygen` and `MeshKey.write(to:)` store it) or --psk HEX, --collection NAME, --write-id ID,
---timeout SECONDS (default 30).
+--timeout SECONDS (default 30), --caught-up.
 
 Exit codes: 0 success, 2 bad arguments, 3 the `noise` or `cbor2` module is missing (run
 scripts/test.sh, or `python3 -m pip install noiseprotocol cbor2`), 4 a protocol error (a message
@@ -279,8 +286,11 @@ def emit(event, **fields):
 
 def run(session, args, static_public):
     site = int.from_bytes(os.urandom(8), "big") & ((1 << 63) - 1) or 1
-    session.send({"t": "hello", "v": PROTOCOL_VERSION, "key": static_public, "site": site,
-                  "epoch": os.urandom(16), "n": int.from_bytes(os.urandom(4), "big")})
+    hello = {"t": "hello", "v": PROTOCOL_VERSION, "key": static_public, "site": site,
+             "epoch": os.urandom(16), "n": int.from_bytes(os.urandom(4), "big")}
+    if args.caught_up:
+        hello["f"] = 1
+    session.send(hello)
     session.send({"t": "subs", "v": 1, "subs": [
         {"c": args.collection, "q": "true", "a": {}, "since": 0, "hops": 0, "gen": 0}]})
     deadline = time.monotonic() + args.timeout
@@ -306,7 +316,20 @@ def run(session, args, static_public):
         elif kind == "subs":
             for sub in message.get("subs", []):
                 if sub.get("c") == args.collection:
-                    asked[subscription_key(sub)] = sub
+                    key = subscription_key(sub)
+                    if args.caught_up and (node_hello.get("f", 0) & 1) and key not in asked:
+                        # Nothing in this peer's log after any `since`: caught up, not acknowledged.
+                        caught_up = {"t": "batch", "sub": key}
+                        if sub.get("gen", 0):
+                            caught_up["gen"] = sub["gen"]
+                        session.send(caught_up)
+                        emit("caughtUp", sub=key, sent=True)
+                    asked[key] = sub
+        elif kind == "batch" and "upTo" not in message:
+            if not (args.caught_up and "docs" not in message and "left" not in message):
+                raise ProtocolError("a batch without upTo: %r" % message)
+            emit("caughtUp", sub=message["sub"], sent=False)
+            synced = True
         elif kind == "batch":
             for entry in message["docs"]:
                 form, doc, exists, stamp = decode_state(bytes(entry["s"]), entry["id"])
@@ -323,6 +346,7 @@ def run(session, args, static_public):
                 emit("ack", sub=message["sub"], upTo=message["upTo"])
                 session.close()
                 return 0
+            emit("other-ack", sub=message["sub"], upTo=message["upTo"])
         elif kind == "suberr":
             emit("suberr", sub=message.get("sub"), code=message.get("code"), msg=message.get("msg"))
         elif kind == "error":
@@ -348,6 +372,7 @@ def main(argv):
     parser.add_argument("--collection", required=True)
     parser.add_argument("--write-id", required=True)
     parser.add_argument("--timeout", type=float, default=30)
+    parser.add_argument("--caught-up", action="store_true", help="say f: 1 (caught-up batches)")
     args = parser.parse_args(argv)
     if (args.mesh_key is None) == (args.psk is None):
         parser.error("give exactly one of --mesh-key and --psk")

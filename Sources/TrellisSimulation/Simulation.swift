@@ -767,6 +767,13 @@ public final class Simulation: @unchecked Sendable {
                 "batch",
                 "batch \(name) \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(size) B"
             )
+        case .caughtUp(let sub, let generation):
+            let name: String
+            switch sub {
+            case .key(let key): name = SubscriptionSpec.collection(ofKey: key)
+            case .number: name = sub.description
+            }
+            return ("batch", "batch \(name) caught up gen \(generation) \(size) B")
         case .ack(_, let upTo, let deferred): return ("ack", "ack upTo \(upTo)\(deferred ? " deferred" : "")")
         case .subscriptionError(_, let code, let text): return ("suberr", "suberr \(code): \(text)")
         case .ping: return ("ping", "ping")

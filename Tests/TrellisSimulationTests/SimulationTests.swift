@@ -61,6 +61,41 @@ import TrellisTestKit
         _ = subscription
     }
 
+    /// Caught-up batches (docs/PROTOCOL.md §2, step 5): two nodes that both read them reconnect
+    /// idle with one caught-up batch each way and no `ack`; each still learns that its initial
+    /// sync is complete, and the next write flows in an ordinary batch that is acknowledged.
+    @Test func anIdleReconnectSendsNoAck() throws {
+        let sim = try Simulation(seed: 5)
+        let a = try sim.addNode()
+        let b = try sim.addNode()
+        sim.connect(b, a)
+        let subscriptions = try [a, b].map { try $0.store.collection("items").findAll().subscribe() }
+        for i in 0..<20 { try a.store.collection("items").upsert(["_id": .string("a\(i)"), "v": .int(Int64(i))]) }
+        for i in 0..<20 { try b.store.collection("items").upsert(["_id": .string("b\(i)"), "v": .int(Int64(i))]) }
+        try sim.runUntilQuiet()
+        let (acks, batches, traced) = (
+            sim.messageCounts["ack", default: 0], sim.messageCounts["batch", default: 0], sim.trace.count
+        )
+        sim.resetConnections(between: a, and: b)
+        try sim.runUntilQuiet()
+        #expect(sim.messageCounts["ack", default: 0] == acks)
+        #expect(sim.messageCounts["batch", default: 0] == batches + 2)
+        #expect(sim.trace[traced...].filter { $0.contains("caught up") }.count == 2)
+        for node in [a, b] {
+            let peer = node.replicator?.status.peers.first { $0.phase == "established" }
+            #expect(peer?.asked.first?.progress?.initialSyncComplete == true)
+        }
+        let written = sim.trace.count
+        try a.store.collection("items").upsert(["_id": "a0", "v": 100])
+        try sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findByID("a0").exec()?["v"] == 100)
+        // The write's batch, and b's empty batch past the merged write (the echo memory withholds
+        // its state; its `upTo` moves a's checkpoint): both ordinary, both acknowledged.
+        #expect(sim.messageCounts["ack", default: 0] == acks + 2, "\(sim.trace[written...].joined(separator: "\n"))")
+        try sim.check()
+        _ = subscriptions
+    }
+
     @Test func aSeedReplaysTheSameRun() throws {
         func run() throws -> [String] {
             let sim = try Simulation(seed: 77)

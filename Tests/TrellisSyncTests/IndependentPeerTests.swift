@@ -52,6 +52,31 @@ import TrellisTestKit
         #expect(written["from"] == "sync_peer")
     }
 
+    /// Caught-up batches (docs/PROTOCOL.md §2 step 5) both ways, with a peer that says `f: 1`: the
+    /// node holds nothing of the collection, so its answer to the peer's subscription is a
+    /// caught-up batch; the peer's log is empty, so it answers the node's subscription with one.
+    /// Neither is acknowledged, and the peer's write then flows and is.
+    @Test func aPeerThatSaysItReadsCaughtUpBatchesGetsOneAndSendsOne() throws {
+        let (node, keyFile) = try makeNode()
+        defer { node.close() }
+        let items = node.store.collection("items")
+        let subscription = try items.findAll().subscribe()
+        defer { subscription.cancel() }
+        let port = try node.listen(on: Endpoint(host: "127.0.0.1", port: 0))
+
+        let (status, events, stderr) = try runPeer(
+            port: port, keyFile: keyFile, writeID: "after-caught-up", options: ["--caught-up"])
+        #expect(status == 0, "sync_peer.py exited \(status) (3: run scripts/setup.sh noiseprotocol cbor2): \(stderr)")
+        let caughtUp = events.filter { $0["event"] as? String == "caughtUp" }
+        #expect(
+            caughtUp.map { $0["sent"] as? Bool } == [true, false]
+                || caughtUp.map { $0["sent"] as? Bool } == [false, true])
+        #expect(!events.contains { $0["event"] as? String == "batch" })
+        #expect(!events.contains { $0["event"] as? String == "other-ack" }, "the node acknowledged a caught-up batch")
+        #expect(events.contains { $0["event"] as? String == "ack" })
+        #expect(try items.findByID("after-caught-up").exec()?["from"] == "sync_peer")
+    }
+
     /// States beyond single writes, decoded by the peer from the protocol document and
     /// docs/DATA-MODEL.md alone, show what the node shows: a removed field, counters (a restart
     /// under later increments, a double total), default data (time zero), a field removed inside
@@ -100,13 +125,15 @@ import TrellisTestKit
     /// Runs scripts/sync_peer.py against the node on `port` until it exits.
     ///
     /// - Returns: its exit status, the JSON objects it printed (one a line), and its standard error.
-    func runPeer(port: UInt16, keyFile: URL, writeID: String) throws -> (Int32, [[String: Any]], String) {
+    func runPeer(port: UInt16, keyFile: URL, writeID: String, options: [String] = []) throws
+        -> (Int32, [[String: Any]], String)
+    {
         let process = pythonScript(
             "sync_peer.py",
             [
                 "--port", String(port), "--mesh-key", keyFile.path, "--collection", "items", "--write-id", writeID,
                 "--timeout", "60",
-            ])
+            ] + options)
         let output = Pipe()
         let errors = Pipe()
         process.standardOutput = output

@@ -256,7 +256,7 @@ public struct Replicator: Sendable {
         let hello = Hello(
             version: WireMessage.protocolVersion,
             peerKey: lastHellos[peerKey]?.compactNames == true ? [] : configuration.peerKey, site: local.site,
-            epoch: local.epoch, nonce: nonce, earlySubscriptions: true, compactNames: true)
+            epoch: local.epoch, nonce: nonce, earlySubscriptions: true, compactNames: true, caughtUpBatches: true)
         var directives: [ReplicatorDirective] = [.send(link, .hello(hello))]
         // A peer met before that honours subscription epochs gets the subscriptions at once,
         // each `since` with the epoch it was stored in: its batches (or "nothing new") come back
@@ -300,7 +300,10 @@ public struct Replicator: Sendable {
             sessions[link]?.remoteSubscriptions = subs  // served once this link is chosen
             sessions[link]?.remoteSubscriptionsVersion = version
             return []
-        case (.standby, .batch):
+        case (_, .caughtUp) where sessions[link]!.remote?.caughtUpBatches != true:
+            // Only a peer that said it sends them may (an older build could not decode one).
+            return fail(link, "protocol", "batch: missing 'docs' array", now)
+        case (.standby, .batch), (.standby, .caughtUp):
             // Answers to subscriptions sent early: asked for again if this link is chosen.
             sessions[link]?.droppedInStandby = true
             return []
@@ -310,6 +313,11 @@ public struct Replicator: Sendable {
         case (.established, .batch(.key(let key), let documents, let upTo, let generation, let left)):
             noteProgress(key, documents: documents.count, left: left, on: link, now: now)
             return batch(key, documents, upTo, generation, on: link, now: now)
+        case (.established, .caughtUp(.key(let key), _)):
+            // Nothing after the `since` this node sent: initial sync complete, nothing to merge or
+            // store, and no `ack` (the peer does not count it in flight).
+            noteProgress(key, documents: 0, left: 0, on: link, now: now)
+            return refusedWrite(key, documents: 0, on: link, now: now) ?? []
         case (.established, .ack(.key(let subscription), let upTo, let deferred)):
             let key = UTF8Key(subscription)
             guard var served = sessions[link]?.served[key] else { return [] }
@@ -344,7 +352,7 @@ public struct Replicator: Sendable {
         case (.closed, _):
             return []
         case (.established, .batch(.number, _, _, _, _)), (.established, .ack(.number, _, _)),
-            (.established, .subscriptionError(.number, _, _)):
+            (.established, .subscriptionError(.number, _, _)), (.established, .caughtUp(.number, _)):
             return []  // resolved above
         }
     }
@@ -363,6 +371,9 @@ public struct Replicator: Sendable {
             guard let key = sessions[link]?.askedByNumber[n] else { return nil }
             return .batch(
                 subscription: .key(key.string), documents: documents, upTo: upTo, generation: generation, left: left)
+        case .caughtUp(.number(let n), let generation):
+            guard let key = sessions[link]?.askedByNumber[n] else { return nil }
+            return .caughtUp(subscription: .key(key.string), generation: generation)
         case .subscriptionError(.number(let n), let code, let text):
             guard let key = sessions[link]?.askedByNumber[n] else { return nil }
             return .subscriptionError(subscription: .key(key.string), code: code, message: text)
@@ -704,7 +715,18 @@ public struct Replicator: Sendable {
         }
         // The first time the end of the log is reached, a batch goes even when it carries nothing:
         // its `left: 0` tells the peer its initial sync of this subscription is complete.
-        if !documents.isEmpty || (page.exhausted && (served.cursor > served.lastSentUpTo || !served.reachedEnd)) {
+        if documents.isEmpty, page.exhausted, !served.reachedEnd, served.cursor == served.since,
+            sessions[link]!.remote?.caughtUpBatches == true
+        {
+            // Nothing after the peer's `since` (this generation's): a caught-up batch, which moves
+            // nothing there, is never acknowledged and so counts in no flow control (in flight,
+            // unacknowledged writes, ack timeout, progress). docs/PROTOCOL.md §2, step 5.
+            served.reachedEnd = true
+            directives.append(
+                send(link, .caughtUp(subscription: .key(request.subscription), generation: served.generation), now))
+        } else if !documents.isEmpty
+            || (page.exhausted && (served.cursor > served.lastSentUpTo || !served.reachedEnd))
+        {
             if page.exhausted { served.reachedEnd = true }
             directives.append(
                 send(
@@ -906,6 +928,9 @@ public struct Replicator: Sendable {
             }
             return .batch(
                 subscription: .number(number), documents: documents, upTo: upTo, generation: generation, left: left)
+        case .caughtUp(.key(let key), let generation):
+            guard let number = s.servedNumbers[UTF8Key(key)] else { return message }
+            return .caughtUp(subscription: .number(number), generation: generation)
         case .subscriptionError(.key(let key), let code, let text):
             guard let number = s.servedNumbers[UTF8Key(key)] else { return message }
             return .subscriptionError(subscription: .number(number), code: code, message: text)
@@ -1120,6 +1145,7 @@ public struct Replicator: Sendable {
                     existing.generation = sub.generation
                     existing.unacknowledgedFloor = max(existing.unacknowledgedFloor, existing.lastSentUpTo)
                     existing.cursor = sub.since
+                    existing.since = sub.since
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
                     existing.floorChecked = sub.since == 0
@@ -1252,20 +1278,7 @@ public struct Replicator: Sendable {
     ) -> [ReplicatorDirective] {
         // No copy of the session may live while its echo memory changes below: the copy would make
         // every batch copy the whole memory.
-        if let peerKey = sessions[link]?.peerKey {
-            let collection = SubscriptionSpec.collection(ofKey: subscription)
-            if !authorization.mayWrite(peerKey, collection) {
-                // Nothing merged, no checkpoint, no ack: the collection is not asked of this peer
-                // (it was, or the peer sends unasked), and once it may write again it is asked
-                // from the checkpoint stored before, so nothing permitted is lost.
-                refusals.batches += 1
-                refusals.documents += documents.count
-                return logRefusal(
-                    "refused a batch of \(documents.count) document(s) of '\(collection)' from "
-                        + "\(sessions[link]!.address) (peer \(Authorization.hex(peerKey).prefix(16))…): it may not write "
-                        + "'\(collection)' here", now: now)
-            }
-        }
+        if let refused = refusedWrite(subscription, documents: documents.count, on: link, now: now) { return refused }
         guard let remote = sessions[link]?.remote, let asked = sessions[link]?.asked[UTF8Key(subscription)],
             let address = sessions[link]?.address
         else {
@@ -1319,6 +1332,25 @@ public struct Replicator: Sendable {
             directives += updateAsked(now: now)
         }
         return directives
+    }
+
+    /// A batch (or caught-up batch) for a collection the peer may not write here: counted and
+    /// logged (rate-limited); `nil` when the peer may write it.
+    private mutating func refusedWrite(_ subscription: String, documents: Int, on link: LinkID, now: Millis)
+        -> [ReplicatorDirective]?
+    {
+        guard let peerKey = sessions[link]?.peerKey else { return nil }
+        let collection = SubscriptionSpec.collection(ofKey: subscription)
+        guard !authorization.mayWrite(peerKey, collection) else { return nil }
+        // Nothing merged, no checkpoint, no ack: the collection is not asked of this peer (it
+        // was, or the peer sends unasked), and once it may write again it is asked from the
+        // checkpoint stored before, so nothing permitted is lost.
+        refusals.batches += 1
+        refusals.documents += documents
+        return logRefusal(
+            "refused a batch of \(documents) document(s) of '\(collection)' from "
+                + "\(sessions[link]!.address) (peer \(Authorization.hex(peerKey).prefix(16))…): it may not write "
+                + "'\(collection)' here", now: now)
     }
 
     // MARK: What to ask each peer for
@@ -1578,6 +1610,10 @@ extension Replicator {
         var query: Query?
         /// The last `seq` scanned.
         var cursor: Int64
+        /// The `since` the peer's current generation of this subscription is served from: a batch
+        /// that would carry nothing with this `upTo` goes as a caught-up batch to a peer that reads
+        /// them.
+        var since: Int64
         /// The last `upTo` sent (an empty batch that advances nothing is skipped).
         var lastSentUpTo: Int64
         /// The highest `upTo` the peer acknowledged.
@@ -1618,6 +1654,7 @@ extension Replicator {
             self.hops = hops
             self.generation = generation
             self.cursor = cursor
+            self.since = cursor
             self.floorChecked = cursor == 0
             self.lastSentUpTo = cursor
             self.ackedUpTo = cursor

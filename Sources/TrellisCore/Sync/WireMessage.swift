@@ -175,13 +175,18 @@ public struct Hello: Sendable, Equatable {
     /// subscriptions numbered in `subs` and named by number in `batch`, `ack` and `suberr`, batch
     /// entries without `c`, and a `hello` without `key` (the key the channel authenticated).
     public var compactNames: Bool
+    /// Whether the sender sends and reads caught-up batches (wire: bit 0 of `f`, the feature
+    /// bits): a ``WireMessage/caughtUp(subscription:generation:)`` in place of the empty
+    /// end-of-log `batch` whose `upTo` would equal the subscription's `since`, never acknowledged
+    /// (docs/PROTOCOL.md §2, step 5). Used only when both peers' `hello`s say so.
+    public var caughtUpBatches: Bool
 
     /// - Parameter peerKey: the sender's 32-byte peer key, or empty when the `hello` left `key`
     ///   out (a sender does so only to a peer that said `x: 1`): it is then the key the channel
     ///   authenticated.
     public init(
         version: Int, peerKey: [UInt8], site: SiteID, epoch: [UInt8], nonce: UInt64 = 0,
-        earlySubscriptions: Bool = false, compactNames: Bool = false
+        earlySubscriptions: Bool = false, compactNames: Bool = false, caughtUpBatches: Bool = false
     ) {
         self.version = version
         self.peerKey = peerKey
@@ -190,6 +195,7 @@ public struct Hello: Sendable, Equatable {
         self.nonce = nonce
         self.earlySubscriptions = earlySubscriptions
         self.compactNames = compactNames
+        self.caughtUpBatches = caughtUpBatches
     }
 }
 
@@ -209,6 +215,14 @@ public enum WireMessage: Sendable, Equatable {
     /// (the receiver's initial sync of the subscription is then complete).
     case batch(
         subscription: SubscriptionName, documents: [WireDocument], upTo: Int64, generation: UInt32, left: Int64? = nil)
+    /// `{t:"batch", sub, gen}` without `docs`, `upTo` and `left`: a **caught-up batch**. Its
+    /// sender scanned its log from the subscription's `since` (of generation `generation`) to
+    /// the end and found nothing after it: the `batch` it stands for would carry no document, an
+    /// `upTo` equal to that `since` and `left: 0`, so it moves nothing at the receiver. The
+    /// receiver notes that its initial sync of the subscription is complete, stores nothing and
+    /// sends no `ack`; the sender counts it in no flow control. Sent only to a peer whose
+    /// ``Hello/caughtUpBatches`` said it reads one (docs/PROTOCOL.md §2, step 5).
+    case caughtUp(subscription: SubscriptionName, generation: UInt32 = 0)
     /// `{t:"ack", sub, upTo}`: the receiver committed the batch up to `upTo` (with SQLite's
     /// `synchronous=NORMAL` by default: a power loss may still take the commit back).
     /// `deferred`: the receiver kept some of the batch's documents aside to retry (their clock,
@@ -246,6 +260,7 @@ public enum WireMessage: Sendable, Equatable {
             if !h.peerKey.isEmpty { map["key"] = .bytes(h.peerKey) }
             if h.earlySubscriptions { map["es"] = 1 }
             if h.compactNames { map["x"] = 1 }
+            if h.caughtUpBatches { map["f"] = 1 }
             return .map(map)
         case .subscriptions(let subs, let version):
             return [
@@ -279,6 +294,11 @@ public enum WireMessage: Sendable, Equatable {
             Self.name(sub, into: &map)
             if generation != 0 { map["gen"] = .int(Int64(generation)) }
             if let left { map["left"] = .int(left) }
+            return .map(map)
+        case .caughtUp(let sub, let generation):
+            var map: UTF8Map<Value> = ["t": "batch"]
+            Self.name(sub, into: &map)
+            if generation != 0 { map["gen"] = .int(Int64(generation)) }
             return .map(map)
         case .ack(let sub, let upTo, let deferred):
             var map: UTF8Map<Value> = ["t": "ack", "upTo": .int(upTo)]
@@ -504,7 +524,9 @@ public enum WireMessage: Sendable, Equatable {
                     site: SiteID(bitPattern: try m.int("site")), epoch: epoch,
                     nonce: UInt64(bitPattern: try m.optionalInt("n") ?? 0),
                     earlySubscriptions: try m.optionalInt("es", in: 0...1) == 1,
-                    compactNames: try m.optionalInt("x", in: 0...1) == 1))
+                    compactNames: try m.optionalInt("x", in: 0...1) == 1,
+                    // Feature bits: a bit this build does not know is ignored (a later build's).
+                    caughtUpBatches: (try m.optionalInt("f", in: 0...Int64.max) ?? 0) & 1 == 1))
         case "subs":
             guard case .array(let list)? = value["subs"] else { throw WireError("subs: missing 'subs' array") }
             var subs: [WireSubscription] = []
@@ -537,6 +559,13 @@ public enum WireMessage: Sendable, Equatable {
             }
             self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "batch":
+            // Neither `docs` nor `upTo`: a caught-up batch (its `left` would be 0, and is left out).
+            if value["docs"] == nil, value["upTo"] == nil, value["left"] == nil {
+                self = .caughtUp(
+                    subscription: try m.subscriptionName(),
+                    generation: UInt32(try m.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0))
+                return
+            }
             guard case .array(let list)? = value["docs"] else { throw WireError("batch: missing 'docs' array") }
             var docs: [WireDocument] = []
             docs.reserveCapacity(list.count)
