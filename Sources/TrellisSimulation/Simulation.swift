@@ -767,6 +767,8 @@ public final class Simulation: @unchecked Sendable {
                 "batch",
                 "batch \(name) \(docs.count) docs [\(ids)\(docs.count > 8 ? ",…" : "")] upTo \(upTo) gen \(generation)\(left.map { " left \($0)" } ?? "") \(size) B"
             )
+        case .subscriptionsDigest(_, let version): return ("subs", "subs v\(version) by digest")
+        case .subscriptionsRequest(let version): return ("subsreq", "subsreq v\(version)")
         case .caughtUp(let sub, let generation):
             let name: String
             switch sub {

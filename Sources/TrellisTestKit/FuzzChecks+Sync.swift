@@ -97,7 +97,8 @@ extension FuzzChecks {
     /// host runs its scans and its clock moves 0.1 s. The first input byte's low bit sends a valid
     /// `hello` first, so that the fuzzer reaches the messages after it; its bit 2 makes that hello
     /// say `x: 1` and `es: 1` (compact names: numbered subscriptions, deltas), its bit 3 leaves
-    /// out its key, its bit 4 makes it say `f: 1` (caught-up batches both ways). Checks: nothing traps, and
+    /// out its key, its bit 4 makes it say `f: 3` (caught-up batches both ways, and `subs` digests
+    /// and requests). Checks: nothing traps, and
     /// everything this node sends decodes as a ``WireMessage`` (never a malformed reply), no
     /// message follows the close of the link, and the store still answers queries.
     ///
@@ -162,7 +163,8 @@ extension FuzzChecks {
                 Hello(
                     version: WireMessage.protocolVersion, peerKey: flags & 8 != 0 ? [] : peerKey, site: 0x5EED,
                     epoch: [UInt8](repeating: 4, count: 16), nonce: 3, earlySubscriptions: flags & 4 != 0,
-                    compactNames: flags & 4 != 0, caughtUpBatches: flags & 16 != 0))
+                    compactNames: flags & 4 != 0, caughtUpBatches: flags & 16 != 0,
+                    resumesSubscriptions: flags & 16 != 0))
             host.received(hello.serialized(), on: link)
         }
         var index = 1

@@ -264,8 +264,9 @@ import TrellisCore
             default: "other"
             }
         }
-        #expect(
-            kinds.filter { $0 != "presence" }.sorted() == ["caughtUp", "caughtUp", "hello", "hello", "subs", "subs"])
+        // (The checkpoints are not what the first contact acknowledged, so each side's `subs`
+        // digest does not match and the sets go in full: SubscriptionDigestTests.)
+        #expect(kinds.filter { ["caughtUp", "batch", "ack"].contains($0) } == ["caughtUp", "caughtUp"], "\(kinds)")
         for node in [a, b] {
             let progress = try #require(node.status.peers.first?.asked.first?.progress)
             #expect(progress.initialSyncComplete)

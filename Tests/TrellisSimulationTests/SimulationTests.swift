@@ -61,8 +61,8 @@ import TrellisTestKit
         _ = subscription
     }
 
-    /// Caught-up batches (docs/PROTOCOL.md §2, step 5): two nodes that both read them reconnect
-    /// idle with one caught-up batch each way and no `ack`; each still learns that its initial
+    /// Caught-up batches (docs/PROTOCOL.md §2, step 5) and `subs` digests (step 3): two nodes that
+    /// both read them reconnect idle with a digest and one caught-up batch each way and no `ack`; each still learns that its initial
     /// sync is complete, and the next write flows in an ordinary batch that is acknowledged.
     @Test func anIdleReconnectSendsNoAck() throws {
         let sim = try Simulation(seed: 5)
@@ -81,6 +81,9 @@ import TrellisTestKit
         #expect(sim.messageCounts["ack", default: 0] == acks)
         #expect(sim.messageCounts["batch", default: 0] == batches + 2)
         #expect(sim.trace[traced...].filter { $0.contains("caught up") }.count == 2)
+        // Each side's subscriptions resumed by digest: no set in full, no request.
+        #expect(sim.trace[traced...].filter { $0.contains("subs v1 by digest") }.count == 2)
+        #expect(!sim.trace[traced...].contains { $0.contains("subsreq") || $0.contains("subs v1 [") })
         for node in [a, b] {
             let peer = node.replicator?.status.peers.first { $0.phase == "established" }
             #expect(peer?.asked.first?.progress?.initialSyncComplete == true)

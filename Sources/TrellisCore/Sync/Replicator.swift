@@ -40,6 +40,13 @@ public struct Replicator: Sendable {
     /// step 3); to one that said it reads compact names (`x: 1`), its `hello` leaves out its key
     /// (the channel authenticated it) and its `subs` go numbered (step 4).
     private var lastHellos: [[UInt8]: Hello] = [:]
+    /// Each peer's last subscription set, as that peer would send it early on its next connection
+    /// if nothing changed: every `since` advanced to the `upTo` it acknowledged here, numbered in
+    /// key order. Taken when a `subs` digest from the peer matches it (docs/PROTOCOL.md §2,
+    /// step 3). At most ``ReplicatorConfiguration/maxRememberedSubscriptionSets`` peers, least
+    /// recently remembered first in `rememberedOrder`.
+    private var rememberedSets: [[UInt8]: [WireSubscription]] = [:]
+    private var rememberedOrder: [[UInt8]] = []
     /// What the rules and pins refused, and the rate limit of their log lines.
     public private(set) var refusals = AuthorizationRefusals()
     private var lastRefusalLog: Millis?
@@ -236,6 +243,7 @@ public struct Replicator: Sendable {
             link: link, peerKey: peerKey, initiator: initiator, address: address, endpoint: endpoint, opened: now,
             nonce: nonce)
         session.lastSent = now
+        session.localEpoch = local.epoch
         sessions[link] = session
         if let endpoint, var e = endpoints[endpoint] {
             e.state = .connected(link)
@@ -256,13 +264,16 @@ public struct Replicator: Sendable {
         let hello = Hello(
             version: WireMessage.protocolVersion,
             peerKey: lastHellos[peerKey]?.compactNames == true ? [] : configuration.peerKey, site: local.site,
-            epoch: local.epoch, nonce: nonce, earlySubscriptions: true, compactNames: true, caughtUpBatches: true)
+            epoch: local.epoch, nonce: nonce, earlySubscriptions: true, compactNames: true, caughtUpBatches: true,
+            resumesSubscriptions: true)
         var directives: [ReplicatorDirective] = [.send(link, .hello(hello))]
         // A peer met before that honours subscription epochs gets the subscriptions at once,
         // each `since` with the epoch it was stored in: its batches (or "nothing new") come back
         // one round trip after the connection opens, instead of after its hello and ours crossed.
+        // One that remembers subscription sets gets only the digest of that set.
         if lastHellos[peerKey]?.earlySubscriptions == true {
-            directives += sendAsked(link, now: now, early: true)
+            directives += sendAsked(
+                link, now: now, early: true, digest: lastHellos[peerKey]?.resumesSubscriptions == true)
             sessions[link]?.askedEarly = true
         }
         return directives
@@ -296,6 +307,33 @@ public struct Replicator: Sendable {
         case (_, .subscriptions(_, let version))
         where version != 0 && version <= sessions[link]!.remoteSubscriptionsVersion:
             return []  // an older set than one already received (a reordering transport)
+        case (_, .subscriptionsDigest) where sessions[link]!.remote?.resumesSubscriptions != true:
+            // Only a peer that said it reads them sends one (an older build could not decode it).
+            return fail(link, "protocol", "subs: missing 'subs' array", now)
+        case (_, .subscriptionsRequest) where sessions[link]!.remote?.resumesSubscriptions != true:
+            return fail(link, "protocol", "unknown message type 'subsreq'", now)
+        case (_, .subscriptionsDigest(_, let version))
+        where version != 0 && version <= sessions[link]!.remoteSubscriptionsVersion:
+            return []  // an older set than one already received (a reordering transport)
+        case (_, .subscriptionsDigest(let digest, let version)):
+            // The set the peer stands for, rebuilt from memory: taken exactly as if its `subs`
+            // had come when the digests match; asked for in full otherwise.
+            if let set = rememberedSets[sessions[link]!.peerKey], Self.digest(set, version: version) == digest {
+                return received(.subscriptions(set, version: version), on: link, now: now)
+            }
+            // Until the set comes, the peer's batches (answers to this node's own subscriptions,
+            // which it may have sent early) would merge without knowing which of its query
+            // subscriptions hold their documents (step 5): they are dropped, and this node's
+            // subscriptions asked again once the set is here.
+            sessions[link]!.awaitingSet = true
+            return [send(link, .subscriptionsRequest(version: version), now)]
+        case (_, .subscriptionsRequest(let version)):
+            // Only the set the digest stood for, and only while no later set replaced it.
+            guard let resumed = sessions[link]!.resumed, resumed.version == version,
+                sessions[link]!.askedVersion == version
+            else { return [] }
+            sessions[link]!.resumed = nil
+            return [send(link, .subscriptions(resumed.list, version: version), now)]
         case (.standby, .subscriptions(let subs, let version)):
             sessions[link]?.remoteSubscriptions = subs  // served once this link is chosen
             sessions[link]?.remoteSubscriptionsVersion = version
@@ -309,7 +347,17 @@ public struct Replicator: Sendable {
             return []
         case (.established, .subscriptions(let subs, let version)):
             sessions[link]?.remoteSubscriptionsVersion = version
-            return serve(subs, on: link, now: now)
+            guard sessions[link]!.awaitingSet else { return serve(subs, on: link, now: now) }
+            // The set asked for after a digest that did not match: batches dropped meanwhile are
+            // asked for again under a new generation, from the checkpoints they did not move.
+            sessions[link]!.awaitingSet = false
+            let dropped = sessions[link]!.droppedAwaitingSet
+            sessions[link]!.droppedAwaitingSet = false
+            if dropped { for key in sessions[link]!.asked.keys { sessions[link]!.resyncs[key, default: 0] &+= 1 } }
+            return serve(subs, on: link, now: now) + (dropped ? sendAsked(link, now: now) : [])
+        case (.established, .batch) where sessions[link]!.awaitingSet:
+            sessions[link]!.droppedAwaitingSet = true
+            return []
         case (.established, .batch(.key(let key), let documents, let upTo, let generation, let left)):
             noteProgress(key, documents: documents.count, left: left, on: link, now: now)
             return batch(key, documents, upTo, generation, on: link, now: now)
@@ -393,6 +441,13 @@ public struct Replicator: Sendable {
     /// The link closed (either side, or the transport failed).
     public mutating func linkClosed(_ link: LinkID, reason: String, now: Millis) -> [ReplicatorDirective] {
         guard let s = sessions.removeValue(forKey: link) else { return [] }
+        // Only a set the peer sent (a session that ended before any leaves the memory alone), and
+        // not across a new epoch (its positions count in the old log).
+        if s.wasEstablished, s.remoteSubscriptionsVersion > 0, s.remote?.resumesSubscriptions == true,
+            s.localEpoch == local.epoch
+        {
+            remember(s)
+        }
         var directives: [ReplicatorDirective] = []
         if s.closeReason == nil {  // closed by this side: already logged
             let hint =
@@ -413,6 +468,46 @@ public struct Replicator: Sendable {
         }
         if s.phase == .established, !s.remoteSubscriptions.isEmpty { directives += updateAsked(now: now) }
         return directives
+    }
+
+    /// Remembers the subscription set of the peer of a session that ends, as the peer would send it
+    /// early next time if nothing changed on its side: each `since` the `upTo` it acknowledged
+    /// here (its checkpoint, if it stored one with each ack), with this session's epoch, numbered
+    /// from 0 in key order. Only a set whose `subs` encodes to at most
+    /// ``ReplicatorConfiguration/maxRememberedSubscriptionBytes`` is kept; the least recently
+    /// remembered peer is forgotten beyond ``ReplicatorConfiguration/maxRememberedSubscriptionSets``.
+    /// A wrong guess costs one round trip (the digest does not match), never a wrong set.
+    ///
+    /// - Complexity: O(the set's size + remembered peers).
+    private mutating func remember(_ s: Session) {
+        let peer = s.peerKey
+        var set: [WireSubscription] = []
+        let subs = s.remoteSubscriptions.sorted { UTF8Key($0.spec.key) < UTF8Key($1.spec.key) }
+        for (n, sub) in subs.enumerated() {
+            var since = sub.since
+            if let served = s.served[UTF8Key(sub.spec.key)], !served.forbidden { since = served.ackedUpTo }
+            set.append(
+                WireSubscription(
+                    spec: sub.spec, since: since, hops: sub.hops, generation: sub.generation,
+                    epoch: since > 0 ? s.localEpoch : nil, deltas: sub.deltas, number: UInt32(n)))
+        }
+        rememberedOrder.removeAll { $0 == peer }
+        rememberedSets[peer] = nil
+        guard subs.count <= configuration.maxServedSubscriptions,
+            WireMessage.subscriptions(set, version: 1).serialized().count
+                <= configuration.maxRememberedSubscriptionBytes
+        else { return }
+        rememberedSets[peer] = set
+        rememberedOrder.append(peer)
+        while rememberedOrder.count > max(0, configuration.maxRememberedSubscriptionSets) {
+            rememberedSets[rememberedOrder.removeFirst()] = nil
+        }
+    }
+
+    /// The digest that stands for the `subs` of `version` with `list`: the ``StateDigest`` of its
+    /// serialized bytes (docs/PROTOCOL.md §2, step 3).
+    static func digest(_ list: [WireSubscription], version: UInt64) -> StateDigest {
+        StateDigest(WireMessage.subscriptions(list, version: version).serialized())
     }
 
     /// The link's outbound queue went above its high-water mark: stop producing bulk data for it.
@@ -507,6 +602,8 @@ public struct Replicator: Sendable {
     public mutating func logRotated(_ log: LocalLog, now: Millis) -> [ReplicatorDirective] {
         local = log
         checkpointCache.removeAll()
+        rememberedSets.removeAll()
+        rememberedOrder.removeAll()
         var directives: [ReplicatorDirective] = []
         if siteOwners[log.site] == nil {
             siteOwners[log.site] = configuration.peerKey
@@ -1026,7 +1123,11 @@ public struct Replicator: Sendable {
     private mutating func establish(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
         guard var s = sessions[link] else { return [] }
         s.phase = .established
+        s.wasEstablished = true
         s.rival = nil
+        // The set asked for after a digest came while the link waited (batches then were dropped
+        // as in standby, below).
+        if s.remoteSubscriptionsVersion > 0 { s.awaitingSet = false }
         let pendingSubs = s.remoteSubscriptions
         s.remoteSubscriptions = []
         if s.askedEarly, let remote = s.remote {
@@ -1429,7 +1530,11 @@ public struct Replicator: Sendable {
     /// - Parameter early: before the peer's hello (a peer that honours subscription epochs):
     ///   each `since` is the stored checkpoint with the epoch it was stored in, for the peer to
     ///   check; otherwise each `since` counts in the epoch the peer's hello named.
-    private mutating func sendAsked(_ link: LinkID, now: Millis, early: Bool = false) -> [ReplicatorDirective] {
+    /// - Parameter digest: send the digest of the set in place of the set (a peer that remembers
+    ///   sets); the set goes in full if the peer asks for it.
+    private mutating func sendAsked(_ link: LinkID, now: Millis, early: Bool = false, digest: Bool = false)
+        -> [ReplicatorDirective]
+    {
         guard let s = sessions[link], early || s.remote != nil else { return [] }
         let checkpoints = checkpointCache[s.peerKey] ?? [:]
         // A peer that reads compact names gets each subscription numbered: one number per key
@@ -1491,7 +1596,13 @@ public struct Replicator: Sendable {
             list.filter { Refetch.ids(of: $0.spec) == nil }.map { UTF8Key($0.spec.key) })
         sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
         sessions[link]!.askedVersion += 1
-        return [send(link, .subscriptions(list, version: sessions[link]!.askedVersion), now)]
+        let version = sessions[link]!.askedVersion
+        if digest {
+            sessions[link]!.resumed = (list, version)
+            return [send(link, .subscriptionsDigest(Self.digest(list, version: version), version: version), now)]
+        }
+        sessions[link]!.resumed = nil
+        return [send(link, .subscriptions(list, version: version), now)]
     }
 }
 
@@ -1542,6 +1653,17 @@ extension Replicator {
         /// sent for them were dropped.
         var askedEarly = false
         var droppedInStandby = false
+        /// This node's epoch when the link opened (a rotation closes every session), and whether
+        /// the session was ever established (what it served is then remembered, ``remember(_:)``).
+        var localEpoch: [UInt8] = []
+        var wasEstablished = false
+        /// The set whose digest went in place of the early `subs`, and its version, until the peer
+        /// asks for it in full or a later set replaces it.
+        var resumed: (list: [WireSubscription], version: UInt64)?
+        /// Whether this node asked the peer for its set in full (its digest did not match), and
+        /// whether batches of the peer were dropped while the set had not come.
+        var awaitingSet = false
+        var droppedAwaitingSet = false
         var closeReason: String?
         var lastReceived: Millis
         var lastSent: Millis

@@ -244,6 +244,12 @@ public struct ReplicatorConfiguration: Sendable {
     public var maxInFlight = 8
     /// Subscriptions one peer may ask this node to serve; beyond it each gets `suberr limit`.
     public var maxServedSubscriptions = 1024
+    /// Peers whose last subscription set this node remembers (in memory) to take it resumed by
+    /// digest (docs/PROTOCOL.md §2, step 3); the least recently remembered is forgotten first.
+    public var maxRememberedSubscriptionSets = 64
+    /// A peer's set is remembered only when its `subs` encodes to at most this many bytes, so the
+    /// memory stays below ``maxRememberedSubscriptionSets`` times this (4 MiB by default).
+    public var maxRememberedSubscriptionBytes = 64 << 10
     /// Subscriptions this node asks one peer for at most; beyond it those of the busiest
     /// collection collapse into the whole collection.
     public var maxAskedSubscriptions = 1024

@@ -180,13 +180,19 @@ public struct Hello: Sendable, Equatable {
     /// end-of-log `batch` whose `upTo` would equal the subscription's `since`, never acknowledged
     /// (docs/PROTOCOL.md §2, step 5). Used only when both peers' `hello`s say so.
     public var caughtUpBatches: Bool
+    /// Whether the sender remembers each peer's last subscription set and reads it resumed by
+    /// digest (wire: bit 1 of `f`): a peer that saw this may send, on a later connection, a
+    /// ``WireMessage/subscriptionsDigest(_:version:)`` in place of its early `subs`
+    /// (docs/PROTOCOL.md §2, step 3).
+    public var resumesSubscriptions: Bool
 
     /// - Parameter peerKey: the sender's 32-byte peer key, or empty when the `hello` left `key`
     ///   out (a sender does so only to a peer that said `x: 1`): it is then the key the channel
     ///   authenticated.
     public init(
         version: Int, peerKey: [UInt8], site: SiteID, epoch: [UInt8], nonce: UInt64 = 0,
-        earlySubscriptions: Bool = false, compactNames: Bool = false, caughtUpBatches: Bool = false
+        earlySubscriptions: Bool = false, compactNames: Bool = false, caughtUpBatches: Bool = false,
+        resumesSubscriptions: Bool = false
     ) {
         self.version = version
         self.peerKey = peerKey
@@ -196,6 +202,7 @@ public struct Hello: Sendable, Equatable {
         self.earlySubscriptions = earlySubscriptions
         self.compactNames = compactNames
         self.caughtUpBatches = caughtUpBatches
+        self.resumesSubscriptions = resumesSubscriptions
     }
 }
 
@@ -208,6 +215,15 @@ public enum WireMessage: Sendable, Equatable {
     /// set, replacing any earlier one; `v` grows with each set sent on a link, so a receiver
     /// ignores a set whose `v` is not above the last one it took (unless `v` is 0 or absent).
     case subscriptions([WireSubscription], version: UInt64 = 0)
+    /// `{t:"subs", v, h}` without `subs`: stands for the `subs` of version `version` whose
+    /// serialized bytes have the 128-bit ``StateDigest`` `h` (16 bytes, high half first). A peer
+    /// that remembers the sender's last set rebuilds it and, when the digest matches, takes it as
+    /// that `subs`; otherwise it answers ``subscriptionsRequest(version:)``. Sent only to a peer
+    /// whose last ``Hello/resumesSubscriptions`` said it reads one (docs/PROTOCOL.md §2, step 3).
+    case subscriptionsDigest(StateDigest, version: UInt64)
+    /// `{t:"subsreq", v}`: the receiver of a ``subscriptionsDigest(_:version:)`` of version `v`
+    /// could not rebuild that set: the sender of the digest sends the `subs` in full.
+    case subscriptionsRequest(version: UInt64)
     /// `{t:"batch", sub, docs:[{c, id, s}], upTo, gen, left}`: changes for one subscription, in
     /// the sender's `seq` order, covering the sender's log up to `upTo`. `left` (optional) is the
     /// sender's count of log entries of the collection after `upTo` when the batch was cut: an
@@ -260,7 +276,8 @@ public enum WireMessage: Sendable, Equatable {
             if !h.peerKey.isEmpty { map["key"] = .bytes(h.peerKey) }
             if h.earlySubscriptions { map["es"] = 1 }
             if h.compactNames { map["x"] = 1 }
-            if h.caughtUpBatches { map["f"] = 1 }
+            let features = (h.caughtUpBatches ? 1 : 0) | (h.resumesSubscriptions ? 2 : 0)
+            if features != 0 { map["f"] = .int(Int64(features)) }
             return .map(map)
         case .subscriptions(let subs, let version):
             return [
@@ -295,6 +312,10 @@ public enum WireMessage: Sendable, Equatable {
             if generation != 0 { map["gen"] = .int(Int64(generation)) }
             if let left { map["left"] = .int(left) }
             return .map(map)
+        case .subscriptionsDigest(let digest, let version):
+            return ["t": "subs", "v": .int(Int64(bitPattern: version)), "h": .bytes(digest.bytes)]
+        case .subscriptionsRequest(let version):
+            return ["t": "subsreq", "v": .int(Int64(bitPattern: version))]
         case .caughtUp(let sub, let generation):
             var map: UTF8Map<Value> = ["t": "batch"]
             Self.name(sub, into: &map)
@@ -526,7 +547,15 @@ public enum WireMessage: Sendable, Equatable {
                     earlySubscriptions: try m.optionalInt("es", in: 0...1) == 1,
                     compactNames: try m.optionalInt("x", in: 0...1) == 1,
                     // Feature bits: a bit this build does not know is ignored (a later build's).
-                    caughtUpBatches: (try m.optionalInt("f", in: 0...Int64.max) ?? 0) & 1 == 1))
+                    caughtUpBatches: (try m.optionalInt("f", in: 0...Int64.max) ?? 0) & 1 == 1,
+                    resumesSubscriptions: (try m.optionalInt("f", in: 0...Int64.max) ?? 0) & 2 == 2))
+        case "subs" where value["subs"] == nil && value["h"] != nil:
+            let digest = try m.bytes("h")
+            guard digest.count == 16 else { throw WireError("subs: 'h' must be 16 bytes, not \(digest.count)") }
+            self = .subscriptionsDigest(
+                StateDigest(bytes: digest[...]), version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
+        case "subsreq":
+            self = .subscriptionsRequest(version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "subs":
             guard case .array(let list)? = value["subs"] else { throw WireError("subs: missing 'subs' array") }
             var subs: [WireSubscription] = []
