@@ -187,94 +187,20 @@ import TrellisCore
     /// The idle reconnect between two nodes that both read caught-up batches, driven message by
     /// message: each side's early `subs`, then one caught-up batch each way, and no `ack`.
     @Test func anIdleReconnectBetweenTwoNewNodesExchangesNoAck() throws {
-        let epochB = Self.epochB
-        var a = replicator()
-        var b = Replicator(
-            configuration: ReplicatorConfiguration(peerKey: Self.keyB),
-            local: LocalLog(epoch: epochB, site: 0x102, lastSeq: 200), seed: 43)
-        _ = try a.subscribe(spec, now: 0)
-        _ = try b.subscribe(spec, now: 0)
-        var messages: [(from: String, message: WireMessage)] = []
-        var now: Millis = 0
-        /// Runs both replicators until nothing is left to deliver; scans answer "nothing after
-        /// the cursor", applies commit with their checkpoint.
-        func run(_ first: [(String, ReplicatorDirective)]) {
-            var queue = first
-            while !queue.isEmpty {
-                let (node, directive) = queue.removeFirst()
-                now += 1
-                let peer = node == "a" ? "b" : "a"
-                var next: [ReplicatorDirective] = []
-                switch directive {
-                case .send(_, let message):
-                    messages.append((node, message))
-                    let bytes = message.serialized()
-                    let decoded = try! WireMessage(serialized: bytes)
-                    next =
-                        peer == "a" ? a.received(decoded, on: link, now: now) : b.received(decoded, on: link, now: now)
-                    queue += next.map { (peer, $0) }
-                    continue
-                case .scan(_, let request):
-                    let page = ScanPage(records: [], upTo: request.after, exhausted: true)
-                    next =
-                        node == "a"
-                        ? a.scanned(link, request, page: page, now: now)
-                        : b.scanned(link, request, page: page, now: now)
-                case .apply(_, let request):
-                    next =
-                        node == "a"
-                        ? a.applied(
-                            link, subscription: request.subscription, upTo: request.upTo,
-                            checkpointStored: request.storeCheckpoint, deferred: 0, now: now)
-                        : b.applied(
-                            link, subscription: request.subscription, upTo: request.upTo,
-                            checkpointStored: request.storeCheckpoint, deferred: 0, now: now)
-                default:
-                    continue
-                }
-                queue += next.map { (node, $0) }
-            }
-        }
-        func connect(checkpointsA: [String: Checkpoint], checkpointsB: [String: Checkpoint]) {
-            let openA = a.linkOpened(
-                link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpointsA,
-                now: now)
-            let openB = b.linkOpened(
-                link, peerKey: Self.keyA, initiator: false, address: "a", endpoint: nil, checkpoints: checkpointsB,
-                now: now)
-            run(openA.map { ("a", $0) } + openB.map { ("b", $0) })
-        }
-        // First contact: they learn each other's hello.
-        connect(checkpointsA: [:], checkpointsB: [:])
-        _ = a.linkClosed(link, reason: "reset", now: now)
-        _ = b.linkClosed(link, reason: "reset", now: now)
-        messages = []
-        // The reconnect, each holding its checkpoint at the other's last `seq`.
-        connect(
-            checkpointsA: [spec.key: Checkpoint(epoch: epochB, seq: 200)],
-            checkpointsB: [spec.key: Checkpoint(epoch: Self.epochA, seq: 100)])
-        let kinds = messages.map { entry -> String in
-            switch entry.message {
-            case .hello: "hello"
-            case .subscriptions: "subs"
-            case .caughtUp: "caughtUp"
-            case .batch: "batch"
-            case .ack: "ack"
-            case .presence: "presence"
-            default: "other"
-            }
-        }
-        // (The checkpoints are not what the first contact acknowledged, so each side's `subs`
-        // digest does not match and the sets go in full: SubscriptionDigestTests.)
+        // The first contact (empty batches up to each log's end, acknowledged), then the
+        // reconnect, each holding its checkpoint at the other's last `seq`.
+        var pair = try SubscriptionDigestTests.Pair.metBefore()
+        pair.connect(checkpointsA: SubscriptionDigestTests.stored.a, checkpointsB: SubscriptionDigestTests.stored.b)
+        let kinds = pair.kinds
         #expect(kinds.filter { ["caughtUp", "batch", "ack"].contains($0) } == ["caughtUp", "caughtUp"], "\(kinds)")
-        for node in [a, b] {
+        for node in [pair.a, pair.b] {
             let progress = try #require(node.status.peers.first?.asked.first?.progress)
             #expect(progress.initialSyncComplete)
         }
         // Nothing waits for an ack: after the ack timeout no batch is sent again.
-        now += Self.ackTimeout + 1
-        #expect(Self.tick(&a, on: link, at: now).isEmpty && Self.tick(&b, on: link, at: now).isEmpty)
-        let caughtUp = messages.filter { if case .caughtUp = $0.message { true } else { false } }
+        let now = pair.now + Self.ackTimeout + 1
+        #expect(Self.tick(&pair.a, on: link, at: now).isEmpty && Self.tick(&pair.b, on: link, at: now).isEmpty)
+        let caughtUp = pair.messages.filter { if case .caughtUp = $0.message { true } else { false } }
         #expect(caughtUp.allSatisfy { $0.message.serialized().count == 12 }, "\(caughtUp)")
     }
 
