@@ -28,18 +28,6 @@ import TrellisCore
                 earlySubscriptions: true, compactNames: compact, caughtUpBatches: caughtUp))
     }
 
-    static func sent(_ directives: [ReplicatorDirective]) -> [WireMessage] {
-        directives.compactMap { if case .send(_, let m) = $0 { m } else { nil } }
-    }
-
-    static func scans(_ directives: [ReplicatorDirective]) -> [ScanRequest] {
-        directives.compactMap { if case .scan(_, let r) = $0 { r } else { nil } }
-    }
-
-    static func applies(_ directives: [ReplicatorDirective]) -> [ApplyRequest] {
-        directives.compactMap { if case .apply(_, let r) = $0 { r } else { nil } }
-    }
-
     static let ackTimeout = ReplicatorConfiguration(peerKey: keyA).ackTimeout
 
     /// A tick at `now` on a link that heard from its peer just before (a keepalive), so that only
@@ -48,7 +36,7 @@ import TrellisCore
         _ = r.received(.ping(1), on: link, now: now - 1)
         let directives = r.tick(now: now)
         #expect(!directives.contains { if case .close = $0 { true } else { false } }, "\(directives)")
-        return scans(directives)
+        return ReplicatorTests.scans(directives)
     }
 
     /// A replicator subscribed to `cars` with an established session to B, whose hello said `f`
@@ -71,15 +59,16 @@ import TrellisCore
         let asked = r.received(
             .subscriptions([WireSubscription(spec: spec, since: since, hops: 0, number: number)], version: 1),
             on: link, now: 1)
-        let scan = try #require(Self.scans(asked).first)
+        let scan = try #require(ReplicatorTests.scans(asked).first)
         #expect(scan.after == since)
-        let sent = Self.sent(r.scanned(link, scan, page: ScanPage(records: [], upTo: since, exhausted: true), now: 2))
+        let sent = ReplicatorTests.sent(
+            r.scanned(link, scan, page: ScanPage(records: [], upTo: since, exhausted: true), now: 2))
         return (r, sent)
     }
 
     @Test func thisNodeSaysItSendsAndReadsCaughtUpBatches() throws {
         var r = replicator()
-        let opened = Self.sent(
+        let opened = ReplicatorTests.sent(
             r.linkOpened(
                 link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0))
         guard case .hello(let mine)? = opened.first else { return #expect(Bool(false), "no hello: \(opened)") }
@@ -93,12 +82,12 @@ import TrellisCore
         #expect(Self.tick(&r, on: link, at: 2 + Self.ackTimeout + 1).isEmpty)
         // What comes next flows as before, in ordinary batches that are acknowledged.
         let t = 2 + Self.ackTimeout + 2
-        let next = try #require(Self.scans(r.committed(collections: ["cars"], lastSeq: 101, now: t)).first)
+        let next = try #require(ReplicatorTests.scans(r.committed(collections: ["cars"], lastSeq: 101, now: t)).first)
         #expect(next.after == 40)
         let record = LogRecord(
             seq: 101, key: JSON.string(.string("c1")),
             document: WireDocument(collection: "cars", id: .string("c1"), state: [1]))
-        let batch = Self.sent(
+        let batch = ReplicatorTests.sent(
             r.scanned(link, next, page: ScanPage(records: [record], upTo: 101, exhausted: true), now: t))
         #expect(
             batch == [
@@ -132,8 +121,9 @@ import TrellisCore
         let asked = r.received(
             .subscriptions([WireSubscription(spec: spec, since: 40, hops: 0, number: 0)], version: 1), on: link,
             now: 1)
-        let scan = try #require(Self.scans(asked).first)
-        let sent = Self.sent(r.scanned(link, scan, page: ScanPage(records: [], upTo: 45, exhausted: true), now: 2))
+        let scan = try #require(ReplicatorTests.scans(asked).first)
+        let sent = ReplicatorTests.sent(
+            r.scanned(link, scan, page: ScanPage(records: [], upTo: 45, exhausted: true), now: 2))
         #expect(sent == [.batch(subscription: .number(0), documents: [], upTo: 45, generation: 0, left: 0)])
     }
 
@@ -143,7 +133,7 @@ import TrellisCore
     @Test func theSinceComparedIsThatOfTheCurrentGeneration() throws {
         var r = try established(caughtUp: true)
         func ask(since: Int64, generation: UInt32, version: UInt64) -> [ScanRequest] {
-            Self.scans(
+            ReplicatorTests.scans(
                 r.received(
                     .subscriptions(
                         [WireSubscription(spec: spec, since: since, hops: 0, generation: generation, number: 0)],
@@ -154,15 +144,18 @@ import TrellisCore
         // cursor stays (no rescan), so the scan of 40 answers for it.
         #expect(ask(since: 50, generation: 0, version: 2).isEmpty)
         #expect(
-            Self.sent(r.scanned(link, first, page: ScanPage(records: [], upTo: 40, exhausted: true), now: 2)) == [
-                .caughtUp(subscription: .number(0), generation: 0)
-            ])
+            ReplicatorTests.sent(r.scanned(link, first, page: ScanPage(records: [], upTo: 40, exhausted: true), now: 2))
+                == [
+                    .caughtUp(subscription: .number(0), generation: 0)
+                ])
         // A new generation from 60: nothing after it, and the end was already told: nothing goes
         // (as before caught-up batches).
         let second = try #require(ask(since: 60, generation: 1, version: 3).first)
         #expect(second.after == 60)
         #expect(
-            Self.sent(r.scanned(link, second, page: ScanPage(records: [], upTo: 60, exhausted: true), now: 3)).isEmpty)
+            ReplicatorTests.sent(
+                r.scanned(link, second, page: ScanPage(records: [], upTo: 60, exhausted: true), now: 3)
+            ).isEmpty)
     }
 
     @Test func aSubscriberNeitherAppliesNorAcknowledgesACaughtUpBatch() throws {
@@ -180,7 +173,8 @@ import TrellisCore
     @Test func aCaughtUpBatchFromAPeerThatDidNotSaySoIsAProtocolError() throws {
         var r = try established(caughtUp: false)
         let directives = r.received(.caughtUp(subscription: .number(0), generation: 0), on: link, now: 1)
-        #expect(Self.sent(directives).contains { if case .error("protocol", _) = $0 { true } else { false } })
+        #expect(
+            ReplicatorTests.sent(directives).contains { if case .error("protocol", _) = $0 { true } else { false } })
         #expect(directives.contains { if case .close(self.link, _) = $0 { true } else { false } })
     }
 

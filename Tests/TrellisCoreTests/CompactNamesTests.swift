@@ -25,14 +25,6 @@ import TrellisCore
                 earlySubscriptions: true, compactNames: compact))
     }
 
-    static func sent(_ directives: [ReplicatorDirective]) -> [WireMessage] {
-        directives.compactMap { if case .send(_, let m) = $0 { m } else { nil } }
-    }
-
-    static func applies(_ directives: [ReplicatorDirective]) -> [ApplyRequest] {
-        directives.compactMap { if case .apply(_, let r) = $0 { r } else { nil } }
-    }
-
     /// A replicator subscribed to `cars`, with a session to B whose hello said `x` as given; and
     /// the subscriptions it sent B.
     func established(compact: Bool) throws -> (Replicator, [WireSubscription]) {
@@ -41,7 +33,9 @@ import TrellisCore
         _ = r.linkOpened(
             link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
         let directives = r.received(hello(compact: compact), on: link, now: 0)
-        let subs = Self.sent(directives).compactMap { if case .subscriptions(let s, _) = $0 { s } else { nil } }.first
+        let subs = ReplicatorTests.sent(directives).compactMap {
+            if case .subscriptions(let s, _) = $0 { s } else { nil }
+        }.first
         return (r, subs ?? [])
     }
 
@@ -52,9 +46,9 @@ import TrellisCore
         let document = WireDocument(collection: "", id: .string("c1"), state: [1, 2, 3])
         let directives = r.received(
             .batch(subscription: .number(0), documents: [document], upTo: 9, generation: 0), on: link, now: 1)
-        let apply = try #require(Self.applies(directives).first)
+        let apply = try #require(ReplicatorTests.applies(directives).first)
         #expect(apply.subscription == spec.key && apply.documents.map(\.collection) == ["cars"])
-        let ack = Self.sent(
+        let ack = ReplicatorTests.sent(
             r.applied(link, subscription: spec.key, upTo: 9, checkpointStored: true, deferred: 0, now: 2))
         #expect(ack == [.ack(subscription: .number(0), upTo: 9)])
         // A number this node never gave names nothing: nothing is applied, nothing answered.
@@ -72,7 +66,7 @@ import TrellisCore
         var (r, subs) = try established(compact: false)
         #expect(subs.map(\.number) == [nil])
         _ = r.received(.batch(subscription: .key(spec.key), documents: [], upTo: 9, generation: 0), on: link, now: 1)
-        let ack = Self.sent(
+        let ack = ReplicatorTests.sent(
             r.applied(link, subscription: spec.key, upTo: 9, checkpointStored: true, deferred: 0, now: 2))
         #expect(ack == [.ack(subscription: .key(spec.key), upTo: 9)])
         // It serves B's subscriptions, which B did not number, by key, entries with `c`.
@@ -85,7 +79,7 @@ import TrellisCore
                     document: WireDocument(collection: "cars", id: .string("c1"), state: [1]))
             ], upTo: 5, exhausted: true)
         #expect(
-            Self.sent(r.scanned(link, scan, page: page, now: 4)) == [
+            ReplicatorTests.sent(r.scanned(link, scan, page: page, now: 4)) == [
                 .batch(
                     subscription: .key(spec.key),
                     documents: [WireDocument(collection: "cars", id: .string("c1"), state: [1])], upTo: 5,
@@ -105,7 +99,7 @@ import TrellisCore
                     document: WireDocument(collection: "cars", id: .string("c1"), state: [1]),
                     holdsUnacknowledgedWrite: true)
             ], upTo: 5, exhausted: true)
-        let batch = Self.sent(r.scanned(link, scan, page: page, now: 2))
+        let batch = ReplicatorTests.sent(r.scanned(link, scan, page: page, now: 2))
         #expect(
             batch == [
                 .batch(
@@ -121,7 +115,7 @@ import TrellisCore
             })
         // A query it cannot serve is named by number too.
         let bad = SubscriptionSpec(collection: "cars", query: "((")
-        let refused = Self.sent(
+        let refused = ReplicatorTests.sent(
             r.received(
                 .subscriptions(
                     [
@@ -137,7 +131,7 @@ import TrellisCore
         func open(_ link: LinkID) -> Hello? {
             let opened = r.linkOpened(
                 link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
-            return Self.sent(opened).compactMap { if case .hello(let h) = $0 { h } else { nil } }.first
+            return ReplicatorTests.sent(opened).compactMap { if case .hello(let h) = $0 { h } else { nil } }.first
         }
         let first = try #require(open(LinkID(1)))
         #expect(first.peerKey == Self.keyA && first.compactNames)
@@ -233,7 +227,8 @@ import TrellisCore
         let document = WireDocument(collection: "cars", id: .string("c1"), state: [1, 2, 3])
         log += r.received(
             .batch(subscription: .key(spec.key), documents: [document], upTo: 9, generation: 0), on: link, now: 3)
-        let acks = T.sent(r.applied(link, subscription: spec.key, upTo: 9, checkpointStored: true, deferred: 0, now: 4))
+        let acks = ReplicatorTests.sent(
+            r.applied(link, subscription: spec.key, upTo: 9, checkpointStored: true, deferred: 0, now: 4))
         let ack = try #require(acks.first)
         switch ack {
         case .ack(.number(let n), _, _):
@@ -317,11 +312,11 @@ import TrellisCore
         let page = ScanPage(
             records: [LogRecord(seq: 5, key: JSON.string(.string("c1")), document: document)], upTo: 5, exhausted: true)
         #expect(
-            T.sent(r.scanned(link, scan, page: page, now: 2)) == [
+            ReplicatorTests.sent(r.scanned(link, scan, page: page, now: 2)) == [
                 .batch(subscription: .key(spec.key), documents: [document], upTo: 5, generation: 0, left: 0)
             ])
         let bad = SubscriptionSpec(collection: "cars", query: "((")
-        let refused = T.sent(
+        let refused = ReplicatorTests.sent(
             r.received(
                 .subscriptions([WireSubscription(spec: bad, since: 0, hops: 0, number: 4)], version: 2), on: link,
                 now: 3))
@@ -338,19 +333,19 @@ import TrellisCore
         var (r, subs) = try CompactNamesTests().established(compact: compact)
         let link = CompactNamesTests().link
         let name: SubscriptionName = compact ? .number(try #require(subs.first?.number)) : .key(spec.key)
-        let removed = T.sent(r.unsubscribe(spec, now: 1))
+        let removed = ReplicatorTests.sent(r.unsubscribe(spec, now: 1))
         #expect(removed.contains { if case .subscriptions([], _) = $0 { true } else { false } })
         let document = WireDocument(collection: compact ? "" : "cars", id: .string("c1"), state: [1])
         #expect(
-            T.applies(
+            ReplicatorTests.applies(
                 r.received(.batch(subscription: name, documents: [document], upTo: 10, generation: 0), on: link, now: 2)
             ).isEmpty)
-        let again = T.sent(try r.subscribe(spec, now: 3))
+        let again = ReplicatorTests.sent(try r.subscribe(spec, now: 3))
         let numbers: [UInt32?] = again.flatMap { m -> [UInt32?] in
             if case .subscriptions(let s, _) = m { s.map(\.number) } else { [] }
         }
         #expect(numbers == [compact ? UInt32(1) : nil], "a key asked again gets a new number")
-        let late = T.applies(
+        let late = ReplicatorTests.applies(
             r.received(.batch(subscription: name, documents: [document], upTo: 20, generation: 0), on: link, now: 4))
         // By key the same: the re-asked subscription has a new rescan generation, so the old
         // request's batch merges without its checkpoint.
@@ -359,7 +354,7 @@ import TrellisCore
             if case .subscriptions(let s, _) = m { s.map(\.generation) } else { [] }
         }
         #expect(generations == [1])
-        let current = T.applies(
+        let current = ReplicatorTests.applies(
             r.received(
                 .batch(subscription: compact ? .number(1) : name, documents: [document], upTo: 5, generation: 1),
                 on: link, now: 5))

@@ -12,10 +12,6 @@ extension ReplicatorTests {
         sent(directives).compactMap { if case .subscriptionError(.key(let s), let c, _) = $0 { (s, c) } else { nil } }
     }
 
-    static func applies(_ directives: [ReplicatorDirective]) -> [ApplyRequest] {
-        directives.compactMap { if case .apply(_, let r) = $0 { r } else { nil } }
-    }
-
     static func asked(_ directives: [ReplicatorDirective]) -> [String]? {
         for case .subscriptions(let list, _) in sent(directives) { return list.map(\.spec.collection) }
         return nil

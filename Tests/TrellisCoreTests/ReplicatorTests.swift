@@ -57,6 +57,10 @@ import TrellisCore
         directives.compactMap { if case .scan(_, let r) = $0 { r } else { nil } }
     }
 
+    static func applies(_ directives: [ReplicatorDirective]) -> [ApplyRequest] {
+        directives.compactMap { if case .apply(_, let r) = $0 { r } else { nil } }
+    }
+
     static func closes(_ directives: [ReplicatorDirective]) -> [LinkID] {
         directives.compactMap { if case .close(let l, _) = $0 { l } else { nil } }
     }

@@ -14,14 +14,6 @@ import TrellisCore
     static let spec = SubscriptionSpec(collection: "cars")
     static let link = LinkID(1)
 
-    static func sent(_ directives: [ReplicatorDirective]) -> [WireMessage] {
-        directives.compactMap { if case .send(_, let m) = $0 { m } else { nil } }
-    }
-
-    static func scans(_ directives: [ReplicatorDirective]) -> [ScanRequest] {
-        directives.compactMap { if case .scan(_, let r) = $0 { r } else { nil } }
-    }
-
     static func digest(_ list: [WireSubscription], version: UInt64 = 1) -> StateDigest {
         StateDigest(WireMessage.subscriptions(list, version: version).serialized())
     }
@@ -186,23 +178,25 @@ import TrellisCore
         _ = try r.subscribe(Self.spec, now: 0)
         _ = r.linkOpened(
             Self.link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
-        let asked = Self.sent(r.received(Self.hello(Self.keyB, site: 0x102, resumes: true), on: Self.link, now: 0))
+        let asked = ReplicatorTests.sent(
+            r.received(Self.hello(Self.keyB, site: 0x102, resumes: true), on: Self.link, now: 0))
         #expect(asked.contains { if case .subscriptions(let s, 1) = $0 { s.map(\.generation) == [0] } else { false } })
         // B's digest names a set this node does not remember.
         let query = SubscriptionSpec(collection: "cars", query: "v >= 5")
         let set = [WireSubscription(spec: query, since: 0, hops: 0, number: 0)]
         #expect(
-            Self.sent(r.received(.subscriptionsDigest(Self.digest(set), version: 1), on: Self.link, now: 1)) == [
-                .subscriptionsRequest(version: 1)
-            ])
+            ReplicatorTests.sent(r.received(.subscriptionsDigest(Self.digest(set), version: 1), on: Self.link, now: 1))
+                == [
+                    .subscriptionsRequest(version: 1)
+                ])
         let document = WireDocument(collection: "", id: .string("c1"), state: [1])
         let early = r.received(
             .batch(subscription: .number(0), documents: [document], upTo: 7, generation: 0), on: Self.link, now: 2)
         #expect(early.isEmpty, "\(early)")
         let served = r.received(.subscriptions(set, version: 1), on: Self.link, now: 3)
-        #expect(Self.scans(served).map(\.spec) == [query])
+        #expect(ReplicatorTests.scans(served).map(\.spec) == [query])
         #expect(
-            Self.sent(served).contains {
+            ReplicatorTests.sent(served).contains {
                 if case .subscriptions(let s, 2) = $0 {
                     s.map(\.generation) == [1] && s.map(\.since) == [0]
                 } else {
@@ -269,8 +263,8 @@ import TrellisCore
                 link, peerKey: key, initiator: false, address: "p", endpoint: nil, checkpoints: [:], now: 2)
             _ = r.received(Self.hello(key, site: key == keyC ? 0x201 : 0x200, resumes: true), on: link, now: 2)
             let answer = r.received(.subscriptionsDigest(Self.digest(set), version: 1), on: link, now: 3)
-            #expect(Self.sent(answer).contains(.subscriptionsRequest(version: 1)) == !remembered)
-            #expect(!Self.scans(answer).isEmpty == remembered)
+            #expect(ReplicatorTests.sent(answer).contains(.subscriptionsRequest(version: 1)) == !remembered)
+            #expect(!ReplicatorTests.scans(answer).isEmpty == remembered)
             _ = r.linkClosed(link, reason: "gone", now: 4)
         }
     }
@@ -291,7 +285,7 @@ import TrellisCore
             local: LocalLog(epoch: Self.epochA, site: 0x101, lastSeq: 100), seed: 5)
         _ = try r.subscribe(Self.spec, now: 0)
         func open(_ link: LinkID) -> [WireMessage] {
-            Self.sent(
+            ReplicatorTests.sent(
                 r.linkOpened(
                     link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil,
                     checkpoints: [Self.spec.key: Checkpoint(epoch: Self.epochB, seq: 40)], now: 0))
@@ -305,13 +299,13 @@ import TrellisCore
         _ = r.linkClosed(LinkID(2), reason: "gone", now: 3)
         #expect(open(LinkID(3)).last == .subscriptionsDigest(Self.digest(early), version: 1))
         _ = r.received(Self.hello(Self.keyB, site: 0x102, resumes: true), on: LinkID(3), now: 4)
-        #expect(Self.sent(r.received(.subscriptionsRequest(version: 7), on: LinkID(3), now: 5)).isEmpty)
+        #expect(ReplicatorTests.sent(r.received(.subscriptionsRequest(version: 7), on: LinkID(3), now: 5)).isEmpty)
         #expect(
-            Self.sent(r.received(.subscriptionsRequest(version: 1), on: LinkID(3), now: 5)) == [
+            ReplicatorTests.sent(r.received(.subscriptionsRequest(version: 1), on: LinkID(3), now: 5)) == [
                 .subscriptions(early, version: 1)
             ])
         // Answered once.
-        #expect(Self.sent(r.received(.subscriptionsRequest(version: 1), on: LinkID(3), now: 6)).isEmpty)
+        #expect(ReplicatorTests.sent(r.received(.subscriptionsRequest(version: 1), on: LinkID(3), now: 6)).isEmpty)
     }
 
     /// A peer that did not say it resumes sets may send neither a digest nor a request.
@@ -326,7 +320,9 @@ import TrellisCore
                 Self.link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: [:], now: 0)
             _ = r.received(Self.hello(Self.keyB, site: 0x102, resumes: false), on: Self.link, now: 0)
             let directives = r.received(message, on: Self.link, now: 1)
-            #expect(Self.sent(directives).contains { if case .error("protocol", _) = $0 { true } else { false } })
+            #expect(
+                ReplicatorTests.sent(directives).contains { if case .error("protocol", _) = $0 { true } else { false } }
+            )
         }
     }
 
