@@ -747,6 +747,15 @@ public final class Simulation: @unchecked Sendable {
         return (type, summary, documents)
     }
 
+    /// A subscription as the trace names it: a key by its collection; a number (a peer that reads
+    /// compact names) by itself.
+    private static func traceName(_ sub: SubscriptionName) -> String {
+        switch sub {
+        case .key(let key): SubscriptionSpec.collection(ofKey: key)
+        case .number: sub.description
+        }
+    }
+
     private static func summarise(_ message: WireMessage, _ size: Int) -> (type: String, summary: String) {
         switch message {
         case .hello(let h): return ("hello", "hello v\(h.version)")
@@ -756,12 +765,7 @@ public final class Simulation: @unchecked Sendable {
                 "subs v\(version) [\(subs.map { "\($0.spec) since \($0.since) hops \($0.hops)" }.joined(separator: "; "))]"
             )
         case .batch(let sub, let docs, let upTo, let generation, let left):
-            // A key names its collection; a number (a peer that reads compact names), itself.
-            let name: String
-            switch sub {
-            case .key(let key): name = SubscriptionSpec.collection(ofKey: key)
-            case .number: name = sub.description
-            }
+            let name = traceName(sub)
             let ids = docs.prefix(8).map { $0.id.description }.joined(separator: ",")
             return (
                 "batch",
@@ -770,12 +774,7 @@ public final class Simulation: @unchecked Sendable {
         case .subscriptionsDigest(_, let version): return ("subs", "subs v\(version) by digest")
         case .subscriptionsRequest(let version): return ("subsreq", "subsreq v\(version)")
         case .caughtUp(let sub, let generation):
-            let name: String
-            switch sub {
-            case .key(let key): name = SubscriptionSpec.collection(ofKey: key)
-            case .number: name = sub.description
-            }
-            return ("batch", "batch \(name) caught up gen \(generation) \(size) B")
+            return ("batch", "batch \(traceName(sub)) caught up gen \(generation) \(size) B")
         case .ack(_, let upTo, let deferred): return ("ack", "ack upTo \(upTo)\(deferred ? " deferred" : "")")
         case .subscriptionError(_, let code, let text): return ("suberr", "suberr \(code): \(text)")
         case .ping: return ("ping", "ping")

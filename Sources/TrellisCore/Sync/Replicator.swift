@@ -304,15 +304,14 @@ public struct Replicator: Sendable {
         case (_, .hello(let hello)):
             if hello == sessions[link]!.remote { return [] }  // the same hello again (a duplicating transport)
             return fail(link, "protocol", "hello sent twice", now)
-        case (_, .subscriptions(_, let version))
-        where version != 0 && version <= sessions[link]!.remoteSubscriptionsVersion:
-            return []  // an older set than one already received (a reordering transport)
         case (_, .subscriptionsDigest) where sessions[link]!.remote?.resumesSubscriptions != true:
             // Only a peer that said it reads them sends one (an older build could not decode it).
             return fail(link, "protocol", "subs: missing 'subs' array", now)
         case (_, .subscriptionsRequest) where sessions[link]!.remote?.resumesSubscriptions != true:
             return fail(link, "protocol", "unknown message type 'subsreq'", now)
-        case (_, .subscriptionsDigest(_, let version))
+        case (_, .subscriptions(_, let version))
+        where version != 0 && version <= sessions[link]!.remoteSubscriptionsVersion,
+            (_, .subscriptionsDigest(_, let version))
         where version != 0 && version <= sessions[link]!.remoteSubscriptionsVersion:
             return []  // an older set than one already received (a reordering transport)
         case (_, .subscriptionsDigest(let digest, let version)):

@@ -539,6 +539,8 @@ public enum WireMessage: Sendable, Equatable {
                 throw WireError("hello: 'key' must be 32 bytes, not \(key.count)")
             }
             guard epoch.count == 16 else { throw WireError("hello: 'epoch' must be 16 bytes, not \(epoch.count)") }
+            // Feature bits: a bit this build does not know is ignored (a later build's).
+            let features = try m.optionalInt("f", in: 0...Int64.max) ?? 0
             self = .hello(
                 Hello(
                     version: Int(try m.int("v", in: 0...Int64(UInt16.max))), peerKey: key,
@@ -546,9 +548,7 @@ public enum WireMessage: Sendable, Equatable {
                     nonce: UInt64(bitPattern: try m.optionalInt("n") ?? 0),
                     earlySubscriptions: try m.optionalInt("es", in: 0...1) == 1,
                     compactNames: try m.optionalInt("x", in: 0...1) == 1,
-                    // Feature bits: a bit this build does not know is ignored (a later build's).
-                    caughtUpBatches: (try m.optionalInt("f", in: 0...Int64.max) ?? 0) & 1 == 1,
-                    resumesSubscriptions: (try m.optionalInt("f", in: 0...Int64.max) ?? 0) & 2 == 2))
+                    caughtUpBatches: features & 1 == 1, resumesSubscriptions: features & 2 == 2))
         case "subs" where value["subs"] == nil && value["h"] != nil:
             let digest = try m.bytes("h")
             guard digest.count == 16 else { throw WireError("subs: 'h' must be 16 bytes, not \(digest.count)") }
