@@ -144,20 +144,17 @@ public enum ContactDocument {
     /// ``contact(fromJSON:)-(UnsafeBufferPointer<UInt8>)`` gives it, but read when one of its
     /// properties is first asked for: what ``ContactsEnumerator`` delivers.
     ///
-    /// Text that the one-pass check vouches for as JSON (``JSONScan/skipValue(in:at:depth:)``
-    /// over the whole text: compact, no `\u` escapes or exponents) is kept as a copy of its bytes,
-    /// and the contact reads it on first use. Any other text is read now, so that text which is
-    /// not JSON still answers `nil` here.
+    /// Text that the one-pass check vouches for as JSON
+    /// (``JSONScan/certainlyParses(_:)-(UnsafeBufferPointer<UInt8>)``: compact, no `\u` escapes or
+    /// exponents) is kept as a copy of its bytes, and the contact reads it on first use. Any other
+    /// text is read now, so that text which is not JSON still answers `nil` here.
     ///
     /// - Parameter bytes: the text; read (and copied) only during the call.
     /// - Returns: the contact, or `nil` when the text is not JSON.
     /// - Complexity: O(n) in the length of the text now, without allocation beyond the copy and
     ///   the contact; O(n) again on the first read of a property.
     package static func contact(deferringJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
-        var end = 0
-        guard JSONScan.skipValue(in: bytes, at: &end, depth: 0), end == bytes.count else {
-            return contact(fromJSON: bytes)
-        }
+        guard JSONScan.certainlyParses(bytes) else { return contact(fromJSON: bytes) }
         return CNMutableContact(source: Array(bytes), read: fieldsOfVouchedText)
     }
 

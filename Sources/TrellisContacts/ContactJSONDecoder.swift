@@ -22,16 +22,8 @@ import TrellisCore
 /// such a sequence never holds an ASCII byte, so the text's structure is the same), one outside
 /// strings declines.
 package enum ContactJSONDecoder {
-    /// The contact in the JSON text `bytes`, or `nil` when the decoder declines it (then parse
-    /// `String(decoding: bytes, as: UTF8.self)`: it may still be JSON). The fields are read into
-    /// the new contact in place.
-    ///
-    /// - Complexity: O(n) in the length of the text.
-    package static func contact(_ bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
-        fields(bytes).map(CNMutableContact.init(fields:))
-    }
-
-    /// The fields of the contact in the JSON text `bytes`, or `nil` when the decoder declines it.
+    /// The fields of the contact in the JSON text `bytes`, or `nil` when the decoder declines it
+    /// (then parse `String(decoding: bytes, as: UTF8.self)`: it may still be JSON).
     ///
     /// - Complexity: O(n) in the length of the text.
     package static func fields(_ bytes: UnsafeBufferPointer<UInt8>) -> ContactFields? {
@@ -40,18 +32,13 @@ package enum ContactJSONDecoder {
         return reader.document(into: &fields) ? fields : nil
     }
 
-    /// The contact in `text`, or `nil` when the decoder declines it.
-    ///
-    /// - Complexity: O(n) in the length of the text.
-    package static func contact(_ text: String) -> CNMutableContact? {
-        var text = text
-        return text.withUTF8 { contact($0) }
-    }
-
     /// The fields of the contact in `text`, or `nil` when the decoder declines it.
     ///
     /// - Complexity: O(n) in the length of the text.
-    package static func fields(_ text: String) -> ContactFields? { contact(text)?.fields }
+    package static func fields(_ text: String) -> ContactFields? {
+        var text = text
+        return text.withUTF8 { fields($0) }
+    }
 }
 
 /// The keys of a contact document (``ContactDocument``).

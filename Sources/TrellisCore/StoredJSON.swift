@@ -19,8 +19,8 @@ public final class StoredJSON: Sendable, CustomStringConvertible {
 
     /// Wraps `text`, checking that it parses; `nil` when it does not.
     ///
-    /// Text the one-pass check (``JSONScan/certainlyParses(_:)``) vouches for is kept unparsed;
-    /// anything else is parsed now, and kept parsed when it parses.
+    /// Text the one-pass check (``JSONScan/certainlyParses(_:)-(String)``) vouches for is kept
+    /// unparsed; anything else is parsed now, and kept parsed when it parses.
     ///
     /// - Complexity: O(n) in the length of the text.
     public init?(checking text: String) {
@@ -89,11 +89,19 @@ public enum JSONScan {
     /// - Complexity: O(n) in the length of the text; no allocation.
     public static func certainlyParses(_ text: String) -> Bool {
         var text = text
-        return text.withUTF8 { bytes in
-            guard let base = bytes.baseAddress else { return false }
-            var sawEscape = false
-            return Scanner.value(base, bytes.count, at: 0, depth: 0, sawEscape: &sawEscape) == bytes.count
-        }
+        return text.withUTF8 { certainlyParses($0) }
+    }
+
+    /// Whether ``JSON/parse(_:)-(String)`` certainly accepts `String(decoding: bytes, as:
+    /// UTF8.self)`: the check of ``certainlyParses(_:)-(String)`` on bytes that may hold
+    /// ill-formed UTF-8, which it takes as it comes inside strings (read as U+FFFD, the text
+    /// parses alike) and declines outside them.
+    ///
+    /// - Complexity: O(n) in the number of bytes; no allocation.
+    public static func certainlyParses(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard let base = bytes.baseAddress else { return false }
+        var sawEscape = false
+        return Scanner.value(base, bytes.count, at: 0, depth: 0, sawEscape: &sawEscape) == bytes.count
     }
 
     /// The outcome of looking for a top-level member without parsing the document.
@@ -153,8 +161,8 @@ public enum JSONScan {
     /// Steps over the JSON value starting at `position` in `bytes`, which sits inside `depth` open
     /// arrays and objects, and moves `position` past it; `false` when the value is not one the
     /// parser certainly accepts there (the same conservative rules as
-    /// ``certainlyParses(_:)``: no whitespace, no `\u` escapes, no exponents, nesting within
-    /// ``JSON/maximumDepth``). Bytes from 0x80 up are taken as they come inside strings (also
+    /// ``certainlyParses(_:)-(String)``: no whitespace, no `\u` escapes, no exponents, nesting
+    /// within ``JSON/maximumDepth``). Bytes from 0x80 up are taken as they come inside strings (also
     /// ill-formed UTF-8: the text with such sequences read as U+FFFD parses alike) and declined
     /// outside them.
     ///
@@ -173,9 +181,9 @@ public enum JSONScan {
         return true
     }
 
-    /// The one-pass grammar of ``certainlyParses(_:)``. Each function takes the position where
-    /// its construct starts and returns the position just after it, or -1 when the text is not
-    /// one it vouches for. Positions are passed and returned rather than kept in a structure, so
+    /// The one-pass grammar of ``certainlyParses(_:)-(String)``. Each function takes the position
+    /// where its construct starts and returns the position just after it, or -1 when the text is
+    /// not one it vouches for. Positions are passed and returned rather than kept in a structure, so
     /// that they stay in registers.
     private enum Scanner {
         static let quote = UInt8(ascii: "\"")
