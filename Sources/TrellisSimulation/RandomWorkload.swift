@@ -78,12 +78,18 @@ public struct RandomWorkload: Sendable {
         let count = Int.random(in: nodes, using: &random)
         for _ in 0..<count { try sim.addNode() }
         sim.connectRandomly(extraLinks: Int.random(in: 0...count, using: &random))
-        // Most nodes replicate the whole collection; one may hold only a query's documents.
+        // Most nodes replicate the whole collection; one may hold only a query's documents, and
+        // may subscribe only later, after writing documents its query does not match.
         var subscriptions: [Any] = []
+        var lateQuery: (node: SimulatedNode, step: Int)?
         for (i, node) in sim.nodes.enumerated() {
             if i == count - 1, count > 3, Bool.random(using: &random) {
-                subscriptions.append(try node.store.collection("items").find("v >= 5").subscribe())
-                try node.watch("items", query: "v >= 5")
+                if Bool.random(using: &random) {
+                    lateQuery = (node, Int.random(in: 0..<steps, using: &random))
+                } else {
+                    subscriptions.append(try node.store.collection("items").find("v >= 5").subscribe())
+                    try node.watch("items", query: "v >= 5")
+                }
             } else {
                 subscriptions.append(try node.store.collection("items").findAll().subscribe())
                 try node.watch("items")
@@ -93,8 +99,14 @@ public struct RandomWorkload: Sendable {
         }
         if operations == .wide { sim.invariants.append(WideOperations.queriesAgree) }
         var partitioned = false
-        for _ in 0..<steps {
+        for step in 0..<steps {
             sim.run(for: Millis.random(in: 0...1_500, using: &random))
+            if let (node, from) = lateQuery, step >= from, node.isUp {
+                subscriptions.append(try node.store.collection("items").find("v >= 5").subscribe())
+                try node.watch("items", query: "v >= 5")
+                sim.note("\(node.name) app: subscribe to items where v >= 5")
+                lateQuery = nil
+            }
             if Int.random(in: 0..<5, using: &random) == 0, let node = sim.nodes.randomElement(using: &random) {
                 try node.syncContactMirrors()  // a contacts host catching up, anchors kept across faults
             }
@@ -109,6 +121,10 @@ public struct RandomWorkload: Sendable {
         sim.defaultProfile = LinkProfile()
         sim.resetProfiles()
         for node in sim.nodes where !node.isUp { try sim.restart(node) }
+        if let (node, _) = lateQuery {
+            subscriptions.append(try node.store.collection("items").find("v >= 5").subscribe())
+            try node.watch("items", query: "v >= 5")
+        }
         try sim.runUntilQuiet()
         try sim.check()
         _ = subscriptions

@@ -73,6 +73,9 @@ extension DocumentStore {
     ///     every document it sends, so the store records them in those subscriptions' scope and
     ///     later changes to them go back to the peer even when its queries do not match them
     ///     (DocumentStore+Scope.swift).
+    ///   - unserved: this node serves the peer no subscription in the documents' collection, so
+    ///     no scope can record that the peer holds them: the store notes that it sent some there
+    ///     (``takeSentUnserved(peer:collection:)``).
     /// - Throws: ``StoreError/deferredLimit(_:)`` when the documents deferred from this peer would
     ///   exceed ``StoreOptions/maxDeferredDocumentsPerPeer`` or
     ///   ``StoreOptions/maxDeferredBytesPerPeer``; ``StoreError`` for SQLite errors. Nothing of the
@@ -82,7 +85,7 @@ extension DocumentStore {
     ///   commit per piece.
     public func merge(
         _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?,
-        heldBy holders: [SubscriptionSpec] = []
+        heldBy holders: [SubscriptionSpec] = [], unserved: Bool = false
     ) throws(StoreError) -> MergeOutcome {
         var outcome = MergeOutcome()
         let now = options.now()
@@ -99,6 +102,7 @@ extension DocumentStore {
             let start = next
             next = try write(origin: peer) { s in
                 var deferredHere = false
+                var noted: String?  // the collection last noted as sent unserved
                 if start == 0 {
                     for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
                 }
@@ -132,6 +136,10 @@ extension DocumentStore {
                         var entered = false
                         for (spec, _) in bound where UTF8Key.equal(spec.collection, remote.collection) {
                             entered = try recordHeld(&s, remote.collection, key, by: spec) || entered
+                        }
+                        if unserved, noted != remote.collection {
+                            try noteSentUnserved(&s, peer, remote.collection)
+                            noted = remote.collection
                         }
                         // It entered a scope with an older state than this node's, at a row the
                         // subscription's cursor may have passed: the row is logged again so the newer
@@ -180,7 +188,7 @@ extension DocumentStore {
     }
 
     /// The fewest documents a piece of a remote merge commits before it lets waiting writers
-    /// have the store lock (``merge(_:from:checkpoint:heldBy:)``).
+    /// have the store lock (``merge(_:from:checkpoint:heldBy:unserved:)``).
     static let mergePieceMinimum = 4
     /// The least time (nanoseconds) a piece of a remote merge runs before it lets waiting writers
     /// in: 0.25 ms, so that a writer that answers every commit (an observer writing back) costs a

@@ -16,6 +16,18 @@ import TrellisCore
 // every document, so it gets every tombstone and needs no record. And a peer holds what it sent:
 // a document merged from a peer is recorded in the scope of that peer's query subscriptions too,
 // so a change made elsewhere to a document it wrote outside its own query reaches it as well.
+// A peer served nothing in the collection when it sent documents (it writes there before it
+// subscribes, or never does) has no query subscription to record them under: the store notes only
+// that it sent some (`sent_unserved`, one row per peer and collection, nothing per document), and
+// when one of its query subscriptions there is first served on a connection, the node asks it for
+// the collection again from the start (`takeSentUnserved`), so what it holds comes again and is
+// recorded then. A row per document would cost a one-way replication a third of its speed.
+
+/// A peer and a collection (``DocumentStore/takeSentUnserved(peer:collection:)``).
+struct PeerCollection: Hashable, Sendable {
+    var peer: [UInt8]
+    var collection: UTF8Key
+}
 
 /// A query subscription this store serves (to any peer), kept to record documents leaving its
 /// scope.
@@ -130,7 +142,65 @@ extension DocumentStore {
             sub INTEGER NOT NULL,
             PRIMARY KEY(collection, id, sub)
         ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS sent_unserved(
+            peer BLOB NOT NULL,
+            collection TEXT NOT NULL,
+            PRIMARY KEY(peer, collection)
+        ) WITHOUT ROWID;
         """
+
+    /// The peers, by collection, that sent documents while served nothing there (``State/sentUnserved``).
+    static func loadSentUnserved(_ db: Connection) throws -> Set<PeerCollection> {
+        guard try hasTable(db, "sent_unserved") else { return [] }
+        let st = try db.prepare("SELECT peer, collection FROM sent_unserved")
+        defer { st.reset() }
+        var out: Set<PeerCollection> = []
+        while try st.step() {
+            out.insert(PeerCollection(peer: st.bytes(0) ?? [], collection: UTF8Key(st.string(1) ?? "")))
+        }
+        return out
+    }
+
+    /// Notes, in the merge's transaction, that `peer` sent a document of `collection` while this
+    /// node served it nothing there. One indexed insert the first time; nothing after.
+    func noteSentUnserved(_ s: inout State, _ peer: [UInt8], _ collection: String) throws {
+        let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
+        guard !s.sentUnserved.contains(entry) else { return }
+        let st = try s.db.prepare("INSERT OR IGNORE INTO sent_unserved(peer, collection) VALUES (?, ?)")
+        st.bind(1, peer)
+        st.bind(2, collection)
+        try st.run()
+        s.sentUnserved.insert(entry)
+    }
+
+    /// Called when `peer` is first served a query subscription in `collection` on a connection.
+    /// When it sent documents there while served nothing (noted by a merge), the note goes and
+    /// this node's checkpoints on the peer's log for that collection go back to `seq` 0, in one
+    /// transaction: the node then asks the peer for the collection again from the start, and
+    /// what the peer holds comes again, recorded in its query subscriptions' scopes (a stop
+    /// before that answer resumes from 0 as well).
+    ///
+    /// - Returns: whether the peer had sent documents so (the caller asks again).
+    /// - Throws: ``StoreError`` for SQLite errors; nothing changes then.
+    /// - Complexity: O(1) without a note; else O(k log n) for the k checkpoints of the collection.
+    public func takeSentUnserved(peer: [UInt8], collection: String) throws(StoreError) -> Bool {
+        let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
+        guard !options.readOnly, try withState({ s in s.sentUnserved.contains(entry) }) else { return false }
+        return try write { s in
+            guard s.sentUnserved.contains(entry) else { return false }
+            for sql in [
+                "DELETE FROM sent_unserved WHERE peer = ? AND collection = ?",
+                "UPDATE checkpoints SET seq = 0 WHERE peer = ? AND collection = ?",
+            ] {
+                let st = try s.db.prepare(sql)
+                st.bind(1, peer)
+                st.bind(2, collection)
+                try st.run()
+            }
+            s.sentUnserved.remove(entry)
+            return true
+        }
+    }
 
     /// The served query subscriptions recorded in the store, by collection.
     static func loadServedScopes(_ db: Connection) throws -> [UTF8Key: [ServedScope]] {

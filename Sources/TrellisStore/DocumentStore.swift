@@ -375,6 +375,9 @@ public final class DocumentStore: Sendable {
         /// When each served subscription was last recorded as used (ms), this run.
         var servedUsed: [Int64: UInt64] = [:]
         var servedCount = 0
+        /// The peers that sent documents of a collection while this node served them nothing
+        /// there (the `sent_unserved` table, DocumentStore+Scope.swift).
+        var sentUnserved: Set<PeerCollection> = []
         /// The number of rows in the `reaped` table (0 lets merges skip looking there).
         var reapedRows = 0
 
@@ -528,6 +531,7 @@ public final class DocumentStore: Sendable {
             state.nulCollections = try Self.loadNULCollections(db, readOnly: options.readOnly)
             state.servedScopes = try Self.loadServedScopes(db)
             state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }
+            state.sentUnserved = try Self.loadSentUnserved(db)
             if try Self.hasTable(db, "deferred") {
                 let count = try db.prepare("SELECT count(*) FROM deferred")
                 _ = try count.step()

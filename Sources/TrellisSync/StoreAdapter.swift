@@ -32,7 +32,7 @@ extension DocumentStore: SyncStore {
             request.documents, from: request.peerKey,
             checkpoint: request.storeCheckpoint
                 ? (request.subscription, Checkpoint(epoch: request.peerEpoch, seq: request.upTo)) : nil,
-            heldBy: request.heldBy)
+            heldBy: request.heldBy, unserved: request.unserved)
         let refusals =
             outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
             + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }

@@ -30,6 +30,10 @@ public protocol SyncStore: AnyObject, Sendable {
     ///
     /// - Returns: whether more are waiting.
     func reapTombstones(limit: Int) throws -> Bool
+    /// Whether `peer` sent documents of `collection` while served nothing there; if so, forgets
+    /// it and moves the checkpoints on that peer's log for the collection back to 0
+    /// (``ReplicatorDirective/servedQuery(_:peer:collection:)``).
+    func takeSentUnserved(peer: [UInt8], collection: String) throws -> Bool
     /// Starts a new epoch and site ID (the store's log rotation).
     ///
     /// - Returns: the log after the rotation.
@@ -358,6 +362,14 @@ public final class SyncHost {
                 }
             case .log(let message):
                 log(message)
+            case .servedQuery(let link, let peer, let collection):
+                do {
+                    if try store.takeSentUnserved(peer: peer, collection: collection) {
+                        more = replicator.askAgainFromStart(link, collection: collection, now: now())
+                    }
+                } catch {
+                    log("checking what a peer sent in '\(collection)' before it subscribed failed: \(error)")
+                }
             case .saveSitePins(let pins):
                 do { try saveSitePins?(pins) } catch { log("saving the site pins failed: \(error)") }
             }

@@ -696,6 +696,57 @@ import TrellisSimulation
         high.cancel()
     }
 
+    /// F20 for a subscription that comes after the writes: B writes d9 {v: 2}, which A (a whole
+    /// subscriber of B) merges; only then does B subscribe to `v >= 5` of A. A changes d9 to v: 3.
+    /// B holds d9, so the change must reach it although it never matched B's query. A merged d9
+    /// while it served B nothing in `items`, so nothing recorded that B holds it: B kept v: 2.
+    /// A now records it under B, and B's query subscription takes the record over once served.
+    @Test func aDocumentSentBeforeTheSubscriptionComesBackChanged() throws {
+        let mesh = try Mesh(seed: 124, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        try mesh.subscribe(a, "items")
+        mesh.sim.connect(b, a)
+        try b.store.collection("items").upsert(["_id": "d9", "v": 2])
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(a, "d9")?["v"] == 2)
+        let high = try b.store.collection("items").find("v >= 5").subscribe()
+        try mesh.sim.runUntilQuiet()
+        _ = try a.store.collection("items").findByID("d9").update { $0?["v"].set(3) }
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(a, "d9")?["v"] == 3)
+        #expect(try Self.get(b, "d9")?["v"] == 3)
+        try mesh.sim.check()
+        high.cancel()
+    }
+
+    /// The same across restarts and a new connection: A merges B's d9 while it serves B nothing,
+    /// restarts; B subscribes to `v >= 5` while apart, and they meet again. A's record of what
+    /// B sent is stored, so B's subscription takes it over on the new connection.
+    @Test func aDocumentSentBeforeASubscriptionComesBackChangedAfterARestart() throws {
+        let mesh = try Mesh(seed: 125, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode()
+        try mesh.subscribe(a, "items")
+        mesh.sim.connect(b, a)
+        try b.store.collection("items").upsert(["_id": "d9", "v": 2])
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(a, "d9")?["v"] == 2)
+        mesh.sim.setLink(a, b, up: false)
+        mesh.sim.crash(a)
+        try mesh.sim.restart(a)
+        let high = try b.store.collection("items").find("v >= 5").subscribe()
+        _ = try a.store.collection("items").findByID("d9").update { $0?["v"].set(3) }
+        mesh.sim.setLink(a, b, up: true)
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(b, "d9")?["v"] == 3)
+        _ = try a.store.collection("items").findByID("d9").update { $0?["v"].set(4) }
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(b, "d9")?["v"] == 4)
+        try mesh.sim.check()
+        high.cancel()
+    }
+
     /// F20 through an eviction: B (subscribed to `v >= 5`, connected to A only) holds d0 {v: 7};
     /// A evicts d0, C changes it to v: 2, A fetches it again. B must hear that d0 left its query.
     /// A's row went from a stub to v: 2, and the store records no scope change for a stub ("what it

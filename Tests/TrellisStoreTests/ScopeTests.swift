@@ -90,6 +90,36 @@ extension ScopeTests {
 }
 
 extension ScopeTests {
+    /// A peer served nothing in a collection when it sent documents there: the store notes it
+    /// once (not per document), keeps the note across a restart, and hands it over once, with the
+    /// checkpoints on that peer's log for the collection back at 0 and the others left alone.
+    @Test func aPeerThatSentWhileServedNothingIsNotedOnce() throws {
+        let source = try openStore(dir, "h.sqlite", clock: clock)
+        try source.upsert(["_id": "t1", "assignee": "you"], in: "tasks")
+        let epoch = source.epoch
+        do {
+            let store = try openStore(dir, "i.sqlite", clock: clock)
+            _ = try store.merge(
+                try batch(of: source, "tasks"), from: [7],
+                checkpoint: (subscription: SubscriptionSpec.all("tasks").key, Checkpoint(epoch: epoch, seq: 1)),
+                unserved: true)
+            _ = try store.merge(
+                [], from: [7],
+                checkpoint: (subscription: SubscriptionSpec.all("notes").key, Checkpoint(epoch: epoch, seq: 1)))
+            _ = try store.merge(try batch(of: source, "tasks"), from: [8], checkpoint: nil)
+            #expect(try !store.takeSentUnserved(peer: [8], collection: "tasks"))  // it was served
+            store.close()
+        }
+        let store = try openStore(dir, "i.sqlite", clock: clock)
+        #expect(try !store.takeSentUnserved(peer: [7], collection: "notes"))
+        #expect(try store.takeSentUnserved(peer: [7], collection: "tasks"))
+        #expect(try store.checkpoint(peer: [7], subscription: SubscriptionSpec.all("tasks").key)?.seq == 0)
+        #expect(try store.checkpoint(peer: [7], subscription: SubscriptionSpec.all("notes").key)?.seq == 1)
+        #expect(try !store.takeSentUnserved(peer: [7], collection: "tasks"))  // handed over once
+    }
+}
+
+extension ScopeTests {
     /// A peer that sends an older state of a document this node already changed (here: removed)
     /// gets the newer state, even when its subscription's cursor passed the document's row before
     /// the document entered its scope (a sweep seed found it: a wiped relay had the tombstone

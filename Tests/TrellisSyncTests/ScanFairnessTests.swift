@@ -88,6 +88,9 @@ private final class CostlyStore: SyncStore {
     }
     func reapTombstones(limit: Int) throws -> Bool { try store.reapTombstones(limit: limit) }
     func rotatedLog(reason: String) throws -> LocalLog { try store.rotatedLog(reason: reason) }
+    func takeSentUnserved(peer: [UInt8], collection: String) throws -> Bool {
+        try store.takeSentUnserved(peer: peer, collection: collection)
+    }
 }
 
 /// Keeps what the host sends to each link: the `upTo` of each batch not yet taken, and whether a

@@ -1206,6 +1206,8 @@ public struct Replicator: Sendable {
         }
         var next: [UTF8Key: Served] = [:]
         var regressed: Int64?
+        // Collections of the query subscriptions served from now on (``ReplicatorDirective/servedQuery(_:peer:collection:)``).
+        var queried: Set<UTF8Key> = []
         let peerKey = sessions[link]!.peerKey
         for sub in accepted {
             let key = UTF8Key(sub.spec.key)
@@ -1266,6 +1268,9 @@ public struct Replicator: Sendable {
             switch query(for: sub.spec) {
             case .ready(let q):
                 served.query = q
+                if !sub.spec.isWholeCollection, Refetch.ids(of: sub.spec) == nil {
+                    queried.insert(UTF8Key(sub.spec.collection))
+                }
             case .failed(let reason):
                 served.failure = reason
                 served.retryable = false
@@ -1276,6 +1281,11 @@ public struct Replicator: Sendable {
         }
         sessions[link]!.served = next
         sessions[link]!.remoteSubscriptions = subs
+        // What the peer sent while served nothing in the collection is asked for again, to be
+        // recorded in these subscriptions' scopes (DocumentStore+Scope.swift).
+        for collection in queried.sorted() {
+            directives.append(.servedQuery(link, peer: peerKey, collection: collection.string))
+        }
         if let since = regressed { directives += logRegressed(since, peer: sessions[link]!.address, now: now) }
         directives += updateAsked(except: link, now: now)
         directives += scanAll(link, now: now)
@@ -1300,13 +1310,24 @@ public struct Replicator: Sendable {
         ]
         guard !s.floorResynced.contains(collection) else { return directives }
         sessions[link]!.floorResynced.insert(collection)
-        for key in (checkpointCache[s.peerKey] ?? [:]).keys where askedCollection(key.string) == collection {
+        return directives + askAgainFromStart(link, collection: collection.string, now: now)
+    }
+
+    /// Asks the peer on `link` again from the start (`since` 0, each a new `gen`, as after a
+    /// postponed batch) for this node's subscriptions to `collection`: the peer sends everything
+    /// it holds of the collection again, which merges here like any batch (mostly without effect).
+    /// For ``ReplicatorDirective/servedQuery(_:peer:collection:)`` (the store has moved the
+    /// checkpoints back to 0), and for a peer whose checkpoint was below this log's retained floor.
+    public mutating func askAgainFromStart(_ link: LinkID, collection: String, now: Millis) -> [ReplicatorDirective] {
+        guard let s = sessions[link], s.phase == .established else { return [] }
+        let name = UTF8Key(collection)
+        for key in (checkpointCache[s.peerKey] ?? [:]).keys where askedCollection(key.string) == name {
             checkpointCache[s.peerKey]![key]!.seq = 0
         }
-        for key in s.asked.keys where askedCollection(key.string) == collection {
+        for key in s.asked.keys where askedCollection(key.string) == name {
             sessions[link]!.resyncs[key, default: 0] &+= 1
         }
-        return directives + sendAsked(link, now: now)
+        return sendAsked(link, now: now)
     }
 
     private mutating func logRegressed(_ since: Int64, peer: String, now: Millis) -> [ReplicatorDirective] {
@@ -1418,6 +1439,10 @@ public struct Replicator: Sendable {
             return !served[key]!.forbidden && !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection)
                 ? spec : nil
         }
+        // Served nothing in the collection: the store notes that it sent documents there, to ask
+        // for them again if it subscribes with a query (a whole-collection subscriber gets every
+        // change anyway).
+        let servedHere = served.values.contains { UTF8Key.equal($0.spec.collection, collection) }
         directives.append(
             .apply(
                 link,
@@ -1426,7 +1451,7 @@ public struct Replicator: Sendable {
                     peerEpoch: remote.epoch,
                     documents: accepted, upTo: upTo,
                     storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
-                    heldBy: holders)))
+                    heldBy: holders, unserved: !servedHere)))
         if refetched, refetching[UTF8Key(collection)]?.missing.isEmpty == true {
             refetching[UTF8Key(collection)] = nil  // every evicted document is back
             directives += updateAsked(now: now)

@@ -170,6 +170,10 @@ public struct ApplyRequest: Sendable, Equatable {
     /// The query subscriptions this node serves to the sender in the batch's collection: the
     /// sender holds every document it sent, so later changes to them must reach it.
     public var heldBy: [SubscriptionSpec] = []
+    /// This node serves the sender no subscription in the batch's collection: no scope can
+    /// record that the sender holds these documents, so the store notes that it sent some there
+    /// (``ReplicatorDirective/servedQuery(_:peer:collection:)``).
+    public var unserved = false
 }
 
 /// What the shell must do, in order.
@@ -196,6 +200,13 @@ public enum ReplicatorDirective: Sendable, Equatable {
     case retryDeferred
     /// Report this event in the node's log.
     case log(String)
+    /// The peer on the link (key `peer`) is served a query subscription in `collection` for the
+    /// first time on this connection. If the store noted that it sent documents there while
+    /// served nothing (``ApplyRequest/unserved``), forget the note, store this node's checkpoints
+    /// on its log for that collection as `seq` 0, and call
+    /// ``Replicator/askAgainFromStart(_:collection:now:)``: what it holds comes again and is
+    /// recorded in its query subscriptions' scopes. Nothing otherwise.
+    case servedQuery(LinkID, peer: [UInt8], collection: String)
     /// The site pins changed (a site ID was pinned to a peer key, or old pins were dropped):
     /// persist them, in this order (oldest first), as ``ReplicatorConfiguration/sitePins`` takes
     /// them back at the next start.
