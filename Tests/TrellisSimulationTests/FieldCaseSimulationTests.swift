@@ -696,20 +696,28 @@ import TrellisSimulation
         high.cancel()
     }
 
-    /// F20 for a subscription that comes after the writes: B writes d9 {v: 2}, which A (a whole
-    /// subscriber of B) merges; only then does B subscribe to `v >= 5` of A. A changes d9 to v: 3.
-    /// B holds d9, so the change must reach it although it never matched B's query. A merged d9
-    /// while it served B nothing in `items`, so nothing recorded that B holds it: B kept v: 2.
-    /// A now records it under B, and B's query subscription takes the record over once served.
-    @Test func aDocumentSentBeforeTheSubscriptionComesBackChanged() throws {
-        let mesh = try Mesh(seed: 124, nodes: 1)
+    /// A (a whole subscriber of B) and B, connected; B writes d9 {v: 2} while it subscribes to
+    /// nothing, and A merges it.
+    static func aWriterBeforeItSubscribes(seed: UInt64) throws -> (Mesh, SimulatedNode, SimulatedNode) {
+        let mesh = try Mesh(seed: seed, nodes: 1)
         let a = mesh[0]
         let b = try mesh.sim.addNode()
         try mesh.subscribe(a, "items")
         mesh.sim.connect(b, a)
         try b.store.collection("items").upsert(["_id": "d9", "v": 2])
         try mesh.sim.runUntilQuiet()
-        #expect(try Self.get(a, "d9")?["v"] == 2)
+        #expect(try get(a, "d9")?["v"] == 2)
+        return (mesh, a, b)
+    }
+
+    /// F20 for a subscription that comes after the writes: B writes d9 {v: 2}, which A (a whole
+    /// subscriber of B) merges; only then does B subscribe to `v >= 5` of A. A changes d9 to v: 3.
+    /// B holds d9, so the change must reach it although it never matched B's query. A merged d9
+    /// while it served B nothing in `items`, so nothing recorded that B holds it: B kept v: 2.
+    /// Now A notes that B sent documents while served nothing, and asks B for them again once
+    /// B's query subscription is served (docs/PROTOCOL.md §2 step 5).
+    @Test func aDocumentSentBeforeTheSubscriptionComesBackChanged() throws {
+        let (mesh, a, b) = try Self.aWriterBeforeItSubscribes(seed: 124)
         let high = try b.store.collection("items").find("v >= 5").subscribe()
         try mesh.sim.runUntilQuiet()
         _ = try a.store.collection("items").findByID("d9").update { $0?["v"].set(3) }
@@ -720,18 +728,11 @@ import TrellisSimulation
         high.cancel()
     }
 
-    /// The same across restarts and a new connection: A merges B's d9 while it serves B nothing,
-    /// restarts; B subscribes to `v >= 5` while apart, and they meet again. A's record of what
-    /// B sent is stored, so B's subscription takes it over on the new connection.
+    /// The same across a restart and a new connection: A merges B's d9 while it serves B
+    /// nothing, and restarts; B subscribes to `v >= 5` while apart, and they meet again. A's note
+    /// is stored, so it asks B again on the new connection.
     @Test func aDocumentSentBeforeASubscriptionComesBackChangedAfterARestart() throws {
-        let mesh = try Mesh(seed: 125, nodes: 1)
-        let a = mesh[0]
-        let b = try mesh.sim.addNode()
-        try mesh.subscribe(a, "items")
-        mesh.sim.connect(b, a)
-        try b.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try mesh.sim.runUntilQuiet()
-        #expect(try Self.get(a, "d9")?["v"] == 2)
+        let (mesh, a, b) = try Self.aWriterBeforeItSubscribes(seed: 125)
         mesh.sim.setLink(a, b, up: false)
         mesh.sim.crash(a)
         try mesh.sim.restart(a)
