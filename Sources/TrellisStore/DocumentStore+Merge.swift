@@ -73,9 +73,10 @@ extension DocumentStore {
     ///     every document it sends, so the store records them in those subscriptions' scope and
     ///     later changes to them go back to the peer even when its queries do not match them
     ///     (DocumentStore+Scope.swift).
-    ///   - unserved: this node serves the peer no subscription in the documents' collection, so
-    ///     no scope can record that the peer holds them: the store notes that it sent some there
-    ///     (``takeSentUnserved(peer:collection:)``).
+    ///   - unserved: this node serves the peer no query subscription in the documents'
+    ///     collection, so no scope records that the peer holds them: the store notes that it
+    ///     sent some there after the checkpoint this batch moves on from
+    ///     (``servedQueries(peer:subscriptions:askAgain:)``).
     /// - Throws: ``StoreError/deferredLimit(_:)`` when the documents deferred from this peer would
     ///   exceed ``StoreOptions/maxDeferredDocumentsPerPeer`` or
     ///   ``StoreOptions/maxDeferredBytesPerPeer``; ``StoreError`` for SQLite errors. Nothing of the
@@ -138,7 +139,14 @@ extension DocumentStore {
                             entered = try recordHeld(&s, remote.collection, key, by: spec) || entered
                         }
                         if unserved, noted != remote.collection {
-                            try noteSentUnserved(&s, peer, remote.collection)
+                            // The batch's documents come after the checkpoint it moves on from.
+                            var since: Int64 = 0
+                            if let (subscription, cp) = checkpoint,
+                                let stored = try storedCheckpoint(&s, peer, subscription), stored.epoch == cp.epoch
+                            {
+                                since = stored.seq
+                            }
+                            try noteUnrecorded(&s, peer, remote.collection, since: since)
                             noted = remote.collection
                         }
                         // It entered a scope with an older state than this node's, at a row the
@@ -597,14 +605,16 @@ extension DocumentStore {
 
     /// The checkpoint stored for a peer and subscription, if any.
     public func checkpoint(peer: [UInt8], subscription: String) throws(StoreError) -> Checkpoint? {
-        try withState { s -> Checkpoint? in
-            let st = try s.db.prepare("SELECT epoch, seq FROM checkpoints WHERE peer = ? AND subscription = ?")
-            st.bind(1, peer)
-            st.bind(2, subscription)
-            defer { st.reset() }
-            guard try st.step() else { return nil }
-            return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
-        }
+        try withState { s -> Checkpoint? in try storedCheckpoint(&s, peer, subscription) }
+    }
+
+    func storedCheckpoint(_ s: inout State, _ peer: [UInt8], _ subscription: String) throws -> Checkpoint? {
+        let st = try s.db.prepare("SELECT epoch, seq FROM checkpoints WHERE peer = ? AND subscription = ?")
+        st.bind(1, peer)
+        st.bind(2, subscription)
+        defer { st.reset() }
+        guard try st.step() else { return nil }
+        return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
     }
 
     /// Every checkpoint stored for a peer, by subscription key.

@@ -1,6 +1,6 @@
 internal import CSQLite
 import Foundation
-import TrellisCore
+public import TrellisCore
 
 // Scope tracking: which documents a query subscription may hold although they no longer match it.
 //
@@ -16,14 +16,18 @@ import TrellisCore
 // every document, so it gets every tombstone and needs no record. And a peer holds what it sent:
 // a document merged from a peer is recorded in the scope of that peer's query subscriptions too,
 // so a change made elsewhere to a document it wrote outside its own query reaches it as well.
-// A peer served nothing in the collection when it sent documents (it writes there before it
-// subscribes, or never does) has no query subscription to record them under: the store notes only
-// that it sent some (`sent_unserved`, one row per peer and collection, nothing per document), and
-// when one of its query subscriptions there is first served on a connection, the node asks it for
-// the collection again from the start (`takeSentUnserved`), so what it holds comes again and is
-// recorded then. A row per document would cost a one-way replication a third of its speed.
+// A peer served no query subscription in the collection when it sent documents (it writes there
+// before it subscribes, or subscribes to the whole collection, or only writes) has none to record
+// them under: the store notes only that it sent some, and after which `seq` of its log (the table
+// `unrecorded`, one row per peer and collection, nothing per document). When query subscriptions
+// of the peer's are served there and no whole-collection one, the node asks it for the collection
+// again from that point (`servedQueries`), so what it sent comes again and is recorded then. A
+// row per document instead would cost a one-way replication a third of its speed. And the store
+// remembers which query subscriptions of each peer's hold its records (`held_through`): when the
+// peer is served others instead (on this connection or a later one), what those recorded is
+// copied to the new ones.
 
-/// A peer and a collection (``DocumentStore/takeSentUnserved(peer:collection:)``).
+/// A peer and a collection (the `unrecorded` and `held_through` tables, ``DocumentStore/servedQueries(peer:subscriptions:askAgain:)``).
 struct PeerCollection: Hashable, Sendable {
     var peer: [UInt8]
     var collection: UTF8Key
@@ -142,63 +146,143 @@ extension DocumentStore {
             sub INTEGER NOT NULL,
             PRIMARY KEY(collection, id, sub)
         ) WITHOUT ROWID;
-        CREATE TABLE IF NOT EXISTS sent_unserved(
+        CREATE TABLE IF NOT EXISTS unrecorded(
             peer BLOB NOT NULL,
             collection TEXT NOT NULL,
+            since INTEGER NOT NULL,
             PRIMARY KEY(peer, collection)
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS held_through(
+            peer BLOB NOT NULL,
+            collection TEXT NOT NULL,
+            sub INTEGER NOT NULL,
+            PRIMARY KEY(peer, collection, sub)
         ) WITHOUT ROWID;
         """
 
-    /// The peers, by collection, that sent documents while served nothing there (``State/sentUnserved``).
-    static func loadSentUnserved(_ db: Connection) throws -> Set<PeerCollection> {
-        guard try hasTable(db, "sent_unserved") else { return [] }
-        let st = try db.prepare("SELECT peer, collection FROM sent_unserved")
+    /// The notes of documents peers hold that no scope records, with the `seq` of the peer's log
+    /// they begin after (``State/unrecorded``).
+    static func loadUnrecorded(_ db: Connection) throws -> [PeerCollection: Int64] {
+        guard try hasTable(db, "unrecorded") else { return [:] }
+        let st = try db.prepare("SELECT peer, collection, since FROM unrecorded")
         defer { st.reset() }
-        var out: Set<PeerCollection> = []
+        var out: [PeerCollection: Int64] = [:]
         while try st.step() {
-            out.insert(PeerCollection(peer: st.bytes(0) ?? [], collection: UTF8Key(st.string(1) ?? "")))
+            out[PeerCollection(peer: st.bytes(0) ?? [], collection: UTF8Key(st.string(1) ?? ""))] = st.int64(2)
         }
         return out
     }
 
-    /// Notes, in the merge's transaction, that `peer` sent a document of `collection` while this
-    /// node served it nothing there. One indexed insert the first time; nothing after.
-    func noteSentUnserved(_ s: inout State, _ peer: [UInt8], _ collection: String) throws {
-        let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
-        guard !s.sentUnserved.contains(entry) else { return }
-        let st = try s.db.prepare("INSERT OR IGNORE INTO sent_unserved(peer, collection) VALUES (?, ?)")
-        st.bind(1, peer)
-        st.bind(2, collection)
-        try st.run()
-        s.sentUnserved.insert(entry)
+    /// The query subscriptions, per peer and collection, whose scopes record what the peer holds
+    /// (``State/heldThrough``).
+    static func loadHeldThrough(_ db: Connection) throws -> [PeerCollection: Set<Int64>] {
+        guard try hasTable(db, "held_through") else { return [:] }
+        let st = try db.prepare("SELECT peer, collection, sub FROM held_through")
+        defer { st.reset() }
+        var out: [PeerCollection: Set<Int64>] = [:]
+        while try st.step() {
+            out[PeerCollection(peer: st.bytes(0) ?? [], collection: UTF8Key(st.string(1) ?? "")), default: []]
+                .insert(st.int64(2))
+        }
+        return out
     }
 
-    /// Called when `peer` is first served a query subscription in `collection` on a connection.
-    /// When it sent documents there while served nothing (noted by a merge), the note goes and
-    /// this node's checkpoints on the peer's log for that collection go back to `seq` 0, in one
-    /// transaction: the node then asks the peer for the collection again from the start, and
-    /// what the peer holds comes again, recorded in its query subscriptions' scopes (a stop
-    /// before that answer resumes from 0 as well).
-    ///
-    /// - Returns: whether the peer had sent documents so (the caller asks again).
-    /// - Throws: ``StoreError`` for SQLite errors; nothing changes then.
-    /// - Complexity: O(1) without a note; else O(k log n) for the k checkpoints of the collection.
-    public func takeSentUnserved(peer: [UInt8], collection: String) throws(StoreError) -> Bool {
+    /// Notes that `peer` holds documents of `collection` that no scope records, sent after `seq`
+    /// `since` of its log (an earlier note keeps the lower `since`). One indexed write when the
+    /// note is new or moves back; nothing otherwise.
+    func noteUnrecorded(_ s: inout State, _ peer: [UInt8], _ collection: String, since: Int64) throws {
         let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
-        guard !options.readOnly, try withState({ s in s.sentUnserved.contains(entry) }) else { return false }
-        return try write { s in
-            guard s.sentUnserved.contains(entry) else { return false }
-            for sql in [
-                "DELETE FROM sent_unserved WHERE peer = ? AND collection = ?",
-                "UPDATE checkpoints SET seq = 0 WHERE peer = ? AND collection = ?",
-            ] {
-                let st = try s.db.prepare(sql)
-                st.bind(1, peer)
-                st.bind(2, collection)
-                try st.run()
+        if let noted = s.unrecorded[entry], noted <= since { return }
+        let st = try s.db.prepare("INSERT OR REPLACE INTO unrecorded(peer, collection, since) VALUES (?, ?, ?)")
+        st.bind(1, peer)
+        st.bind(2, collection)
+        st.bind(3, since)
+        try st.run()
+        s.unrecorded[entry] = since
+    }
+
+    /// `peer` is served the query subscriptions `subscriptions` (of one collection) on a new
+    /// connection, or its set of them there changed. Keeps what it holds recorded in their
+    /// scopes, in one transaction: what the scopes of the query subscriptions it was served there
+    /// before hold (the `held_through` table, kept across restarts and connections) is recorded
+    /// in theirs, and theirs are remembered in its place. With `askAgain` (the caller serves the
+    /// peer no whole-collection subscription there and asks it for something there), and when
+    /// the peer sent documents while no query subscription of its was served (``noteUnrecorded``),
+    /// that note goes, and this node's checkpoints on the peer's log for the collection go back to
+    /// where it began: the returned `seq`, from which the node asks the peer for the collection
+    /// again, so what it sent since comes again and is recorded in these scopes (a stop before
+    /// that answer resumes from there as well).
+    ///
+    /// - Returns: the `seq` of the peer's log to ask from, or `nil` when nothing needs asking.
+    /// - Throws: ``StoreError`` for SQLite errors; nothing changes then.
+    /// - Complexity: O(s) in memory when the set is the one remembered and nothing is noted; else
+    ///   O(r log n) for the r scope records and checkpoints of the collection.
+    public func servedQueries(peer: [UInt8], subscriptions: [SubscriptionSpec], askAgain: Bool)
+        throws(StoreError) -> Int64?
+    {
+        let queries = subscriptions.filter { !$0.isWholeCollection }
+        guard !options.readOnly, let collection = queries.first?.collection else { return nil }
+        let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
+        let current = Set(queries.map(\.scopeHash))
+        let unchanged = try withState { s in
+            s.heldThrough[entry] == current && (!askAgain || s.unrecorded[entry] == nil)
+        }
+        if unchanged { return nil }
+        return try write { s -> Int64? in
+            let held = s.heldThrough[entry] ?? []
+            let dropped = held.subtracting(current)
+            if !dropped.isEmpty {
+                // What it held through subscriptions it is no longer served, it still holds.
+                try copyScopes(&s, from: dropped.sorted().map { (collection, $0) }, to: queries)
+                let forget = try s.db.prepare("DELETE FROM held_through WHERE peer = ? AND collection = ? AND sub = ?")
+                for hash in dropped.sorted() {
+                    forget.reset()
+                    forget.bind(1, peer)
+                    forget.bind(2, collection)
+                    forget.bind(3, hash)
+                    try forget.run()
+                }
             }
-            s.sentUnserved.remove(entry)
-            return true
+            let remember = try s.db.prepare(
+                "INSERT OR IGNORE INTO held_through(peer, collection, sub) VALUES (?, ?, ?)")
+            for hash in current.subtracting(held).sorted() {
+                remember.reset()
+                remember.bind(1, peer)
+                remember.bind(2, collection)
+                remember.bind(3, hash)
+                try remember.run()
+            }
+            s.heldThrough[entry] = current
+            guard askAgain, let since = s.unrecorded[entry] else { return nil }
+            let forget = try s.db.prepare("DELETE FROM unrecorded WHERE peer = ? AND collection = ?")
+            forget.bind(1, peer)
+            forget.bind(2, collection)
+            try forget.run()
+            let rewind = try s.db.prepare(
+                "UPDATE checkpoints SET seq = min(seq, ?) WHERE peer = ? AND collection = ?")
+            rewind.bind(1, since)
+            rewind.bind(2, peer)
+            rewind.bind(3, collection)
+            try rewind.run()
+            s.unrecorded[entry] = nil
+            return since
+        }
+    }
+
+    private func copyScopes(_ s: inout State, from: [(collection: String, hash: Int64)], to: [SubscriptionSpec]) throws
+    {
+        let copy = try s.db.prepare(
+            "INSERT OR IGNORE INTO scopes(collection, id, sub) "
+                + "SELECT collection, id, ? FROM scopes WHERE collection = ? AND sub = ?")
+        for source in from {
+            for target in to
+            where UTF8Key.equal(source.collection, target.collection) && target.scopeHash != source.hash {
+                copy.reset()
+                copy.bind(1, target.scopeHash)
+                copy.bind(2, source.collection)
+                copy.bind(3, source.hash)
+                try copy.run()
+            }
         }
     }
 

@@ -375,9 +375,12 @@ public final class DocumentStore: Sendable {
         /// When each served subscription was last recorded as used (ms), this run.
         var servedUsed: [Int64: UInt64] = [:]
         var servedCount = 0
-        /// The peers that sent documents of a collection while this node served them nothing
-        /// there (the `sent_unserved` table, DocumentStore+Scope.swift).
-        var sentUnserved: Set<PeerCollection> = []
+        /// Per peer and collection, the `seq` of the peer's log after which it sent documents
+        /// that no scope records (the `unrecorded` table, DocumentStore+Scope.swift).
+        var unrecorded: [PeerCollection: Int64] = [:]
+        /// Per peer and collection, the query subscriptions whose scopes record what the peer
+        /// holds although it is no longer served them (the `held_through` table).
+        var heldThrough: [PeerCollection: Set<Int64>] = [:]
         /// The number of rows in the `reaped` table (0 lets merges skip looking there).
         var reapedRows = 0
 
@@ -531,7 +534,8 @@ public final class DocumentStore: Sendable {
             state.nulCollections = try Self.loadNULCollections(db, readOnly: options.readOnly)
             state.servedScopes = try Self.loadServedScopes(db)
             state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }
-            state.sentUnserved = try Self.loadSentUnserved(db)
+            state.unrecorded = try Self.loadUnrecorded(db)
+            state.heldThrough = try Self.loadHeldThrough(db)
             if try Self.hasTable(db, "deferred") {
                 let count = try db.prepare("SELECT count(*) FROM deferred")
                 _ = try count.step()

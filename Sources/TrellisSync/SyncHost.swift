@@ -30,10 +30,13 @@ public protocol SyncStore: AnyObject, Sendable {
     ///
     /// - Returns: whether more are waiting.
     func reapTombstones(limit: Int) throws -> Bool
-    /// Whether `peer` sent documents of `collection` while served nothing there; if so, forgets
-    /// it and moves the checkpoints on that peer's log for the collection back to 0
-    /// (``ReplicatorDirective/servedQuery(_:peer:collection:)``).
-    func takeSentUnserved(peer: [UInt8], collection: String) throws -> Bool
+    /// Keeps what `peer` holds recorded in the scopes of the query subscriptions it is now
+    /// served in their collection, and with `askAgain` takes the note of what it sent unrecorded
+    /// (``ReplicatorDirective/servedQueries(_:peer:subscriptions:askAgain:)``).
+    ///
+    /// - Returns: the `seq` of the peer's log to ask it again from, if it sent documents no
+    ///   scope recorded and `askAgain` is set.
+    func servedQueries(peer: [UInt8], subscriptions: [SubscriptionSpec], askAgain: Bool) throws -> Int64?
     /// Starts a new epoch and site ID (the store's log rotation).
     ///
     /// - Returns: the log after the rotation.
@@ -362,13 +365,13 @@ public final class SyncHost {
                 }
             case .log(let message):
                 log(message)
-            case .servedQuery(let link, let peer, let collection):
+            case .servedQueries(let link, let peer, let subscriptions, let askAgain):
+                let collection = subscriptions.first?.collection ?? ""
                 do {
-                    if try store.takeSentUnserved(peer: peer, collection: collection) {
-                        more = replicator.askAgainFromStart(link, collection: collection, now: now())
-                    }
+                    let since = try store.servedQueries(peer: peer, subscriptions: subscriptions, askAgain: askAgain)
+                    if let since { more = replicator.askAgain(link, collection: collection, from: since, now: now()) }
                 } catch {
-                    log("checking what a peer sent in '\(collection)' before it subscribed failed: \(error)")
+                    log("recording what a peer holds in '\(collection)' failed: \(error)")
                 }
             case .saveSitePins(let pins):
                 do { try saveSitePins?(pins) } catch { log("saving the site pins failed: \(error)") }

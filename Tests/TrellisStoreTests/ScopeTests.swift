@@ -90,32 +90,61 @@ extension ScopeTests {
 }
 
 extension ScopeTests {
-    /// A peer served nothing in a collection when it sent documents there: the store notes it
-    /// once (not per document), keeps the note across a restart, and hands it over once, with the
-    /// checkpoints on that peer's log for the collection back at 0 and the others left alone.
+    /// A peer served no query subscription in a collection when it sent documents there: the
+    /// store notes it once (not per document), from the checkpoint the first such batch moved on
+    /// from, keeps the note across a restart, and hands it over once, with the checkpoints on
+    /// that peer's log for the collection moved back there and the others left alone.
     @Test func aPeerThatSentWhileServedNothingIsNotedOnce() throws {
         let source = try openStore(dir, "h.sqlite", clock: clock)
         try source.upsert(["_id": "t1", "assignee": "you"], in: "tasks")
+        let (tasks, notes) = (SubscriptionSpec.all("tasks").key, SubscriptionSpec.all("notes").key)
+        let mine = SubscriptionSpec(collection: "tasks", query: "assignee == 'me'")
         let epoch = source.epoch
         do {
             let store = try openStore(dir, "i.sqlite", clock: clock)
+            _ = try store.merge([], from: [7], checkpoint: (subscription: tasks, Checkpoint(epoch: epoch, seq: 3)))
             _ = try store.merge(
                 try batch(of: source, "tasks"), from: [7],
-                checkpoint: (subscription: SubscriptionSpec.all("tasks").key, Checkpoint(epoch: epoch, seq: 1)),
+                checkpoint: (subscription: tasks, Checkpoint(epoch: epoch, seq: 5)),
                 unserved: true)
             _ = try store.merge(
-                [], from: [7],
-                checkpoint: (subscription: SubscriptionSpec.all("notes").key, Checkpoint(epoch: epoch, seq: 1)))
+                try batch(of: source, "tasks"), from: [7],
+                checkpoint: (subscription: tasks, Checkpoint(epoch: epoch, seq: 9)),
+                unserved: true)
+            _ = try store.merge([], from: [7], checkpoint: (subscription: notes, Checkpoint(epoch: epoch, seq: 1)))
             _ = try store.merge(try batch(of: source, "tasks"), from: [8], checkpoint: nil)
-            #expect(try !store.takeSentUnserved(peer: [8], collection: "tasks"))  // it was served
+            #expect(try store.servedQueries(peer: [8], subscriptions: [mine], askAgain: true) == nil)  // it was served
             store.close()
         }
         let store = try openStore(dir, "i.sqlite", clock: clock)
-        #expect(try !store.takeSentUnserved(peer: [7], collection: "notes"))
-        #expect(try store.takeSentUnserved(peer: [7], collection: "tasks"))
-        #expect(try store.checkpoint(peer: [7], subscription: SubscriptionSpec.all("tasks").key)?.seq == 0)
-        #expect(try store.checkpoint(peer: [7], subscription: SubscriptionSpec.all("notes").key)?.seq == 1)
-        #expect(try !store.takeSentUnserved(peer: [7], collection: "tasks"))  // handed over once
+        #expect(
+            try store.servedQueries(
+                peer: [7], subscriptions: [SubscriptionSpec(collection: "notes", query: "x == 1")], askAgain: true)
+                == nil)
+        #expect(try store.servedQueries(peer: [7], subscriptions: [mine], askAgain: true) == 3)
+        #expect(try store.checkpoint(peer: [7], subscription: tasks)?.seq == 3)
+        #expect(try store.checkpoint(peer: [7], subscription: notes)?.seq == 1)
+        #expect(try store.servedQueries(peer: [7], subscriptions: [mine], askAgain: true) == nil)  // handed over once
+    }
+
+    /// What a peer held through a query subscription it is no longer served, the ones it is
+    /// served instead hold too, on this connection or a later one: the records are copied once.
+    @Test func heldDocumentsPassToTheNextSubscriptionsServed() throws {
+        let store = try openStore(dir, "j.sqlite", clock: clock)
+        let source = try openStore(dir, "k.sqlite", clock: clock)
+        let (mine, theirs) = (
+            SubscriptionSpec(collection: "tasks", query: "assignee == 'me'"),
+            SubscriptionSpec(collection: "tasks", query: "assignee == 'them'")
+        )
+        try source.upsert(["_id": "t1", "assignee": "you"], in: "tasks")
+        #expect(try store.servedQueries(peer: [7], subscriptions: [mine], askAgain: false) == nil)
+        _ = try store.merge(try batch(of: source, "tasks"), from: [7], checkpoint: nil, heldBy: [mine])
+        #expect(try served(store, theirs).isEmpty)
+        store.close()
+        let reopened = try openStore(dir, "j.sqlite", clock: clock)
+        #expect(try reopened.servedQueries(peer: [7], subscriptions: [theirs], askAgain: true) == nil)
+        #expect(try served(reopened, theirs) == ["t1"])
+        #expect(try reopened.servedQueries(peer: [8], subscriptions: [mine], askAgain: false) == nil)
     }
 }
 

@@ -88,8 +88,8 @@ private final class CostlyStore: SyncStore {
     }
     func reapTombstones(limit: Int) throws -> Bool { try store.reapTombstones(limit: limit) }
     func rotatedLog(reason: String) throws -> LocalLog { try store.rotatedLog(reason: reason) }
-    func takeSentUnserved(peer: [UInt8], collection: String) throws -> Bool {
-        try store.takeSentUnserved(peer: peer, collection: collection)
+    func servedQueries(peer: [UInt8], subscriptions: [SubscriptionSpec], askAgain: Bool) throws -> Int64? {
+        try store.servedQueries(peer: peer, subscriptions: subscriptions, askAgain: askAgain)
     }
 }
 

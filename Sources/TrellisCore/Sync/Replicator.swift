@@ -1206,8 +1206,8 @@ public struct Replicator: Sendable {
         }
         var next: [UTF8Key: Served] = [:]
         var regressed: Int64?
-        // Collections of the query subscriptions served from now on (``ReplicatorDirective/servedQuery(_:peer:collection:)``).
-        var queried: Set<UTF8Key> = []
+        // Collections of the query subscriptions served from now on (``heldAfterServing(_:next:newlyQueried:)``).
+        var newlyQueried: Set<UTF8Key> = []
         let peerKey = sessions[link]!.peerKey
         for sub in accepted {
             let key = UTF8Key(sub.spec.key)
@@ -1269,7 +1269,7 @@ public struct Replicator: Sendable {
             case .ready(let q):
                 served.query = q
                 if !sub.spec.isWholeCollection, Refetch.ids(of: sub.spec) == nil {
-                    queried.insert(UTF8Key(sub.spec.collection))
+                    newlyQueried.insert(UTF8Key(sub.spec.collection))
                 }
             case .failed(let reason):
                 served.failure = reason
@@ -1279,13 +1279,9 @@ public struct Replicator: Sendable {
             }
             next[key] = served
         }
+        directives += heldAfterServing(link, next: next, newlyQueried: newlyQueried)
         sessions[link]!.served = next
         sessions[link]!.remoteSubscriptions = subs
-        // What the peer sent while served nothing in the collection is asked for again, to be
-        // recorded in these subscriptions' scopes (DocumentStore+Scope.swift).
-        for collection in queried.sorted() {
-            directives.append(.servedQuery(link, peer: peerKey, collection: collection.string))
-        }
         if let since = regressed { directives += logRegressed(since, peer: sessions[link]!.address, now: now) }
         directives += updateAsked(except: link, now: now)
         directives += scanAll(link, now: now)
@@ -1310,19 +1306,65 @@ public struct Replicator: Sendable {
         ]
         guard !s.floorResynced.contains(collection) else { return directives }
         sessions[link]!.floorResynced.insert(collection)
-        return directives + askAgainFromStart(link, collection: collection.string, now: now)
+        return directives + askAgain(link, collection: collection.string, from: 0, now: now)
     }
 
-    /// Asks the peer on `link` again from the start (`since` 0, each a new `gen`, as after a
-    /// postponed batch) for this node's subscriptions to `collection`: the peer sends everything
-    /// it holds of the collection again, which merges here like any batch (mostly without effect).
-    /// For ``ReplicatorDirective/servedQuery(_:peer:collection:)`` (the store has moved the
-    /// checkpoints back to 0), and for a peer whose checkpoint was below this log's retained floor.
-    public mutating func askAgainFromStart(_ link: LinkID, collection: String, now: Millis) -> [ReplicatorDirective] {
+    /// What this node knows the peer on `link` holds, kept as its served set changes from the
+    /// current one to `next` (DocumentStore+Scope.swift): in each collection where the peer's
+    /// query subscriptions are new on the connection or changed, the store keeps what it holds
+    /// recorded in their scopes (``ReplicatorDirective/servedQueries(_:peer:subscriptions:askAgain:)``),
+    /// and asks it again for what it sent while no query subscription recorded it, where no
+    /// whole-collection subscription of its is served (newly so, or that one just went) and this
+    /// node asks it for something there.
+    private func heldAfterServing(_ link: LinkID, next: [UTF8Key: Served], newlyQueried: Set<UTF8Key>)
+        -> [ReplicatorDirective]
+    {
+        guard let s = sessions[link] else { return [] }
+        let (before, after) = (Self.queries(s.served), Self.queries(next))
+        let (wholeBefore, wholeAfter) = (Self.wholeCollections(s.served), Self.wholeCollections(next))
+        var directives: [ReplicatorDirective] = []
+        for (collection, specs) in after.sorted(by: { $0.key < $1.key }) {
+            let changed = newlyQueried.contains(collection) || Set(before[collection] ?? []) != Set(specs)
+            let uncovered = !wholeAfter.contains(collection)
+            guard changed || (wholeBefore.contains(collection) && uncovered) else { continue }
+            let asksHere = s.asked.keys.contains { askedCollection($0.string) == collection }
+            directives.append(
+                .servedQueries(link, peer: s.peerKey, subscriptions: specs, askAgain: uncovered && asksHere))
+        }
+        return directives
+    }
+
+    /// The query subscriptions of a served set that record what the peer holds, by collection.
+    private static func queries(_ set: [UTF8Key: Served]) -> [UTF8Key: [SubscriptionSpec]] {
+        var out: [UTF8Key: [SubscriptionSpec]] = [:]
+        for key in set.keys.sorted() {
+            let served = set[key]!
+            guard !served.forbidden, served.query != nil, !served.spec.isWholeCollection,
+                Refetch.ids(of: served.spec) == nil
+            else { continue }
+            out[UTF8Key(served.spec.collection), default: []].append(served.spec)
+        }
+        return out
+    }
+
+    /// The collections a served set holds a whole-collection subscription to.
+    private static func wholeCollections(_ set: [UTF8Key: Served]) -> Set<UTF8Key> {
+        Set(set.values.filter { !$0.forbidden && $0.spec.isWholeCollection }.map { UTF8Key($0.spec.collection) })
+    }
+
+    /// Asks the peer on `link` again, from `since` (or its checkpoint, if lower) and each with a
+    /// new `gen` as after a postponed batch, for this node's subscriptions to `collection`: the
+    /// peer sends again what it holds of the collection after that point, which merges here like
+    /// any batch (mostly without effect). For ``ReplicatorDirective/servedQueries(_:peer:subscriptions:askAgain:)``
+    /// (the store has moved the checkpoints back already), and from 0 for a peer whose checkpoint
+    /// was below this log's retained floor.
+    public mutating func askAgain(_ link: LinkID, collection: String, from since: Int64, now: Millis)
+        -> [ReplicatorDirective]
+    {
         guard let s = sessions[link], s.phase == .established else { return [] }
         let name = UTF8Key(collection)
         for key in (checkpointCache[s.peerKey] ?? [:]).keys where askedCollection(key.string) == name {
-            checkpointCache[s.peerKey]![key]!.seq = 0
+            checkpointCache[s.peerKey]![key]!.seq = min(checkpointCache[s.peerKey]![key]!.seq, max(0, since))
         }
         for key in s.asked.keys where askedCollection(key.string) == name {
             sessions[link]!.resyncs[key, default: 0] &+= 1
@@ -1439,10 +1481,10 @@ public struct Replicator: Sendable {
             return !served[key]!.forbidden && !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection)
                 ? spec : nil
         }
-        // Served nothing in the collection: the store notes that it sent documents there, to ask
-        // for them again if it subscribes with a query (a whole-collection subscriber gets every
-        // change anyway).
-        let servedHere = served.values.contains { UTF8Key.equal($0.spec.collection, collection) }
+        // No query subscription of the peer's served in the collection records what it sends: the
+        // store notes that it sent documents there, to ask for them again once one is served and
+        // no whole-collection subscription brings it every change (DocumentStore+Scope.swift).
+        let unserved = holders.isEmpty
         directives.append(
             .apply(
                 link,
@@ -1451,7 +1493,7 @@ public struct Replicator: Sendable {
                     peerEpoch: remote.epoch,
                     documents: accepted, upTo: upTo,
                     storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
-                    heldBy: holders, unserved: !servedHere)))
+                    heldBy: holders, unserved: unserved)))
         if refetched, refetching[UTF8Key(collection)]?.missing.isEmpty == true {
             refetching[UTF8Key(collection)] = nil  // every evicted document is back
             directives += updateAsked(now: now)
@@ -1626,7 +1668,20 @@ public struct Replicator: Sendable {
             return [send(link, .subscriptionsDigest(Self.digest(list, version: version), version: version), now)]
         }
         sessions[link]!.resumed = nil
-        return [send(link, .subscriptions(list, version: version), now)]
+        // Asking the peer in a collection again, where it holds documents no scope of its query
+        // subscriptions here records (noted while this node asked it nothing there): asked for
+        // again after this set (``heldAfterServing(_:next:newlyQueried:)``).
+        var held: [ReplicatorDirective] = []
+        if s.phase == .established {
+            let before = Set(s.asked.keys.map { askedCollection($0.string) })
+            let (queries, whole) = (Self.queries(s.served), Self.wholeCollections(s.served))
+            for collection in Set(list.map { askedCollection($0.spec.key) }).subtracting(before).sorted()
+            where !whole.contains(collection) {
+                guard let specs = queries[collection] else { continue }
+                held.append(.servedQueries(link, peer: s.peerKey, subscriptions: specs, askAgain: true))
+            }
+        }
+        return [send(link, .subscriptions(list, version: version), now)] + held
     }
 }
 

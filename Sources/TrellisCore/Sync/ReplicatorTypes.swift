@@ -170,9 +170,9 @@ public struct ApplyRequest: Sendable, Equatable {
     /// The query subscriptions this node serves to the sender in the batch's collection: the
     /// sender holds every document it sent, so later changes to them must reach it.
     public var heldBy: [SubscriptionSpec] = []
-    /// This node serves the sender no subscription in the batch's collection: no scope can
-    /// record that the sender holds these documents, so the store notes that it sent some there
-    /// (``ReplicatorDirective/servedQuery(_:peer:collection:)``).
+    /// This node serves the sender no query subscription in the batch's collection: no scope
+    /// records that the sender holds these documents, so the store notes that it sent some there,
+    /// and from which of its checkpoints (``ReplicatorDirective/servedQueries(_:peer:subscriptions:askAgain:)``).
     public var unserved = false
 }
 
@@ -200,13 +200,16 @@ public enum ReplicatorDirective: Sendable, Equatable {
     case retryDeferred
     /// Report this event in the node's log.
     case log(String)
-    /// The peer on the link (key `peer`) is served a query subscription in `collection` for the
-    /// first time on this connection. If the store noted that it sent documents there while
-    /// served nothing (``ApplyRequest/unserved``), forget the note, store this node's checkpoints
-    /// on its log for that collection as `seq` 0, and call
-    /// ``Replicator/askAgainFromStart(_:collection:now:)``: what it holds comes again and is
-    /// recorded in its query subscriptions' scopes. Nothing otherwise.
-    case servedQuery(LinkID, peer: [UInt8], collection: String)
+    /// The peer on the link (key `peer`) is served the query subscriptions `subscriptions` in
+    /// their collection (all of one collection; on a new connection, or its set there changed).
+    /// Keep in the store what it holds recorded in their scopes: what the scopes of the query
+    /// subscriptions it was served there before hold goes to theirs. With `askAgain` (no
+    /// whole-collection subscription of the peer's is served there, and this node asks it for
+    /// something there), also take the note that it sent documents no scope recorded
+    /// (``ApplyRequest/unserved``): move this node's checkpoints on its log for the collection back
+    /// to where that began and call ``Replicator/askAgain(_:collection:from:now:)`` from there,
+    /// so what it sent since comes again and is recorded.
+    case servedQueries(LinkID, peer: [UInt8], subscriptions: [SubscriptionSpec], askAgain: Bool)
     /// The site pins changed (a site ID was pinned to a peer key, or old pins were dropped):
     /// persist them, in this order (oldest first), as ``ReplicatorConfiguration/sitePins`` takes
     /// them back at the next start.
