@@ -16,6 +16,26 @@ import TrellisSimulation
         _ = try node.store.collection("items").findByID(.string(id)).update { $0?["v"].set(.int(v)) }
     }
 
+    static func subscribe(_ node: SimulatedNode, _ query: String = "true") throws -> Subscription {
+        try node.store.collection("items").find(query).subscribe()
+    }
+
+    /// `node` writes d9 {v: 2}, and the mesh goes quiet.
+    static func writeD9(_ sim: Simulation, on node: SimulatedNode) throws {
+        try node.store.collection("items").upsert(["_id": "d9", "v": 2])
+        try sim.runUntilQuiet()
+    }
+
+    /// `source` sets d9's `v`; once the mesh is quiet, `holder` must hold that value.
+    static func expectChange(
+        _ sim: Simulation, at source: SimulatedNode, reaches holder: SimulatedNode, v: Int64,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        try set(source, "d9", v)
+        try sim.runUntilQuiet()
+        #expect(try get(holder, "d9")?["v"] == .int(v), sourceLocation: sourceLocation)
+    }
+
     /// Control: N — R — P, R a pure relay (no subscription), P a whole subscriber. N writes d9
     /// {v: 2} before it subscribes; it reaches P through R. N subscribes to `v >= 5`; P changes
     /// d9. N holds d9 (it wrote it), so it must get v: 3.
@@ -25,17 +45,14 @@ import TrellisSimulation
         let r = try sim.addNode("r")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
         sim.connect(n, r)
         sim.connect(r, p)
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
+        try Self.writeD9(sim, on: n)
         #expect(try Self.get(p, "d9")?["v"] == 2)
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
         try sim.check()
         _ = subs
     }
@@ -51,21 +68,18 @@ import TrellisSimulation
         let n = try sim.addNode("n")
         let m = try sim.addNode("m")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
-        let mSub = try m.store.collection("items").find("v < 0").subscribe()
+        subs.append(try Self.subscribe(p))
+        let mSub = try Self.subscribe(m, "v < 0")
         sim.connect(n, p)
         sim.connect(m, n)
         try sim.runUntilQuiet()
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
+        try Self.writeD9(sim, on: n)
         #expect(try Self.get(p, "d9")?["v"] == 2)
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         mSub.cancel()
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
         try sim.check()
         _ = subs
     }
@@ -78,20 +92,17 @@ import TrellisSimulation
         let n = try sim.addNode("n")
         let m = try sim.addNode("m")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
-        subs.append(try m.store.collection("items").find("v < 0").subscribe())
+        subs.append(try Self.subscribe(p))
+        subs.append(try Self.subscribe(m, "v < 0"))
         sim.connect(n, p)
         sim.connect(m, n)
         try sim.runUntilQuiet()
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        try Self.writeD9(sim, on: n)
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         sim.crash(m)
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
         try sim.check()
         _ = subs
     }
@@ -106,20 +117,17 @@ import TrellisSimulation
         let r = try sim.addNode("r")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
-        let rSub = try r.store.collection("items").findAll().subscribe()
+        subs.append(try Self.subscribe(p))
+        let rSub = try Self.subscribe(r)
         sim.connect(n, r)
         sim.connect(r, p)
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
+        try Self.writeD9(sim, on: n)
         #expect(try Self.get(p, "d9")?["v"] == 2)
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         rSub.cancel()
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
         try sim.check()
         _ = subs
     }
@@ -133,21 +141,18 @@ import TrellisSimulation
         let r = try sim.addNode("r")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
-        let rSub = try r.store.collection("items").find("v < 0").subscribe()
+        subs.append(try Self.subscribe(p))
+        let rSub = try Self.subscribe(r, "v < 0")
         sim.connect(n, r)
         sim.connect(r, p)
         try sim.runUntilQuiet()
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
+        try Self.writeD9(sim, on: n)
         #expect(try Self.get(p, "d9")?["v"] == 2)
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         rSub.cancel()
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
         try sim.check()
         _ = subs
     }
@@ -161,14 +166,13 @@ import TrellisSimulation
         let p = try sim.addNode("p")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        let pSub = try p.store.collection("items").findAll().subscribe()
+        let pSub = try Self.subscribe(p)
         sim.connect(n, p)
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
+        try Self.writeD9(sim, on: n)
         #expect(try Self.get(p, "d9")?["v"] == 2)
         pSub.cancel()
         try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         try Self.set(p, "d9", 3)
         try sim.runUntilQuiet()
@@ -176,11 +180,9 @@ import TrellisSimulation
         // the note stays, untaken.
         #expect(try Self.get(n, "d9")?["v"] == 2)
         // P subscribes again (whole): the note is taken, d9 comes again, recorded.
-        subs.append(try p.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 4)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 4)
+        try Self.expectChange(sim, at: p, reaches: n, v: 4)
         try sim.check()
         _ = subs
     }
@@ -194,23 +196,20 @@ import TrellisSimulation
         let n = try sim.addNode("n")
         let w = try sim.addNode("w")
         var subs: [Subscription] = []
-        let pSub = try p.store.collection("items").findAll().subscribe()
-        subs.append(try w.store.collection("items").findAll().subscribe())
+        let pSub = try Self.subscribe(p)
+        subs.append(try Self.subscribe(w))
         sim.connect(n, p)
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
+        try Self.writeD9(sim, on: n)
         #expect(try Self.get(p, "d9")?["v"] == 2)
-        subs.append(try p.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(p, "v >= 5"))
         pSub.cancel()
         try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         // W (whole) joins P and changes d9.
         sim.connect(w, p)
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
         try sim.check()
         _ = subs
     }
@@ -224,14 +223,14 @@ import TrellisSimulation
         let p = try sim.addNode("p")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
         sim.connect(n, p)
         try n.store.collection("items").upsert((0..<500).map { ["_id": .string("d\($0)"), "v": .int(Int64($0 % 5))] })
         try sim.runUntilQuiet()
         var perCycle: [Int] = []
         for cycle in 0..<5 {
             let before = sim.documentsSent
-            let sub = try n.store.collection("items").find("v >= 5").subscribe()
+            let sub = try Self.subscribe(n, "v >= 5")
             try sim.runUntilQuiet()
             sub.cancel()
             try sim.runUntilQuiet()
@@ -250,11 +249,11 @@ import TrellisSimulation
         let p = try sim.addNode("p")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
         sim.connect(n, p)
         try n.store.collection("items").upsert((0..<500).map { ["_id": .string("d\($0)"), "v": .int(Int64($0 % 5))] })
         try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         let before = sim.documentsSent
         for i in 0..<10 {
@@ -289,23 +288,18 @@ extension HeldDocumentsSimulationTests {
         let n = try sim.addNode("n")
         let m = try sim.addNode("m")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
-        let mSub = try m.store.collection("items").find("v < 0").subscribe()
+        subs.append(try Self.subscribe(p))
+        let mSub = try Self.subscribe(m, "v < 0")
         sim.connect(n, p)
         sim.connect(m, n)
         try sim.runUntilQuiet()
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
+        try Self.writeD9(sim, on: n)
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
-        try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
         mSub.cancel()
         try sim.runUntilQuiet()
-        try Self.set(p, "d9", 4)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 4)
+        try Self.expectChange(sim, at: p, reaches: n, v: 4)
         _ = subs
     }
 
@@ -316,14 +310,14 @@ extension HeldDocumentsSimulationTests {
         let p = try sim.addNode("p")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
         sim.connect(n, p)
         try n.store.collection("items").upsert((0..<500).map { ["_id": .string("d\($0)"), "v": .int(Int64($0 % 5))] })
         try sim.runUntilQuiet()
         var perCycle: [Int] = []
         for _ in 0..<4 {
             let before = sim.documentsSent
-            let sub = try n.store.collection("items").find("v >= 5").subscribe()
+            let sub = try Self.subscribe(n, "v >= 5")
             try sim.runUntilQuiet()
             sub.cancel()
             try sim.runUntilQuiet()
@@ -341,11 +335,11 @@ extension HeldDocumentsSimulationTests {
         let p = try sim.addNode("p")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
         sim.connect(n, p)
         try n.store.collection("items").upsert((0..<20).map { ["_id": .string("d\($0)"), "v": 2] })
         try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         sim.run(for: Millis(delay))
         switch fault {
         case 0:
@@ -377,13 +371,13 @@ extension HeldDocumentsSimulationTests {
         let p = try sim.addNode("p")
         let n = try sim.addNode("n")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
         subs.append(try p.store.collection("notes").findAll().subscribe())
         sim.connect(n, p)
         try n.store.collection("items").upsert(["_id": "d9", "v": 2])
         try n.store.collection("notes").upsert(["_id": "e9", "v": 2])
         try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
         subs.append(try n.store.collection("notes").find("v >= 5").subscribe())
         try sim.runUntilQuiet()
@@ -406,22 +400,17 @@ extension HeldDocumentsSimulationTests {
         let n = try sim.addNode("n")
         let q = try sim.addNode("q")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
-        subs.append(try q.store.collection("items").findAll().subscribe())
+        subs.append(try Self.subscribe(p))
+        subs.append(try Self.subscribe(q))
         sim.connect(n, r1)
         sim.connect(r1, r2)
         sim.connect(r2, p)
         sim.connect(q, r1)
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
+        try Self.writeD9(sim, on: n)
+        subs.append(try Self.subscribe(n, "v >= 5"))
         try sim.runUntilQuiet()
-        subs.append(try n.store.collection("items").find("v >= 5").subscribe())
-        try sim.runUntilQuiet()
-        try Self.set(p, "d9", 3)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 3)
-        try Self.set(q, "d9", 4)
-        try sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 4)
+        try Self.expectChange(sim, at: p, reaches: n, v: 3)
+        try Self.expectChange(sim, at: q, reaches: n, v: 4)
         try sim.check()
         _ = subs
     }
@@ -439,8 +428,8 @@ extension HeldDocumentsSimulationTests {
         let s = try sim.addNode("s")
         let q = try sim.addNode("q")
         var subs: [Subscription] = []
-        subs.append(try p.store.collection("items").findAll().subscribe())
-        subs.append(try q.store.collection("items").find("v >= 5").subscribe())
+        subs.append(try Self.subscribe(p))
+        subs.append(try Self.subscribe(q, "v >= 5"))
         sim.connect(s, r)
         sim.connect(r, p)
         sim.connect(q, r)
@@ -470,16 +459,15 @@ extension HeldDocumentsSimulationTests {
         let sim = try Simulation(seed: 9012)
         let p = try sim.addNode("p")
         let n = try sim.addNode("n")
-        let pSub = try p.store.collection("items").findAll().subscribe()
-        var high = try n.store.collection("items").find("v >= 5").subscribe()
+        let pSub = try Self.subscribe(p)
+        var high = try Self.subscribe(n, "v >= 5")
         sim.connect(n, p)
         try sim.runUntilQuiet()
-        try n.store.collection("items").upsert(["_id": "d9", "v": 2])
-        try sim.runUntilQuiet()
+        try Self.writeD9(sim, on: n)
         #expect(try Self.get(p, "d9")?["v"] == 2)
         sim.setLink(n, p, up: false)
         high.cancel()
-        high = try n.store.collection("items").find("v >= 7").subscribe()
+        high = try Self.subscribe(n, "v >= 7")
         try Self.set(p, "d9", 3)
         sim.setLink(n, p, up: true)
         try sim.runUntilQuiet()
