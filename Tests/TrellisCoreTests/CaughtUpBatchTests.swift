@@ -7,18 +7,15 @@ import TrellisCore
 /// subscriber never acknowledges and the sender counts in no flow control. A peer that did not
 /// say so (an older build) gets, and must send, exactly the batches and acks of before.
 @Suite struct CaughtUpBatchTests {
-    static let keyA: [UInt8] = Array(repeating: 1, count: 32)
-    static let keyB: [UInt8] = Array(repeating: 2, count: 32)
+    static let keyA = ReplicatorTests.keyA
+    static let keyB = ReplicatorTests.keyB
     static let epochA: [UInt8] = Array(repeating: 0xA, count: 16)
-    static let epochB: [UInt8] = Array(repeating: 0xB, count: 16)
+    static let epochB = ReplicatorTests.epochB
     let link = LinkID(1)
     let spec = SubscriptionSpec(collection: "cars")
 
-    func replicator() -> Replicator {
-        Replicator(
-            configuration: ReplicatorConfiguration(peerKey: Self.keyA),
-            local: LocalLog(epoch: Self.epochA, site: 0x101, lastSeq: 100), seed: 42)
-    }
+    /// Node A (epoch `epochA`, site 0x101, log up to `seq` 100), as ``ReplicatorTests`` makes it.
+    func replicator() -> Replicator { ReplicatorTests().replicator() }
 
     /// B's hello: `caughtUp` says `f: 1`; `compact` says `x: 1`.
     static func hello(caughtUp: Bool, compact: Bool = true, nonce: UInt64 = 7) -> WireMessage {

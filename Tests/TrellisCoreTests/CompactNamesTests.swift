@@ -6,17 +6,13 @@ import TrellisCore
 /// entries leave out `c`, and a reconnecting node's `hello` leaves out the key the channel proved.
 /// A peer that never said `x: 1` (an older build) sees none of it.
 @Suite struct CompactNamesTests {
-    static let keyA: [UInt8] = Array(repeating: 1, count: 32)
-    static let keyB: [UInt8] = Array(repeating: 2, count: 32)
-    static let epochB: [UInt8] = Array(repeating: 0xB, count: 16)
+    static let keyA = ReplicatorTests.keyA
+    static let keyB = ReplicatorTests.keyB
+    static let epochB = ReplicatorTests.epochB
     let link = LinkID(1)
     let spec = SubscriptionSpec(collection: "cars")
 
-    func replicator() -> Replicator {
-        Replicator(
-            configuration: ReplicatorConfiguration(peerKey: Self.keyA),
-            local: LocalLog(epoch: Array(repeating: 0xA, count: 16), site: 0x101, lastSeq: 100), seed: 42)
-    }
+    func replicator() -> Replicator { ReplicatorTests().replicator() }
 
     func hello(compact: Bool, key: [UInt8] = keyB, nonce: UInt64 = 7) -> WireMessage {
         .hello(
