@@ -85,12 +85,15 @@ public struct RandomWorkload: Sendable {
         // The query node's own subscription, which it may cancel and make again (the records of
         // what it holds pass from one to the next: docs/MESH.md).
         var query: (node: SimulatedNode, subscription: Subscription?)?
+        func subscribeToQuery(_ node: SimulatedNode) throws -> Subscription {
+            try node.store.collection("items").find("v >= 5").subscribe()
+        }
         for (i, node) in sim.nodes.enumerated() {
             if i == count - 1, count > 3, Bool.random(using: &random) {
                 if Bool.random(using: &random) {
                     lateQuery = (node, Int.random(in: 0..<steps, using: &random))
                 } else {
-                    query = (node, try node.store.collection("items").find("v >= 5").subscribe())
+                    query = (node, try subscribeToQuery(node))
                     try node.watch("items", query: "v >= 5")
                 }
             } else {
@@ -105,7 +108,7 @@ public struct RandomWorkload: Sendable {
         for step in 0..<steps {
             sim.run(for: Millis.random(in: 0...1_500, using: &random))
             if let (node, from) = lateQuery, step >= from, node.isUp {
-                query = (node, try node.store.collection("items").find("v >= 5").subscribe())
+                query = (node, try subscribeToQuery(node))
                 try node.watch("items", query: "v >= 5")
                 sim.note("\(node.name) app: subscribe to items where v >= 5")
                 lateQuery = nil
@@ -115,7 +118,7 @@ public struct RandomWorkload: Sendable {
                     query = (node, nil)
                     sim.note("\(node.name) app: cancel its subscription to items where v >= 5")
                 } else {
-                    query = (node, try node.store.collection("items").find("v >= 5").subscribe())
+                    query = (node, try subscribeToQuery(node))
                     sim.note("\(node.name) app: subscribe to items where v >= 5 again")
                 }
             }
@@ -134,11 +137,11 @@ public struct RandomWorkload: Sendable {
         sim.resetProfiles()
         for node in sim.nodes where !node.isUp { try sim.restart(node) }
         if let (node, _) = lateQuery {
-            query = (node, try node.store.collection("items").find("v >= 5").subscribe())
+            query = (node, try subscribeToQuery(node))
             try node.watch("items", query: "v >= 5")
         }
         if let (node, subscription) = query, subscription == nil {
-            query = (node, try node.store.collection("items").find("v >= 5").subscribe())
+            query = (node, try subscribeToQuery(node))
         }
         try sim.runUntilQuiet()
         try sim.check()

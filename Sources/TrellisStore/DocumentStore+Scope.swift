@@ -229,30 +229,24 @@ extension DocumentStore {
         }
         if unchanged { return nil }
         return try write { s -> Int64? in
-            let held = s.heldThrough[entry] ?? []
-            let dropped = held.subtracting(current)
-            if !dropped.isEmpty {
+            if s.heldThrough[entry] != current {
                 // What it held through subscriptions it is no longer served, it still holds.
+                let dropped = (s.heldThrough[entry] ?? []).subtracting(current)
                 try copyScopes(&s, from: dropped.sorted().map { (collection, $0) }, to: queries)
-                let forget = try s.db.prepare("DELETE FROM held_through WHERE peer = ? AND collection = ? AND sub = ?")
-                for hash in dropped.sorted() {
-                    forget.reset()
-                    forget.bind(1, peer)
-                    forget.bind(2, collection)
-                    forget.bind(3, hash)
-                    try forget.run()
+                let forget = try s.db.prepare("DELETE FROM held_through WHERE peer = ? AND collection = ?")
+                forget.bind(1, peer)
+                forget.bind(2, collection)
+                try forget.run()
+                let remember = try s.db.prepare("INSERT INTO held_through(peer, collection, sub) VALUES (?, ?, ?)")
+                for hash in current.sorted() {
+                    remember.reset()
+                    remember.bind(1, peer)
+                    remember.bind(2, collection)
+                    remember.bind(3, hash)
+                    try remember.run()
                 }
+                s.heldThrough[entry] = current
             }
-            let remember = try s.db.prepare(
-                "INSERT OR IGNORE INTO held_through(peer, collection, sub) VALUES (?, ?, ?)")
-            for hash in current.subtracting(held).sorted() {
-                remember.reset()
-                remember.bind(1, peer)
-                remember.bind(2, collection)
-                remember.bind(3, hash)
-                try remember.run()
-            }
-            s.heldThrough[entry] = current
             guard askAgain, let since = s.unrecorded[entry] else { return nil }
             let forget = try s.db.prepare("DELETE FROM unrecorded WHERE peer = ? AND collection = ?")
             forget.bind(1, peer)

@@ -1206,8 +1206,6 @@ public struct Replicator: Sendable {
         }
         var next: [UTF8Key: Served] = [:]
         var regressed: Int64?
-        // Collections of the query subscriptions served from now on (``heldAfterServing(_:next:newlyQueried:)``).
-        var newlyQueried: Set<UTF8Key> = []
         let peerKey = sessions[link]!.peerKey
         for sub in accepted {
             let key = UTF8Key(sub.spec.key)
@@ -1268,9 +1266,6 @@ public struct Replicator: Sendable {
             switch query(for: sub.spec) {
             case .ready(let q):
                 served.query = q
-                if !sub.spec.isWholeCollection, Refetch.ids(of: sub.spec) == nil {
-                    newlyQueried.insert(UTF8Key(sub.spec.collection))
-                }
             case .failed(let reason):
                 served.failure = reason
                 served.retryable = false
@@ -1279,7 +1274,7 @@ public struct Replicator: Sendable {
             }
             next[key] = served
         }
-        directives += heldAfterServing(link, next: next, newlyQueried: newlyQueried)
+        directives += heldAfterServing(link, next: next)
         sessions[link]!.served = next
         sessions[link]!.remoteSubscriptions = subs
         if let since = regressed { directives += logRegressed(since, peer: sessions[link]!.address, now: now) }
@@ -1316,15 +1311,14 @@ public struct Replicator: Sendable {
     /// and asks it again for what it sent while no query subscription recorded it, where no
     /// whole-collection subscription of its is served (newly so, or that one just went) and this
     /// node asks it for something there.
-    private func heldAfterServing(_ link: LinkID, next: [UTF8Key: Served], newlyQueried: Set<UTF8Key>)
-        -> [ReplicatorDirective]
-    {
+    private func heldAfterServing(_ link: LinkID, next: [UTF8Key: Served]) -> [ReplicatorDirective] {
         guard let s = sessions[link] else { return [] }
         let (before, after) = (Self.queries(s.served), Self.queries(next))
         let (wholeBefore, wholeAfter) = (Self.wholeCollections(s.served), Self.wholeCollections(next))
         var directives: [ReplicatorDirective] = []
         for (collection, specs) in after.sorted(by: { $0.key < $1.key }) {
-            let changed = newlyQueried.contains(collection) || Set(before[collection] ?? []) != Set(specs)
+            // A subscription newly served on the connection is not in `before` either.
+            let changed = Set(before[collection] ?? []) != Set(specs)
             let uncovered = !wholeAfter.contains(collection)
             guard changed || (wholeBefore.contains(collection) && uncovered) else { continue }
             let asksHere = s.asked.keys.contains { askedCollection($0.string) == collection }
@@ -1670,7 +1664,7 @@ public struct Replicator: Sendable {
         sessions[link]!.resumed = nil
         // Asking the peer in a collection again, where it holds documents no scope of its query
         // subscriptions here records (noted while this node asked it nothing there): asked for
-        // again after this set (``heldAfterServing(_:next:newlyQueried:)``).
+        // again after this set (``heldAfterServing(_:next:)``).
         var held: [ReplicatorDirective] = []
         if s.phase == .established {
             let before = Set(s.asked.keys.map { askedCollection($0.string) })
