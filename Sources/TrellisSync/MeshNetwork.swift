@@ -31,8 +31,8 @@ public final class MeshNetwork: Sendable {
     private let listenEndpoint: Mutex<Endpoint?> = Mutex(nil)
     /// Inbound connections before authentication (``PreAuthLimits``), with the sockets to cut.
     private let preAuth: Mutex<(table: PreAuthTable, sockets: [Int: TCPSocket], counters: PreAuthCounters)>
-    /// Refusals not yet logged: at most one line a second, with the count of those left out.
-    private let refusalLog = Mutex<(last: ContinuousClock.Instant?, suppressed: Int)>((nil, 0))
+    /// Which refusals are logged (``RefusalLog``).
+    private let refusalLog = Mutex(RefusalLog())
     /// Limits on inbound connections before they prove the mesh key.
     public let preAuthLimits: PreAuthLimits
     /// Seconds a whole handshake may take.
@@ -159,7 +159,7 @@ public final class MeshNetwork: Sendable {
         let request = ConnectionRequest(
             peerKey: link.remotePeerKey, address: link.remoteAddress, deviceName: link.remoteDeviceName,
             direction: link.isInitiator ? .outbound : .inbound)
-        return admission.decide(request) { self.logRefusal($0) } == .allow
+        return admission.decide(request) { self.logRefusal($0, from: request.peerKeyHex) } == .allow
     }
 
     /// What the accept path did with inbound connections before authentication so far.
@@ -239,7 +239,8 @@ public final class MeshNetwork: Sendable {
         }
         if let evicted {
             evicted.close()
-            logRefusal("cut an unauthenticated connection from \(evicted.peerAddress) to make room (\(source))")
+            logRefusal(
+                "cut an unauthenticated connection from \(evicted.peerAddress) to make room (\(source))", from: source)
         }
         let thread = Thread { [weak self] in
             guard let self else { return }
@@ -278,7 +279,9 @@ public final class MeshNetwork: Sendable {
                     default: counters.failed += 1
                     }
                 }
-                if !evictedMeanwhile { self.logRefusal("refused an inbound connection from \(address): \(error)") }
+                if !evictedMeanwhile {
+                    self.logRefusal("refused an inbound connection from \(address): \(error)", from: source)
+                }
             }
         }
         thread.name = "trellis.accept.\(address)"
@@ -294,19 +297,11 @@ public final class MeshNetwork: Sendable {
         }
     }
 
-    /// Logs a refused inbound connection, at most one line a second (a stranger reconnecting in a
-    /// loop must not fill the log); the lines left out are counted in the next one.
-    private func logRefusal(_ line: String) {
+    /// Logs a refused connection from `source` (a peer key, or the host of an unauthenticated
+    /// connection) as ``RefusalLog`` allows; the lines left out are counted in the next one.
+    private func logRefusal(_ line: String, from source: String) {
         let now = ContinuousClock.now
-        let suppressed = refusalLog.withLock { state -> Int? in
-            if let last = state.last, now - last < .seconds(1) {
-                state.suppressed += 1
-                return nil
-            }
-            defer { state = (now, 0) }
-            return state.suppressed
-        }
-        guard let suppressed else { return }
+        guard let suppressed = refusalLog.withLock({ $0.admit(from: source, at: now) }) else { return }
         log(suppressed > 0 ? "\(line) (and \(suppressed) more refusals not logged)" : line)
     }
 
@@ -408,4 +403,43 @@ struct MeshKeys: Sendable {
 
     /// The keys tried, current first.
     var accepted: [SecretBytes] { [current] + (next.map { [$0] } ?? []) }
+}
+
+/// Which refused connections are logged: each source (a peer key, or the host of an
+/// unauthenticated connection) at most once a second, and at most
+/// ``RefusalLog/linesPerSecond`` lines a second in all, so that a stranger reconnecting in a loop
+/// cannot fill the log, nor hide the refusal of another peer.
+struct RefusalLog {
+    /// The most refusal lines logged within one second.
+    static let linesPerSecond = 5
+    /// When each source was last logged (pruned to the last second past 64 sources).
+    private var last: [String: ContinuousClock.Instant] = [:]
+    /// The second lines are counted in, and how many were logged in it.
+    private var window: (start: ContinuousClock.Instant, lines: Int)?
+    /// The refusals left out since the last line logged.
+    private var suppressed = 0
+
+    /// Whether a refusal from `source` at `now` is logged: the number of refusals left out since
+    /// the last line logged, or `nil` when this one is left out (and counted).
+    ///
+    /// - Complexity: amortised O(1).
+    mutating func admit(from source: String, at now: ContinuousClock.Instant) -> Int? {
+        if let logged = last[source], now - logged < .seconds(1) {
+            suppressed += 1
+            return nil
+        }
+        if let window, now - window.start < .seconds(1) {
+            guard window.lines < Self.linesPerSecond else {
+                suppressed += 1
+                return nil
+            }
+            self.window = (window.start, window.lines + 1)
+        } else {
+            window = (now, 1)
+        }
+        if last.count >= 64 { last = last.filter { now - $0.value < .seconds(1) } }
+        last[source] = now
+        defer { suppressed = 0 }
+        return suppressed
+    }
 }
