@@ -6,6 +6,8 @@ import TrellisCore
 // Nothing is reissued: no `seq` and no HLC stamp is issued twice by one site and epoch, also across
 // crashes, power loss and backup restores.
 // - A rolled-back transaction restores the next `seq` (``DocumentStore/write(durable:_:)``).
+// - The saved clock is a ceiling: at or above every stamp issued or adopted, up to a second ahead
+//   of the system time (``DocumentStore/saveClock(_:)``); a clean close saves the clock itself.
 // - At open the next `seq` is above the highest issued and above physical time (ms) × 1024, so a
 //   store restored from a backup continues above anything it issued after the backup was taken
 //   (as long as it issued fewer than 1024 seqs per millisecond on average, which SQLite cannot).
@@ -191,6 +193,10 @@ extension DocumentStore {
             guard !s.closed else { return }
             s.closed = true
             guard !options.readOnly else { return }
+            // The clock itself instead of its ceiling: the next open continues right after it.
+            if s.savedClock > s.clock.last, (try? Self.setMeta(s.db, "hlc", Self.bytes(s.clock.last.rawValue))) != nil {
+                s.savedClock = s.clock.last
+            }
             try? s.db.execute("DELETE FROM meta WHERE key = 'open'")
             // Before the connection closes, so that its close checkpoints and removes the WAL.
             checkpointer?.stop(db: s.db)

@@ -331,6 +331,9 @@ public final class DocumentStore: Sendable {
     struct State {
         let db: Connection
         var clock: HybridLogicalClock
+        /// The clock's ceiling saved in `meta` (`hlc`): at or above every stamp issued or adopted,
+        /// so a commit whose clock stays at or below it saves nothing (``saveClock(_:)``).
+        var savedClock: HLCTimestamp = .zero
         var nextSeq: Int64
         /// The site ID stamping this store's writes; changes only when the log is rotated.
         var siteID: SiteID
@@ -522,6 +525,7 @@ public final class DocumentStore: Sendable {
                 db: db,
                 clock: HybridLogicalClock(last: opened.clock, maxForwardDrift: options.maxClockDrift),
                 nextSeq: opened.nextSeq, siteID: opened.site, epoch: opened.epoch)
+            state.savedClock = opened.clock
             let generations = try db.prepare("SELECT key, value FROM meta WHERE key >= 'rescan:' AND key < 'rescan;'")
             while try generations.step() {
                 let key = generations.string(0) ?? ""
@@ -723,9 +727,8 @@ public final class DocumentStore: Sendable {
             defer { if relax { try? s.db.execute(Self.synchronousPragma(options.durability)) } }
             do {
                 let result = try s.db.transaction { () throws -> R in
-                    let before = s.clock.last
                     let result = try body(&s)
-                    if s.clock.last != before { try saveClock(s) }
+                    if s.clock.last > s.savedClock { try saveClock(&s) }
                     return result
                 }
                 queueEvent(&s, origin: origin)
@@ -1022,8 +1025,26 @@ public final class DocumentStore: Sendable {
         s.changedValues[name, default: [:]][keyName] = .some(value)
     }
 
-    func saveClock(_ s: State) throws {
-        try Self.setMeta(s.db, "hlc", Self.bytes(s.clock.last.rawValue))
+    /// How far ahead of the system time the saved clock's ceiling is set: 1,000 ms.
+    static let clockLeaseMillis: UInt64 = 1_000
+
+    /// Saves a ceiling of the clock in the transaction under way (called when the clock has
+    /// passed the saved one).
+    ///
+    /// While the clock follows the system time, the ceiling is that time plus
+    /// ``clockLeaseMillis``, so the commits of the next second save nothing: a commit that saved
+    /// the clock wrote one page more of `meta` to the WAL, a fifth of a single upsert's time
+    /// (docs/BENCHMARKS.md, "One commit, one page fewer"). A clock ahead of the system time (after
+    /// a restart that found a ceiling, or a peer's stamp adopted) is saved as it is, so ceilings
+    /// never add up across restarts: the clock leads the system time by at most the lease more
+    /// than it did. A clean close saves the clock itself (``close()``).
+    func saveClock(_ s: inout State) throws {
+        let last = s.clock.last
+        let now = options.now()
+        let ceiling =
+            last.millis <= now && now < 1 << 47 ? HLCTimestamp(millis: now + Self.clockLeaseMillis, logical: 0) : last
+        try Self.setMeta(s.db, "hlc", Self.bytes(ceiling.rawValue))
+        s.savedClock = ceiling
     }
 
     /// Inserts or merges a document (Ditto's `upsert` with the `merge` strategy): every given

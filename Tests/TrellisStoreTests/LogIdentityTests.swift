@@ -135,6 +135,68 @@ import TrellisTestKit
         #expect(again.siteID == store.siteID)
     }
 
+    /// The stamp of document `id`'s field `v` in `store`.
+    func stamp(_ store: DocumentStore, _ id: Value) throws -> Stamp {
+        try #require(try store.state(id: id, in: "c")?.stamp(at: .key("v")))
+    }
+
+    /// Commits save the clock only when it passes the saved ceiling (the system time plus a
+    /// second): a crash after commits that saved nothing still leaves a clock above every stamp
+    /// they issued, also when the system clock went back across the restart.
+    @Test func aCrashAfterCommitsThatSavedNoClockStillIssuesLaterStamps() throws {
+        let store = try open("s.sqlite")
+        let start = clock.now
+        try store.upsert(["_id": "a", "v": 0], in: "c")
+        let ceiling = try store.withState { s in try DocumentStore.meta(s.db, "hlc").map(DocumentStore.uint64) }
+        #expect(ceiling == HLCTimestamp(millis: start + DocumentStore.clockLeaseMillis, logical: 0).rawValue)
+        for n in 1...20 {
+            clock.advance(by: 10)
+            try store.upsert(["_id": "a", "v": .int(Int64(n))], in: "c")
+        }
+        // Within the lease: the ceiling stayed, nothing more was saved.
+        #expect(try store.withState { s in try DocumentStore.meta(s.db, "hlc").map(DocumentStore.uint64) } == ceiling)
+        let last = try stamp(store, "a")
+        try crashImage("s.sqlite", as: "crashed.sqlite")
+        clock.set(start - 5_000)  // the system clock went back across the restart
+        let crashed = try open("crashed.sqlite")
+        #expect(crashed.siteID == store.siteID)
+        try crashed.upsert(["_id": "a", "v": 99], in: "c")
+        #expect(try stamp(crashed, "a") > last)
+        #expect(try crashed.document(id: "a", in: "c")?["v"] == 99)
+    }
+
+    /// A restart that finds a ceiling ahead of the system time saves the clock as it is, so
+    /// ceilings do not add up: however many crashes follow each other within the second, the
+    /// clock leads the system time by at most the lease.
+    @Test func ceilingsDoNotAddUpAcrossCrashes() throws {
+        let start = clock.now
+        var name = "s.sqlite"
+        var stamps: [Stamp] = []
+        for round in 0..<5 {
+            let store = try open(name)
+            try store.upsert(["_id": "a", "v": .int(Int64(round))], in: "c")
+            stamps.append(try stamp(store, "a"))
+            try crashImage(name, as: "crash-\(round).sqlite")
+            name = "crash-\(round).sqlite"
+        }
+        #expect(stamps == stamps.sorted() && Set(stamps).count == stamps.count)
+        #expect(stamps.allSatisfy { $0.time.millis <= start + DocumentStore.clockLeaseMillis })
+    }
+
+    /// A clean close saves the clock itself: the next open continues right after the last stamp,
+    /// not after the ceiling.
+    @Test func aCleanCloseSavesTheClockItself() throws {
+        let start = clock.now
+        do {
+            let store = try open("s.sqlite")
+            try store.upsert(["_id": "a", "v": 1], in: "c")
+            store.close()
+        }
+        let store = try open("s.sqlite")
+        try store.upsert(["_id": "a", "v": 2], in: "c")
+        #expect(try stamp(store, "a").time == HLCTimestamp(millis: start, logical: 1))
+    }
+
     @Test func droppingTheStoreIsACleanClose() throws {
         let epoch: [UInt8]
         do {
