@@ -2,7 +2,7 @@
 //
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
-//       [--sync-costs] [--wire [--verbose]] [--contacts] [--find [--runs N]]
+//       [--sync-costs] [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -55,6 +55,7 @@ var syncCostsOnly = false
 var wireOnly = false
 var contactsOnly = false
 var findOnly = false
+var singleOnly = false
 var verbose = false
 var replicationRuns = 1
 var i = 0
@@ -73,6 +74,7 @@ while i < args.count {
     case "--wire": wireOnly = true
     case "--contacts": contactsOnly = true
     case "--find": findOnly = true
+    case "--single": singleOnly = true
     case "--verbose": verbose = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
@@ -95,7 +97,7 @@ while i < args.count {
         print(
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
                 + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
-                + " [--wire [--verbose]] [--contacts] [--find [--runs N]]"
+                + " [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]"
         )
         exit(0)
     default:
@@ -256,6 +258,27 @@ if syncCostsOnly {
         try syncCostFigures(scratch: scratch, documents: documents),
         heading: "trellis-bench --sync-costs: local latency with 10 peers x 100 subscriptions, and during a "
             + "\(documentCount)-document merge, release build expected")
+    exit(0)
+}
+if singleOnly {
+    // One transaction per document: raw SQLite against Trellis upserts, each into a fresh file,
+    // alternated; with --runs N, N pairs.
+    let count = min(documentCount, 5_000)
+    for run in 0..<replicationRuns {
+        let raw =
+            Double(count)
+            / rawInsert(path("raw-single-\(run).sqlite"), rows: Array(jsonRows.prefix(count)), singly: true)
+        let store = try DocumentStore(path: path("single-\(run).sqlite"))
+        let rate =
+            try Double(count)
+            / seconds { for document in documents.prefix(count) { try store.upsert(document, in: "cars") } }
+        figures.append(Figure(name: "sqlite_raw_single_inserts_per_s", value: raw, unit: "rows/s"))
+        figures.append(
+            Figure(
+                name: "local_upserts_single_per_s", value: rate, unit: "docs/s", baseline: raw,
+                baselineName: "sqlite_raw_single_inserts_per_s"))
+    }
+    printFigures(figures, heading: "trellis-bench --single: one transaction per document, \(count) documents")
     exit(0)
 }
 if findOnly {
