@@ -10,7 +10,7 @@ import TrellisStore
 /// Child mode: imports FILE into a new store at DATABASE as `trellis import` does, then exits.
 func runImportChild(file: String, database: String) -> Never {
     do {
-        let reader = try DocumentFileReader(path: file)
+        let reader = DocumentReadAhead(try DocumentFileReader(path: file))
         let store = try DocumentStore(path: database)
         _ = try store.upsert(in: "cars", streaming: { try reader.next() })
         store.close()

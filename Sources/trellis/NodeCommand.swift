@@ -319,14 +319,15 @@ enum ImportCommand {
         defer { withExtendedLifetime(lock) {} }
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
         let progress = ProgressLine(total: reader.size)
+        let documents = DocumentReadAhead(reader)
         try perform(
-            into: store, collection: collection, reader: reader, file: file, allOrNothing: allOrNothing,
+            into: store, collection: collection, reader: documents, file: file, allOrNothing: allOrNothing,
             print: { print($0) },
             skipped: { text in
                 progress.clear()
                 FileHandle.standardError.write(Data("trellis: skipped \(text)\n".utf8))
             },
-            progress: { progress.show("importing: \($0) documents", done: reader.bytesRead) },
+            progress: { progress.show("importing: \($0) documents", done: documents.bytesRead) },
             clearProgress: { progress.clear() })
     }
 
@@ -343,7 +344,7 @@ enum ImportCommand {
     ///   record with `allOrNothing`), or after `print` when records were skipped; a
     ///   ``StoreError`` when the store fails.
     static func perform(
-        into store: DocumentStore, collection: String, reader: DocumentFileReader, file: String,
+        into store: DocumentStore, collection: String, reader: DocumentReadAhead, file: String,
         allOrNothing: Bool, print: (String) -> Void, skipped skipRecord: @escaping (String) -> Void,
         progress: @escaping (Int) -> Void, clearProgress: () -> Void
     ) throws {

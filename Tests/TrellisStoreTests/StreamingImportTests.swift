@@ -27,6 +27,59 @@ import TrellisTestKit
         return out
     }
 
+    /// What `next` yields until it ends: each document or error with the place and count after it.
+    func transcript(
+        _ next: () throws(FileError) -> Value?, _ where_: () -> (String, Int, Int)
+    ) -> [String] {
+        var out: [String] = []
+        while true {
+            do {
+                let document = try next()
+                out.append("\(document.map { JSON.string($0) } ?? "end") at \(where_())")
+                if document == nil { return out }
+            } catch {
+                out.append("error \(error) at \(where_())")
+                if !error.recoverable { return out }
+            }
+        }
+    }
+
+    /// Reading ahead on another thread yields what the reader yields, in order, with the same
+    /// places and counts: documents over many chunks, bad records between them (recoverable), and
+    /// the error that ends an array left open.
+    @Test func readingAheadYieldsWhatTheReaderYields() throws {
+        var lines = ""
+        var array = "["
+        for n in 0..<(DocumentReadAhead.chunkSize * 5 + 17) {
+            let record = n % 97 == 5 ? "{\"_id\": oops}" : n % 101 == 7 ? "[1, 2]" : "{\"_id\":\"d\(n)\",\"n\":\(n)}"
+            lines += record + "\n"
+            array += (n == 0 ? "" : ",") + record
+        }
+        for path in [try write("many.jsonl", lines), try write("open.json", array)] {
+            let reader = try DocumentFileReader(path: path)
+            let expected = transcript(reader.next) { (reader.place, reader.bytesRead, reader.count) }
+            let ahead = DocumentReadAhead(try DocumentFileReader(path: path))
+            let read = transcript(ahead.next) { (ahead.place, ahead.bytesRead, ahead.count) }
+            #expect(read == expected)
+            #expect(expected.count > DocumentReadAhead.chunkSize * 5 && expected.contains { $0.hasPrefix("error") })
+            // It keeps answering as it ended.
+            #expect(transcript(ahead.next) { (ahead.place, ahead.bytesRead, ahead.count) } == [expected.last!])
+        }
+    }
+
+    /// A caller that stops early (an import that failed) lets the reading thread go: dropping the
+    /// read-ahead releases it, and nothing waits for ever.
+    @Test func aReadAheadDroppedEarlyIsReleased() throws {
+        let path = try write("long.jsonl", (0..<50_000).map { "{\"_id\":\"d\($0)\"}\n" }.joined())
+        weak var dropped: DocumentReadAhead?
+        do {
+            let ahead = DocumentReadAhead(try DocumentFileReader(path: path))
+            dropped = ahead
+            #expect(try ahead.next() == ["_id": "d0"])
+        }
+        #expect(dropped == nil)
+    }
+
     @Test func linesAndArraysReadTheSameDocuments() throws {
         let lines = try write(
             "l.jsonl", "\u{FEFF}{\"_id\":\"a\",\"v\":1}\r\n\n \t\n{\"_id\":\"b\",\"s\":\"x]},\\\"[\"}")

@@ -1,0 +1,143 @@
+import Foundation
+public import TrellisCore
+
+/// Reads a ``DocumentFileReader`` ahead on a thread of its own: while the caller stores one
+/// document, the next ones are read and parsed on another core (`trellis import`: parsing was a
+/// fifth of an import's time, docs/BENCHMARKS.md "Imports read ahead").
+///
+/// It yields what the reader yields, in the same order: the same documents, the same errors
+/// (a ``FileError/recoverable`` one is followed by the documents after it, any other ends the
+/// reading), then `nil`. ``place``, ``bytesRead`` and ``count`` describe the document ``next()``
+/// last returned or refused, as the reader's would. Memory stays bounded: at most
+/// ``chunkSize`` × 3 documents are parsed ahead of the caller.
+///
+/// Use it from one thread; ``close()`` (or deinit) stops the reading thread.
+///
+/// ```swift
+/// let documents = DocumentReadAhead(try DocumentFileReader(path: "cars.jsonl"))
+/// while let car = try documents.next() { print(car["Name"] ?? "?") }
+/// ```
+public final class DocumentReadAhead {
+    /// Documents handed over at a time: 256.
+    public static let chunkSize = 256
+    /// Chunks read ahead and not yet taken, at most.
+    static let chunksAhead = 2
+
+    /// The file's path as the reader names it.
+    public let path: String
+    /// The file's size in bytes when it was opened.
+    public let size: Int
+    /// Bytes the reader had consumed when it yielded the document ``next()`` last returned.
+    public private(set) var bytesRead = 0
+    /// How many documents ``next()`` returned so far.
+    public private(set) var count = 0
+    /// Where the document ``next()`` last returned, or last refused, is in the file (as
+    /// ``DocumentFileReader/place``).
+    public private(set) var place = ""
+
+    /// One thing the reader yielded, with where it stood then.
+    private struct Item {
+        var result: Result<Value?, FileError>
+        var place: String
+        var bytesRead: Int
+        var count: Int
+    }
+
+    /// What the two threads share: chunks read and not yet taken, and whether the caller stopped.
+    private final class Shared: @unchecked Sendable {
+        /// Guards `ready` and `stopped`.
+        let condition = NSCondition()
+        var ready: [[Item]] = []
+        var stopped = false
+    }
+
+    private let shared = Shared()
+
+    /// A reader handed to the reading thread, which alone uses it afterwards.
+    private struct Handover: @unchecked Sendable { let reader: DocumentFileReader }
+    private var current: [Item] = []
+    private var index = 0
+    /// The last item, once it ended the reading (`nil` or an error that is not recoverable).
+    private var last: Item?
+
+    /// Starts reading `reader` ahead. The reading thread holds the reader, not this object.
+    public init(_ reader: DocumentFileReader) {
+        path = reader.path
+        size = reader.size
+        let shared = shared
+        // The reader goes to the reading thread, which alone uses it from now on.
+        let handover = Handover(reader: reader)
+        let thread = Thread { Self.read(handover.reader, into: shared) }
+        thread.name = "trellis.import.read-ahead"
+        thread.start()
+    }
+
+    deinit { close() }
+
+    /// The next document, or `nil` after the last.
+    ///
+    /// - Throws: what the reader's ``DocumentFileReader/next()`` threw at this place.
+    /// - Complexity: O(1) amortised; waits while the reading thread has nothing ready.
+    public func next() throws(FileError) -> Value? {
+        if let last { return try take(last) }
+        if index == current.count {
+            shared.condition.lock()
+            while shared.ready.isEmpty { shared.condition.wait() }
+            current = shared.ready.removeFirst()
+            shared.condition.broadcast()
+            shared.condition.unlock()
+            index = 0
+        }
+        let item = current[index]
+        index += 1
+        switch item.result {
+        case .success(nil): last = item
+        case .failure(let error) where !error.recoverable: last = item
+        default: break
+        }
+        return try take(item)
+    }
+
+    /// Stops the reading thread (it finishes the document it is parsing). Later calls of
+    /// ``next()`` may wait for ever: call it when done.
+    public func close() {
+        shared.condition.lock()
+        shared.stopped = true
+        shared.ready = []
+        shared.condition.broadcast()
+        shared.condition.unlock()
+    }
+
+    private func take(_ item: Item) throws(FileError) -> Value? {
+        place = item.place
+        bytesRead = item.bytesRead
+        count = item.count
+        return try item.result.get()
+    }
+
+    /// The reading thread: chunks of items until the reader ends or the caller stops.
+    private static func read(_ reader: DocumentFileReader, into shared: Shared) {
+        var done = false
+        while !done {
+            var chunk: [Item] = []
+            chunk.reserveCapacity(chunkSize)
+            while chunk.count < chunkSize, !done {
+                let result: Result<Value?, FileError>
+                do { result = .success(try reader.next()) } catch { result = .failure(error) }
+                switch result {
+                case .success(nil): done = true
+                case .failure(let error) where !error.recoverable: done = true
+                default: break
+                }
+                chunk.append(
+                    Item(result: result, place: reader.place, bytesRead: reader.bytesRead, count: reader.count))
+            }
+            shared.condition.lock()
+            defer { shared.condition.unlock() }
+            while !shared.stopped, shared.ready.count >= chunksAhead { shared.condition.wait() }
+            if shared.stopped { return }
+            shared.ready.append(chunk)
+            shared.condition.broadcast()
+        }
+    }
+}
