@@ -339,9 +339,14 @@ public final class Simulation: @unchecked Sendable {
     /// Kills a node as SIGKILL would: its sessions vanish (peers see resets where they can reach
     /// it), its store keeps what it committed.
     public func crash(_ node: SimulatedNode) {
-        guard node.isUp else { return }
+        guard let documents = node.storeIfUp?.documents else { return }
         node.flushCommits()
+        // The process dies without closing its store: its files keep every commit, the `open`
+        // marker and the clock's saved ceiling, and nothing that a clean close writes.
+        let image = Self.storeFiles(node.path)
         node.stop()
+        documents.close()
+        Self.putStoreFiles(image, at: node.path)
         record("\(node.name) crashed")
         for connection in connections.values where connection.open {
             guard let side = connection.ends.firstIndex(where: { $0.node == node.index }) else { continue }
@@ -355,6 +360,22 @@ public final class Simulation: @unchecked Sendable {
                     after: profile(node.index, connection.ends[other].node).latency)
             }
         }
+    }
+
+    /// The store's database and WAL files as they are now (what a process that dies leaves).
+    static func storeFiles(_ path: String) -> [String: Data] {
+        var files: [String: Data] = [:]
+        for suffix in ["", "-wal"] {
+            if let data = FileManager.default.contents(atPath: path + suffix) { files[suffix] = data }
+        }
+        return files
+    }
+
+    /// Puts back store files taken by ``storeFiles(_:)`` (the shared-memory index is rebuilt
+    /// from the WAL when the store opens).
+    static func putStoreFiles(_ files: [String: Data], at path: String) {
+        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
+        for (suffix, data) in files { FileManager.default.createFile(atPath: path + suffix, contents: data) }
     }
 
     /// Starts a crashed node again, with its store as it was, or wiped (a new store: new site ID
