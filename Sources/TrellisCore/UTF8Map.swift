@@ -94,7 +94,9 @@ public struct UTF8Map<Mapped> {
     private init(
         sortingPairs pairs: [(String, Mapped)], combine: (String, Mapped, Mapped) throws -> Mapped
     ) rethrows {
-        try self.init(keys: pairs.map(\.0), members: pairs.map(\.1), combine: combine)
+        // Closures, not key paths: a key path into a tuple of the generic `Mapped` is instantiated
+        // at run time on every call (swift_getKeyPath), which cost more than the sort itself.
+        try self.init(keys: pairs.map { $0.0 }, members: pairs.map { $0.1 }, combine: combine)
     }
 
     /// Sorts keys stably by their bytes, with their members, and merges runs of equal keys with
