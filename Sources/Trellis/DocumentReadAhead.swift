@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 public import TrellisCore
 
 /// Reads a ``DocumentFileReader`` ahead on a thread of its own: while the caller stores one
@@ -8,8 +9,10 @@ public import TrellisCore
 /// It yields what the reader yields, in the same order: the same documents, the same errors
 /// (a ``FileError/recoverable`` one is followed by the documents after it, any other ends the
 /// reading), then `nil`. ``place``, ``bytesRead`` and ``count`` describe the document ``next()``
-/// last returned or refused, as the reader's would. Memory stays bounded: at most
-/// ``chunkSize`` × 3 documents are parsed ahead of the caller.
+/// last returned or refused, as the reader's would. Memory follows the bytes read ahead, not
+/// the file: a chunk ends after ``chunkSize`` documents or once it took ``chunkBytes`` of the
+/// file (a chunk holds at least one document), and at most four are held at once (the one the
+/// caller reads from, two waiting, one being read).
 ///
 /// Use it from one thread; ``close()`` (or deinit) stops the reading thread.
 ///
@@ -22,6 +25,8 @@ public final class DocumentReadAhead {
     public static let chunkSize = 256
     /// Chunks read ahead and not yet taken, at most.
     static let chunksAhead = 2
+    /// Bytes of the file a chunk takes at most (past its first document): 1 MiB.
+    public static let chunkBytes = 1 << 20
 
     /// The file's path as the reader names it.
     public let path: String
@@ -48,7 +53,12 @@ public final class DocumentReadAhead {
         /// Guards `ready` and `stopped`.
         let condition = NSCondition()
         var ready: [[Item]] = []
-        var stopped = false
+        var stopped = false {
+            didSet { stopFlag.store(stopped, ordering: .relaxed) }
+        }
+        /// `stopped`, readable without the lock (checked between documents).
+        let stopFlag = Atomic<Bool>(false)
+        var isStopped: Bool { stopFlag.load(ordering: .relaxed) }
     }
 
     private let shared = Shared()
@@ -121,7 +131,11 @@ public final class DocumentReadAhead {
         while !done {
             var chunk: [Item] = []
             chunk.reserveCapacity(chunkSize)
-            while chunk.count < chunkSize, !done {
+            let chunkStart = reader.bytesRead
+            // Cut by bytes too, so memory follows the bytes read ahead, not a count of documents
+            // of any size; and stop between documents once the caller closed.
+            while chunk.count < chunkSize, reader.bytesRead - chunkStart < chunkBytes, !done {
+                if shared.isStopped { return }
                 let result: Result<Value?, FileError>
                 do { result = .success(try reader.next()) } catch { result = .failure(error) }
                 switch result {

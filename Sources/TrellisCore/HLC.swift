@@ -22,6 +22,8 @@ public struct HLCTimestamp: Hashable, Comparable, Sendable, CustomStringConverti
     public var logical: UInt16 { UInt16(truncatingIfNeeded: rawValue) }
 
     public static let zero = HLCTimestamp(rawValue: 0)
+    /// The largest physical component a timestamp holds: 2^48 − 1 ms (the year 10889).
+    public static let maxMillis: UInt64 = 0xFFFF_FFFF_FFFF
 
     public static func < (lhs: HLCTimestamp, rhs: HLCTimestamp) -> Bool { lhs.rawValue < rhs.rawValue }
 
@@ -47,11 +49,16 @@ public struct HybridLogicalClock: Sendable {
     }
 
     /// A new timestamp for a local event, strictly greater than every stamp issued or adopted.
+    ///
+    /// A physical time beyond ``HLCTimestamp/maxMillis`` counts as that maximum, so an absurd
+    /// system clock cannot wrap the clock round to a small time; at the very largest timestamp
+    /// the clock stays (the only case where a stamp repeats).
     public mutating func now(physicalMillis: UInt64) -> HLCTimestamp {
-        if physicalMillis > last.millis {
-            last = HLCTimestamp(millis: physicalMillis, logical: 0)
+        let physical = min(physicalMillis, HLCTimestamp.maxMillis)
+        if physical > last.millis {
+            last = HLCTimestamp(millis: physical, logical: 0)
         } else if last.logical == UInt16.max {
-            last = HLCTimestamp(millis: last.millis + 1, logical: 0)
+            if last.millis < HLCTimestamp.maxMillis { last = HLCTimestamp(millis: last.millis + 1, logical: 0) }
         } else {
             last = HLCTimestamp(rawValue: last.rawValue + 1)
         }

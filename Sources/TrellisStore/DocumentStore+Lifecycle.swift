@@ -194,7 +194,10 @@ extension DocumentStore {
             s.closed = true
             guard !options.readOnly else { return }
             // The clock itself instead of its ceiling: the next open continues right after it.
-            if s.savedClock > s.clock.last, (try? Self.setMeta(s.db, "hlc", Self.bytes(s.clock.last.rawValue))) != nil {
+            // Also a clock past the ceiling: a rolled-back transaction's stamps (and the clock
+            // they moved) were never saved.
+            if s.savedClock != s.clock.last, (try? Self.setMeta(s.db, "hlc", Self.bytes(s.clock.last.rawValue))) != nil
+            {
                 s.savedClock = s.clock.last
             }
             try? s.db.execute("DELETE FROM meta WHERE key = 'open'")

@@ -1025,7 +1025,8 @@ public final class DocumentStore: Sendable {
         s.changedValues[name, default: [:]][keyName] = .some(value)
     }
 
-    /// How far ahead of the system time the saved clock's ceiling is set: 1,000 ms.
+    /// How far ahead of the system time the saved clock's ceiling is set: 1,000 ms, and at most
+    /// half of ``StoreOptions/maxClockDrift``.
     static let clockLeaseMillis: UInt64 = 1_000
 
     /// Saves a ceiling of the clock in the transaction under way (called when the clock has
@@ -1041,8 +1042,10 @@ public final class DocumentStore: Sendable {
     func saveClock(_ s: inout State) throws {
         let last = s.clock.last
         let now = options.now()
-        let ceiling =
-            last.millis <= now && now < 1 << 47 ? HLCTimestamp(millis: now + Self.clockLeaseMillis, logical: 0) : last
+        // At most half the drift allowed, so an open after a crash never finds the ceiling "far
+        // ahead" of the system time (``openLog``) for a clock that was not.
+        let lease = min(Self.clockLeaseMillis, options.maxClockDrift / 2)
+        let ceiling = last.millis <= now && now < 1 << 47 ? HLCTimestamp(millis: now + lease, logical: 0) : last
         try Self.setMeta(s.db, "hlc", Self.bytes(ceiling.rawValue))
         s.savedClock = ceiling
     }

@@ -197,6 +197,101 @@ import TrellisTestKit
         #expect(try stamp(store, "a").time == HLCTimestamp(millis: start, logical: 1))
     }
 
+    /// A rolled-back transaction moved the clock past the saved ceiling (its stamps never
+    /// committed, nor did the ceiling): a clean close saves the clock, so the reopened store
+    /// starts above them also when the system clock went back.
+    @Test func aCleanCloseAfterARolledBackTransactionKeepsTheClock() throws {
+        let start = clock.now
+        let issued: HLCTimestamp
+        do {
+            let store = try open("s.sqlite") { $0.maxDocumentBytes = 2_000 }
+            try store.upsert(["_id": "a", "v": 0], in: "c")
+            clock.advance(by: 5_000)
+            #expect(throws: StoreError.self) {
+                try store.upsert(
+                    [["_id": "ok"], ["_id": "big", "s": .string(String(repeating: "x", count: 5_000))]], in: "c")
+            }
+            issued = store.lastTimestamp
+            #expect(issued.millis == start + 5_000)
+            store.close()
+        }
+        clock.set(start)
+        #expect(try open("s.sqlite").lastTimestamp >= issued)
+    }
+
+    /// A merge adopts a peer's stamp ahead of the system time: the clock is saved as it is, and a
+    /// crash right after keeps it.
+    @Test func aStampAdoptedAheadOfTheSystemTimeSurvivesACrash() throws {
+        let writer = try open("w.sqlite")
+        clock.advance(by: 30_000)
+        try writer.upsert(["_id": "r", "v": 1], in: "c")
+        clock.set(clock.now - 30_000)
+        let store = try open("s.sqlite")
+        try store.upsert(["_id": "a", "v": 0], in: "c")
+        _ = try store.merge(try batch(of: writer), from: [1], checkpoint: nil)
+        let adopted = store.lastTimestamp
+        #expect(adopted.millis == clock.now + 30_000)
+        try crashImage("s.sqlite", as: "crashed.sqlite")
+        #expect(try open("crashed.sqlite").lastTimestamp >= adopted)
+    }
+
+    /// Writers on three threads while the store closes: the reopened store's next stamp is above
+    /// every committed one, with the system clock set back.
+    @Test func aCloseRacingWritersLeavesTheClockAboveEveryCommittedStamp() throws {
+        for round in 0..<10 {
+            let name = "r\(round).sqlite"
+            let store = try open(name)
+            let stop = Atomic<Bool>(false)
+            let done = DispatchGroup()
+            for t in 0..<3 {
+                done.enter()
+                Thread {
+                    defer { done.leave() }
+                    var n = 0
+                    while !stop.load(ordering: .relaxed) {
+                        _ = try? store.upsert(["_id": .string("t\(t)-\(n)"), "v": .int(Int64(n))], in: "c")
+                        n += 1
+                        if n % 7 == 0 { clock.advance(by: 3) }
+                    }
+                }.start()
+            }
+            Thread.sleep(forTimeInterval: 0.02)
+            store.close()
+            stop.store(true, ordering: .relaxed)
+            done.wait()
+            clock.set(clock.now - 2_000)
+            let again = try open(name)
+            var highest = HLCTimestamp.zero
+            for record in try again.changes(in: "c", after: 0, limit: 1_000_000, maxBytes: .max).records {
+                highest = max(highest, try DocumentState(bytes: record.state).maxTime)
+            }
+            try again.upsert(["_id": "after"], in: "c")
+            #expect(try #require(try again.state(id: "after", in: "c")).maxTime > highest)
+        }
+    }
+
+    /// A system time past what a stamp holds (2^48 ms) does not wrap the clock round to a small
+    /// time: it counts as the largest.
+    @Test func anAbsurdSystemTimeDoesNotWrapTheClock() throws {
+        let store = try open("s.sqlite")
+        try store.upsert(["_id": "a", "v": 0], in: "c")
+        let before = store.lastTimestamp
+        clock.set((1 << 48) + 10)
+        try? store.upsert(["_id": "a", "v": 1], in: "c")
+        #expect(store.lastTimestamp > before)
+    }
+
+    /// With `maxClockDrift` below the lease, the ceiling is at most half of it: a crash and a
+    /// restart at once do not find the clock "far ahead" and rotate the site ID.
+    @Test func aDriftBelowTheLeaseDoesNotRotateTheLogAfterACrash() throws {
+        let store = try open("s.sqlite") { $0.maxClockDrift = 500 }
+        try store.upsert(["_id": "a", "v": 0], in: "c")
+        try crashImage("s.sqlite", as: "crashed.sqlite")
+        let crashed = try open("crashed.sqlite") { $0.maxClockDrift = 500 }
+        #expect(crashed.siteID == store.siteID)
+        #expect(log.lines.isEmpty)
+    }
+
     @Test func droppingTheStoreIsACleanClose() throws {
         let epoch: [UInt8]
         do {

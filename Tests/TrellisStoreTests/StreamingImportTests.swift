@@ -80,6 +80,106 @@ import TrellisTestKit
         #expect(dropped == nil)
     }
 
+    /// Reading ahead yields what the reader yields on `path`.
+    func expectReadingAheadAlike(_ path: String) throws {
+        let reader = try DocumentFileReader(path: path)
+        let expected = transcript(reader.next) { (reader.place, reader.bytesRead, reader.count) }
+        let ahead = DocumentReadAhead(try DocumentFileReader(path: path))
+        #expect(transcript(ahead.next) { (ahead.place, ahead.bytesRead, ahead.count) } == expected, "\(path)")
+    }
+
+    @Test func readingAheadYieldsWhatTheReaderYieldsAtTheEdges() throws {
+        for (name, text) in [
+            ("empty.jsonl", ""), ("blank.jsonl", "\n \n\t\n"), ("bom.jsonl", "\u{FEFF}"),
+            ("first-bad.jsonl", "oops\n{\"_id\":\"a\"}\n"), ("only-bad.jsonl", "oops"), ("empty.json", "[]"),
+            ("open.json", "["), ("first-bad.json", "[1, {\"_id\":\"a\"}]"), ("trailing.json", "[{\"_id\":\"a\"}] x"),
+            ("comma.json", "[{\"_id\":\"a\"},]"),
+        ] {
+            try expectReadingAheadAlike(try write(name, text))
+        }
+        let n = DocumentReadAhead.chunkSize
+        try expectReadingAheadAlike(try write("chunk.jsonl", (0..<n).map { "{\"_id\":\"d\($0)\"}\n" }.joined()))
+        try expectReadingAheadAlike(try write("chunk-1.jsonl", (0..<(n - 1)).map { "{\"_id\":\"d\($0)\"}\n" }.joined()))
+        try expectReadingAheadAlike(try write("bad.jsonl", String(repeating: "bad\n", count: 2 * n)))
+        // A line longer than a document may be, between two good ones.
+        let huge = dir.path("huge.jsonl")
+        var data = Data("{\"_id\":\"a\"}\n{\"s\":\"".utf8)
+        data.append(Data(repeating: UInt8(ascii: "x"), count: DocumentFileReader.maxDocumentBytes + 10))
+        data.append(Data("\"}\n{\"_id\":\"b\"}\n".utf8))
+        try data.write(to: URL(fileURLWithPath: huge))
+        try expectReadingAheadAlike(huge)
+    }
+
+    /// The offset of this process's descriptor open on `path` (from `/proc/self/fdinfo`).
+    static func fileOffset(of path: String) -> Int? {
+        let target = URL(fileURLWithPath: path).resolvingSymlinksInPath().path
+        for fd in (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? [] {
+            guard (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\(fd)")) == target,
+                let info = try? String(contentsOfFile: "/proc/self/fdinfo/\(fd)", encoding: .utf8)
+            else { continue }
+            for line in info.split(separator: "\n") where line.hasPrefix("pos:") {
+                return Int(line.dropFirst(4).trimmingCharacters(in: .whitespaces))
+            }
+        }
+        return nil
+    }
+
+    /// `value` once it stopped changing for `window` seconds (within 60 s).
+    static func settled(window: Double, _ value: () -> Int?) -> Int? {
+        var last = value()
+        var stableSince = Date()
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline, Date().timeIntervalSince(stableSince) <= window {
+            Thread.sleep(forTimeInterval: 0.05)
+            let now = value()
+            if now != last { (last, stableSince) = (now, Date()) }
+        }
+        return last
+    }
+
+    /// Memory follows the bytes read ahead: chunks are cut at a mebibyte too, so large documents
+    /// are not read a thousand ahead (64 MiB of 64 KiB lines before the cut by bytes).
+    @Test func readingAheadIsBoundedInBytes() throws {
+        let big = String(repeating: "x", count: 64 << 10)
+        let path = try write("big.jsonl", (0..<1_100).map { "{\"_id\":\"d\($0)\",\"s\":\"\(big)\"}\n" }.joined())
+        let ahead = DocumentReadAhead(try DocumentFileReader(path: path))
+        _ = try ahead.next()
+        let offset = Self.settled(window: 1) { Self.fileOffset(of: path) } ?? 0
+        #expect(offset - ahead.bytesRead < 8 << 20)
+        ahead.close()
+    }
+
+    /// `close()` stops the reading thread between documents (an import that failed half-way
+    /// reads no further).
+    @Test func closingStopsTheReadingAtOnce() throws {
+        let big = String(repeating: "x", count: 128 << 10)
+        let path = try write("big2.jsonl", (0..<600).map { "{\"_id\":\"d\($0)\",\"s\":\"\(big)\"}\n" }.joined())
+        let ahead = DocumentReadAhead(try DocumentFileReader(path: path))
+        _ = try ahead.next()
+        ahead.close()
+        let atClose = Self.fileOffset(of: path) ?? 0
+        let last = Self.settled(window: 0.5) { Self.fileOffset(of: path) } ?? atClose
+        #expect(last - atClose < 4 << 20)
+        withExtendedLifetime(ahead) {}
+    }
+
+    /// Dropped wherever the caller stopped, no reading thread stays behind.
+    @Test func noReadingThreadStaysBehind() throws {
+        func threads() -> Int {
+            ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []).count {
+                ((try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8)) ?? "")
+                    .hasPrefix("trellis.import")
+            }
+        }
+        let path = try write("long.jsonl", (0..<5_000).map { "{\"_id\":\"d\($0)\"}\n" }.joined())
+        let before = threads()
+        for taken in [0, 1, 255, 256, 257, 600, 4_999, 5_000, 5_001] {
+            let ahead = DocumentReadAhead(try DocumentFileReader(path: path))
+            for _ in 0..<taken { _ = try ahead.next() }
+        }
+        #expect(Self.settled(window: 0.3) { threads() } == before)
+    }
+
     @Test func linesAndArraysReadTheSameDocuments() throws {
         let lines = try write(
             "l.jsonl", "\u{FEFF}{\"_id\":\"a\",\"v\":1}\r\n\n \t\n{\"_id\":\"b\",\"s\":\"x]},\\\"[\"}")
