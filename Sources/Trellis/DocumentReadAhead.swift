@@ -46,19 +46,25 @@ public final class DocumentReadAhead {
         var place: String
         var bytesRead: Int
         var count: Int
+
+        /// Whether nothing follows it: the end, or an error that is not recoverable.
+        var endsReading: Bool {
+            switch result {
+            case .success(nil): true
+            case .failure(let error): !error.recoverable
+            case .success: false
+            }
+        }
     }
 
     /// What the two threads share: chunks read and not yet taken, and whether the caller stopped.
     private final class Shared: @unchecked Sendable {
-        /// Guards `ready` and `stopped`.
+        /// Guards `ready`, and the waits for `ready` and `stopped`.
         let condition = NSCondition()
         var ready: [[Item]] = []
-        var stopped = false {
-            didSet { stopFlag.store(stopped, ordering: .relaxed) }
-        }
-        /// `stopped`, readable without the lock (checked between documents).
-        let stopFlag = Atomic<Bool>(false)
-        var isStopped: Bool { stopFlag.load(ordering: .relaxed) }
+        /// Set under `condition` by ``close()``; also read without it, between documents.
+        let stopped = Atomic<Bool>(false)
+        var isStopped: Bool { stopped.load(ordering: .relaxed) }
     }
 
     private let shared = Shared()
@@ -100,11 +106,7 @@ public final class DocumentReadAhead {
         }
         let item = current[index]
         index += 1
-        switch item.result {
-        case .success(nil): last = item
-        case .failure(let error) where !error.recoverable: last = item
-        default: break
-        }
+        if item.endsReading { last = item }
         return try take(item)
     }
 
@@ -112,7 +114,7 @@ public final class DocumentReadAhead {
     /// ``next()`` may wait for ever: call it when done.
     public func close() {
         shared.condition.lock()
-        shared.stopped = true
+        shared.stopped.store(true, ordering: .relaxed)
         shared.ready = []
         shared.condition.broadcast()
         shared.condition.unlock()
@@ -138,18 +140,14 @@ public final class DocumentReadAhead {
                 if shared.isStopped { return }
                 let result: Result<Value?, FileError>
                 do { result = .success(try reader.next()) } catch { result = .failure(error) }
-                switch result {
-                case .success(nil): done = true
-                case .failure(let error) where !error.recoverable: done = true
-                default: break
-                }
-                chunk.append(
-                    Item(result: result, place: reader.place, bytesRead: reader.bytesRead, count: reader.count))
+                let item = Item(result: result, place: reader.place, bytesRead: reader.bytesRead, count: reader.count)
+                done = item.endsReading
+                chunk.append(item)
             }
             shared.condition.lock()
             defer { shared.condition.unlock() }
-            while !shared.stopped, shared.ready.count >= chunksAhead { shared.condition.wait() }
-            if shared.stopped { return }
+            while !shared.isStopped, shared.ready.count >= chunksAhead { shared.condition.wait() }
+            if shared.isStopped { return }
             shared.ready.append(chunk)
             shared.condition.broadcast()
         }

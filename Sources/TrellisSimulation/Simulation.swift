@@ -346,7 +346,9 @@ public final class Simulation: @unchecked Sendable {
         let image = Self.storeFiles(node.path)
         node.stop()
         documents.close()
-        Self.putStoreFiles(image, at: node.path)
+        do { try Self.putStoreFiles(image, at: node.path) } catch {
+            record("\(node.name) could not get its store files back after the crash: \(error)")
+        }
         record("\(node.name) crashed")
         for connection in connections.values where connection.open {
             guard let side = connection.ends.firstIndex(where: { $0.node == node.index }) else { continue }
@@ -371,11 +373,17 @@ public final class Simulation: @unchecked Sendable {
         return files
     }
 
-    /// Puts back store files taken by ``storeFiles(_:)`` (the shared-memory index is rebuilt
-    /// from the WAL when the store opens).
-    static func putStoreFiles(_ files: [String: Data], at path: String) {
+    /// Puts store files taken by ``storeFiles(_:)`` in place of the store's (the shared-memory
+    /// index is rebuilt from the WAL when the store opens).
+    ///
+    /// - Throws: `CocoaError(.fileWriteUnknown)` when a file cannot be written.
+    static func putStoreFiles(_ files: [String: Data], at path: String) throws {
         for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) }
-        for (suffix, data) in files { FileManager.default.createFile(atPath: path + suffix, contents: data) }
+        for (suffix, data) in files {
+            guard FileManager.default.createFile(atPath: path + suffix, contents: data) else {
+                throw CocoaError(.fileWriteUnknown)
+            }
+        }
     }
 
     /// Starts a crashed node again, with its store as it was, or wiped (a new store: new site ID
@@ -405,10 +413,7 @@ public final class Simulation: @unchecked Sendable {
     /// - Throws: the store's or file system's errors.
     public func snapshot(_ node: SimulatedNode) throws -> StoreSnapshot {
         try node.documents.checkpointWAL()
-        var files: [String: Data] = [:]
-        for suffix in ["", "-wal"] {
-            if let data = FileManager.default.contents(atPath: node.path + suffix) { files[suffix] = data }
-        }
+        let files = Self.storeFiles(node.path)
         record("\(node.name) backed up")
         return StoreSnapshot(files: files, time: now)
     }
@@ -419,12 +424,7 @@ public final class Simulation: @unchecked Sendable {
     /// - Throws: the store's or file system's errors.
     public func restore(_ node: SimulatedNode, from snapshot: StoreSnapshot) throws {
         crash(node)
-        for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: node.path + suffix) }
-        for (suffix, data) in snapshot.files {
-            guard FileManager.default.createFile(atPath: node.path + suffix, contents: data) else {
-                throw CocoaError(.fileWriteUnknown)
-            }
-        }
+        try Self.putStoreFiles(snapshot.files, at: node.path)
         history.lost(node.index, from: snapshot.time, to: now)
         try node.start()
         record("\(node.name) restored from the backup of \(snapshot.time) ms")
