@@ -56,6 +56,11 @@ extension DocumentStore {
     ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
     ///   - keys: when given, only the rows of these canonical `_id` keys are read (a peer asking
     ///     again for documents it evicted), found through the primary key.
+    ///   - holder: a query subscription whose subscriber will hold the tombstones of this page
+    ///     (the one a refetch was derived from, `Refetch.base(of:)` in TrellisSync's adapter):
+    ///     it is tracked as served, and each tombstone returned is recorded in its scope, so a
+    ///     later change to the document is sent to it whatever its query matches. A holder whose
+    ///     query does not parse, or a whole-collection one, records nothing.
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
     ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
     /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
@@ -63,7 +68,8 @@ extension DocumentStore {
     ///   states returned.
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
-        args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil, keys: [String]? = nil
+        args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil, keys: [String]? = nil,
+        tombstonesHeldBy holder: SubscriptionSpec? = nil
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
@@ -96,6 +102,7 @@ extension DocumentStore {
             // Nothing is left between the last row and the floor: an exhausted page covers it, so
             // the next page is not below the floor again.
             if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }
+            if let holder { try recordTombstones(&s, of: page, heldBy: holder, now: now) }
             return page
         }
     }

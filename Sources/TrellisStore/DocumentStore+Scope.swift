@@ -426,6 +426,27 @@ extension DocumentStore {
         return true
     }
 
+    /// Records the tombstones of `page` in the scope of `holder`, whose subscriber is about to hold
+    /// them (a refetch derived from it returned them although its query matches no tombstone), and
+    /// tracks `holder` as served. Nothing for a whole-collection holder (it gets every tombstone)
+    /// or one whose query does not parse or bind.
+    ///
+    /// - Complexity: one indexed insert per tombstone of the page.
+    func recordTombstones(_ s: inout State, of page: ChangePage, heldBy holder: SubscriptionSpec, now: UInt64) throws {
+        guard !holder.isWholeCollection, !options.readOnly, page.records.contains(where: \.isDeleted),
+            let bound = try? Query(holder.query).bind(args: holder.args)
+        else { return }
+        try registerServed(&s, holder, bound: bound, now: now)
+        let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
+        for record in page.records where record.isDeleted {
+            st.reset()
+            st.bind(1, record.collection)
+            st.bind(2, record.key)
+            st.bind(3, holder.scopeHash)
+            try st.run()
+        }
+    }
+
     /// Gives a document's row the next `seq`, unchanged otherwise, so that change-log pages after
     /// it return the row again.
     func relog(_ s: inout State, _ collection: String, _ key: String) throws {

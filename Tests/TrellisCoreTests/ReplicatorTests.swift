@@ -662,6 +662,10 @@ import TrellisCore
         let refetch = try #require(Refetch.specs(for: spec, ids: ["c1", "c2"]).first)
         #expect(refetch.query == "(n > $args.min) && _id IN $args.trellisEvicted")
         #expect(Refetch.ids(of: refetch) == ["c1", "c2"] && Refetch.ids(of: spec) == nil)
+        // The subscription it came from, whose scope records the tombstones it brings.
+        #expect(Refetch.base(of: refetch) == spec && Refetch.base(of: spec) == nil)
+        let bare = SubscriptionSpec(collection: "cars", query: ") && _id IN $args.trellisEvicted", args: refetch.args)
+        #expect(Refetch.base(of: bare) == nil)
         guard case .subscriptions(let subs, _)? = Self.sent(asked).first else {
             Issue.record("no subscriptions sent")
             return

@@ -476,4 +476,32 @@ extension HeldDocumentsSimulationTests {
         high.cancel()
         pSub.cancel()
     }
+    /// N held d9 through a whole-collection subscription, cancelled it and evicted d9; P removed
+    /// d9. N subscribes to `v >= 5`: its refetch of the evicted documents brings d9's tombstone,
+    /// which N then holds although d9 never matched `v >= 5` on P. P writes d9 again, as {v: 3}:
+    /// N must get it. Before, a refetch recorded nothing, so P sent N nothing and N kept the
+    /// tombstone while P held d9 (simulation seed 440019, `--nodes 2-6 --steps 100`).
+    @Test func aTombstoneARefetchBroughtIsKeptUpToDate() throws {
+        let sim = try Simulation(seed: 9013)
+        let p = try sim.addNode("p")
+        let n = try sim.addNode("n")
+        let pSub = try Self.subscribe(p)
+        let whole = try Self.subscribe(n)
+        sim.connect(n, p)
+        try Self.writeD9(sim, on: p)
+        #expect(try Self.get(n, "d9")?["v"] == 2)
+        whole.cancel()
+        try sim.runUntilQuiet()
+        #expect(try n.store.collection("items").findByID("d9").evict())
+        _ = try p.store.collection("items").findByID("d9").remove()
+        try sim.runUntilQuiet()
+        let high = try Self.subscribe(n, "v >= 5")
+        try sim.runUntilQuiet()
+        try p.store.collection("items").upsert(["_id": "d9", "v": 3])
+        try sim.runUntilQuiet()
+        #expect(try Self.get(n, "d9")?["v"] == 3)
+        try sim.check()
+        high.cancel()
+        pSub.cancel()
+    }
 }

@@ -5,9 +5,11 @@
 /// **refetch subscription** derived from each such subscription: the same collection, the query
 /// `(q) && _id IN $args.trellisEvicted` and the original arguments plus the list of `_id`s. The
 /// sender reads only the rows of those `_id`s (its store looks them up by key) and sends those
-/// that match `q`, tombstones included; nobody re-sends the rest of the collection. A refetch
-/// subscription stores no checkpoint and is dropped once every listed document has arrived (or
-/// its collection has no subscription left).
+/// that match `q`, tombstones included; nobody re-sends the rest of the collection. The subscriber
+/// then holds those tombstones, so the sender records them in the scope of the subscription `q`
+/// (``base(of:)``): a later change to such a document reaches the subscriber although it matches
+/// neither before nor after. A refetch subscription stores no checkpoint and is dropped once every
+/// listed document has arrived (or its collection has no subscription left).
 public enum Refetch {
     /// The argument holding the `_id`s of a refetch subscription.
     public static let argument = "trellisEvicted"
@@ -26,6 +28,23 @@ public enum Refetch {
             return SubscriptionSpec(
                 collection: spec.collection, query: "(\(spec.query)) && _id IN $args.\(argument)", args: args)
         }
+    }
+
+    /// The subscription a refetch subscription was derived from (``specs(for:ids:)``): its query
+    /// `q` and its arguments without ``argument``, or `nil` when `spec` is not a refetch
+    /// subscription of that exact shape `(q) && _id IN $args.trellisEvicted`. The text is not
+    /// parsed here: a `q` that does not parse on its own names no subscription.
+    ///
+    /// - Complexity: O(length of the query text + number of arguments).
+    public static func base(of spec: SubscriptionSpec) -> SubscriptionSpec? {
+        let suffix = ") && _id IN $args.\(argument)"
+        guard ids(of: spec) != nil, spec.query.hasPrefix("("), spec.query.hasSuffix(suffix),
+            spec.query.utf8.count > suffix.utf8.count + 1
+        else { return nil }
+        var args = spec.args
+        args[argument] = nil
+        return SubscriptionSpec(
+            collection: spec.collection, query: String(spec.query.dropFirst().dropLast(suffix.count)), args: args)
     }
 
     /// The `_id`s a refetch subscription asks for, or `nil` when `spec` is not one.
