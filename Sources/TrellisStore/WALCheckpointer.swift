@@ -77,11 +77,21 @@ final class WALCheckpointer: @unchecked Sendable {
 
     private func runInBackground() {
         do {
-            if connection == nil { connection = try Connection(path: path) }
+            if connection == nil {
+                let opened = try Connection(path: path)
+                // A connection opens the WAL at its first read. Until then a checkpoint through it
+                // finds no WAL, does nothing and still returns SQLITE_OK: before this read, no
+                // background checkpoint ever copied a page, and the writer copied the whole WAL
+                // under the store's lock at the limit.
+                try opened.execute("SELECT count(*) FROM sqlite_schema")
+                connection = opened
+            }
             guard let connection else { return }
-            let rc = sqlite3_wal_checkpoint_v2(connection.handle, nil, SQLITE_CHECKPOINT_PASSIVE, nil, nil)
+            var logFrames: Int32 = -1
+            let rc = sqlite3_wal_checkpoint_v2(connection.handle, nil, SQLITE_CHECKPOINT_PASSIVE, &logFrames, nil)
             guard rc == SQLITE_OK || rc == SQLITE_BUSY else { throw connection.error(rc, "checkpointing the WAL") }
-            if rc == SQLITE_OK { backgroundRuns.add(1, ordering: .relaxed) }
+            // `logFrames` stays -1 when the connection found no WAL: that checkpoint did nothing.
+            if rc == SQLITE_OK, logFrames >= 0 { backgroundRuns.add(1, ordering: .relaxed) }
             lastError = nil
         } catch {
             // The writer checkpoints at the limit meanwhile; said once, not at every commit.

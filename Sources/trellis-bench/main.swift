@@ -3,6 +3,7 @@
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
 //       [--sync-costs] [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]
+//       [--writes [--runs N]]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -56,6 +57,7 @@ var wireOnly = false
 var contactsOnly = false
 var findOnly = false
 var singleOnly = false
+var writesOnly = false
 var verbose = false
 var replicationRuns = 1
 var i = 0
@@ -75,6 +77,7 @@ while i < args.count {
     case "--contacts": contactsOnly = true
     case "--find": findOnly = true
     case "--single": singleOnly = true
+    case "--writes": writesOnly = true
     case "--verbose": verbose = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
@@ -98,6 +101,7 @@ while i < args.count {
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
                 + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
                 + " [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]"
+                + " [--writes [--runs N]]"
         )
         exit(0)
     default:
@@ -183,6 +187,25 @@ func rawInsert(_ file: String, rows: [String], singly: Bool = false, full: Bool 
             if singly { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
         }
         if !singly { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
+    }
+}
+
+/// Applies the whole change log of `source` into a new store at `file`, 256 documents per
+/// transaction, as a peer's batches arrive. Returns the seconds taken.
+func mergeSeconds(from source: DocumentStore, into file: String) throws -> Double {
+    let log = try source.changes(in: "cars", after: 0, limit: .max, maxBytes: .max).records
+    let remote = log.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
+    let store = try DocumentStore(path: file)
+    let peer: [UInt8] = Array(repeating: 1, count: 32)
+    return try seconds {
+        var start = 0
+        while start < remote.count {
+            let end = min(remote.count, start + 256)
+            _ = try store.merge(
+                Array(remote[start..<end]), from: peer,
+                checkpoint: ("bench", Checkpoint(epoch: source.epoch, seq: Int64(end))))
+            start = end
+        }
     }
 }
 
@@ -286,6 +309,29 @@ if singleOnly {
     printFigures(figures, heading: "trellis-bench --single: one transaction per document, \(count) documents")
     exit(0)
 }
+if writesOnly {
+    // Batched upserts and remote merges alone: raw batched inserts, Trellis batched upserts, and
+    // the merge of their log into an empty store, each into a fresh file; with --runs N, N rounds,
+    // each against its own baseline.
+    for run in 0..<replicationRuns {
+        let raw = Double(documentCount) / rawInsert(path("raw-writes-\(run).sqlite"), rows: jsonRows)
+        let store = try DocumentStore(path: path("writes-\(run).sqlite"))
+        let batched = try Double(documentCount) / seconds { try store.upsert(documents, in: "cars") }
+        let merged = try Double(documentCount) / mergeSeconds(from: store, into: path("writes-merge-\(run).sqlite"))
+        figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: raw, unit: "rows/s"))
+        figures.append(
+            Figure(
+                name: "local_upserts_batched_per_s", value: batched, unit: "docs/s", baseline: raw,
+                baselineName: "sqlite_raw_inserts_per_s"))
+        figures.append(
+            Figure(
+                name: "remote_merges_per_s", value: merged, unit: "docs/s", baseline: raw,
+                baselineName: "sqlite_raw_inserts_per_s"))
+    }
+    printFigures(
+        figures, heading: "trellis-bench --writes: batched upserts and remote merges, \(documentCount) documents")
+    exit(0)
+}
 if findOnly {
     // The query figures alone, on a store of batched upserts; with --runs N, N rounds of them.
     let store = try DocumentStore(path: path("batched.sqlite"))
@@ -385,20 +431,7 @@ figures.append(
 
 // MARK: Remote merges: apply the batched store's log into an empty store, 256 per transaction.
 
-let log = try batchedStore.changes(in: "cars", after: 0, limit: documentCount, maxBytes: .max).records
-let remote = log.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
-let mergeStore = try DocumentStore(path: path("merge.sqlite"))
-let peer: [UInt8] = Array(repeating: 1, count: 32)
-let mergeTime = try seconds {
-    var start = 0
-    while start < remote.count {
-        let end = min(remote.count, start + 256)
-        _ = try mergeStore.merge(
-            Array(remote[start..<end]), from: peer,
-            checkpoint: ("bench", Checkpoint(epoch: batchedStore.epoch, seq: Int64(end))))
-        start = end
-    }
-}
+let mergeTime = try mergeSeconds(from: batchedStore, into: path("merge.sqlite"))
 figures.append(
     Figure(
         name: "remote_merges_per_s", value: Double(documentCount) / mergeTime, unit: "docs/s",
