@@ -1045,7 +1045,10 @@ public final class DocumentStore: Sendable {
         // At most half the drift allowed, so an open after a crash never finds the ceiling "far
         // ahead" of the system time (``openLog``) for a clock that was not.
         let lease = min(Self.clockLeaseMillis, options.maxClockDrift / 2)
-        let ceiling = last.millis <= now && now < 1 << 47 ? HLCTimestamp(millis: now + lease, logical: 0) : last
+        // A ceiling is a stamp too: never past the largest (HLCTimestamp.maxMillis).
+        let ceiling =
+            last.millis <= now && now <= HLCTimestamp.maxMillis - lease
+            ? HLCTimestamp(millis: now + lease, logical: 0) : last
         try Self.setMeta(s.db, "hlc", Self.bytes(ceiling.rawValue))
         s.savedClock = ceiling
     }
