@@ -99,4 +99,36 @@ import TrellisSimulation
         high.cancel()
         pSub.cancel()
     }
+
+    /// Refetch subscriptions count toward `maxAskedSubscriptions` (here 2, so the scenario stays
+    /// small; by default 1,024, reached by 64 query subscriptions in a collection and 3,841 evicted
+    /// documents): N's two query subscriptions fit, but evicting d9 adds a refetch per
+    /// subscription and the collection collapses into a whole-collection subscription. P then
+    /// sends N every document, d1 {v: 2} too, which matches neither query; the refetch ends and N
+    /// asks its two queries again, holding d1. P sets d1's `v` to 3: N must get it (it holds d1),
+    /// but P records nothing for a whole-collection subscription and N keeps v: 2.
+    @Test func aCollapseCausedByRefetchesLeavesNoDocumentStale() throws {
+        let sim = try Simulation(seed: 9105)
+        sim.replicatorConfiguration = { $0.maxAskedSubscriptions = 2 }
+        let p = try sim.addNode("p")
+        let n = try sim.addNode("n")
+        let pSub = try Self.subscribe(p)
+        let high = try Self.subscribe(n, "v >= 5")
+        let low = try Self.subscribe(n, "v < 0")
+        sim.connect(n, p)
+        try p.store.collection("items").upsert(["_id": "d1", "v": 2])
+        try p.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        #expect(try Self.get(n, "d1") == nil)
+        #expect(try n.store.collection("items").findByID("d9").evict())
+        try sim.runUntilQuiet()
+        #expect(try Self.get(n, "d9")?["v"] == 6)
+        _ = try p.store.collection("items").findByID("d1").update { $0?["v"].set(.int(3)) }
+        try sim.runUntilQuiet()
+        if try Self.get(n, "d1") != nil { #expect(try Self.get(n, "d1")?["v"] == 3) }
+        try sim.check()
+        high.cancel()
+        low.cancel()
+        pSub.cancel()
+    }
 }
