@@ -131,4 +131,35 @@ import TrellisSimulation
         low.cancel()
         pSub.cancel()
     }
+
+    /// P — R — N. R subscribes to `v >= 5` and relays N's whole-collection subscription, so it
+    /// stores every document that passes for N: d1 {v: 2}, outside its own query. N cancels its
+    /// subscription (nothing is relayed through R any more); P sets d1's `v` to 3. R holds d1 and
+    /// is a query subscriber: it must get the change, or not hold d1. Observed: P records d1
+    /// under no subscription of R's (R relayed a whole-collection one), R keeps v: 2. (The docs
+    /// exempt what a subscriber holds through a subscription it cancelled itself; they say nothing
+    /// of one it relayed.)
+    @Test func aQuerySubscriberThatRelayedAWholeSubscriptionIsKeptUpToDate() throws {
+        let sim = try Simulation(seed: 9106)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let n = try sim.addNode("n")
+        let pSub = try Self.subscribe(p)
+        let high = try Self.subscribe(r, "v >= 5")
+        let whole = try Self.subscribe(n)
+        sim.connect(p, r)
+        sim.connect(r, n)
+        try p.store.collection("items").upsert(["_id": "d1", "v": 2])
+        try sim.runUntilQuiet()
+        #expect(try Self.get(n, "d1")?["v"] == 2)
+        #expect(try Self.get(r, "d1")?["v"] == 2)
+        whole.cancel()
+        try sim.runUntilQuiet()
+        _ = try p.store.collection("items").findByID("d1").update { $0?["v"].set(.int(3)) }
+        try sim.runUntilQuiet()
+        #expect(try Self.get(r, "d1")?["v"] == 3)
+        try sim.check()
+        high.cancel()
+        pSub.cancel()
+    }
 }
