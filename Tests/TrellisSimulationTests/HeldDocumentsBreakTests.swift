@@ -162,4 +162,31 @@ import TrellisSimulation
         high.cancel()
         pSub.cancel()
     }
+
+    /// Control (holds on db7e59b): P — R — M. R subscribes to `v >= 5`, gets d9 {v: 6} from P,
+    /// cancels and evicts d9 (no subscription is active, so nothing is asked again). M then
+    /// subscribes to `v >= 5` through R, which must not leave M without d9.
+    @Test func aSubscriptionRelayedThroughANodeThatEvictedGetsTheDocument() throws {
+        let sim = try Simulation(seed: 9107)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let m = try sim.addNode("m")
+        let pSub = try Self.subscribe(p)
+        let rHigh = try Self.subscribe(r, "v >= 5")
+        sim.connect(p, r)
+        sim.connect(r, m)
+        try p.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        #expect(try Self.get(r, "d9")?["v"] == 6)
+        rHigh.cancel()
+        try sim.runUntilQuiet()
+        #expect(try r.store.collection("items").findByID("d9").evict())
+        try sim.runUntilQuiet()
+        let mHigh = try Self.subscribe(m, "v >= 5")
+        try sim.runUntilQuiet()
+        #expect(try Self.get(m, "d9")?["v"] == 6)
+        try sim.check()
+        mHigh.cancel()
+        pSub.cancel()
+    }
 }
