@@ -103,6 +103,10 @@ extension DocumentStore {
             // the next page is not below the floor again.
             if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }
             if let holder { try recordTombstones(&s, of: page, heldBy: holder, now: now) }
+            // An eviction stub sent whole (it holds an unacknowledged write) is held by the
+            // subscriber from now on; the stub's value is unknown to scope tracking, so the next
+            // state of the document (a write over the stub, a merge) reaches it only if recorded.
+            if let subscription, scope != nil { try recordStubs(&s, of: page, heldBy: subscription) }
             return page
         }
     }

@@ -433,12 +433,35 @@ extension DocumentStore {
     ///
     /// - Complexity: one indexed insert per tombstone of the page.
     func recordTombstones(_ s: inout State, of page: ChangePage, heldBy holder: SubscriptionSpec, now: UInt64) throws {
-        guard !holder.isWholeCollection, !options.readOnly, page.records.contains(where: \.isDeleted),
+        guard !holder.isWholeCollection, !options.readOnly,
+            page.records.contains(where: { $0.isDeleted || $0.isEvictionStub }),
             let bound = try? Query(holder.query).bind(args: holder.args)
         else { return }
         try registerServed(&s, holder, bound: bound, now: now)
+        try recordStubs(&s, of: page, heldBy: holder)
         let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
         for record in page.records where record.isDeleted {
+            st.reset()
+            st.bind(1, record.collection)
+            st.bind(2, record.key)
+            st.bind(3, holder.scopeHash)
+            try st.run()
+        }
+    }
+
+    /// Records the eviction stubs of `page` (sent whole: each holds an unacknowledged write) in
+    /// the scope of `holder`, whose subscriber is about to hold them. A stub's value is unknown
+    /// to ``trackScope(_:_:_:new:)``, which records nothing when the next state replaces it, and
+    /// the eviction recorded the document only under the subscriptions served then: without this,
+    /// a subscription first served after the eviction would never get the document's next state.
+    ///
+    /// - Complexity: one indexed insert per stub of the page; nothing when it has none.
+    func recordStubs(_ s: inout State, of page: ChangePage, heldBy holder: SubscriptionSpec) throws {
+        guard !holder.isWholeCollection, !options.readOnly, page.records.contains(where: \.isEvictionStub) else {
+            return
+        }
+        let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
+        for record in page.records where record.isEvictionStub {
             st.reset()
             st.bind(1, record.collection)
             st.bind(2, record.key)
