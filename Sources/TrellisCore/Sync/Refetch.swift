@@ -55,6 +55,17 @@ public enum Refetch {
     }
 }
 
+/// A subscription of this node's own that names the argument ``Refetch/argument``
+/// (`trellisEvicted`), reserved for the refetch subscriptions Trellis derives: peers would take
+/// the subscription for one (served without scope records, no checkpoint stored), so documents
+/// that leave it would not reach this node.
+public struct ReservedArgumentError: Error, Equatable, Sendable, CustomStringConvertible {
+    public var description: String {
+        "the query argument name '\(Refetch.argument)' is reserved for the refetch subscriptions Trellis "
+            + "derives from evictions; give the argument another name"
+    }
+}
+
 /// The evicted documents of one collection being asked for again.
 struct RefetchList: Sendable {
     /// The `_id`s asked for (fixed until the list is dropped, so the subscriptions keep their keys).

@@ -165,9 +165,11 @@ public struct Replicator: Sendable {
     /// share it; ``unsubscribe(_:now:)`` releases one.
     ///
     /// - Throws: ``QueryParseError`` or ``QueryEvaluationError`` when the query does not parse or
-    ///   bind, ``WireError`` for a bad collection name; nothing changes then.
+    ///   bind, ``WireError`` for a bad collection name, ``ReservedArgumentError`` for an argument
+    ///   named `trellisEvicted` (``Refetch/argument``); nothing changes then.
     public mutating func subscribe(_ spec: SubscriptionSpec, now: Millis) throws -> [ReplicatorDirective] {
         try SubscriptionSpec.validateCollectionName(spec.collection)
+        guard spec.args[Refetch.argument] == nil else { throw ReservedArgumentError() }
         _ = try Query(spec.query).bind(args: spec.args)
         let key = UTF8Key(spec.key)
         if let held = own[key] {
