@@ -426,27 +426,19 @@ extension DocumentStore {
         return true
     }
 
-    /// Records the tombstones of `page` in the scope of `holder`, whose subscriber is about to hold
-    /// them (a refetch derived from it returned them although its query matches no tombstone), and
-    /// tracks `holder` as served. Nothing for a whole-collection holder (it gets every tombstone)
-    /// or one whose query does not parse or bind.
+    /// Records the tombstones and eviction stubs of `page` in the scope of `holder`, whose
+    /// subscriber is about to hold them (a refetch derived from it returned them although its
+    /// query matches no tombstone), and tracks `holder` as served. Nothing for a whole-collection
+    /// holder (it gets every tombstone) or one whose query does not parse or bind.
     ///
-    /// - Complexity: one indexed insert per tombstone of the page.
+    /// - Complexity: one indexed insert per tombstone or stub of the page.
     func recordTombstones(_ s: inout State, of page: ChangePage, heldBy holder: SubscriptionSpec, now: UInt64) throws {
         guard !holder.isWholeCollection, !options.readOnly,
             page.records.contains(where: { $0.isDeleted || $0.isEvictionStub }),
             let bound = try? Query(holder.query).bind(args: holder.args)
         else { return }
         try registerServed(&s, holder, bound: bound, now: now)
-        try recordStubs(&s, of: page, heldBy: holder)
-        let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
-        for record in page.records where record.isDeleted {
-            st.reset()
-            st.bind(1, record.collection)
-            st.bind(2, record.key)
-            st.bind(3, holder.scopeHash)
-            try st.run()
-        }
+        try record(&s, page.records.filter { $0.isDeleted || $0.isEvictionStub }, in: holder)
     }
 
     /// Records the eviction stubs of `page` (sent whole: each holds an unacknowledged write) in
@@ -457,11 +449,15 @@ extension DocumentStore {
     ///
     /// - Complexity: one indexed insert per stub of the page; nothing when it has none.
     func recordStubs(_ s: inout State, of page: ChangePage, heldBy holder: SubscriptionSpec) throws {
-        guard !holder.isWholeCollection, !options.readOnly, page.records.contains(where: \.isEvictionStub) else {
-            return
-        }
+        guard !holder.isWholeCollection, !options.readOnly else { return }
+        try record(&s, page.records.filter(\.isEvictionStub), in: holder)
+    }
+
+    /// Records `records` in the scope of `holder`: one `INSERT OR IGNORE` each.
+    private func record(_ s: inout State, _ records: [ChangeRecord], in holder: SubscriptionSpec) throws {
+        guard !records.isEmpty else { return }
         let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
-        for record in page.records where record.isEvictionStub {
+        for record in records {
             st.reset()
             st.bind(1, record.collection)
             st.bind(2, record.key)
