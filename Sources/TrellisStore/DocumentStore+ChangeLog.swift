@@ -56,9 +56,9 @@ extension DocumentStore {
     ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
     ///   - keys: when given, only the rows of these canonical `_id` keys are read (a peer asking
     ///     again for documents it evicted), found through the primary key.
-    ///   - holder: a query subscription whose subscriber will hold the tombstones of this page
-    ///     (the one a refetch was derived from, `Refetch.base(of:)` in TrellisSync's adapter):
-    ///     it is tracked as served, and each tombstone returned is recorded in its scope, so a
+    ///   - holder: a query subscription whose subscriber will hold the tombstones and eviction
+    ///     stubs of this page (the one a refetch was derived from, `Refetch.base(of:)` in
+    ///     TrellisSync's adapter): it is tracked as served, and each is recorded in its scope, so a
     ///     later change to the document is sent to it whatever its query matches. A holder whose
     ///     query does not parse, or a whole-collection one, records nothing.
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
