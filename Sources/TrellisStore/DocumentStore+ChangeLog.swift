@@ -56,11 +56,11 @@ extension DocumentStore {
     ///   - after: exclusive lower bound (a cursor: the `scannedUpTo` of the previous page, or 0).
     ///   - keys: when given, only the rows of these canonical `_id` keys are read (a peer asking
     ///     again for documents it evicted), found through the primary key.
-    ///   - holder: a query subscription whose subscriber will hold the tombstones and eviction
-    ///     stubs of this page (the one a refetch was derived from, `Refetch.base(of:)` in
-    ///     TrellisSync's adapter): it is tracked as served, and each is recorded in its scope, so a
-    ///     later change to the document is sent to it whatever its query matches. A holder whose
-    ///     query does not parse, or a whole-collection one, records nothing.
+    ///   - base: for a page answering a refetch, the query subscription the refetch was derived
+    ///     from (`Refetch.base(of:)` in TrellisSync's adapter), whose subscriber will hold the
+    ///     page's tombstones and eviction stubs: it is tracked as served, and each is recorded in
+    ///     its scope, so a later change to the document is sent to it whatever its query matches.
+    ///     A base whose query does not parse, or a whole-collection one, records nothing.
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
     ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
     /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
@@ -69,7 +69,7 @@ extension DocumentStore {
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
         args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil, keys: [String]? = nil,
-        tombstonesHeldBy holder: SubscriptionSpec? = nil
+        refetchOf base: SubscriptionSpec? = nil
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
@@ -102,11 +102,11 @@ extension DocumentStore {
             // Nothing is left between the last row and the floor: an exhausted page covers it, so
             // the next page is not below the floor again.
             if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }
-            if let holder { try recordTombstones(&s, of: page, heldBy: holder, now: now) }
+            if let base { try recordRefetched(&s, of: page, base: base, now: now) }
             // An eviction stub sent whole (it holds an unacknowledged write) is held by the
             // subscriber from now on; the stub's value is unknown to scope tracking, so the next
             // state of the document (a write over the stub, a merge) reaches it only if recorded.
-            if let subscription, scope != nil { try recordStubs(&s, of: page, heldBy: subscription) }
+            if let subscription { try recordStubs(&s, of: page, heldBy: subscription) }
             return page
         }
     }

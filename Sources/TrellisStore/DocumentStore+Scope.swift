@@ -426,19 +426,21 @@ extension DocumentStore {
         return true
     }
 
-    /// Records the tombstones and eviction stubs of `page` in the scope of `holder`, whose
-    /// subscriber is about to hold them (a refetch derived from it returned them although its
-    /// query matches no tombstone), and tracks `holder` as served. Nothing for a whole-collection
-    /// holder (it gets every tombstone) or one whose query does not parse or bind.
+    /// Records the tombstones and eviction stubs of `page`, a refetch's answer, in the scope of
+    /// `base`, the subscription the refetch was derived from: its subscriber is about to hold
+    /// them although its query matches no tombstone. Tracks `base` as served. Nothing for a
+    /// whole-collection base (it gets every tombstone) or one whose query does not parse or bind.
     ///
     /// - Complexity: one indexed insert per tombstone or stub of the page.
-    func recordTombstones(_ s: inout State, of page: ChangePage, heldBy holder: SubscriptionSpec, now: UInt64) throws {
-        guard !holder.isWholeCollection, !options.readOnly,
+    func recordRefetched(_ s: inout State, of page: ChangePage, base: SubscriptionSpec, now: UInt64) throws {
+        guard !base.isWholeCollection, !options.readOnly,
             page.records.contains(where: { $0.isDeleted || $0.isEvictionStub }),
-            let bound = try? Query(holder.query).bind(args: holder.args)
+            let bound = try? Query(base.query).bind(args: base.args)
         else { return }
-        try registerServed(&s, holder, bound: bound, now: now)
-        try record(&s, page.records.filter { $0.isDeleted || $0.isEvictionStub }, in: holder)
+        try registerServed(&s, base, bound: bound, now: now)
+        for record in page.records where record.isDeleted || record.isEvictionStub {
+            try recordHeld(&s, record.collection, record.key, by: base)
+        }
     }
 
     /// Records the eviction stubs of `page` (sent whole: each holds an unacknowledged write) in
@@ -450,19 +452,8 @@ extension DocumentStore {
     /// - Complexity: one indexed insert per stub of the page; nothing when it has none.
     func recordStubs(_ s: inout State, of page: ChangePage, heldBy holder: SubscriptionSpec) throws {
         guard !holder.isWholeCollection, !options.readOnly else { return }
-        try record(&s, page.records.filter(\.isEvictionStub), in: holder)
-    }
-
-    /// Records `records` in the scope of `holder`: one `INSERT OR IGNORE` each.
-    private func record(_ s: inout State, _ records: [ChangeRecord], in holder: SubscriptionSpec) throws {
-        guard !records.isEmpty else { return }
-        let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
-        for record in records {
-            st.reset()
-            st.bind(1, record.collection)
-            st.bind(2, record.key)
-            st.bind(3, holder.scopeHash)
-            try st.run()
+        for record in page.records where record.isEvictionStub {
+            try recordHeld(&s, record.collection, record.key, by: holder)
         }
     }
 

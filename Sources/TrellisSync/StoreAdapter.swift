@@ -6,13 +6,13 @@ extension DocumentStore: SyncStore {
 
     public func scan(_ request: ScanRequest) throws -> ScanPage {
         // A peer asking again for documents it evicted: read only those rows, and do not track
-        // the request as a served query (it is dropped once they arrive); the tombstones it gets
-        // are recorded in the scope of the subscription it was derived from.
+        // the request as a served query (it is dropped once they arrive); the tombstones and stubs
+        // it gets are recorded in the scope of the subscription it was derived from.
         let refetch = Refetch.ids(of: request.spec).map { ids in ids.compactMap { try? DocumentStore.key(for: $0) } }
         let page = try changes(
             in: request.spec.collection, after: request.after, limit: request.limit, maxBytes: request.maxBytes,
             matching: request.query, servedAs: refetch == nil ? request.spec : nil, keys: refetch,
-            tombstonesHeldBy: refetch == nil ? nil : Refetch.base(of: request.spec))
+            refetchOf: Refetch.base(of: request.spec))
         return ScanPage(
             records: page.records.map { record in
                 LogRecord(
