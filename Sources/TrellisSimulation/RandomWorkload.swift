@@ -62,6 +62,15 @@ public struct RandomWorkload: Sendable {
     public var documents = 12
     /// The app operations drawn (``WorkloadOperations``).
     public var operations = WorkloadOperations.wide
+    /// Nodes (the last ones of each mesh, at most all but one) that hold only the documents of a
+    /// query of their own (drawn from ``queries``), cancel it and make it again at random; each
+    /// other node then replicates the whole collection or, as often, only relays, so nodes relay
+    /// query subscriptions that come and go (docs/MESH.md, "Leaving a subscription's scope").
+    /// 0 (the default) draws the single optional query node of earlier seeds, which replay as
+    /// they did.
+    public var queryNodes = 0
+    /// The queries ``queryNodes`` draw from.
+    public static let queries = ["v >= 5", "v < 3", "s == 'a'", "v >= 2 && v <= 6"]
 
     public init() {}
 
@@ -88,8 +97,21 @@ public struct RandomWorkload: Sendable {
         func subscribeToQuery(_ node: SimulatedNode) throws -> Subscription {
             try node.store.collection("items").find("v >= 5").subscribe()
         }
+        // With ``queryNodes``: the last nodes' own queries, and whether each is asked now.
+        var queryNodeSubscriptions: [(node: SimulatedNode, query: String, subscription: Subscription?)] = []
+        let queryNodes = min(self.queryNodes, count - 1)
         for (i, node) in sim.nodes.enumerated() {
-            if i == count - 1, count > 3, Bool.random(using: &random) {
+            if queryNodes > 0 {
+                if i >= count - queryNodes {
+                    let text = Self.queries.randomElement(using: &random)!
+                    queryNodeSubscriptions.append(
+                        (node, text, try node.store.collection("items").find(text).subscribe()))
+                    try node.watch("items", query: text)
+                } else if Bool.random(using: &random) {
+                    subscriptions.append(try node.store.collection("items").findAll().subscribe())
+                    try node.watch("items")
+                }
+            } else if i == count - 1, count > 3, Bool.random(using: &random) {
                 if Bool.random(using: &random) {
                     lateQuery = (node, Int.random(in: 0..<steps, using: &random))
                 } else {
@@ -122,6 +144,21 @@ public struct RandomWorkload: Sendable {
                     sim.note("\(node.name) app: subscribe to items where v >= 5 again")
                 }
             }
+            if !queryNodeSubscriptions.isEmpty, Int.random(in: 0..<8, using: &random) == 0 {
+                let index = Int.random(in: 0..<queryNodeSubscriptions.count, using: &random)
+                let (node, text, subscription) = queryNodeSubscriptions[index]
+                if node.isUp {
+                    if let subscription {
+                        subscription.cancel()
+                        queryNodeSubscriptions[index].subscription = nil
+                        sim.note("\(node.name) app: cancel its subscription to items where \(text)")
+                    } else {
+                        queryNodeSubscriptions[index].subscription = try node.store.collection("items").find(text)
+                            .subscribe()
+                        sim.note("\(node.name) app: subscribe to items where \(text) again")
+                    }
+                }
+            }
             if Int.random(in: 0..<5, using: &random) == 0, let node = sim.nodes.randomElement(using: &random) {
                 try node.syncContactMirrors()  // a contacts host catching up, anchors kept across faults
             }
@@ -143,9 +180,13 @@ public struct RandomWorkload: Sendable {
         if let (node, subscription) = query, subscription == nil {
             query = (node, try subscribeToQuery(node))
         }
+        for index in queryNodeSubscriptions.indices where queryNodeSubscriptions[index].subscription == nil {
+            let (node, text, _) = queryNodeSubscriptions[index]
+            queryNodeSubscriptions[index].subscription = try node.store.collection("items").find(text).subscribe()
+        }
         try sim.runUntilQuiet()
         try sim.check()
-        _ = (subscriptions, query)
+        _ = (subscriptions, query, queryNodeSubscriptions)
         return sim
     }
 

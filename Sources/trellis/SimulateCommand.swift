@@ -12,8 +12,8 @@ enum SimulateCommand {
 
         Usage:
           trellis simulate [--seeds N] [--from SEED] [--nodes M|MIN-MAX] [--steps K] [--faults LIST]
-                           [--operations basic|wide]
-          trellis simulate --replay SEED [--nodes …] [--steps …] [--faults …] [--operations …]
+                           [--operations basic|wide] [--queries Q]
+          trellis simulate --replay SEED [--nodes …] [--steps …] [--faults …] [--operations …] [--queries …]
 
         Flags:
           --seeds N       how many seeds to run (default 100), from --from (default 1)
@@ -24,6 +24,9 @@ enum SimulateCommand {
           --operations O  the app operations: wide (default: values of every type and edge,
                           remove, evict and update by query, nested fields) or basic (small
                           ints and four strings, as seeds recorded before wide replay)
+          --queries Q     the last Q nodes of each mesh hold only their own query's documents
+                          and cancel and renew it at random; the others replicate the whole
+                          collection or only relay (default 0: at most one query node)
           --replay SEED   run one seed and print its trace, then the verdict
 
         Prints each failing seed with what broke and the command that replays it; a progress line
@@ -32,7 +35,7 @@ enum SimulateCommand {
 
     static func run(_ args: [String]) throws {
         let parsed = try Arguments(
-            args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "replay"])
+            args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "queries", "replay"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -43,6 +46,7 @@ enum SimulateCommand {
         var workload = RandomWorkload()
         if let nodes = parsed.value("nodes") { workload.nodes = try parseRange(nodes) }
         if let steps = parsed.value("steps") { workload.steps = try number("steps", steps, at: 0...1_000_000) }
+        if let queries = parsed.value("queries") { workload.queryNodes = try number("queries", queries, at: 0...64) }
         if let operations = parsed.value("operations") {
             guard let chosen = WorkloadOperations(rawValue: operations) else {
                 throw UsageError("--operations takes basic or wide, not '\(operations)'")
@@ -112,8 +116,10 @@ enum SimulateCommand {
 
     /// The flags that shape a run, to repeat in a replay command.
     static func describe(_ parsed: Arguments) -> String {
-        ["nodes", "steps", "faults", "operations"].compactMap { name in parsed.value(name).map { " --\(name) \($0)" } }
-            .joined()
+        ["nodes", "steps", "faults", "operations", "queries"].compactMap { name in
+            parsed.value(name).map { " --\(name) \($0)" }
+        }
+        .joined()
     }
 
     static func parseRange(_ text: String) throws -> ClosedRange<Int> {

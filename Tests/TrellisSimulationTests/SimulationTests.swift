@@ -123,12 +123,14 @@ import TrellisTestKit
 }
 
 /// The bounded sweep: 200 seeds of random meshes (3–8 nodes) with random app operations and
-/// every fault, each healed and checked. The first seed is random each run (printed); replay a
-/// run with `TRELLIS_SEED=<first seed>`, or one failing seed with `trellis simulate --replay SEED`.
+/// every fault, each healed and checked, then 50 more whose last two nodes hold only their own
+/// queries and cancel and renew them (`--queries 2`). The first seed is random each run
+/// (printed); replay a run with `TRELLIS_SEED=<first seed>`, or one failing seed with
+/// `trellis simulate --replay SEED` (and `--queries 2` for the last 50).
 @Suite struct SimulationSweepTests {
     @Test func randomMeshesKeepEveryInvariant() async throws {
         let (_, first) = SeededRandom.fromEnvironment(default: UInt64.random(in: 0...(1 << 40)))
-        print("SimulationSweepTests seeds \(first)…\(first + 199) (replay: TRELLIS_SEED=\(first))")
+        print("SimulationSweepTests seeds \(first)…\(first + 249) (replay: TRELLIS_SEED=\(first))")
         // Minutes of computation: on a thread of its own, not the pool the other tests wait on.
         let failures = try await onOwnThread { () throws -> [String] in
             var failures: [String] = []
@@ -139,10 +141,19 @@ import TrellisTestKit
                     failures.append("\(failure)\n  replay: trellis simulate --replay \(seed)")
                 }
             }
+            var queries = RandomWorkload()
+            queries.queryNodes = 2
+            for seed in (first + 200)..<(first + 250) {
+                do {
+                    try queries.run(seed: seed, tracing: false)
+                } catch let failure as SimulationFailure {
+                    failures.append("\(failure)\n  replay: trellis simulate --replay \(seed) --queries 2")
+                }
+            }
             return failures
         }
         #expect(
-            failures.isEmpty, "\(failures.count) of 200 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
+            failures.isEmpty, "\(failures.count) of 250 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
 
     /// Seeds the sweep once failed on, each kept after its fix (with the operations the sweep
