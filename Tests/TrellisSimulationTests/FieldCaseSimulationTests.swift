@@ -461,6 +461,93 @@ import TrellisSimulation
         sub.cancel()
     }
 
+    /// F10, the ask ends: B evicts 20 documents and subscribes to a narrower query, which
+    /// matches 10 of them. A answers the refetch to the end without the other 10 (they do not
+    /// match there), so B stops asking A for them; before, they stayed in every set B sent A, and
+    /// counted toward `maxAskedSubscriptions`, for as long as B ran.
+    @Test func f10ARefetchOfDocumentsNoPeerMatchesEndsOncePeersAnswer() throws {
+        let mesh = try Mesh(seed: 121, nodes: 1)
+        let a = mesh[0]
+        let b = try mesh.sim.addNode("b")
+        var sub = try b.store.collection("items").findAll().subscribe()
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert((0..<300).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        try mesh.sim.runUntilQuiet()
+        sub.cancel()
+        try mesh.sim.runUntilQuiet()
+        _ = try b.store.collection("items").find("n >= 190 && n < 210").evict()
+        sub = try b.store.collection("items").find("n < 200").subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").find("n >= 190 && n < 200").count() == 10)
+        #expect(try b.store.collection("items").find("n >= 200 && n < 210").count() == 0)
+        let asked = mesh.sim.trace.last { $0.contains(" b -> ") && $0.contains(" subs v") }
+        #expect(asked?.contains("trellisEvicted") == false, "still asked: \(asked ?? "nothing")")
+        try mesh.sim.check()
+        sub.cancel()
+    }
+
+    /// F10 above the cap: with `maxAskedSubscriptions` 2, B's two query subscriptions and their
+    /// refetches do not fit, and the collection collapses into the whole one, asked from the
+    /// checkpoint B kept from its earlier whole subscription: the evicted documents never came
+    /// back (B's `n < 200` lacked d190–d199), and the unanswered refetches kept the collapse for
+    /// as long as B ran. The refetch is now derived from the whole collection after the collapse
+    /// (by key, whatever the checkpoint), and ends once A answered it: the documents are back and
+    /// the collapse ends. A collapse asks for a superset, so the 10 documents no query matches
+    /// come back too.
+    @Test func f10EvictedDocumentsComeBackAboveTheSubscriptionCap() throws {
+        let mesh = try Mesh(seed: 122, nodes: 1)
+        let a = mesh[0]
+        mesh.sim.replicatorConfiguration = { $0.maxAskedSubscriptions = 2 }
+        let b = try mesh.sim.addNode("b")
+        var sub = try b.store.collection("items").findAll().subscribe()
+        mesh.sim.connect(b, a)
+        try a.store.collection("items").upsert((0..<300).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        try mesh.sim.runUntilQuiet()
+        sub.cancel()
+        try mesh.sim.runUntilQuiet()
+        _ = try b.store.collection("items").find("n >= 190 && n < 210").evict()
+        sub = try b.store.collection("items").find("n < 200").subscribe()
+        let other = try b.store.collection("items").find("n >= 1000").subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").find("n >= 190 && n < 200").count() == 10)
+        let asked = mesh.sim.trace.last { $0.contains(" b -> ") && $0.contains(" subs v") }
+        #expect(asked?.contains("trellisEvicted") == false, "still asked: \(asked ?? "nothing")")
+        #expect(asked?.contains("items: true") == false, "still collapsed: \(asked ?? "nothing")")
+        try mesh.sim.check()
+        sub.cancel()
+        other.cancel()
+    }
+
+    /// F10 through a relay that evicted while nothing was asked: P — R — M, P and R with no
+    /// subscription of their own. M subscribes to the
+    /// whole collection through R, gets d9 and cancels; R, asked for nothing in the collection
+    /// any more, evicts d9. N then subscribes through R: R must ask P for d9 again (its
+    /// checkpoint at P is past it). Before, an eviction while no subscription was active asked
+    /// nothing later, so N never got d9 (simulation seed 530774 with `--queries 2`).
+    @Test func f10ARelayThatEvictedWhileNothingWasAskedFetchesForALaterSubscriber() throws {
+        let mesh = try Mesh(seed: 123, nodes: 0)
+        let p = try mesh.sim.addNode("p")
+        let r = try mesh.sim.addNode("r")
+        let m = try mesh.sim.addNode("m")
+        mesh.sim.connect(r, p)
+        mesh.sim.connect(m, r)
+        try p.store.collection("items").upsert(["_id": "d9", "v": 9])
+        let first = try m.store.collection("items").findAll().subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(m, "d9") != nil)
+        first.cancel()
+        try mesh.sim.runUntilQuiet()
+        #expect(try r.store.collection("items").findByID("d9").evict())
+        try mesh.sim.runUntilQuiet()
+        let n = try mesh.sim.addNode("n")
+        mesh.sim.connect(n, r)
+        let second = try n.store.collection("items").findAll().subscribe()
+        try mesh.sim.runUntilQuiet()
+        #expect(try Self.get(n, "d9")?["v"] == 9)
+        try mesh.sim.check()
+        second.cancel()
+    }
+
     /// F11: B is offline while A inserts 100 matching documents; B registers a live query, then
     /// connects: the live query ends with 100 results. Variant: B writes d1, A (having seen it)
     /// removes it: B's live query reports d1 gone.

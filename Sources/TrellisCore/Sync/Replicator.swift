@@ -361,12 +361,14 @@ public struct Replicator: Sendable {
             return []
         case (.established, .batch(.key(let key), let documents, let upTo, let generation, let left)):
             noteProgress(key, documents: documents.count, left: left, on: link, now: now)
-            return batch(key, documents, upTo, generation, on: link, now: now)
-        case (.established, .caughtUp(.key(let key), _)):
+            let directives = batch(key, documents, upTo, generation, on: link, now: now)
+            return directives + refetchAnswered(key, generation: generation, left: left, on: link, now: now)
+        case (.established, .caughtUp(.key(let key), let generation)):
             // Nothing after the `since` this node sent: initial sync complete, nothing to merge or
             // store, and no `ack` (the peer does not count it in flight).
             noteProgress(key, documents: 0, left: 0, on: link, now: now)
-            return refusedWrite(key, documents: 0, on: link, now: now) ?? []
+            if let refused = refusedWrite(key, documents: 0, on: link, now: now) { return refused }
+            return refetchAnswered(key, generation: generation, left: 0, on: link, now: now)
         case (.established, .ack(.key(let subscription), let upTo, let deferred)):
             let key = UTF8Key(subscription)
             guard var served = sessions[link]?.served[key] else { return [] }
@@ -572,22 +574,31 @@ public struct Replicator: Sendable {
     }
 
     /// Documents of `collection` were evicted here: while a subscription in the collection (this
-    /// node's own, or one it relays) is active, peers are asked for exactly these `_id`s again,
-    /// through refetch subscriptions derived from each (``Refetch``), until all have arrived.
-    /// Nothing else is asked for again.
+    /// node's own, or one it relays) is active, now or later, peers are asked for exactly these
+    /// `_id`s again, through refetch subscriptions derived from each (``Refetch``), each peer
+    /// until it has answered (``refetchAnswered(_:generation:left:on:now:)``), and the list is
+    /// kept until all have arrived. Nothing else is asked for again. The list is kept also while
+    /// no subscription is active: a node that evicted while it relayed nothing must ask for them
+    /// again when it relays a subscription later, for its checkpoints on its peers' logs are past
+    /// them.
     ///
     /// - Parameter ids: the evicted `_id`s; at most ``Refetch/maxPerCollection`` are kept per
     ///   collection (the newest).
     public mutating func refetch(_ collection: String, ids: [Value], now: Millis) -> [ReplicatorDirective] {
         let name = UTF8Key(collection)
-        guard !ids.isEmpty,
-            own.values.contains(where: { UTF8Key($0.spec.collection) == name })
-                || sessions.values.contains(where: { s in
-                    s.remoteSubscriptions.contains { UTF8Key($0.spec.collection) == name }
-                })
-        else { return [] }
+        guard !ids.isEmpty else { return [] }
         var list = refetching[name] ?? RefetchList(ids: [], missing: [])
-        for id in ids where list.missing.insert(JSON.string(id)).inserted { list.ids.append(id) }
+        var added: Set<String> = []
+        for id in ids where list.missing.insert(JSON.string(id)).inserted {
+            list.ids.append(id)
+            added.insert(JSON.string(id))
+        }
+        // Evicted again: asked again of every peer, whatever it answered before.
+        for link in sessions.keys where !(sessions[link]!.refetchesAnswered.isEmpty || added.isEmpty) {
+            for (key, answered) in sessions[link]!.refetchesAnswered where askedCollection(key.string) == name {
+                sessions[link]!.refetchesAnswered[key] = answered.subtracting(added)
+            }
+        }
         if list.ids.count > Refetch.maxPerCollection {
             for id in list.ids.prefix(list.ids.count - Refetch.maxPerCollection) {
                 list.missing.remove(JSON.string(id))
@@ -761,6 +772,7 @@ public struct Replicator: Sendable {
         served.floorChecked = true
         var bytes = 0
         var unacknowledged: [AcknowledgedEntry] = []
+        var stubsSent: [String] = []
         // A refetch asks for documents the peer evicted, including those it once sent here.
         let refetch = Refetch.ids(of: served.spec) != nil
         for record in page.records where record.seq > served.cursor {
@@ -791,6 +803,7 @@ public struct Replicator: Sendable {
             }
             documents.append(document)
             bytes += document.state.count
+            if record.isEvictionStub { stubsSent.append(record.key) }
             if record.holdsUnacknowledgedWrite {
                 unacknowledged.append(
                     AcknowledgedEntry(
@@ -853,7 +866,23 @@ public struct Replicator: Sendable {
             }
         }
         sessions[link]!.served[key] = served
-        return directives + scanIfReady(link, key, now: now)
+        return directives + stubsOffered(stubsSent, on: link, now: now) + scanIfReady(link, key, now: now)
+    }
+
+    /// Eviction stubs of this node's (holding a write no peer acknowledged) went to the peer whole:
+    /// it now holds those documents as this node sent them, and would not send that state back
+    /// (its echo memory), so an answer to a refetch of them no longer tells anything. They are
+    /// asked of it again, and a later answer does not count for them on this connection
+    /// (``refetchAnswered(_:generation:left:on:now:)``).
+    private mutating func stubsOffered(_ keys: [String], on link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard !keys.isEmpty, sessions[link] != nil else { return [] }
+        sessions[link]!.stubsSent.formUnion(keys)
+        var changed = false
+        for (base, answered) in sessions[link]!.refetchesAnswered where !answered.isDisjoint(with: keys) {
+            sessions[link]!.refetchesAnswered[base] = answered.subtracting(keys)
+            changed = true
+        }
+        return changed ? sendAsked(link, now: now) : []
     }
 
     /// A scan failed (SQLite refused the query, an I/O error): this subscription alone stops, its
@@ -1492,6 +1521,11 @@ public struct Replicator: Sendable {
                     heldBy: holders, unserved: unserved)))
         if refetched, refetching[UTF8Key(collection)]?.missing.isEmpty == true {
             refetching[UTF8Key(collection)] = nil  // every evicted document is back
+            for other in sessions.keys where !sessions[other]!.refetchesAnswered.isEmpty {
+                sessions[other]!.refetchesAnswered = sessions[other]!.refetchesAnswered.filter {
+                    askedCollection($0.key.string) != UTF8Key(collection)
+                }
+            }
             directives += updateAsked(now: now)
         }
         return directives
@@ -1552,29 +1586,20 @@ public struct Replicator: Sendable {
                 wanted[key] = (sub.spec, sub.hops + 1)
             }
         }
-        // Evicted documents asked for again: a refetch subscription per subscription of their
-        // collection (not of a refetch subscription relayed from a peer).
-        for (_, entry) in wanted where Refetch.ids(of: entry.spec) == nil {
-            guard let list = refetching[UTF8Key(entry.spec.collection)] else { continue }
-            for spec in Refetch.specs(for: entry.spec, ids: list.ids) {
-                let key = UTF8Key(spec.key)
-                if let existing = wanted[key], existing.hops <= entry.hops { continue }
-                wanted[key] = (spec, entry.hops)
-            }
-        }
         // Above the cap, collapse the collection with the most subscriptions into the whole
-        // collection (a superset: relays store what passes), until it fits; when only whole
-        // collections are left, drop the farthest.
-        while wanted.count > configuration.maxAskedSubscriptions {
+        // collection (a superset: relays store what passes), until it fits with the refetches
+        // derived from what is left; when only whole collections are left, drop the farthest.
+        var asked = withRefetches(wanted, for: link)
+        while asked.count > configuration.maxAskedSubscriptions {
             var byCollection: [UTF8Key: [UTF8Key]] = [:]
             for (key, entry) in wanted where !entry.spec.isWholeCollection {
                 byCollection[UTF8Key(entry.spec.collection), default: []].append(key)
             }
             let busiest = byCollection.max { ($0.value.count, $1.key) < ($1.value.count, $0.key) }
             guard let (collection, keys) = busiest, keys.count > 1 else {
-                let farthest = wanted.sorted { ($0.value.hops, $0.key) > ($1.value.hops, $1.key) }
-                for (key, _) in farthest.prefix(wanted.count - configuration.maxAskedSubscriptions) {
-                    wanted.removeValue(forKey: key)
+                let farthest = asked.sorted { ($0.value.hops, $0.key) > ($1.value.hops, $1.key) }
+                for (key, _) in farthest.prefix(asked.count - configuration.maxAskedSubscriptions) {
+                    asked.removeValue(forKey: key)
                 }
                 break
             }
@@ -1583,8 +1608,55 @@ public struct Replicator: Sendable {
             for key in keys { wanted.removeValue(forKey: key) }
             let wholeKey = UTF8Key(whole.key)
             wanted[wholeKey] = (whole, min(hops, wanted[wholeKey]?.hops ?? hops))
+            asked = withRefetches(wanted, for: link)
         }
-        return wanted
+        return asked
+    }
+
+    /// `wanted` plus the evicted documents asked for again: a refetch subscription per
+    /// subscription of their collection (not of a refetch subscription relayed from a peer), for
+    /// the `_id`s the peer on `link` has not answered a refetch of, derived from that
+    /// subscription or from the whole collection, on this connection (``refetchAnswered(_:generation:left:on:now:)``).
+    /// Derived after a collapse, a whole collection's refetch asks for the evicted documents by
+    /// key, whatever the whole collection's checkpoint says.
+    private func withRefetches(_ wanted: [UTF8Key: (spec: SubscriptionSpec, hops: Int)], for link: LinkID)
+        -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)]
+    {
+        var out = wanted
+        let answered = sessions[link]?.refetchesAnswered ?? [:]
+        for (key, entry) in wanted where Refetch.ids(of: entry.spec) == nil {
+            let collection = UTF8Key(entry.spec.collection)
+            guard let list = refetching[collection] else { continue }
+            let done = (answered[key] ?? []).union(answered[UTF8Key(SubscriptionSpec.all(collection.string).key)] ?? [])
+            let ids = done.isEmpty ? list.ids : list.ids.filter { !done.contains(JSON.string($0)) }
+            for spec in Refetch.specs(for: entry.spec, ids: ids) {
+                let key = UTF8Key(spec.key)
+                if let existing = out[key], existing.hops <= entry.hops { continue }
+                out[key] = (spec, entry.hops)
+            }
+        }
+        return out
+    }
+
+    /// A refetch subscription the peer answered to the end (its last batch, `left` 0, or a
+    /// caught-up batch, of the generation asked): the listed documents it did not send do not
+    /// match its base subscription there, and any later version that does comes through that
+    /// subscription. So they are no longer asked of this peer on this connection, and refetches of
+    /// documents no peer holds matching (a narrower subscription after an eviction) do not stay
+    /// asked, and counted toward ``ReplicatorConfiguration/maxAskedSubscriptions``, for as long as
+    /// the node runs.
+    private mutating func refetchAnswered(
+        _ subscription: String, generation: UInt32, left: Int64?, on link: LinkID, now: Millis
+    ) -> [ReplicatorDirective] {
+        guard left == 0, let asked = sessions[link]?.asked[UTF8Key(subscription)], asked.generation == generation,
+            let ids = Refetch.ids(of: asked.spec), let base = Refetch.base(of: asked.spec)
+        else { return [] }
+        // An eviction stub sent to the peer on this connection may have reached it after it
+        // answered, and it holds that state from this node: such documents stay asked.
+        let stubs = sessions[link]!.stubsSent
+        sessions[link]!.refetchesAnswered[UTF8Key(base.key), default: []].formUnion(
+            ids.lazy.map { JSON.string($0) }.filter { !stubs.contains($0) })
+        return sendAsked(link, now: now)
     }
 
     /// Sends the subscriptions this node asks of the peer on `link` when they changed.
@@ -1779,6 +1851,13 @@ extension Replicator {
         var echo: [EchoKey: StateDigest] = [:]
         /// Per asked subscription, what arrived on this session (``SyncProgress``).
         var progress: [UTF8Key: SyncProgress] = [:]
+        /// By the key of the subscription a refetch was derived from, the canonical `_id` keys of
+        /// the evicted documents the peer answered a refetch of to the end on this connection
+        /// (``Replicator/refetchAnswered(_:generation:left:on:now:)``).
+        var refetchesAnswered: [UTF8Key: Set<String>] = [:]
+        /// The canonical `_id` keys of the eviction stubs sent whole to the peer on this
+        /// connection (``Replicator/stubsOffered(_:on:now:)``).
+        var stubsSent: Set<String> = []
         /// Collections this node asked the peer for again from the start because the peer's
         /// checkpoint on this log was below its retained floor (once per session).
         var floorResynced: Set<UTF8Key> = []
