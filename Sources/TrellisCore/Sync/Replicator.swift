@@ -772,7 +772,7 @@ public struct Replicator: Sendable {
         served.floorChecked = true
         var bytes = 0
         var unacknowledged: [AcknowledgedEntry] = []
-        var stubsSent: [String] = []
+        var sent: [String] = []
         // A refetch asks for documents the peer evicted, including those it once sent here.
         let refetch = Refetch.ids(of: served.spec) != nil
         for record in page.records where record.seq > served.cursor {
@@ -803,7 +803,7 @@ public struct Replicator: Sendable {
             }
             documents.append(document)
             bytes += document.state.count
-            if record.isEvictionStub { stubsSent.append(record.key) }
+            sent.append(record.key)
             if record.holdsUnacknowledgedWrite {
                 unacknowledged.append(
                     AcknowledgedEntry(
@@ -866,19 +866,33 @@ public struct Replicator: Sendable {
             }
         }
         sessions[link]!.served[key] = served
-        return directives + stubsOffered(stubsSent, on: link, now: now) + scanIfReady(link, key, now: now)
+        return directives + statesSent(sent, in: request.spec.collection, on: link, now: now)
+            + scanIfReady(link, key, now: now)
     }
 
-    /// Eviction stubs of this node's (holding a write no peer acknowledged) went to the peer whole:
-    /// it now holds those documents as this node sent them, and would not send that state back
-    /// (its echo memory), so an answer to a refetch of them no longer tells anything. They are
-    /// asked of it again, and a later answer does not count for them on this connection
-    /// (``refetchAnswered(_:generation:left:on:now:)``).
-    private mutating func stubsOffered(_ keys: [String], on link: LinkID, now: Millis) -> [ReplicatorDirective] {
-        guard !keys.isEmpty, sessions[link] != nil else { return [] }
-        sessions[link]!.stubsSent.formUnion(keys)
+    /// States of these documents went to the peer: it may hold them as this node sent them, and
+    /// would not send those states back (its echo memory, which lasts the connection), so an
+    /// answer to a refetch of them says nothing of what may reach it later (a third node sending
+    /// it that state again after it evicted its own copy). They are asked of it again, and a
+    /// later answer does not count for them on this connection
+    /// (``refetchAnswered(_:generation:left:on:now:)``). Past ``ReplicatorConfiguration/echoMemory``
+    /// documents sent, no answer counts on the connection any more.
+    private mutating func statesSent(_ keys: [String], in collection: String, on link: LinkID, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        guard !keys.isEmpty, sessions[link] != nil, !sessions[link]!.answersUntrusted else { return [] }
+        let name = UTF8Key(collection)
+        if sessions[link]!.sentKeys.count + keys.count > configuration.echoMemory {
+            sessions[link]!.answersUntrusted = true
+            sessions[link]!.sentKeys = []
+            let had = !sessions[link]!.refetchesAnswered.isEmpty
+            sessions[link]!.refetchesAnswered = [:]
+            return had ? sendAsked(link, now: now) : []
+        }
+        sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoKey(collection: collection, key: $0) })
         var changed = false
-        for (base, answered) in sessions[link]!.refetchesAnswered where !answered.isDisjoint(with: keys) {
+        for (base, answered) in sessions[link]!.refetchesAnswered
+        where askedCollection(base.string) == name && !answered.isDisjoint(with: keys) {
             sessions[link]!.refetchesAnswered[base] = answered.subtracting(keys)
             changed = true
         }
@@ -1651,11 +1665,12 @@ public struct Replicator: Sendable {
         guard left == 0, let asked = sessions[link]?.asked[UTF8Key(subscription)], asked.generation == generation,
             let ids = Refetch.ids(of: asked.spec), let base = Refetch.base(of: asked.spec)
         else { return [] }
-        // An eviction stub sent to the peer on this connection may have reached it after it
-        // answered, and it holds that state from this node: such documents stay asked.
-        let stubs = sessions[link]!.stubsSent
+        // A document whose state this node sent the peer on this connection may be held there as
+        // sent, and its echo memory would keep it from coming back: such documents stay asked.
+        guard !sessions[link]!.answersUntrusted else { return [] }
+        let sent = sessions[link]!.sentKeys
         sessions[link]!.refetchesAnswered[UTF8Key(base.key), default: []].formUnion(
-            ids.lazy.map { JSON.string($0) }.filter { !stubs.contains($0) })
+            ids.lazy.map { JSON.string($0) }.filter { !sent.contains(EchoKey(collection: base.collection, key: $0)) })
         return sendAsked(link, now: now)
     }
 
@@ -1855,9 +1870,11 @@ extension Replicator {
         /// the evicted documents the peer answered a refetch of to the end on this connection
         /// (``Replicator/refetchAnswered(_:generation:left:on:now:)``).
         var refetchesAnswered: [UTF8Key: Set<String>] = [:]
-        /// The canonical `_id` keys of the eviction stubs sent whole to the peer on this
-        /// connection (``Replicator/stubsOffered(_:on:now:)``).
-        var stubsSent: Set<String> = []
+        /// The documents whose states went to the peer on this connection
+        /// (``Replicator/statesSent(_:in:on:now:)``), at most ``ReplicatorConfiguration/echoMemory``;
+        /// past it, `answersUntrusted`: no refetch answer counts on this connection.
+        var sentKeys: Set<EchoKey> = []
+        var answersUntrusted = false
         /// Collections this node asked the peer for again from the start because the peer's
         /// checkpoint on this log was below its retained floor (once per session).
         var floorResynced: Set<UTF8Key> = []

@@ -1,0 +1,281 @@
+import Testing
+import Trellis
+import TrellisSimulation
+
+/// Attempts to break F10 (2c6d9b7): a refetch that ends per peer once the peer answered it. A
+/// reviewer's scenarios: four failed on 2c6d9b7 (the answer counted for documents this node had
+/// sent the peer, which its echo memory then kept from coming back) and pass since the answer no
+/// longer counts for any document whose state went to the peer on the connection; the others are
+/// controls.
+@Suite struct RefetchBreakTests {
+    typealias Held = HeldDocumentsSimulationTests
+
+    /// B — A — C. B writes d9 {v: 6}; A (a relay) passes it on to C (a whole subscriber, which
+    /// then cancels). B subscribes to `v >= 5`. With A–C down, A evicts d9 and B evicts d9: A
+    /// answers B's refetch to the end without d9 (it holds a stub), so B no longer asks A for it.
+    /// A–C up: A gets d9 back from C, in the state B sent A on this connection, so A's echo memory
+    /// keeps it from B's base subscription. B must end up holding d9.
+    @Test func aPeerThatAnsweredWhileItHadEvictedTooSendsTheDocumentLaterEvenIfItCameFromHere() throws {
+        let sim = try Simulation(seed: 11001)
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(a, c)
+        sim.connect(b, a)
+        let cSub = try Held.subscribe(c)
+        let bSub = try Held.subscribe(b, "v >= 5")
+        try sim.runUntilQuiet()
+        try b.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        #expect(try Held.get(c, "d9")?["v"] == 6)
+        #expect(try Held.get(a, "d9")?["v"] == 6)
+        cSub.cancel()
+        try sim.runUntilQuiet()
+        sim.setLink(a, c, up: false)
+        sim.run(for: 60_000)
+        #expect(try a.store.collection("items").findByID("d9").evict())
+        sim.run(for: 5_000)
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.run(for: 60_000)
+        sim.setLink(a, c, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(a, "d9")?["v"] == 6)
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        // A whole subscriber again, so that the invariants have a reference.
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+        bSub.cancel()
+    }
+
+    /// Control shape: as above, but d9 was written by C, so A's echo memory toward B does not
+    /// hold it: A's base subscription for B must send d9 once A has it again.
+    @Test func aPeerThatAnsweredWhileItHadEvictedTooSendsTheDocumentFromAThirdNode() throws {
+        let sim = try Simulation(seed: 11002)
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(a, c)
+        sim.connect(b, a)
+        let bSub = try Held.subscribe(b, "v >= 5")
+        try c.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        sim.setLink(a, c, up: false)
+        sim.run(for: 60_000)
+        #expect(try a.store.collection("items").findByID("d9").evict())
+        sim.run(for: 5_000)
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.run(for: 60_000)
+        sim.setLink(a, c, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        // A whole subscriber again, so that the invariants have a reference.
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+        bSub.cancel()
+    }
+
+    /// As the first test with no link taken down: A and B evict d9 at the same moment. B's
+    /// refetch reaches A one hop later, before A's own refetch comes back from C (two hops), so A
+    /// answers it without d9; A's echo memory then keeps d9 (in the state B sent A) from B.
+    @Test func simultaneousEvictionsOnARelayAndItsSubscriber() throws {
+        let sim = try Simulation(seed: 11003)
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(a, c)
+        sim.connect(b, a)
+        let cSub = try Held.subscribe(c)
+        let bSub = try Held.subscribe(b, "v >= 5")
+        try sim.runUntilQuiet()
+        try b.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        cSub.cancel()
+        try sim.runUntilQuiet()
+        #expect(try a.store.collection("items").findByID("d9").evict())
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        try sim.runUntilQuiet()
+        #expect(try Held.get(a, "d9")?["v"] == 6)
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        // A whole subscriber again, so that the invariants have a reference.
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+        bSub.cancel()
+    }
+
+    /// The first test above the subscription cap: B's two queries and the refetch collapse into
+    /// the whole collection; A answers `(true) && _id IN [d9]` without d9.
+    @Test func aPeerThatAnsweredWhileItHadEvictedTooAboveTheCap() throws {
+        let sim = try Simulation(seed: 11004)
+        sim.replicatorConfiguration = { $0.maxAskedSubscriptions = 2 }
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(a, c)
+        sim.connect(b, a)
+        let cSub = try Held.subscribe(c)
+        let bSub = try Held.subscribe(b, "v >= 5")
+        let bOther = try Held.subscribe(b, "v >= 1000")
+        try sim.runUntilQuiet()
+        try b.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        cSub.cancel()
+        try sim.runUntilQuiet()
+        sim.setLink(a, c, up: false)
+        sim.run(for: 60_000)
+        #expect(try a.store.collection("items").findByID("d9").evict())
+        sim.run(for: 5_000)
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.run(for: 60_000)
+        sim.setLink(a, c, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(a, "d9")?["v"] == 6)
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        // A whole subscriber again, so that the invariants have a reference.
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+        bSub.cancel()
+        bOther.cancel()
+    }
+
+    /// Reconnect during a refetch: A answered B's refetch without d9 (A evicted it too, A–C
+    /// down); the B–A link drops and comes back (a new connection: B asks A again); then A gets
+    /// d9 back from C.
+    @Test func aReconnectAfterTheAnswerAsksAgain() throws {
+        let sim = try Simulation(seed: 11005)
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(a, c)
+        sim.connect(b, a)
+        let cSub = try Held.subscribe(c)
+        let bSub = try Held.subscribe(b, "v >= 5")
+        try sim.runUntilQuiet()
+        try b.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        cSub.cancel()
+        try sim.runUntilQuiet()
+        sim.setLink(a, c, up: false)
+        sim.run(for: 60_000)
+        #expect(try a.store.collection("items").findByID("d9").evict())
+        sim.run(for: 5_000)
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.run(for: 60_000)
+        sim.setLink(a, b, up: false)
+        sim.run(for: 120_000)
+        sim.setLink(a, b, up: true)
+        sim.run(for: 60_000)
+        sim.setLink(a, c, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        // A whole subscriber again, so that the invariants have a reference.
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+        bSub.cancel()
+    }
+
+    /// Control for the stub exception: B writes d9 while alone and evicts it (the stub keeps the
+    /// unacknowledged write whole); B then connects to A, a whole subscriber, which gets the stub
+    /// (A's echo memory toward B now holds that state) and may answer B's refetch before. B must
+    /// get d9 back.
+    @Test func anUnacknowledgedStubSentToThePeerComesBack() throws {
+        let sim = try Simulation(seed: 11006)
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        let aSub = try Held.subscribe(a)
+        let bSub = try Held.subscribe(b, "v >= 5")
+        try b.store.collection("items").upsert(["_id": "d9", "v": 6])
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.connect(b, a)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(a, "d9")?["v"] == 6)
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        try sim.check()
+        bSub.cancel()
+        aSub.cancel()
+    }
+
+    /// Through a relay: M — B — A — C. M subscribes to `v >= 5` through B and writes d9 {v: 6},
+    /// which B passes to A and A to C (a whole subscriber, which then cancels). With A–C down, A
+    /// and B evict d9: B (relaying M's query) asks A again, A answers without d9; A–C up, A gets
+    /// d9 back from C in the state B sent it. Then M evicts d9 too: it must come back.
+    @Test func aRelayThatEvictedWithItsUpstreamFetchesForItsSubscriber() throws {
+        let sim = try Simulation(seed: 11007)
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        let m = try sim.addNode("m")
+        sim.connect(a, c)
+        sim.connect(b, a)
+        sim.connect(m, b)
+        let cSub = try Held.subscribe(c)
+        let mSub = try Held.subscribe(m, "v >= 5")
+        try sim.runUntilQuiet()
+        try m.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        #expect(try Held.get(c, "d9")?["v"] == 6)
+        cSub.cancel()
+        try sim.runUntilQuiet()
+        sim.setLink(a, c, up: false)
+        sim.run(for: 60_000)
+        #expect(try a.store.collection("items").findByID("d9").evict())
+        sim.run(for: 5_000)
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.run(for: 60_000)
+        sim.setLink(a, c, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(a, "d9")?["v"] == 6)
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        #expect(try m.store.collection("items").findByID("d9").evict())
+        try sim.runUntilQuiet()
+        #expect(try Held.get(m, "d9")?["v"] == 6)
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+        mSub.cancel()
+    }
+
+    /// A subscriber that evicted while nothing was asked (new behaviour 3) and whose peer answers
+    /// before it got the document from a third node, which wrote it: B — A — C, C writes d9
+    /// while A–C is down... A is a fresh relay with no checkpoint at C, so d9 comes through B's
+    /// base subscription.
+    @Test func anEvictionWhileNothingWasAskedThenAPeerWithoutTheDocumentYet() throws {
+        let sim = try Simulation(seed: 11008)
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(b, c)
+        let first = try Held.subscribe(b)
+        try c.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        first.cancel()
+        try sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.setLink(b, c, up: false)
+        sim.connect(b, a)
+        sim.connect(a, c)
+        sim.setLink(a, c, up: false)
+        let bSub = try Held.subscribe(b, "v >= 5")
+        sim.run(for: 60_000)
+        sim.setLink(a, c, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(b, "d9")?["v"] == 6)
+        sim.setLink(b, c, up: true)
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+        bSub.cancel()
+    }
+}
