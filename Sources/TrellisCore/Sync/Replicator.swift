@@ -889,7 +889,7 @@ public struct Replicator: Sendable {
             sessions[link]!.refetchesAnswered = [:]
             return had ? sendAsked(link, now: now) : []
         }
-        sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoKey(collection: collection, key: $0) })
+        sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoKey(collection: collection, key: $0).hashValue })
         var changed = false
         for (base, answered) in sessions[link]!.refetchesAnswered
         where askedCollection(base.string) == name && !answered.isDisjoint(with: keys) {
@@ -1670,7 +1670,9 @@ public struct Replicator: Sendable {
         guard !sessions[link]!.answersUntrusted else { return [] }
         let sent = sessions[link]!.sentKeys
         sessions[link]!.refetchesAnswered[UTF8Key(base.key), default: []].formUnion(
-            ids.lazy.map { JSON.string($0) }.filter { !sent.contains(EchoKey(collection: base.collection, key: $0)) })
+            ids.lazy.map { JSON.string($0) }.filter {
+                !sent.contains(EchoKey(collection: base.collection, key: $0).hashValue)
+            })
         return sendAsked(link, now: now)
     }
 
@@ -1872,8 +1874,10 @@ extension Replicator {
         var refetchesAnswered: [UTF8Key: Set<String>] = [:]
         /// The documents whose states went to the peer on this connection
         /// (``Replicator/statesSent(_:in:on:now:)``), at most ``ReplicatorConfiguration/echoMemory``;
-        /// past it, `answersUntrusted`: no refetch answer counts on this connection.
-        var sentKeys: Set<EchoKey> = []
+        /// past it, `answersUntrusted`: no refetch answer counts on this connection. Hashes (of
+        /// ``EchoKey``) rather than the keys, to keep it small: two documents sharing one only
+        /// keep an answer from counting.
+        var sentKeys: Set<Int> = []
         var answersUntrusted = false
         /// Collections this node asked the peer for again from the start because the peer's
         /// checkpoint on this log was below its retained floor (once per session).
