@@ -336,9 +336,10 @@ extension Simulation {
                     if !state.isDeleted, state.withheldEntryCount > 0 { states.append((node, key, state)) }
                 }
             }
+            let name: ((path: String, stamp: Stamp)) -> String = { "\($0.path) (\($0.stamp))" }
             for (node, key, state) in states {
-                let lost = Set((joined[key]?.withheldEntries ?? []).map { "\($0.path) (\($0.stamp))" })
-                let named = state.withheldEntries.map { "\($0.path) (\($0.stamp))" }.filter(lost.contains).sorted()
+                let lost = Set((joined[key]?.withheldEntries ?? []).map(name))
+                let named = state.withheldEntries.map(name).filter(lost.contains).sorted()
                 if !named.isEmpty {
                     violations.append(
                         "\(node.name) holds \(collection)/\(key) with withheld values no node holds: "

@@ -94,8 +94,8 @@ public struct RandomWorkload: Sendable {
         // The query node's own subscription, which it may cancel and make again (the records of
         // what it holds pass from one to the next: docs/MESH.md).
         var query: (node: SimulatedNode, subscription: Subscription?)?
-        func subscribeToQuery(_ node: SimulatedNode) throws -> Subscription {
-            try node.store.collection("items").find("v >= 5").subscribe()
+        func subscribeToQuery(_ node: SimulatedNode, _ text: String = "v >= 5") throws -> Subscription {
+            try node.store.collection("items").find(text).subscribe()
         }
         // With ``queryNodes``: the last nodes' own queries, and whether each is asked now.
         var queryNodeSubscriptions: [(node: SimulatedNode, query: String, subscription: Subscription?)] = []
@@ -104,8 +104,7 @@ public struct RandomWorkload: Sendable {
             if queryNodes > 0 {
                 if i >= count - queryNodes {
                     let text = Self.queries.randomElement(using: &random)!
-                    queryNodeSubscriptions.append(
-                        (node, text, try node.store.collection("items").find(text).subscribe()))
+                    queryNodeSubscriptions.append((node, text, try subscribeToQuery(node, text)))
                     try node.watch("items", query: text)
                 } else if Bool.random(using: &random) {
                     subscriptions.append(try node.store.collection("items").findAll().subscribe())
@@ -153,8 +152,7 @@ public struct RandomWorkload: Sendable {
                         queryNodeSubscriptions[index].subscription = nil
                         sim.note("\(node.name) app: cancel its subscription to items where \(text)")
                     } else {
-                        queryNodeSubscriptions[index].subscription = try node.store.collection("items").find(text)
-                            .subscribe()
+                        queryNodeSubscriptions[index].subscription = try subscribeToQuery(node, text)
                         sim.note("\(node.name) app: subscribe to items where \(text) again")
                     }
                 }
@@ -182,7 +180,7 @@ public struct RandomWorkload: Sendable {
         }
         for index in queryNodeSubscriptions.indices where queryNodeSubscriptions[index].subscription == nil {
             let (node, text, _) = queryNodeSubscriptions[index]
-            queryNodeSubscriptions[index].subscription = try node.store.collection("items").find(text).subscribe()
+            queryNodeSubscriptions[index].subscription = try subscribeToQuery(node, text)
         }
         try sim.runUntilQuiet()
         try sim.check()

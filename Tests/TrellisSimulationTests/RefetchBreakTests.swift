@@ -10,6 +10,37 @@ import TrellisSimulation
 @Suite struct RefetchBreakTests {
     typealias Held = HeldDocumentsSimulationTests
 
+    /// B — A — C: nodes c, a and b, added in that order, A dialing C and B dialing A.
+    static func chain(_ sim: Simulation) throws -> (c: SimulatedNode, a: SimulatedNode, b: SimulatedNode) {
+        let c = try sim.addNode("c")
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(a, c)
+        sim.connect(b, a)
+        return (c, a, b)
+    }
+
+    /// With A–C down (left down): A evicts d9, then B, each after a minute for the links to settle.
+    static func evictOnAThenB(_ sim: Simulation, _ a: SimulatedNode, _ b: SimulatedNode, whileCutFrom c: SimulatedNode)
+        throws
+    {
+        sim.setLink(a, c, up: false)
+        sim.run(for: 60_000)
+        #expect(try a.store.collection("items").findByID("d9").evict())
+        sim.run(for: 5_000)
+        #expect(try b.store.collection("items").findByID("d9").evict())
+        sim.run(for: 60_000)
+    }
+
+    /// C subscribes to the whole collection again, so that the invariants have a reference, and
+    /// they are checked.
+    static func checkAgainstAWholeSubscriber(_ sim: Simulation, _ c: SimulatedNode) throws {
+        let reference = try Held.subscribe(c)
+        try sim.runUntilQuiet()
+        try sim.check()
+        reference.cancel()
+    }
+
     /// B — A — C. B writes d9 {v: 6}; A (a relay) passes it on to C (a whole subscriber, which
     /// then cancels). B subscribes to `v >= 5`. With A–C down, A evicts d9 and B evicts d9: A
     /// answers B's refetch to the end without d9 (it holds a stub), so B no longer asks A for it.
@@ -17,11 +48,7 @@ import TrellisSimulation
     /// keeps it from B's base subscription. B must end up holding d9.
     @Test func aPeerThatAnsweredWhileItHadEvictedTooSendsTheDocumentLaterEvenIfItCameFromHere() throws {
         let sim = try Simulation(seed: 11001)
-        let c = try sim.addNode("c")
-        let a = try sim.addNode("a")
-        let b = try sim.addNode("b")
-        sim.connect(a, c)
-        sim.connect(b, a)
+        let (c, a, b) = try Self.chain(sim)
         let cSub = try Held.subscribe(c)
         let bSub = try Held.subscribe(b, "v >= 5")
         try sim.runUntilQuiet()
@@ -31,21 +58,12 @@ import TrellisSimulation
         #expect(try Held.get(a, "d9")?["v"] == 6)
         cSub.cancel()
         try sim.runUntilQuiet()
-        sim.setLink(a, c, up: false)
-        sim.run(for: 60_000)
-        #expect(try a.store.collection("items").findByID("d9").evict())
-        sim.run(for: 5_000)
-        #expect(try b.store.collection("items").findByID("d9").evict())
-        sim.run(for: 60_000)
+        try Self.evictOnAThenB(sim, a, b, whileCutFrom: c)
         sim.setLink(a, c, up: true)
         try sim.runUntilQuiet()
         #expect(try Held.get(a, "d9")?["v"] == 6)
         #expect(try Held.get(b, "d9")?["v"] == 6)
-        // A whole subscriber again, so that the invariants have a reference.
-        let reference = try Held.subscribe(c)
-        try sim.runUntilQuiet()
-        try sim.check()
-        reference.cancel()
+        try Self.checkAgainstAWholeSubscriber(sim, c)
         bSub.cancel()
     }
 
@@ -53,29 +71,16 @@ import TrellisSimulation
     /// hold it: A's base subscription for B must send d9 once A has it again.
     @Test func aPeerThatAnsweredWhileItHadEvictedTooSendsTheDocumentFromAThirdNode() throws {
         let sim = try Simulation(seed: 11002)
-        let c = try sim.addNode("c")
-        let a = try sim.addNode("a")
-        let b = try sim.addNode("b")
-        sim.connect(a, c)
-        sim.connect(b, a)
+        let (c, a, b) = try Self.chain(sim)
         let bSub = try Held.subscribe(b, "v >= 5")
         try c.store.collection("items").upsert(["_id": "d9", "v": 6])
         try sim.runUntilQuiet()
         #expect(try Held.get(b, "d9")?["v"] == 6)
-        sim.setLink(a, c, up: false)
-        sim.run(for: 60_000)
-        #expect(try a.store.collection("items").findByID("d9").evict())
-        sim.run(for: 5_000)
-        #expect(try b.store.collection("items").findByID("d9").evict())
-        sim.run(for: 60_000)
+        try Self.evictOnAThenB(sim, a, b, whileCutFrom: c)
         sim.setLink(a, c, up: true)
         try sim.runUntilQuiet()
         #expect(try Held.get(b, "d9")?["v"] == 6)
-        // A whole subscriber again, so that the invariants have a reference.
-        let reference = try Held.subscribe(c)
-        try sim.runUntilQuiet()
-        try sim.check()
-        reference.cancel()
+        try Self.checkAgainstAWholeSubscriber(sim, c)
         bSub.cancel()
     }
 
@@ -84,11 +89,7 @@ import TrellisSimulation
     /// answers it without d9; A's echo memory then keeps d9 (in the state B sent A) from B.
     @Test func simultaneousEvictionsOnARelayAndItsSubscriber() throws {
         let sim = try Simulation(seed: 11003)
-        let c = try sim.addNode("c")
-        let a = try sim.addNode("a")
-        let b = try sim.addNode("b")
-        sim.connect(a, c)
-        sim.connect(b, a)
+        let (c, a, b) = try Self.chain(sim)
         let cSub = try Held.subscribe(c)
         let bSub = try Held.subscribe(b, "v >= 5")
         try sim.runUntilQuiet()
@@ -101,11 +102,7 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         #expect(try Held.get(a, "d9")?["v"] == 6)
         #expect(try Held.get(b, "d9")?["v"] == 6)
-        // A whole subscriber again, so that the invariants have a reference.
-        let reference = try Held.subscribe(c)
-        try sim.runUntilQuiet()
-        try sim.check()
-        reference.cancel()
+        try Self.checkAgainstAWholeSubscriber(sim, c)
         bSub.cancel()
     }
 
@@ -114,11 +111,7 @@ import TrellisSimulation
     @Test func aPeerThatAnsweredWhileItHadEvictedTooAboveTheCap() throws {
         let sim = try Simulation(seed: 11004)
         sim.replicatorConfiguration = { $0.maxAskedSubscriptions = 2 }
-        let c = try sim.addNode("c")
-        let a = try sim.addNode("a")
-        let b = try sim.addNode("b")
-        sim.connect(a, c)
-        sim.connect(b, a)
+        let (c, a, b) = try Self.chain(sim)
         let cSub = try Held.subscribe(c)
         let bSub = try Held.subscribe(b, "v >= 5")
         let bOther = try Held.subscribe(b, "v >= 1000")
@@ -127,21 +120,12 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         cSub.cancel()
         try sim.runUntilQuiet()
-        sim.setLink(a, c, up: false)
-        sim.run(for: 60_000)
-        #expect(try a.store.collection("items").findByID("d9").evict())
-        sim.run(for: 5_000)
-        #expect(try b.store.collection("items").findByID("d9").evict())
-        sim.run(for: 60_000)
+        try Self.evictOnAThenB(sim, a, b, whileCutFrom: c)
         sim.setLink(a, c, up: true)
         try sim.runUntilQuiet()
         #expect(try Held.get(a, "d9")?["v"] == 6)
         #expect(try Held.get(b, "d9")?["v"] == 6)
-        // A whole subscriber again, so that the invariants have a reference.
-        let reference = try Held.subscribe(c)
-        try sim.runUntilQuiet()
-        try sim.check()
-        reference.cancel()
+        try Self.checkAgainstAWholeSubscriber(sim, c)
         bSub.cancel()
         bOther.cancel()
     }
@@ -151,11 +135,7 @@ import TrellisSimulation
     /// d9 back from C.
     @Test func aReconnectAfterTheAnswerAsksAgain() throws {
         let sim = try Simulation(seed: 11005)
-        let c = try sim.addNode("c")
-        let a = try sim.addNode("a")
-        let b = try sim.addNode("b")
-        sim.connect(a, c)
-        sim.connect(b, a)
+        let (c, a, b) = try Self.chain(sim)
         let cSub = try Held.subscribe(c)
         let bSub = try Held.subscribe(b, "v >= 5")
         try sim.runUntilQuiet()
@@ -163,12 +143,7 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         cSub.cancel()
         try sim.runUntilQuiet()
-        sim.setLink(a, c, up: false)
-        sim.run(for: 60_000)
-        #expect(try a.store.collection("items").findByID("d9").evict())
-        sim.run(for: 5_000)
-        #expect(try b.store.collection("items").findByID("d9").evict())
-        sim.run(for: 60_000)
+        try Self.evictOnAThenB(sim, a, b, whileCutFrom: c)
         sim.setLink(a, b, up: false)
         sim.run(for: 120_000)
         sim.setLink(a, b, up: true)
@@ -176,11 +151,7 @@ import TrellisSimulation
         sim.setLink(a, c, up: true)
         try sim.runUntilQuiet()
         #expect(try Held.get(b, "d9")?["v"] == 6)
-        // A whole subscriber again, so that the invariants have a reference.
-        let reference = try Held.subscribe(c)
-        try sim.runUntilQuiet()
-        try sim.check()
-        reference.cancel()
+        try Self.checkAgainstAWholeSubscriber(sim, c)
         bSub.cancel()
     }
 
@@ -226,12 +197,7 @@ import TrellisSimulation
         #expect(try Held.get(c, "d9")?["v"] == 6)
         cSub.cancel()
         try sim.runUntilQuiet()
-        sim.setLink(a, c, up: false)
-        sim.run(for: 60_000)
-        #expect(try a.store.collection("items").findByID("d9").evict())
-        sim.run(for: 5_000)
-        #expect(try b.store.collection("items").findByID("d9").evict())
-        sim.run(for: 60_000)
+        try Self.evictOnAThenB(sim, a, b, whileCutFrom: c)
         sim.setLink(a, c, up: true)
         try sim.runUntilQuiet()
         #expect(try Held.get(a, "d9")?["v"] == 6)
@@ -239,10 +205,7 @@ import TrellisSimulation
         #expect(try m.store.collection("items").findByID("d9").evict())
         try sim.runUntilQuiet()
         #expect(try Held.get(m, "d9")?["v"] == 6)
-        let reference = try Held.subscribe(c)
-        try sim.runUntilQuiet()
-        try sim.check()
-        reference.cancel()
+        try Self.checkAgainstAWholeSubscriber(sim, c)
         mSub.cancel()
     }
 
@@ -272,10 +235,7 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         #expect(try Held.get(b, "d9")?["v"] == 6)
         sim.setLink(b, c, up: true)
-        let reference = try Held.subscribe(c)
-        try sim.runUntilQuiet()
-        try sim.check()
-        reference.cancel()
+        try Self.checkAgainstAWholeSubscriber(sim, c)
         bSub.cancel()
     }
 }
