@@ -134,9 +134,10 @@ extension DocumentStore {
                         }
                         // The sender holds this document whatever its queries match: later changes to
                         // it go back to it (DocumentStore+Scope.swift).
-                        var entered = false
+                        var held = false
                         for (spec, _) in bound where UTF8Key.equal(spec.collection, remote.collection) {
-                            entered = try recordHeld(&s, remote.collection, key, by: spec) || entered
+                            try recordHeld(&s, remote.collection, key, by: spec)
+                            held = true
                         }
                         if unserved, noted != remote.collection {
                             // The batch's documents come after the checkpoint it moves on from.
@@ -149,10 +150,12 @@ extension DocumentStore {
                             try noteUnrecorded(&s, peer, remote.collection, since: since)
                             noted = remote.collection
                         }
-                        // It entered a scope with an older state than this node's, at a row the
-                        // subscription's cursor may have passed: the row is logged again so the newer
-                        // state (a tombstone, say) reaches the sender.
-                        if entered, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
+                        // The sender holds an older state than this node's, at a row the cursor of its
+                        // subscription may have passed: the scope record may be new, or made when
+                        // another peer served the same subscription sent the document (records are per
+                        // subscription, not per peer). The row is logged again so the newer state (a
+                        // tombstone, say) reaches the sender.
+                        if held, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
                         try dropDeferredIfCovered(&s, remote.collection, key, peer)
                     case .needsWholeState(let reason):
                         // Nothing of this piece is kept and no checkpoint is stored: the replicator

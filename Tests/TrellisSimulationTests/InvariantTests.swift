@@ -58,7 +58,11 @@ import TrellisSimulation
     ///   with a withheld value that other nodes held.
     /// - 510543: a query subscriber's eviction stub, still holding its unacknowledged write,
     ///   encoded the same state as the peer's row in another form.
-    @Test(arguments: [510_126, 510_543, 520_127] as [UInt64])
+    /// - 530723, 560094: not the invariants, a fault. A query subscriber's copy of a document
+    ///   outside its query stayed stale: the serving node's scope record for the subscription was
+    ///   made when a relay of the same subscription sent the document, and the subscriber's older
+    ///   copy, sent later, did not bring it the newer state (ScopeTests).
+    @Test(arguments: [510_126, 510_543, 520_127, 530_723, 560_094] as [UInt64])
     func queryNodeSeedsThatOnceFailed(_ seed: UInt64) throws {
         var workload = RandomWorkload()
         workload.nodes = 3...6

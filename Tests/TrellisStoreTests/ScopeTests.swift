@@ -170,10 +170,43 @@ extension ScopeTests {
             in: "items", after: first.scannedUpTo, limit: 100, maxBytes: .max, matching: query, servedAs: high)
         #expect(next.records.map(\.id) == ["d6"])
         #expect(next.records.allSatisfy { $0.isDeleted })
-        // The same state again adds nothing: the row is not logged again.
-        _ = try store.merge(stale, from: [7], checkpoint: nil, heldBy: [high])
+        // The newer state, sent back, adds nothing: the row is not logged again.
+        let newer = try store.changes(in: "items", after: 0, limit: 100, maxBytes: .max).records.map {
+            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
+        }
+        _ = try store.merge(newer, from: [7], checkpoint: nil, heldBy: [high])
         let after = try store.changes(
             in: "items", after: next.scannedUpTo, limit: 100, maxBytes: .max, matching: query, servedAs: high)
         #expect(after.records.isEmpty)
+    }
+
+    /// Scope records are kept per subscription, not per peer: when one peer's copy put a document
+    /// in the scope of `v >= 5`, another peer served the same subscription whose cursor had passed
+    /// the row, and that sends an older state, still gets the newer one (seeds 560094 and 530723
+    /// with `--queries 2`: a relay passed on a query subscriber's subscription, and sent the
+    /// document before the subscriber's stale copy came).
+    @Test func aSecondPeerOfTheSameSubscriptionThatSendsAnOlderStateGetsTheNewerOne() throws {
+        let store = try openStore(dir, "h.sqlite", clock: clock)
+        let source = try openStore(dir, "i.sqlite", clock: clock)
+        let high = SubscriptionSpec(collection: "items", query: "v >= 5")
+        let query = try Query(high.query)
+        try source.upsert(["_id": "d6", "v": 7], in: "items")
+        let stale = try batch(of: source, "items")
+        _ = try store.merge(stale, from: [1], checkpoint: nil)
+        try store.update(id: "d6", in: "items", operations: [try set("v", 1)])
+        // Peer 7 subscribes to `v >= 5`; its cursor passes d6's row, which does not match.
+        let first = try store.changes(
+            in: "items", after: 0, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(first.records.isEmpty)
+        // Peer 8 relays the same subscription and sends the newer state: d6 enters the scope, unchanged.
+        let current = try store.changes(in: "items", after: 0, limit: 100, maxBytes: .max).records.map {
+            RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state)
+        }
+        _ = try store.merge(current, from: [8], checkpoint: nil, heldBy: [high])
+        // Peer 7 wrote d6 itself and sends its older state: the newer one must reach it.
+        _ = try store.merge(stale, from: [7], checkpoint: nil, heldBy: [high])
+        let next = try store.changes(
+            in: "items", after: first.scannedUpTo, limit: 100, maxBytes: .max, matching: query, servedAs: high)
+        #expect(next.records.map(\.id) == ["d6"])
     }
 }
