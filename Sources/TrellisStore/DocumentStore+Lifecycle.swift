@@ -158,6 +158,9 @@ extension DocumentStore {
         }
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")
+        // The eviction stubs, by collection: what a node asks peers for again, at start too.
+        try db.execute(
+            "CREATE INDEX IF NOT EXISTS documents_stubs ON documents(collection, seq) WHERE deleted = 2")
     }
 
     /// The highest `seq` issued so far: in the log, or remembered in meta (rows that left the log).

@@ -573,7 +573,7 @@ extension DocumentStore {
     /// evicted first: what a new subscription asks peers for again.
     ///
     /// - Parameter limit: at most this many.
-    /// - Complexity: O(stubs + limit · log n): the collection's rows are read without their states.
+    /// - Complexity: O(limit · log n), through the index of stubs.
     public func evictedIDs(in collection: String, limit: Int) throws(StoreError) -> [Value] {
         try withState { s -> [Value] in
             let st = try s.db.prepare(
@@ -587,6 +587,24 @@ extension DocumentStore {
                 if let id = try? JSON.parse(st.string(0) ?? "") { ids.append(id) }
             }
             return ids
+        }
+    }
+
+    /// The collections that hold evicted documents (local stubs), in byte order: a node asks its
+    /// peers for their documents again after a restart (``evictedIDs(in:limit:)``).
+    ///
+    /// - Complexity: O(stubs), through the index of stubs; nothing when there are none.
+    public func evictedCollections() throws(StoreError) -> [String] {
+        try withState { s -> [String] in
+            // A store opened read-only may predate the index (opening it so writes no schema).
+            let index = options.readOnly ? "" : "INDEXED BY documents_stubs "
+            let st = try s.db.prepare(
+                "SELECT DISTINCT collection FROM documents \(index)WHERE deleted = \(RowKind.stub.rawValue) "
+                    + "ORDER BY collection")
+            defer { st.reset() }
+            var names: [String] = []
+            while try st.step() { names.append(st.string(0) ?? "") }
+            return names
         }
     }
 

@@ -26,6 +26,8 @@ public protocol SyncStore: AnyObject, Sendable {
     func retryDeferredDocuments() throws -> Int
     /// The `_id`s of evicted documents of a collection, most recently evicted first, at most `limit`.
     func evictedIDs(in collection: String, limit: Int) throws -> [Value]
+    /// The collections that hold evicted documents.
+    func evictedCollections() throws -> [String]
     /// Reaps up to `limit` tombstones older than the store's TTL, in one bounded transaction.
     ///
     /// - Returns: whether more are waiting.
@@ -110,6 +112,17 @@ public final class SyncHost {
         self.log = log
         replicator = Replicator(
             configuration: configuration, local: store.localLog, generations: store.rescanGenerations, seed: seed)
+        // The documents evicted before a restart are asked for again, as they were before it: a
+        // relay's checkpoints at its peers are past them, and a later subscriber through it
+        // would never get them (docs/MESH.md, "Eviction").
+        do {
+            for collection in try store.evictedCollections() {
+                let ids = try store.evictedIDs(in: collection, limit: Refetch.maxPerCollection)
+                _ = replicator.refetch(collection, ids: ids, now: now())
+            }
+        } catch {
+            log("reading the evicted documents failed: \(error)")
+        }
     }
 
     /// Whether scans are waiting for ``runScans(limit:)``.

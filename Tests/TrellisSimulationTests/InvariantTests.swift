@@ -52,7 +52,7 @@ import TrellisSimulation
         try sim.check()
     }
 
-    /// The seeds of the query-node workload that failed on the invariants alone, kept.
+    /// The seeds of the query-node workload that once failed, kept.
     ///
     /// - 510126, 520127: a node asking for nothing (a pure relay, a writer) showed a document
     ///   with a withheld value that other nodes held.
@@ -62,7 +62,10 @@ import TrellisSimulation
     ///   outside its query stayed stale: the serving node's scope record for the subscription was
     ///   made when a relay of the same subscription sent the document, and the subscriber's older
     ///   copy, sent later, did not bring it the newer state (ScopeTests).
-    @Test(arguments: [510_126, 510_543, 520_127, 530_723, 560_094] as [UInt64])
+    /// - 612180: a fault. A relay evicted a document, crashed, and after its restart no longer
+    ///   asked for it again (the list lived in memory): a whole-collection subscriber behind it
+    ///   lacked a write for good (FieldCaseSimulationTests, F10).
+    @Test(arguments: [510_126, 510_543, 520_127, 530_723, 560_094, 612_180] as [UInt64])
     func queryNodeSeedsThatOnceFailed(_ seed: UInt64) throws {
         var workload = RandomWorkload()
         workload.nodes = 3...6

@@ -430,9 +430,12 @@ import TrellisTestKit
         #expect(try store.evictedIDs(in: "c", limit: 10) == ["d", "e"])
         #expect(try store.evictedIDs(in: "c", limit: 1) == ["d"])
         #expect(try store.evictedIDs(in: "other", limit: 10).isEmpty)
+        #expect(try store.evictedCollections() == ["c"])
         // A document back from a peer (or written again) is no longer listed.
         try store.upsert(["_id": "d", "v": 1], in: "c")
         #expect(try store.evictedIDs(in: "c", limit: 10) == ["e"])
+        try store.upsert(["_id": "e", "v": 1], in: "c")
+        #expect(try store.evictedCollections().isEmpty)
     }
 
     /// A store written by the version that kept the peer a row's state came from (`source`, once

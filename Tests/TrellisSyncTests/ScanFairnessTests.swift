@@ -86,6 +86,7 @@ private final class CostlyStore: SyncStore {
     func evictedIDs(in collection: String, limit: Int) throws -> [Value] {
         try store.evictedIDs(in: collection, limit: limit)
     }
+    func evictedCollections() throws -> [String] { try store.evictedCollections() }
     func reapTombstones(limit: Int) throws -> Bool { try store.reapTombstones(limit: limit) }
     func rotatedLog(reason: String) throws -> LocalLog { try store.rotatedLog(reason: reason) }
     func servedQueries(peer: [UInt8], subscriptions: [SubscriptionSpec], askAgain: Bool) throws -> Int64? {
