@@ -66,6 +66,8 @@ public struct RandomWorkload: Sendable {
     /// query of their own (drawn from ``queries``), cancel it and make it again at random; each
     /// other node then replicates the whole collection or, as often, only relays, so nodes relay
     /// query subscriptions that come and go (docs/MESH.md, "Leaving a subscription's scope").
+    /// At least one replicates the whole collection (the first, when none was drawn): the
+    /// invariants compare each query subscriber with such a replica.
     /// 0 (the default) draws the single optional query node of earlier seeds, which replay as
     /// they did.
     public var queryNodes = 0
@@ -123,6 +125,13 @@ public struct RandomWorkload: Sendable {
             }
             node.mirrorContacts("items")
             if operations == .wide { try WideOperations.watch(node) }
+        }
+        if queryNodes > 0, subscriptions.isEmpty {
+            // The invariants compare each query subscriber with a whole-collection replica: with
+            // none drawn, the first node is one, so that no mesh goes unchecked.
+            subscriptions.append(try sim.nodes[0].store.collection("items").findAll().subscribe())
+            try sim.nodes[0].watch("items")
+            sim.note("\(sim.nodes[0].name) app: subscribe to items (a whole-collection replica for the invariants)")
         }
         if operations == .wide { sim.invariants.append(WideOperations.queriesAgree) }
         var partitioned = false

@@ -26,7 +26,8 @@ enum SimulateCommand {
                           ints and four strings, as seeds recorded before wide replay)
           --queries Q     the last Q nodes of each mesh hold only their own query's documents
                           and cancel and renew it at random; the others replicate the whole
-                          collection or only relay (default 0: at most one query node)
+                          collection or only relay, at least one the whole collection (default
+                          0: at most one query node)
           --replay SEED   run one seed and print its trace, then the verdict
 
         Prints each failing seed with what broke and the command that replays it; a progress line

@@ -55,7 +55,8 @@ import TrellisSimulation
     /// The seeds of the query-node workload that once failed, kept.
     ///
     /// - 510126, 520127: a node asking for nothing (a pure relay, a writer) showed a document
-    ///   with a withheld value that other nodes held.
+    ///   with a withheld value that other nodes held. (Their meshes drew no whole-collection
+    ///   replica; since the workload makes the first node one in that case, they run otherwise.)
     /// - 510543: a query subscriber's eviction stub, still holding its unacknowledged write,
     ///   encoded the same state as the peer's row in another form.
     /// - 530723, 560094: not the invariants, a fault. A query subscriber's copy of a document
