@@ -1,0 +1,341 @@
+import Testing
+import Trellis
+import TrellisCore
+import TrellisSimulation
+
+/// Attempts to break cc17e20 (a peer served a query subscription that sends an older state gets
+/// the row logged again whenever the document is recorded in that scope) and 1a1d477 (the
+/// evicted documents are asked for again after a restart, read back from the stubs). A
+/// reviewer's scenarios; the failing ones are described on each test, the others are controls.
+@Suite struct RestartRefetchBreakTests {
+    typealias Mesh = FieldCaseSimulationTests.Mesh
+    typealias Held = HeldDocumentsSimulationTests
+
+    /// Batches sent in the mesh during `window` ms of virtual time, after `settle` ms.
+    static func batchesAfter(_ sim: Simulation, settle: Millis = 30_000, window: Millis = 10_000) -> Int {
+        sim.run(for: settle)
+        let before = sim.messageCounts["batch"] ?? 0
+        sim.run(for: window)
+        return (sim.messageCounts["batch"] ?? 0) - before
+    }
+
+    /// A and B (tombstone TTL two minutes) subscribe to `keep == true`, so each serves the other
+    /// a query subscription. A writes d {x: 1, keep: true} and removes x: both hold x's remove
+    /// context. Then, unless `pastTTL` is false, three minutes pass (x's remove is past the TTL).
+    static func removedFieldOnTwoQueryPeers(seed: UInt64, pastTTL: Bool = true) throws -> (
+        sim: Simulation, a: SimulatedNode, b: SimulatedNode, subs: [Subscription]
+    ) {
+        let sim = try Simulation(seed: seed)
+        sim.storeOptions.tombstoneTTL = 120_000
+        let a = try sim.addNode("a")
+        let b = try sim.addNode("b")
+        sim.connect(b, a)
+        let subs = [try Held.subscribe(a, "keep == true"), try Held.subscribe(b, "keep == true")]
+        try a.store.collection("items").upsert(["_id": "d", "x": 1, "keep": true])
+        try sim.runUntilQuiet()
+        _ = try a.store.collection("items").findByID("d").update { doc in doc?["x"].remove() }
+        try sim.runUntilQuiet()
+        #expect(try b.documents.state(id: "d", in: "items")?.root.entries["x"] != nil)
+        if pastTTL { sim.run(for: 180_000) }
+        return (sim, a, b, subs)
+    }
+
+    // MARK: Relog ping-pong: states that differ only by reaped remove contexts
+
+    /// FieldCaseSimulationTests.f04 with query subscriptions both ways instead of whole
+    /// collections: A's clock is past the TTL of x's remove, B's short of it. A writes d (and
+    /// reaps x's remove context); B applies it and keeps the context. Each then merges the
+    /// other's state as no change (A: what B adds is reaped again; B: A adds nothing), but
+    /// `.unchanged(behind: doc != incoming)` says "behind" on both sides, and since cc17e20 the
+    /// row is logged again on every such merge while the sender holds a query subscription in
+    /// the collection (DocumentStore+Merge.swift:158, `held` is true for every bound spec). So A
+    /// and B log d again and send it to each other forever (observed: ~200 batches per second,
+    /// both `lastSeq`s climbing); before cc17e20 only the merge that made the scope record
+    /// logged it again, once. Expected: nothing moves once settled.
+    @Test func nodesThatReapedAndNotYetDoNotPingPongThroughQuerySubscriptions() throws {
+        let mesh = try Mesh(seed: 801_001, nodes: 0)
+        let a = try mesh.sim.addNode("a")
+        let b = try mesh.sim.addNode("b")
+        mesh.sim.connect(a, b)
+        try mesh.subscribe(a, "items", query: "keep == true")
+        try mesh.subscribe(b, "items", query: "keep == true")
+        try a.store.collection("items").upsert(["_id": "d", "x": 1, "keep": true])
+        try mesh.sim.runUntilQuiet()
+        let written = try #require(try a.documents.state(id: "d", in: "items")?.stamp(at: .key("x"))).time.millis
+        _ = try a.store.collection("items").findByID("d").update { doc in doc?["x"].remove() }
+        try mesh.sim.runUntilQuiet()
+        let ttl = Millis(mesh.sim.storeOptions.tombstoneTTL)
+        let atTTL = Millis(written) + ttl - Simulation.startWallClock - mesh.sim.now
+        mesh.sim.setClockOffset(a, atTTL + 20_000)
+        mesh.sim.setClockOffset(b, atTTL - 30_000)
+        try a.store.collection("items").upsert(["_id": "d", "n": 1])  // A reaps
+        mesh.sim.run(for: 30_000)
+        let (lastA, lastB) = (a.documents.lastSeq, b.documents.lastSeq)
+        let batches = mesh.sim.messageCounts["batch"] ?? 0
+        mesh.sim.run(for: 10_000)
+        #expect(mesh.sim.messageCounts["batch"] ?? 0 == batches)
+        #expect(a.documents.lastSeq == lastA)
+        #expect(b.documents.lastSeq == lastB)
+    }
+
+    /// Same clocks everywhere: after x's remove is past the TTL, B crashes and restarts with a
+    /// wiped store and subscribes again. The state it gets from A is written whole there, which
+    /// reaps x's remove context (DocumentStore.persist), while A never wrote d since and keeps
+    /// it. B sends its copy to A (A's `keep == true` at B), A's merge is no change but "behind",
+    /// A logs d again, B's merge of A's state brings the context back, reaps it, no change,
+    /// "behind", B logs d again: a sync loop (runUntilQuiet: "still sending after 60 s").
+    /// Passes on ed2ee34.
+    @Test func aNodeRestartedWithAWipedStorePastAFieldRemovalsTTLDoesNotPingPong() throws {
+        let (sim, _, b, subs) = try Self.removedFieldOnTwoQueryPeers(seed: 801_002)
+        sim.crash(b)
+        try sim.restart(b, wipe: true)
+        let bSub = try Held.subscribe(b, "keep == true")
+        try sim.runUntilQuiet(timeout: 60_000)
+        #expect(Self.batchesAfter(sim) == 0)
+        try sim.check()
+        _ = (subs, bSub)
+    }
+
+    /// As above with a new node N joining A after the TTL (any node that first stores the
+    /// document past the TTL): A and N log d again and again. Passes on ed2ee34.
+    @Test func aNodeJoiningPastAFieldRemovalsTTLDoesNotPingPong() throws {
+        let (sim, a, _, subs) = try Self.removedFieldOnTwoQueryPeers(seed: 801_003)
+        let n = try sim.addNode("n")
+        sim.connect(n, a)
+        let nSub = try Held.subscribe(n, "keep == true")
+        try sim.runUntilQuiet(timeout: 60_000)
+        #expect(Self.batchesAfter(sim) == 0)
+        try sim.check()
+        _ = (subs, nSub)
+    }
+
+    /// Through the two changes together: B evicts d past the TTL, crashes and restarts; the
+    /// refetch read back from its stubs (1a1d477) brings d back from A, and the merge into the
+    /// stub writes it whole, reaping x's remove context that A keeps. Then A and B log d again
+    /// and again (cc17e20). Passes on ed2ee34.
+    @Test func aDocumentRefetchedAfterARestartPastTheTTLDoesNotPingPong() throws {
+        let (sim, _, b, subs) = try Self.removedFieldOnTwoQueryPeers(seed: 801_004)
+        #expect(try b.store.collection("items").findByID("d").evict())
+        sim.crash(b)
+        try sim.restart(b)
+        let bSub = try Held.subscribe(b, "keep == true")
+        try sim.runUntilQuiet(timeout: 60_000)
+        #expect(try Held.get(b, "d")?["keep"] == true)
+        #expect(Self.batchesAfter(sim) == 0)
+        try sim.check()
+        _ = (subs, bSub)
+    }
+
+    /// Control: the same join before the TTL (both keep x's remove context): nothing loops.
+    @Test func aNodeJoiningBeforeAFieldRemovalsTTLSettles() throws {
+        let (sim, a, _, subs) = try Self.removedFieldOnTwoQueryPeers(seed: 801_007, pastTTL: false)
+        let n = try sim.addNode("n")
+        sim.connect(n, a)
+        let nSub = try Held.subscribe(n, "keep == true")
+        try sim.runUntilQuiet(timeout: 60_000)
+        #expect(Self.batchesAfter(sim) == 0)
+        try sim.check()
+        _ = (subs, nSub)
+    }
+
+    // MARK: Cost: a redundant delta logs the row again
+
+    /// A ring of `count` nodes, each subscribed to the whole collection (when `whole`) and to
+    /// `price >= 0`; node 0 writes ten 20-field cars, then three rounds of ten one-field
+    /// updates from nodes 0, 1, 2. Returns the documents sent during the updates.
+    static func ringCost(seed: UInt64, nodes count: Int, whole: Bool = true, deltas: Bool = true) throws -> Int {
+        let sim = try Simulation(seed: seed)
+        sim.replicatorConfiguration = { $0.deltas = deltas }
+        var nodes: [SimulatedNode] = []
+        for i in 0..<count { nodes.append(try sim.addNode("n\(i)")) }
+        for i in 0..<count { sim.connect(nodes[i], nodes[(i + 1) % count]) }
+        var subs: [Subscription] = []
+        for node in nodes {
+            if whole { subs.append(try node.store.collection("cars").findAll().subscribe()) }
+            subs.append(try node.store.collection("cars").find("price >= 0").subscribe())
+        }
+        for i in 0..<10 {
+            try nodes[0].store.collection("cars").upsert(
+                .map(UTF8Map(uniqueKeysWithValues: DeltaSimulationTests.car(i).map { ($0, $1) })))
+        }
+        try sim.runUntilQuiet()
+        let documents = sim.documentsSent
+        for round in 0..<3 {
+            for i in 0..<10 {
+                try nodes[round % count].store.collection("cars").findByID(.string("car\(i)")).update {
+                    $0?["price"].set(.int(Int64(2_000 + round)))
+                }
+            }
+            try sim.runUntilQuiet(timeout: 120_000)
+        }
+        try sim.check()
+        _ = subs
+        return sim.documentsSent - documents
+    }
+
+    /// Cost regression of cc17e20 in an ordinary sync: a ring of 3 (and 4) nodes, each
+    /// subscribed to the whole collection and to a query. A change reaches a node twice around
+    /// the ring; the second copy is a delta that adds nothing, and `mergeDelta` answers
+    /// `.unchanged(behind: true)` for it although the stored state equals the sender's
+    /// (DocumentStore+Merge.swift:336). Since cc17e20 that logs the row again whenever the sender
+    /// holds any query subscription here, and the new `seq` goes to every peer again. Observed:
+    /// 360 documents with deltas against 240 without (3 nodes; 420 against 300 with 4). On
+    /// ed2ee34 both are 240 (300). Expected: deltas never cost more documents than whole states.
+    @Test func aDeltaThatAddsNothingIsNotLoggedAgain() throws {
+        for count in [3, 4] {
+            let withDeltas = try Self.ringCost(seed: 801_100, nodes: count, deltas: true)
+            let without = try Self.ringCost(seed: 801_100, nodes: count, deltas: false)
+            #expect(withDeltas <= without, "\(count) nodes: \(withDeltas) documents with deltas, \(without) without")
+        }
+    }
+
+    /// Control: the same ring with query subscriptions only (no deltas go): 120 documents for
+    /// the 30 changes, as on ed2ee34.
+    @Test func aQueryOnlyRingCostsWhatItDidBefore() throws {
+        #expect(try Self.ringCost(seed: 801_100, nodes: 3, whole: false) <= 120)
+    }
+
+    // MARK: Stale states reviving a stub
+
+    /// P — R — M; P writes and subscribes to nothing (a source). R and M subscribe to `v >= 0`;
+    /// P writes d9 {v: 1}, which reaches both. M–R down, P sets v: 2, R gets it (and acks). P–R
+    /// down; R evicts d9 (an ordinary stub: v's winning entry withheld). M–R up: R's refetch is
+    /// answered by M with the stale v: 1 state; merging it into the stub makes d9 live with v's
+    /// entry still withheld, and the refetch ends (d9 "arrived"). R passes that state on to M.
+    /// P–R up: R's checkpoint at P is past d9, and nobody sends R (or M) v: 2 again, since the
+    /// relog for withheld entries (DocumentStore+Merge.swift:279) only runs on a node that
+    /// receives them, and P, subscribing to nothing, receives nothing. Observed: R and M show
+    /// `{"_id": "d9"}` for good while P holds v: 2; `sim.check()` does not notice (its withheld
+    /// check only flags values no node holds, Invariants.swift:313). Pre-existing: fails on
+    /// ed2ee34 too.
+    @Test func aStubRevivedByAStaleCopyGetsTheWritersValue() throws {
+        let sim = try Simulation(seed: 801_006)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let m = try sim.addNode("m")
+        sim.connect(r, p)
+        sim.connect(m, r)
+        let rSub = try Held.subscribe(r, "v >= 0")
+        let mSub = try Held.subscribe(m, "v >= 0")
+        try p.store.collection("items").upsert(["_id": "d9", "v": 1])
+        try sim.runUntilQuiet()
+        #expect(try Held.get(m, "d9")?["v"] == 1)
+        sim.setLink(m, r, up: false)
+        sim.run(for: 60_000)
+        try Held.set(p, "d9", 2)
+        sim.run(for: 60_000)
+        #expect(try Held.get(r, "d9")?["v"] == 2)
+        sim.setLink(r, p, up: false)
+        sim.run(for: 60_000)
+        #expect(try r.store.collection("items").findByID("d9").evict())
+        sim.setLink(m, r, up: true)
+        sim.run(for: 60_000)
+        sim.setLink(r, p, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(r, "d9")?["v"] == 2)
+        #expect(try Held.get(m, "d9")?["v"] == 2)
+        try sim.check()
+        _ = (rSub, mSub)
+    }
+
+    // MARK: Restart refetch controls
+
+    /// Control: R (a relay) evicts 4,097 documents oldest first, restarts (its list is read back
+    /// newest first), evicts one more, and a whole subscriber N joins through it: the most
+    /// recently evicted ones come back (the list's trim drops from its front, which after a
+    /// restart is the newest; this held up all the same).
+    @Test func aRestartedRelayKeepsTheMostRecentEvictionsAsked() throws {
+        let sim = try Simulation(seed: 801_005)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let m = try sim.addNode("m")
+        sim.connect(r, p)
+        sim.connect(m, r)
+        let total = Refetch.maxPerCollection + 2
+        func id(_ i: Int) -> String { "d" + String(String(i + 100_000).dropFirst()) }
+        try p.store.collection("items").upsert((0..<total).map { ["_id": .string(id($0)), "v": .int(Int64($0))] })
+        let first = try Held.subscribe(m)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(m, id(total - 1)) != nil)
+        first.cancel()
+        try sim.runUntilQuiet()
+        let evicted = try r.documents.evict(ids: (0..<(total - 1)).map { .string(id($0)) }, in: "items")
+        #expect(evicted.count == total - 1)
+        try sim.runUntilQuiet()
+        sim.crash(r)
+        try sim.restart(r)
+        try sim.runUntilQuiet()
+        #expect(try r.store.collection("items").findByID(.string(id(total - 1))).evict())
+        try sim.runUntilQuiet()
+        let n = try sim.addNode("n")
+        sim.connect(n, r)
+        let second = try Held.subscribe(n)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, id(total - 1)) != nil)
+        #expect(try Held.get(n, id(total - 2)) != nil)
+        #expect(try Held.get(n, id(2)) != nil)
+        second.cancel()
+    }
+
+    /// Control: f10ARelayThatEvictedAndRestartedFetchesForALaterSubscriber with a query
+    /// subscriber: P — R — M, M subscribes to `v >= 5` and cancels; R and M evict d9; R
+    /// crashes and restarts; N subscribes to `v >= 5` through R and gets d9.
+    @Test func aRestartedRelayFetchesForALaterQuerySubscriber() throws {
+        let sim = try Simulation(seed: 801_008)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let m = try sim.addNode("m")
+        sim.connect(r, p)
+        sim.connect(m, r)
+        try p.store.collection("items").upsert(["_id": "d9", "v": 9])
+        let first = try Held.subscribe(m, "v >= 5")
+        try sim.runUntilQuiet()
+        #expect(try Held.get(m, "d9")?["v"] == 9)
+        first.cancel()
+        try sim.runUntilQuiet()
+        #expect(try r.store.collection("items").findByID("d9").evict())
+        #expect(try m.store.collection("items").findByID("d9").evict())
+        sim.crash(r)
+        try sim.restart(r)
+        try sim.runUntilQuiet()
+        let n = try sim.addNode("n")
+        sim.connect(n, r)
+        let second = try Held.subscribe(n, "v >= 5")
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, "d9")?["v"] == 9)
+        try sim.check()
+        second.cancel()
+    }
+
+    /// Control: as aStubRevivedByAStaleCopyGetsTheWritersValue, but P subscribes to the whole
+    /// collection: R's revived state (withheld v) reaches P, which logs d9 again, and v: 2
+    /// comes back to R and M.
+    @Test func aStubRevivedByAStaleCopyNextToASubscribedWriterGetsTheValue() throws {
+        let sim = try Simulation(seed: 801_009)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let m = try sim.addNode("m")
+        sim.connect(r, p)
+        sim.connect(m, r)
+        let pSub = try Held.subscribe(p)
+        let rSub = try Held.subscribe(r, "v >= 0")
+        let mSub = try Held.subscribe(m, "v >= 0")
+        try p.store.collection("items").upsert(["_id": "d9", "v": 1])
+        try sim.runUntilQuiet()
+        sim.setLink(m, r, up: false)
+        sim.run(for: 60_000)
+        try Held.set(p, "d9", 2)
+        sim.run(for: 60_000)
+        sim.setLink(r, p, up: false)
+        sim.run(for: 60_000)
+        #expect(try r.store.collection("items").findByID("d9").evict())
+        sim.setLink(m, r, up: true)
+        sim.run(for: 60_000)
+        sim.setLink(r, p, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(r, "d9")?["v"] == 2)
+        #expect(try Held.get(m, "d9")?["v"] == 2)
+        try sim.check()
+        _ = (pSub, rSub, mSub)
+    }
+}
