@@ -926,6 +926,25 @@ public struct DocumentState: Hashable, Sendable {
     /// ``removed`` does not cover it: the document exists while this is not empty.
     public internal(set) var adds: VersionVector
 
+    /// Whether this state has seen an operation `other` has not, by their causal contexts: a site
+    /// `other`'s ``writes`` and ``removed`` do not name, or a write or remove of a site above what
+    /// they hold for it. Withheld values (docs/DATA-MODEL.md rule 8) and remove records reaped on
+    /// one of the two do not count, nor default data (time zero) a site `other` names wrote again:
+    /// a context does not vouch for it. For a state known to be within this one (a delta that
+    /// added nothing to it), `false` means the two are equal but for those.
+    ///
+    /// - Complexity: O(sites of this state).
+    public func hasSeenMore(than other: DocumentState) -> Bool {
+        func beyond(_ vector: VersionVector) -> Bool {
+            vector.contains { site, time in
+                let (w, r) = (other.writes[site], other.removed[site])
+                guard w != nil || r != nil else { return true }
+                return time > max(w ?? .zero, r ?? .zero)
+            }
+        }
+        return beyond(writes) || beyond(removed)
+    }
+
     /// An empty state: no document.
     public init() {
         root = MapNode()

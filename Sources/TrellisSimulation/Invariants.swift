@@ -344,10 +344,35 @@ extension Simulation {
                     violations.append(
                         "\(node.name) holds \(collection)/\(key) with withheld values no node holds: "
                             + named.joined(separator: ", "))
+                } else if let joinedState = joined[key], subscribes(node, collection, to: joinedState, key) {
+                    // A subscriber whose subscription matches the document gets the values other
+                    // nodes hold (a node asking for nothing there may lag: docs/MESH.md).
+                    let held = state.withheldEntries.map(name).filter { !lost.contains($0) }.sorted()
+                    if !held.isEmpty {
+                        violations.append(
+                            "\(node.name) subscribes to \(collection)/\(key) and shows nothing for values other "
+                                + "nodes hold: " + held.joined(separator: ", "))
+                    }
                 }
             }
         }
         return Array(violations.prefix(20))
+    }
+
+    /// Whether one of `node`'s subscriptions in `collection` matches the document whose joined
+    /// state is `state`.
+    private func subscribes(_ node: SimulatedNode, _ collection: String, to state: DocumentState, _ key: UTF8Key)
+        -> Bool
+    {
+        let id = (try? JSON.parse(key.string)) ?? .null
+        guard let value = state.materialize(id: id) else { return false }
+        for spec in node.replicator?.subscriptions ?? [] where spec.collection == collection {
+            if spec.isWholeCollection { return true }
+            if let query = try? Query(spec.query).bind(args: spec.args), (try? query.matches(value)) == true {
+                return true
+            }
+        }
+        return false
     }
 
     private func noResurrection() -> [String] {

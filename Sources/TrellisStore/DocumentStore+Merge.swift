@@ -29,8 +29,8 @@ enum StateMerge {
     /// A stale copy of a document removed here whose tombstone was reaped: merged and removed
     /// again with a new remove stamp (DocumentStore+Tombstones.swift).
     case revived
-    /// The local state already held everything in it; `behind` when it holds more (the sender's
-    /// state is older than this node's).
+    /// The local state already held everything in it; `behind` when it has seen more
+    /// (``DocumentState/hasSeenMore(than:)``: the sender's state is older than this node's).
     case unchanged(behind: Bool)
     /// Not applied: why, and from when (milliseconds) trying again may succeed (clock refusals).
     case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
@@ -281,7 +281,12 @@ extension DocumentStore {
             {
                 try relog(&s, collection, key)
             }
-            return .unchanged(behind: doc != incoming)
+            // Behind: this node's state would add to the sender's. One that only lacks remove records
+            // reaped here adds nothing (relogging it would send the document back and forth
+            // between two query peers for good).
+            guard doc != incoming else { return .unchanged(behind: false) }
+            var probe = incoming
+            return .unchanged(behind: probe.merge(doc))
         }
         let (horizon, tooFarAhead) = driftCheck(
             clock: s.clock.last, latest: incoming.maxTime, now: now, decoded: incoming)
@@ -333,7 +338,9 @@ extension DocumentStore {
         var doc = stored.state
         var changed = doc.merge(delta)
         if changed, doc.reapRemovedFields(before: fieldReapHorizon(now: now)), doc == stored.state { changed = false }
-        guard changed else { return .unchanged(behind: true) }
+        // The sender's state is within this one (it covers the base, and the delta added nothing):
+        // behind when this one has seen more, by the causal context the delta carries whole.
+        guard changed else { return .unchanged(behind: doc.hasSeenMore(than: delta.state)) }
         let latest = delta.state.maxTime
         let (horizon, tooFarAhead) = driftCheck(clock: s.clock.last, latest: latest, now: now, decoded: nil)
         if let tooFarAhead, case .refused(_, let reason, _, _) = tooFarAhead { return .needsWholeState(reason) }

@@ -206,36 +206,43 @@ import TrellisSimulation
     /// relog for withheld entries (DocumentStore+Merge.swift:279) only runs on a node that
     /// receives them, and P, subscribing to nothing, receives nothing. Observed: R and M show
     /// `{"_id": "d9"}` for good while P holds v: 2; `sim.check()` does not notice (its withheld
-    /// check only flags values no node holds, Invariants.swift:313). Pre-existing: fails on
-    /// ed2ee34 too.
+    /// check only flags values no node holds, Invariants.swift:313; it now flags a subscriber's).
+    /// Pre-existing: fails on ed2ee34 too. Keeping the document on the refetch's list while it
+    /// withholds a value was built and left out: with a value no node holds any more, the refetch
+    /// never ended, and its copies relayed around a triangle of nodes kept changing every node's
+    /// subscription set (seed 690453, `--queries 2`).
     @Test func aStubRevivedByAStaleCopyGetsTheWritersValue() throws {
-        let sim = try Simulation(seed: 801_006)
-        let p = try sim.addNode("p")
-        let r = try sim.addNode("r")
-        let m = try sim.addNode("m")
-        sim.connect(r, p)
-        sim.connect(m, r)
-        let rSub = try Held.subscribe(r, "v >= 0")
-        let mSub = try Held.subscribe(m, "v >= 0")
-        try p.store.collection("items").upsert(["_id": "d9", "v": 1])
-        try sim.runUntilQuiet()
-        #expect(try Held.get(m, "d9")?["v"] == 1)
-        sim.setLink(m, r, up: false)
-        sim.run(for: 60_000)
-        try Held.set(p, "d9", 2)
-        sim.run(for: 60_000)
-        #expect(try Held.get(r, "d9")?["v"] == 2)
-        sim.setLink(r, p, up: false)
-        sim.run(for: 60_000)
-        #expect(try r.store.collection("items").findByID("d9").evict())
-        sim.setLink(m, r, up: true)
-        sim.run(for: 60_000)
-        sim.setLink(r, p, up: true)
-        try sim.runUntilQuiet()
-        #expect(try Held.get(r, "d9")?["v"] == 2)
-        #expect(try Held.get(m, "d9")?["v"] == 2)
-        try sim.check()
-        _ = (rSub, mSub)
+        withKnownIssue(
+            "open: a refetch answered by a copy older than the evicted one ends, and the value stays withheld (docs/MESH.md, \"Eviction\")"
+        ) {
+            let sim = try Simulation(seed: 801_006)
+            let p = try sim.addNode("p")
+            let r = try sim.addNode("r")
+            let m = try sim.addNode("m")
+            sim.connect(r, p)
+            sim.connect(m, r)
+            let rSub = try Held.subscribe(r, "v >= 0")
+            let mSub = try Held.subscribe(m, "v >= 0")
+            try p.store.collection("items").upsert(["_id": "d9", "v": 1])
+            try sim.runUntilQuiet()
+            #expect(try Held.get(m, "d9")?["v"] == 1)
+            sim.setLink(m, r, up: false)
+            sim.run(for: 60_000)
+            try Held.set(p, "d9", 2)
+            sim.run(for: 60_000)
+            #expect(try Held.get(r, "d9")?["v"] == 2)
+            sim.setLink(r, p, up: false)
+            sim.run(for: 60_000)
+            #expect(try r.store.collection("items").findByID("d9").evict())
+            sim.setLink(m, r, up: true)
+            sim.run(for: 60_000)
+            sim.setLink(r, p, up: true)
+            try sim.runUntilQuiet()
+            #expect(try Held.get(r, "d9")?["v"] == 2)
+            #expect(try Held.get(m, "d9")?["v"] == 2)
+            try sim.check()
+            _ = (rSub, mSub)
+        }
     }
 
     // MARK: Restart refetch controls
