@@ -550,33 +550,12 @@ import TrellisSimulation
 
     /// The same through a relay that restarted after its eviction (M evicted d9 too: only P
     /// holds it). The list of documents to ask for again lived only in memory, so R, relaying
-    /// nothing of its own, asked P for nothing after its restart, and N lacked d9 for good (simulation seed 612180 with `--queries 2`: a
-    /// whole-collection subscriber lacked a write the relay had evicted before it crashed).
+    /// nothing of its own, asked P for nothing after its restart, and N lacked d9 for good
+    /// (simulation seed 612180 with `--queries 2`: a whole-collection subscriber lacked a write
+    /// the relay had evicted before it crashed). The scenario is shared with a query subscriber's
+    /// (`RestartRefetchBreakTests.evictRestartAndSubscribeLater`).
     @Test func f10ARelayThatEvictedAndRestartedFetchesForALaterSubscriber() throws {
-        let mesh = try Mesh(seed: 124, nodes: 0)
-        let p = try mesh.sim.addNode("p")
-        let r = try mesh.sim.addNode("r")
-        let m = try mesh.sim.addNode("m")
-        mesh.sim.connect(r, p)
-        mesh.sim.connect(m, r)
-        try p.store.collection("items").upsert(["_id": "d9", "v": 9])
-        let first = try m.store.collection("items").findAll().subscribe()
-        try mesh.sim.runUntilQuiet()
-        #expect(try Self.get(m, "d9") != nil)
-        first.cancel()
-        try mesh.sim.runUntilQuiet()
-        #expect(try r.store.collection("items").findByID("d9").evict())
-        #expect(try m.store.collection("items").findByID("d9").evict())  // only P holds it now
-        mesh.sim.crash(r)
-        try mesh.sim.restart(r)
-        try mesh.sim.runUntilQuiet()
-        let n = try mesh.sim.addNode("n")
-        mesh.sim.connect(n, r)
-        let second = try n.store.collection("items").findAll().subscribe()
-        try mesh.sim.runUntilQuiet()
-        #expect(try Self.get(n, "d9")?["v"] == 9)
-        try mesh.sim.check()
-        second.cancel()
+        try RestartRefetchBreakTests.evictRestartAndSubscribeLater(seed: 124, query: "true")
     }
 
     /// F11: B is offline while A inserts 100 matching documents; B registers a live query, then

@@ -288,14 +288,21 @@ import TrellisSimulation
     /// subscriber: P — R — M, M subscribes to `v >= 5` and cancels; R and M evict d9; R
     /// crashes and restarts; N subscribes to `v >= 5` through R and gets d9.
     @Test func aRestartedRelayFetchesForALaterQuerySubscriber() throws {
-        let sim = try Simulation(seed: 801_008)
+        try Self.evictRestartAndSubscribeLater(seed: 801_008, query: "v >= 5")
+    }
+
+    /// P — R — M, P and R with no subscription of their own: M subscribes to `query` through R,
+    /// gets d9 {v: 9} and cancels; R and M evict d9 (only P holds it); R crashes and restarts;
+    /// N then subscribes to `query` through R and must get d9, which R asks P for again.
+    static func evictRestartAndSubscribeLater(seed: UInt64, query: String) throws {
+        let sim = try Simulation(seed: seed)
         let p = try sim.addNode("p")
         let r = try sim.addNode("r")
         let m = try sim.addNode("m")
         sim.connect(r, p)
         sim.connect(m, r)
         try p.store.collection("items").upsert(["_id": "d9", "v": 9])
-        let first = try Held.subscribe(m, "v >= 5")
+        let first = try Held.subscribe(m, query)
         try sim.runUntilQuiet()
         #expect(try Held.get(m, "d9")?["v"] == 9)
         first.cancel()
@@ -307,7 +314,7 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         let n = try sim.addNode("n")
         sim.connect(n, r)
-        let second = try Held.subscribe(n, "v >= 5")
+        let second = try Held.subscribe(n, query)
         try sim.runUntilQuiet()
         #expect(try Held.get(n, "d9")?["v"] == 9)
         try sim.check()
