@@ -412,18 +412,14 @@ extension DocumentStore {
     /// it are sent to that subscriber whatever its query matches. A newly recorded document
     /// concerns `spec` in this commit's scope check: ``trackScope(_:_:_:new:)`` ran before it was
     /// recorded, and the merged state, if it is not the one the subscriber sent, must reach it.
-    ///
-    /// - Returns: `true` when the document was not recorded in that scope before.
-    @discardableResult
-    func recordHeld(_ s: inout State, _ collection: String, _ key: String, by spec: SubscriptionSpec) throws -> Bool {
+    func recordHeld(_ s: inout State, _ collection: String, _ key: String, by spec: SubscriptionSpec) throws {
         let st = try s.db.prepare("INSERT OR IGNORE INTO scopes(collection, id, sub) VALUES (?, ?, ?)")
         st.bind(1, collection)
         st.bind(2, key)
         st.bind(3, spec.scopeHash)
         try st.run()
-        guard s.db.changes > 0 else { return false }
+        guard s.db.changes > 0 else { return }
         s.scopeChecked[UTF8Key(collection)]?.check.concerned.insert(spec.scopeHash)
-        return true
     }
 
     /// Records the tombstones and eviction stubs of `page`, a refetch's answer, in the scope of

@@ -116,10 +116,7 @@ public final class SyncHost {
         // relay's checkpoints at its peers are past them, and a later subscriber through it
         // would never get them (docs/MESH.md, "Eviction").
         do {
-            for collection in try store.evictedCollections() {
-                let ids = try store.evictedIDs(in: collection, limit: Refetch.maxPerCollection)
-                _ = replicator.refetch(collection, ids: ids, now: now())
-            }
+            for collection in try store.evictedCollections() { askAgainForEvicted(in: collection) }
         } catch {
             log("reading the evicted documents failed: \(error)")
         }
@@ -134,11 +131,17 @@ public final class SyncHost {
     /// come back when the subscription matches them).
     public func subscribe(_ spec: SubscriptionSpec) throws {
         run(try replicator.subscribe(spec, now: now()))
+        askAgainForEvicted(in: spec.collection)
+    }
+
+    /// Hands the replicator the collection's evicted documents (the most recent
+    /// ``Refetch/maxPerCollection``), to ask peers for again (``Replicator/refetch(_:ids:now:)``).
+    private func askAgainForEvicted(in collection: String) {
         do {
-            let ids = try store.evictedIDs(in: spec.collection, limit: Refetch.maxPerCollection)
-            run(replicator.refetch(spec.collection, ids: ids, now: now()))
+            let ids = try store.evictedIDs(in: collection, limit: Refetch.maxPerCollection)
+            run(replicator.refetch(collection, ids: ids, now: now()))
         } catch {
-            log("reading the evicted documents of \(spec.collection) failed: \(error)")
+            log("reading the evicted documents of \(collection) failed: \(error)")
         }
     }
 
