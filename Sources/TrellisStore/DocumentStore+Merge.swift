@@ -26,6 +26,9 @@ enum DeferralKind: String {
 enum StateMerge {
     /// The local state changed and was written.
     case applied
+    /// As ``applied``, and the document still withholds a value (an evicted document's stub
+    /// brought back by a state without the newest value: docs/MESH.md, "Eviction").
+    case appliedWithholding
     /// A stale copy of a document removed here whose tombstone was reaped: merged and removed
     /// again with a new remove stamp (DocumentStore+Tombstones.swift).
     case revived
@@ -124,9 +127,12 @@ extension DocumentStore {
                     }
                     let result = try mergeState(&s, remote.collection, key, remote.id, incoming, now: now)
                     switch result {
-                    case .applied, .unchanged, .revived:
+                    case .applied, .appliedWithholding, .unchanged, .revived:
                         switch result {
                         case .applied: outcome.applied += 1
+                        case .appliedWithholding:
+                            outcome.applied += 1
+                            outcome.withholding.append(remote.id)
                         case .revived:
                             outcome.applied += 1
                             outcome.revived.append(key)
@@ -305,7 +311,9 @@ extension DocumentStore {
         }
         s.clock.receive(incoming.maxTime, physicalMillis: horizon)
         if repair { options.log("document \(key) in \(collection) was damaged and is repaired from a peer's state") }
-        return .applied
+        let withholds = !doc.isDeleted && doc.withheldEntryCount > 0
+        try noteWithholding(&s, collection, key, withholds)
+        return withholds ? .appliedWithholding : .applied
     }
 
     /// Merges a delta (``StateDelta``) into the stored document, when the stored state covers the
@@ -560,7 +568,7 @@ extension DocumentStore {
                     }
                     let decoded = DecodedState(row.state, id: id)
                     switch try mergeState(&s, row.collection, row.key, id, decoded, now: now) {
-                    case .applied, .revived:
+                    case .applied, .appliedWithholding, .revived:
                         count += 1
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
                     case .unchanged, .needsWholeState:

@@ -570,19 +570,31 @@ extension DocumentStore {
     }
 
     /// The `_id`s of the evicted documents of a collection (their local stubs), most recently
-    /// evicted first: what a new subscription asks peers for again.
+    /// evicted first: what a new subscription asks peers for again. First come the documents
+    /// brought back from eviction by an older copy that still withhold a value (the
+    /// `withholding` table, DocumentStore+Withholding.swift).
     ///
     /// - Parameter limit: at most this many.
     /// - Complexity: O(limit · log n), through the index of stubs.
     public func evictedIDs(in collection: String, limit: Int) throws(StoreError) -> [Value] {
         try withState { s -> [Value] in
+            var ids: [Value] = []
+            if s.withholdingRows > 0 {
+                // Brought back by an older copy and still withholding a value: asked for again too.
+                let held = try s.db.prepare("SELECT id FROM withholding WHERE collection = ? LIMIT ?")
+                held.bind(1, collection)
+                held.bind(2, Int64(max(0, limit)))
+                defer { held.reset() }
+                while try held.step() {
+                    if let id = try? JSON.parse(held.string(0) ?? "") { ids.append(id) }
+                }
+            }
             let st = try s.db.prepare(
                 "SELECT id FROM documents WHERE collection = ? AND deleted = \(RowKind.stub.rawValue) "
                     + "ORDER BY seq DESC LIMIT ?")
             st.bind(1, collection)
-            st.bind(2, Int64(max(0, limit)))
+            st.bind(2, Int64(max(0, limit - ids.count)))
             defer { st.reset() }
-            var ids: [Value] = []
             while try st.step() {
                 if let id = try? JSON.parse(st.string(0) ?? "") { ids.append(id) }
             }
@@ -590,16 +602,18 @@ extension DocumentStore {
         }
     }
 
-    /// The collections that hold evicted documents (local stubs), in byte order: a node asks its
-    /// peers for their documents again after a restart (``evictedIDs(in:limit:)``).
+    /// The collections that hold evicted documents (local stubs, or documents brought back from
+    /// eviction that still withhold a value), in byte order: a node asks its peers for their
+    /// documents again after a restart (``evictedIDs(in:limit:)``).
     ///
     /// - Complexity: O(stubs), through the index of stubs; nothing when there are none.
     public func evictedCollections() throws(StoreError) -> [String] {
         try withState { s -> [String] in
             // A store opened read-only may predate the index (opening it so writes no schema).
             let index = options.readOnly ? "" : "INDEXED BY documents_stubs "
+            let withholding = s.withholdingRows > 0 ? "SELECT collection FROM withholding UNION " : ""
             let st = try s.db.prepare(
-                "SELECT DISTINCT collection FROM documents \(index)WHERE deleted = \(RowKind.stub.rawValue) "
+                "\(withholding)SELECT DISTINCT collection FROM documents \(index)WHERE deleted = \(RowKind.stub.rawValue) "
                     + "ORDER BY collection")
             defer { st.reset() }
             var names: [String] = []

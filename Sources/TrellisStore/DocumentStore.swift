@@ -283,6 +283,11 @@ public struct MergeOutcome: Sendable {
     /// was reaped (their canonical `_id` keys; counted in ``applied`` too). See
     /// ``DocumentStore/reapExpiredTombstones(limit:)``.
     public var revived: [String] = []
+    /// The `_id`s of documents applied that still withhold a value: an evicted document's stub
+    /// brought back by a copy older than the one evicted, or a document that withheld one before
+    /// and took a change without it (docs/MESH.md, "Eviction"). The replicator asks its other
+    /// peers for them again (``Replicator/applied(_:subscription:upTo:checkpointStored:deferred:withholding:now:)``).
+    public var withholding: [Value] = []
 
     public init(
         applied: Int = 0, deferred: [(key: String, reason: String)] = [], rejected: [(id: String, reason: String)] = []
@@ -386,6 +391,10 @@ public final class DocumentStore: Sendable {
         var heldThrough: [PeerCollection: Set<Int64>] = [:]
         /// The number of rows in the `reaped` table (0 lets merges skip looking there).
         var reapedRows = 0
+        /// The number of rows in the `withholding` table (0 lets merges skip clearing there):
+        /// documents brought back from eviction that still withhold a value
+        /// (DocumentStore+Withholding.swift).
+        var withholdingRows = 0
 
         /// A new stamp for a local write at physical time `now` (milliseconds).
         mutating func stamp(now: UInt64) -> Stamp { Stamp(time: clock.now(physicalMillis: now), site: siteID) }
@@ -466,6 +475,11 @@ public final class DocumentStore: Sendable {
             reaped_at INTEGER NOT NULL,
             PRIMARY KEY(collection, id)
         ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS withholding(
+            collection TEXT NOT NULL,
+            id TEXT NOT NULL,
+            PRIMARY KEY(collection, id)
+        ) WITHOUT ROWID;
         """
 
     /// Opens (creating if needed) the store at `path`.
@@ -535,6 +549,7 @@ public final class DocumentStore: Sendable {
             }
             generations.reset()
             try Self.loadTombstoneState(db, into: &state)
+            try Self.loadWithholding(db, into: &state, readOnly: options.readOnly)
             state.nulCollections = try Self.loadNULCollections(db, readOnly: options.readOnly)
             state.servedScopes = try Self.loadServedScopes(db)
             state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }

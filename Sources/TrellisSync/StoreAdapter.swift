@@ -29,7 +29,7 @@ extension DocumentStore: SyncStore {
             belowFloor: page.belowFloor)
     }
 
-    public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) {
+    public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value]) {
         let outcome = try merge(
             request.documents, from: request.peerKey,
             checkpoint: request.storeCheckpoint
@@ -38,7 +38,7 @@ extension DocumentStore: SyncStore {
         let refusals =
             outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
             + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }
-        return (outcome.deferred.count, refusals)
+        return (outcome.deferred.count, refusals, outcome.withholding)
     }
 
     public func retryDeferredDocuments() throws -> Int {

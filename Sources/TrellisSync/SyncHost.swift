@@ -16,8 +16,9 @@ public protocol SyncStore: AnyObject, Sendable {
     func scan(_ request: ScanRequest) throws -> ScanPage
     /// Merges a batch and, when asked, stores its checkpoint, in one transaction.
     ///
-    /// - Returns: how many documents were kept aside to retry, and the refusals to report.
-    func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String])
+    /// - Returns: how many documents were kept aside to retry, the refusals to report, and the
+    ///   `_id`s of documents applied that still withhold a value (``MergeOutcome/withholding``).
+    func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value])
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
     /// Re-merges deferred documents whose condition cleared.
@@ -348,7 +349,8 @@ public final class SyncHost {
                     for refusal in outcome.refusals { log(refusal) }
                     more = replicator.applied(
                         link, subscription: request.subscription, upTo: request.upTo,
-                        checkpointStored: request.storeCheckpoint, deferred: outcome.deferred, now: now())
+                        checkpointStored: request.storeCheckpoint, deferred: outcome.deferred,
+                        withholding: outcome.withholding, now: now())
                 } catch StoreError.deferredLimit(let reason) {
                     // Too much of this peer's data waits already: the batch stays unacknowledged,
                     // and the replicator asks the peer for the subscription again from its stored

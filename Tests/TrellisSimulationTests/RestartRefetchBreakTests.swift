@@ -201,48 +201,61 @@ import TrellisSimulation
     /// P writes d9 {v: 1}, which reaches both. M–R down, P sets v: 2, R gets it (and acks). P–R
     /// down; R evicts d9 (an ordinary stub: v's winning entry withheld). M–R up: R's refetch is
     /// answered by M with the stale v: 1 state; merging it into the stub makes d9 live with v's
-    /// entry still withheld, and the refetch ends (d9 "arrived"). R passes that state on to M.
-    /// P–R up: R's checkpoint at P is past d9, and nobody sends R (or M) v: 2 again, since the
-    /// relog for withheld entries (DocumentStore+Merge.swift:279) only runs on a node that
-    /// receives them, and P, subscribing to nothing, receives nothing. Observed: R and M show
-    /// `{"_id": "d9"}` for good while P holds v: 2; `sim.check()` does not notice (its withheld
-    /// check only flags values no node holds, Invariants.swift:313; it now flags a subscriber's).
-    /// Pre-existing: fails on ed2ee34 too. Keeping the document on the refetch's list while it
-    /// withholds a value was built and left out: with a value no node holds any more, the refetch
-    /// never ended, and its copies relayed around a triangle of nodes kept changing every node's
-    /// subscription set (seed 690453, `--queries 2`).
+    /// entry still withheld. P–R up: R's checkpoint at P is past d9, and P, subscribing to
+    /// nothing, receives nothing, so only a refetch brings v: 2 back. Before, the refetch ended
+    /// when M's copy arrived (d9 "arrived"), and R and M showed `{"_id": "d9"}` for good while P
+    /// held v: 2. Now the store reports d9 as still withholding (MergeOutcome.withholding), and R
+    /// asks its other peers for it again, P included once P–R is up. Keeping such a document on the
+    /// refetch list was first tried with refetch subscriptions relayed like any other, and their
+    /// copies circulated around a triangle of nodes (seed 690453, `--queries 2`); they are relayed
+    /// one hop now.
     @Test func aStubRevivedByAStaleCopyGetsTheWritersValue() throws {
-        withKnownIssue(
-            "open: a refetch answered by a copy older than the evicted one ends, and the value stays withheld (docs/MESH.md, \"Eviction\")"
-        ) {
-            let sim = try Simulation(seed: 801_006)
-            let p = try sim.addNode("p")
-            let r = try sim.addNode("r")
-            let m = try sim.addNode("m")
-            sim.connect(r, p)
-            sim.connect(m, r)
-            let rSub = try Held.subscribe(r, "v >= 0")
-            let mSub = try Held.subscribe(m, "v >= 0")
-            try p.store.collection("items").upsert(["_id": "d9", "v": 1])
-            try sim.runUntilQuiet()
-            #expect(try Held.get(m, "d9")?["v"] == 1)
-            sim.setLink(m, r, up: false)
+        try staleCopyRevivesAStub(seed: 801_006, restartBeforeTheWriterReturns: false)
+    }
+
+    /// As aStubRevivedByAStaleCopyGetsTheWritersValue, and R restarts after the stale copy
+    /// brought d9 back and before P returns. The list of documents to ask for again is read
+    /// back from the store at start; d9 is no stub any more, so the store keeps it in its
+    /// `withholding` table. (Without it, R asked nobody for d9 after the restart.)
+    @Test func aStubRevivedByAStaleCopyGetsTheWritersValueAfterARestart() throws {
+        try staleCopyRevivesAStub(seed: 801_007, restartBeforeTheWriterReturns: true)
+    }
+
+    private func staleCopyRevivesAStub(seed: UInt64, restartBeforeTheWriterReturns restart: Bool) throws {
+        let sim = try Simulation(seed: seed)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let m = try sim.addNode("m")
+        sim.connect(r, p)
+        sim.connect(m, r)
+        var rSub = try Held.subscribe(r, "v >= 0")
+        let mSub = try Held.subscribe(m, "v >= 0")
+        try p.store.collection("items").upsert(["_id": "d9", "v": 1])
+        try sim.runUntilQuiet()
+        #expect(try Held.get(m, "d9")?["v"] == 1)
+        sim.setLink(m, r, up: false)
+        sim.run(for: 60_000)
+        try Held.set(p, "d9", 2)
+        sim.run(for: 60_000)
+        #expect(try Held.get(r, "d9")?["v"] == 2)
+        sim.setLink(r, p, up: false)
+        sim.run(for: 60_000)
+        #expect(try r.store.collection("items").findByID("d9").evict())
+        sim.setLink(m, r, up: true)
+        sim.run(for: 60_000)
+        #expect(try Held.get(r, "d9") != nil)
+        if restart {
+            sim.crash(r)
+            try sim.restart(r)
+            rSub = try Held.subscribe(r, "v >= 0")
             sim.run(for: 60_000)
-            try Held.set(p, "d9", 2)
-            sim.run(for: 60_000)
-            #expect(try Held.get(r, "d9")?["v"] == 2)
-            sim.setLink(r, p, up: false)
-            sim.run(for: 60_000)
-            #expect(try r.store.collection("items").findByID("d9").evict())
-            sim.setLink(m, r, up: true)
-            sim.run(for: 60_000)
-            sim.setLink(r, p, up: true)
-            try sim.runUntilQuiet()
-            #expect(try Held.get(r, "d9")?["v"] == 2)
-            #expect(try Held.get(m, "d9")?["v"] == 2)
-            try sim.check()
-            _ = (rSub, mSub)
         }
+        sim.setLink(r, p, up: true)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(r, "d9")?["v"] == 2)
+        #expect(try Held.get(m, "d9")?["v"] == 2)
+        try sim.check()
+        _ = (rSub, mSub)
     }
 
     // MARK: Restart refetch controls
@@ -351,5 +364,46 @@ import TrellisSimulation
         #expect(try Held.get(m, "d9")?["v"] == 2)
         try sim.check()
         _ = (pSub, rSub, mSub)
+    }
+}
+
+/// Refetches that last: documents every node evicted, which no peer holds whole.
+@Suite struct LastingRefetchTests {
+    /// A triangle of nodes subscribing to `v >= 0`; d1..d4 reach all three, and then every node
+    /// evicts them: each node's refetch lasts (no peer holds them), asked of each peer once per
+    /// connection. Each node relays only its neighbours' own refetches (hops 0). Before, a
+    /// refetch came back around the triangle: A kept asking B, which had answered it, for the
+    /// copy C relayed (`hops 2`), for as long as the nodes ran, so a refetch no peer can answer
+    /// never left the sets, and each reconnect scanned it again on every link.
+    @Test func aRefetchNoPeerCanAnswerIsNotRelayedBackAroundARing() throws {
+        let sim = try Simulation(seed: 801_200)
+        let nodes = try ["a", "b", "c"].map { try sim.addNode($0) }
+        sim.connect(nodes[0], nodes[1])
+        sim.connect(nodes[1], nodes[2])
+        sim.connect(nodes[2], nodes[0])
+        let subs = try nodes.map { try HeldDocumentsSimulationTests.subscribe($0, "v >= 0") }
+        try nodes[0].store.collection("items").upsert((1...4).map { ["_id": .string("d\($0)"), "v": .int(Int64($0))] })
+        try sim.runUntilQuiet()
+        for node in nodes {
+            for i in 1...4 { #expect(try node.store.collection("items").findByID(.string("d\(i)")).evict()) }
+        }
+        try sim.runUntilQuiet()
+        var rounds: [Int] = []
+        for _ in 0..<3 {
+            let before = sim.messageCounts["subs", default: 0]
+            sim.setLink(nodes[0], nodes[1], up: false)
+            sim.run(for: 60_000)
+            sim.setLink(nodes[0], nodes[1], up: true)
+            try sim.runUntilQuiet()
+            rounds.append(sim.messageCounts["subs", default: 0] - before)
+        }
+        #expect(Set(rounds).count == 1, "subs messages per reconnect: \(rounds)")
+        let relayedBack = sim.trace.filter { $0.contains(" subs ") && $0.contains("trellisEvicted") }
+            .filter { line in
+                (2...9).contains { line.contains("trellisEvicted\":[\"d1\",\"d2\",\"d3\",\"d4\"]} since 0 hops \($0)") }
+            }
+        #expect(relayedBack.isEmpty, "\(relayedBack.prefix(3))")
+        try sim.check()
+        _ = subs
     }
 }

@@ -438,6 +438,51 @@ import TrellisTestKit
         #expect(try store.evictedCollections().isEmpty)
     }
 
+    /// A copy older than the evicted one brings the document back with its newest value still
+    /// withheld: the merge reports it (`withholding`), and the store keeps listing it with the
+    /// evicted documents, across a reopen, until a merge makes it whole; a local write that fills
+    /// the field drops it at the next open.
+    @Test func aDocumentBroughtBackByAnOlderCopyStaysListedUntilWhole() throws {
+        let a = try open("a.sqlite")
+        let old = try open("old.sqlite")
+        try a.upsert(["_id": "d", "v": 1], in: "c")
+        try sync(a, into: old)
+        clock.advance(by: 1)
+        try a.upsert(["_id": "d", "v": 2], in: "c")
+        try a.upsert(["_id": "e", "v": 1], in: "c")
+        do {
+            let b = try open("b.sqlite")
+            try sync(a, into: b)
+            #expect(try b.evict(id: "d", in: "c"))
+            let records = try old.changes(in: "c", after: 0, limit: 10, maxBytes: .max).records
+            let outcome = try b.merge(
+                records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }, from: [8],
+                checkpoint: nil)
+            #expect(outcome.withholding == ["d"])
+            #expect(try b.document(id: "d", in: "c")?["v"] == nil)
+            #expect(try b.evictedIDs(in: "c", limit: 10) == ["d"])
+            b.close()
+        }
+        do {
+            let b = try open("b.sqlite")
+            #expect(try b.evictedIDs(in: "c", limit: 10) == ["d"])
+            #expect(try b.evictedCollections() == ["c"])
+            try sync(a, into: b)
+            #expect(try b.document(id: "d", in: "c")?["v"] == 2)
+            #expect(try b.evictedIDs(in: "c", limit: 10).isEmpty)
+            #expect(try b.evictedCollections().isEmpty)
+            // Withholding again, then a local write fills the field: dropped at the next open.
+            #expect(try b.evict(id: "d", in: "c"))
+            try sync(old, into: b)
+            #expect(try b.evictedIDs(in: "c", limit: 10) == ["d"])
+            try b.update(id: "d", in: "c", operations: [.set(FieldPath(parsing: "v"), 7, isDefault: false)])
+            b.close()
+        }
+        let b = try open("b.sqlite")
+        #expect(try b.document(id: "d", in: "c")?["v"] == 7)
+        #expect(try b.evictedIDs(in: "c", limit: 10).isEmpty)
+    }
+
     /// A store written by the version that kept the peer a row's state came from (`source`, once
     /// used to suppress echoes) opens and works; the column is ignored.
     @Test func aStoreWithTheOldSourceColumnOpensAndWorks() throws {

@@ -80,7 +80,9 @@ private final class CostlyStore: SyncStore {
         scans.withLock { $0[expensive ? "expensive" : "items \(request.spec.query)", default: 0] += 1 }
         return try store.scan(request)
     }
-    func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String]) { try store.apply(request) }
+    func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value]) {
+        try store.apply(request)
+    }
     func acknowledge(_ entries: [AcknowledgedEntry]) throws { try store.acknowledge(entries) }
     func retryDeferredDocuments() throws -> Int { try store.retryDeferredDocuments() }
     func evictedIDs(in collection: String, limit: Int) throws -> [Value] {

@@ -930,8 +930,12 @@ public struct Replicator: Sendable {
     ///   - deferred: how many documents the store kept aside to retry (clock, size, invalid,
     ///     decoding). A batch the store refused whole for the per-peer bound on deferred documents
     ///     is reported to ``applyPostponed(_:subscription:reason:now:)`` instead.
+    ///   - withholding: the `_id`s of documents the batch brought that still withhold a value
+    ///     (an evicted document's stub brought back by an older copy than the one evicted):
+    ///     asked again of the other peers (``askElsewhere(_:in:answeredBy:now:)``).
     public mutating func applied(
-        _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int, now: Millis
+        _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int,
+        withholding: [Value] = [], now: Millis
     ) -> [ReplicatorDirective] {
         guard let s = sessions[link], s.phase == .established, let remote = s.remote else { return [] }
         if checkpointStored {
@@ -941,7 +945,43 @@ public struct Replicator: Sendable {
             deferredPending = true
             nextDeferredRetry = now + configuration.deferredRetryInterval
         }
-        return [send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)]
+        let ack = send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)
+        guard !withholding.isEmpty else { return [ack] }
+        return [ack]
+            + askElsewhere(withholding, in: SubscriptionSpec.collection(ofKey: key), answeredBy: link, now: now)
+    }
+
+    /// Documents of `collection` that the peer on `link` sent, and that still withhold a value
+    /// after the merge: a stub brought back by a copy older than the one evicted here, whose
+    /// newest value another peer may hold (docs/MESH.md, "Eviction"). They go on the refetch
+    /// list as if evicted, counted as answered by that peer on this connection, so the other
+    /// peers are asked for them once each (per connection), and a whole copy ends it.
+    ///
+    /// Nothing loops: the store reports a document only when a merge changed it, and states only
+    /// grow, so a peer's stale copy reports it at most once per state; a document no peer holds
+    /// whole stays listed like an evicted one no peer has (asked once per peer and connection),
+    /// and refetch subscriptions are relayed one hop only (``wanted(for:)``).
+    private mutating func askElsewhere(_ ids: [Value], in collection: String, answeredBy link: LinkID, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        let name = UTF8Key(collection)
+        var list = refetching[name] ?? RefetchList(ids: [], missing: [])
+        let keys = ids.map { JSON.string($0) }
+        for (id, key) in zip(ids, keys) where list.missing.insert(key).inserted {
+            if !list.ids.contains(id) { list.ids.append(id) }
+        }
+        if list.ids.count > Refetch.maxPerCollection {
+            for id in list.ids.prefix(list.ids.count - Refetch.maxPerCollection) {
+                list.missing.remove(JSON.string(id))
+            }
+            list.ids.removeFirst(list.ids.count - Refetch.maxPerCollection)
+        }
+        refetching[name] = list
+        if sessions[link] != nil {
+            sessions[link]!.refetchesAnswered[UTF8Key(SubscriptionSpec.all(collection).key), default: []]
+                .formUnion(keys)
+        }
+        return updateAsked(now: now)
     }
 
     /// The store could not take a batch now because too many of this peer's documents already
@@ -1591,9 +1631,14 @@ public struct Replicator: Sendable {
         guard let peer = sessions[link]?.peerKey else { return [:] }
         for (key, held) in own where authorization.mayWrite(peer, held.spec.collection) { wanted[key] = (held.spec, 0) }
         for (other, s) in sessions where other != link && s.phase == .established && s.peerKey != peer {
+            // A peer's refetch subscriptions are relayed one hop only, its own (hops 0): relayed
+            // further, one that lasts (documents no peer holds whole) could come back around a
+            // ring of relays with ever more hops and never die out. A relay holds what passes, and
+            // asks for what it evicted itself.
             for sub in s.remoteSubscriptions
             where sub.hops < configuration.maxHops && authorization.mayRead(s.peerKey, sub.spec.collection)
                 && authorization.mayWrite(peer, sub.spec.collection)
+                && (sub.hops == 0 || Refetch.ids(of: sub.spec) == nil)
             {
                 let key = UTF8Key(sub.spec.key)
                 if let existing = wanted[key], existing.hops <= sub.hops + 1 { continue }
