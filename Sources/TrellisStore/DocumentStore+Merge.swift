@@ -33,8 +33,9 @@ enum StateMerge {
     /// again with a new remove stamp (DocumentStore+Tombstones.swift).
     case revived
     /// The local state already held everything in it; `behind` when it has seen more
-    /// (``DocumentState/hasSeenMore(than:)``: the sender's state is older than this node's).
-    case unchanged(behind: Bool)
+    /// (``DocumentState/hasSeenMore(than:)``: the sender's state is older than this node's);
+    /// `withholding` when the document, brought back from eviction, still withholds a value.
+    case unchanged(behind: Bool, withholding: Bool = false)
     /// Not applied: why, and from when (milliseconds) trying again may succeed (clock refusals).
     case refused(DeferralKind, reason: String, ready: UInt64, decoded: DocumentState?)
     /// A delta this node cannot apply now (it does not hold the state the delta is based on, or
@@ -136,6 +137,7 @@ extension DocumentStore {
                         case .revived:
                             outcome.applied += 1
                             outcome.revived.append(key)
+                        case .unchanged(_, withholding: true): outcome.withholding.append(remote.id)
                         default: break
                         }
                         // The sender holds this document whatever its queries match: later changes to
@@ -161,7 +163,7 @@ extension DocumentStore {
                         // another peer served the same subscription sent the document (records are per
                         // subscription, not per peer). The row is logged again so the newer state (a
                         // tombstone, say) reaches the sender.
-                        if held, case .unchanged(behind: true) = result { try relog(&s, remote.collection, key) }
+                        if held, case .unchanged(behind: true, _) = result { try relog(&s, remote.collection, key) }
                         try dropDeferredIfCovered(&s, remote.collection, key, peer)
                     case .needsWholeState(let reason):
                         // Nothing of this piece is kept and no checkpoint is stored: the replicator
@@ -290,9 +292,13 @@ extension DocumentStore {
             // Behind: this node's state would add to the sender's. One that only lacks remove records
             // reaped here adds nothing (relogging it would send the document back and forth
             // between two query peers for good).
-            guard doc != incoming else { return .unchanged(behind: false) }
+            // Still withholding a value (the store lists it, DocumentStore+Withholding.swift): each
+            // copy that adds nothing is reported too, so that it does not end the refetch.
+            let withholding =
+                s.withholdingRows > 0 && stored?.kind == .live && !doc.isDeleted && doc.withheldEntryCount > 0
+            guard doc != incoming else { return .unchanged(behind: false, withholding: withholding) }
             var probe = incoming
-            return .unchanged(behind: probe.merge(doc))
+            return .unchanged(behind: probe.merge(doc), withholding: withholding)
         }
         let (horizon, tooFarAhead) = driftCheck(
             clock: s.clock.last, latest: incoming.maxTime, now: now, decoded: incoming)
@@ -541,9 +547,19 @@ extension DocumentStore {
     /// - Throws: ``StoreError`` for SQLite errors (the transactions committed before stay).
     /// - Complexity: O(size of the states tried), 128 per transaction.
     public func retryDeferred() throws(StoreError) -> (applied: Int, remaining: Int) {
-        guard !options.readOnly else { return (0, try withState { $0.deferredRows }) }
+        let outcome = try retryDeferredReporting()
+        return (outcome.applied, outcome.remaining)
+    }
+
+    /// ``retryDeferred()``, also naming the documents applied that still withhold a value
+    /// (``MergeOutcome/withholding``), by collection.
+    public func retryDeferredReporting() throws(StoreError) -> (
+        applied: Int, remaining: Int, withholding: [(collection: String, id: Value)]
+    ) {
+        guard !options.readOnly else { return (0, try withState { $0.deferredRows }, []) }
         let now = options.now()
         var applied = 0
+        var withholding: [(collection: String, id: Value)] = []
         while true {
             let (count, more) = try write { s -> (Int, Bool) in
                 guard s.deferredRows > 0 else { return (0, false) }
@@ -567,7 +583,13 @@ extension DocumentStore {
                         continue
                     }
                     let decoded = DecodedState(row.state, id: id)
-                    switch try mergeState(&s, row.collection, row.key, id, decoded, now: now) {
+                    let result = try mergeState(&s, row.collection, row.key, id, decoded, now: now)
+                    switch result {
+                    case .appliedWithholding, .unchanged(_, withholding: true):
+                        withholding.append((row.collection, id))
+                    default: break
+                    }
+                    switch result {
                     case .applied, .appliedWithholding, .revived:
                         count += 1
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
@@ -595,7 +617,7 @@ extension DocumentStore {
             applied += count
             if !more { break }
         }
-        return (applied, try withState { $0.deferredRows })
+        return (applied, try withState { $0.deferredRows }, withholding)
     }
 
     /// The remote documents kept because they could not be applied yet, oldest first.

@@ -41,8 +41,9 @@ extension DocumentStore: SyncStore {
         return (outcome.deferred.count, refusals, outcome.withholding)
     }
 
-    public func retryDeferredDocuments() throws -> Int {
-        try retryDeferred().remaining
+    public func retryDeferredDocuments() throws -> (remaining: Int, withholding: [(collection: String, id: Value)]) {
+        let outcome = try retryDeferredReporting()
+        return (outcome.remaining, outcome.withholding)
     }
 
     public func reapTombstones(limit: Int) throws -> Bool {

@@ -23,8 +23,9 @@ public protocol SyncStore: AnyObject, Sendable {
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
     /// Re-merges deferred documents whose condition cleared.
     ///
-    /// - Returns: how many remain deferred.
-    func retryDeferredDocuments() throws -> Int
+    /// - Returns: how many remain deferred, and the documents applied that still withhold a
+    ///   value (``MergeOutcome/withholding``).
+    func retryDeferredDocuments() throws -> (remaining: Int, withholding: [(collection: String, id: Value)])
     /// The `_id`s of evicted documents of a collection, most recently evicted first, at most `limit`.
     func evictedIDs(in collection: String, limit: Int) throws -> [Value]
     /// The collections that hold evicted documents.
@@ -377,7 +378,12 @@ public final class SyncHost {
                 do { try store.acknowledge(entries) } catch { log("recording acknowledged writes failed: \(error)") }
             case .retryDeferred:
                 do {
-                    replicator.deferredRetried(remaining: try store.retryDeferredDocuments(), now: now())
+                    let outcome = try store.retryDeferredDocuments()
+                    replicator.deferredRetried(remaining: outcome.remaining, now: now())
+                    for collection in Set(outcome.withholding.map(\.collection)).sorted() {
+                        let ids = outcome.withholding.filter { $0.collection == collection }.map(\.id)
+                        more += replicator.stillWithholding(ids, in: collection, now: now())
+                    }
                 } catch {
                     log("retrying deferred documents failed: \(error)")
                 }

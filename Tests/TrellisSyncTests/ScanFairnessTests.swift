@@ -84,7 +84,9 @@ private final class CostlyStore: SyncStore {
         try store.apply(request)
     }
     func acknowledge(_ entries: [AcknowledgedEntry]) throws { try store.acknowledge(entries) }
-    func retryDeferredDocuments() throws -> Int { try store.retryDeferredDocuments() }
+    func retryDeferredDocuments() throws -> (remaining: Int, withholding: [(collection: String, id: Value)]) {
+        try store.retryDeferredDocuments()
+    }
     func evictedIDs(in collection: String, limit: Int) throws -> [Value] {
         try store.evictedIDs(in: collection, limit: limit)
     }

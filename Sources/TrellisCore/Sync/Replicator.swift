@@ -937,7 +937,10 @@ public struct Replicator: Sendable {
         _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int,
         withholding: [Value] = [], now: Millis
     ) -> [ReplicatorDirective] {
-        guard let s = sessions[link], s.phase == .established, let remote = s.remote else { return [] }
+        let collection = SubscriptionSpec.collection(ofKey: key)
+        guard let s = sessions[link], s.phase == .established, let remote = s.remote else {
+            return endRefetchIfAllArrived(collection, now: now)
+        }
         if checkpointStored {
             checkpointCache[s.peerKey, default: [:]][UTF8Key(key)] = Checkpoint(epoch: remote.epoch, seq: upTo)
         }
@@ -946,9 +949,8 @@ public struct Replicator: Sendable {
             nextDeferredRetry = now + configuration.deferredRetryInterval
         }
         let ack = send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)
-        guard !withholding.isEmpty else { return [ack] }
-        return [ack]
-            + askElsewhere(withholding, in: SubscriptionSpec.collection(ofKey: key), answeredBy: link, now: now)
+        guard !withholding.isEmpty else { return [ack] + endRefetchIfAllArrived(collection, now: now) }
+        return [ack] + askElsewhere(withholding, in: collection, answeredBy: link, now: now)
     }
 
     /// Documents of `collection` that the peer on `link` sent, and that still withhold a value
@@ -961,7 +963,7 @@ public struct Replicator: Sendable {
     /// grow, so a peer's stale copy reports it at most once per state; a document no peer holds
     /// whole stays listed like an evicted one no peer has (asked once per peer and connection),
     /// and refetch subscriptions are relayed one hop only (``wanted(for:)``).
-    private mutating func askElsewhere(_ ids: [Value], in collection: String, answeredBy link: LinkID, now: Millis)
+    private mutating func askElsewhere(_ ids: [Value], in collection: String, answeredBy link: LinkID?, now: Millis)
         -> [ReplicatorDirective]
     {
         let name = UTF8Key(collection)
@@ -977,11 +979,19 @@ public struct Replicator: Sendable {
             list.ids.removeFirst(list.ids.count - Refetch.maxPerCollection)
         }
         refetching[name] = list
-        if sessions[link] != nil {
-            sessions[link]!.refetchesAnswered[UTF8Key(SubscriptionSpec.all(collection).key), default: []]
-                .formUnion(keys)
-        }
+        if let link, sessions[link] != nil { sessions[link]!.withholdingCopies[name, default: []].formUnion(keys) }
         return updateAsked(now: now)
+    }
+
+    /// Documents of `collection` that a retry of deferred documents applied and that still
+    /// withhold a value (a stub brought back by an older copy held back for the clock): asked
+    /// again of every peer, as ``applied(_:subscription:upTo:checkpointStored:deferred:withholding:now:)``
+    /// does for a batch's.
+    public mutating func stillWithholding(_ ids: [Value], in collection: String, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        guard !ids.isEmpty else { return [] }
+        return askElsewhere(ids, in: collection, answeredBy: nil, now: now)
     }
 
     /// The store could not take a batch now because too many of this peer's documents already
@@ -1531,7 +1541,6 @@ public struct Replicator: Sendable {
         accepted.reserveCapacity(documents.count)
         var directives: [ReplicatorDirective] = []
         if sessions[link]!.echo.count + documents.count > configuration.echoMemory { sessions[link]!.echo.removeAll() }
-        var refetched = false
         for var document in documents {
             // An entry without `c` is of the subscription's collection (docs/PROTOCOL.md §2).
             if document.collection.isEmpty { document.collection = collection }
@@ -1544,7 +1553,7 @@ public struct Replicator: Sendable {
                 continue
             }
             accepted.append(document)
-            if refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id)) != nil { refetched = true }
+            refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id))
             let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
             // A delta names the digest of the sender's whole state after it.
             sessions[link]!.echo[echoKey] = StateDelta.digest(in: document.state) ?? StateDigest(document.state)
@@ -1573,16 +1582,24 @@ public struct Replicator: Sendable {
                     documents: accepted, upTo: upTo,
                     storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
                     heldBy: holders, unserved: unserved)))
-        if refetched, refetching[UTF8Key(collection)]?.missing.isEmpty == true {
-            refetching[UTF8Key(collection)] = nil  // every evicted document is back
-            for other in sessions.keys where !sessions[other]!.refetchesAnswered.isEmpty {
-                sessions[other]!.refetchesAnswered = sessions[other]!.refetchesAnswered.filter {
-                    askedCollection($0.key.string) != UTF8Key(collection)
-                }
-            }
-            directives += updateAsked(now: now)
-        }
+        // Whether the refetch ends is decided once the batch is applied: a document that arrives
+        // still withholding a value stays listed (``applied(_:subscription:upTo:checkpointStored:deferred:withholding:now:)``).
         return directives
+    }
+
+    /// Drops the refetch list of `collection` once every listed document has arrived and none
+    /// still withholds a value (after the batch that brought the last one was applied), and
+    /// forgets the peers' answers about it.
+    private mutating func endRefetchIfAllArrived(_ collection: String, now: Millis) -> [ReplicatorDirective] {
+        let name = UTF8Key(collection)
+        guard refetching[name]?.missing.isEmpty == true else { return [] }
+        refetching[name] = nil  // every evicted document is back
+        for other in sessions.keys where !sessions[other]!.refetchesAnswered.isEmpty {
+            sessions[other]!.refetchesAnswered = sessions[other]!.refetchesAnswered.filter {
+                askedCollection($0.key.string) != name
+            }
+        }
+        return updateAsked(now: now)
     }
 
     /// A batch (or caught-up batch) for a collection the peer may not write here: counted and
@@ -1683,10 +1700,12 @@ public struct Replicator: Sendable {
     {
         var out = wanted
         let answered = sessions[link]?.refetchesAnswered ?? [:]
+        let stale = sessions[link]?.withholdingCopies ?? [:]
         for (key, entry) in wanted where Refetch.ids(of: entry.spec) == nil {
             let collection = UTF8Key(entry.spec.collection)
             guard let list = refetching[collection] else { continue }
             let done = (answered[key] ?? []).union(answered[UTF8Key(SubscriptionSpec.all(collection.string).key)] ?? [])
+                .union(stale[collection] ?? [])
             let ids = done.isEmpty ? list.ids : list.ids.filter { !done.contains(JSON.string($0)) }
             for spec in Refetch.specs(for: entry.spec, ids: ids) {
                 let key = UTF8Key(spec.key)
@@ -1917,6 +1936,12 @@ extension Replicator {
         /// the evicted documents the peer answered a refetch of to the end on this connection
         /// (``Replicator/refetchAnswered(_:generation:left:on:now:)``).
         var refetchesAnswered: [UTF8Key: Set<String>] = [:]
+        /// By collection, the canonical `_id` keys of documents the peer sent on this connection
+        /// that still withheld a value here after the merge (``Replicator/askElsewhere(_:in:answeredBy:now:)``):
+        /// its copy lacks the value, so they are not asked of it again on this connection. Unlike
+        /// ``refetchesAnswered``, sending the peer the document does not clear them: two peers
+        /// that both withhold the value would otherwise answer each other's refetch for good.
+        var withholdingCopies: [UTF8Key: Set<String>] = [:]
         /// The documents whose states went to the peer on this connection
         /// (``Replicator/statesSent(_:in:on:now:)``), at most ``ReplicatorConfiguration/echoMemory``;
         /// past it, `answersUntrusted`: no refetch answer counts on this connection. Hashes (of
