@@ -222,32 +222,11 @@ import TrellisSimulation
     }
 
     private func staleCopyRevivesAStub(seed: UInt64, restartBeforeTheWriterReturns restart: Bool) throws {
-        let sim = try Simulation(seed: seed)
-        let p = try sim.addNode("p")
-        let r = try sim.addNode("r")
-        let m = try sim.addNode("m")
-        sim.connect(r, p)
-        sim.connect(m, r)
-        var rSub = try Held.subscribe(r, "v >= 0")
-        let mSub = try Held.subscribe(m, "v >= 0")
-        try p.store.collection("items").upsert(["_id": "d9", "v": 1])
-        try sim.runUntilQuiet()
-        #expect(try Held.get(m, "d9")?["v"] == 1)
-        sim.setLink(m, r, up: false)
-        sim.run(for: 60_000)
-        try Held.set(p, "d9", 2)
-        sim.run(for: 60_000)
-        #expect(try Held.get(r, "d9")?["v"] == 2)
-        sim.setLink(r, p, up: false)
-        sim.run(for: 60_000)
-        #expect(try r.store.collection("items").findByID("d9").evict())
-        sim.setLink(m, r, up: true)
-        sim.run(for: 60_000)
-        #expect(try Held.get(r, "d9") != nil)
+        var (sim, p, r, m, subs) = try WithholdingBreakTests.revived(seed: seed)
         if restart {
             sim.crash(r)
             try sim.restart(r)
-            rSub = try Held.subscribe(r, "v >= 0")
+            subs[0] = try Held.subscribe(r, "v >= 0")
             sim.run(for: 60_000)
         }
         sim.setLink(r, p, up: true)
@@ -255,7 +234,7 @@ import TrellisSimulation
         #expect(try Held.get(r, "d9")?["v"] == 2)
         #expect(try Held.get(m, "d9")?["v"] == 2)
         try sim.check()
-        _ = (rSub, mSub)
+        _ = subs
     }
 
     // MARK: Restart refetch controls
