@@ -959,10 +959,10 @@ public struct Replicator: Sendable {
     /// list as if evicted, counted as answered by that peer on this connection, so the other
     /// peers are asked for them once each (per connection), and a whole copy ends it.
     ///
-    /// Nothing loops: the store reports a document only when a merge changed it, and states only
-    /// grow, so a peer's stale copy reports it at most once per state; a document no peer holds
-    /// whole stays listed like an evicted one no peer has (asked once per peer and connection),
-    /// and refetch subscriptions are relayed one hop only (``wanted(for:)``).
+    /// Nothing loops: a peer whose copy still withholds the value is not asked for it again on
+    /// this connection, whatever this node sends it (``Session/withholdingCopies``); a document
+    /// no peer holds whole stays listed like an evicted one no peer has (asked once per peer and
+    /// connection); and refetch subscriptions are relayed one hop only (``wanted(for:)``).
     private mutating func askElsewhere(_ ids: [Value], in collection: String, answeredBy link: LinkID?, now: Millis)
         -> [ReplicatorDirective]
     {
