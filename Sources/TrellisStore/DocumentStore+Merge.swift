@@ -41,6 +41,15 @@ enum StateMerge {
     /// A delta this node cannot apply now (it does not hold the state the delta is based on, or
     /// the result would be refused): never kept aside; the peer is asked for the whole state.
     case needsWholeState(String)
+
+    /// Whether the document still withholds a value after this merge, applied or not
+    /// (``MergeOutcome/withholding``).
+    var leavesWithholding: Bool {
+        switch self {
+        case .appliedWithholding, .unchanged(_, withholding: true): return true
+        default: return false
+        }
+    }
 }
 
 extension DocumentStore {
@@ -130,16 +139,13 @@ extension DocumentStore {
                     switch result {
                     case .applied, .appliedWithholding, .unchanged, .revived:
                         switch result {
-                        case .applied: outcome.applied += 1
-                        case .appliedWithholding:
-                            outcome.applied += 1
-                            outcome.withholding.append(remote.id)
+                        case .applied, .appliedWithholding: outcome.applied += 1
                         case .revived:
                             outcome.applied += 1
                             outcome.revived.append(key)
-                        case .unchanged(_, withholding: true): outcome.withholding.append(remote.id)
                         default: break
                         }
+                        if result.leavesWithholding { outcome.withholding.append(remote.id) }
                         // The sender holds this document whatever its queries match: later changes to
                         // it go back to it (DocumentStore+Scope.swift).
                         var held = false
@@ -584,11 +590,7 @@ extension DocumentStore {
                     }
                     let decoded = DecodedState(row.state, id: id)
                     let result = try mergeState(&s, row.collection, row.key, id, decoded, now: now)
-                    switch result {
-                    case .appliedWithholding, .unchanged(_, withholding: true):
-                        withholding.append((row.collection, id))
-                    default: break
-                    }
+                    if result.leavesWithholding { withholding.append((row.collection, id)) }
                     switch result {
                     case .applied, .appliedWithholding, .revived:
                         count += 1

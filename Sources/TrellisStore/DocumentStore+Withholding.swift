@@ -29,11 +29,12 @@ extension DocumentStore {
             if withholds { count += 1 } else { done.append((st.string(0) ?? "", st.string(1) ?? "")) }
         }
         st.reset()
-        state.withholdingRows = count
-        guard !readOnly, !done.isEmpty else {
-            state.withholdingRows += done.count
+        // A read-only store keeps its rows, and lists them all (``evictedIDs(in:limit:)``).
+        guard !readOnly else {
+            state.withholdingRows = count + done.count
             return
         }
+        state.withholdingRows = count
         let delete = try db.prepare("DELETE FROM withholding WHERE collection = ? AND id = ?")
         for (collection, key) in done {
             delete.bind(1, collection)

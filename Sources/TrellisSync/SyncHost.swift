@@ -380,9 +380,9 @@ public final class SyncHost {
                 do {
                     let outcome = try store.retryDeferredDocuments()
                     replicator.deferredRetried(remaining: outcome.remaining, now: now())
-                    for collection in Set(outcome.withholding.map(\.collection)).sorted() {
-                        let ids = outcome.withholding.filter { $0.collection == collection }.map(\.id)
-                        more += replicator.stillWithholding(ids, in: collection, now: now())
+                    let byCollection = Dictionary(grouping: outcome.withholding, by: \.collection)
+                    for (collection, documents) in byCollection.sorted(by: { $0.key < $1.key }) {
+                        more += replicator.stillWithholding(documents.map(\.id), in: collection, now: now())
                     }
                 } catch {
                     log("retrying deferred documents failed: \(error)")

@@ -72,4 +72,11 @@ struct RefetchList: Sendable {
     var ids: [Value]
     /// The canonical keys of those not yet received.
     var missing: Set<String>
+
+    /// Keeps the `limit` most recently listed `_id`s: those before them are no longer asked for.
+    mutating func keepNewest(_ limit: Int) {
+        guard ids.count > limit else { return }
+        for id in ids.prefix(ids.count - limit) { missing.remove(JSON.string(id)) }
+        ids.removeFirst(ids.count - limit)
+    }
 }

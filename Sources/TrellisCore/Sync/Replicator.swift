@@ -599,12 +599,7 @@ public struct Replicator: Sendable {
                 sessions[link]!.refetchesAnswered[key] = answered.subtracting(added)
             }
         }
-        if list.ids.count > Refetch.maxPerCollection {
-            for id in list.ids.prefix(list.ids.count - Refetch.maxPerCollection) {
-                list.missing.remove(JSON.string(id))
-            }
-            list.ids.removeFirst(list.ids.count - Refetch.maxPerCollection)
-        }
+        list.keepNewest(Refetch.maxPerCollection)
         refetching[name] = list
         return updateAsked(now: now)
     }
@@ -972,12 +967,7 @@ public struct Replicator: Sendable {
         for (id, key) in zip(ids, keys) where list.missing.insert(key).inserted {
             if !list.ids.contains(id) { list.ids.append(id) }
         }
-        if list.ids.count > Refetch.maxPerCollection {
-            for id in list.ids.prefix(list.ids.count - Refetch.maxPerCollection) {
-                list.missing.remove(JSON.string(id))
-            }
-            list.ids.removeFirst(list.ids.count - Refetch.maxPerCollection)
-        }
+        list.keepNewest(Refetch.maxPerCollection)
         refetching[name] = list
         if let link, sessions[link] != nil { sessions[link]!.withholdingCopies[name, default: []].formUnion(keys) }
         return updateAsked(now: now)
