@@ -350,7 +350,8 @@ public final class Simulation: @unchecked Sendable {
             record("\(node.name) could not get its store files back after the crash: \(error)")
         }
         record("\(node.name) crashed")
-        for connection in connections.values where connection.open {
+        // In id order: the resets are scheduled in this order, and a seed must fix the run.
+        for connection in connections.values.sorted(by: { $0.id < $1.id }) where connection.open {
             guard let side = connection.ends.firstIndex(where: { $0.node == node.index }) else { continue }
             connection.open = false
             connection.knownClosed[side] = true

@@ -35,7 +35,6 @@ import TrellisTestKit
         _ = subscriptions
     }
 
-    /// The same seed gives the same trace, byte for byte.
     /// A reset connection is dialed again; the idle reconnect sends no document, only the
     /// session's opening, and every message's bytes are counted.
     @Test func aResetConnectionReconnectsWithoutResendingDocuments() throws {
@@ -99,6 +98,8 @@ import TrellisTestKit
         _ = subscriptions
     }
 
+    /// The same seed gives the same trace, byte for byte, in one process (across processes, where
+    /// Swift's hashing differs: `SimulateCommandTests`).
     @Test func aSeedReplaysTheSameRun() throws {
         func run() throws -> [String] {
             let sim = try Simulation(seed: 77)
