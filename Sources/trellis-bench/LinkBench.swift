@@ -37,6 +37,14 @@ func rawAEADMegabytesPerSecond(bytes: Int, frame: Int) -> (seal: Double, open: D
     return (megabytes / sealSeconds, megabytes / openSeconds)
 }
 
+/// The CPU time (user and system, every thread of this process) `body` takes, in milliseconds
+/// per megabyte of `megabytes`.
+func cpuMillisecondsPerMegabyte(_ megabytes: Double, _ body: () throws -> Void) rethrows -> Double {
+    let before = processCPUSeconds()
+    try body()
+    return (processCPUSeconds() - before) * 1000 / megabytes
+}
+
 /// Two handshaken ``SecureLink``s over loopback, not started.
 func secureLinkPair() throws -> (client: SecureLink, server: SecureLink) {
     Sodium.initialize()
@@ -145,7 +153,10 @@ func linkFigures() throws -> [Figure] {
     let size = 1 << 20
     let megabytes = Double(messages * size) / 1e6
     let raw = megabytes / (try rawLoopbackBulkSeconds(bytes: messages * size, chunk: 1 << 20))
-    let link = megabytes / (try secureLinkBulkSeconds(messages: messages, size: size))
+    var link = 0.0
+    let linkCPU = try cpuMillisecondsPerMegabyte(megabytes) {
+        link = megabytes / (try secureLinkBulkSeconds(messages: messages, size: size))
+    }
     // A rekey every 16 transport messages (1 MiB): 65,536 times the default rate, an upper bound
     // on what rekeying costs.
     let rekeying = megabytes / (try secureLinkBulkSeconds(messages: messages, size: size, rekeyEvery: 16))
@@ -154,6 +165,19 @@ func linkFigures() throws -> [Figure] {
     // the slower of the two.
     let aead = rawAEADMegabytesPerSecond(bytes: messages * size, frame: frame)
     let aeadBound = min(aead.seal, aead.open)
+    // The CPU the link cannot avoid on a megabyte: sealing it, opening it, and moving it through
+    // loopback TCP in frames of the link's size (both ends' system calls and the kernel's copies).
+    let wireFrame = frame + 16 + 2  // a full frame on the wire: its length, the sealed text, the tag
+    // The least of three runs: the floor, not this machine's noise.
+    let tcpCPU = try (0..<3).map { _ in
+        try cpuMillisecondsPerMegabyte(megabytes) {
+            _ = try rawLoopbackBulkSeconds(bytes: messages * size, chunk: wireFrame)
+        }
+    }.min()!
+    let floorCPU = 1000 / aead.seal + 1000 / aead.open + tcpCPU
+    // With every core busy on that work alone: the most a link could move on this machine.
+    let cores = Double(ProcessInfo.processInfo.activeProcessorCount)
+    let coreBound = cores * 1000 / floorCPU
     let rawRTT = quantile(try loopbackRoundTrips(2000), 0.5)
     let linkRTT = try secureLinkRoundTrips(2000)
     return [
@@ -165,6 +189,14 @@ func linkFigures() throws -> [Figure] {
         Figure(name: "aead_open_mb_per_s", value: aead.open, unit: "MB/s"),
         Figure(
             name: "link_bulk_vs_aead_mb_per_s", value: link, unit: "MB/s", baseline: aeadBound,
+            baselineName: aead.seal < aead.open ? "aead_seal_mb_per_s" : "aead_open_mb_per_s"),
+        Figure(name: "link_floor_cpu_ms_per_mb", value: floorCPU, unit: "ms/MB"),
+        Figure(
+            name: "link_bulk_cpu_ms_per_mb", value: linkCPU, unit: "ms/MB", baseline: floorCPU,
+            baselineName: "link_floor_cpu_ms_per_mb"),
+        Figure(
+            name: "link_bulk_bound_on_these_cores_mb_per_s", value: min(coreBound, aeadBound), unit: "MB/s",
+            baseline: aeadBound,
             baselineName: aead.seal < aead.open ? "aead_seal_mb_per_s" : "aead_open_mb_per_s"),
         Figure(
             name: "link_bulk_rekey_every_16_mb_per_s", value: rekeying, unit: "MB/s", baseline: link,
