@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 public import TrellisCore
+public import TrellisStore
 
 /// Reads a ``DocumentFileReader`` ahead on a thread of its own: while the caller stores one
 /// document, the next ones are read and parsed on another core (`trellis import`: parsing was a
@@ -13,6 +14,11 @@ public import TrellisCore
 /// the file: a chunk ends after ``chunkSize`` documents or once it took ``chunkBytes`` of the
 /// file (a chunk holds at least one document), and at most four are held at once (the one the
 /// caller reads from, two waiting, one being read).
+///
+/// With `preparingUpserts`, the reading thread also checks and encodes each document for the
+/// store (``DocumentStore/prepareUpsert(_:)``), and ``nextPrepared()`` hands it over so:
+/// `trellis import` streams those into ``DocumentStore/upsert(in:streamingPrepared:progressInterval:progress:refused:)``,
+/// so that the store's thread only writes (docs/BENCHMARKS.md, "Imports encode ahead").
 ///
 /// Use it from one thread; ``close()`` (or deinit) stops the reading thread.
 ///
@@ -43,6 +49,8 @@ public final class DocumentReadAhead {
     /// One thing the reader yielded, with where it stood then.
     private struct Item {
         var result: Result<Value?, FileError>
+        /// The document checked and encoded for an upsert, when the reading thread prepares them.
+        var prepared: PreparedUpsert?
         var place: String
         var bytesRead: Int
         var count: Int
@@ -77,13 +85,17 @@ public final class DocumentReadAhead {
     private var last: Item?
 
     /// Starts reading `reader` ahead. The reading thread holds the reader, not this object.
-    public init(_ reader: DocumentFileReader) {
+    ///
+    /// - Parameter preparingUpserts: whether the reading thread also prepares each document for
+    ///   ``DocumentStore/upsert(in:streamingPrepared:progressInterval:progress:refused:)``
+    ///   (``nextPrepared()``).
+    public init(_ reader: DocumentFileReader, preparingUpserts: Bool = false) {
         path = reader.path
         size = reader.size
         let shared = shared
         // The reader goes to the reading thread, which alone uses it from now on.
         let handover = Handover(reader: reader)
-        let thread = Thread { Self.read(handover.reader, into: shared) }
+        let thread = Thread { Self.read(handover.reader, into: shared, preparing: preparingUpserts) }
         thread.name = "trellis.import.read-ahead"
         thread.start()
     }
@@ -95,7 +107,23 @@ public final class DocumentReadAhead {
     /// - Throws: what the reader's ``DocumentFileReader/next()`` threw at this place.
     /// - Complexity: O(1) amortised; waits while the reading thread has nothing ready.
     public func next() throws(FileError) -> Value? {
-        if let last { return try take(last) }
+        try take(nextItem())
+    }
+
+    /// The next document checked and encoded for an upsert (by the reading thread when this was
+    /// made `preparingUpserts`), or `nil` after the last.
+    ///
+    /// - Throws: as ``next()``.
+    /// - Complexity: as ``next()``; O(size of the document) when the reading thread did not
+    ///   prepare it.
+    public func nextPrepared() throws(FileError) -> PreparedUpsert? {
+        let item = nextItem()
+        guard let document = try take(item) else { return nil }
+        return item.prepared ?? DocumentStore.prepareUpsert(document)
+    }
+
+    private func nextItem() -> Item {
+        if let last { return last }
         if index == current.count {
             shared.condition.lock()
             while shared.ready.isEmpty { shared.condition.wait() }
@@ -107,7 +135,7 @@ public final class DocumentReadAhead {
         let item = current[index]
         index += 1
         if item.endsReading { last = item }
-        return try take(item)
+        return item
     }
 
     /// Stops the reading thread (it finishes the document it is parsing). Later calls of
@@ -128,7 +156,7 @@ public final class DocumentReadAhead {
     }
 
     /// The reading thread: chunks of items until the reader ends or the caller stops.
-    private static func read(_ reader: DocumentFileReader, into shared: Shared) {
+    private static func read(_ reader: DocumentFileReader, into shared: Shared, preparing: Bool) {
         var done = false
         while !done {
             var chunk: [Item] = []
@@ -140,7 +168,10 @@ public final class DocumentReadAhead {
                 if shared.isStopped { return }
                 let result: Result<Value?, FileError>
                 do { result = .success(try reader.next()) } catch { result = .failure(error) }
-                let item = Item(result: result, place: reader.place, bytesRead: reader.bytesRead, count: reader.count)
+                var item = Item(result: result, place: reader.place, bytesRead: reader.bytesRead, count: reader.count)
+                if preparing, case .success(let document?) = result {
+                    item.prepared = DocumentStore.prepareUpsert(document)
+                }
                 done = item.endsReading
                 chunk.append(item)
             }

@@ -123,6 +123,21 @@ public enum StoreError: Error, Sendable, CustomStringConvertible, Equatable {
     }
 }
 
+/// A document checked and encoded for a streamed upsert by ``DocumentStore/prepareUpsert(_:)``,
+/// or the error the store refuses it with.
+public struct PreparedUpsert: Sendable {
+    struct Checked: Sendable {
+        /// `nil`: the document has no `_id`; the store draws one.
+        var id: Value?
+        var key: String?
+        var fields: UTF8Map<Value>
+        /// The JSON the document is stored as when new, when its `_id` is known.
+        var json: String?
+    }
+
+    let checked: Result<Checked, StoreError>
+}
+
 /// One entry of the change log: a document's latest state at its `seq`.
 public struct ChangeRecord: Sendable, Equatable {
     /// The entry's position in this store's change log.
@@ -1114,21 +1129,38 @@ public final class DocumentStore: Sendable {
         in collection: String, streaming next: () throws -> Value?, progressInterval: Int = 10_000,
         progress: (Int) -> Void = { _ in }, refused: ((StoreError) throws -> Void)? = nil
     ) throws -> Int {
+        try upsert(
+            in: collection, streamingPrepared: { try next().map(Self.prepareUpsert) },
+            progressInterval: progressInterval, progress: progress, refused: refused)
+    }
+
+    /// ``upsert(in:streaming:progressInterval:progress:refused:)`` of documents already checked and
+    /// encoded by ``prepareUpsert(_:)``, which another thread can do while the store writes (an
+    /// import reading ahead: DocumentReadAhead in Trellis). The outcome is the same: a document
+    /// ``prepareUpsert(_:)`` refused is refused when the upsert reaches it, in its place.
+    ///
+    /// - Parameter next: the next prepared document, or `nil` after the last.
+    /// - Throws: as ``upsert(in:streaming:progressInterval:progress:refused:)``.
+    /// - Complexity: O(total size) plus one indexed lookup per document.
+    public func upsert(
+        in collection: String, streamingPrepared next: () throws -> PreparedUpsert?, progressInterval: Int = 10_000,
+        progress: (Int) -> Void = { _ in }, refused: ((StoreError) throws -> Void)? = nil
+    ) throws -> Int {
         let now = options.now()
         var failure: (any Error)?
         do {
             return try write { s -> Int in
                 var count = 0
                 while true {
-                    let document: Value?
+                    let document: PreparedUpsert?
                     do { document = try next() } catch {
                         failure = error
                         throw StoreError.invalidValue("\(error)")  // rolls the transaction back
                     }
                     guard let document else { return count }
                     do {
-                        let (id, key, fields) = try prepare([document])[0]
-                        try upsertPrepared(&s, collection, id, key, fields, now: now)
+                        let (id, key, fields, json) = try identified(document.checked.get())
+                        try upsertPrepared(&s, collection, id, key, fields, json: json, now: now)
                     } catch let error as StoreError where refused != nil && error.refusesOneDocument {
                         // Each of these is found before the document's row is written.
                         do { try refused?(error) } catch {
@@ -1146,23 +1178,61 @@ public final class DocumentStore: Sendable {
         }
     }
 
+    /// Checks `document` for an upsert and encodes the JSON it would be stored as when new: the
+    /// part of a streamed upsert that needs no store, so that a thread other than the store's can
+    /// do it (an import's reading thread). Never throws: a document the store refuses carries its
+    /// error (``StoreError/notAMap(_:)``, ``StoreError/invalidID(_:)``,
+    /// ``StoreError/invalidValue(_:)``), met when the upsert reaches it.
+    ///
+    /// - Complexity: O(size of the document).
+    public static func prepareUpsert(_ document: Value) -> PreparedUpsert {
+        PreparedUpsert(checked: Result { () throws(StoreError) in try check(document, encoding: true) })
+    }
+
+    /// Checks a document for an upsert and splits it into `_id` (`nil` when absent), its key and
+    /// its other fields; with `encoding`, also encodes the JSON it is stored as when new.
+    ///
+    /// - Throws: ``StoreError`` for a non-map, a bad `_id` or a value that cannot be stored.
+    private static func check(_ document: Value, encoding: Bool) throws(StoreError) -> PreparedUpsert.Checked {
+        guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
+        do throws(ValueError) { try document.validate() } catch { throw .invalidValue(error.description) }
+        guard let id = fields.removeValue(forKey: "_id") else { return .init(id: nil, key: nil, fields: fields) }
+        var json: String?
+        if encoding {
+            var materialized = fields
+            materialized["_id"] = id
+            json = JSON.string(.map(materialized))
+        }
+        return .init(id: id, key: try key(for: id), fields: fields, json: json)
+    }
+
     /// Upserts one checked document (``prepare(_:)``) inside a write transaction.
     ///
     /// While upserts find no row (an import, say), the next one first tries to insert the new
     /// document where no row is (one B-tree descent instead of a look-up and then a write), when no
     /// served scope needs to see the write; once one finds a row, upserts look up first again.
+    ///
+    /// - Parameter json: the document's stored JSON when new (`fields` and `_id`), when the caller
+    ///   already encoded it (``prepareUpsert(_:)``).
     private func upsertPrepared(
-        _ s: inout State, _ collection: String, _ id: Value, _ key: String, _ fields: UTF8Map<Value>, now: UInt64
+        _ s: inout State, _ collection: String, _ id: Value, _ key: String, _ fields: UTF8Map<Value>,
+        json encoded: String? = nil, now: UInt64
     ) throws {
         let stamp = s.stamp(now: now)
         func persistNew(ifAbsent: Bool) throws -> Bool {
             // A new document: one write of every field, stored without building its state.
-            var materialized = fields
-            materialized["_id"] = id
-            let json = JSON.string(.map(materialized))
+            var built: Value?
+            func materialized() -> Value {
+                if let built { return built }
+                var map = fields
+                map["_id"] = id
+                built = .map(map)
+                return built!
+            }
+            let json = encoded ?? JSON.string(materialized())
             return try persistSingleWrite(
                 &s, collection, key, stamp: stamp, json: json, ifAbsent: ifAbsent,
-                document: { (.map(materialized), fields, json) })
+                document: { (materialized(), fields, json) })
         }
         if s.upsertsFindNoRow, s.servedScopes[UTF8Key(collection)]?.isEmpty ?? true {
             if try persistNew(ifAbsent: true) { return }
@@ -1186,12 +1256,19 @@ public final class DocumentStore: Sendable {
         var prepared: [(id: Value, key: String, fields: UTF8Map<Value>)] = []
         prepared.reserveCapacity(documents.count)
         for document in documents {
-            guard case .map(var fields) = document else { throw .notAMap(document.typeName) }
-            do { try document.validate() } catch { throw .invalidValue(error.description) }
-            let id = fields.removeValue(forKey: "_id") ?? Self.newID(options.random)
-            prepared.append((id, try Self.key(for: id), fields))
+            let (id, key, fields, _) = try identified(Self.check(document, encoding: false))
+            prepared.append((id, key, fields))
         }
         return prepared
+    }
+
+    /// A checked document with its `_id` and key: a new UUID string when it has none.
+    private func identified(
+        _ checked: PreparedUpsert.Checked
+    ) throws(StoreError) -> (id: Value, key: String, fields: UTF8Map<Value>, json: String?) {
+        if let id = checked.id, let key = checked.key { return (id, key, checked.fields, checked.json) }
+        let id = Self.newID(options.random)
+        return (id, try Self.key(for: id), checked.fields, nil)
     }
 
     /// Removes a document (a tombstone that replicates).

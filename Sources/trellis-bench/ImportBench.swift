@@ -10,9 +10,9 @@ import TrellisStore
 /// Child mode: imports FILE into a new store at DATABASE as `trellis import` does, then exits.
 func runImportChild(file: String, database: String) -> Never {
     do {
-        let reader = DocumentReadAhead(try DocumentFileReader(path: file))
+        let reader = DocumentReadAhead(try DocumentFileReader(path: file), preparingUpserts: true)
         let store = try DocumentStore(path: database)
-        _ = try store.upsert(in: "cars", streaming: { try reader.next() })
+        _ = try store.upsert(in: "cars", streamingPrepared: { try reader.nextPrepared() })
         store.close()
         // The peak resident size of this program since its exec (getrusage of a child would also
         // count the pages of the process that forked it).

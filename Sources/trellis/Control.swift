@@ -457,7 +457,7 @@ final class ControlServer: Sendable {
             return 1
         }
         do {
-            let reader = DocumentReadAhead(try DocumentFileReader(path: spool, name: file))
+            let reader = DocumentReadAhead(try DocumentFileReader(path: spool, name: file), preparingUpserts: true)
             let progress = hello.bool("progress")
             try ImportCommand.perform(
                 into: node.store.documents, collection: collection, reader: reader, file: file,

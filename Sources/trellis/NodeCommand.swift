@@ -319,7 +319,7 @@ enum ImportCommand {
         defer { withExtendedLifetime(lock) {} }
         let store = try DocumentStore(path: URL(fileURLWithPath: data).appendingPathComponent("store.sqlite").path)
         let progress = ProgressLine(total: reader.size)
-        let documents = DocumentReadAhead(reader)
+        let documents = DocumentReadAhead(reader, preparingUpserts: true)
         try perform(
             into: store, collection: collection, reader: documents, file: file, allOrNothing: allOrNothing,
             print: { print($0) },
@@ -357,9 +357,9 @@ enum ImportCommand {
         do {
             count = try store.upsert(
                 in: collection,
-                streaming: {
+                streamingPrepared: {
                     while true {
-                        do { return try reader.next() } catch let error as FileError
+                        do { return try reader.nextPrepared() } catch let error as FileError
                             where error.recoverable && !allOrNothing
                         {
                             skip("\(error)")

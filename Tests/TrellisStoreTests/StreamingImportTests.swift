@@ -247,6 +247,53 @@ import TrellisTestKit
         #expect(try store.documents(in: "c").count == 3)
     }
 
+    /// Documents checked and encoded on the reading thread (`trellis import`) are stored exactly as
+    /// the store checks and encodes them itself: the same documents and stored JSON, new or
+    /// merged into one already there, with or without an `_id` (drawn alike from the same
+    /// random source), and the same refusals at the same places.
+    @Test func documentsPreparedAheadAreStoredAsTheStoreWouldStoreThem() throws {
+        var lines: [String] = []
+        for n in 0..<(DocumentReadAhead.chunkSize * 2 + 9) {
+            switch n % 11 {
+            case 3: lines.append("{\"_id\": \"\", \"v\": \(n)}")  // an empty `_id`
+            case 5: lines.append("{\"_id\": 5, \"v\": \(n)}")  // a bad `_id`
+            case 7: lines.append("{\"v\": \(n), \"name\": \"no id \\u00e9\"}")  // drawn `_id`
+            case 8: lines.append("{\"_id\": \"old\", \"w\": \(n)}")  // merged into a document already there
+            case 9: lines.append("{\"_id\": {\"k\": \(n), \"a\": \"x\"}, \"zz\": [1, {\"b\": null}], \"aa\": 1.5}")
+            default: lines.append("{\"v\": \(n), \"_id\": \"d\(n)\", \"t\": true}")
+            }
+        }
+        let path = try write("mixed.jsonl", lines.joined(separator: "\n") + "\n")
+        func imported(_ name: String, prepared: Bool) throws -> (stored: [String], refusals: [String], count: Int) {
+            let draws = Atomic<UInt64>(0)
+            let store = try openStore(dir, name, clock: clock) { options in
+                options.random = { draws.add(1, ordering: .relaxed).newValue &* 0x9E37_79B9_7F4A_7C15 }
+            }
+            try store.upsert(["_id": "old", "v": -1], in: "c")
+            let reader = DocumentReadAhead(try DocumentFileReader(path: path), preparingUpserts: prepared)
+            var refusals: [String] = []
+            let refused: (StoreError) throws -> Void = { refusals.append("\(reader.place): \($0)") }
+            let count =
+                prepared
+                ? try store.upsert(in: "c", streamingPrepared: { try reader.nextPrepared() }, refused: refused)
+                : try store.upsert(in: "c", streaming: { try reader.next() }, refused: refused)
+            let stored = try store.storedDocuments(in: "c", matching: .all, sort: []).map { $0.json.text }
+            return (stored, refusals, count)
+        }
+        let itself = try imported("itself.sqlite", prepared: false)
+        let ahead = try imported("ahead.sqlite", prepared: true)
+        #expect(ahead.count == itself.count && ahead.count > DocumentReadAhead.chunkSize)
+        #expect(ahead.refusals == itself.refusals)
+        #expect(
+            itself.refusals.count == 2 * (lines.count / 11) + (lines.count % 11 > 5 ? 1 : 0)
+                + (lines.count % 11 > 3 ? 1 : 0))
+        #expect(ahead.stored == itself.stored)
+        #expect(
+            itself.stored.contains {
+                $0.contains("\"w\":") && $0.contains("\"_id\":\"old\"") && $0.contains("\"v\":-1")
+            })
+    }
+
     /// A commit changing more documents than an event lists names the collection instead, and a
     /// live query on it still sees the result.
     @Test func aCommitTooLargeToListStillReachesLiveQueries() throws {
