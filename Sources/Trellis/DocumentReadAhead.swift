@@ -16,9 +16,10 @@ public import TrellisStore
 /// caller reads from, two waiting, one being read).
 ///
 /// With `preparingUpserts`, the reading thread also checks and encodes each document for the
-/// store (``DocumentStore/prepareUpsert(_:)``), and ``nextPrepared()`` hands it over so:
-/// `trellis import` streams those into ``DocumentStore/upsert(in:streamingPrepared:progressInterval:progress:refused:)``,
-/// so that the store's thread only writes (docs/BENCHMARKS.md, "Imports encode ahead").
+/// store (``DocumentStore/prepareUpsert(_:)``), and ``nextPrepared()`` returns it so.
+/// `trellis import` streams those into
+/// ``DocumentStore/upsert(in:streamingPrepared:progressInterval:progress:refused:)``, and the
+/// store's thread only writes (docs/BENCHMARKS.md, "Imports encode ahead").
 ///
 /// Use it from one thread; ``close()`` (or deinit) stops the reading thread.
 ///

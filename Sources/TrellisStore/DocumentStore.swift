@@ -1129,15 +1129,24 @@ public final class DocumentStore: Sendable {
         in collection: String, streaming next: () throws -> Value?, progressInterval: Int = 10_000,
         progress: (Int) -> Void = { _ in }, refused: ((StoreError) throws -> Void)? = nil
     ) throws -> Int {
+        // Checked here, on the writing thread; the JSON of a new document is encoded when it is
+        // written, and not at all for one merged into a document already there.
         try upsert(
-            in: collection, streamingPrepared: { try next().map(Self.prepareUpsert) },
-            progressInterval: progressInterval, progress: progress, refused: refused)
+            in: collection,
+            streamingPrepared: {
+                try next().map { document in
+                    PreparedUpsert(
+                        checked: Result { () throws(StoreError) in try Self.check(document, encoding: false) })
+                }
+            }, progressInterval: progressInterval, progress: progress, refused: refused)
     }
 
     /// ``upsert(in:streaming:progressInterval:progress:refused:)`` of documents already checked and
     /// encoded by ``prepareUpsert(_:)``, which another thread can do while the store writes (an
     /// import reading ahead: DocumentReadAhead in Trellis). The outcome is the same: a document
-    /// ``prepareUpsert(_:)`` refused is refused when the upsert reaches it, in its place.
+    /// ``prepareUpsert(_:)`` refused is refused when the upsert reaches it, in its place. The
+    /// encoded JSON serves a new document; one merged into a document already there is encoded
+    /// again from its merged state, as always.
     ///
     /// - Parameter next: the next prepared document, or `nil` after the last.
     /// - Throws: as ``upsert(in:streaming:progressInterval:progress:refused:)``.
