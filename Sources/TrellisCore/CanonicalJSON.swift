@@ -198,7 +198,7 @@ public enum CanonicalJSON {
             if lead == UInt8(ascii: "0"), digits > 1 { return false }
             let isInt = next != UInt8(ascii: ".") && next != UInt8(ascii: "e") && next != UInt8(ascii: "E")
             if isInt {
-                // JSONWriter writes no `-0` and no int beyond Int64 (such text reads as a double).
+                // JSONWriter writes no `-0` and no int beyond Int64 (the parser refuses such text).
                 if negative { return magnitude != 0 && magnitude <= UInt64(Int64.max) + 1 }
                 return magnitude <= UInt64(Int64.max)
             }

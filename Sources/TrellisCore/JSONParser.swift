@@ -312,12 +312,23 @@ struct JSONParser {
             if exponentNegative { exponent = -exponent }
         }
 
-        if fractionDigits == 0 && !hasExponent && integerDigits <= 19 {
-            if negative {
-                if significand <= UInt64(Int64.max) + 1 { return .int(Int64(truncatingIfNeeded: 0 &- significand)) }
-            } else if significand <= UInt64(Int64.max) {
-                return .int(Int64(significand))
+        if fractionDigits == 0 && !hasExponent {
+            if integerDigits <= 19 {
+                if negative {
+                    if significand <= UInt64(Int64.max) + 1 { return .int(Int64(truncatingIfNeeded: 0 &- significand)) }
+                } else if significand <= UInt64(Int64.max) {
+                    return .int(Int64(significand))
+                }
             }
+            // An integer is an int64 (RFC 8259 §6 lets a parser limit the range): read as a double
+            // it would lose digits without a word (a 20-digit ID), so it is refused, as a Swift
+            // `UInt64` above `Int64.max` is.
+            let text = String(decoding: (start..<min(position, start + 40)).map { input[$0] }, as: UTF8.self)
+            throw fail(
+                "the integer \(text)\(position - start > 40 ? "…" : "") is outside int64 "
+                    + "(-9223372036854775808 to 9223372036854775807): write it as a string to keep every digit, "
+                    + "or with a fraction (\(text)\(position - start > 40 ? "…" : "").0) to store it as a rounded double",
+                at: start)
         }
         return .double(
             try parseDouble(

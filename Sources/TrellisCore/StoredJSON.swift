@@ -285,7 +285,8 @@ public enum JSONScan {
             return (zeroQuote | zeroBackslash | control) & (ones &* 0x80)
         }
 
-        /// `-? (0 | [1-9][0-9]*) (.[0-9]+)?` of at most 300 digits: always a finite number.
+        /// `-? (0 | [1-9][0-9]*) (.[0-9]+)?` of at most 300 digits: always a finite number; an
+        /// integer beyond int64 is declined (the parser refuses it).
         @inline(__always)
         private static func number(_ p: UnsafePointer<UInt8>, _ n: Int, at start: Int) -> Int {
             var i = start
@@ -304,9 +305,21 @@ public enum JSONScan {
                 let fractionStart = i
                 while i < n, p[i] &- UInt8(ascii: "0") < 10 { i += 1 }
                 guard i > fractionStart else { return -1 }
+            } else if i - digitsStart >= 19, !fitsInt64(p + digitsStart, i - digitsStart, negative: p[start] == 45) {
+                return -1
             }
             if i < n, p[i] | 0x20 == UInt8(ascii: "e") { return -1 }
             return i - digitsStart <= 301 ? i : -1
+        }
+
+        /// Whether the `count` digits at `digits` (no leading zero), negated when `negative`, are
+        /// within int64.
+        private static func fitsInt64(_ digits: UnsafePointer<UInt8>, _ count: Int, negative: Bool) -> Bool {
+            guard count <= 19 else { return false }
+            guard count == 19 else { return true }
+            let bound: StaticString = negative ? "9223372036854775808" : "9223372036854775807"
+            for k in 0..<19 where digits[k] != bound.utf8Start[k] { return digits[k] < bound.utf8Start[k] }
+            return true
         }
 
         private static func literal(_ p: UnsafePointer<UInt8>, _ n: Int, at i: Int, _ word: StaticString) -> Int {

@@ -139,8 +139,12 @@ import TrellisTestKit
                 checkPromises(#"{"a":\#(number),"b":[\#(number)]}"#)
             }
         }
-        #expect(JSONScan.certainlyParses(digits(301)) && !JSONScan.certainlyParses(digits(302)))
-        #expect(JSONScan.certainlyParses("-" + digits(301)) && (try? JSON.parse(digits(310))) == nil)
+        // At most 301 characters of number (a fraction's included); an integer only within Int64.
+        #expect(JSONScan.certainlyParses(digits(299) + ".5") && !JSONScan.certainlyParses(digits(300) + ".5"))
+        #expect(JSONScan.certainlyParses("-" + digits(299) + ".5") && (try? JSON.parse(digits(310))) == nil)
+        #expect(!JSONScan.certainlyParses(digits(20)) && (try? JSON.parse(digits(20))) == nil)
+        #expect(JSONScan.certainlyParses("9223372036854775807") && JSONScan.certainlyParses("-9223372036854775808"))
+        #expect(!JSONScan.certainlyParses("9223372036854775808") && !JSONScan.certainlyParses("-9223372036854775809"))
         for number in [
             "-0", "-", "01", "-01", "1.", ".5", "1e5", "1E+5", "-0.0", "0.", "-.5", "1.5e", "00", "+1", "0x1",
             "9223372036854775807", "9223372036854775808", "-9223372036854775808", "-9223372036854775809",

@@ -218,6 +218,11 @@ import TrellisTestKit
         ("[{\"_id\":\"x\"}] x", "unexpected 'x' after the array"),
         ("{\"_id\":\"a\"}\n\n{\"_id\":\"b\",}\n", "bad line 3: invalid JSON"),
         ("{\"_id\":\"a\"}\n[1]\n", "bad line 2: array, not a JSON object"),
+        // Read as a double it would lose its last digits without a word: refused, and named.
+        (
+            "{\"_id\":\"t1\",\"tweet_id\":12345678901234567891}\n",
+            "line 1: invalid JSON: the integer 12345678901234567891 is outside int64"
+        ),
     ])
     func malformedFilesNameThePlace(text: String, message: String) throws {
         let path = try write("bad", text)
