@@ -305,7 +305,9 @@ public enum JSONScan {
                 let fractionStart = i
                 while i < n, p[i] &- UInt8(ascii: "0") < 10 { i += 1 }
                 guard i > fractionStart else { return -1 }
-            } else if i - digitsStart >= 19, !fitsInt64(p + digitsStart, i - digitsStart, negative: p[start] == 45) {
+            } else if i - digitsStart >= 19,
+                !fitsInt64(p + digitsStart, i - digitsStart, negative: digitsStart > start)
+            {
                 return -1
             }
             if i < n, p[i] | 0x20 == UInt8(ascii: "e") { return -1 }
