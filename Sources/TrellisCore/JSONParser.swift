@@ -324,10 +324,17 @@ struct JSONParser {
             // it would lose digits without a word (a 20-digit ID), so it is refused, as a Swift
             // `UInt64` above `Int64.max` is.
             let text = String(decoding: (start..<min(position, start + 40)).map { input[$0] }, as: UTF8.self)
+            let shown = position - start > 40 ? "\(text)… (\(integerDigits) digits)" : text
+            // With a fraction it is a double, when one can hold it (below about 1.8e308).
+            let asDouble =
+                integerDigits > 308
+                ? ""
+                : position - start > 40
+                    ? ", or end it with .0 to store it as a rounded double"
+                    : ", or with a fraction (\(text).0) to store it as a rounded double"
             throw fail(
-                "the integer \(text)\(position - start > 40 ? "…" : "") is outside int64 "
-                    + "(-9223372036854775808 to 9223372036854775807): write it as a string to keep every digit, "
-                    + "or with a fraction (\(text)\(position - start > 40 ? "…" : "").0) to store it as a rounded double",
+                "the integer \(shown) is outside int64 (-9223372036854775808 to 9223372036854775807): "
+                    + "write it as a string to keep every digit\(asDouble)",
                 at: start)
         }
         return .double(

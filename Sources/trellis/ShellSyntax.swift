@@ -265,8 +265,11 @@ enum ShellSyntax {
                 result.offset = try number(keyword)
             case "args":
                 guard result.args.isEmpty else { throw UsageError("args given twice") }
-                guard i + 1 < chunks.count, case .map(let args)? = try? JSON.parse(String(chunks[i + 1].text)) else {
-                    let got = i + 1 < chunks.count ? "'\(chunks[i + 1].text)'" : "nothing"
+                let parsed = i + 1 < chunks.count ? Result { try JSON.parse(String(chunks[i + 1].text)) } : nil
+                guard case .success(.map(let args))? = parsed else {
+                    var got = i + 1 < chunks.count ? "'\(chunks[i + 1].text)'" : "nothing"
+                    // Text that is not JSON at all: say why.
+                    if case .failure(let error)? = parsed { got += " (\(error))" }
                     throw UsageError(#"args needs a JSON object such as {"min": 6} (for $args.min), got \#(got)"#)
                 }
                 result.args = args

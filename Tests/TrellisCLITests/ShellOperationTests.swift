@@ -52,6 +52,15 @@ extension ShellCommandTests {
             ("update t where o == 'J'", "update … where QUERY needs mutations after the query"),
             ("find t n > $args.min", "missing query argument $args.min"),
             ("find t n > 1 args [1]", "args needs a JSON object"),
+            // The reason comes with it: here an integer a double would round.
+            (
+                #"find t n > $args.x args {"x": 12345678901234567891}"#,
+                "the integer 12345678901234567891 is outside int64"
+            ),
+            (
+                #"upsert t {"_id": "big", "n": -9223372036854775809}"#,
+                "the integer -9223372036854775809 is outside int64"
+            ),
             ("subscribe t n > 1 limit 2", "subscribe takes a QUERY and args {JSON}, not sort, limit or offset"),
         ]
         let r = try shell(Self.cars + bad.map(\.command) + [#"get t "a b""#, "count t"], flags: ["--keep-going"])
