@@ -323,13 +323,14 @@ struct JSONParser {
             // An integer is an int64 (RFC 8259 §6 lets a parser limit the range): read as a double
             // it would lose digits without a word (a 20-digit ID), so it is refused, as a Swift
             // `UInt64` above `Int64.max` is.
+            let cut = position - start > 40
             let text = String(decoding: (start..<min(position, start + 40)).map { input[$0] }, as: UTF8.self)
-            let shown = position - start > 40 ? "\(text)… (\(integerDigits) digits)" : text
+            let shown = cut ? "\(text)… (\(integerDigits) digits)" : text
             // With a fraction it is a double, when one can hold it (below about 1.8e308).
             let asDouble =
                 integerDigits > 308
                 ? ""
-                : position - start > 40
+                : cut
                     ? ", or end it with .0 to store it as a rounded double"
                     : ", or with a fraction (\(text).0) to store it as a rounded double"
             throw fail(

@@ -1134,10 +1134,7 @@ public final class DocumentStore: Sendable {
         try upsert(
             in: collection,
             streamingPrepared: {
-                try next().map { document in
-                    PreparedUpsert(
-                        checked: Result { () throws(StoreError) in try Self.check(document, encoding: false) })
-                }
+                try next().map { Self.prepared($0, encoding: false) }
             }, progressInterval: progressInterval, progress: progress, refused: refused)
     }
 
@@ -1195,7 +1192,12 @@ public final class DocumentStore: Sendable {
     ///
     /// - Complexity: O(size of the document).
     public static func prepareUpsert(_ document: Value) -> PreparedUpsert {
-        PreparedUpsert(checked: Result { () throws(StoreError) in try check(document, encoding: true) })
+        prepared(document, encoding: true)
+    }
+
+    /// ``check(_:encoding:)``'s outcome, a refusal included, to be met when the upsert reaches it.
+    private static func prepared(_ document: Value, encoding: Bool) -> PreparedUpsert {
+        PreparedUpsert(checked: Result { () throws(StoreError) in try check(document, encoding: encoding) })
     }
 
     /// Checks a document for an upsert and splits it into `_id` (`nil` when absent), its key and
