@@ -14,10 +14,11 @@ import TrellisSimulation
 
     /// P — R — M as in RestartRefetchBreakTests.staleCopyRevivesAStub: P writes d9 {v: 1}, M
     /// gets it, M–R down, P sets v: 2, R gets it, P–R down, R evicts d9, M–R up (M's stale copy
-    /// brings d9 back withholding v). Returns the nodes with P–R still down.
-    static func revived(seed: UInt64) throws -> (
-        sim: Simulation, p: SimulatedNode, r: SimulatedNode, m: SimulatedNode, subs: [Subscription]
-    ) {
+    /// brings d9 back withholding v). `whileApart` runs once M–R is down, before P sets v: 2.
+    /// Returns the nodes with P–R still down.
+    static func revived(
+        seed: UInt64, whileApart: (_ m: SimulatedNode) throws -> Void = { _ in }
+    ) throws -> (sim: Simulation, p: SimulatedNode, r: SimulatedNode, m: SimulatedNode, subs: [Subscription]) {
         let sim = try Simulation(seed: seed)
         let p = try sim.addNode("p")
         let r = try sim.addNode("r")
@@ -29,6 +30,7 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         sim.setLink(m, r, up: false)
         sim.run(for: 60_000)
+        try whileApart(m)
         try Held.set(p, "d9", 2)
         sim.run(for: 60_000)
         sim.setLink(r, p, up: false)
@@ -41,15 +43,21 @@ import TrellisSimulation
         return (sim, p, r, m, subs)
     }
 
-    /// Control: P returns straight after the revival (the change's own scenario, another seed).
-    /// Fails on fa29e2b (the known issue).
-    @Test func controlWriterReturns() throws {
-        let (sim, p, r, m, subs) = try Self.revived(seed: 950_101)
+    /// P–R comes up again (P the writer of v: 2): R and M end with P's value, and every invariant
+    /// holds.
+    static func writerReturns(_ sim: Simulation, p: SimulatedNode, r: SimulatedNode, m: SimulatedNode) throws {
         sim.setLink(r, p, up: true)
         try sim.runUntilQuiet()
         #expect(try Held.get(r, "d9")?["v"] == 2)
         #expect(try Held.get(m, "d9")?["v"] == 2)
         try sim.check()
+    }
+
+    /// Control: P returns straight after the revival (the change's own scenario, another seed).
+    /// Fails on fa29e2b (the known issue).
+    @Test func controlWriterReturns() throws {
+        let (sim, p, r, m, subs) = try Self.revived(seed: 950_101)
+        try Self.writerReturns(sim, p: p, r: r, m: m)
         _ = subs
     }
 
@@ -62,11 +70,7 @@ import TrellisSimulation
         sim.run(for: 60_000)
         sim.setLink(m, r, up: true)
         sim.run(for: 60_000)
-        sim.setLink(r, p, up: true)
-        try sim.runUntilQuiet()
-        #expect(try Held.get(r, "d9")?["v"] == 2)
-        #expect(try Held.get(m, "d9")?["v"] == 2)
-        try sim.check()
+        try Self.writerReturns(sim, p: p, r: r, m: m)
         _ = subs
     }
 
@@ -131,11 +135,7 @@ import TrellisSimulation
         #expect(try Held.get(r, "d9")?["w"] == 7)
         // The precondition: R kept M's copy aside for the clock before merging it.
         #expect(sim.trace.contains { $0.contains("d9") && $0.contains("ms ahead of this node's clock") })
-        sim.setLink(r, p, up: true)
-        try sim.runUntilQuiet()
-        #expect(try Held.get(r, "d9")?["v"] == 2)
-        #expect(try Held.get(m, "d9")?["v"] == 2)
-        try sim.check()
+        try Self.writerReturns(sim, p: p, r: r, m: m)
         _ = subs
     }
 
@@ -150,31 +150,11 @@ import TrellisSimulation
     /// Failed on fa29e2b too (there the first copy already ended the refetch). A copy that adds
     /// nothing to a listed document that still withholds is now reported as well.
     @Test func aStaleCopyArrivingTwiceKeepsTheDocumentListed() throws {
-        let sim = try Simulation(seed: 950_107)
-        let p = try sim.addNode("p")
-        let r = try sim.addNode("r")
-        let m = try sim.addNode("m")
-        sim.connect(r, p)
-        sim.connect(m, r)
-        let subs = [try Held.subscribe(r, "v >= 0"), try Held.subscribe(m, "v >= 0")]
-        try p.store.collection("items").upsert(["_id": "d9", "v": 1])
-        try sim.runUntilQuiet()
-        sim.setLink(m, r, up: false)
-        sim.run(for: 60_000)
-        _ = try m.store.collection("items").findByID("d9").update { $0?["w"].set(.int(7)) }
-        try Held.set(p, "d9", 2)
-        sim.run(for: 60_000)
-        sim.setLink(r, p, up: false)
-        sim.run(for: 60_000)
-        #expect(try r.store.collection("items").findByID("d9").evict())
-        sim.setLink(m, r, up: true)
-        sim.run(for: 60_000)
+        let (sim, p, r, m, subs) = try Self.revived(seed: 950_107) { m in
+            _ = try m.store.collection("items").findByID("d9").update { $0?["w"].set(.int(7)) }
+        }
         #expect(try Held.get(r, "d9")?["w"] == 7)
-        sim.setLink(r, p, up: true)
-        try sim.runUntilQuiet()
-        #expect(try Held.get(r, "d9")?["v"] == 2)
-        #expect(try Held.get(m, "d9")?["v"] == 2)
-        try sim.check()
+        try Self.writerReturns(sim, p: p, r: r, m: m)
         _ = subs
     }
 
