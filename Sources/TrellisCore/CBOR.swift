@@ -89,6 +89,25 @@ public enum CBOR {
         return value
     }
 
+    /// The two integers of a CBOR array of two integers that starts at `offset`
+    /// and ends the bytes, read without building a ``Value``: a stored stamp `[time, site]`.
+    ///
+    /// - Returns: `nil` when a well-formed item there is not such an array.
+    /// - Throws: ``CBORError`` as ``decode(_:options:)`` would for the bytes from `offset`:
+    ///   malformed or truncated input, an integer outside `Int64`, trailing bytes.
+    /// - Complexity: O(1).
+    public static func decodeIntegerPair(_ bytes: [UInt8], from offset: Int) throws(CBORError) -> (Int64, Int64)? {
+        var reader = CBORReader(bytes, options: DecodingOptions(), from: offset)
+        let head = try reader.readHead()
+        guard head.major == 4, head.isIndefinite || head.argument == 2 else { return nil }
+        guard case .int(let first) = try reader.readValue(depth: 1),
+            case .int(let second) = try reader.readValue(depth: 1)
+        else { return nil }
+        if head.isIndefinite, !reader.consumeBreak() { return nil }
+        try reader.expectEnd()
+        return (first, second)
+    }
+
     // MARK: CBORItem
 
     /// Encodes an item in preferred serialisation (RFC 8949 §4.1): shortest arguments, definite

@@ -20,9 +20,11 @@ struct CBORReader {
     let options: CBOR.DecodingOptions
     private(set) var position = 0
 
-    init(_ bytes: [UInt8], options: CBOR.DecodingOptions) {
+    /// A reader of `bytes` from `offset` (an offset past the end reads as unexpected end).
+    init(_ bytes: [UInt8], options: CBOR.DecodingOptions, from offset: Int = 0) {
         self.bytes = bytes
         self.options = options
+        position = min(max(offset, 0), bytes.count)
     }
 
     var remaining: Int { bytes.count - position }

@@ -21,23 +21,33 @@ enum StoredState {
     }
 
     /// The compact form of a state made by one write at `stamp`: `{"u": [time, site]}`.
+    ///
+    /// Written field by field: the bytes ``CBOR/encode(_:)`` gives that map, without building it.
     static func compact(_ stamp: Stamp) -> [UInt8] {
-        CBOR.encode(["u": [.int(Int64(bitPattern: stamp.time.rawValue)), .int(Int64(bitPattern: stamp.site))]])
+        var writer = CBORWriter(capacity: 24)
+        writer.bytes.append(contentsOf: compactPrefix)
+        writer.writeArrayHeader(count: 2)
+        writer.writeInt(Int64(bitPattern: stamp.time.rawValue))
+        writer.writeInt(Int64(bitPattern: stamp.site))
+        return writer.bytes
     }
+
+    /// How compact column bytes start: a one-entry CBOR map, its key the text "u".
+    private static let compactPrefix: [UInt8] = [0xA1, 0x61, 0x75]
 
     /// The stamp of compact column bytes, or `nil` when they are not compact.
     ///
     /// - Throws: CBOR errors, or ``DocumentStateError`` when the compact form is malformed.
     static func compactStamp(_ bytes: [UInt8]) throws -> Stamp? {
         guard isCompact(bytes) else { return nil }
-        guard case .array(let parts)? = try CBOR.decode(bytes)["u"], parts.count == 2, case .int(let time) = parts[0],
-            case .int(let site) = parts[1]
-        else { throw DocumentStateError(message: "malformed compact state") }
+        guard let (time, site) = try CBOR.decodeIntegerPair(bytes, from: compactPrefix.count) else {
+            throw DocumentStateError(message: "malformed compact state")
+        }
         return Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site))
     }
 
     /// Whether column bytes hold the compact form (a one-entry CBOR map with key "u").
-    static func isCompact(_ bytes: [UInt8]) -> Bool { bytes.starts(with: [0xA1, 0x61, 0x75]) }
+    static func isCompact(_ bytes: [UInt8]) -> Bool { bytes.starts(with: compactPrefix) }
 
     /// The state from the column bytes and the stored JSON value.
     ///

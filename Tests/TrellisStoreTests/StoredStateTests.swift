@@ -60,4 +60,49 @@ import TrellisTestKit
             try state.set(.key("later"), to: 1, stamp: stamp(11))
         }
     }
+
+    /// The compact form is written and read field by field: the bytes are those of the map
+    /// `{"u": [time, site]}` encoded whole, every stamp reads back, and bytes that are not that
+    /// map's (a damaged row) throw as the whole decoder would.
+    @Test func compactBytesAreTheEncodedMapAndDamagedOnesThrow() throws {
+        let (rng, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: 1...UInt64.max))
+        print("StoredStateTests seed=\(seed) (replay: TRELLIS_SEED=\(seed))")
+        var random = rng
+        let edges: [UInt64] = [0, 23, 24, 255, 256, 65_535, 65_536, 1 << 32, UInt64(Int64.max), 1 << 63, .max]
+        for round in 0..<2_000 {
+            let time = round < edges.count ? edges[round] : UInt64.random(in: 0...UInt64.max, using: &random)
+            let site =
+                round < edges.count ? edges[edges.count - 1 - round] : UInt64.random(in: 0...UInt64.max, using: &random)
+            let stamp = Stamp(time: HLCTimestamp(rawValue: time), site: SiteID(bitPattern: Int64(bitPattern: site)))
+            let bytes = StoredState.compact(stamp)
+            let whole = CBOR.encode(["u": [.int(Int64(bitPattern: time)), .int(Int64(bitPattern: site))]])
+            #expect(bytes == whole, "round \(round), seed \(seed)")
+            #expect(try StoredState.compactStamp(bytes) == stamp, "round \(round), seed \(seed)")
+        }
+        // Any spelling the whole decoder reads is read: an indefinite array, a longer argument.
+        let stamp = Stamp(time: HLCTimestamp(rawValue: 1_000), site: 7)
+        #expect(try StoredState.compactStamp([0xA1, 0x61, 0x75, 0x9F, 0x19, 0x03, 0xE8, 0x07, 0xFF]) == stamp)
+        #expect(try StoredState.compactStamp([0xA1, 0x61, 0x75, 0x82, 0x1A, 0, 0, 0x03, 0xE8, 0x18, 0x07]) == stamp)
+        let good = StoredState.compact(Stamp(time: HLCTimestamp(rawValue: 1_000), site: 7))
+        let damaged: [[UInt8]] = [
+            Array(good.dropLast()),  // truncated
+            good + [0x00],  // trailing bytes
+            [0xA1, 0x61, 0x75],  // no value
+            [0xA1, 0x61, 0x75, 0x83, 0x01, 0x02, 0x03],  // three integers
+            [0xA1, 0x61, 0x75, 0x81, 0x01],  // one
+            [0xA1, 0x61, 0x75, 0x82, 0x01, 0x61, 0x78],  // a text where the site goes
+            [0xA1, 0x61, 0x75, 0x9F, 0x01, 0x02, 0x03, 0xFF],  // an indefinite array of three
+            [0xA1, 0x61, 0x75, 0x9F, 0x01, 0x02],  // an indefinite array without its end
+            [0xA1, 0x61, 0x75, 0x82, 0x1B, 0x80, 0, 0, 0, 0, 0, 0, 0, 0x01],  // beyond Int64
+            [0xA1, 0x61, 0x75, 0x01],  // not an array
+        ]
+        for bytes in damaged {
+            #expect(throws: (any Error).self, "\(bytes)") { try StoredState.compactStamp(bytes) }
+            // The whole decoder refuses them too (a CBOR error, or not the map of a stamp).
+            let whole = try? CBOR.decode(bytes)
+            if case .array(let parts)? = whole?["u"], parts.count == 2, case .int = parts[0], case .int = parts[1] {
+                Issue.record("the whole decoder reads a stamp from \(bytes)")
+            }
+        }
+    }
 }
