@@ -21,18 +21,27 @@ public struct DecodedState: Sendable {
     /// Whether the bytes are in the delta form (``StateDelta/isEncoded(_:)``), decoded or not: a
     /// delta that cannot be applied is never kept aside, its whole state is asked for instead.
     public let isDelta: Bool
+    /// The document key `id` names (``Value/documentKey``), or `nil` when it names none (the
+    /// merge rejects the document).
+    public let key: String?
+    /// What a replicator's echo memory keeps of these bytes: the digest a delta names of the
+    /// sender's whole state after it (``StateDelta/digest(in:)``), else the bytes' own
+    /// (``StateDigest/init(_:)``).
+    public let echoDigest: StateDigest
 
     /// Decodes `bytes`, the state of the document `id` (every form: docs/PROTOCOL.md §3).
     ///
     /// - Complexity: O(size of the state); a canonical single-write state builds no ``Value``.
     public init(_ bytes: [UInt8], id: Value) {
         self.id = id
+        key = id.documentKey
         isDelta = StateDelta.isEncoded(bytes)
+        echoDigest = Self.echoDigest(of: bytes)
         do {
             if isDelta {
                 form = .success(.delta(try StateDelta(bytes: bytes)))
             } else if let single = try SingleWriteState.decode(bytes) {
-                if let key = id.documentKey, CanonicalJSON.isDocument(single.json, idKey: key) {
+                if let key, CanonicalJSON.isDocument(single.json, idKey: key) {
                     form = .success(.single(single, parsed: nil))
                 } else {
                     form = .success(.single(single, parsed: try single.document(id: id)))
@@ -43,6 +52,13 @@ public struct DecodedState: Sendable {
         } catch {
             form = .failure(error)
         }
+    }
+
+    /// What a replicator's echo memory keeps of the state `bytes` (``echoDigest``).
+    ///
+    /// - Complexity: O(size of the state).
+    public static func echoDigest(of bytes: [UInt8]) -> StateDigest {
+        StateDelta.digest(in: bytes) ?? StateDigest(bytes)
     }
 
     /// The single-write document parsed: what `.single` holds, or its JSON parsed now.

@@ -131,7 +131,7 @@ extension DocumentStore {
                     let (remote, incoming) = (documents[index], decoded[index])
                     index += 1
                     let key: String
-                    do { key = try Self.key(for: remote.id) } catch {
+                    do { key = try incoming.key ?? Self.key(for: remote.id) } catch {
                         outcome.rejected.append((JSON.string(remote.id), "\(error)"))
                         continue
                     }

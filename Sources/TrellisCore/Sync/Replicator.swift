@@ -771,8 +771,10 @@ public struct Replicator: Sendable {
         // A refetch asks for documents the peer evicted, including those it once sent here.
         let refetch = Refetch.ids(of: served.spec) != nil
         for record in page.records where record.seq > served.cursor {
-            let echoKey = EchoKey(collection: record.document.collection, key: record.key)
-            if !refetch, let digest = sessions[link]!.echo[echoKey] {
+            if !refetch, !sessions[link]!.echo.isEmpty,
+                case let echoKey = EchoKey(collection: record.document.collection, key: record.key),
+                let digest = sessions[link]!.echo[echoKey]
+            {
                 if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
                 sessions[link]!.echo.removeValue(forKey: echoKey)
             }
@@ -884,7 +886,7 @@ public struct Replicator: Sendable {
             sessions[link]!.refetchesAnswered = [:]
             return had ? sendAsked(link, now: now) : []
         }
-        sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoKey(collection: collection, key: $0).hashValue })
+        sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoKey(collection: collection, key: $0).hash })
         var changed = false
         for (base, answered) in sessions[link]!.refetchesAnswered
         where askedCollection(base.string) == name && !answered.isDisjoint(with: keys) {
@@ -1544,9 +1546,9 @@ public struct Replicator: Sendable {
             }
             accepted.append(document)
             refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id))
-            let echoKey = EchoKey(collection: collection, key: JSON.string(document.id))
-            // A delta names the digest of the sender's whole state after it.
-            sessions[link]!.echo[echoKey] = StateDelta.digest(in: document.state) ?? StateDigest(document.state)
+            // Decoded on the link's reader thread in a running node (``WireMessage/decodingStates()``).
+            let echoKey = EchoKey(collection: collection, key: document.decoded?.key ?? JSON.string(document.id))
+            sessions[link]!.echo[echoKey] = document.decoded?.echoDigest ?? DecodedState.echoDigest(of: document.state)
         }
         // Only a batch of the generation asked for stores its checkpoint: one sent before an
         // eviction or a postponed batch made this node ask again from an earlier point would
@@ -1725,7 +1727,7 @@ public struct Replicator: Sendable {
         let sent = sessions[link]!.sentKeys
         sessions[link]!.refetchesAnswered[UTF8Key(base.key), default: []].formUnion(
             ids.lazy.map { JSON.string($0) }.filter {
-                !sent.contains(EchoKey(collection: base.collection, key: $0).hashValue)
+                !sent.contains(EchoKey(collection: base.collection, key: $0).hash)
             })
         return sendAsked(link, now: now)
     }
@@ -1827,18 +1829,30 @@ public struct Replicator: Sendable {
 // MARK: - Session state
 
 /// A document in the echo memory: collection and canonical `_id` key, compared byte-wise.
+///
+/// Its hash is computed once, when it is made: the memory grows by doubling, and each growth
+/// hashes every key it holds again.
 struct EchoKey: Hashable, Sendable {
-    var collection: String
-    var key: String
+    let collection: String
+    let key: String
+    /// Both strings' bytes hashed (with this process's seed, as every `Hasher`): what a
+    /// session's `sentKeys` keeps of a document.
+    let hash: Int
 
-    static func == (a: EchoKey, b: EchoKey) -> Bool {
-        UTF8Key.equal(a.collection, b.collection) && UTF8Key.equal(a.key, b.key)
-    }
-
-    func hash(into hasher: inout Hasher) {
+    init(collection: String, key: String) {
+        self.collection = collection
+        self.key = key
+        var hasher = Hasher()
         UTF8Key.hash(collection, into: &hasher)
         UTF8Key.hash(key, into: &hasher)
+        hash = hasher.finalize()
     }
+
+    static func == (a: EchoKey, b: EchoKey) -> Bool {
+        a.hash == b.hash && UTF8Key.equal(a.collection, b.collection) && UTF8Key.equal(a.key, b.key)
+    }
+
+    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
 }
 
 extension Replicator {
