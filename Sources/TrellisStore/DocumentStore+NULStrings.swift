@@ -1,3 +1,4 @@
+import Foundation
 import TrellisCore
 
 // Strings holding U+0000, and SQLite's JSON functions.
@@ -33,12 +34,15 @@ extension DocumentStore {
     }
 
     private static func holdsNULEscape(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-        // `\u0000`: a backslash, `u`, four `0`.
-        guard bytes.count >= 6 else { return false }
+        // `\u0000`: a backslash, `u`, four `0`. Backslashes are found by `memchr` (most JSON has
+        // none), and only what follows one is compared.
+        guard let base = bytes.baseAddress, bytes.count >= 6 else { return false }
         var i = 0
         while i <= bytes.count - 6 {
-            if bytes[i] == 0x5C, bytes[i + 1] == 0x75, bytes[i + 2] == 0x30, bytes[i + 3] == 0x30,
-                bytes[i + 4] == 0x30, bytes[i + 5] == 0x30
+            guard let found = memchr(base + i, 0x5C, bytes.count - 5 - i) else { return false }
+            i = base.distance(to: found.assumingMemoryBound(to: UInt8.self))
+            if bytes[i + 1] == 0x75, bytes[i + 2] == 0x30, bytes[i + 3] == 0x30, bytes[i + 4] == 0x30,
+                bytes[i + 5] == 0x30
             {
                 return true
             }

@@ -167,6 +167,27 @@ import TrellisTestKit
         let greater = try Query("a > 'x'")
         #expect(try reader.documents(in: "c", matching: greater).compactMap { $0["_id"] } == ["nul"])
     }
+
+    /// The escape is found wherever it is, and only the whole escape counts: random texts of
+    /// backslashes, `u`, `0` and other bytes, against a byte-by-byte search.
+    @Test func theEscapeIsFoundWhereverItIs() {
+        let (rng, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: 1...UInt64.max))
+        print("NULStringTests seed=\(seed) (replay: TRELLIS_SEED=\(seed))")
+        var random = rng
+        let pieces = ["\\", "u", "0", "000", "\\u000", "\\u0000", "a", "é", "\""]
+        var found = 0
+        for round in 0..<5_000 {
+            let text = (0..<Int.random(in: 0...12, using: &random)).map { _ in pieces.randomElement(using: &random)! }
+                .joined()
+            let bytes = Array(text.utf8)
+            let expected =
+                bytes.count >= 6
+                && (0...(bytes.count - 6)).contains { bytes[$0..<$0 + 6].elementsEqual("\\u0000".utf8) }
+            if expected { found += 1 }
+            #expect(DocumentStore.holdsNULEscape(text) == expected, "round \(round): \(text), seed \(seed)")
+        }
+        #expect(found > 100, "seed \(seed)")
+    }
 }
 
 /// Deletes the store's records of which collections hold strings with NUL, and of having looked,
