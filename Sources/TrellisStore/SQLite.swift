@@ -14,6 +14,24 @@ public struct SQLiteError: Error, Sendable, CustomStringConvertible {
     }
 }
 
+extension DocumentStore {
+    /// SQLite's process-wide settings, made once, before SQLite's first use in the process:
+    /// its memory statistics off (`SQLITE_CONFIG_MEMSTATUS`, https://sqlite.org/c3ref/c_config_covering_index_scan.html).
+    /// With them on, SQLite's default, every allocation and free of every connection takes one
+    /// process-wide mutex, so a store's writer, its readers and the WAL checkpointer (and the
+    /// stores of every node in the process) contend on it. Trellis reads no SQLite memory
+    /// statistics and sets no heap limit, which are all the setting serves.
+    ///
+    /// Every store calls it before opening a connection. A program that uses SQLite itself
+    /// before opening a store calls it first to run with the same setting; once SQLite has
+    /// started, the setting can no longer change and the call does nothing.
+    ///
+    /// - Complexity: O(1); the first call only does anything.
+    public static func configureSQLite() { _ = sqliteConfigured }
+
+    private static let sqliteConfigured: Int32 = trellis_sqlite3_config_memstatus(0)
+}
+
 /// One SQLite connection. Not `Sendable`: it is owned by one serial owner (``DocumentStore``).
 final class Connection {
     let handle: OpaquePointer
@@ -30,6 +48,7 @@ final class Connection {
     ///     `immutable=1`): no lock, no write-ahead log index, so nothing is created beside it.
     ///     Only right when no write-ahead log holds commits and nothing writes meanwhile.
     init(path: String, readOnly: Bool = false, immutable: Bool = false) throws(SQLiteError) {
+        DocumentStore.configureSQLite()
         var db: OpaquePointer?
         var flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
         var name = path

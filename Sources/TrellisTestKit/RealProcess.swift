@@ -1,6 +1,7 @@
 internal import CSQLite
 import Foundation
 import Glibc
+import TrellisStore
 
 /// Reads an SQLite database file from outside the process that owns it, as an operator would
 /// after a crash.
@@ -37,6 +38,7 @@ public enum SQLiteFile {
     }
 
     static func query(_ path: String, _ sql: String, _ bindings: [String], flags: Int32) throws -> [[String?]] {
+        DocumentStore.configureSQLite()  // as a store would, whichever opens SQLite first
         var db: OpaquePointer?
         defer { sqlite3_close_v2(db) }
         let opened = sqlite3_open_v2(path, &db, flags, nil)

@@ -31,6 +31,10 @@ final class NoSubscriptions: SubscriptionService {
     func unsubscribe(_ spec: SubscriptionSpec) {}
 }
 
+// The raw baselines open SQLite before any store does: SQLite is set up as the stores set it,
+// so that both run with the same process-wide settings.
+DocumentStore.configureSQLite()
+
 let args = Array(CommandLine.arguments.dropFirst())
 
 /// The positive whole number `args[index]` gives for `flag`; exits with status 2 when there is none.

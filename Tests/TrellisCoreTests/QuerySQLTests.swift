@@ -10,6 +10,9 @@ private final class DocumentTable {
     private var db: OpaquePointer?
 
     init() throws {
+        // As the store sets SQLite up before its first use (DocumentStore.configureSQLite), which
+        // this target cannot call: the test process runs SQLite one way, whoever starts it.
+        _ = trellis_sqlite3_config_memstatus(0)
         guard sqlite3_open(":memory:", &db) == SQLITE_OK else { throw SQLError(message: "open failed") }
         try execute("CREATE TABLE docs (id INTEGER PRIMARY KEY, doc TEXT NOT NULL)")
     }

@@ -1,3 +1,4 @@
+import CSQLite
 import Foundation
 import Testing
 import TrellisCore
@@ -59,5 +60,19 @@ import TrellisTestKit
         let store = try DocumentStore(path: ":memory:")
         #expect(store.checkpointer == nil)
         try store.upsert(["_id": "a"], in: "c")
+    }
+
+    /// SQLite runs without its memory statistics, whose upkeep takes one process-wide mutex on
+    /// every allocation of every connection (the writer, the readers, the checkpointer): after a
+    /// store wrote, read and checkpointed, SQLite has counted no memory. (Every use of SQLite in
+    /// this test process sets it up as the store does, so whichever starts it first, the setting
+    /// holds.)
+    @Test func sqliteKeepsNoProcessWideMemoryStatistics() throws {
+        let store = try openStore(dir, "m.sqlite", clock: clock) { $0.walCheckpointPages = (50, 400) }
+        for round in 0..<20 {
+            try store.upsert((0..<100).map { ["_id": .string("d\(round)-\($0)"), "n": .int(Int64($0))] }, in: "c")
+        }
+        #expect(try store.documents(in: "c").count == 2_000)
+        #expect(sqlite3_memory_used() == 0, "SQLite kept memory statistics: it was started before configureSQLite")
     }
 }
