@@ -544,9 +544,12 @@ extension DocumentStore {
         guard !entries.isEmpty else { return }
         try withState { s in
             if s.acknowledged.count + entries.count > Self.maxAcknowledgedWrites { s.acknowledged = [:] }
+            // One look-up per entry: the value is raised in place.
+            func raise(_ acknowledged: inout Int64, to seq: Int64) { acknowledged = max(acknowledged, seq) }
             for entry in entries {
-                let key = DocumentKey(collection: entry.collection, key: entry.key)
-                s.acknowledged[key] = max(s.acknowledged[key] ?? entry.seq, entry.seq)
+                raise(
+                    &s.acknowledged[DocumentKey(collection: entry.collection, key: entry.key), default: entry.seq],
+                    to: entry.seq)
             }
         }
         let stubs = entries.filter(\.isEvictionStub)

@@ -772,11 +772,10 @@ public struct Replicator: Sendable {
         let refetch = Refetch.ids(of: served.spec) != nil
         for record in page.records where record.seq > served.cursor {
             if !refetch, !sessions[link]!.echo.isEmpty,
-                case let echoKey = EchoKey(collection: record.document.collection, key: record.key),
-                let digest = sessions[link]!.echo[echoKey]
+                let digest = sessions[link]!.echo.digest(of: record.key, in: record.document.collection)
             {
                 if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
-                sessions[link]!.echo.removeValue(forKey: echoKey)
+                sessions[link]!.echo.forget(record.key, in: record.document.collection)
             }
             // A delta goes to a peer that asked for deltas on a whole-collection subscription (it
             // holds every document of it) and has acknowledged the entry's base here; it checks that
@@ -886,7 +885,7 @@ public struct Replicator: Sendable {
             sessions[link]!.refetchesAnswered = [:]
             return had ? sendAsked(link, now: now) : []
         }
-        sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoKey(collection: collection, key: $0).hash })
+        sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoMemory.hash(collection: collection, key: $0) })
         var changed = false
         for (base, answered) in sessions[link]!.refetchesAnswered
         where askedCollection(base.string) == name && !answered.isDisjoint(with: keys) {
@@ -1328,7 +1327,7 @@ public struct Replicator: Sendable {
                     // The peer evicted documents and wants matching ones again from `since`,
                     // including those it once sent here itself.
                     let collection = sub.spec.collection
-                    sessions[link]!.echo = sessions[link]!.echo.filter { !UTF8Key.equal($0.key.collection, collection) }
+                    sessions[link]!.echo.forget(collection: collection)
                     existing.generation = sub.generation
                     existing.unacknowledgedFloor = max(existing.unacknowledgedFloor, existing.lastSentUpTo)
                     existing.cursor = sub.since
@@ -1546,10 +1545,15 @@ public struct Replicator: Sendable {
             }
             accepted.append(document)
             refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id))
-            // Decoded on the link's reader thread in a running node (``WireMessage/decodingStates()``).
-            let echoKey = EchoKey(collection: collection, key: document.decoded?.key ?? JSON.string(document.id))
-            sessions[link]!.echo[echoKey] = document.decoded?.echoDigest ?? DecodedState.echoDigest(of: document.state)
         }
+        // Decoded on the link's reader thread in a running node (``WireMessage/decodingStates()``).
+        sessions[link]!.echo.remember(
+            accepted.lazy.map { document in
+                (
+                    key: document.decoded?.key ?? JSON.string(document.id),
+                    digest: document.decoded?.echoDigest ?? DecodedState.echoDigest(of: document.state)
+                )
+            }, in: collection)
         // Only a batch of the generation asked for stores its checkpoint: one sent before an
         // eviction or a postponed batch made this node ask again from an earlier point would
         // otherwise move the checkpoint past documents not applied.
@@ -1727,7 +1731,7 @@ public struct Replicator: Sendable {
         let sent = sessions[link]!.sentKeys
         sessions[link]!.refetchesAnswered[UTF8Key(base.key), default: []].formUnion(
             ids.lazy.map { JSON.string($0) }.filter {
-                !sent.contains(EchoKey(collection: base.collection, key: $0).hash)
+                !sent.contains(EchoMemory.hash(collection: base.collection, key: $0))
             })
         return sendAsked(link, now: now)
     }
@@ -1828,31 +1832,64 @@ public struct Replicator: Sendable {
 
 // MARK: - Session state
 
-/// A document in the echo memory: collection and canonical `_id` key, compared byte-wise.
+/// A session's echo memory: per collection, the digest of the last state the peer sent of each
+/// document (``DecodedState/echoDigest``), so that the state is not sent straight back.
 ///
-/// Its hash is computed once, when it is made: the memory grows by doubling, and each growth
-/// hashes every key it holds again.
-struct EchoKey: Hashable, Sendable {
-    let collection: String
-    let key: String
-    /// Both strings' bytes hashed (with this process's seed, as every `Hasher`): what a
-    /// session's `sentKeys` keeps of a document.
-    let hash: Int
+/// Documents are kept by ``hash(collection:key:)``, not by their keys: a batch's worth of
+/// entries costs a few machine words each, and growing the memory rehashes integers, not
+/// strings. Two documents whose hashes collide share one entry, the later replacing the earlier:
+/// the earlier one's state may then be sent back (the peer merges it as nothing new). A state is
+/// held back only when its digest is also the one remembered (``StateDigest``).
+struct EchoMemory: Sendable {
+    private var collections: [UTF8Key: [Int: StateDigest]] = [:]
+    /// Documents remembered, over every collection.
+    private(set) var count = 0
 
-    init(collection: String, key: String) {
-        self.collection = collection
-        self.key = key
+    var isEmpty: Bool { count == 0 }
+
+    /// A document's hash: both strings' bytes through one `Hasher` (this process's seed, so a
+    /// peer cannot choose keys that collide). Also what a session's `sentKeys` keeps.
+    static func hash(collection: String, key: String) -> Int {
         var hasher = Hasher()
         UTF8Key.hash(collection, into: &hasher)
         UTF8Key.hash(key, into: &hasher)
-        hash = hasher.finalize()
+        return hasher.finalize()
     }
 
-    static func == (a: EchoKey, b: EchoKey) -> Bool {
-        a.hash == b.hash && UTF8Key.equal(a.collection, b.collection) && UTF8Key.equal(a.key, b.key)
+    /// Remembers the digests of states the peer sent of documents of `collection`.
+    ///
+    /// - Parameter entries: `(document key, digest)` pairs, in the order they came.
+    mutating func remember(_ entries: some Sequence<(key: String, digest: StateDigest)>, in collection: String) {
+        let name = UTF8Key(collection)
+        var memory = collections.removeValue(forKey: name) ?? [:]  // changed in place, not copied
+        count -= memory.count
+        for (key, digest) in entries { memory[Self.hash(collection: collection, key: key)] = digest }
+        count += memory.count
+        collections[name] = memory
     }
 
-    func hash(into hasher: inout Hasher) { hasher.combine(hash) }
+    /// The digest remembered for a document, or `nil`.
+    func digest(of key: String, in collection: String) -> StateDigest? {
+        collections[UTF8Key(collection)]?[Self.hash(collection: collection, key: key)]
+    }
+
+    /// Forgets one document.
+    mutating func forget(_ key: String, in collection: String) {
+        let name = UTF8Key(collection)
+        guard collections[name]?.removeValue(forKey: Self.hash(collection: collection, key: key)) != nil else { return }
+        count -= 1
+    }
+
+    /// Forgets every document of a collection.
+    mutating func forget(collection: String) {
+        count -= collections.removeValue(forKey: UTF8Key(collection))?.count ?? 0
+    }
+
+    /// Forgets everything.
+    mutating func removeAll() {
+        collections = [:]
+        count = 0
+    }
 }
 
 extension Replicator {
@@ -1933,7 +1970,7 @@ extension Replicator {
         var noDeltas: Set<UTF8Key> = []
         var remoteErrors: [UTF8Key: String] = [:]
         /// States received on this session, for echo suppression.
-        var echo: [EchoKey: StateDigest] = [:]
+        var echo = EchoMemory()
         /// Per asked subscription, what arrived on this session (``SyncProgress``).
         var progress: [UTF8Key: SyncProgress] = [:]
         /// By the key of the subscription a refetch was derived from, the canonical `_id` keys of
