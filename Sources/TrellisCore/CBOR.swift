@@ -89,8 +89,8 @@ public enum CBOR {
         return value
     }
 
-    /// The two integers of a CBOR array of two integers that starts at `offset`
-    /// and ends the bytes, read without building a ``Value``: a stored stamp `[time, site]`.
+    /// The two integers of a CBOR array of two integers that starts at `offset` and ends the
+    /// bytes, read without building a ``Value``: a stored stamp `[time, site]`.
     ///
     /// - Returns: `nil` when a well-formed item there is not such an array.
     /// - Throws: ``CBORError`` as ``decode(_:options:)`` would for the bytes from `offset`:

@@ -770,10 +770,10 @@ public struct Replicator: Sendable {
         var sent: [String] = []
         // A refetch asks for documents the peer evicted, including those it once sent here.
         let refetch = Refetch.ids(of: served.spec) != nil
+        // Looked at once per page: the page only takes entries out of the memory.
+        let mayBeEcho = !refetch && !sessions[link]!.echo.isEmpty
         for record in page.records where record.seq > served.cursor {
-            if !refetch, !sessions[link]!.echo.isEmpty,
-                let digest = sessions[link]!.echo.digest(of: record.key, in: record.document.collection)
-            {
+            if mayBeEcho, let digest = sessions[link]!.echo.digest(of: record.key, in: record.document.collection) {
                 if digest == StateDigest(record.document.state) { continue }  // exactly what this peer sent us
                 sessions[link]!.echo.forget(record.key, in: record.document.collection)
             }
