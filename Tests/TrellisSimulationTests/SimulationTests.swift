@@ -178,6 +178,22 @@ import TrellisTestKit
         try workload.run(seed: seed, tracing: false)
     }
 
+    /// Seed 20421 of `--nodes 2-3 --steps 200`: n1 evicted every document during a partition;
+    /// n0 came back with a wiped store and wrote d9 again. The copy n0 sent brought n1's stub back
+    /// still withholding values nobody held any more, so n1 kept d9 listed and n0 marked as
+    /// holding only a stale copy of it. n1 then evicted d9 again: being still listed, it was not
+    /// asked of n0 anew, and n1 held a stub of d9 for good while n0 held its write. An eviction
+    /// now asks every peer again for every document it evicted, listed or not.
+    @Test func aDocumentEvictedAgainWhileStillListedIsAskedAgain() throws {
+        var workload = RandomWorkload()
+        workload.nodes = 2...3
+        workload.steps = 200
+        let sim = try workload.run(seed: 20421, tracing: false)  // throws when an invariant breaks
+        let held = try sim.nodes.map { try $0.store.collection("items").findByID("d9").exec()?.value }
+        #expect(held[0]?["v"] == 5e-324, "n0's write of d9")
+        #expect(held[1] == held[0], "n1 holds d9 as n0 does")
+    }
+
     /// The wide workload draws everything from the seed: one seed twice gives the same trace.
     @Test func aWorkloadSeedReplaysTheSameTrace() throws {
         let first = try RandomWorkload().run(seed: 5).trace

@@ -588,15 +588,23 @@ public struct Replicator: Sendable {
         let name = UTF8Key(collection)
         guard !ids.isEmpty else { return [] }
         var list = refetching[name] ?? RefetchList(ids: [], missing: [])
-        var added: Set<String> = []
-        for id in ids where list.missing.insert(JSON.string(id)).inserted {
-            list.ids.append(id)
-            added.insert(JSON.string(id))
+        var listed = Set(list.ids.lazy.map { UTF8Key(JSON.string($0)) })
+        var evicted: Set<String> = []
+        for id in ids {
+            let key = JSON.string(id)
+            evicted.insert(key)
+            list.missing.insert(key)
+            if listed.insert(UTF8Key(key)).inserted { list.ids.append(id) }
         }
-        // Evicted again: asked again of every peer, whatever it answered before.
-        for link in sessions.keys where !(sessions[link]!.refetchesAnswered.isEmpty || added.isEmpty) {
+        // Evicted (again): asked again of every peer, whatever it answered before and whatever
+        // copy it was found to hold, even for a document still listed (one brought back still
+        // withholding a value and evicted anew): this node holds only a stub of it now.
+        for link in sessions.keys {
             for (key, answered) in sessions[link]!.refetchesAnswered where askedCollection(key.string) == name {
-                sessions[link]!.refetchesAnswered[key] = answered.subtracting(added)
+                sessions[link]!.refetchesAnswered[key] = answered.subtracting(evicted)
+            }
+            if sessions[link]!.withholdingCopies[name] != nil {
+                sessions[link]!.withholdingCopies[name]!.subtract(evicted)
             }
         }
         list.keepNewest(Refetch.maxPerCollection)
