@@ -35,7 +35,9 @@ public final class SimulatedNode: @unchecked Sendable {
     /// subscriptions none of those commits concerned (``ScopeCheck/unconcerned``; empty: unknown).
     let commits = Mutex<[UTF8Key: Set<Int64>]>([:])
     /// Documents written locally (not merged) since the last flush, and evicted collections.
-    let localChanges = Mutex<(writes: [(String, String)], evicted: [String: Set<String>])>(([], [:]))
+    /// Local commits not yet handed to the replicator. Evicted keys are byte-wise: "é" (U+00E9)
+    /// and "e" + U+0301 are two collections, and two documents.
+    let localChanges = Mutex<(writes: [(String, String)], evicted: [UTF8Key: Set<UTF8Key>])>(([], [:]))
     var watches: [LiveResults] = []
     /// When each document first changed here (with ``Simulation/recordsArrivals``).
     var arrivals: [UTF8Key: Millis] = [:]
@@ -121,7 +123,7 @@ public final class SimulatedNode: @unchecked Sendable {
             self.localChanges.withLock { changes in
                 if event.evicted {
                     for (collection, keys) in event.changedKeys {
-                        changes.evicted[collection.string, default: []].formUnion(keys.map(\.string))
+                        changes.evicted[collection, default: []].formUnion(keys)
                     }
                 } else {
                     for (collection, keys) in event.changedKeys.sorted(by: { $0.key < $1.key }) {
@@ -165,17 +167,18 @@ public final class SimulatedNode: @unchecked Sendable {
         guard let host, let documents = storeIfUp?.documents else { return }
         // Store events arrive on the store's own queue: take every one committed so far.
         documents.waitForObservers()
-        let changes = localChanges.withLock { c -> (writes: [(String, String)], evicted: [String: Set<String>]) in
+        let changes = localChanges.withLock { c -> (writes: [(String, String)], evicted: [UTF8Key: Set<UTF8Key>]) in
             defer { c = ([], [:]) }
             return c
         }
         for collection in changes.evicted.keys.sorted() {
-            simulation.history.evictions[index, default: [:]][UTF8Key(collection)] = simulation.now
-            for key in changes.evicted[collection]! {
-                simulation.history.evictedDocuments[History.id(collection, key), default: []].append(
+            simulation.history.evictions[index, default: [:]][collection] = simulation.now
+            let keys = changes.evicted[collection]!.sorted()
+            for key in keys {
+                simulation.history.evictedDocuments[History.id(collection.string, key.string), default: []].append(
                     (index, simulation.now))
             }
-            host.evicted(collection, keys: changes.evicted[collection]!.sorted())
+            host.evicted(collection.string, keys: keys.map(\.string))
         }
         let site = documents.siteID
         for (collection, key) in changes.writes {

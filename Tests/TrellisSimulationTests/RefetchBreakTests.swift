@@ -238,4 +238,31 @@ import TrellisSimulation
         try Self.checkAgainstAWholeSubscriber(sim, c)
         bSub.cancel()
     }
+
+    /// N evicts two documents whose `_id`s differ only in Unicode form, "é" (U+00E9) and "e" +
+    /// U+0301: two documents everywhere in Trellis (compared byte-wise). P sends one per batch.
+    /// Both must come back: the refetch must not end when the first arrives.
+    @Test func twoSpellingsOfAnIDEvictedTogetherBothComeBack() throws {
+        let sim = try Simulation(seed: 9201)
+        sim.replicatorConfiguration = { $0.batchEntries = 1 }
+        let p = try sim.addNode("p")
+        let n = try sim.addNode("n")
+        let pSub = try Held.subscribe(p)
+        let nSub = try Held.subscribe(n)
+        sim.connect(n, p)
+        let (nfc, nfd) = ("\u{E9}", "e\u{301}")
+        try p.store.collection("items").upsert(["_id": .string(nfc), "v": 1])
+        try p.store.collection("items").upsert(["_id": .string(nfd), "v": 2])
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, nfc)?["v"] == 1)
+        #expect(try Held.get(n, nfd)?["v"] == 2)
+        let evicted = try n.store.collection("items").find("true").evict()
+        #expect(evicted.count == 2)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, nfc)?["v"] == 1)
+        #expect(try Held.get(n, nfd)?["v"] == 2)
+        try sim.check()
+        nSub.cancel()
+        pSub.cancel()
+    }
 }

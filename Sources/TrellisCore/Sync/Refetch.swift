@@ -70,13 +70,14 @@ public struct ReservedArgumentError: Error, Equatable, Sendable, CustomStringCon
 struct RefetchList: Sendable {
     /// The `_id`s asked for (fixed until the list is dropped, so the subscriptions keep their keys).
     var ids: [Value]
-    /// The canonical keys of those not yet received.
-    var missing: Set<String>
+    /// The canonical keys of those not yet received, compared byte-wise: "é" (U+00E9) and "e" +
+    /// U+0301 name two documents.
+    var missing: Set<UTF8Key>
 
     /// Keeps the `limit` most recently listed `_id`s: those before them are no longer asked for.
     mutating func keepNewest(_ limit: Int) {
         guard ids.count > limit else { return }
-        for id in ids.prefix(ids.count - limit) { missing.remove(JSON.string(id)) }
+        for id in ids.prefix(ids.count - limit) { missing.remove(UTF8Key(JSON.string(id))) }
         ids.removeFirst(ids.count - limit)
     }
 }

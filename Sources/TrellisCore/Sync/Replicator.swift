@@ -589,12 +589,12 @@ public struct Replicator: Sendable {
         guard !ids.isEmpty else { return [] }
         var list = refetching[name] ?? RefetchList(ids: [], missing: [])
         var listed = Set(list.ids.lazy.map { UTF8Key(JSON.string($0)) })
-        var evicted: Set<String> = []
+        var evicted: Set<UTF8Key> = []
         for id in ids {
-            let key = JSON.string(id)
+            let key = UTF8Key(JSON.string(id))
             evicted.insert(key)
             list.missing.insert(key)
-            if listed.insert(UTF8Key(key)).inserted { list.ids.append(id) }
+            if listed.insert(key).inserted { list.ids.append(id) }
         }
         // Evicted (again): asked again of every peer, whatever it answered before and whatever
         // copy it was found to hold, even for a document still listed (one brought back still
@@ -894,10 +894,11 @@ public struct Replicator: Sendable {
             return had ? sendAsked(link, now: now) : []
         }
         sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoMemory.hash(collection: collection, key: $0) })
+        let sent = Set(keys.lazy.map { UTF8Key($0) })
         var changed = false
         for (base, answered) in sessions[link]!.refetchesAnswered
-        where askedCollection(base.string) == name && !answered.isDisjoint(with: keys) {
-            sessions[link]!.refetchesAnswered[base] = answered.subtracting(keys)
+        where askedCollection(base.string) == name && !answered.isDisjoint(with: sent) {
+            sessions[link]!.refetchesAnswered[base] = answered.subtracting(sent)
             changed = true
         }
         return changed ? sendAsked(link, now: now) : []
@@ -972,7 +973,7 @@ public struct Replicator: Sendable {
     {
         let name = UTF8Key(collection)
         var list = refetching[name] ?? RefetchList(ids: [], missing: [])
-        let keys = ids.map { JSON.string($0) }
+        let keys = ids.map { UTF8Key(JSON.string($0)) }
         for (id, key) in zip(ids, keys) where list.missing.insert(key).inserted {
             if !list.ids.contains(id) { list.ids.append(id) }
         }
@@ -1552,7 +1553,7 @@ public struct Replicator: Sendable {
                 continue
             }
             accepted.append(document)
-            refetching[UTF8Key(collection)]?.missing.remove(JSON.string(document.id))
+            refetching[UTF8Key(collection)]?.missing.remove(UTF8Key(JSON.string(document.id)))
         }
         // Decoded on the link's reader thread in a running node (``WireMessage/decodingStates()``).
         sessions[link]!.echo.remember(
@@ -1710,7 +1711,7 @@ public struct Replicator: Sendable {
             guard let list = refetching[collection] else { continue }
             let done = (answered[key] ?? []).union(answered[UTF8Key(SubscriptionSpec.all(collection.string).key)] ?? [])
                 .union(stale[collection] ?? [])
-            let ids = done.isEmpty ? list.ids : list.ids.filter { !done.contains(JSON.string($0)) }
+            let ids = done.isEmpty ? list.ids : list.ids.filter { !done.contains(UTF8Key(JSON.string($0))) }
             for spec in Refetch.specs(for: entry.spec, ids: ids) {
                 let key = UTF8Key(spec.key)
                 if let existing = out[key], existing.hops <= entry.hops { continue }
@@ -1740,7 +1741,7 @@ public struct Replicator: Sendable {
         sessions[link]!.refetchesAnswered[UTF8Key(base.key), default: []].formUnion(
             ids.lazy.map { JSON.string($0) }.filter {
                 !sent.contains(EchoMemory.hash(collection: base.collection, key: $0))
-            })
+            }.map { UTF8Key($0) })
         return sendAsked(link, now: now)
     }
 
@@ -1984,13 +1985,13 @@ extension Replicator {
         /// By the key of the subscription a refetch was derived from, the canonical `_id` keys of
         /// the evicted documents the peer answered a refetch of to the end on this connection
         /// (``Replicator/refetchAnswered(_:generation:left:on:now:)``).
-        var refetchesAnswered: [UTF8Key: Set<String>] = [:]
+        var refetchesAnswered: [UTF8Key: Set<UTF8Key>] = [:]
         /// By collection, the canonical `_id` keys of documents the peer sent on this connection
         /// that still withheld a value here after the merge (``Replicator/askElsewhere(_:in:answeredBy:now:)``):
         /// its copy lacks the value, so they are not asked of it again on this connection. Unlike
         /// ``refetchesAnswered``, sending the peer the document does not clear them: two peers
         /// that both withhold the value would otherwise answer each other's refetch for good.
-        var withholdingCopies: [UTF8Key: Set<String>] = [:]
+        var withholdingCopies: [UTF8Key: Set<UTF8Key>] = [:]
         /// The documents whose states went to the peer on this connection
         /// (``Replicator/statesSent(_:in:on:now:)``), at most ``ReplicatorConfiguration/echoMemory``;
         /// past it, `answersUntrusted`: no refetch answer counts on this connection. Hashes (of
