@@ -41,7 +41,9 @@ struct History {
     /// Documents removed on every node at a check, and when.
     var removedEverywhere: [UTF8Key: Millis] = [:]
     var clocks: [Int: HLCTimestamp] = [:]
-    var checkpoints: [Int: [String: Checkpoint]] = [:]
+    /// By node, the checkpoints it held at the last check, by peer name and subscription key
+    /// (byte-wise, as the store keeps them).
+    var checkpoints: [Int: [UTF8Key: Checkpoint]] = [:]
     var lastCheck: Millis = -1
 
     static func id(_ collection: String, _ key: String) -> UTF8Key { UTF8Key(collection + "\u{0}" + key) }
@@ -408,21 +410,22 @@ extension Simulation {
                 violations.append("\(node.name)'s clock went back from \(previous) to \(clock)")
             }
             history.clocks[node.index] = clock
-            var now: [String: Checkpoint] = [:]
+            var now: [UTF8Key: Checkpoint] = [:]
             for peer in nodes where peer !== node {
                 guard let checkpoints = try? node.documents.checkpoints(peer: peer.peerKey) else { continue }
-                for (key, checkpoint) in checkpoints { now[peer.name + "\u{0}" + key] = checkpoint }
+                for (key, checkpoint) in checkpoints { now[UTF8Key(peer.name + "\u{0}" + key.string)] = checkpoint }
             }
             for (key, checkpoint) in now {
                 guard let previous = history.checkpoints[node.index]?[key], previous.epoch == checkpoint.epoch,
                     checkpoint.seq < previous.seq
                 else { continue }
-                let collection = String(key.split(separator: "\u{0}").last?.split(separator: "\u{1F}").first ?? "")
+                let collection = String(
+                    key.string.split(separator: "\u{0}").last?.split(separator: "\u{1F}").first ?? "")
                 if let evicted = history.evictions[node.index]?[UTF8Key(collection)], evicted > history.lastCheck {
                     continue
                 }
                 violations.append(
-                    "\(node.name)'s checkpoint \(key.replacingOccurrences(of: "\u{0}", with: " ")) went back from \(previous.seq) to \(checkpoint.seq)"
+                    "\(node.name)'s checkpoint \(key.string.replacingOccurrences(of: "\u{0}", with: " ")) went back from \(previous.seq) to \(checkpoint.seq)"
                 )
             }
             history.checkpoints[node.index] = now

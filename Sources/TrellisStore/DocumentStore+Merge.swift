@@ -659,17 +659,19 @@ extension DocumentStore {
         return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
     }
 
-    /// Every checkpoint stored for a peer, by subscription key.
+    /// Every checkpoint stored for a peer, by subscription key, compared byte-wise: the keys of
+    /// two subscriptions to collections named alike in another Unicode form ("é" and "e" +
+    /// U+0301) are two keys, each with its own checkpoint.
     ///
     /// - Complexity: O(k log n) for the peer's k checkpoints.
-    public func checkpoints(peer: [UInt8]) throws(StoreError) -> [String: Checkpoint] {
-        try withState { s -> [String: Checkpoint] in
+    public func checkpoints(peer: [UInt8]) throws(StoreError) -> [UTF8Key: Checkpoint] {
+        try withState { s -> [UTF8Key: Checkpoint] in
             let st = try s.db.prepare("SELECT subscription, epoch, seq FROM checkpoints WHERE peer = ?")
             st.bind(1, peer)
             defer { st.reset() }
-            var out: [String: Checkpoint] = [:]
+            var out: [UTF8Key: Checkpoint] = [:]
             while try st.step() {
-                out[st.string(0) ?? ""] = Checkpoint(epoch: st.bytes(1) ?? [], seq: st.int64(2))
+                out[UTF8Key(st.string(0) ?? "")] = Checkpoint(epoch: st.bytes(1) ?? [], seq: st.int64(2))
             }
             return out
         }

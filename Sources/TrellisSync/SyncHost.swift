@@ -11,7 +11,7 @@ public protocol SyncStore: AnyObject, Sendable {
     /// The rescan generation of one collection (0 when never evicted in).
     func rescanGeneration(collection: String) -> UInt32
     /// The checkpoints stored for one peer, by subscription key.
-    func checkpoints(peer: [UInt8]) throws -> [String: Checkpoint]
+    func checkpoints(peer: [UInt8]) throws -> [UTF8Key: Checkpoint]
     /// Reads one page of the change log (``ScanRequest``).
     func scan(_ request: ScanRequest) throws -> ScanPage
     /// Merges a batch and, when asked, stores its checkpoint, in one transaction.
@@ -175,7 +175,7 @@ public final class SyncHost {
     }
 
     public func linkOpened(_ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?) {
-        let checkpoints: [String: Checkpoint]
+        let checkpoints: [UTF8Key: Checkpoint]
         do {
             checkpoints = try store.checkpoints(peer: peerKey)
         } catch {

@@ -65,7 +65,7 @@ struct StoreSnapshot {
     /// The log's epoch.
     var epoch: [UInt8] = []
     /// The checkpoints held on the given peer's log, by subscription key.
-    var checkpoints: [String: Checkpoint] = [:]
+    var checkpoints: [UTF8Key: Checkpoint] = [:]
     /// Remote documents kept to retry.
     var deferred: [DeferredDocument] = []
 

@@ -39,7 +39,7 @@ import TrellisCore
 
     /// A replicator with one established session to B on `link`.
     func established(
-        _ key: [UInt8] = keyA, lastSeq: Int64 = 100, checkpoints: [String: Checkpoint] = [:],
+        _ key: [UInt8] = keyA, lastSeq: Int64 = 100, checkpoints: [UTF8Key: Checkpoint] = [:],
         compactNames: Bool = false, configure: (inout ReplicatorConfiguration) -> Void = { _ in }
     ) -> Replicator {
         var r = replicator(key, lastSeq: lastSeq, configure: configure)
@@ -123,7 +123,7 @@ import TrellisCore
         var r = replicator()
         let spec = SubscriptionSpec(collection: "cars")
         _ = try r.subscribe(spec, now: 0)
-        let checkpoints = [spec.key: Checkpoint(epoch: Self.epochB, seq: 40)]
+        let checkpoints = [UTF8Key(spec.key): Checkpoint(epoch: Self.epochB, seq: 40)]
         func open(_ link: LinkID) -> [WireMessage] {
             Self.sent(
                 r.linkOpened(
@@ -198,7 +198,7 @@ import TrellisCore
         _ = try r.subscribe(spec, now: 0)
         let oldEpoch = Self.epochB
         let newEpoch: [UInt8] = Array(repeating: 0xE, count: 16)
-        let checkpoints = [spec.key: Checkpoint(epoch: oldEpoch, seq: 40)]
+        let checkpoints = [UTF8Key(spec.key): Checkpoint(epoch: oldEpoch, seq: 40)]
         _ = r.linkOpened(
             LinkID(1), peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints,
             now: 0)
@@ -236,7 +236,7 @@ import TrellisCore
         var r = replicator()
         let spec = SubscriptionSpec.all("cars")
         _ = try r.subscribe(spec, now: 0)
-        let checkpoints = [spec.key: Checkpoint(epoch: Self.epochB, seq: 70)]
+        let checkpoints = [UTF8Key(spec.key): Checkpoint(epoch: Self.epochB, seq: 70)]
         _ = r.linkOpened(
             link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpoints, now: 0)
         _ = r.received(hello(nonce: 7, early: true), on: link, now: 0)
@@ -707,7 +707,8 @@ import TrellisCore
     /// session; the pages that follow (below the floor too) are served on, not restarted again.
     @Test func aCheckpointBelowTheFloorRestartsFromZeroAndAsksThePeerAgain() throws {
         var r = established(
-            lastSeq: 100, checkpoints: [SubscriptionSpec.all("cars").key: Checkpoint(epoch: Self.epochB, seq: 70)])
+            lastSeq: 100,
+            checkpoints: [UTF8Key(SubscriptionSpec.all("cars").key): Checkpoint(epoch: Self.epochB, seq: 70)])
         _ = try r.subscribe(.all("cars"), now: 0)
         let serve = r.received(
             .subscriptions([WireSubscription(spec: .all("cars"), since: 40, hops: 0, generation: 0)]), on: link, now: 1)

@@ -79,7 +79,7 @@ import TrellisCore
         }
 
         /// Opens the link on both sides with these stored checkpoints and runs until quiet.
-        mutating func connect(checkpointsA: [String: Checkpoint], checkpointsB: [String: Checkpoint]) {
+        mutating func connect(checkpointsA: [UTF8Key: Checkpoint], checkpointsB: [UTF8Key: Checkpoint]) {
             messages = []
             scans = []
             let openA = a.linkOpened(
@@ -123,7 +123,8 @@ import TrellisCore
     }
 
     static let stored = (
-        a: [spec.key: Checkpoint(epoch: epochB, seq: 200)], b: [spec.key: Checkpoint(epoch: epochA, seq: 100)]
+        a: [UTF8Key(spec.key): Checkpoint(epoch: epochB, seq: 200)],
+        b: [UTF8Key(spec.key): Checkpoint(epoch: epochA, seq: 100)]
     )
 
     @Test func anIdleReconnectResumesBothSetsByDigest() throws {
@@ -149,7 +150,8 @@ import TrellisCore
     @Test func aDigestThatDoesNotMatchIsAnsweredByARequestAndTheFullSet() throws {
         var pair = try Pair.metBefore()
         pair.connect(
-            checkpointsA: [Self.spec.key: Checkpoint(epoch: Self.epochB, seq: 150)], checkpointsB: Self.stored.b)
+            checkpointsA: [UTF8Key(Self.spec.key): Checkpoint(epoch: Self.epochB, seq: 150)],
+            checkpointsB: Self.stored.b)
         #expect(pair.kinds.filter { $0 == "subsreq" }.count == 1, "\(pair.kinds)")
         #expect(
             pair.messages.contains {
@@ -288,7 +290,7 @@ import TrellisCore
             ReplicatorTests.sent(
                 r.linkOpened(
                     link, peerKey: Self.keyB, initiator: true, address: "b", endpoint: nil,
-                    checkpoints: [Self.spec.key: Checkpoint(epoch: Self.epochB, seq: 40)], now: 0))
+                    checkpoints: [UTF8Key(Self.spec.key): Checkpoint(epoch: Self.epochB, seq: 40)], now: 0))
         }
         _ = open(LinkID(1))
         _ = r.received(Self.hello(Self.keyB, site: 0x102, resumes: false), on: LinkID(1), now: 0)

@@ -265,4 +265,41 @@ import TrellisSimulation
         nSub.cancel()
         pSub.cancel()
     }
+
+    /// N subscribes at P to two collections whose names differ only in Unicode form, "é" (U+00E9)
+    /// and "e" + U+0301, and is cut off in the middle of the second's first sync, the first
+    /// complete: its checkpoint on P's log for the first is ahead of the second's. Reconnected, N
+    /// must resume each from its own checkpoint, and end with every document of both.
+    @Test func twoCollectionsNamedAlikeResumeFromTheirOwnCheckpoints() throws {
+        let sim = try Simulation(seed: 9202)
+        sim.replicatorConfiguration = {
+            $0.batchEntries = 1
+            $0.maxInFlight = 1
+        }
+        let p = try sim.addNode("p")
+        let n = try sim.addNode("n")
+        let (nfc, nfd) = ("\u{E9}", "e\u{301}")
+        for k in 0..<20 { try p.store.collection(nfd).upsert(["_id": .string("b\(k)"), "v": .int(Int64(k))]) }
+        for k in 0..<3 { try p.store.collection(nfc).upsert(["_id": .string("a\(k)"), "v": .int(Int64(k))]) }
+        let first = try n.store.collection(nfc).findAll().subscribe()
+        sim.connect(n, p)
+        try sim.runUntilQuiet()
+        #expect(try n.store.collection(nfc).findAll().exec().count == 3)
+        let second = try n.store.collection(nfd).findAll().subscribe()
+        var steps = 0
+        while try n.store.collection(nfd).findAll().exec().count < 3, steps < 100_000 {
+            sim.run(for: 1)
+            steps += 1
+        }
+        let before = try n.store.collection(nfd).findAll().exec().count
+        #expect(before >= 3 && before < 20, "cut in the middle of the second sync: \(before) of 20")
+        sim.setLink(n, p, up: false)
+        sim.run(for: 60_000)
+        sim.setLink(n, p, up: true)
+        try sim.runUntilQuiet()
+        #expect(try n.store.collection(nfc).findAll().exec().count == 3)
+        #expect(try n.store.collection(nfd).findAll().exec().count == 20)
+        first.cancel()
+        second.cancel()
+    }
 }

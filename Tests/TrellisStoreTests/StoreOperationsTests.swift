@@ -426,7 +426,7 @@ import TrellisTestKit
         #expect(try store.evict(id: "e", in: "c"))
         #expect(try store.evict(id: "d", in: "c"))
         #expect(store.rescanGeneration(collection: "c") == 0)
-        #expect(try store.checkpoints(peer: [1]) == [c1: .init(epoch: [7], seq: 40)])
+        #expect(try store.checkpoints(peer: [1]) == [UTF8Key(c1): .init(epoch: [7], seq: 40)])
         #expect(try store.evictedIDs(in: "c", limit: 10) == ["d", "e"])
         #expect(try store.evictedIDs(in: "c", limit: 1) == ["d"])
         #expect(try store.evictedIDs(in: "other", limit: 10).isEmpty)

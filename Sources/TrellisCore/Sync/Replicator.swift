@@ -237,7 +237,7 @@ public struct Replicator: Sendable {
     ///   - checkpoints: the checkpoints stored for this peer, by subscription key.
     public mutating func linkOpened(
         _ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?,
-        checkpoints: [String: Checkpoint], now: Millis
+        checkpoints: [UTF8Key: Checkpoint], now: Millis
     ) -> [ReplicatorDirective] {
         if stopped { return [.close(link, reason: "node is stopping")] }
         let nonce = rng.next()
@@ -257,8 +257,7 @@ public struct Replicator: Sendable {
             return fail(link, "busy", busy, now)
         }
         if checkpointCache[peerKey] == nil || !hasSession(with: peerKey, except: link) {
-            checkpointCache[peerKey] = Dictionary(
-                checkpoints.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: { a, _ in a })
+            checkpointCache[peerKey] = checkpoints
         }
         // A peer that read compact names before gets a hello without the key the channel already
         // proved; a peer of an older build would refuse it once, and its hello (sent at once,
