@@ -151,7 +151,7 @@ extension DocumentStore {
                 + "reaped_at = excluded.reaped_at")
         let delete = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 1")
         let unscope = try s.db.prepare("DELETE FROM scopes WHERE collection = ? AND id = ?")
-        var floors: [String: Int64] = [:]
+        var floors: [UTF8Key: Int64] = [:]  // byte-wise: "é" and "e" + U+0301 are two collections
         for row in rows {
             remember.reset()
             remember.bind(1, row.collection)
@@ -168,9 +168,9 @@ extension DocumentStore {
             unscope.bind(1, row.collection)
             unscope.bind(2, row.key)
             try unscope.run()
-            floors[row.collection] = max(floors[row.collection] ?? 0, row.seq)
+            floors[UTF8Key(row.collection), default: 0] = max(floors[UTF8Key(row.collection)] ?? 0, row.seq)
         }
-        for (collection, floor) in floors { try raiseFloor(&s, collection, to: floor) }
+        for (collection, floor) in floors { try raiseFloor(&s, collection.string, to: floor) }
         // A reaped row may have held the highest seq; remember it so no seq is issued twice.
         try Self.setMetaInt64(s.db, "seq", s.nextSeq - 1)
     }

@@ -165,4 +165,26 @@ import TrellisTestKit
         #expect(after >= floor)
         #expect(!(try store.changes(in: "c", after: after, limit: 100, maxBytes: .max).belowFloor))
     }
+
+    /// Reaping tombstones of two collections named alike in another Unicode form ("é" U+00E9
+    /// and "e" + U+0301, two collections) raises each one's floor to its own reaped tombstone:
+    /// a reader of either below it is told so, and neither takes the other's.
+    @Test func collectionsNamedAlikeKeepTheirOwnFloors() throws {
+        let store = try open("spellings.sqlite")
+        let (nfc, nfd) = ("\u{E9}", "e\u{301}")
+        try store.upsert(["_id": "d1"], in: nfd)
+        try store.upsert(["_id": "d1"], in: nfc)
+        let before = store.lastSeq
+        try store.remove(id: "d1", in: nfd)
+        let nfdRemoved = store.lastSeq
+        try store.upsert(["_id": "d2"], in: nfc)
+        try store.remove(id: "d1", in: nfc)
+        let nfcRemoved = store.lastSeq
+        clock.advance(by: Self.ttl + 1)
+        _ = try store.reapExpiredTombstones()
+        #expect(try store.retainedFloor(in: nfd) == nfdRemoved)
+        #expect(try store.retainedFloor(in: nfc) == nfcRemoved)
+        #expect(try store.changes(in: nfd, after: before, limit: 100, maxBytes: .max).belowFloor)
+        #expect(try store.changes(in: nfc, after: before, limit: 100, maxBytes: .max).belowFloor)
+    }
 }
