@@ -34,9 +34,9 @@ public final class SimulatedNode: @unchecked Sendable {
     /// Collections committed since the last ``flushCommits()``, each with the served query
     /// subscriptions none of those commits concerned (``ScopeCheck/unconcerned``; empty: unknown).
     let commits = Mutex<[UTF8Key: Set<Int64>]>([:])
-    /// Documents written locally (not merged) since the last flush, and evicted collections.
-    /// Local commits not yet handed to the replicator. Evicted keys are byte-wise: "é" (U+00E9)
-    /// and "e" + U+0301 are two collections, and two documents.
+    /// Documents written locally (not merged) since the last flush, and the documents evicted,
+    /// by collection. Evicted keys are byte-wise: "é" (U+00E9) and "e" + U+0301 are two
+    /// collections, and two documents.
     let localChanges = Mutex<(writes: [(String, String)], evicted: [UTF8Key: Set<UTF8Key>])>(([], [:]))
     var watches: [LiveResults] = []
     /// When each document first changed here (with ``Simulation/recordsArrivals``).

@@ -168,7 +168,8 @@ extension DocumentStore {
             unscope.bind(1, row.collection)
             unscope.bind(2, row.key)
             try unscope.run()
-            floors[UTF8Key(row.collection), default: 0] = max(floors[UTF8Key(row.collection)] ?? 0, row.seq)
+            let name = UTF8Key(row.collection)
+            floors[name] = max(floors[name] ?? 0, row.seq)
         }
         for (collection, floor) in floors { try raiseFloor(&s, collection.string, to: floor) }
         // A reaped row may have held the highest seq; remember it so no seq is issued twice.
