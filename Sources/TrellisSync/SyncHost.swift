@@ -139,11 +139,19 @@ public final class SyncHost {
     /// Hands the replicator the collection's evicted documents (the most recent
     /// ``Refetch/maxPerCollection``), to ask peers for again (``Replicator/refetch(_:ids:now:)``).
     private func askAgainForEvicted(in collection: String) {
+        run(refetchEvicted(in: collection))
+    }
+
+    /// The replicator's directives for asking again for the collection's evicted documents: the
+    /// most recent ``Refetch/maxPerCollection`` and one, so that the list knows whether it holds
+    /// them all (``ReplicatorDirective/refetchEvicted(_:)``).
+    private func refetchEvicted(in collection: String) -> [ReplicatorDirective] {
         do {
-            let ids = try store.evictedIDs(in: collection, limit: Refetch.maxPerCollection)
-            run(replicator.refetch(collection, ids: ids, now: now()))
+            let ids = try store.evictedIDs(in: collection, limit: Refetch.maxPerCollection + 1)
+            return replicator.refetch(collection, ids: ids, now: now())
         } catch {
             log("reading the evicted documents of \(collection) failed: \(error)")
+            return []
         }
     }
 
@@ -389,6 +397,8 @@ public final class SyncHost {
                 }
             case .log(let message):
                 log(message)
+            case .refetchEvicted(let collection):
+                more = refetchEvicted(in: collection)
             case .servedQueries(let link, let peer, let subscriptions, let askAgain):
                 let collection = subscriptions.first?.collection ?? ""
                 do {

@@ -518,6 +518,25 @@ import TrellisSimulation
         other.cancel()
     }
 
+    /// F10 beyond the refetch list's bound: B evicts more documents of a collection than one
+    /// refetch list holds (``Refetch/maxPerCollection``, 4,096) while its whole-collection
+    /// subscription stays. Every one comes back: once the listed ones have, B reads the rest of
+    /// its stubs and asks for them. Before, the rest stayed stubs until B restarted (and only the
+    /// next 4,096 came back then), found by a reviewer.
+    @Test func f10EvictingMoreThanOneRefetchListHoldsBringsEveryDocumentBack() throws {
+        let mesh = try Mesh(seed: 123, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        let count = Refetch.maxPerCollection + 904
+        try a.store.collection("items").upsert((0..<count).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == count)
+        let evicted = try b.store.collection("items").findAll().evict()
+        #expect(evicted.count == count)
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == count)
+        try mesh.sim.check()
+    }
+
     /// F10 through a relay that evicted while nothing was asked: P — R — M, P and R with no
     /// subscription of their own. M subscribes to the
     /// whole collection through R, gets d9 and cancels; R, asked for nothing in the collection

@@ -73,10 +73,15 @@ struct RefetchList: Sendable {
     /// The canonical keys of those not yet received, compared byte-wise: "é" (U+00E9) and "e" +
     /// U+0301 name two documents.
     var missing: Set<UTF8Key>
+    /// Whether evicted `_id`s were left off the list (more than ``Refetch/maxPerCollection``):
+    /// once every listed one has arrived, the rest are read from the store's stubs and asked for.
+    var truncated = false
 
-    /// Keeps the `limit` most recently listed `_id`s: those before them are no longer asked for.
+    /// Keeps the `limit` most recently listed `_id`s: those before them are no longer asked for
+    /// on this list (``truncated``).
     mutating func keepNewest(_ limit: Int) {
         guard ids.count > limit else { return }
+        truncated = true
         for id in ids.prefix(ids.count - limit) { missing.remove(UTF8Key(JSON.string(id))) }
         ids.removeFirst(ids.count - limit)
     }

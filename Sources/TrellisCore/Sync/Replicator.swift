@@ -1596,14 +1596,17 @@ public struct Replicator: Sendable {
     /// forgets the peers' answers about it.
     private mutating func endRefetchIfAllArrived(_ collection: String, now: Millis) -> [ReplicatorDirective] {
         let name = UTF8Key(collection)
-        guard refetching[name]?.missing.isEmpty == true else { return [] }
-        refetching[name] = nil  // every evicted document is back
+        guard let list = refetching[name], list.missing.isEmpty else { return [] }
+        refetching[name] = nil  // every listed evicted document is back
         for other in sessions.keys where !sessions[other]!.refetchesAnswered.isEmpty {
             sessions[other]!.refetchesAnswered = sessions[other]!.refetchesAnswered.filter {
                 askedCollection($0.key.string) != name
             }
         }
-        return updateAsked(now: now)
+        // More were evicted than the list held: the rest are still stubs in the store. Each round
+        // asks for documents none of the rounds before brought back, and the next comes only
+        // once all of this one's have arrived, so this never repeats without progress.
+        return updateAsked(now: now) + (list.truncated ? [.refetchEvicted(collection)] : [])
     }
 
     /// A batch (or caught-up batch) for a collection the peer may not write here: counted and

@@ -200,6 +200,11 @@ public enum ReplicatorDirective: Sendable, Equatable {
     case retryDeferred
     /// Report this event in the node's log.
     case log(String)
+    /// Every listed evicted document of the collection came back, and more were evicted than
+    /// the list held: read the collection's evicted documents from the store again (the most
+    /// recent ``Refetch/maxPerCollection`` and one) and hand them to
+    /// ``Replicator/refetch(_:ids:now:)``.
+    case refetchEvicted(String)
     /// The peer on the link (key `peer`) is served the query subscriptions `subscriptions` in
     /// their collection (all of one collection; on a new connection, or its set there changed).
     /// Keep in the store what it holds recorded in their scopes: what the scopes of the query
