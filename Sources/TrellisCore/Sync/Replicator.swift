@@ -587,13 +587,13 @@ public struct Replicator: Sendable {
         let name = UTF8Key(collection)
         guard !ids.isEmpty else { return [] }
         var list = refetching[name] ?? RefetchList(ids: [], missing: [])
-        var listed = Set(list.ids.lazy.map { UTF8Key(JSON.string($0)) })
         var evicted: Set<UTF8Key> = []
         for id in ids {
             let key = UTF8Key(JSON.string(id))
             evicted.insert(key)
-            list.missing.insert(key)
-            if listed.insert(key).inserted { list.ids.append(id) }
+            // One that had arrived is listed again, even if the list still names it: the refetch
+            // subscriptions then change, and a peer that served them to the end serves them anew.
+            if list.missing.insert(key).inserted { list.ids.append(id) }
         }
         // Evicted (again): asked again of every peer, whatever it answered before and whatever
         // copy it was found to hold, even for a document still listed (one brought back still
