@@ -118,7 +118,7 @@ public final class SyncHost {
         // relay's checkpoints at its peers are past them, and a later subscriber through it
         // would never get them (docs/MESH.md, "Eviction").
         do {
-            for collection in try store.evictedCollections() { askAgainForEvicted(in: collection) }
+            for collection in try store.evictedCollections() { run(refetchEvicted(in: collection)) }
         } catch {
             log("reading the evicted documents failed: \(error)")
         }
@@ -133,18 +133,13 @@ public final class SyncHost {
     /// come back when the subscription matches them).
     public func subscribe(_ spec: SubscriptionSpec) throws {
         run(try replicator.subscribe(spec, now: now()))
-        askAgainForEvicted(in: spec.collection)
+        run(refetchEvicted(in: spec.collection))
     }
 
-    /// Hands the replicator the collection's evicted documents (the most recent
-    /// ``Refetch/maxPerCollection``), to ask peers for again (``Replicator/refetch(_:ids:now:)``).
-    private func askAgainForEvicted(in collection: String) {
-        run(refetchEvicted(in: collection))
-    }
-
-    /// The replicator's directives for asking again for the collection's evicted documents: the
-    /// most recent ``Refetch/maxPerCollection`` and one, so that the list knows whether it holds
-    /// them all (``ReplicatorDirective/refetchEvicted(_:)``).
+    /// Hands the replicator the collection's evicted documents, to ask peers for again
+    /// (``Replicator/refetch(_:ids:now:)``), and returns its directives: the most recent
+    /// ``Refetch/maxPerCollection`` and one, so that the list knows whether it holds them all
+    /// (``ReplicatorDirective/refetchEvicted(_:)``).
     private func refetchEvicted(in collection: String) -> [ReplicatorDirective] {
         do {
             let ids = try store.evictedIDs(in: collection, limit: Refetch.maxPerCollection + 1)

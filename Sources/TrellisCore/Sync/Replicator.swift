@@ -602,9 +602,7 @@ public struct Replicator: Sendable {
             for (key, answered) in sessions[link]!.refetchesAnswered where askedCollection(key.string) == name {
                 sessions[link]!.refetchesAnswered[key] = answered.subtracting(evicted)
             }
-            if sessions[link]!.withholdingCopies[name] != nil {
-                sessions[link]!.withholdingCopies[name]!.subtract(evicted)
-            }
+            sessions[link]!.withholdingCopies[name]?.subtract(evicted)
         }
         list.keepNewest(Refetch.maxPerCollection)
         refetching[name] = list
@@ -893,6 +891,8 @@ public struct Replicator: Sendable {
             return had ? sendAsked(link, now: now) : []
         }
         sessions[link]!.sentKeys.formUnion(keys.lazy.map { EchoMemory.hash(collection: collection, key: $0) })
+        // Most pages find no refetch answered: the keys are not hashed again for nothing.
+        guard !sessions[link]!.refetchesAnswered.isEmpty else { return [] }
         let sent = Set(keys.lazy.map { UTF8Key($0) })
         var changed = false
         for (base, answered) in sessions[link]!.refetchesAnswered
