@@ -57,7 +57,7 @@ public struct Document: Sendable, Hashable, CustomStringConvertible {
     public var description: String { json }
 
     public static func == (lhs: Document, rhs: Document) -> Bool {
-        if case .stored(let a) = lhs.storage, case .stored(let b) = rhs.storage, a === b || a.text == b.text {
+        if case .stored(let a) = lhs.storage, case .stored(let b) = rhs.storage, a == b {
             return true  // the same text parses to the same value
         }
         return lhs.value == rhs.value

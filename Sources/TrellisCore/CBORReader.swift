@@ -166,18 +166,7 @@ struct CBORReader {
 
     /// Throws unless `content` is well-formed UTF-8 (``UTF8Check``).
     private func validateUTF8(_ content: ArraySlice<UInt8>, offset: Int) throws(CBORError) {
-        let bad: Int? = content.withUnsafeBytes { buffer in
-            var i = 0
-            while i < buffer.count {
-                if buffer[i] < 0x80 {
-                    i += 1
-                    continue
-                }
-                guard let length = UTF8Check.sequenceLength(buffer, at: i) else { return i }
-                i += length
-            }
-            return nil
-        }
+        let bad = content.withUnsafeBytes(UTF8Check.firstInvalid)
         if let bad {
             throw CBORError(
                 .invalidUTF8, offset: offset,

@@ -9,13 +9,15 @@ internal import Synchronization
 /// The JSON text of a stored document, parsed into a ``Value`` the first time the value is read,
 /// then kept.
 ///
-/// A query checks each row with ``StoredJSON/init(checking:)`` (one pass over the bytes, no
-/// allocation) instead of parsing it; reading ``value`` parses it once, and reading one top-level
-/// member with ``member(_:)`` before that parses only that member. Safe to share between threads.
-public final class StoredJSON: Sendable, CustomStringConvertible {
-    /// The JSON text as stored.
-    public let text: String
-    private let parsed: Mutex<Value?>
+/// A query checks each row with ``StoredJSON/init(checking:)-(UnsafeBufferPointer<UInt8>)`` (one
+/// pass over the bytes) instead of parsing it; reading ``value`` parses it once, and reading one
+/// top-level member with ``member(_:)`` before that parses only that member. The text and the
+/// parsed value live in one allocation (a query makes one per result row). Safe to share between
+/// threads; two copies share the text and the parsed value.
+public struct StoredJSON: @unchecked Sendable, Equatable, CustomStringConvertible {
+    // @unchecked: the bytes never change after `make`, and `Header.parsed` is read and written
+    // only under `Storage.lock` (see there).
+    private let storage: Storage
 
     /// Wraps `text`, checking that it parses; `nil` when it does not.
     ///
@@ -24,20 +26,53 @@ public final class StoredJSON: Sendable, CustomStringConvertible {
     ///
     /// - Complexity: O(n) in the length of the text.
     public init?(checking text: String) {
-        self.text = text
-        if JSONScan.certainlyParses(text) {
-            parsed = Mutex(nil)
-        } else if let value = try? JSON.parse(text) {
-            parsed = Mutex(value)
-        } else {
-            return nil
-        }
+        var text = text
+        guard let storage = text.withUTF8({ Self.checked($0) }) else { return nil }
+        self.init(storage)
+    }
+
+    /// Wraps the JSON text `bytes` (for instance a column SQLite holds), checking that it parses;
+    /// `nil` when it does not. Ill-formed UTF-8 is repaired first, as `String(decoding: bytes,
+    /// as: UTF8.self)` repairs it (each bad sequence becomes U+FFFD), so this answers what
+    /// ``init(checking:)-(String)`` answers for that string.
+    ///
+    /// - Complexity: O(n) in the number of bytes; the bytes are copied and read only during the
+    ///   call.
+    public init?(checking bytes: UnsafeBufferPointer<UInt8>) {
+        let storage =
+            UTF8Check.firstInvalid(UnsafeRawBufferPointer(bytes)) == nil
+            ? Self.checked(bytes) : Self.checked(repairing: bytes)
+        guard let storage else { return nil }
+        self.init(storage)
     }
 
     /// Wraps `text` whose value is already known (`value` must be what `text` parses to).
     public init(text: String, value: Value) {
-        self.text = text
-        parsed = Mutex(value)
+        var text = text
+        storage = text.withUTF8 { Storage.make($0, parsed: value) }
+    }
+
+    private init(_ storage: Storage) { self.storage = storage }
+
+    private static func checked(repairing bytes: UnsafeBufferPointer<UInt8>) -> Storage? {
+        var text = String(decoding: bytes, as: UTF8.self)
+        return text.withUTF8 { checked($0) }
+    }
+
+    private static func checked(_ bytes: UnsafeBufferPointer<UInt8>) -> Storage? {
+        if JSONScan.certainlyParses(bytes) { return Storage.make(bytes, parsed: nil) }
+        guard let value = try? JSON.parse(UnsafeRawBufferPointer(bytes)) else { return nil }
+        return Storage.make(bytes, parsed: value)
+    }
+
+    /// The JSON text as stored (made anew on each read: O(n) in its length).
+    public var text: String { withUTF8 { String(decoding: $0, as: UTF8.self) } }
+
+    /// Calls `body` with the text's UTF-8 (well formed), valid only during the call.
+    public func withUTF8<R>(_ body: (UnsafeBufferPointer<UInt8>) throws -> R) rethrows -> R {
+        try storage.withUnsafeMutablePointers { header, bytes in
+            try body(UnsafeBufferPointer(start: bytes, count: header.pointee.count))
+        }
     }
 
     /// The document's value: parsed on first read (O(n) in the text), then kept.
@@ -45,16 +80,16 @@ public final class StoredJSON: Sendable, CustomStringConvertible {
     /// The text was checked when this was made, so it parses; were it ever not to, this is an
     /// empty map rather than a trap.
     public var value: Value {
-        parsed.withLock { cached in
+        storage.withParsed { cached in
             if let cached { return cached }
-            let value = (try? JSON.parse(text)) ?? .map([:])
+            let value = withUTF8 { (try? JSON.parse(UnsafeRawBufferPointer($0))) ?? .map([:]) }
             cached = value
             return value
         }
     }
 
     /// Whether ``value`` has been parsed.
-    public var isParsed: Bool { parsed.withLock { $0 != nil } }
+    public var isParsed: Bool { storage.withParsed { $0 != nil } }
 
     /// A top-level member of the document, or `nil` when absent (or the document is not a map).
     ///
@@ -64,15 +99,53 @@ public final class StoredJSON: Sendable, CustomStringConvertible {
     /// - Complexity: O(n) in the length of the text before the value is parsed, O(log m) in the
     ///   map's m members after.
     public func member(_ key: String) -> Value? {
-        if let cached = parsed.withLock({ $0 }) { return cached[key] }
-        switch JSONScan.member(key, in: text) {
+        if let cached = storage.withParsed({ $0 }) { return cached[key] }
+        switch withUTF8({ JSONScan.member(key, in: $0) }) {
         case .found(let value): return value
         case .absent: return nil
         case .unsure: return value[key]
         }
     }
 
+    /// Two stored texts are equal when their bytes are (the same text parses to the same value).
+    public static func == (a: StoredJSON, b: StoredJSON) -> Bool {
+        a.storage === b.storage || a.withUTF8 { x in b.withUTF8 { y in x.elementsEqual(y) } }
+    }
+
     public var description: String { text }
+
+    private struct Header {
+        let count: Int
+        var parsed: Value?
+    }
+
+    /// The text's bytes, tail-allocated after a header holding their count and the parsed value.
+    private final class Storage: ManagedBuffer<Header, UInt8> {
+        static func make(_ bytes: UnsafeBufferPointer<UInt8>, parsed: Value?) -> Storage {
+            let buffer = create(minimumCapacity: bytes.count) { _ in Header(count: bytes.count, parsed: parsed) }
+            buffer.withUnsafeMutablePointerToElements { target in
+                if let base = bytes.baseAddress { target.initialize(from: base, count: bytes.count) }
+            }
+            return unsafeDowncast(buffer, to: Storage.self)
+        }
+
+        /// Runs `body` on the parsed value under this storage's lock. `ManagedBuffer`'s header
+        /// cannot hold a `Mutex` (it must be copyable), and a lock object of its own would cost
+        /// each result row a second allocation, so storages share 64 locks by address; `body`
+        /// must not read another stored text's value.
+        func withParsed<R: Sendable>(_ body: (inout Value?) -> R) -> R {
+            let address = UInt(bitPattern: ObjectIdentifier(self))
+            return Self.locks[Int((address >> 4) & 63)].mutex.withLock { _ in
+                withUnsafeMutablePointerToHeader { body(&$0.pointee.parsed) }
+            }
+        }
+
+        private final class Lock: Sendable {
+            let mutex = Mutex(())
+        }
+
+        private static let locks = (0..<64).map { _ in Lock() }
+    }
 }
 
 /// One-pass scans of JSON text that build no ``Value``.
@@ -120,39 +193,44 @@ public enum JSONScan {
     /// - Complexity: O(n) in the length of the text.
     public static func member(_ key: String, in text: String) -> Member {
         var text = text
+        return text.withUTF8 { member(key, in: $0) }
+    }
+
+    /// ``member(_:in:)-(_,String)`` on the text's UTF-8 (well formed).
+    ///
+    /// - Complexity: O(n) in the number of bytes.
+    public static func member(_ key: String, in bytes: UnsafeBufferPointer<UInt8>) -> Member {
         var key = key
-        return text.withUTF8 { bytes in
-            key.withUTF8 { wanted in
-                let n = bytes.count
-                guard n > 1, let base = bytes.baseAddress, base[0] == UInt8(ascii: "{") else { return .unsure }
-                var i = 1
-                if base[i] == UInt8(ascii: "}") { return n == 2 ? .absent : .unsure }
-                var found: Range<Int>?
-                while true {
-                    guard i < n, base[i] == UInt8(ascii: "\"") else { return .unsure }
-                    let keyStart = i + 1
-                    var sawEscape = false
-                    i = Scanner.string(base, n, at: i, sawEscape: &sawEscape)
-                    guard i >= 0, !sawEscape, i < n, base[i] == UInt8(ascii: ":") else { return .unsure }
-                    let keyBytes = UnsafeBufferPointer(start: base + keyStart, count: i - 1 - keyStart)
-                    let valueStart = i + 1
-                    // The map itself counts towards the parser's nesting limit.
-                    i = Scanner.value(base, n, at: valueStart, depth: 1, sawEscape: &sawEscape)
-                    guard i >= 0 else { return .unsure }
-                    // `{"$bytes": …}` alone is a byte string, not a map: leave that to the parser.
-                    if keyBytes.elementsEqual("$bytes".utf8) { return .unsure }
-                    if keyBytes.elementsEqual(wanted) { found = valueStart..<i }
-                    guard i < n else { return .unsure }
-                    switch base[i] {
-                    case UInt8(ascii: ","): i += 1
-                    case UInt8(ascii: "}"):
-                        guard i + 1 == n else { return .unsure }
-                        guard let found else { return .absent }
-                        let slice = UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[found]))
-                        guard let value = try? JSON.parse(slice) else { return .unsure }
-                        return .found(value)
-                    default: return .unsure
-                    }
+        return key.withUTF8 { wanted in
+            let n = bytes.count
+            guard n > 1, let base = bytes.baseAddress, base[0] == UInt8(ascii: "{") else { return .unsure }
+            var i = 1
+            if base[i] == UInt8(ascii: "}") { return n == 2 ? .absent : .unsure }
+            var found: Range<Int>?
+            while true {
+                guard i < n, base[i] == UInt8(ascii: "\"") else { return .unsure }
+                let keyStart = i + 1
+                var sawEscape = false
+                i = Scanner.string(base, n, at: i, sawEscape: &sawEscape)
+                guard i >= 0, !sawEscape, i < n, base[i] == UInt8(ascii: ":") else { return .unsure }
+                let keyBytes = UnsafeBufferPointer(start: base + keyStart, count: i - 1 - keyStart)
+                let valueStart = i + 1
+                // The map itself counts towards the parser's nesting limit.
+                i = Scanner.value(base, n, at: valueStart, depth: 1, sawEscape: &sawEscape)
+                guard i >= 0 else { return .unsure }
+                // `{"$bytes": …}` alone is a byte string, not a map: leave that to the parser.
+                if keyBytes.elementsEqual("$bytes".utf8) { return .unsure }
+                if keyBytes.elementsEqual(wanted) { found = valueStart..<i }
+                guard i < n else { return .unsure }
+                switch base[i] {
+                case UInt8(ascii: ","): i += 1
+                case UInt8(ascii: "}"):
+                    guard i + 1 == n else { return .unsure }
+                    guard let found else { return .absent }
+                    let slice = UnsafeRawBufferPointer(UnsafeBufferPointer(rebasing: bytes[found]))
+                    guard let value = try? JSON.parse(slice) else { return .unsure }
+                    return .found(value)
+                default: return .unsure
                 }
             }
         }

@@ -35,6 +35,38 @@ package enum UTF8Check {
         return length
     }
 
+    /// The offset of the first byte of `bytes` that does not start a well-formed sequence, or
+    /// `nil` when all of it is well-formed UTF-8. Text that is all ASCII (the common case) is
+    /// told by one pass that ORs it eight bytes at a time; other text is then read sequence by
+    /// sequence.
+    ///
+    /// - Complexity: O(n) in the number of bytes; no allocation.
+    package static func firstInvalid(_ bytes: UnsafeRawBufferPointer) -> Int? {
+        guard let base = bytes.baseAddress else { return nil }
+        let n = bytes.count
+        var high: UInt64 = 0
+        var i = 0
+        while n - i >= 8 {
+            high |= base.loadUnaligned(fromByteOffset: i, as: UInt64.self)
+            i += 8
+        }
+        while i < n {
+            high |= UInt64(base.load(fromByteOffset: i, as: UInt8.self))
+            i += 1
+        }
+        if high & 0x8080_8080_8080_8080 == 0 { return nil }
+        i = 0
+        while i < n {
+            if bytes[i] < 0x80 {
+                i += 1
+                continue
+            }
+            guard let length = sequenceLength(bytes, at: i) else { return i }
+            i += length
+        }
+        return nil
+    }
+
     /// Appends the UTF-8 of `scalar`, a Unicode scalar value (not a surrogate, at most
     /// U+10FFFF), to `bytes`: what JSON's `\u` escapes decode to.
     @inline(__always)

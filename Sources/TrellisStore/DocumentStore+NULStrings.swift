@@ -33,7 +33,8 @@ extension DocumentStore {
         return Array(json.utf8).withUnsafeBufferPointer(holdsNULEscape)
     }
 
-    private static func holdsNULEscape(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+    /// ``holdsNULEscape(_:)-(String)`` on the text's UTF-8.
+    static func holdsNULEscape(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         // `\u0000`: a backslash, `u`, four `0`. Backslashes are found by `memchr` (most JSON has
         // none), and only what follows one is compared.
         guard let base = bytes.baseAddress, bytes.count >= 6 else { return false }

@@ -944,13 +944,15 @@ extension DocumentStore {
             var rows: [StoredRow] = []
             var damaged = false
             while try st.step() {
-                guard let key = st.string(0), let text = st.string(1) else { continue }
+                guard let key = st.string(0), let text = st.textBytes(1) else { continue }
                 guard let json = StoredJSON(checking: text) else {
                     noteDamaged(&s, collection, key, "its JSON value does not parse")
                     damaged = true
                     continue
                 }
-                if pushed == nil || (nulRows && Self.holdsNULEscape(text)), try !bound.matches(json.value) { continue }
+                if pushed == nil || (nulRows && json.withUTF8(Self.holdsNULEscape)), try !bound.matches(json.value) {
+                    continue
+                }
                 rows.append((key, json))
             }
             return (rows, damaged)

@@ -189,6 +189,87 @@ import TrellisTestKit
         }
     }
 
+    /// A query hands the check SQLite's bytes, which a damaged row may fill with ill-formed UTF-8:
+    /// what it keeps (refusal, text, value, members) is what the check of the same bytes decoded
+    /// as a Swift string (bad sequences repaired to U+FFFD) keeps.
+    @Test func bytesAreCheckedAsTheirRepairedTextIs() {
+        var (rng, seed) = SeededRandom.fromEnvironment(default: 0x5EED_0016)
+        print("StoredJSONTests seed \(seed) (replay with \(SeededRandom.environmentVariable)=\(seed))")
+        let sequences: [[UInt8]] = [
+            [0x80], [0xBF], [0xC0, 0xAF], [0xC3], [0xE2, 0x82], [0xED, 0xA0, 0x80], [0xF4, 0x90, 0x80, 0x80],
+            [0xF5], [0xFF], [0xC3, 0xA9], [0xE2, 0x82, 0xAC], [0xF0, 0x9F, 0x98, 0x80],
+        ]
+        for _ in 0..<3000 {
+            var fields = UTF8Map<Value>()
+            for _ in 0..<Int.random(in: 0...5, using: &rng) {
+                fields[randomString(using: &rng)] = randomValue(depth: 2, using: &rng)
+            }
+            var bytes = Array(JSON.string(.map(fields)).utf8)
+            for _ in 0..<Int.random(in: 0...3, using: &rng) {
+                bytes.insert(
+                    contentsOf: sequences.randomElement(using: &rng)!, at: Int.random(in: 0...bytes.count, using: &rng))
+            }
+            let repaired = String(decoding: bytes, as: UTF8.self)
+            let fromBytes = bytes.withUnsafeBufferPointer { StoredJSON(checking: $0) }
+            let fromText = StoredJSON(checking: repaired)
+            #expect((fromBytes == nil) == (fromText == nil), "\(bytes)")
+            guard let fromBytes, let fromText else { continue }
+            #expect(fromBytes.text == repaired)
+            #expect(fromBytes == fromText)
+            for key in Array(fields.keys) + ["\u{FFFD}", "missing"] {
+                #expect(fromBytes.member(key) == fromText.member(key), "\(repaired): member \(key)")
+            }
+            #expect(fromBytes.value == fromText.value)
+        }
+    }
+
+    /// ``UTF8Check/firstInvalid(_:)`` tells well-formed UTF-8 as the standard library does, and
+    /// finds the first bad sequence at every offset of texts around its eight-byte steps.
+    @Test func theFirstIllFormedSequenceIsFoundWhereverItIs() {
+        var (rng, seed) = SeededRandom.fromEnvironment(default: 0x5EED_0017)
+        print("StoredJSONTests seed \(seed) (replay with \(SeededRandom.environmentVariable)=\(seed))")
+        let pieces: [[UInt8]] = [[0x61], [0x7F], [0xC3, 0xA9], [0xE2, 0x82, 0xAC], [0xF0, 0x9F, 0x98, 0x80]]
+        let bad: [[UInt8]] = [[0x80], [0xC0, 0x80], [0xE0, 0x80, 0x80], [0xED, 0xB0, 0x80], [0xF8], [0xE2, 0x82]]
+        for _ in 0..<4000 {
+            var bytes: [UInt8] = []
+            for _ in 0..<Int.random(in: 0...12, using: &rng) { bytes += pieces.randomElement(using: &rng)! }
+            var expected: Int?
+            if Bool.random(using: &rng) {
+                // Cut at a sequence boundary, so that the first bad byte is where the bad one goes.
+                var boundaries = [0]
+                var i = 0
+                while i < bytes.count {
+                    i += bytes[i] < 0x80 ? 1 : bytes[i] < 0xE0 ? 2 : bytes[i] < 0xF0 ? 3 : 4
+                    boundaries.append(i)
+                }
+                let at = boundaries.randomElement(using: &rng)!
+                bytes.insert(contentsOf: bad.randomElement(using: &rng)!, at: at)
+                expected = at
+            }
+            let found = bytes.withUnsafeBytes { UTF8Check.firstInvalid($0) }
+            #expect(found == expected, "\(bytes)")
+            #expect((found == nil) == (String(validating: bytes, as: UTF8.self) != nil), "\(bytes)")
+        }
+    }
+
+    /// Copies share one text and one parse; threads reading the values of many stored texts at
+    /// once (their locks are shared by address) each read the parsed text.
+    @Test func copiesShareOneParseAndThreadsReadTheSameValue() async throws {
+        let texts = (0..<200).map { #"{"_id":"car-\#($0)","n":\#($0),"s":["a",{"b":null}]}"# }
+        let stored = try texts.map { try #require(StoredJSON(checking: $0)) }
+        let copy = stored[7]
+        #expect(!stored[7].isParsed)
+        #expect(copy.value["n"] == 7)
+        #expect(stored[7].isParsed)
+        let values = await withTaskGroup(of: [Value].self) { group in
+            for _ in 0..<8 { group.addTask { stored.map(\.value) } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        let parsed = try texts.map { try JSON.parse($0) }
+        #expect(values.count == 8)
+        for read in values { #expect(read == parsed) }
+    }
+
     @Test func aMemberIsReadWithoutParsingTheDocument() throws {
         let stored = try #require(
             StoredJSON(checking: #"{"Name":"chevelle","_id":"car-1","n":[1,{"x":true}],"s":"a\"b"}"#))
