@@ -15,8 +15,8 @@ internal import Synchronization
 /// parsed value live in one allocation (a query makes one per result row). Safe to share between
 /// threads; two copies share the text and the parsed value.
 public struct StoredJSON: @unchecked Sendable, Equatable, CustomStringConvertible {
-    // @unchecked: the bytes never change after `make`, and `Header.parsed` is read and written
-    // only under `Storage.lock` (see there).
+    // @unchecked: the bytes never change after `Storage.make`, and `Header.parsed` is read and
+    // written only under a lock (`Storage.withParsed`).
     private let storage: Storage
 
     /// Wraps `text`, checking that it parses; `nil` when it does not.
