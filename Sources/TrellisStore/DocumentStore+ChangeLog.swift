@@ -48,7 +48,7 @@ extension DocumentStore {
     /// carries on. An exhausted page's cursor is at least the floor.
     ///
     /// A damaged row (its state or JSON value does not decode) and a state above
-    /// ``StoreOptions/maxDocumentBytes`` (stored under a larger limit) are passed over and listed in
+    /// ``StoreOptions/mergedDocumentCeiling`` (stored under a larger limit) are passed over and listed in
     /// ``ChangePage/skipped`` with the reason; the rest of the log flows. Damaged rows are also
     /// logged once and listed by ``damagedDocuments()``.
     ///
@@ -205,9 +205,9 @@ extension DocumentStore {
                 skip("its state does not decode: \(error)")
                 continue
             }
-            guard state.count <= options.maxDocumentBytes else {
+            guard state.count <= options.mergedDocumentCeiling else {
                 skip(
-                    "its state is \(state.count) bytes, above the limit of \(options.maxDocumentBytes) bytes "
+                    "its state is \(state.count) bytes, above the limit of \(options.mergedDocumentCeiling) bytes "
                         + "(stored under a larger limit)", damaged: false)
                 continue
             }

@@ -5,8 +5,18 @@ public import TrellisCore
 
 /// Options for opening a ``DocumentStore``.
 public struct StoreOptions: Sendable {
-    /// Documents whose stored size (value and CRDT metadata) exceeds this are rejected. Bytes.
+    /// Documents whose stored size (value and CRDT metadata) exceeds this are rejected: a local
+    /// write that would take a document above it, or further above it, is refused. Bytes.
     public var maxDocumentBytes: Int = 5 * 1024 * 1024
+    /// The largest document a merge of peers' states may make, bytes (`nil`: four times
+    /// ``maxDocumentBytes``, 20 MiB by default). Writes made apart, each within
+    /// ``maxDocumentBytes``, can merge into a larger document, and every node must keep that
+    /// merge to converge: a merge is applied up to this ceiling, and only a document above it is
+    /// deferred (kept and retried). Peers are sent states up to it too. See docs/DATA-MODEL.md,
+    /// "Size limits".
+    public var maxMergedDocumentBytes: Int?
+    /// ``maxMergedDocumentBytes``, or its default.
+    public var mergedDocumentCeiling: Int { maxMergedDocumentBytes ?? 4 * maxDocumentBytes }
     /// Documents above this size are accepted with a warning. Bytes.
     public var warnDocumentBytes: Int = 256 * 1024
     /// How far a remote document's latest stamp may lead this node's time, milliseconds: the
@@ -914,8 +924,14 @@ public final class DocumentStore: Sendable {
             StoredState.isCompact(bytes) && 3 * valueBytes + 64 >= options.warnDocumentBytes
             ? try fullState().cbor().count : bytes.count
         let size = stateBytes + valueBytes
-        if size > options.maxDocumentBytes {
-            throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
+        if origin == .local, size > options.maxDocumentBytes {
+            // A local write may not take a document above the limit, nor further above it (a
+            // merge may have: see mergedDocumentCeiling); one that does not grow it is taken.
+            guard let stored = try storedSize(&s, collection, key), size <= stored else {
+                throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.maxDocumentBytes)
+            }
+        } else if size > options.mergedDocumentCeiling {
+            throw StoreError.documentTooLarge(id: key, bytes: size, limit: options.mergedDocumentCeiling)
         }
         if !ifAbsent { try trackScope(&s, collection, key, new: materialized) }
         let written = try writeRow(
@@ -927,6 +943,22 @@ public final class DocumentStore: Sendable {
                 "document \(key) in \(collection) is \(size) bytes with metadata (above \(options.warnDocumentBytes))")
         }
         return written
+    }
+
+    /// The size ``persistRow`` counts for the row stored for `key` (its state as peers receive
+    /// it, and its JSON), or `nil` when there is none or it does not decode. Read only when a
+    /// local write goes above the limit.
+    private func storedSize(_ s: inout State, _ collection: String, _ key: String) throws -> Int? {
+        let st = try s.db.prepare("SELECT state, value FROM documents WHERE collection = ? AND id = ?")
+        defer { st.reset() }
+        st.bind(1, collection)
+        st.bind(2, key)
+        guard try st.step(), let bytes = st.bytes(0) else { return nil }
+        let value = st.string(1)
+        let valueBytes = value?.utf8.count ?? 0
+        guard StoredState.isCompact(bytes) else { return bytes.count + valueBytes }
+        guard let state = try? StoredState.decode(bytes, value: value) else { return nil }
+        return state.cbor().count + valueBytes
     }
 
     /// Writes a document row with the next `seq` and records the change for observers.

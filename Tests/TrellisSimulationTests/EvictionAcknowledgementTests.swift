@@ -19,6 +19,7 @@ import TrellisSimulation
         let sim = try Simulation(seed: 9002)
         let a = try sim.addNode()
         sim.storeOptions.maxDocumentBytes = 2048
+        sim.storeOptions.maxMergedDocumentBytes = 2048
         sim.storeOptions.warnDocumentBytes = 1024
         let b = try sim.addNode()
         sim.connectAll()
@@ -48,6 +49,7 @@ import TrellisSimulation
         sim.replicatorConfiguration = { $0.batchEntries = 2 }
         let a = try sim.addNode()
         sim.storeOptions.maxDocumentBytes = 2048
+        sim.storeOptions.maxMergedDocumentBytes = 2048
         sim.storeOptions.warnDocumentBytes = 1024
         sim.storeOptions.maxDeferredDocumentsPerPeer = 0
         let b = try sim.addNode()

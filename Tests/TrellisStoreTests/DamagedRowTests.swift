@@ -134,7 +134,10 @@ import TrellisTestKit
             try store.upsert(
                 [["_id": "big", "s": .string(String(repeating: "x", count: 3_000))], ["_id": "small"]], in: "c")
         }
-        let store = try openStore(dir, "s.sqlite", clock: clock) { $0.maxDocumentBytes = 2_000 }
+        let store = try openStore(dir, "s.sqlite", clock: clock) {
+            $0.maxDocumentBytes = 2_000
+            $0.maxMergedDocumentBytes = 2_000
+        }
         let page = try store.changes(in: "c", after: 0, limit: 10, maxBytes: .max)
         #expect(page.records.map(\.id) == ["small"] && page.skipped.map(\.key) == ["\"big\""])
         #expect(page.skipped.first?.reason.contains("above the limit of 2000 bytes") == true)

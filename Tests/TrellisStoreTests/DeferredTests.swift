@@ -90,7 +90,10 @@ import TrellisTestKit
         try writer.upsert(["_id": "big", "s": .string(String(repeating: "x", count: 5_000))], in: "c")
         let path = "small.sqlite"
         do {
-            let small = try open(path) { $0.maxDocumentBytes = 4_000 }
+            let small = try open(path) {
+                $0.maxDocumentBytes = 4_000
+                $0.maxMergedDocumentBytes = 4_000
+            }
             var docs = try batch(of: writer)
             docs.append(RemoteDocument(collection: "c", id: "newer", state: [0xFF]))
             let outcome = try small.merge(docs, from: [1], checkpoint: nil)
