@@ -28,7 +28,8 @@ import TrellisTestKit
 
     func set(_ store: DocumentStore, _ field: String, _ value: String) throws {
         try store.update(
-            id: "d", in: "c", operations: [.set(FieldPath(components: [.key(field)]), .string(value), isDefault: false)])
+            id: "d", in: "c", operations: [.set(FieldPath(components: [.key(field)]), .string(value), isDefault: false)]
+        )
     }
 
     @Test func concurrentWritesWithinTheLimitMergeAboveItAndEveryNodeKeepsTheMerge() throws {
