@@ -65,6 +65,10 @@ private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> 
     }
     _ = try latencies(500, write(0))  // warm up: the documents exist, statements are prepared
     let idle = try latencies(writes, write(1))
+    // The same writes while two threads only burn CPU (no store, no lock): what the scheduler of
+    // this machine's two cores alone adds to a write, when the peers' work (which runs in this
+    // process) keeps both cores busy.
+    let busy = try besideTwoSpinningThreads { try latencies(writes, write(1)) }
 
     let port = try node.listen(on: Endpoint(host: "127.0.0.1", port: 0))
     var peers: [TrellisNode] = []
@@ -89,6 +93,7 @@ private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> 
     FileHandle.standardError.write(
         Data(
             ("write latency: idle p50 \(percentile(idle, 0.5)) ms p99 \(percentile(idle, 0.99)) ms; "
+                + "beside two spinning threads p50 \(percentile(busy, 0.5)) ms p99 \(percentile(busy, 0.99)) ms; "
                 + "10 peers x 100 subscriptions p50 \(percentile(served, 0.5)) ms p99 \(percentile(served, 0.99)) ms\n")
                 .utf8))
     return [
@@ -96,7 +101,30 @@ private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> 
             "write_latency_p50_10_peers_x_100_subs_ms", served, 0.5, baseline: idle, "write_latency_p50_no_peers_ms"),
         latencyFigure(
             "write_latency_p99_10_peers_x_100_subs_ms", served, 0.99, baseline: idle, "write_latency_p99_no_peers_ms"),
+        latencyFigure(
+            "write_latency_p99_10_peers_x_100_subs_against_spinning_ms", served, 0.99, baseline: busy,
+            "write_latency_p99_no_peers_beside_two_spinning_threads_ms"),
     ]
+}
+
+/// Runs `body` while two threads only burn CPU (no store, no lock), and stops them after.
+private func besideTwoSpinningThreads<R>(_ body: () throws -> R) rethrows -> R {
+    let spinning = Atomic<Bool>(true)
+    let stopped = DispatchGroup()
+    for _ in 0..<2 {
+        stopped.enter()
+        Thread {
+            var x: UInt64 = 1
+            while spinning.load(ordering: .relaxed) { x = x &* 6_364_136_223_846_793_005 &+ 1 }
+            if x == 0 { print(x) }
+            stopped.leave()
+        }.start()
+    }
+    defer {
+        spinning.store(false, ordering: .relaxed)
+        stopped.wait()
+    }
+    return try body()
 }
 
 /// Local single upserts (another collection) and `findByID` reads on node B while B merges a
@@ -119,22 +147,16 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
         idleReads += try latencies(1) { _ in try read(n) }
     }
     // Busy: the same mix, paced as during the merge, while two threads only burn CPU (no store,
-    // no lock): what the scheduler of this machine's two cores alone adds to a write.
-    let spinning = Atomic<Bool>(true)
-    let spinners = (0..<2).map { _ in
-        Thread {
-            var x: UInt64 = 1
-            while spinning.load(ordering: .relaxed) { x = x &* 6_364_136_223_846_793_005 &+ 1 }
-            if x == 0 { print(x) }
+    // no lock): what the scheduler of this machine's two cores alone adds to a write or a read.
+    var busyWrites: [Double] = []
+    var busyReads: [Double] = []
+    try besideTwoSpinningThreads {
+        for n in 0..<1_500 {
+            busyWrites += try latencies(1) { _ in try write(n) }
+            busyReads += try latencies(1) { _ in try read(n) }
+            usleep(500)
         }
     }
-    spinners.forEach { $0.start() }
-    var busyWrites: [Double] = []
-    for n in 0..<1_500 {
-        busyWrites += try latencies(1) { _ in try write(n) }
-        usleep(500)
-    }
-    spinning.store(false, ordering: .relaxed)
     let port = try a.listen(on: Endpoint(host: "127.0.0.1", port: 0))
     let subscription = try b.store.collection("cars").findAll().subscribe()
     defer { subscription.cancel() }
@@ -153,6 +175,7 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
     idleWrites.sort()
     idleReads.sort()
     busyWrites.sort()
+    busyReads.sort()
     mergeWrites.sort()
     mergeReads.sort()
     FileHandle.standardError.write(
@@ -161,7 +184,8 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
                 + "\(percentile(mergeWrites, 0.99)) ms (idle p50 \(percentile(idleWrites, 0.5)) p99 "
                 + "\(percentile(idleWrites, 0.99)); beside two spinning threads p50 \(percentile(busyWrites, 0.5)) p99 "
                 + "\(percentile(busyWrites, 0.99))), read p99 \(percentile(mergeReads, 0.99)) ms "
-                + "(idle \(percentile(idleReads, 0.99)))\n").utf8))
+                + "(idle \(percentile(idleReads, 0.99)); beside two spinning threads "
+                + "\(percentile(busyReads, 0.99)))\n").utf8))
     return [
         latencyFigure(
             "write_latency_p99_during_merge_ms", mergeWrites, 0.99, baseline: idleWrites, "write_latency_p99_idle_ms"),
@@ -170,5 +194,8 @@ private func latencyDuringMerge(scratch: URL, documents: [Value]) throws -> [Fig
             "write_latency_p99_beside_two_spinning_threads_ms"),
         latencyFigure(
             "read_latency_p99_during_merge_ms", mergeReads, 0.99, baseline: idleReads, "read_latency_p99_idle_ms"),
+        latencyFigure(
+            "read_latency_p99_during_merge_against_spinning_ms", mergeReads, 0.99, baseline: busyReads,
+            "read_latency_p99_beside_two_spinning_threads_ms"),
     ]
 }
