@@ -31,6 +31,9 @@ public final class TrellisProcess: Sendable {
             throw ProcessError(
                 "no \(binary.lastPathComponent) binary at \(binary.path); run `swift build` (scripts/test.sh does)")
         }
+        // A child that exits before reading what a test writes to it must fail that test, not
+        // end the whole test process with SIGPIPE: the write then fails with EPIPE instead.
+        _ = Glibc.signal(SIGPIPE, SIG_IGN)
         process = Process()
         process.executableURL = binary
         process.arguments = arguments
@@ -78,14 +81,15 @@ public final class TrellisProcess: Sendable {
     /// Everything written to standard error so far.
     public var stderr: String { errors.text }
 
-    /// Writes a line to standard input.
+    /// Writes a line to standard input (dropped when the process no longer reads it: the test's
+    /// expectations on its output then say what went wrong).
     public func send(_ line: String) {
-        input.fileHandleForWriting.write(Data((line + "\n").utf8))
+        try? input.fileHandleForWriting.write(contentsOf: Data((line + "\n").utf8))
     }
 
-    /// Writes raw bytes to standard input.
+    /// Writes raw bytes to standard input (dropped when the process no longer reads it).
     public func sendBytes(_ bytes: [UInt8]) {
-        input.fileHandleForWriting.write(Data(bytes))
+        try? input.fileHandleForWriting.write(contentsOf: Data(bytes))
     }
 
     /// Closes standard input (a shell then quits).
