@@ -246,7 +246,11 @@ public final class Simulation: @unchecked Sendable {
     }
 
     /// A random connected mesh: a random spanning tree plus `extraLinks` more links, drawn from
-    /// the seed.
+    /// the seed, then, while two nodes are further apart than subscriptions travel (a node's own
+    /// subscription and ``ReplicatorConfiguration/maxHops`` forwardings: 5 links by default), a
+    /// link between the first such pair in node order. Data crosses at most that many links
+    /// (docs/MESH.md, "Relay"), so a mesh drawn wider would check what Trellis does not promise.
+    /// The added links draw nothing from the seed: a mesh within reach is drawn as before.
     public func connectRandomly(extraLinks: Int) {
         guard nodes.count > 1 else { return }
         var order = Array(nodes.indices)
@@ -260,6 +264,39 @@ public final class Simulation: @unchecked Sendable {
             let b = Int.random(in: 0..<nodes.count, using: &rng)
             if a != b, !nodes[b].staticPeers.contains(nodes[a].name) { connect(nodes[a], nodes[b]) }
         }
+        var configuration = ReplicatorConfiguration(peerKey: [])
+        configure(&configuration)
+        let reach = configuration.maxHops + 1
+        while let (a, b) = firstPair(fartherApartThan: reach) { connect(nodes[a], nodes[b]) }
+    }
+
+    /// The first pair of nodes (by index) more than `links` links apart on the static links, if any.
+    private func firstPair(fartherApartThan links: Int) -> (Int, Int)? {
+        let byName = Dictionary(uniqueKeysWithValues: nodes.enumerated().map { ($1.name, $0) })
+        var neighbours = Array(repeating: [Int](), count: nodes.count)
+        for (i, node) in nodes.enumerated() {
+            for peer in node.staticPeers {
+                guard let j = byName[peer] else { continue }
+                neighbours[i].append(j)
+                neighbours[j].append(i)
+            }
+        }
+        for a in nodes.indices {
+            var distance = Array(repeating: Int.max, count: nodes.count)
+            distance[a] = 0
+            var queue = [a]
+            var next = 0
+            while next < queue.count {
+                let i = queue[next]
+                next += 1
+                for j in neighbours[i] where distance[j] == .max {
+                    distance[j] = distance[i] + 1
+                    queue.append(j)
+                }
+            }
+            if let b = distance.indices.first(where: { $0 > a && distance[$0] > links }) { return (a, b) }
+        }
+        return nil
     }
 
     /// Sets the profile of the link between `a` and `b` (both directions).
