@@ -916,14 +916,7 @@ public final class DocumentStore: Sendable {
         state bytes: [UInt8], removedAt: UInt64?, ifAbsent: Bool = false, origin: WriteOrigin,
         delta: StoredDelta? = nil, fullState: () throws -> DocumentState
     ) throws -> Bool {
-        // The limit counts the whole state as peers receive it, whatever form is stored.
-        let valueBytes = value?.utf8.count ?? 0
-        // A compact row stands for the whole state; that is at most about twice the JSON plus a
-        // little, so it is only encoded to be measured when that bound could cross a threshold.
-        let stateBytes =
-            StoredState.isCompact(bytes) && 3 * valueBytes + 64 >= options.warnDocumentBytes
-            ? try fullState().cbor().count : bytes.count
-        let size = stateBytes + valueBytes
+        let size = try countedSize(state: bytes, valueBytes: value?.utf8.count ?? 0, fullState: fullState)
         if origin == .local, size > options.maxDocumentBytes {
             // A local write may not take a document above the limit, nor further above it (a
             // merge may have: see mergedDocumentCeiling); one that does not grow it is taken.
@@ -945,9 +938,24 @@ public final class DocumentStore: Sendable {
         return written
     }
 
-    /// The size ``persistRow`` counts for the row stored for `key` (its state as peers receive
-    /// it, and its JSON), or `nil` when there is none or it does not decode. Read only when a
-    /// local write goes above the limit.
+    /// The size the limits count for a row: its state as peers receive it, whatever form is
+    /// stored, and its JSON (`valueBytes`).
+    ///
+    /// - Parameter fullState: the whole state of a compact row. A compact row stands for it; that
+    ///   is at most about twice the JSON plus a little, so it is only encoded to be measured when
+    ///   that bound could cross a threshold.
+    private func countedSize(
+        state bytes: [UInt8], valueBytes: Int, fullState: () throws -> DocumentState
+    ) rethrows -> Int {
+        let stateBytes =
+            StoredState.isCompact(bytes) && 3 * valueBytes + 64 >= options.warnDocumentBytes
+            ? try fullState().cbor().count : bytes.count
+        return stateBytes + valueBytes
+    }
+
+    /// The size ``countedSize(state:valueBytes:fullState:)`` counts for the row stored for `key`,
+    /// or `nil` when there is none or it does not decode. Read only when a local write goes above
+    /// the limit.
     private func storedSize(_ s: inout State, _ collection: String, _ key: String) throws -> Int? {
         let st = try s.db.prepare("SELECT state, value FROM documents WHERE collection = ? AND id = ?")
         defer { st.reset() }
@@ -955,10 +963,9 @@ public final class DocumentStore: Sendable {
         st.bind(2, key)
         guard try st.step(), let bytes = st.bytes(0) else { return nil }
         let value = st.string(1)
-        let valueBytes = value?.utf8.count ?? 0
-        guard StoredState.isCompact(bytes) else { return bytes.count + valueBytes }
-        guard let state = try? StoredState.decode(bytes, value: value) else { return nil }
-        return state.cbor().count + valueBytes
+        return try? countedSize(state: bytes, valueBytes: value?.utf8.count ?? 0) {
+            try StoredState.decode(bytes, value: value)
+        }
     }
 
     /// Writes a document row with the next `seq` and records the change for observers.
