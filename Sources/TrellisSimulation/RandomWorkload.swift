@@ -71,6 +71,12 @@ public struct RandomWorkload: Sendable {
     /// 0 (the default) draws the single optional query node of earlier seeds, which replay as
     /// they did.
     public var queryNodes = 0
+    /// Whether the ``queryNodes`` also subscribe to the whole collection now and then, and cancel
+    /// it again: they then hold documents outside their query from a whole-collection service,
+    /// their neighbours relay whole-collection subscriptions that end, and each is a query
+    /// subscriber again at the final check (docs/MESH.md, "Leaving a subscription's scope").
+    /// Off by default, so that recorded seeds replay as they did.
+    public var widening = false
     /// The queries ``queryNodes`` draw from.
     public static let queries = ["v >= 5", "v < 3", "s == 'a'", "v >= 2 && v <= 6"]
 
@@ -135,6 +141,8 @@ public struct RandomWorkload: Sendable {
         }
         if operations == .wide { sim.invariants.append(WideOperations.queriesAgree) }
         var partitioned = false
+        // With ``widening``: each query node's whole-collection subscription, while it has one.
+        var widened: [Int: Subscription] = [:]
         for step in 0..<steps {
             sim.run(for: Millis.random(in: 0...1_500, using: &random))
             if let (node, from) = lateQuery, step >= from, node.isUp {
@@ -166,6 +174,20 @@ public struct RandomWorkload: Sendable {
                     }
                 }
             }
+            if widening, !queryNodeSubscriptions.isEmpty, Int.random(in: 0..<8, using: &random) == 0 {
+                let index = Int.random(in: 0..<queryNodeSubscriptions.count, using: &random)
+                let node = queryNodeSubscriptions[index].node
+                if node.isUp {
+                    if let whole = widened[index] {
+                        whole.cancel()
+                        widened[index] = nil
+                        sim.note("\(node.name) app: cancel its subscription to the whole of items")
+                    } else {
+                        widened[index] = try node.store.collection("items").findAll().subscribe()
+                        sim.note("\(node.name) app: subscribe to the whole of items")
+                    }
+                }
+            }
             if Int.random(in: 0..<5, using: &random) == 0, let node = sim.nodes.randomElement(using: &random) {
                 try node.syncContactMirrors()  // a contacts host catching up, anchors kept across faults
             }
@@ -186,6 +208,10 @@ public struct RandomWorkload: Sendable {
         }
         if let (node, subscription) = query, subscription == nil {
             query = (node, try subscribeToQuery(node))
+        }
+        for (index, whole) in widened.sorted(by: { $0.key < $1.key }) {
+            whole.cancel()
+            sim.note("\(queryNodeSubscriptions[index].node.name) app: cancel its subscription to the whole of items")
         }
         for index in queryNodeSubscriptions.indices where queryNodeSubscriptions[index].subscription == nil {
             let (node, text, _) = queryNodeSubscriptions[index]

@@ -61,6 +61,12 @@ extension DocumentStore {
     ///     page's tombstones and eviction stubs: it is tracked as served, and each is recorded in
     ///     its scope, so a later change to the document is sent to it whatever its query matches.
     ///     A base whose query does not parse, or a whole-collection one, records nothing.
+    ///   - reader: the peer the page is for, with its acknowledged position. For a
+    ///     whole-collection `subscription`, the store records how far the peer was served the
+    ///     collection (``WholeHeld``); for a query one with ``PageReader/sendsHeld``, the page also
+    ///     returns, whatever they match, the documents the peer may hold from such service in an
+    ///     older state (born up to ``WholeHeld/bornUpTo``, changed after
+    ///     ``WholeHeld/changedAfter``).
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
     ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
     /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
@@ -69,16 +75,20 @@ extension DocumentStore {
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
         args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil, keys: [String]? = nil,
-        refetchOf base: SubscriptionSpec? = nil
+        refetchOf base: SubscriptionSpec? = nil, reader: PageReader? = nil
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
         let now = options.now()
         return try withState { s -> ChangePage in
             var scope: Int64?
+            var held: WholeHeld?
             if let subscription, !subscription.isWholeCollection {
                 try registerServed(&s, subscription, bound: bound, now: now)
                 scope = subscription.scopeHash
+                if let reader, reader.sendsHeld {
+                    held = s.wholeHeld[PeerCollection(peer: reader.peer, collection: UTF8Key(collection))]
+                }
             }
             // Below the retained floor the log no longer holds every remove.
             let floor = try Self.metaInt64(s.db, "floor:" + collection) ?? 0
@@ -86,12 +96,12 @@ extension DocumentStore {
             func read(nulRows: Bool) throws -> ChangePage {
                 do {
                     return try changePage(
-                        &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: false,
+                        &s, collection, after, limit, maxBytes, bound, translated, scope, held, keys, guarded: false,
                         nulRows: nulRows)
                 } catch let error as SQLiteError where error.isMalformedJSON {
                     // A damaged JSON value in the page: evaluate the query only on valid JSON.
                     return try changePage(
-                        &s, collection, after, limit, maxBytes, bound, translated, scope, keys, guarded: true,
+                        &s, collection, after, limit, maxBytes, bound, translated, scope, held, keys, guarded: true,
                         nulRows: nulRows)
                 }
             }
@@ -107,13 +117,17 @@ extension DocumentStore {
             // subscriber from now on; the stub's value is unknown to scope tracking, so the next
             // state of the document (a write over the stub, a merge) reaches it only if recorded.
             if let subscription { try recordStubs(&s, of: page, heldBy: subscription) }
+            if let subscription, subscription.isWholeCollection, keys == nil, let reader {
+                try noteWholeServed(&s, collection, upTo: page.scannedUpTo, after: after, for: reader)
+            }
             return page
         }
     }
 
     private func changePage(
         _ s: inout State, _ collection: String, _ after: Int64, _ limit: Int, _ maxBytes: Int, _ bound: Query,
-        _ translated: PushedQuery?, _ scope: Int64?, _ keys: [String]?, guarded: Bool, nulRows: Bool
+        _ translated: PushedQuery?, _ scope: Int64?, _ held: WholeHeld?, _ keys: [String]?, guarded: Bool,
+        nulRows: Bool
     ) throws -> ChangePage {
         // 1: send (a tombstone or stub, or a match), 0 or NULL: no match, 2: the JSON is damaged,
         // 3: send whatever it holds (it left the subscription's scope, DocumentStore+Scope.swift),
@@ -123,8 +137,10 @@ extension DocumentStore {
         let (st, pushed) = try Self.preparePushedDown(s.db, translated) { pushed in
             let left =
                 scope.map {
-                    // A stub offered whole (an unacknowledged write) tells the subscriber too.
-                    "WHEN (deleted != 2 OR unacked IS NOT NULL) AND \(Self.leftScopeSQL($0)) THEN 3 "
+                    // A stub offered whole (an unacknowledged write) tells the subscriber too; so
+                    // does a change to what the peer may hold from a whole-collection service.
+                    let holds = held.map { " OR " + Self.heldFromWholeSQL($0) } ?? ""
+                    return "WHEN (deleted != 2 OR unacked IS NOT NULL) AND (\(Self.leftScopeSQL($0))\(holds)) THEN 3 "
                         + "WHEN deleted = 1 THEN 0 "
                 } ?? ""
             var match = scope == nil ? "1" : "CASE \(left)ELSE 1 END"

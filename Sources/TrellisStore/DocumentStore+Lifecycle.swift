@@ -107,6 +107,10 @@ extension DocumentStore {
     /// - Documents gain `delta`: the encoded ``StateDelta`` of the local writes since the row's
     ///   base, sent to peers that hold that base instead of the whole state (docs/DELTAS.md), and
     ///   `delta_seq`, the row's `seq` when its state was that base; NULL in rows written before.
+    /// - Documents gain `age`: how far the row's `seq` is past the first `seq` the document had in
+    ///   this log, so a peer that was served the whole collection up to some `seq` is sent later
+    ///   changes to every document it may hold (DocumentStore+Scope.swift); NULL in rows written
+    ///   before, which count as written before every `seq`.
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
     ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
     static func migrate(_ db: Connection) throws {
@@ -147,6 +151,12 @@ extension DocumentStore {
         }
         if !documentNames.contains("delta_seq") {
             try db.execute("ALTER TABLE documents ADD COLUMN delta_seq INTEGER")
+        }
+        if !documentNames.contains("age") {
+            // How far the row's `seq` is past the `seq` it was first written with (its birth in
+            // this log, DocumentStore+Scope.swift): NULL in rows written before, which count as
+            // born before every `seq`.
+            try db.execute("ALTER TABLE documents ADD COLUMN age INTEGER")
         }
         if !documentNames.contains("unacked") {
             // Nothing says which live rows a peer holds: they count as unacknowledged (an eviction

@@ -26,11 +26,43 @@ public import TrellisCore
 // remembers which query subscriptions of each peer's hold its records (`held_through`): when the
 // peer is served others instead (on this connection or a later one), what those recorded is
 // copied to the new ones.
+//
+// A peer this node served a whole collection holds what it was sent, every document of it, and
+// records nothing of it: no query subscription was served. When the peer later asks only query
+// subscriptions there (its app narrowed, a neighbour whose whole-collection subscription it
+// relayed went away, or its subscriptions stopped collapsing into the whole collection), the
+// documents outside its queries must still reach it when they change. Recording each of them
+// would cost a row per document and peer, and scope records are shared by every subscriber of
+// a query. Instead each row knows when the document was born in this log (`age`: its `seq` less
+// the first `seq` it had), and the store remembers per peer and collection how far it served
+// the whole collection (`whole_held`): up to which `seq` the peer may hold documents (every page
+// read for it) and after which `seq` their states may have moved on there (the peer's
+// acknowledged position). Every query subscription of the peer's in that collection, while no
+// whole-collection one is served, then also sends the documents born up to the first whose `seq`
+// is after the second: all the peer may hold an older state of. One row per peer and
+// collection, and nothing per document.
 
 /// A peer and a collection (the `unrecorded` and `held_through` tables, ``DocumentStore/servedQueries(peer:subscriptions:askAgain:)``).
 struct PeerCollection: Hashable, Sendable {
     var peer: [UInt8]
     var collection: UTF8Key
+}
+
+/// How far this node served a peer a whole collection (a `whole_held` row): the peer may hold
+/// every document born in this log up to `bornUpTo`, with a state older than this node's for
+/// those whose `seq` is after `changedAfter`.
+public struct WholeHeld: Equatable, Sendable {
+    /// The highest `seq` read for the peer's whole-collection subscription: documents born after
+    /// it never went to the peer that way.
+    public var bornUpTo: Int64
+    /// The position the peer acknowledged (its checkpoint) when the last page was read: every
+    /// document whose `seq` is at most this went to it in the state this node holds.
+    public var changedAfter: Int64
+
+    public init(bornUpTo: Int64, changedAfter: Int64) {
+        self.bornUpTo = bornUpTo
+        self.changedAfter = changedAfter
+    }
 }
 
 /// A query subscription this store serves (to any peer), kept to record documents leaving its
@@ -158,7 +190,94 @@ extension DocumentStore {
             sub INTEGER NOT NULL,
             PRIMARY KEY(peer, collection, sub)
         ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS whole_held(
+            peer BLOB NOT NULL,
+            collection TEXT NOT NULL,
+            born_upto INTEGER NOT NULL,
+            changed_after INTEGER NOT NULL,
+            PRIMARY KEY(peer, collection)
+        ) WITHOUT ROWID;
         """
+
+    /// How far this node served each peer whole collections (``State/wholeHeld``).
+    static func loadWholeHeld(_ db: Connection) throws -> [PeerCollection: WholeHeld] {
+        guard try hasTable(db, "whole_held") else { return [:] }
+        let st = try db.prepare("SELECT peer, collection, born_upto, changed_after FROM whole_held")
+        defer { st.reset() }
+        var out: [PeerCollection: WholeHeld] = [:]
+        while try st.step() {
+            out[PeerCollection(peer: st.bytes(0) ?? [], collection: UTF8Key(st.string(1) ?? ""))] = WholeHeld(
+                bornUpTo: st.int64(2), changedAfter: st.int64(3))
+        }
+        return out
+    }
+
+    /// How far this node served `peer` the whole of `collection` (``WholeHeld``), if it ever did.
+    public func wholeHeld(by peer: [UInt8], in collection: String) -> WholeHeld? {
+        state.withLock { $0.wholeHeld[PeerCollection(peer: peer, collection: UTF8Key(collection))] }
+    }
+
+    /// Records that a page of `collection` up to `upTo`, read from `after`, goes to `reader` for a
+    /// whole-collection subscription: the peer may hold what was born up to it, and holds the
+    /// current state of what did not change after its acknowledged position. One indexed write
+    /// when either moves; nothing otherwise.
+    func noteWholeServed(_ s: inout State, _ collection: String, upTo: Int64, after: Int64, for reader: PageReader)
+        throws
+    {
+        guard !options.readOnly else { return }
+        let entry = PeerCollection(peer: reader.peer, collection: UTF8Key(collection))
+        let old = s.wholeHeld[entry]
+        // A page read from the acknowledged position (the first of a session, or after the peer
+        // asked again from an earlier point, its store lost, say) sets where the peer stands, even
+        // lower than before. Any other was asked for before later acknowledgements were recorded
+        // (``wholeAcknowledged(peer:collection:upTo:)``), and moves it only on.
+        let acknowledged = reader.acknowledgedUpTo
+        let note = WholeHeld(
+            bornUpTo: max(old?.bornUpTo ?? 0, after, upTo),
+            changedAfter: after == acknowledged ? acknowledged : max(old?.changedAfter ?? acknowledged, acknowledged))
+        guard note != old else { return }
+        let st = try s.db.prepare(
+            "INSERT OR REPLACE INTO whole_held(peer, collection, born_upto, changed_after) VALUES (?, ?, ?, ?)")
+        st.bind(1, reader.peer)
+        st.bind(2, collection)
+        st.bind(3, note.bornUpTo)
+        st.bind(4, note.changedAfter)
+        try st.run()
+        s.wholeHeld[entry] = note
+    }
+
+    /// Records that `peer` acknowledged `upTo` of its whole-collection subscription to
+    /// `collection`: it holds the current state of every document whose `seq` is at most that
+    /// (``WholeHeld/changedAfter``). One indexed write when it moves; nothing when this node never
+    /// read the collection for that peer (the page read records the rest).
+    ///
+    /// - Throws: ``StoreError`` for SQLite errors; nothing changes then.
+    public func wholeAcknowledged(peer: [UInt8], collection: String, upTo: Int64) throws(StoreError) {
+        let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
+        guard !options.readOnly, let held = wholeHeld(by: peer, in: collection), held.changedAfter != upTo else {
+            return
+        }
+        try write { s in
+            guard var note = s.wholeHeld[entry] else { return }
+            note.changedAfter = upTo
+            note.bornUpTo = max(note.bornUpTo, upTo)
+            let st = try s.db.prepare(
+                "UPDATE whole_held SET born_upto = ?, changed_after = ? WHERE peer = ? AND collection = ?")
+            st.bind(1, note.bornUpTo)
+            st.bind(2, note.changedAfter)
+            st.bind(3, peer)
+            st.bind(4, collection)
+            try st.run()
+            s.wholeHeld[entry] = note
+        }
+    }
+
+    /// The SQL term that is 1 when the current row may be held by the peer of `held` in an older
+    /// state (born up to ``WholeHeld/bornUpTo``, changed after ``WholeHeld/changedAfter``). Both
+    /// are integer literals, never text.
+    static func heldFromWholeSQL(_ held: WholeHeld) -> String {
+        "(seq > \(held.changedAfter) AND (age IS NULL OR seq - age <= \(held.bornUpTo)))"
+    }
 
     /// The notes of documents peers hold that no scope records, with the `seq` of the peer's log
     /// they begin after (``State/unrecorded``).
@@ -355,11 +474,22 @@ extension DocumentStore {
     func trackScope(_ s: inout State, _ collection: String, _ key: String, new document: () throws -> Value?) throws {
         guard let scopes = s.servedScopes[UTF8Key(collection)], !scopes.isEmpty else { return }
         let new = try document()
-        let current = try s.db.prepare("SELECT value, deleted FROM documents WHERE collection = ? AND id = ?")
+        let current = try s.db.prepare(
+            "SELECT value, deleted, seq - coalesce(age, seq) FROM documents WHERE collection = ? AND id = ?")
         current.bind(1, collection)
         current.bind(2, key)
         var old: Value?
+        // The query subscriptions of peers that may hold this document from a whole-collection
+        // service: the change goes to them whatever it matches.
+        var holders: Set<Int64> = []
         if try current.step() {
+            if !s.wholeHeld.isEmpty {
+                let born = current.int64(2)
+                let name = UTF8Key(collection)
+                for (entry, held) in s.wholeHeld where held.bornUpTo >= born && entry.collection == name {
+                    holders.formUnion(s.heldThrough[entry] ?? [])
+                }
+            }
             // A stub's value is gone: what it matched is unknown, so nothing changes for it.
             guard current.int64(1) != RowKind.stub.rawValue else {
                 current.reset()
@@ -375,7 +505,7 @@ extension DocumentStore {
         held.bind(2, key)
         while try held.step() { recorded.insert(held.int64(0)) }
         held.reset()
-        var concerned: Set<Int64> = []
+        var concerned = holders.intersection(scopes.lazy.map(\.hash))
         // Only the scopes the old or the new value could match, and those holding the document.
         let index = s.servedScopeIndex(UTF8Key(collection), scopes)
         var evaluate: [Int64: ServedScope] = [:]
@@ -458,7 +588,8 @@ extension DocumentStore {
     func relog(_ s: inout State, _ collection: String, _ key: String) throws {
         // `unacked` counts from the row's `seq` (DocumentStore.writeRowSQL): it moves on with it.
         let st = try s.db.prepare(
-            "UPDATE documents SET seq = ?1, unacked = unacked + ?1 - seq WHERE collection = ?2 AND id = ?3")
+            "UPDATE documents SET seq = ?1, unacked = unacked + ?1 - seq, age = age + ?1 - seq "
+                + "WHERE collection = ?2 AND id = ?3")
         st.bind(1, s.nextSeq)
         st.bind(2, collection)
         st.bind(3, key)

@@ -414,6 +414,9 @@ public final class DocumentStore: Sendable {
         /// Per peer and collection, the query subscriptions whose scopes record what the peer
         /// holds although it is no longer served them (the `held_through` table).
         var heldThrough: [PeerCollection: Set<Int64>] = [:]
+        /// Per peer and collection, what it may hold because this node served it the whole
+        /// collection (the `whole_held` table, DocumentStore+Scope.swift).
+        var wholeHeld: [PeerCollection: WholeHeld] = [:]
         /// The number of rows in the `reaped` table (0 lets merges skip looking there).
         var reapedRows = 0
         /// The number of rows in the `withholding` table (0 lets merges skip clearing there):
@@ -580,6 +583,7 @@ public final class DocumentStore: Sendable {
             state.servedCount = state.servedScopes.values.reduce(0) { $0 + $1.count }
             state.unrecorded = try Self.loadUnrecorded(db)
             state.heldThrough = try Self.loadHeldThrough(db)
+            state.wholeHeld = try Self.loadWholeHeld(db)
             if try Self.hasTable(db, "deferred") {
                 let count = try db.prepare("SELECT count(*) FROM deferred")
                 _ = try count.step()
@@ -1031,19 +1035,26 @@ public final class DocumentStore: Sendable {
     // an eviction does not forget a write of this node that no peer has yet.
     // `delta` is the encoded StateDelta of the local writes since the row's base: written by local
     // writes, cleared by every other write of the row's state.
+    // `age` is how far the row's `seq` has moved past the first `seq` the document had (0 for a
+    // new row, no bytes at all; NULL for rows from before the column, born before every `seq`):
+    // every write of an existing row keeps its birth (DocumentStore+Scope.swift, `whole_held`).
     static let writeLocalRowSQL =
-        "INSERT OR REPLACE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked, delta, "
-        + "delta_seq) VALUES (?,?,?,?,?,?,?,0,?,?)"
+        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked, delta, delta_seq, "
+        + "age) VALUES (?,?,?,?,?,?,?,0,?,?,0) "
+        + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
+        + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, unacked = 0, "
+        + "delta = excluded.delta, delta_seq = excluded.delta_seq, age = age + excluded.seq - seq"
     static let insertLocalRowIfAbsentSQL =
-        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked) "
-        + "VALUES (?,?,?,?,?,?,?,0)"
+        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked, age) "
+        + "VALUES (?,?,?,?,?,?,?,0,0)"
     static let writeRowSQL =
-        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?) "
+        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at, age) VALUES (?,?,?,?,?,?,?,0) "
         + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
         + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, "
-        + "unacked = unacked + excluded.seq - seq, delta = NULL, delta_seq = NULL"
+        + "unacked = unacked + excluded.seq - seq, delta = NULL, delta_seq = NULL, age = age + excluded.seq - seq"
     static let insertRowIfAbsentSQL =
-        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at) VALUES (?,?,?,?,?,?,?)"
+        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, age) "
+        + "VALUES (?,?,?,?,?,?,?,0)"
 
     /// The most changed documents of one collection a commit event lists (``StoreEvent/changedKeys``);
     /// beyond it the collection is listed as changed without its keys.

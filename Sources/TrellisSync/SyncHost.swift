@@ -21,6 +21,9 @@ public protocol SyncStore: AnyObject, Sendable {
     func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value])
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
+    /// Records where a peer stands in its whole-collection subscription to `collection`
+    /// (``ReplicatorDirective/wholeAcknowledged(peer:collection:upTo:)``).
+    func wholeAcknowledged(peer: [UInt8], collection: String, upTo: Int64) throws
     /// Re-merges deferred documents whose condition cleared.
     ///
     /// - Returns: how many remain deferred, and the documents applied that still withhold a
@@ -379,6 +382,12 @@ public final class SyncHost {
                 }
             case .acknowledged(let entries):
                 do { try store.acknowledge(entries) } catch { log("recording acknowledged writes failed: \(error)") }
+            case .wholeAcknowledged(let peer, let collection, let upTo):
+                do {
+                    try store.wholeAcknowledged(peer: peer, collection: collection, upTo: upTo)
+                } catch {
+                    log("recording where a peer stands in '\(collection)' failed: \(error)")
+                }
             case .retryDeferred:
                 do {
                     let outcome = try store.retryDeferredDocuments()

@@ -12,8 +12,9 @@ enum SimulateCommand {
 
         Usage:
           trellis simulate [--seeds N] [--from SEED] [--nodes M|MIN-MAX] [--steps K] [--faults LIST]
-                           [--operations basic|wide] [--queries Q]
+                           [--operations basic|wide] [--queries Q [--widen]]
           trellis simulate --replay SEED [--nodes …] [--steps …] [--faults …] [--operations …] [--queries …]
+                           [--widen]
 
         Flags:
           --seeds N       how many seeds to run (default 100), from --from (default 1)
@@ -28,6 +29,9 @@ enum SimulateCommand {
                           and cancel and renew it at random; the others replicate the whole
                           collection or only relay, at least one the whole collection (default
                           0: at most one query node)
+          --widen         with --queries: the query nodes also subscribe to the whole
+                          collection now and then and cancel it again, so they hold documents
+                          outside their query and their neighbours relay subscriptions that end
           --replay SEED   run one seed and print its trace, then the verdict
 
         Prints each failing seed with what broke and the command that replays it; a progress line
@@ -36,7 +40,8 @@ enum SimulateCommand {
 
     static func run(_ args: [String]) throws {
         let parsed = try Arguments(
-            args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "queries", "replay"])
+            args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "queries", "replay"],
+            switchFlags: ["widen"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -48,6 +53,10 @@ enum SimulateCommand {
         if let nodes = parsed.value("nodes") { workload.nodes = try parseRange(nodes) }
         if let steps = parsed.value("steps") { workload.steps = try number("steps", steps, at: 0...1_000_000) }
         if let queries = parsed.value("queries") { workload.queryNodes = try number("queries", queries, at: 0...64) }
+        if parsed.switches.contains("widen") {
+            guard workload.queryNodes > 0 else { throw UsageError("--widen needs --queries Q with Q above 0") }
+            workload.widening = true
+        }
         if let operations = parsed.value("operations") {
             guard let chosen = WorkloadOperations(rawValue: operations) else {
                 throw UsageError("--operations takes basic or wide, not '\(operations)'")
@@ -120,7 +129,7 @@ enum SimulateCommand {
         ["nodes", "steps", "faults", "operations", "queries"].compactMap { name in
             parsed.value(name).map { " --\(name) \($0)" }
         }
-        .joined()
+        .joined() + (parsed.switches.contains("widen") ? " --widen" : "")
     }
 
     static func parseRange(_ text: String) throws -> ClosedRange<Int> {

@@ -4,8 +4,9 @@ import TrellisSimulation
 
 /// Ways a query subscriber comes to hold a document state its peers do not keep up to date,
 /// found by a reviewer after the refetch-tombstone fix (db7e59b). Each test fails on that commit,
-/// except those marked "Control", scenarios that held up. Two are still open and run as known
-/// issues (they fail the suite once fixed, so the marker goes then).
+/// except those marked "Control", scenarios that held up. The last two (a collapse, a relayed
+/// whole-collection subscription that ended) failed until the store kept what a peer holds from
+/// a whole-collection service (`whole_held`, DocumentStore+Scope.swift).
 @Suite struct HeldDocumentsBreakTests {
     typealias Held = HeldDocumentsSimulationTests
 
@@ -109,35 +110,31 @@ import TrellisSimulation
     /// keeps v: 2. (Before the refetch of an evicted document ended once a peer answered it, the
     /// collapse lasted as long as N ran, and brought every document.)
     @Test func aCollapseCausedByRefetchesLeavesNoDocumentStale() throws {
-        withKnownIssue(
-            "open: documents received through a collapsed whole-collection subscription are recorded under no query subscription (docs/MESH.md, \"Leaving a subscription's scope\")"
-        ) {
-            let sim = try Simulation(seed: 9105)
-            sim.replicatorConfiguration = { $0.maxAskedSubscriptions = 2 }
-            let p = try sim.addNode("p")
-            let n = try sim.addNode("n")
-            let pSub = try Held.subscribe(p)
-            let whole = try Held.subscribe(n)
-            sim.connect(n, p)
-            try p.store.collection("items").upsert(["_id": "d1", "v": 2])
-            try p.store.collection("items").upsert(["_id": "d9", "v": 6])
-            try sim.runUntilQuiet()
-            whole.cancel()
-            try sim.runUntilQuiet()
-            #expect(try n.store.collection("items").findByID("d1").evict())
-            #expect(try n.store.collection("items").findByID("d9").evict())
-            let high = try Held.subscribe(n, "v >= 5")
-            let low = try Held.subscribe(n, "v < 0")
-            try sim.runUntilQuiet()
-            #expect(try Held.get(n, "d9")?["v"] == 6)
-            _ = try p.store.collection("items").findByID("d1").update { $0?["v"].set(.int(3)) }
-            try sim.runUntilQuiet()
-            if try Held.get(n, "d1") != nil { #expect(try Held.get(n, "d1")?["v"] == 3) }
-            try sim.check()
-            high.cancel()
-            low.cancel()
-            pSub.cancel()
-        }
+        let sim = try Simulation(seed: 9105)
+        sim.replicatorConfiguration = { $0.maxAskedSubscriptions = 2 }
+        let p = try sim.addNode("p")
+        let n = try sim.addNode("n")
+        let pSub = try Held.subscribe(p)
+        let whole = try Held.subscribe(n)
+        sim.connect(n, p)
+        try p.store.collection("items").upsert(["_id": "d1", "v": 2])
+        try p.store.collection("items").upsert(["_id": "d9", "v": 6])
+        try sim.runUntilQuiet()
+        whole.cancel()
+        try sim.runUntilQuiet()
+        #expect(try n.store.collection("items").findByID("d1").evict())
+        #expect(try n.store.collection("items").findByID("d9").evict())
+        let high = try Held.subscribe(n, "v >= 5")
+        let low = try Held.subscribe(n, "v < 0")
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, "d9")?["v"] == 6)
+        _ = try p.store.collection("items").findByID("d1").update { $0?["v"].set(.int(3)) }
+        try sim.runUntilQuiet()
+        if try Held.get(n, "d1") != nil { #expect(try Held.get(n, "d1")?["v"] == 3) }
+        try sim.check()
+        high.cancel()
+        low.cancel()
+        pSub.cancel()
     }
 
     /// P — R — N. R subscribes to `v >= 5` and relays N's whole-collection subscription, so it
@@ -148,31 +145,27 @@ import TrellisSimulation
     /// exempt what a subscriber holds through a subscription it cancelled itself; they say nothing
     /// of one it relayed.)
     @Test func aQuerySubscriberThatRelayedAWholeSubscriptionIsKeptUpToDate() throws {
-        withKnownIssue(
-            "open: documents a node stored for a relayed subscription that ended are recorded under none of its own (docs/MESH.md, \"Leaving a subscription's scope\")"
-        ) {
-            let sim = try Simulation(seed: 9106)
-            let p = try sim.addNode("p")
-            let r = try sim.addNode("r")
-            let n = try sim.addNode("n")
-            let pSub = try Held.subscribe(p)
-            let high = try Held.subscribe(r, "v >= 5")
-            let whole = try Held.subscribe(n)
-            sim.connect(p, r)
-            sim.connect(r, n)
-            try p.store.collection("items").upsert(["_id": "d1", "v": 2])
-            try sim.runUntilQuiet()
-            #expect(try Held.get(n, "d1")?["v"] == 2)
-            #expect(try Held.get(r, "d1")?["v"] == 2)
-            whole.cancel()
-            try sim.runUntilQuiet()
-            _ = try p.store.collection("items").findByID("d1").update { $0?["v"].set(.int(3)) }
-            try sim.runUntilQuiet()
-            #expect(try Held.get(r, "d1")?["v"] == 3)
-            try sim.check()
-            high.cancel()
-            pSub.cancel()
-        }
+        let sim = try Simulation(seed: 9106)
+        let p = try sim.addNode("p")
+        let r = try sim.addNode("r")
+        let n = try sim.addNode("n")
+        let pSub = try Held.subscribe(p)
+        let high = try Held.subscribe(r, "v >= 5")
+        let whole = try Held.subscribe(n)
+        sim.connect(p, r)
+        sim.connect(r, n)
+        try p.store.collection("items").upsert(["_id": "d1", "v": 2])
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, "d1")?["v"] == 2)
+        #expect(try Held.get(r, "d1")?["v"] == 2)
+        whole.cancel()
+        try sim.runUntilQuiet()
+        _ = try p.store.collection("items").findByID("d1").update { $0?["v"].set(.int(3)) }
+        try sim.runUntilQuiet()
+        #expect(try Held.get(r, "d1")?["v"] == 3)
+        try sim.check()
+        high.cancel()
+        pSub.cancel()
     }
 
     /// Control (holds on db7e59b): P — R — M. R subscribes to `v >= 5`, gets d9 {v: 6} from P,

@@ -382,6 +382,11 @@ public struct Replicator: Sendable {
                 let entries = served.unacknowledged.remove(at: index).entries
                 if !deferred { acknowledged = [.acknowledged(entries)] }
             }
+            if served.spec.isWholeCollection {
+                acknowledged.append(
+                    .wholeAcknowledged(
+                        peer: sessions[link]!.peerKey, collection: served.spec.collection, upTo: served.ackedUpTo))
+            }
             sessions[link]?.served[key] = served
             return acknowledged + scanIfReady(link, key, now: now)
         case (.established, .presence(let records)):
@@ -1502,6 +1507,17 @@ public struct Replicator: Sendable {
             subscription: key.string, spec: served.spec, query: query, after: served.cursor,
             limit: configuration.batchEntries, maxBytes: configuration.batchBytes)
         request.countRemaining = served.pagesSinceCount % 16 == 0
+        // A refetch holds no slot in what the peer holds; every other query subscription of the
+        // peer's carries what it holds from a whole-collection service, while none is served.
+        if Refetch.ids(of: served.spec) == nil {
+            let collection = served.spec.collection
+            request.reader = PageReader(
+                peer: s.peerKey, acknowledgedUpTo: served.ackedUpTo,
+                sendsHeld: !served.spec.isWholeCollection
+                    && !s.served.values.contains {
+                        $0.spec.isWholeCollection && !$0.forbidden && UTF8Key.equal($0.spec.collection, collection)
+                    })
+        }
         sessions[link]!.served[key]!.pagesSinceCount += 1
         return [.scan(link, request)]
     }

@@ -146,6 +146,29 @@ public struct ScanRequest: Sendable, Equatable {
     /// it (``ScanPage/remaining``): asked on a subscription's first page and every 16th after, so
     /// the count costs little on a long catch-up.
     public var countRemaining = false
+    /// The peer the page is for and where it stands (``PageReader``): what it holds from a
+    /// whole-collection service (docs/MESH.md, "Leaving a subscription's scope").
+    public var reader: PageReader?
+}
+
+/// The peer a change-log page is read for, with its position in the page's subscription: the
+/// page of a whole-collection subscription records how far the peer was served it
+/// (`WholeHeld` in TrellisStore), and, with `sendsHeld`, the page of a query subscription also returns the
+/// documents the peer may hold from such service whose state moved on.
+public struct PageReader: Equatable, Sendable {
+    /// The peer's public key.
+    public var peer: [UInt8]
+    /// The highest `upTo` of this subscription the peer acknowledged.
+    public var acknowledgedUpTo: Int64
+    /// For a query subscription: the peer is served no whole-collection subscription in its
+    /// collection now, so what it holds from earlier such service goes with this one.
+    public var sendsHeld: Bool
+
+    public init(peer: [UInt8], acknowledgedUpTo: Int64, sendsHeld: Bool) {
+        self.peer = peer
+        self.acknowledgedUpTo = acknowledgedUpTo
+        self.sendsHeld = sendsHeld
+    }
 }
 
 /// What the shell must merge: `documents` from peer `peerKey`, and, when `storeCheckpoint`, the
@@ -196,6 +219,10 @@ public enum ReplicatorDirective: Sendable, Equatable {
     /// had acknowledged before: record it in the store (an eviction may then drop those values;
     /// docs/DATA-MODEL.md rule 8). Failing to record it only keeps more on an eviction.
     case acknowledged([AcknowledgedEntry])
+    /// A peer acknowledged `upTo` of its whole-collection subscription to `collection`: record it
+    /// as where what it holds of the collection stands (docs/MESH.md, "Leaving a subscription's
+    /// scope"). Failing to record it only sends more later.
+    case wholeAcknowledged(peer: [UInt8], collection: String, upTo: Int64)
     /// Re-merge the documents the store deferred, then call ``Replicator/deferredRetried(remaining:now:)``.
     case retryDeferred
     /// Report this event in the node's log.
