@@ -109,6 +109,7 @@ extension DocumentStore {
             page = try read(nulRows: nulRows)
             if !nulRows, try answeredWithoutNULRows(&s, collection) { page = try read(nulRows: true) }
             page.belowFloor = after > 0 && after < floor
+            page.heldFrom = held?.changedAfter
             // Nothing is left between the last row and the floor: an exhausted page covers it, so
             // the next page is not below the floor again.
             if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }

@@ -230,46 +230,53 @@ extension DocumentStore {
         // A page read from the acknowledged position (the first of a session, or after the peer
         // asked again from an earlier point, its store lost, say) sets where the peer stands, even
         // lower than before. Any other was asked for before later acknowledgements were recorded
-        // (``wholeAcknowledged(peer:collection:upTo:)``), and moves it only on.
+        // (``heldAcknowledged(peer:collection:upTo:carriedFrom:)``), and moves it only on.
         let acknowledged = reader.acknowledgedUpTo
         let note = WholeHeld(
             bornUpTo: max(old?.bornUpTo ?? 0, after, upTo),
             changedAfter: after == acknowledged ? acknowledged : max(old?.changedAfter ?? acknowledged, acknowledged))
         guard note != old else { return }
+        try saveWholeHeld(&s, entry, note)
+    }
+
+    /// Records where what `peer` holds of `collection` from a whole-collection service here
+    /// stands, after it acknowledged `upTo`: of its whole-collection subscription (`carriedFrom`
+    /// `nil`: the peer holds the current state of every document whose `seq` is at most `upTo`),
+    /// or of a query subscription whose every batch from `carriedFrom` on carried the changes to
+    /// what it holds (the same follows when `carriedFrom` is not after ``WholeHeld/changedAfter``:
+    /// batches covered what came after it; otherwise nothing changes). One indexed write when it
+    /// moves; nothing when this node never read the collection for that peer.
+    ///
+    /// - Throws: ``StoreError`` for SQLite errors; nothing changes then.
+    public func heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?)
+        throws(StoreError)
+    {
+        let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
+        func moved(_ held: WholeHeld) -> WholeHeld? {
+            if let carriedFrom {
+                guard carriedFrom <= held.changedAfter, upTo > held.changedAfter else { return nil }
+            } else {
+                guard upTo != held.changedAfter else { return nil }
+            }
+            return WholeHeld(
+                bornUpTo: carriedFrom == nil ? max(held.bornUpTo, upTo) : held.bornUpTo, changedAfter: upTo)
+        }
+        guard !options.readOnly, let held = wholeHeld(by: peer, in: collection), moved(held) != nil else { return }
+        try write { s in
+            guard let held = s.wholeHeld[entry], let note = moved(held) else { return }
+            try saveWholeHeld(&s, entry, note)
+        }
+    }
+
+    private func saveWholeHeld(_ s: inout State, _ entry: PeerCollection, _ note: WholeHeld) throws {
         let st = try s.db.prepare(
             "INSERT OR REPLACE INTO whole_held(peer, collection, born_upto, changed_after) VALUES (?, ?, ?, ?)")
-        st.bind(1, reader.peer)
-        st.bind(2, collection)
+        st.bind(1, entry.peer)
+        st.bind(2, entry.collection.string)
         st.bind(3, note.bornUpTo)
         st.bind(4, note.changedAfter)
         try st.run()
         s.wholeHeld[entry] = note
-    }
-
-    /// Records that `peer` acknowledged `upTo` of its whole-collection subscription to
-    /// `collection`: it holds the current state of every document whose `seq` is at most that
-    /// (``WholeHeld/changedAfter``). One indexed write when it moves; nothing when this node never
-    /// read the collection for that peer (the page read records the rest).
-    ///
-    /// - Throws: ``StoreError`` for SQLite errors; nothing changes then.
-    public func wholeAcknowledged(peer: [UInt8], collection: String, upTo: Int64) throws(StoreError) {
-        let entry = PeerCollection(peer: peer, collection: UTF8Key(collection))
-        guard !options.readOnly, let held = wholeHeld(by: peer, in: collection), held.changedAfter != upTo else {
-            return
-        }
-        try write { s in
-            guard var note = s.wholeHeld[entry] else { return }
-            note.changedAfter = upTo
-            note.bornUpTo = max(note.bornUpTo, upTo)
-            let st = try s.db.prepare(
-                "UPDATE whole_held SET born_upto = ?, changed_after = ? WHERE peer = ? AND collection = ?")
-            st.bind(1, note.bornUpTo)
-            st.bind(2, note.changedAfter)
-            st.bind(3, peer)
-            st.bind(4, collection)
-            try st.run()
-            s.wholeHeld[entry] = note
-        }
     }
 
     /// The SQL term that is 1 when the current row may be held by the peer of `held` in an older

@@ -221,6 +221,10 @@ public struct ChangePage: Sendable {
     /// (``DocumentStore/retainedFloor(in:)``): tombstones after it were reaped, so a reader that
     /// resumed from a stored cursor must start over from 0.
     public var belowFloor = false
+    /// For a page read with ``PageReader/sendsHeld`` for a peer that holds documents from a
+    /// whole-collection service: ``WholeHeld/changedAfter``, after which changes to them were
+    /// looked for. `nil` otherwise.
+    public var heldFrom: Int64?
 
     public init(records: [ChangeRecord], scannedUpTo: Int64, exhausted: Bool, skipped: [SkippedRecord] = []) {
         self.records = records

@@ -21,9 +21,9 @@ public protocol SyncStore: AnyObject, Sendable {
     func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value])
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
-    /// Records where a peer stands in its whole-collection subscription to `collection`
-    /// (``ReplicatorDirective/wholeAcknowledged(peer:collection:upTo:)``).
-    func wholeAcknowledged(peer: [UInt8], collection: String, upTo: Int64) throws
+    /// Records where what a peer holds from a whole-collection service stands
+    /// (``ReplicatorDirective/heldAcknowledged(peer:collection:upTo:carriedFrom:)``).
+    func heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?) throws
     /// Re-merges deferred documents whose condition cleared.
     ///
     /// - Returns: how many remain deferred, and the documents applied that still withhold a
@@ -382,9 +382,9 @@ public final class SyncHost {
                 }
             case .acknowledged(let entries):
                 do { try store.acknowledge(entries) } catch { log("recording acknowledged writes failed: \(error)") }
-            case .wholeAcknowledged(let peer, let collection, let upTo):
+            case .heldAcknowledged(let peer, let collection, let upTo, let carriedFrom):
                 do {
-                    try store.wholeAcknowledged(peer: peer, collection: collection, upTo: upTo)
+                    try store.heldAcknowledged(peer: peer, collection: collection, upTo: upTo, carriedFrom: carriedFrom)
                 } catch {
                     log("recording where a peer stands in '\(collection)' failed: \(error)")
                 }

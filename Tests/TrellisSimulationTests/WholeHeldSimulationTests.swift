@@ -84,6 +84,41 @@ import TrellisSimulation
         subs[0].cancel()
     }
 
+    /// N narrows before its whole-collection sync is over: its `v >= 5` subscription (matching
+    /// nothing) had already read past P's change to d0, which N holds from the first pages, while
+    /// the whole-collection subscription had not reached it. The query subscription must read
+    /// again from where the whole-collection one stood, or N keeps d0's first state. (Fails with
+    /// the record alone: the query subscription must also read a page as soon as the whole-collection
+    /// one goes, and move its cursor back.)
+    @Test func aNarrowingBeforeTheWholeSyncEndsLeavesNothingStale() throws {
+        let sim = try Simulation(seed: 9205)
+        let p = try sim.addNode("p")
+        let n = try sim.addNode("n")
+        let pSub = try Held.subscribe(p)
+        for chunk in stride(from: 0, to: 3_000, by: 500) {
+            try p.store.collection("items").upsert(
+                (chunk..<(chunk + 500)).map {
+                    ["_id": .string("d\($0)"), "v": .int(1), "pad": .string(String(repeating: "x", count: 200))]
+                })
+        }
+        // A slow link: the whole collection takes about eight seconds to arrive.
+        sim.setProfile(LinkProfile(latency: 5, bytesPerSecond: 100_000), between: n, and: p)
+        let high = try Held.subscribe(n, "v >= 5")
+        let whole = try Held.subscribe(n)
+        sim.connect(n, p)
+        sim.run(for: 3_200)
+        #expect(try Held.get(n, "d0")?["v"] == 1)
+        #expect(try Held.get(n, "d2999") == nil)
+        try Held.set(p, "d0", 2)
+        sim.run(for: 300)
+        whole.cancel()
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, "d0")?["v"] == 2)
+        try sim.check()
+        high.cancel()
+        pSub.cancel()
+    }
+
     /// Cost: N narrows, then P changes one held document at a time, twenty times: each change is
     /// sent once per query subscription of N's (here one), and nothing else goes.
     @Test func eachChangeToAHeldDocumentGoesOnce() throws {

@@ -58,7 +58,7 @@ import TrellisTestKit
         let store = try openStore(dir, "b.sqlite", clock: clock)
         try store.upsert(["_id": "d1", "v": 1], in: "items")
         let end = try page(store, .all("items")).scannedUpTo
-        try store.wholeAcknowledged(peer: peer, collection: "items", upTo: end)
+        try store.heldAcknowledged(peer: peer, collection: "items", upTo: end, carriedFrom: nil)
         #expect(store.wholeHeld(by: peer, in: "items") == WholeHeld(bornUpTo: end, changedAfter: end))
         // A local write, an update, a merged state, a removal and an eviction each move the
         // document's `seq` on; it still counts as born at 1.
@@ -77,13 +77,37 @@ import TrellisTestKit
         #expect(try page(store, high).records.map(\.key) == ["\"d1\""])
     }
 
+    @Test func carriedAcknowledgementsMoveThePositionOnlyWhenTheyCoverIt() throws {
+        let store = try openStore(dir, "d.sqlite", clock: clock)
+        try store.upsert(["_id": "d1", "v": 1], in: "items")
+        let end = try page(store, .all("items")).scannedUpTo
+        try store.heldAcknowledged(peer: peer, collection: "items", upTo: end, carriedFrom: nil)
+        try store.upsert(["_id": "d1", "v": 2], in: "items")
+        try store.upsert(["_id": "d2", "v": 2], in: "items")
+        let narrowed = try page(store, high)
+        #expect(narrowed.heldFrom == end)
+        #expect(narrowed.records.map(\.key) == ["\"d1\""])
+        // A query subscription that carried them only from after the position says nothing of
+        // what came between; one that carried them from it moves the position on.
+        try store.heldAcknowledged(peer: peer, collection: "items", upTo: end + 2, carriedFrom: end + 1)
+        #expect(store.wholeHeld(by: peer, in: "items")?.changedAfter == end)
+        try store.heldAcknowledged(peer: peer, collection: "items", upTo: end + 2, carriedFrom: end)
+        #expect(store.wholeHeld(by: peer, in: "items")?.changedAfter == end + 2)
+        #expect(try page(store, high).records.isEmpty)
+        // Never behind: an older acknowledgement changes nothing.
+        try store.heldAcknowledged(peer: peer, collection: "items", upTo: end + 1, carriedFrom: 0)
+        #expect(store.wholeHeld(by: peer, in: "items")?.changedAfter == end + 2)
+        // Without a whole-collection service, a query page carries nothing and says so.
+        #expect(try page(store, high, sendsHeld: false).heldFrom == nil)
+    }
+
     @Test func theRecordOutlivesARestart() throws {
         let path = "c.sqlite"
         do {
             let store = try openStore(dir, path, clock: clock)
             try store.upsert(["_id": "d1", "v": 1], in: "items")
             let end = try page(store, .all("items")).scannedUpTo
-            try store.wholeAcknowledged(peer: peer, collection: "items", upTo: end)
+            try store.heldAcknowledged(peer: peer, collection: "items", upTo: end, carriedFrom: nil)
         }
         let store = try openStore(dir, path, clock: clock)
         let held = try #require(store.wholeHeld(by: peer, in: "items"))

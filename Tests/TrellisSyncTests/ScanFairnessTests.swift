@@ -84,8 +84,8 @@ private final class CostlyStore: SyncStore {
         try store.apply(request)
     }
     func acknowledge(_ entries: [AcknowledgedEntry]) throws { try store.acknowledge(entries) }
-    func wholeAcknowledged(peer: [UInt8], collection: String, upTo: Int64) throws {
-        try store.wholeAcknowledged(peer: peer, collection: collection, upTo: upTo)
+    func heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?) throws {
+        try store.heldAcknowledged(peer: peer, collection: collection, upTo: upTo, carriedFrom: carriedFrom)
     }
     func retryDeferredDocuments() throws -> (remaining: Int, withholding: [(collection: String, id: Value)]) {
         try store.retryDeferredDocuments()

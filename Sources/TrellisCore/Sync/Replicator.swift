@@ -382,10 +382,20 @@ public struct Replicator: Sendable {
                 let entries = served.unacknowledged.remove(at: index).entries
                 if !deferred { acknowledged = [.acknowledged(entries)] }
             }
-            if served.spec.isWholeCollection {
+            // Where what the peer holds from a whole-collection service here stands: its
+            // whole-collection subscription's position, or a query subscription's that carried the
+            // changes to those documents in every batch since `carriedFrom` (batches sent before a
+            // rewind are acknowledged first, on an ordered link, and count for nothing).
+            if served.staleBatches > 0 {
+                served.staleBatches -= 1
+            } else if !deferred, served.spec.isWholeCollection || served.carriesHeld,
+                served.spec.isWholeCollection || served.carriedFrom != nil
+            {
                 acknowledged.append(
-                    .wholeAcknowledged(
-                        peer: sessions[link]!.peerKey, collection: served.spec.collection, upTo: served.ackedUpTo))
+                    .heldAcknowledged(
+                        peer: sessions[link]!.peerKey, collection: served.spec.collection,
+                        upTo: min(upTo, served.lastSentUpTo),
+                        carriedFrom: served.spec.isWholeCollection ? nil : served.carriedFrom))
             }
             sessions[link]?.served[key] = served
             return acknowledged + scanIfReady(link, key, now: now)
@@ -662,6 +672,8 @@ public struct Replicator: Sendable {
                     served.unacknowledgedFloor = max(served.unacknowledgedFloor, served.lastSentUpTo)
                     served.cursor = served.ackedUpTo
                     served.lastSentUpTo = served.ackedUpTo
+                    served.staleBatches += served.inFlight
+                    served.carriedFrom = nil
                     served.inFlight = 0
                     served.unacknowledged = []
                     served.pending = true
@@ -768,13 +780,23 @@ public struct Replicator: Sendable {
         if page.belowFloor, !served.floorChecked {
             // The peer's checkpoint is older than tombstones reaped here: start over from 0.
             served.floorChecked = true
-            served.cursor = 0
-            served.pending = true
+            Self.rewind(&served, to: 0)
             sessions[link]!.served[key] = served
             return restartedBelowFloor(link, served.spec, now: now) + scanIfReady(link, key, now: now)
         }
         // Later pages follow cursors this node produced in this session.
         served.floorChecked = true
+        served.carriesHeld = page.heldFrom != nil
+        if let from = page.heldFrom, let carried = served.carriedFrom, from < carried {
+            // The peer holds documents from a whole-collection service whose changes after `from`
+            // no page of this subscription carried before `carried` (it began carrying them only
+            // now, its cursor past them): read again from `from`, carrying them from there.
+            Self.rewind(&served, to: from)
+            served.carriedFrom = from
+            served.floorChecked = from == 0
+            sessions[link]!.served[key] = served
+            return scanIfReady(link, key, now: now)
+        }
         var bytes = 0
         var unacknowledged: [AcknowledgedEntry] = []
         var sent: [String] = []
@@ -1348,6 +1370,8 @@ public struct Replicator: Sendable {
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
                     existing.floorChecked = sub.since == 0
+                    existing.staleBatches += existing.inFlight
+                    existing.carriedFrom = nil
                     // Batches in flight belong to the old request: their acks may still come
                     // (and are bounded by `lastSentUpTo`), but they hold no slot of the new one.
                     existing.inFlight = 0
@@ -1374,6 +1398,14 @@ public struct Replicator: Sendable {
             next[key] = served
         }
         directives += heldAfterServing(link, next: next)
+        // Where the peer's whole-collection subscription went, its query subscriptions now carry
+        // what it holds from it: each reads a page at once, which finds where that stands.
+        let uncovered = Self.wholeCollections(sessions[link]!.served).subtracting(Self.wholeCollections(next))
+        if !uncovered.isEmpty {
+            for (key, served) in next where uncovered.contains(UTF8Key(served.spec.collection)) {
+                next[key]!.pending = true
+            }
+        }
         sessions[link]!.served = next
         sessions[link]!.remoteSubscriptions = subs
         if let since = regressed { directives += logRegressed(since, peer: sessions[link]!.address, now: now) }
@@ -1490,6 +1522,18 @@ public struct Replicator: Sendable {
         return result
     }
 
+    /// Moves a served subscription's cursor back to `cursor`: what came after it is read and sent
+    /// again, and the acknowledgements of the batches already sent count for nothing beyond it.
+    static func rewind(_ served: inout Served, to cursor: Int64) {
+        served.unacknowledgedFloor = max(served.unacknowledgedFloor, served.lastSentUpTo)
+        served.staleBatches += served.inFlight
+        served.cursor = cursor
+        served.lastSentUpTo = min(served.lastSentUpTo, cursor)
+        served.ackedUpTo = min(served.ackedUpTo, cursor)
+        served.carriedFrom = nil
+        served.pending = true
+    }
+
     private mutating func scanAll(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
         guard let keys = sessions[link]?.served.keys.sorted() else { return [] }
         return keys.flatMap { scanIfReady(link, $0, now: now) }
@@ -1502,21 +1546,27 @@ public struct Replicator: Sendable {
         else { return [] }
         served.scanning = true
         served.pending = false
+        // A refetch holds no slot in what the peer holds; every other query subscription of the
+        // peer's carries what it holds from a whole-collection service, while none is served.
+        let collection = served.spec.collection
+        let sendsHeld =
+            !served.spec.isWholeCollection
+            && !s.served.values.contains {
+                $0.spec.isWholeCollection && !$0.forbidden && UTF8Key.equal($0.spec.collection, collection)
+            }
+        if sendsHeld {
+            if served.carriedFrom == nil { served.carriedFrom = served.cursor }
+        } else {
+            served.carriedFrom = nil
+            served.carriesHeld = false
+        }
         sessions[link]!.served[key] = served
         var request = ScanRequest(
             subscription: key.string, spec: served.spec, query: query, after: served.cursor,
             limit: configuration.batchEntries, maxBytes: configuration.batchBytes)
         request.countRemaining = served.pagesSinceCount % 16 == 0
-        // A refetch holds no slot in what the peer holds; every other query subscription of the
-        // peer's carries what it holds from a whole-collection service, while none is served.
         if Refetch.ids(of: served.spec) == nil {
-            let collection = served.spec.collection
-            request.reader = PageReader(
-                peer: s.peerKey, acknowledgedUpTo: served.ackedUpTo,
-                sendsHeld: !served.spec.isWholeCollection
-                    && !s.served.values.contains {
-                        $0.spec.isWholeCollection && !$0.forbidden && UTF8Key.equal($0.spec.collection, collection)
-                    })
+            request.reader = PageReader(peer: s.peerKey, acknowledgedUpTo: served.ackedUpTo, sendsHeld: sendsHeld)
         }
         sessions[link]!.served[key]!.pagesSinceCount += 1
         return [.scan(link, request)]
@@ -2083,6 +2133,17 @@ extension Replicator {
         var forbidden = false
         /// The peer accepts deltas for this subscription (``WireSubscription/deltas``).
         var deltas = false
+        /// While this query subscription carries the changes to what the peer holds from a
+        /// whole-collection service here (no whole-collection one of the peer's is served in its
+        /// collection, ``PageReader/sendsHeld``): the cursor from which every page read for it in
+        /// this session did.
+        var carriedFrom: Int64?
+        /// The last page carried such changes (``ScanPage/heldFrom``): its acknowledgements tell
+        /// the store where what the peer holds stands.
+        var carriesHeld = false
+        /// Batches sent before the cursor was last moved back whose acknowledgements are still to
+        /// come (they come first, on an ordered link): they count for nothing in what the peer holds.
+        var staleBatches = 0
 
         init(spec: SubscriptionSpec, hops: Int, generation: UInt32, cursor: Int64, retryDelay: Millis) {
             self.spec = spec

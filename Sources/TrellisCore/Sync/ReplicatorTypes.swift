@@ -118,15 +118,22 @@ public struct ScanPage: Sendable, Equatable {
     /// answers for completely (tombstones after it were reaped): a peer resuming from its
     /// checkpoint there may have missed removes.
     public var belowFloor: Bool
+    /// For a page read with ``PageReader/sendsHeld`` for a peer that holds documents from a
+    /// whole-collection service here: the position after which changes to them are sent (the
+    /// peer holds the current state of those whose `seq` is at most this). `nil` when the page
+    /// carries nothing of the kind.
+    public var heldFrom: Int64?
 
     public init(
-        records: [LogRecord], upTo: Int64, exhausted: Bool, remaining: Int64? = nil, belowFloor: Bool = false
+        records: [LogRecord], upTo: Int64, exhausted: Bool, remaining: Int64? = nil, belowFloor: Bool = false,
+        heldFrom: Int64? = nil
     ) {
         self.records = records
         self.upTo = upTo
         self.exhausted = exhausted
         self.remaining = remaining
         self.belowFloor = belowFloor
+        self.heldFrom = heldFrom
     }
 }
 
@@ -219,10 +226,13 @@ public enum ReplicatorDirective: Sendable, Equatable {
     /// had acknowledged before: record it in the store (an eviction may then drop those values;
     /// docs/DATA-MODEL.md rule 8). Failing to record it only keeps more on an eviction.
     case acknowledged([AcknowledgedEntry])
-    /// A peer acknowledged `upTo` of its whole-collection subscription to `collection`: record it
-    /// as where what it holds of the collection stands (docs/MESH.md, "Leaving a subscription's
-    /// scope"). Failing to record it only sends more later.
-    case wholeAcknowledged(peer: [UInt8], collection: String, upTo: Int64)
+    /// A peer acknowledged `upTo` of a subscription to `collection` that tells where what it holds
+    /// from a whole-collection service here stands (docs/MESH.md, "Leaving a subscription's
+    /// scope"): its whole-collection subscription (`carriedFrom` `nil`), or a query subscription
+    /// every batch of which, from `carriedFrom` on, carried the changes to those documents (record
+    /// it only if `carriedFrom` is not after the position recorded). Failing to record it only
+    /// sends more later.
+    case heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?)
     /// Re-merge the documents the store deferred, then call ``Replicator/deferredRetried(remaining:now:)``.
     case retryDeferred
     /// Report this event in the node's log.
