@@ -119,6 +119,32 @@ import TrellisSimulation
         pSub.cancel()
     }
 
+    /// Cost: once N acknowledged the changes to what it holds through its query subscription, a
+    /// new query subscription of N's resends none of them (before its acknowledgements moved the
+    /// record on, each new query subscription resent every held document changed since the
+    /// narrowing: the whole collection, in time).
+    @Test func aNewQueryAfterTheChangesArrivedResendsNothing() throws {
+        let (sim, p, n, subs) = try wholeThenNarrowed(seed: 9206)
+        let high = try Held.subscribe(n, "v >= 5")
+        subs[1].cancel()
+        try sim.runUntilQuiet()
+        try Held.set(p, "d1", -1)
+        try Held.set(p, "d2", -2)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, "d2")?["v"] == -2)
+        let before = sim.documentsSent
+        let other = try Held.subscribe(n, "v == 71")
+        try sim.runUntilQuiet()
+        #expect(sim.documentsSent - before == 0)
+        try Held.set(p, "d1", -3)
+        try sim.runUntilQuiet()
+        #expect(try Held.get(n, "d1")?["v"] == -3)
+        try sim.check()
+        other.cancel()
+        high.cancel()
+        subs[0].cancel()
+    }
+
     /// Cost: N narrows, then P changes one held document at a time, twenty times: each change is
     /// sent once per query subscription of N's (here one), and nothing else goes.
     @Test func eachChangeToAHeldDocumentGoesOnce() throws {
