@@ -55,14 +55,31 @@ public struct WholeHeld: Equatable, Sendable {
     /// The highest `seq` read for the peer's whole-collection subscription: documents born after
     /// it never went to the peer that way.
     public var bornUpTo: Int64
-    /// The position the peer acknowledged (its checkpoint) when the last page was read: every
-    /// document whose `seq` is at most this went to it in the state this node holds.
+    /// Where the peer stands: the position it last acknowledged in its whole-collection
+    /// subscription, or later in a query subscription that carried the changes to these documents
+    /// from no later than the position before. Every document whose `seq` is at most this went
+    /// to it in the state this node holds.
     public var changedAfter: Int64
 
     public init(bornUpTo: Int64, changedAfter: Int64) {
         self.bornUpTo = bornUpTo
         self.changedAfter = changedAfter
     }
+}
+
+/// The `whole_held` records by collection, then peer: a commit looks at its collection's only.
+struct WholeHeldRecords: Sendable {
+    private var byCollection: [UTF8Key: [[UInt8]: WholeHeld]] = [:]
+
+    var isEmpty: Bool { byCollection.isEmpty }
+
+    subscript(entry: PeerCollection) -> WholeHeld? {
+        get { byCollection[entry.collection]?[entry.peer] }
+        set { byCollection[entry.collection, default: [:]][entry.peer] = newValue }
+    }
+
+    /// The records of one collection, by peer.
+    func records(in collection: UTF8Key) -> [[UInt8]: WholeHeld] { byCollection[collection] ?? [:] }
 }
 
 /// A query subscription this store serves (to any peer), kept to record documents leaving its
@@ -200,11 +217,11 @@ extension DocumentStore {
         """
 
     /// How far this node served each peer whole collections (``State/wholeHeld``).
-    static func loadWholeHeld(_ db: Connection) throws -> [PeerCollection: WholeHeld] {
-        guard try hasTable(db, "whole_held") else { return [:] }
+    static func loadWholeHeld(_ db: Connection) throws -> WholeHeldRecords {
+        var out = WholeHeldRecords()
+        guard try hasTable(db, "whole_held") else { return out }
         let st = try db.prepare("SELECT peer, collection, born_upto, changed_after FROM whole_held")
         defer { st.reset() }
-        var out: [PeerCollection: WholeHeld] = [:]
         while try st.step() {
             out[PeerCollection(peer: st.bytes(0) ?? [], collection: UTF8Key(st.string(1) ?? ""))] = WholeHeld(
                 bornUpTo: st.int64(2), changedAfter: st.int64(3))
@@ -493,8 +510,8 @@ extension DocumentStore {
             if !s.wholeHeld.isEmpty {
                 let born = current.int64(2)
                 let name = UTF8Key(collection)
-                for (entry, held) in s.wholeHeld where held.bornUpTo >= born && entry.collection == name {
-                    holders.formUnion(s.heldThrough[entry] ?? [])
+                for (peer, held) in s.wholeHeld.records(in: name) where held.bornUpTo >= born {
+                    holders.formUnion(s.heldThrough[PeerCollection(peer: peer, collection: name)] ?? [])
                 }
             }
             // A stub's value is gone: what it matched is unknown, so nothing changes for it.

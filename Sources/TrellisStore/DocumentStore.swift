@@ -420,7 +420,7 @@ public final class DocumentStore: Sendable {
         var heldThrough: [PeerCollection: Set<Int64>] = [:]
         /// Per peer and collection, what it may hold because this node served it the whole
         /// collection (the `whole_held` table, DocumentStore+Scope.swift).
-        var wholeHeld: [PeerCollection: WholeHeld] = [:]
+        var wholeHeld = WholeHeldRecords()
         /// The number of rows in the `reaped` table (0 lets merges skip looking there).
         var reapedRows = 0
         /// The number of rows in the `withholding` table (0 lets merges skip clearing there):

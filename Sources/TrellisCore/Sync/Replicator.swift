@@ -1549,8 +1549,9 @@ public struct Replicator: Sendable {
         // A refetch holds no slot in what the peer holds; every other query subscription of the
         // peer's carries what it holds from a whole-collection service, while none is served.
         let collection = served.spec.collection
+        let refetch = Refetch.ids(of: served.spec) != nil
         let sendsHeld =
-            !served.spec.isWholeCollection
+            !served.spec.isWholeCollection && !refetch
             && !s.served.values.contains {
                 $0.spec.isWholeCollection && !$0.forbidden && UTF8Key.equal($0.spec.collection, collection)
             }
@@ -1565,7 +1566,7 @@ public struct Replicator: Sendable {
             subscription: key.string, spec: served.spec, query: query, after: served.cursor,
             limit: configuration.batchEntries, maxBytes: configuration.batchBytes)
         request.countRemaining = served.pagesSinceCount % 16 == 0
-        if Refetch.ids(of: served.spec) == nil {
+        if !refetch {
             request.reader = PageReader(peer: s.peerKey, acknowledgedUpTo: served.ackedUpTo, sendsHeld: sendsHeld)
         }
         sessions[link]!.served[key]!.pagesSinceCount += 1
