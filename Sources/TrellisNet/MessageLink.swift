@@ -60,6 +60,11 @@ public protocol MessageLink: AnyObject, Sendable {
     ///
     /// - Parameter byteCount: the message's length, bytes.
     func consumed(_ byteCount: Int)
+    /// Sets what runs, on the link's reader thread and at most about once a second, while a
+    /// message is arriving but not yet whole: a slow link carrying a large message is alive
+    /// (``Replicator/linkActive(_:now:)`` in TrellisCore). Call it before
+    /// ``start(onMessage:onDrain:onClose:)``. Links that deliver whole messages at once ignore it.
+    func onPartialMessage(_ handler: @escaping @Sendable () -> Void)
 }
 
 extension MessageLink {
@@ -67,6 +72,8 @@ extension MessageLink {
     public var closeReason: LinkCloseReason? { nil }
     /// No budget (in-memory links).
     public func consumed(_ byteCount: Int) {}
+    /// Messages arrive whole (in-memory links).
+    public func onPartialMessage(_ handler: @escaping @Sendable () -> Void) {}
     /// ``LinkLimits/highWater``.
     public var highWater: Int { LinkLimits.highWater }
     /// ``LinkLimits/lowWater``.

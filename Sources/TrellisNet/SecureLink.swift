@@ -86,6 +86,8 @@ public final class SecureLink: MessageLink {
     private let shared = Mutex(Shared())
     /// This link's share of the node's inbound budget, once ``useInboundBudget(_:)`` opened it.
     private let inbound = Mutex<InboundBudget.Account?>(nil)
+    /// Runs while a message is arriving, not yet whole (``onPartialMessage(_:)``).
+    private let partialMessage = Mutex<(@Sendable () -> Void)?>(nil)
     /// Rekeys this side's sender has done (read by tests and benchmarks).
     let sentRekeys = Atomic<Int>(0)
     /// Rekeys this side's receiver has done, one per marker received.
@@ -251,6 +253,10 @@ public final class SecureLink: MessageLink {
 
     // MARK: MessageLink
 
+    public func onPartialMessage(_ handler: @escaping @Sendable () -> Void) {
+        partialMessage.withLock { $0 = handler }
+    }
+
     public func start(
         onMessage: @escaping @Sendable ([UInt8]) -> Void,
         onDrain: @escaping @Sendable () -> Void,
@@ -379,7 +385,18 @@ public final class SecureLink: MessageLink {
             account?.waitForRoom()
         }
         var buffer = [UInt8](repeating: 0, count: Self.readChunk)
+        let partial = partialMessage.withLock { $0 }
+        var lastPartial: UInt64 = 0
         while true {
+            // A message still arriving (a large one on a slow link): tell the receiver, about once
+            // a second, that the peer is alive.
+            if let partial, frames.bufferedBytes > 0 || !assembler.isAtMessageBoundary {
+                let now = DispatchTime.now().uptimeNanoseconds
+                if now &- lastPartial >= 1_000_000_000 {
+                    lastPartial = now
+                    partial()
+                }
+            }
             let count: Int
             do {
                 count = try buffer.withUnsafeMutableBytes { try socket.receive(into: $0) }

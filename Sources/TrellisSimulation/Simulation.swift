@@ -127,6 +127,8 @@ public final class Simulation: @unchecked Sendable {
         case deliver(connection: Int, side: Int, bytes: [UInt8], sequence: UInt64)
         case closed(connection: Int, side: Int, reason: String)
         case drained(connection: Int, side: Int)
+        /// Bytes of a message still crossing a slow link reach `side` (``Replicator/linkActive(_:now:)``).
+        case partial(connection: Int, side: Int)
         case dialFailed(node: Int, endpoint: String, reason: String)
     }
 
@@ -566,6 +568,12 @@ public final class Simulation: @unchecked Sendable {
             if let link = end.link { nodes[end.node].host?.linkDrained(link) }
         case .dialFailed(let node, let endpoint, let reason):
             if nodes[node].isUp { nodes[node].host?.dialFailed(endpoint, reason: reason) }
+        case .partial(let id, let side):
+            guard let connection = connections[id], connection.open else { break }
+            let end = connection.ends[side]
+            guard let link = end.link, nodes[end.node].isUp, reachable(connection.ends[1 - side].node, end.node)
+            else { break }
+            nodes[end.node].host?.linkActive(link)
         }
         afterEvent()
     }
@@ -657,8 +665,10 @@ public final class Simulation: @unchecked Sendable {
         let p = profile(sender, receiver)
         var congested = false
         var ready = now
+        var transferStart = now
         if let rate = p.bytesPerSecond, rate > 0 {
             let start = max(now, connection.busyUntil[side])
+            transferStart = start
             connection.busyUntil[side] = start + Millis(bytes.count) * 1000 / Millis(rate)
             ready = connection.busyUntil[side]
             let queued = Int((connection.busyUntil[side] - now) * Millis(rate) / 1000)
@@ -676,6 +686,11 @@ public final class Simulation: @unchecked Sendable {
             return congested
         }
         enqueue(bytes, sequence, on: connection, towards: side, ready: ready, profile: p)
+        // A message that takes seconds to cross: its first bytes reach the receiver each second
+        // before it is whole, as a secure link's frames do.
+        for time in stride(from: transferStart + p.latency + 1_000, to: ready + p.latency, by: 1_000) {
+            events.schedule(.partial(connection: id, side: side), at: time)
+        }
         return congested
     }
 

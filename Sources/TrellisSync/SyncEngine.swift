@@ -277,6 +277,10 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
         let room = DispatchSemaphore(value: Self.maxQueuedInbound)
         queue.async { [self] in
             links[id] = link
+            link.onPartialMessage { [weak self] in
+                guard let self else { return }
+                self.queue.async { self.host.linkActive(id) }
+            }
             link.start(
                 onMessage: { [weak self] bytes in
                     guard let self else { return }

@@ -230,6 +230,11 @@ public final class SyncHost {
         run(replicator.linkDrained(link, now: now()))
     }
 
+    /// Bytes of a message are arriving on `link`, not yet whole (``Replicator/linkActive(_:now:)``).
+    public func linkActive(_ link: LinkID) {
+        replicator.linkActive(link, now: now())
+    }
+
     /// The store committed changes in `collections` (any origin).
     ///
     /// - Parameter unconcerned: per collection, the served query subscriptions no change concerns

@@ -527,6 +527,17 @@ public struct Replicator: Sendable {
         StateDigest(WireMessage.subscriptions(list, version: version).serialized())
     }
 
+    /// Bytes of a message are arriving on `link` (a large message on a slow link, before it is
+    /// whole): the peer is alive. Without this, a batch that takes longer than
+    /// ``ReplicatorConfiguration/livenessTimeout`` to cross the link (4 MiB at 2 Mbit/s) closed
+    /// the session before it arrived, and the next session sent it again, for good.
+    ///
+    /// - Complexity: O(1).
+    public mutating func linkActive(_ link: LinkID, now: Millis) {
+        guard sessions[link] != nil else { return }
+        sessions[link]!.lastReceived = max(sessions[link]!.lastReceived, now)
+    }
+
     /// The link's outbound queue went above its high-water mark: stop producing bulk data for it.
     public mutating func linkCongested(_ link: LinkID) {
         sessions[link]?.congested = true
