@@ -82,6 +82,9 @@ import TrellisTestKit
         }
         for message in messages { try client.send(message) }
         #expect(eventually { clientSide.messageCount == messages.count })
+        // The server echoes each message before its recorder keeps it: the last echo can arrive
+        // before the server's reader recorded the last message (failed once on a loaded machine).
+        #expect(eventually { serverSide.messageCount == messages.count })
         #expect(serverSide.messages == messages)
         #expect(clientSide.messages == messages.map { Array($0.reversed()) })
         client.close()
