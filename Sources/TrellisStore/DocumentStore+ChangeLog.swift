@@ -118,14 +118,8 @@ extension DocumentStore {
             // subscriber from now on; the stub's value is unknown to scope tracking, so the next
             // state of the document (a write over the stub, a merge) reaches it only if recorded.
             if let subscription { try recordStubs(&s, of: page, heldBy: subscription) }
-            // Only once the peer may hold something of it: a peer asking from 0 is recorded once
-            // a page sends it a document, so a subscription to a collection that holds nothing
-            // here leaves no record.
-            if let subscription, subscription.isWholeCollection, keys == nil, let reader,
-                !page.records.isEmpty || after > 0
-                    || s.wholeHeld[PeerCollection(peer: reader.peer, collection: UTF8Key(collection))] != nil
-            {
-                try noteWholeServed(&s, collection, upTo: page.scannedUpTo, after: after, for: reader)
+            if let subscription, subscription.isWholeCollection, keys == nil, let reader {
+                try noteWholeServed(&s, collection, page: page, after: after, for: reader)
             }
             return page
         }

@@ -234,16 +234,20 @@ extension DocumentStore {
         state.withLock { $0.wholeHeld[PeerCollection(peer: peer, collection: UTF8Key(collection))] }
     }
 
-    /// Records that a page of `collection` up to `upTo`, read from `after`, goes to `reader` for a
-    /// whole-collection subscription: the peer may hold what was born up to it, and holds the
-    /// current state of what did not change after its acknowledged position. One indexed write
-    /// when either moves; nothing otherwise.
-    func noteWholeServed(_ s: inout State, _ collection: String, upTo: Int64, after: Int64, for reader: PageReader)
+    /// Records that `page` of `collection`, read from `after`, goes to `reader` for a
+    /// whole-collection subscription: the peer may hold what was born up to the page's end, and
+    /// holds the current state of what did not change after its acknowledged position. Only once
+    /// the peer may hold something of it: a peer asking from 0 is recorded once a page sends it a
+    /// document, so a subscription to a collection that holds nothing here leaves no record. One
+    /// indexed write when either moves; nothing otherwise.
+    func noteWholeServed(_ s: inout State, _ collection: String, page: ChangePage, after: Int64, for reader: PageReader)
         throws
     {
         guard !options.readOnly else { return }
         let entry = PeerCollection(peer: reader.peer, collection: UTF8Key(collection))
         let old = s.wholeHeld[entry]
+        guard old != nil || after > 0 || !page.records.isEmpty else { return }
+        let upTo = page.scannedUpTo
         // A page read from the acknowledged position (the first of a session, or after the peer
         // asked again from an earlier point, its store lost, say) sets where the peer stands, even
         // lower than before. Any other was asked for before later acknowledgements were recorded

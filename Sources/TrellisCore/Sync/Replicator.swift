@@ -388,9 +388,7 @@ public struct Replicator: Sendable {
             // rewind are acknowledged first, on an ordered link, and count for nothing).
             if served.staleBatches > 0 {
                 served.staleBatches -= 1
-            } else if !deferred, served.spec.isWholeCollection || served.carriesHeld,
-                served.spec.isWholeCollection || served.carriedFrom != nil
-            {
+            } else if !deferred, served.spec.isWholeCollection || (served.carriesHeld && served.carriedFrom != nil) {
                 acknowledged.append(
                     .heldAcknowledged(
                         peer: sessions[link]!.peerKey, collection: served.spec.collection,
@@ -1559,13 +1557,10 @@ public struct Replicator: Sendable {
         served.pending = false
         // A refetch holds no slot in what the peer holds; every other query subscription of the
         // peer's carries what it holds from a whole-collection service, while none is served.
-        let collection = served.spec.collection
         let refetch = Refetch.ids(of: served.spec) != nil
         let sendsHeld =
             !served.spec.isWholeCollection && !refetch
-            && !s.served.values.contains {
-                $0.spec.isWholeCollection && !$0.forbidden && UTF8Key.equal($0.spec.collection, collection)
-            }
+            && !Self.wholeCollections(s.served).contains(UTF8Key(served.spec.collection))
         if sendsHeld {
             if served.carriedFrom == nil { served.carriedFrom = served.cursor }
         } else {
