@@ -61,6 +61,15 @@ public struct NodeOptions: Sendable {
     /// at run time. `trellis node --rules FILE` reads it from a rules file
     /// (``Authorization/init(json:)``).
     public var authorization = Authorization.open
+    /// The quality of service of the node's replication work: the sync engine's queue, where
+    /// remote batches are merged and peers' scans are read, and the threads of its links, dials,
+    /// handshakes and discovery, which take the same Linux nice value (libdispatch runs
+    /// `.background` at nice 10, `.utility` at 2, `.default` at 0). The default, `.background`,
+    /// lets the application's own threads go first when the cores are busy, so its reads wait
+    /// less for a merge or a peer's scan, while replication keeps a share of the cores (about a
+    /// tenth of one against a thread at nice 0 that never sleeps); `.default` runs replication as
+    /// the application's own work (docs/ARCHITECTURE.md, "Threads").
+    public var replicationQoS: DispatchQoS = .background
 
     public init() {}
 }
@@ -116,7 +125,8 @@ public final class TrellisNode: Sendable {
         configuration.sitePins = sitePins
         engine = try SyncEngine(
             store: documents, peerKey: identity.publicKey, configuration: configuration, log: options.log,
-            saveSitePins: { try Self.writeSitePins($0, to: sitePinsFile) })
+            saveSitePins: { try Self.writeSitePins($0, to: sitePinsFile) },
+            qos: options.replicationQoS)
         if let name = options.deviceName { try DeviceName.check(name) }
         let pinsFile = directory.appendingPathComponent(Self.pinsFileName).path
         network = MeshNetwork(

@@ -66,6 +66,7 @@ extension MeshNetwork {
         }
         let engine = self.engine
         let thread = Thread {
+            engine.adoptThreadNice()
             while true {
                 let datagram: (bytes: [UInt8], host: String)?
                 do {

@@ -204,6 +204,7 @@ public final class MeshNetwork: Sendable {
         listenEndpoint.withLock { $0 = Endpoint(host: endpoint.host, port: socketListener.port) }
         engine.setListeningPort(socketListener.port)
         let thread = Thread { [weak self] in
+            self?.engine.adoptThreadNice()
             while let self, self.running.load(ordering: .acquiring) {
                 let socket: TCPSocket
                 do {
@@ -244,6 +245,7 @@ public final class MeshNetwork: Sendable {
         }
         let thread = Thread { [weak self] in
             guard let self else { return }
+            self.engine.adoptThreadNice()
             let proved = Mutex(false)
             do {
                 let keys = self.keys.withLock { $0.accepted }
@@ -316,6 +318,7 @@ public final class MeshNetwork: Sendable {
         guard running.load(ordering: .acquiring) else { return }
         let thread = Thread { [weak self] in
             guard let self else { return }
+            self.engine.adoptThreadNice()
             do {
                 let endpoint = try Endpoint(parsing: name)
                 let keys = self.keys.withLock { $0.accepted }

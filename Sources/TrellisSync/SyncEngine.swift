@@ -1,5 +1,6 @@
-import Dispatch
+public import Dispatch
 import Foundation
+internal import Glibc
 import Synchronization
 public import TrellisCore
 public import TrellisNet
@@ -45,13 +46,25 @@ public protocol SubscriptionService: AnyObject, Sendable {
 /// The sync engine over real links: one ``SyncHost`` (and so one ``Replicator``) driven on one
 /// serial queue, with a 100 ms tick for keepalives, liveness, retries and dials.
 ///
+/// Replication is background work: the queue runs at the quality of service given to ``init``
+/// (`.background` by default), which libdispatch on Linux runs at a nice value of its own (10
+/// for `.background`, 2 for `.utility`, 0 for `.default`), and the threads of the node's links,
+/// dials, handshakes and discovery run at the same nice value (``threadNice``). The
+/// application's own threads (nice 0) then go first when the cores are busy: its reads wait less
+/// for a merge or a peer's scan, and replication still gets its share (docs/ARCHITECTURE.md,
+/// "Threads").
+///
 /// Nothing on the queue blocks on a socket: links queue outbound messages and report
 /// congestion; each link's reader waits (inbound backpressure) while more than
 /// ``maxQueuedInbound`` of its messages wait for the queue. Public methods may be called from
 /// any thread, including from callbacks running on the engine's queue.
 public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Sendable {
     // Invariant: `host`, `links`, `scanScheduled`, `discovery` are touched only on `queue`.
-    let queue = DispatchQueue(label: "trellis.sync")
+    let queue: DispatchQueue
+    /// The Linux nice value the engine's queue runs at (its quality of service as libdispatch maps
+    /// it), which the node's link, dial, handshake and discovery threads take too
+    /// (``adoptThreadNice()``).
+    public let threadNice: Int32
     /// Marks the engine queues (one key for all engines: a key must outlive every queue it is
     /// set on), with the engine's identity as the value.
     private static let onQueue = DispatchSpecificKey<ObjectIdentifier>()
@@ -95,12 +108,26 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     ///   - configuration: replication limits and timings (its `peerKey` is replaced by `peerKey`).
     ///   - log: where session events go.
     ///   - saveSitePins: persists the site pins when they change (``SyncHost/saveSitePins``).
+    ///   - qos: the quality of service of replication work (the engine's queue; its threads take
+    ///     the same nice value): `.background` by default, `.default` to run it as the
+    ///     application's own work.
     /// - Throws: ``StoreError`` reading the store's rescan generations.
     public init(
         store: DocumentStore, peerKey: [UInt8], configuration: ReplicatorConfiguration? = nil,
         log: @escaping @Sendable (String) -> Void = { _ in },
-        saveSitePins: (@Sendable ([SitePin]) throws -> Void)? = nil
+        saveSitePins: (@Sendable ([SitePin]) throws -> Void)? = nil,
+        qos: DispatchQoS = .background
     ) throws {
+        queue = DispatchQueue(label: "trellis.sync", qos: qos)
+        // Asked on the queue's own thread: `sync` would run the block on the caller's.
+        let asked = DispatchSemaphore(value: 0)
+        nonisolated(unsafe) var nice: Int32 = 0
+        queue.async {
+            nice = Self.currentThreadNice()
+            asked.signal()
+        }
+        asked.wait()
+        threadNice = nice
         self.store = store
         self.peerKey = peerKey
         self.log = log
@@ -137,6 +164,20 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
     deinit {
         timer?.cancel()
         store.removeObserver(observerToken)
+    }
+
+    /// The nice value of the calling thread (Linux keeps one per thread).
+    static func currentThreadNice() -> Int32 {
+        getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0)
+    }
+
+    /// Runs the calling thread at ``threadNice``, as replication work; a thread started by one
+    /// that did takes it too (Linux copies a thread's nice value to the threads it creates). A
+    /// thread may not be allowed to lower its nice value (raise its priority): it then keeps the
+    /// one it had.
+    func adoptThreadNice() {
+        guard Self.currentThreadNice() != threadNice else { return }
+        _ = setpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0, threadNice)
     }
 
     static func monotonicMillis() -> Millis { Millis(DispatchTime.now().uptimeNanoseconds / 1_000_000) }
