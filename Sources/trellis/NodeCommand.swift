@@ -28,6 +28,10 @@ enum NodeCommand {
                                 subscribing to the same collections are dialed first
           --inbound-buffer MIB  the MiB of inbound messages all sessions may hold at once
                                 (default 256); beyond, the session holding the most is closed
+          --priority CLASS      the scheduling class of replication work (merges, scans, links):
+                                `background` (the default: nice 10, so other work on the
+                                machine goes first and a busy machine slows replication down),
+                                `utility` (nice 2) or `default` (nice 0, as the node's commands)
           --mesh-key FILE       the mesh key file (`trellis keygen FILE`)
           --next-mesh-key FILE  during a mesh-key changeover, the next key: peers holding either
                                 key are accepted, and a peer refusing the current key is tried
@@ -70,7 +74,7 @@ enum NodeCommand {
             args,
             valueFlags: [
                 "data", "listen", "peer", "mesh-key", "next-mesh-key", "subscribe", "discovery-port", "max-peers",
-                "inbound-buffer", "allow-peer", "admission", "name", "rules", "log-level", "log-file",
+                "inbound-buffer", "allow-peer", "admission", "name", "rules", "log-level", "log-file", "priority",
             ],
             switchFlags: ["quiet", "no-discovery", "discovery-loopback", "keep-going", "bail", "no-history"])
         if parsed.switches.contains("help") {
@@ -122,6 +126,13 @@ enum NodeCommand {
                 throw UsageError("--max-peers needs a number from 1 to 100000, not '\(text)'")
             }
             options.maxSessions = n
+        }
+        if let text = parsed.value("priority") {
+            let classes: [String: DispatchQoS] = ["background": .background, "utility": .utility, "default": .default]
+            guard let qos = classes[text] else {
+                throw UsageError("--priority needs background, utility or default, not '\(text)'")
+            }
+            options.replicationQoS = qos
         }
         if let text = parsed.value("inbound-buffer") {
             guard let n = Int(text), n >= 1, n <= 1_048_576 else {

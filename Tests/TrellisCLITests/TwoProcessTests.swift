@@ -67,6 +67,41 @@ import TrellisTestKit
         #expect(nodeA.terminate() == 0)
     }
 
+    /// The nice value of each of a process's threads (Linux keeps one per thread: field 19 of
+    /// /proc/PID/task/TID/stat).
+    func threadNices(_ pid: Int32) -> [Int32] {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        return tasks.compactMap { tid -> Int32? in
+            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/stat", encoding: .utf8),
+                let fields = stat.split(separator: ")").last?.split(separator: " "), fields.count > 16
+            else { return nil }
+            return Int32(fields[16])  // after "pid (comm)": state is field 3, nice field 19
+        }
+    }
+
+    /// Replication runs at nice 10 by default (`background`), other work on the machine first;
+    /// `--priority default` runs it at nice 0.
+    @Test func replicationRunsAtTheChosenPriority() throws {
+        let key = dir.path("priority.key")
+        #expect(try TrellisProcess.run(["keygen", key]).status == 0)
+        let a = dir.path("PA")
+        let imported = try TrellisProcess.run(["import", "--data", a, "cars", try writeCars(30)])
+        #expect(imported.status == 0)
+        let nodeA = try TrellisProcess(["node", "--data", a, "--listen", "127.0.0.1:0", "--mesh-key", key])
+        let port = try #require(nodeA.listeningPort(), "node A did not report its port: \(nodeA.stderr)")
+        let pidA = nodeA.process.processIdentifier
+        let nodeB = try TrellisProcess([
+            "node", "--data", dir.path("PB"), "--peer", "127.0.0.1:\(port)", "--mesh-key", key, "--subscribe", "cars",
+            "--priority", "default",
+        ])
+        #expect(eventually(timeout: 30) { count(dir.path("PB")) == 30 }, "B: \(nodeB.stderr)")
+        // The accept thread, and the session's link reader and writer.
+        #expect(eventually { threadNices(pidA).filter { $0 == 10 }.count >= 3 }, "\(threadNices(pidA))")
+        #expect(!threadNices(nodeB.process.processIdentifier).contains(10))
+        #expect(nodeB.terminate() == 0)
+        #expect(nodeA.terminate() == 0)
+    }
+
     @Test func aShellPeerReplicatesAndIsDrivenFromAPipe() throws {
         let key = dir.path("mesh.key")
         _ = try TrellisProcess.run(["keygen", key])
@@ -166,6 +201,10 @@ import TrellisTestKit
             (
                 ["node", "--data", dir.path("m"), "--mesh-key", key, "--max-peers", "0"],
                 "--max-peers needs a number from 1 to 100000, not '0'"
+            ),
+            (
+                ["node", "--data", dir.path("p"), "--mesh-key", key, "--priority", "high"],
+                "--priority needs background, utility or default, not 'high'"
             ),
             (["keygen", dir.url.path], "is a directory"),
             (["node", "--data", dir.path("q"), "--mesh-key", key, "--subscribe", "c a =="], "--subscribe query"),
