@@ -96,8 +96,10 @@ public final class DocumentReadAhead {
         let shared = shared
         // The reader goes to the reading thread, which alone uses it from now on.
         let handover = Handover(reader: reader)
-        let thread = Thread { Self.read(handover.reader, into: shared, preparing: preparingUpserts) }
-        thread.name = "trellis.import.read-ahead"
+        let thread = Thread {
+            Thread.current.name = "trellis.import"
+            Self.read(handover.reader, into: shared, preparing: preparingUpserts)
+        }
         thread.start()
     }
 

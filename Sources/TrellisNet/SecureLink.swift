@@ -276,19 +276,21 @@ public final class SecureLink: MessageLink {
                 return h
             }).map({ ($0.sender, $0.receiver) })
         else { return }
+        // Named from inside: a name given before `start()` never reaches Linux, which shows
+        // these (top -H, perf, /proc/PID/task/TID/comm) and keeps 15 bytes of a name.
         let reader = Thread { [self] in
+            Thread.current.name = "trellis.read"
             var receiver = receiver
             let (kind, reason) = readLoop(&receiver, onMessage)
             end(kind, reason)
             threadFinished()
         }
-        reader.name = "trellis.link.read.\(remoteAddress)"
         let writer = Thread { [self] in
+            Thread.current.name = "trellis.write"
             var sender = sender
             if let (kind, reason) = writeLoop(&sender) { end(kind, reason) }
             threadFinished()
         }
-        writer.name = "trellis.link.write.\(remoteAddress)"
         reader.start()
         writer.start()
     }

@@ -66,6 +66,7 @@ extension MeshNetwork {
         }
         let engine = self.engine
         let thread = Thread {
+            Thread.current.name = "trellis.beacons"
             engine.adoptThreadNice()
             while true {
                 let datagram: (bytes: [UInt8], host: String)?
@@ -85,7 +86,6 @@ extension MeshNetwork {
                 }
             }
         }
-        thread.name = "trellis.discovery"
         thread.start()
         log("discovery on UDP port \(port), \(scope)")
     }

@@ -204,6 +204,7 @@ public final class MeshNetwork: Sendable {
         listenEndpoint.withLock { $0 = Endpoint(host: endpoint.host, port: socketListener.port) }
         engine.setListeningPort(socketListener.port)
         let thread = Thread { [weak self] in
+            Thread.current.name = "trellis.listen"
             self?.engine.adoptThreadNice()
             while let self, self.running.load(ordering: .acquiring) {
                 let socket: TCPSocket
@@ -217,7 +218,6 @@ public final class MeshNetwork: Sendable {
                 self.handshake(inbound: socket)
             }
         }
-        thread.name = "trellis.listen"
         thread.start()
         return socketListener.port
     }
@@ -245,6 +245,7 @@ public final class MeshNetwork: Sendable {
         }
         let thread = Thread { [weak self] in
             guard let self else { return }
+            Thread.current.name = "trellis.accept"
             self.engine.adoptThreadNice()
             let proved = Mutex(false)
             do {
@@ -286,7 +287,6 @@ public final class MeshNetwork: Sendable {
                 }
             }
         }
-        thread.name = "trellis.accept.\(address)"
         thread.start()
     }
 
@@ -318,6 +318,7 @@ public final class MeshNetwork: Sendable {
         guard running.load(ordering: .acquiring) else { return }
         let thread = Thread { [weak self] in
             guard let self else { return }
+            Thread.current.name = "trellis.dial"
             self.engine.adoptThreadNice()
             do {
                 let endpoint = try Endpoint(parsing: name)
@@ -346,7 +347,6 @@ public final class MeshNetwork: Sendable {
                 self.engine.dialFailed(name, reason: "\(error)")
             }
         }
-        thread.name = "trellis.dial.\(name)"
         thread.start()
     }
 

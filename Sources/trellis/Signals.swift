@@ -35,13 +35,13 @@ enum Signals {
     /// blocked with ``block(_:)``; pending ones included).
     static func onTermination(of signals: [Int32] = [SIGINT, SIGTERM], _ handler: @escaping @Sendable () -> Void) {
         let thread = Thread {
+            Thread.current.name = "trellis.signals"
             var set = termination(signals)
             while true {
                 var received: Int32 = 0
                 if sigwait(&set, &received) == 0 { handler() }
             }
         }
-        thread.name = "trellis.signals"
         thread.start()
     }
 }

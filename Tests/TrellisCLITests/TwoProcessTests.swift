@@ -67,20 +67,23 @@ import TrellisTestKit
         #expect(nodeA.terminate() == 0)
     }
 
-    /// The nice value of each of a process's threads (Linux keeps one per thread: field 19 of
-    /// /proc/PID/task/TID/stat).
-    func threadNices(_ pid: Int32) -> [Int32] {
+    /// The nice value of each of a process's threads, by thread name (Linux keeps one per
+    /// thread: /proc/PID/task/TID/comm, and field 19 of its stat).
+    func threadNices(_ pid: Int32) -> [(name: String, nice: Int32)] {
         let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-        return tasks.compactMap { tid -> Int32? in
-            guard let stat = try? String(contentsOfFile: "/proc/\(pid)/task/\(tid)/stat", encoding: .utf8),
-                let fields = stat.split(separator: ")").last?.split(separator: " "), fields.count > 16
+        return tasks.compactMap { tid -> (String, Int32)? in
+            let base = "/proc/\(pid)/task/\(tid)"
+            guard let comm = try? String(contentsOfFile: base + "/comm", encoding: .utf8),
+                let stat = try? String(contentsOfFile: base + "/stat", encoding: .utf8),
+                let fields = stat.split(separator: ")").last?.split(separator: " "), fields.count > 16,
+                let nice = Int32(fields[16])  // after "pid (comm)": state is field 3, nice field 19
             else { return nil }
-            return Int32(fields[16])  // after "pid (comm)": state is field 3, nice field 19
+            return (comm.trimmingCharacters(in: .newlines), nice)
         }
     }
 
     /// Replication runs at nice 10 by default (`background`), other work on the machine first;
-    /// `--priority default` runs it at nice 0.
+    /// `--priority default` runs it at nice 0. The threads carry their names for `top -H`.
     @Test func replicationRunsAtTheChosenPriority() throws {
         let key = dir.path("priority.key")
         #expect(try TrellisProcess.run(["keygen", key]).status == 0)
@@ -89,15 +92,20 @@ import TrellisTestKit
         #expect(imported.status == 0)
         let nodeA = try TrellisProcess(["node", "--data", a, "--listen", "127.0.0.1:0", "--mesh-key", key])
         let port = try #require(nodeA.listeningPort(), "node A did not report its port: \(nodeA.stderr)")
-        let pidA = nodeA.process.processIdentifier
         let nodeB = try TrellisProcess([
             "node", "--data", dir.path("PB"), "--peer", "127.0.0.1:\(port)", "--mesh-key", key, "--subscribe", "cars",
             "--priority", "default",
         ])
         #expect(eventually(timeout: 30) { count(dir.path("PB")) == 30 }, "B: \(nodeB.stderr)")
-        // The accept thread, and the session's link reader and writer.
-        #expect(eventually { threadNices(pidA).filter { $0 == 10 }.count >= 3 }, "\(threadNices(pidA))")
-        #expect(!threadNices(nodeB.process.processIdentifier).contains(10))
+        let replication: Set<String> = ["trellis.listen", "trellis.read", "trellis.write"]
+        func named(_ node: TrellisProcess) -> [String: Set<Int32>] {
+            threadNices(node.process.processIdentifier).filter { replication.contains($0.name) }.reduce(into: [:]) {
+                $0[$1.name, default: []].insert($1.nice)
+            }
+        }
+        #expect(eventually { named(nodeA).count == 3 && named(nodeB).count == 2 }, "\(named(nodeA)) \(named(nodeB))")
+        #expect(named(nodeA) == ["trellis.listen": [10], "trellis.read": [10], "trellis.write": [10]])
+        #expect(named(nodeB) == ["trellis.read": [0], "trellis.write": [0]])
         #expect(nodeB.terminate() == 0)
         #expect(nodeA.terminate() == 0)
     }
