@@ -1,5 +1,4 @@
 import Foundation
-import Glibc
 import Synchronization
 import Testing
 import TrellisCore
@@ -8,9 +7,6 @@ import TrellisStore
 import TrellisTestKit
 
 @testable import TrellisSync
-
-/// The Linux nice value of the calling thread.
-private func currentNice() -> Int32 { getpriority(__priority_which_t(PRIO_PROCESS.rawValue), 0) }
 
 /// A ``SecureLink`` that notes the nice value of the thread that starts it (the engine's queue)
 /// and of the thread each message arrives on (the link's own reader thread).
@@ -38,10 +34,10 @@ private final class NiceRecordingLink: MessageLink {
         onMessage: @escaping @Sendable ([UInt8]) -> Void, onDrain: @escaping @Sendable () -> Void,
         onClose: @escaping @Sendable (String) -> Void
     ) {
-        seen.starter.withLock { $0 = currentNice() }
+        seen.starter.withLock { $0 = SyncEngine.currentThreadNice() }
         inner.start(
             onMessage: { [seen] bytes in
-                _ = seen.readers.withLock { $0.insert(currentNice()) }
+                _ = seen.readers.withLock { $0.insert(SyncEngine.currentThreadNice()) }
                 onMessage(bytes)
             }, onDrain: onDrain, onClose: onClose)
     }
@@ -99,9 +95,9 @@ private final class NiceRecordingLink: MessageLink {
         let seen = Mutex<(Int32, Int32)?>(nil)
         let done = DispatchSemaphore(value: 0)
         Thread {
-            let before = currentNice()
+            let before = SyncEngine.currentThreadNice()
             a.adoptThreadNice()
-            seen.withLock { $0 = (before, currentNice()) }
+            seen.withLock { $0 = (before, SyncEngine.currentThreadNice()) }
             done.signal()
         }.start()
         done.wait()
