@@ -518,6 +518,31 @@ import TrellisSimulation
         other.cancel()
     }
 
+    /// F10 at its cost: B evicts 2,048 documents (eight refetch subscriptions of 256 `_id`s) while
+    /// its whole-collection subscription stays. Its set goes to the peer once with the eight and
+    /// once without them, not once more after each is answered (each of those re-sent every
+    /// refetch subscription still asked, 256 `_id`s apiece), and no `ack` names a refetch
+    /// subscription by its key (several KiB: one the peer no longer serves, which it ignores).
+    @Test func f10ARefetchSendsTheSetTwiceAndNoAckByKey() throws {
+        let mesh = try Mesh(seed: 123, nodes: 2)
+        let (a, b) = (mesh[0], mesh[1])
+        let count = 8 * Refetch.chunk
+        try a.store.collection("items").upsert((0..<count).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        try mesh.sim.runUntilQuiet()
+        let (subs, acks, ackBytes) = (
+            mesh.sim.messageCounts["subs", default: 0], mesh.sim.messageCounts["ack", default: 0],
+            mesh.sim.messageBytes["ack", default: 0]
+        )
+        #expect(try b.store.collection("items").findAll().evict().count == count)
+        try mesh.sim.runUntilQuiet()
+        #expect(try b.store.collection("items").findAll().count() == count)
+        #expect(mesh.sim.messageCounts["subs", default: 0] - subs == 2)
+        let newAcks = mesh.sim.messageCounts["ack", default: 0] - acks
+        let newAckBytes = mesh.sim.messageBytes["ack", default: 0] - ackBytes
+        #expect(newAckBytes <= 64 * newAcks, "\(newAcks) acks of \(newAckBytes) B")
+        try mesh.sim.check()
+    }
+
     /// F10 beyond the refetch list's bound: B evicts more documents of a collection than one
     /// refetch list holds (``Refetch/maxPerCollection``, 4,096) while its whole-collection
     /// subscription stays. Every one comes back: once the listed ones have, B reads the rest of

@@ -988,9 +988,14 @@ public struct Replicator: Sendable {
             deferredPending = true
             nextDeferredRetry = now + configuration.deferredRetryInterval
         }
-        let ack = send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)
-        guard !withholding.isEmpty else { return [ack] + endRefetchIfAllArrived(collection, now: now) }
-        return [ack] + askElsewhere(withholding, in: collection, answeredBy: link, now: now)
+        // A subscription no longer asked (a refetch answered to the end, one cancelled) gets no
+        // `ack`: the peer took the set without it first (one connection delivers in order) and
+        // ignores it, and named by key a refetch's would carry its 256 `_id`s.
+        let ack =
+            s.asked[UTF8Key(key)] == nil
+            ? [] : [send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)]
+        guard !withholding.isEmpty else { return ack + endRefetchIfAllArrived(collection, now: now) }
+        return ack + askElsewhere(withholding, in: collection, answeredBy: link, now: now)
     }
 
     /// Documents of `collection` that the peer on `link` sent, and that still withhold a value
@@ -1817,7 +1822,27 @@ public struct Replicator: Sendable {
             ids.lazy.map { JSON.string($0) }.filter {
                 !sent.contains(EchoMemory.hash(collection: base.collection, key: $0))
             }.map { UTF8Key($0) })
+        // The set goes again once no refetch subscription asked of this peer waits for its
+        // answer (one it refused waits for nothing): sent after each answer, it would carry every
+        // refetch subscription still asked, 256 `_id`s apiece, several times per list. Until
+        // then the answered ones stay asked, at the cost of a change to one of their documents
+        // coming twice.
+        guard !awaitsRefetchAnswers(on: link) else { return [] }
         return sendAsked(link, now: now)
+    }
+
+    /// Whether a refetch subscription asked of the peer on `link` has neither been answered to
+    /// the end (``refetchAnswered(_:generation:left:on:now:)``) nor refused (`suberr`).
+    ///
+    /// - Complexity: O(`_id`s of the refetch subscriptions asked on the link).
+    private func awaitsRefetchAnswers(on link: LinkID) -> Bool {
+        guard let s = sessions[link] else { return false }
+        for (key, entry) in s.asked where s.remoteErrors[key] == nil {
+            guard let ids = Refetch.ids(of: entry.spec), let base = Refetch.base(of: entry.spec) else { continue }
+            let answered = s.refetchesAnswered[UTF8Key(base.key)] ?? []
+            if ids.contains(where: { !answered.contains(UTF8Key(JSON.string($0))) }) { return true }
+        }
+        return false
     }
 
     /// Sends the subscriptions this node asks of the peer on `link` when they changed.
