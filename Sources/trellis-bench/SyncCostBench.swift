@@ -20,6 +20,54 @@ private func latencies(_ count: Int, _ body: (Int) throws -> Void) rethrows -> [
     return samples.sorted()
 }
 
+/// The calling thread's scheduler times so far, in milliseconds (Linux `/proc/thread-self/schedstat`):
+/// time on a core, and time runnable but waiting for one.
+private func threadSchedulerTimes() -> (running: Double, waiting: Double) {
+    let fd = open("/proc/thread-self/schedstat", O_RDONLY)
+    guard fd >= 0 else { return (0, 0) }
+    defer { close(fd) }
+    var buffer = [UInt8](repeating: 0, count: 96)
+    let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, 96) }
+    guard count > 0 else { return (0, 0) }
+    let fields = String(decoding: buffer.prefix(count), as: UTF8.self).split(separator: " ")
+    guard fields.count >= 2, let running = Double(fields[0]), let waiting = Double(fields[1]) else { return (0, 0) }
+    return (running / 1e6, waiting / 1e6)
+}
+
+/// One call of `body`, in milliseconds: its wall time, and of it the time the thread spent on a
+/// core and runnable waiting for one.
+private struct TimedCall {
+    var wall: Double
+    var running: Double
+    var waiting: Double
+
+    init(_ body: () throws -> Void) rethrows {
+        let before = threadSchedulerTimes()
+        let start = DispatchTime.now().uptimeNanoseconds
+        try body()
+        wall = Double(DispatchTime.now().uptimeNanoseconds - start) / 1e6
+        let after = threadSchedulerTimes()
+        running = after.running - before.running
+        waiting = after.waiting - before.waiting
+    }
+}
+
+/// Where the slowest 1 % of `calls` spent their time, in milliseconds on average: on a core,
+/// runnable but waiting for one, and neither (blocked: a lock, I/O).
+private func tail(of calls: [TimedCall]) -> (running: Double, waiting: Double, blocked: Double) {
+    let slowest = calls.sorted { $0.wall < $1.wall }.suffix(max(1, calls.count / 100))
+    let n = Double(slowest.count)
+    let running = slowest.map(\.running).reduce(0, +) / n
+    let waiting = slowest.map(\.waiting).reduce(0, +) / n
+    let wall = slowest.map(\.wall).reduce(0, +) / n
+    return (running, waiting, max(0, wall - running - waiting))
+}
+
+/// A tail's breakdown (``tail(of:)``) as text.
+private func describe(_ t: (running: Double, waiting: Double, blocked: Double)) -> String {
+    String(format: "%.3f ms on a core, %.3f ms waiting for one, %.3f ms blocked", t.running, t.waiting, t.blocked)
+}
+
 private func percentile(_ sorted: [Double], _ p: Double) -> Double {
     sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))]
 }
@@ -64,7 +112,8 @@ private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> 
         }
     }
     _ = try latencies(500, write(0))  // warm up: the documents exist, statements are prepared
-    let idle = try latencies(writes, write(1))
+    let idleCalls = try (0..<writes).map { n in try TimedCall { try write(1)(n) } }
+    let idle = idleCalls.map(\.wall).sorted()
     // The same writes while two threads only burn CPU (no store, no lock): what the scheduler of
     // this machine's two cores alone adds to a write, when the peers' work (which runs in this
     // process) keeps both cores busy.
@@ -89,12 +138,14 @@ private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> 
         node.peers.count == 10 && node.peers.allSatisfy { $0.description.contains("serving 100 subscription") }
     }
     try wait("the peers' initial syncs") { peers.allSatisfy { $0.sync.status.isInitialSyncComplete } }
-    let served = try latencies(writes, write(2))
+    let servedCalls = try (0..<writes).map { n in try TimedCall { try write(2)(n) } }
+    let served = servedCalls.map(\.wall).sorted()
     FileHandle.standardError.write(
         Data(
             ("write latency: idle p50 \(percentile(idle, 0.5)) ms p99 \(percentile(idle, 0.99)) ms; "
                 + "beside two spinning threads p50 \(percentile(busy, 0.5)) ms p99 \(percentile(busy, 0.99)) ms; "
-                + "10 peers x 100 subscriptions p50 \(percentile(served, 0.5)) ms p99 \(percentile(served, 0.99)) ms\n")
+                + "10 peers x 100 subscriptions p50 \(percentile(served, 0.5)) ms p99 \(percentile(served, 0.99)) ms"
+                + "\n  slowest 1 %: idle \(describe(tail(of: idleCalls))); with peers \(describe(tail(of: servedCalls)))\n")
                 .utf8))
     return [
         latencyFigure(
@@ -154,7 +205,8 @@ private func latencyDuringMerge(scratch: URL, documents: [Value], merges: Int = 
     var idleWrites: [Double] = []
     var idleReads: [Double] = []
     for n in 0..<2_000 {
-        idleWrites += try latencies(1) { _ in try write(first, n) }
+        // Timed as the writes during the merge are (with the scheduler's times read around each).
+        idleWrites.append(try TimedCall { try write(first, n) }.wall)
         idleReads += try latencies(1) { _ in try read(first, n) }
     }
     // Busy: the same mix, paced as during the merge, while two threads only burn CPU (no store,
@@ -172,6 +224,7 @@ private func latencyDuringMerge(scratch: URL, documents: [Value], merges: Int = 
     // few hundred samples (one merge of 100,000 documents gives about 150).
     var mergeWrites: [Double] = []
     var mergeReads: [Double] = []
+    var mergeWriteCalls: [TimedCall] = []
     for round in 0..<merges {
         let b = round == 0 ? first : try receiver(round)
         defer { b.close() }
@@ -181,7 +234,9 @@ private func latencyDuringMerge(scratch: URL, documents: [Value], merges: Int = 
         try wait("the first batch") { try b.store.documents.count(in: "cars") > 0 }
         var n = 0
         while try b.store.documents.count(in: "cars") < documents.count * 9 / 10 {
-            mergeWrites += try latencies(1) { _ in try write(b, n) }
+            let call = try TimedCall { try write(b, n) }
+            mergeWriteCalls.append(call)
+            mergeWrites.append(call.wall)
             mergeReads += try latencies(1) { _ in try read(b, n) }
             n += 1
             usleep(500)
@@ -201,7 +256,8 @@ private func latencyDuringMerge(scratch: URL, documents: [Value], merges: Int = 
                 + "\(percentile(idleWrites, 0.99)); beside two spinning threads p50 \(percentile(busyWrites, 0.5)) p99 "
                 + "\(percentile(busyWrites, 0.99))), read p99 \(percentile(mergeReads, 0.99)) ms "
                 + "(idle \(percentile(idleReads, 0.99)); beside two spinning threads "
-                + "\(percentile(busyReads, 0.99)))\n").utf8))
+                + "\(percentile(busyReads, 0.99)))\n  slowest 1 % of the writes during the merge: "
+                + "\(describe(tail(of: mergeWriteCalls)))\n").utf8))
     return [
         latencyFigure(
             "write_latency_p99_during_merge_ms", mergeWrites, 0.99, baseline: idleWrites, "write_latency_p99_idle_ms"),

@@ -3,7 +3,7 @@
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
 //       [--sync-costs] [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]
-//       [--writes [--runs N]]
+//       [--writes [--runs N]] [--refetch]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -62,6 +62,7 @@ var contactsOnly = false
 var findOnly = false
 var singleOnly = false
 var writesOnly = false
+var refetchOnly = false
 var verbose = false
 var replicationRuns = 1
 var i = 0
@@ -82,6 +83,7 @@ while i < args.count {
     case "--find": findOnly = true
     case "--single": singleOnly = true
     case "--writes": writesOnly = true
+    case "--refetch": refetchOnly = true
     case "--verbose": verbose = true
     case "--import-child":
         // Internal: one import in a child process (ImportBench.swift).
@@ -105,7 +107,7 @@ while i < args.count {
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
                 + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
                 + " [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]"
-                + " [--writes [--runs N]]"
+                + " [--writes [--runs N]] [--refetch]"
         )
         exit(0)
     default:
@@ -311,6 +313,12 @@ if singleOnly {
                 baselineName: "sqlite_raw_single_inserts_per_s"))
     }
     printFigures(figures, heading: "trellis-bench --single: one transaction per document, \(count) documents")
+    exit(0)
+}
+if refetchOnly {
+    printFigures(
+        try refetchFigures(documents: documents),
+        heading: "trellis-bench --refetch: \(documentCount) evicted documents asked for again, on the simulator")
     exit(0)
 }
 if writesOnly {
