@@ -130,7 +130,7 @@ enum NodeCommand {
         if let text = parsed.value("priority") {
             let classes: [String: DispatchQoS] = ["background": .background, "utility": .utility, "default": .default]
             guard let qos = classes[text] else {
-                throw UsageError("--priority needs background, utility or default, not '\(text)'")
+                throw UsageError("--priority takes background, utility or default, not '\(text)'")
             }
             options.replicationQoS = qos
         }

@@ -212,7 +212,7 @@ import TrellisTestKit
             ),
             (
                 ["node", "--data", dir.path("p"), "--mesh-key", key, "--priority", "high"],
-                "--priority needs background, utility or default, not 'high'"
+                "--priority takes background, utility or default, not 'high'"
             ),
             (["keygen", dir.url.path], "is a directory"),
             (["node", "--data", dir.path("q"), "--mesh-key", key, "--subscribe", "c a =="], "--subscribe query"),
