@@ -409,7 +409,14 @@ public struct Replicator: Sendable {
             sessions[link]?.remoteErrors[key] = "\(code): \(text)"
             guard previous != "\(code): \(text)" else { return [] }
             let name = sessions[link]?.asked[key]?.spec.description ?? subscription
-            return [.log("\(sessions[link]!.address) cannot serve subscription '\(name)': \(code): \(text)")]
+            let logged: [ReplicatorDirective] = [
+                .log("\(sessions[link]!.address) cannot serve subscription '\(name)': \(code): \(text)")
+            ]
+            // The last refetch subscription the set waited for, refused: the answered ones go now.
+            guard phase == .established, let spec = sessions[link]?.asked[key]?.spec, Refetch.ids(of: spec) != nil,
+                !awaitsRefetchAnswers(on: link)
+            else { return logged }
+            return logged + sendAsked(link, now: now)
         case (.standby, _):
             return []
         case (.closed, _):
@@ -1814,6 +1821,7 @@ public struct Replicator: Sendable {
         guard left == 0, let asked = sessions[link]?.asked[UTF8Key(subscription)], asked.generation == generation,
             let ids = Refetch.ids(of: asked.spec), let base = Refetch.base(of: asked.spec)
         else { return [] }
+        sessions[link]!.refetchesDone[UTF8Key(subscription)] = generation
         // A document whose state this node sent the peer on this connection may be held there as
         // sent, and its echo memory would keep it from coming back: such documents stay asked.
         guard !sessions[link]!.answersUntrusted else { return [] }
@@ -1832,17 +1840,16 @@ public struct Replicator: Sendable {
     }
 
     /// Whether a refetch subscription asked of the peer on `link` has neither been answered to
-    /// the end (``refetchAnswered(_:generation:left:on:now:)``) nor refused (`suberr`).
+    /// the end in the generation asked (``refetchAnswered(_:generation:left:on:now:)``) nor
+    /// refused (`suberr`). Answered, whatever its documents: one this node sent the peer on the
+    /// connection is still wanted, and asked again in a refetch subscription of its own.
     ///
-    /// - Complexity: O(`_id`s of the refetch subscriptions asked on the link).
+    /// - Complexity: O(subscriptions asked on the link).
     private func awaitsRefetchAnswers(on link: LinkID) -> Bool {
         guard let s = sessions[link] else { return false }
-        for (key, entry) in s.asked where s.remoteErrors[key] == nil {
-            guard let ids = Refetch.ids(of: entry.spec), let base = Refetch.base(of: entry.spec) else { continue }
-            let answered = s.refetchesAnswered[UTF8Key(base.key)] ?? []
-            if ids.contains(where: { !answered.contains(UTF8Key(JSON.string($0))) }) { return true }
+        return s.asked.contains { key, entry in
+            s.remoteErrors[key] == nil && Refetch.ids(of: entry.spec) != nil && s.refetchesDone[key] != entry.generation
         }
-        return false
     }
 
     /// Sends the subscriptions this node asks of the peer on `link` when they changed.
@@ -1915,6 +1922,7 @@ public struct Replicator: Sendable {
         sessions[link]!.askedBefore.formUnion(
             list.filter { Refetch.ids(of: $0.spec) == nil }.map { UTF8Key($0.spec.key) })
         sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
+        sessions[link]!.refetchesDone = sessions[link]!.refetchesDone.filter { sessions[link]!.asked[$0.key] != nil }
         sessions[link]!.askedVersion += 1
         let version = sessions[link]!.askedVersion
         if digest {
@@ -2078,6 +2086,9 @@ extension Replicator {
         /// deltas for the rest of the session.
         var noDeltas: Set<UTF8Key> = []
         var remoteErrors: [UTF8Key: String] = [:]
+        /// The asked refetch subscriptions the peer answered to the end on this connection, with
+        /// the generation answered (``awaitsRefetchAnswers(on:)``).
+        var refetchesDone: [UTF8Key: UInt32] = [:]
         /// States received on this session, for echo suppression.
         var echo = EchoMemory()
         /// Per asked subscription, what arrived on this session (``SyncProgress``).
