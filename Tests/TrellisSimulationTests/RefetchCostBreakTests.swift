@@ -10,7 +10,8 @@ import TrellisSimulation
 /// `aNodeThatEvictsItsOwnWriteOutsideItsQuery`: a refetch subscription whose answer does not
 /// count for an `_id` this node sent the peer waits for good, so every answered one stays asked
 /// (until some other change to the set); with a peer serving fewer subscriptions than asked, the
-/// base subscription stays refused (`limit`) and B misses later writes.
+/// base subscription stays refused (`limit`) and B misses later writes. Both pass since
+/// 64ae708, which counts a refetch subscription as answered by its last batch, not by its `_id`s.
 @Suite struct RefetchCostBreakTests {
     typealias Held = HeldDocumentsSimulationTests
 
@@ -238,7 +239,7 @@ import TrellisSimulation
         bSub.cancel()
     }
 
-    /// Change 3 control: B's refetch batches are deferred (B's clock far behind A's: A's writes
+    /// Control for the `ack`s left out: B's refetch batches are deferred (B's clock far behind A's: A's writes
     /// are from the future there) while B evicts; nothing stays in flight forever.
     @Test func deferredBatchesOfARefetch() throws {
         let sim = try Simulation(seed: 7009)
