@@ -681,6 +681,10 @@ public struct Replicator: Sendable {
                 directives.append(send(link, .ping(rng.next()), now))
             }
             directives += askAgainAfterPostponed(link, now: now)
+            if let due = s.refetchSetDue, now >= due, s.phase == .established {
+                sessions[link]!.refetchSetDue = nil
+                directives += sendAsked(link, now: now)
+            }
             for key in s.served.keys.sorted() {
                 guard var served = s.served[key] else { continue }
                 if served.inFlight > 0, !s.congested, now - served.lastProgress >= configuration.ackTimeout {
@@ -1391,6 +1395,10 @@ public struct Replicator: Sendable {
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
                     existing.floorChecked = sub.since == 0
+                    // The new request's end of the log is told again (a caught-up or empty batch),
+                    // as for a new subscription: without it, a refetch whose `_id`s this node holds
+                    // no row of was never answered in its new generation.
+                    existing.reachedEnd = false
                     existing.staleBatches += existing.inFlight
                     existing.carriedFrom = nil
                     // Batches in flight belong to the old request: their acks may still come
@@ -1835,9 +1843,19 @@ public struct Replicator: Sendable {
         // refetch subscription still asked, 256 `_id`s apiece, several times per list. Until
         // then the answered ones stay asked, at the cost of a change to one of their documents
         // coming twice.
-        guard !awaitsRefetchAnswers(on: link) else { return [] }
+        // A peer that never answers one (an older build, which does not answer a new generation
+        // of a refetch it once answered caught up) holds the answered ones back for at most
+        // ``refetchSetDelay``: the tick sends the set then.
+        if awaitsRefetchAnswers(on: link) {
+            if sessions[link]!.refetchSetDue == nil { sessions[link]!.refetchSetDue = now + Self.refetchSetDelay }
+            return []
+        }
         return sendAsked(link, now: now)
     }
+
+    /// How long answered refetch subscriptions may stay asked while another one waits for its
+    /// answer (``refetchAnswered(_:generation:left:on:now:)``), in milliseconds.
+    static let refetchSetDelay: Millis = 1_000
 
     /// Whether a refetch subscription asked of the peer on `link` has neither been answered to
     /// the end in the generation asked (``refetchAnswered(_:generation:left:on:now:)``) nor
@@ -1923,6 +1941,7 @@ public struct Replicator: Sendable {
             list.filter { Refetch.ids(of: $0.spec) == nil }.map { UTF8Key($0.spec.key) })
         sessions[link]!.remoteErrors = sessions[link]!.remoteErrors.filter { sessions[link]!.asked[$0.key] != nil }
         sessions[link]!.refetchesDone = sessions[link]!.refetchesDone.filter { sessions[link]!.asked[$0.key] != nil }
+        sessions[link]!.refetchSetDue = nil
         sessions[link]!.askedVersion += 1
         let version = sessions[link]!.askedVersion
         if digest {
@@ -2089,6 +2108,9 @@ extension Replicator {
         /// The asked refetch subscriptions the peer answered to the end on this connection, with
         /// the generation answered (``awaitsRefetchAnswers(on:)``).
         var refetchesDone: [UTF8Key: UInt32] = [:]
+        /// When the set goes although a refetch subscription still waits for its answer, once one
+        /// was answered (``Replicator/refetchSetDelay``).
+        var refetchSetDue: Millis?
         /// States received on this session, for echo suppression.
         var echo = EchoMemory()
         /// Per asked subscription, what arrived on this session (``SyncProgress``).
