@@ -11,7 +11,8 @@ import TrellisStore
 /// later write never reaches B). Root cause predates 64ae708: a served subscription whose
 /// generation changes keeps `reachedEnd`, so a refetch first answered by a caught-up batch gets
 /// no answer at all for its new generation; 64ae708 waits for that answer by generation, and
-/// meanwhile keeps every answered refetch subscription on the link asked.
+/// meanwhile keeps every answered refetch subscription on the link asked. Passes since a8dfd87:
+/// a new generation's end is told again, and answered refetches wait at most 1 s for another.
 @Suite struct RefetchGenerationBreakTests {
     typealias Held = HeldDocumentsSimulationTests
     typealias Cost = RefetchCostBreakTests
@@ -57,7 +58,9 @@ import TrellisStore
         try sim.runUntilQuiet()
         #expect(try Self.count(b) == 512)
         let before = Cost.askedRefetches(b)
-        sim.note("asked refetches before the standby: \(before.map { "\($0.peer) \(Refetch.ids(of: $0.spec)?.count ?? 0)" })")
+        sim.note(
+            "asked refetches before the standby: \(before.map { "\($0.peer) \(Refetch.ids(of: $0.spec)?.count ?? 0)" })"
+        )
         // A's old session vanishes unseen by B; A dials again at once.
         sim.setLink(a, b, up: false)
         sim.crash(a)
@@ -71,7 +74,9 @@ import TrellisStore
         let ids = held.map { Refetch.ids(of: $0.spec)?.count ?? 0 }
         sim.note("asked refetches of a after the standby: \(ids) \(held.map { $0.error ?? "-" })")
         #expect(held.count <= 1, "refetch subscriptions still asked of a: \(ids) \(held.map { $0.error ?? "-" })")
-        let asked = b.replicator?.status.peers.flatMap { p in p.asked.map { "\(p.address) \(Refetch.ids(of: $0.spec)?.count ?? -1) \($0.error ?? "-")" } }
+        let asked = b.replicator?.status.peers.flatMap { p in
+            p.asked.map { "\(p.address) \(Refetch.ids(of: $0.spec)?.count ?? -1) \($0.error ?? "-")" }
+        }
         sim.note("asked by b: \(asked ?? [])")
         // A later write on A reaches B while C is away.
         try Self.write(a, ["late"])
