@@ -125,30 +125,23 @@ import TrellisStore
     /// of A's documents aside): a postponed batch of a refetch subscription counted as answered on
     /// arrival would leave its documents stubs on this connection.
     @Test func postponedRefetchBatches() throws {
-        let sim = try Simulation(seed: 8003)
-        let a = try sim.addNode("a")
-        sim.storeOptions.maxDeferredDocumentsPerPeer = 50
-        let b = try sim.addNode("b")
-        sim.storeOptions = StoreOptions()
-        sim.connect(b, a)
-        let subB = try Held.subscribe(b)
-        try Self.write(a, (0..<700).map { "d\($0)" })
-        try sim.runUntilQuiet()
-        #expect(try b.store.collection("items").findAll().evict().count == 700)
-        sim.setClockOffset(a, 3_600_000)
-        try a.store.collection("items").upsert((0..<700).map { ["_id": .string("d\($0)"), "n": .int(Int64(-$0))] })
-        sim.run(for: 20_000)  // B postpones and asks again every interval while A's writes are in its future
-        sim.setClockOffset(a, 0)
-        sim.run(for: 4_000_000)
-        try sim.runUntilQuiet()
+        let (sim, b) = try Self.postponing(evicting: true)
         #expect(try Self.count(b) == 700)
         #expect(Cost.askedRefetches(b).isEmpty)
         try sim.check()
-        subB.cancel()
     }
 
     /// As ``postponedRefetchBatches()`` without an eviction: whether the loop needs a refetch.
     @Test func postponedBatchesWithoutEviction() throws {
+        let (sim, b) = try Self.postponing(evicting: false)
+        defer { withExtendedLifetime(sim) {} }  // the nodes live as long as their simulation
+        #expect(try b.store.collection("items").find("n < 0").count() == 699)  // d0's n is -0
+    }
+
+    /// A, whose clock then runs an hour ahead, writes 700 documents B subscribes to and (after B
+    /// evicted them, when `evicting`) writes them all again; B, keeping at most 50 of A's
+    /// documents aside, postpones batches until the clock is back and the mesh is quiet.
+    static func postponing(evicting: Bool) throws -> (Simulation, SimulatedNode) {
         let sim = try Simulation(seed: 8003)
         let a = try sim.addNode("a")
         sim.storeOptions.maxDeferredDocumentsPerPeer = 50
@@ -156,16 +149,17 @@ import TrellisStore
         sim.storeOptions = StoreOptions()
         sim.connect(b, a)
         let subB = try Held.subscribe(b)
+        defer { subB.cancel() }
         try Self.write(a, (0..<700).map { "d\($0)" })
         try sim.runUntilQuiet()
+        if evicting { #expect(try b.store.collection("items").findAll().evict().count == 700) }
         sim.setClockOffset(a, 3_600_000)
         try a.store.collection("items").upsert((0..<700).map { ["_id": .string("d\($0)"), "n": .int(Int64(-$0))] })
         sim.run(for: 20_000)  // B postpones and asks again every interval while A's writes are in its future
         sim.setClockOffset(a, 0)
         sim.run(for: 4_000_000)
         try sim.runUntilQuiet()
-        #expect(try b.store.collection("items").find("n < 0").count() == 699)
-        subB.cancel()
+        return (sim, b)
     }
 
     /// The base subscription is cancelled and made again on the same connection while refetch
