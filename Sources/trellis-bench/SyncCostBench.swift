@@ -117,7 +117,9 @@ private func writeLatencyWithPeers(scratch: URL, writes: Int = 2_000) throws -> 
     // The same writes while two threads only burn CPU (no store, no lock): what the scheduler of
     // this machine's two cores alone adds to a write, when the peers' work (which runs in this
     // process) keeps both cores busy.
-    let busy = try besideTwoSpinningThreads { try latencies(writes, write(1)) }
+    let busy = try besideTwoSpinningThreads {
+        try (0..<writes).map { n in try TimedCall { try write(1)(n) }.wall }.sorted()
+    }
 
     let port = try node.listen(on: Endpoint(host: "127.0.0.1", port: 0))
     var peers: [TrellisNode] = []
@@ -215,7 +217,7 @@ private func latencyDuringMerge(scratch: URL, documents: [Value], merges: Int = 
     var busyReads: [Double] = []
     try besideTwoSpinningThreads {
         for n in 0..<1_500 {
-            busyWrites += try latencies(1) { _ in try write(first, n) }
+            busyWrites.append(try TimedCall { try write(first, n) }.wall)
             busyReads += try latencies(1) { _ in try read(first, n) }
             usleep(500)
         }
