@@ -163,7 +163,17 @@ extension Replicator {
         -> [ReplicatorDirective]
     {
         var fresh: [PresenceRecord] = []
+        var relaysChanged = false
         for record in records {
+            if let sender = sessions[link], record.peerKey == sender.peerKey,
+                sender.reportedNeighbors.map({ record.seq > $0.seq }) ?? true
+            {
+                // The peer's own word about its sessions: which of this node's relays it makes
+                // redundant (``wanted(for:)``).
+                let keys = Set(record.neighbors)
+                relaysChanged = relaysChanged || sender.reportedNeighbors?.keys != keys
+                sessions[link]!.reportedNeighbors = (record.seq, keys)
+            }
             if record.peerKey == configuration.peerKey {
                 // (A `seq` near the top of the range, which only a hostile peer sends, is ignored:
                 // this node's next `seq` must still fit the wire's range.)
@@ -180,10 +190,11 @@ extension Replicator {
             presenceState.records[record.peerKey] = record
             fresh.append(record)
         }
-        guard !fresh.isEmpty else { return [] }
+        let relays = relaysChanged ? updateAsked(except: link, now: now) : []
+        guard !fresh.isEmpty else { return relays }
         return sessions.keys.sorted().compactMap { other in
             other != link && sessions[other]?.phase == .established ? send(other, .presence(fresh), now) : nil
-        }
+        } + relays
     }
 
     /// A peer's hello named another protocol version.

@@ -1730,7 +1730,7 @@ public struct Replicator: Sendable {
     }
 
     /// Recomputes what each established peer is asked for, and re-sends where it changed.
-    private mutating func updateAsked(except skip: LinkID? = nil, now: Millis) -> [ReplicatorDirective] {
+    mutating func updateAsked(except skip: LinkID? = nil, now: Millis) -> [ReplicatorDirective] {
         var directives: [ReplicatorDirective] = []
         for link in sessions.keys.sorted() where link != skip && sessions[link]?.phase == .established {
             directives += sendAsked(link, now: now)
@@ -1740,7 +1740,9 @@ public struct Replicator: Sendable {
 
     /// This node's own subscriptions plus those of its other peers (one hop more, up to
     /// ``ReplicatorConfiguration/maxHops``), deduplicated by key at the fewest hops, collapsed
-    /// into whole collections above ``ReplicatorConfiguration/maxAskedSubscriptions``.
+    /// into whole collections above ``ReplicatorConfiguration/maxAskedSubscriptions``. A peer's
+    /// subscriptions are not relayed to a peer it says (in its own presence record, on its own
+    /// link) it has a session with: it asks that one itself (docs/MESH.md, "Relay").
     private func wanted(for link: LinkID) -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)] {
         var wanted: [UTF8Key: (spec: SubscriptionSpec, hops: Int)] = [:]
         // Only what the peer may write is asked of it: what it sends of another collection
@@ -1748,6 +1750,14 @@ public struct Replicator: Sendable {
         guard let peer = sessions[link]?.peerKey else { return [:] }
         for (key, held) in own where authorization.mayWrite(peer, held.spec.collection) { wanted[key] = (held.spec, 0) }
         for (other, s) in sessions where other != link && s.phase == .established && s.peerKey != peer {
+            // A neighbour that says it has a session with the peer asks the peer itself, for its
+            // own subscriptions and for those it relays: relayed here too, the peer would serve
+            // them twice, and this node would store what it relays. In a mesh where every node
+            // has a session with every other (a LAN found by discovery), each would so relay a
+            // whole-collection subscription of one node to all the others, and each would fetch
+            // and hold the whole collection for it. Only the neighbour's own word on this link
+            // counts: a record forwarded by another peer could be forged to cut a relay.
+            if s.reportedNeighbors?.keys.contains(peer) == true { continue }
             // A peer's refetch subscriptions are relayed one hop only, its own (hops 0): relayed
             // further, one that lasts (documents no peer holds whole) could come back around a
             // ring of relays with ever more hops and never die out. A relay holds what passes, and
@@ -2082,6 +2092,10 @@ extension Replicator {
         var served: [UTF8Key: Served] = [:]
         var remoteSubscriptions: [WireSubscription] = []
         var remoteSubscriptionsVersion: UInt64 = 0
+        /// The peer's own presence record as the peer sent it on this link (never one another
+        /// node forwarded): its `seq` and the peers it says it has sessions with. Its
+        /// subscriptions are not relayed to those (``wanted(for:)``).
+        var reportedNeighbors: (seq: UInt64, keys: Set<[UInt8]>)?
         /// What this node asks the peer for, by key, and the shape last sent.
         var asked: [UTF8Key: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
