@@ -496,4 +496,154 @@ import TrellisSimulation
         }
         _ = subs
     }
+
+    // MARK: Clock trouble
+
+    /// A and S subscribe to the whole collection and hold d1 and d2; reaped keys are kept ten
+    /// minutes (`reapedKeyRetention`; TTL two). S is cut off. A removes d1 and, after the TTL,
+    /// reaps the tombstone (the key is remembered). A minute later A's wall clock jumps an hour
+    /// ahead for two minutes (a bad NTP answer, a wrong RTC at boot), then is right again; A
+    /// writes nothing meanwhile. Seven minutes after the remove S comes back, well within TTL
+    /// plus retention (twelve minutes).
+    ///
+    /// Promised (docs/MESH.md, "Tombstones": only "a node away longer than the TTL plus the
+    /// retention ... can bring documents back"; DATA-MODEL.md: a node whose clock runs ahead
+    /// reaps early, and "what it reaped is still covered by the reaped keys"): d1 stays removed.
+    ///
+    /// FAILS today: d1 is back on A and S. While its clock was an hour ahead, A's reaper
+    /// (DocumentStore+Tombstones.swift `reapExpiredTombstones`, the `DELETE FROM reaped WHERE
+    /// reaped_at <= now - retention`) forgot the reaped key, judging its age by the wrong clock;
+    /// nothing brings it back when the clock is right again, so S's stale copy is taken as new.
+    @Test func aClockThatJumpedAheadForAMomentDoesNotForgetReapedKeys() throws {
+        let sim = try Self.simulation(seed: 9121)
+        sim.storeOptions.reapedKeyRetention = 600_000
+        let a = try sim.addNode("a")
+        let s = try sim.addNode("s")
+        sim.connect(s, a)
+        let subs = try [a, s].map { (node: SimulatedNode) in try node.store.collection("items").findAll().subscribe() }
+        try a.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
+        try sim.runUntilQuiet()
+        sim.partition([[a], [s]])
+        try a.store.collection("items").findByID("d1").remove()
+        Self.passTheTTL(sim)  // four minutes
+        #expect(try a.documents.state(id: "d1", in: "items") == nil, "A reaped d1's tombstone")
+        #expect(a.documents.reapedKeyCount == 1)
+        sim.setClockOffset(a, 3_600_000)
+        sim.run(for: 120_000)
+        sim.setClockOffset(a, 0)
+        sim.run(for: 30_000)
+        #expect(a.documents.reapedKeyCount == 1, "A forgot d1's reaped key while its clock was ahead")
+        sim.heal()
+        try sim.runUntilQuiet()
+        for node in [a, s] { #expect(try Self.ids(node) == ["\"d2\""], "\(node.name)") }
+        _ = subs
+    }
+
+    /// A chain S — R — A, all subscribed to the whole collection; R's clock runs three minutes
+    /// ahead (TTL two), the others' are right. A writes d {a: 1, b: 2}. S is cut off from R for
+    /// 90 s only (less than the TTL), while A removes d and, later, S sets `c = 3` on its copy.
+    /// R reaps the tombstone at its next tick (to R's clock it is already three minutes old).
+    ///
+    /// Promised: a partition shorter than the TTL is the ordinary case: the edit comes back
+    /// alone, {c: 3}, everywhere (A still holds the tombstone). Passes today (A's tombstone
+    /// later covers `a` and `b` on R too), but R shows {a: 1, b: 2, c: 3} for a round trip: the
+    /// early reap makes `anEditConcurrentWithAReapedRemove...` reachable without any long
+    /// partition, and permanent if A is gone.
+    @Test func aRelayWhoseClockRunsAheadReapsEarlyButTheEditComesBackAlone() throws {
+        let sim = try Self.simulation(seed: 9122)
+        let a = try sim.addNode("a")
+        let r = try sim.addNode("r")
+        let s = try sim.addNode("s")
+        sim.connect(r, a)
+        sim.connect(s, r)
+        sim.setClockOffset(r, 180_000)
+        let subs = try [a, r, s].map { (node: SimulatedNode) in try node.store.collection("items").findAll().subscribe()
+        }
+        try a.store.collection("items").upsert(["_id": "d", "a": 1, "b": 2])
+        try sim.runUntilQuiet()
+        sim.setLink(s, r, up: false)
+        try a.store.collection("items").findByID("d").remove()
+        sim.run(for: 10_000)
+        _ = try s.store.collection("items").findByID("d").update { $0?["c"].set(3) }
+        sim.run(for: 80_000)
+        #expect(try r.documents.state(id: "d", in: "items") == nil, "R reaped d's tombstone early")
+        #expect(try a.documents.state(id: "d", in: "items")?.isDeleted == true, "A still holds it")
+        sim.setLink(s, r, up: true)
+        try sim.runUntilQuiet()
+        for node in [a, r, s] {
+            let shown = try Self.get(node, "d")
+            #expect(shown == ["_id": "d", "c": 3], "\(node.name) shows \(shown.map(JSON.string) ?? "nothing")")
+        }
+        _ = subs
+    }
+
+    /// As above, but A is gone for good (crashed, never restarted) once R holds the tombstone.
+    ///
+    /// FAILS today, as `anEditConcurrentWithAReapedRemoveBringsBackOnlyTheEdit`, after a 90 s
+    /// partition: R and S show {a: 1, b: 2, c: 3}. R reaped early (its clock), and merged S's
+    /// edit into an empty state.
+    @Test func aRelayWhoseClockRunsAheadBringsBackRemovedFieldsAfterAShortPartition() throws {
+        let sim = try Self.simulation(seed: 9123)
+        let a = try sim.addNode("a")
+        let r = try sim.addNode("r")
+        let s = try sim.addNode("s")
+        sim.connect(r, a)
+        sim.connect(s, r)
+        sim.setClockOffset(r, 180_000)
+        let subs = try [a, r, s].map { (node: SimulatedNode) in try node.store.collection("items").findAll().subscribe()
+        }
+        try a.store.collection("items").upsert(["_id": "d", "a": 1, "b": 2])
+        try sim.runUntilQuiet()
+        sim.setLink(s, r, up: false)
+        try a.store.collection("items").findByID("d").remove()
+        sim.run(for: 5_000)
+        sim.crash(a)
+        sim.run(for: 5_000)
+        _ = try s.store.collection("items").findByID("d").update { $0?["c"].set(3) }
+        sim.run(for: 80_000)
+        #expect(try r.documents.state(id: "d", in: "items") == nil, "R reaped d's tombstone early")
+        sim.setLink(s, r, up: true)
+        try sim.runUntilQuiet()
+        for node in [r, s] {
+            let shown = try Self.get(node, "d")
+            #expect(shown == ["_id": "d", "c": 3], "\(node.name) shows \(shown.map(JSON.string) ?? "nothing")")
+        }
+        _ = subs
+    }
+
+    // MARK: Eviction of an unacknowledged write
+
+    /// A and S subscribe to the whole collection and hold d {a: 1, b: 2}. S is cut off. A
+    /// removes d; then S, which has not seen the remove, sets `c = 3` and at once evicts d: the
+    /// stub keeps the whole state, as no peer acknowledged `c` (DATA-MODEL.md rule 8). A reaps
+    /// the tombstone after the TTL. The partition heals; S's stub goes to A whole.
+    ///
+    /// Promised: the eviction loses nothing ("evicting right after writing offline is safe",
+    /// MESH.md), and the write comes back alone, {c: 3}, on both (S's refetch brings it back).
+    ///
+    /// FAILS today: both show {a: 1, b: 2, c: 3}: the write is kept, but A merges the stub into
+    /// an empty state (same cause as `anEditConcurrentWithAReapedRemoveBringsBackOnlyTheEdit`).
+    @Test func anUnacknowledgedWriteEvictedOfflineComesBackAloneAfterAReapedRemove() throws {
+        let sim = try Self.simulation(seed: 9131)
+        let a = try sim.addNode("a")
+        let s = try sim.addNode("s")
+        sim.connect(s, a)
+        let subs = try [a, s].map { (node: SimulatedNode) in try node.store.collection("items").findAll().subscribe() }
+        try a.store.collection("items").upsert(["_id": "d", "a": 1, "b": 2])
+        try sim.runUntilQuiet()
+        sim.partition([[a], [s]])
+        try a.store.collection("items").findByID("d").remove()
+        sim.run(for: 1_000)
+        _ = try s.store.collection("items").findByID("d").update { $0?["c"].set(3) }
+        #expect(try s.store.collection("items").findByID("d").evict())
+        Self.passTheTTL(sim)
+        #expect(try a.documents.state(id: "d", in: "items") == nil, "A reaped d's tombstone")
+        sim.heal()
+        try sim.runUntilQuiet()
+        for node in [a, s] {
+            let shown = try Self.get(node, "d")
+            #expect(shown == ["_id": "d", "c": 3], "\(node.name) shows \(shown.map(JSON.string) ?? "nothing")")
+        }
+        _ = subs
+    }
 }
