@@ -124,7 +124,7 @@ final class CrashingSink: ContactSink {
     /// is rewritten at once, the process dies, and the restarted mirror finishes the
     /// enumeration. The rewritten file was delivered by this enumeration and must stay.
     ///
-    /// Fails today (here `lost` was 6 to 22 of 100 rounds), same cause as above: the
+    /// Fails today (here `lost` was 6 to 42 of 100 rounds), same cause as above: the
     /// file's modification time, taken from the kernel's coarse clock, is before the `Date()`
     /// recorded by `beginFullEnumeration`, and `finishFullEnumeration` removes the file of a
     /// contact this enumeration delivered.
