@@ -98,6 +98,7 @@ public final class SimulatedNode: @unchecked Sendable {
         let sim = simulation
         let index = self.index
         options.now = { [weak sim] in UInt64(max(0, sim?.wallClock(of: index) ?? 0)) }
+        options.elapsed = { [weak sim] in UInt64(max(0, sim?.now ?? 0)) }
         let seed = simulation.nextRandom()
         let random = Mutex(SplitMix64(seed: seed))
         options.random = { random.withLock { $0.next() } }

@@ -166,6 +166,15 @@ extension DocumentStore {
                 try db.execute("UPDATE documents SET unacked = 0 WHERE deleted = 0")
             }
         }
+        // Reaped keys gain their tombstone's state; NULL in keys reaped before, whose time alone
+        // decides what a later state for them is (DocumentStore+Tombstones.swift).
+        let reapedColumns = try db.prepare("SELECT name FROM pragma_table_info('reaped')")
+        var reapedNames: Set<String> = []
+        while try reapedColumns.step() { reapedNames.insert(reapedColumns.string(0) ?? "") }
+        reapedColumns.reset()
+        if !reapedNames.contains("state") {
+            try db.execute("ALTER TABLE reaped ADD COLUMN state BLOB")
+        }
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")
         // The eviction stubs, by collection: what a node asks peers for again, at start too.

@@ -262,6 +262,23 @@ extension DocumentStore {
             if let merged = try mergeNewSingleWrite(&s, collection, key, id, single, parsed, now: now) { return merged }
         }
         let incoming = try decoded.state()
+        if let reaped = stored, reaped.seq == Self.reapedRowSeq, !repair {
+            // A state for a document whose tombstone was reaped here, kept with its state: merged
+            // into that tombstone, as if it had not been reaped. What it adds that the remove did
+            // not cover (a write the remover had not seen) comes back, and only that. A copy that
+            // adds nothing to it, or only what the remove covers, is a stale copy of the removed
+            // document (its sender was away longer than the TTL, or relays for one): the remove
+            // is made again with a new stamp, so it reaches whoever still holds the document.
+            var doc = reaped.state
+            let changed = doc.merge(incoming)
+            if !incoming.isDeleted, !changed || doc.isDeleted {
+                s.clock.receive(incoming.maxTime, physicalMillis: max(now, s.clock.last.millis))
+                doc.remove(stamp: s.stamp(now: now))
+                try persist(&s, collection, key, id, doc)
+                return .revived
+            }
+            if !changed { return .unchanged(behind: false) }
+        }
         if stored == nil, !repair, let removedAt = try reapedRemoval(&s, collection, key),
             incoming.maxTime.millis <= removedAt
         {

@@ -7,13 +7,16 @@ import TrellisCore
 // leaves the documents table (and so the change log, reads and enumerations). Two things remain:
 // - the collection's retained floor: the highest `seq` of a reaped row. A reader of the log (a
 //   peer's checkpoint, a contacts anchor) below it may have missed a remove and starts over.
-// - a reaped key: the collection, `_id` key and the time of the tombstone's newest stamp, for
-//   `StoreOptions.reapedKeyRetention`. A state for that `_id` arriving later whose every stamp is
-//   at or before that time is a stale copy of the removed document (from a node that was away
-//   longer than the TTL, or relayed from one): it is merged and removed again with a new remove
-//   stamp, so the remove travels back to whoever still holds the document instead of the
-//   document coming back. A state carrying a newer stamp (a write the remover had not seen) is
-//   merged as usual and, add-wins, brings the document back.
+// - a reaped key: the collection, `_id` key, the time of the tombstone's newest stamp and the
+//   tombstone's state, for `StoreOptions.reapedKeyRetention`. That state stands for the missing
+//   row (`row(_:_:_:)`): a state for that `_id` arriving later is merged into it and a local write
+//   re-creating the document starts from it, so what the remove covered stays removed. A state
+//   that adds nothing to it but what the remove covers is a stale copy of the removed document
+//   (from a node that was away longer than the TTL, or relayed from one): it is merged and
+//   removed again with a new remove stamp, so the remove travels back to whoever still holds the
+//   document instead of the document coming back. Keys reaped by an earlier version have no
+//   state: a state arriving for one whose every stamp is at or before that time is such a copy,
+//   and one carrying a newer stamp is merged as usual and, add-wins, brings the document back.
 
 /// What one run of ``DocumentStore/reapExpiredTombstones(limit:)`` did.
 public struct ReapResult: Sendable, Equatable {
@@ -74,9 +77,9 @@ extension DocumentStore {
     /// - Complexity: O(limit · log n) through the partial index on tombstones' times.
     public func reapExpiredTombstones(limit: Int = 1000) throws(StoreError) -> ReapResult {
         guard !options.readOnly else { return ReapResult(reaped: 0, forgotten: 0, more: false) }
-        let now = options.now()
         let limit = max(1, limit)
         return try write { s -> ReapResult in
+            let now = reaperNow(&s)
             let dated = try dateLegacyTombstones(&s, limit: limit)
             var rows: [ReapRow] = []
             if now > options.tombstoneTTL {
@@ -119,8 +122,8 @@ extension DocumentStore {
     /// - Complexity: O(tombstones in the collection).
     @discardableResult
     public func reapTombstones(in collection: String, through: Int64) throws(StoreError) -> Int {
-        let now = options.now()
-        return try write { s -> Int in
+        try write { s -> Int in
+            let now = reaperNow(&s)
             try dateLegacyTombstones(&s, limit: .max)
             let st = try s.db.prepare(
                 "SELECT id, seq, removed_at FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
@@ -142,22 +145,51 @@ extension DocumentStore {
         }
     }
 
-    /// Deletes tombstone rows, remembers their keys and raises their collections' floors.
+    /// The time the reaper goes by, in milliseconds: the wall clock (``StoreOptions/now``), but
+    /// never more than ``StoreOptions/elapsed`` says passed since its previous reading in this
+    /// run of the store, nor less than that reading. A wall clock set an hour ahead for two
+    /// minutes so moves the reaper two minutes, not an hour: it neither reaps tombstones nor
+    /// forgets reaped keys an hour early (it would then take a stale copy of a removed document
+    /// for a new one). A wall clock set right after running behind leaves the reaper behind by
+    /// as much until the store is opened again: tombstones and keys are kept longer, never
+    /// dropped early.
+    func reaperNow(_ s: inout State) -> UInt64 {
+        let wall = options.now()
+        let elapsed = options.elapsed()
+        guard let last = s.reaperClock else {
+            s.reaperClock = (wall, elapsed)
+            return wall
+        }
+        let passed = elapsed >= last.elapsed ? elapsed - last.elapsed : 0
+        let now = max(last.now, min(wall, last.now &+ passed))
+        s.reaperClock = (now, elapsed)
+        return now
+    }
+
+    /// Deletes tombstone rows, remembers their keys with their states and raises their
+    /// collections' floors.
     private func reap(_ s: inout State, _ rows: [ReapRow], now: UInt64) throws {
         guard !rows.isEmpty else { return }
         let remember = try s.db.prepare(
-            "INSERT INTO reaped(collection, id, removed_at, reaped_at) VALUES (?,?,?,?) "
+            "INSERT INTO reaped(collection, id, removed_at, reaped_at, state) VALUES (?,?,?,?,?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET removed_at = max(removed_at, excluded.removed_at), "
-                + "reaped_at = excluded.reaped_at")
+                + "reaped_at = excluded.reaped_at, state = excluded.state")
         let delete = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 1")
         let unscope = try s.db.prepare("DELETE FROM scopes WHERE collection = ? AND id = ?")
         var floors: [UTF8Key: Int64] = [:]  // byte-wise: "é" and "e" + U+0301 are two collections
         for row in rows {
+            // The tombstone's state (its causal context, a few bytes per site) is kept with the
+            // key: a state arriving later for it, or a write re-creating it, starts from it, so
+            // what the remove covered stays removed (``row(_:_:_:)``). Joined with what an
+            // earlier reap of the key kept, in case a row was written without it.
+            var tombstone = try self.row(&s, row.collection, row.key)?.state
+            if tombstone?.isDeleted == false { tombstone = nil }  // not a tombstone: keep no state
             remember.reset()
             remember.bind(1, row.collection)
             remember.bind(2, row.key)
             remember.bind(3, Int64(clamping: row.removedAt))
             remember.bind(4, Int64(clamping: now))
+            remember.bind(5, tombstone?.cbor())
             if try reapedRemoval(&s, row.collection, row.key) == nil { s.reapedRows += 1 }
             try remember.run()
             delete.reset()
@@ -218,6 +250,28 @@ extension DocumentStore {
         defer { st.reset() }
         guard try st.step() else { return nil }
         return UInt64(max(0, st.int64(0)))
+    }
+
+    /// The state of a reaped tombstone of this document, if its key is remembered with it (keys
+    /// reaped by an earlier version have none). A state that no longer decodes counts as none:
+    /// the key's time alone then decides (``reapedRemoval(_:_:_:)``).
+    func reapedTombstone(_ s: inout State, _ collection: String, _ key: String) throws -> DocumentState? {
+        guard s.reapedRows > 0 else { return nil }
+        let st = try s.db.prepare("SELECT state FROM reaped WHERE collection = ? AND id = ?")
+        st.bind(1, collection)
+        st.bind(2, key)
+        defer { st.reset() }
+        guard try st.step(), let bytes = st.bytes(0) else { return nil }
+        return try? DocumentState(bytes: bytes)
+    }
+
+    /// Forgets a reaped key: a row holds the key again, and with it what its tombstone kept.
+    func forgetReaped(_ s: inout State, _ collection: String, _ key: String) throws {
+        let st = try s.db.prepare("DELETE FROM reaped WHERE collection = ? AND id = ?")
+        st.bind(1, collection)
+        st.bind(2, key)
+        try st.run()
+        s.reapedRows -= s.db.changes
     }
 
     /// The number of reaped keys remembered (``StoreOptions/reapedKeyRetention``).

@@ -58,6 +58,11 @@ public struct StoreOptions: Sendable {
     public var random: @Sendable () -> UInt64 = { UInt64.random(in: .min ... .max) }
     /// Physical time in milliseconds since the Unix epoch; injected so tests control the clock.
     public var now: @Sendable () -> UInt64 = { UInt64(Date().timeIntervalSince1970 * 1000) }
+    /// Milliseconds since a fixed point of this process (the system's uptime by default): a clock
+    /// that setting the wall clock does not move. The reaper goes by ``now`` but never further
+    /// than this says passed since its previous run (``DocumentStore/reapExpiredTombstones(limit:)``);
+    /// a simulation passes its own time without the node's clock offset.
+    public var elapsed: @Sendable () -> UInt64 = { DispatchTime.now().uptimeNanoseconds / 1_000_000 }
     /// Where warnings go (oversized documents, far-future remote stamps).
     public var log: @Sendable (String) -> Void = { message in
         FileHandle.standardError.write(Data("trellis: warning: \(message)\n".utf8))
@@ -395,6 +400,9 @@ public final class DocumentStore: Sendable {
         /// Whether the last local upsert found no row for its document (the next one then tries
         /// to insert first, ``DocumentStore/upsert(_:in:)``).
         var upsertsFindNoRow = true
+        /// The reaper's last time and the ``StoreOptions/elapsed`` reading it was taken at
+        /// (``DocumentStore/reaperNow(_:)``).
+        var reaperClock: (now: UInt64, elapsed: UInt64)?
         /// The collections that may hold a string with U+0000 (DocumentStore+NULStrings.swift).
         var nulCollections: Set<UTF8Key> = []
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
@@ -505,6 +513,7 @@ public final class DocumentStore: Sendable {
             id TEXT NOT NULL,
             removed_at INTEGER NOT NULL,
             reaped_at INTEGER NOT NULL,
+            state BLOB,
             PRIMARY KEY(collection, id)
         ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS withholding(
@@ -806,6 +815,10 @@ public final class DocumentStore: Sendable {
     /// that made it (`nil` when its last change was not a local write).
     typealias Row = (state: DocumentState, kind: RowKind, seq: Int64, delta: StoredDelta?)
 
+    /// The `seq` of a ``Row`` that is a reaped tombstone remembered with its state, not a row of
+    /// the documents table (whose `seq`s start at 1).
+    static let reapedRowSeq: Int64 = 0
+
     /// The delta a row keeps of the local writes since its base: the encoded ``StateDelta`` and
     /// the `seq` the row had when its state was the base (a peer whose checkpoint is at or past it
     /// likely holds the base: only then is the delta sent).
@@ -823,10 +836,21 @@ public final class DocumentStore: Sendable {
         st.bind(1, collection)
         st.bind(2, key)
         defer { st.reset() }
-        guard try st.step(), let bytes = st.bytes(0) else { return nil }
+        guard try st.step(), let bytes = st.bytes(0) else {
+            // No row, but a reaped tombstone remembered with its state: the key's row is that
+            // tombstone, for writes and merges alike (as if it had not been reaped).
+            guard s.reapedRows > 0, let tombstone = try reapedTombstone(&s, collection, key) else { return nil }
+            return (tombstone, .tombstone, Self.reapedRowSeq, nil)
+        }
         do {
+            var state = try StoredState.decode(bytes, value: st.string(1))
+            if s.reapedRows > 0, let tombstone = try reapedTombstone(&s, collection, key) {
+                // A row written for a reaped key without starting from its tombstone (by an
+                // earlier version): the tombstone's context still drops what it removed.
+                state.merge(tombstone)
+            }
             return (
-                try StoredState.decode(bytes, value: st.string(1)), RowKind(rawValue: st.int64(2)) ?? .tombstone,
+                state, RowKind(rawValue: st.int64(2)) ?? .tombstone,
                 st.int64(3), st.bytes(4).map { StoredDelta(bytes: $0, baseSeq: st.int64(5)) }
             )
         } catch {
@@ -1020,6 +1044,9 @@ public final class DocumentStore: Sendable {
         let listed = Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
         Self.noteValue(&s, collection, key, kind == .live ? value : nil, listed: listed)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
+        // The row now carries what a reaped tombstone of the key remembered: every path that writes
+        // a row for such a key started from it (``row(_:_:_:)``).
+        if s.reapedRows > 0 { try forgetReaped(&s, collection, key) }
         return true
     }
 
@@ -1299,7 +1326,9 @@ public final class DocumentStore: Sendable {
                 &s, collection, key, stamp: stamp, json: json, ifAbsent: ifAbsent,
                 document: { (materialized(), fields, json) })
         }
-        if s.upsertsFindNoRow, s.servedScopes[UTF8Key(collection)]?.isEmpty ?? true {
+        if s.upsertsFindNoRow, s.servedScopes[UTF8Key(collection)]?.isEmpty ?? true,
+            try s.reapedRows == 0 || reapedRemoval(&s, collection, key) == nil
+        {
             if try persistNew(ifAbsent: true) { return }
             s.upsertsFindNoRow = false
         }
@@ -1485,11 +1514,14 @@ public final class DocumentStore: Sendable {
         }
     }
 
-    /// The current CRDT state of a document, or `nil` when never seen: also a removed document's
-    /// (its tombstone) and an evicted one's (its local stub).
+    /// The current CRDT state of a document, or `nil` when never seen or its tombstone was
+    /// reaped: also a removed document's (its tombstone) and an evicted one's (its local stub).
     public func state(id: Value, in collection: String) throws(StoreError) -> DocumentState? {
         let key = try Self.key(for: id)
-        return try withState { s in try load(&s, collection, key) }
+        return try withState { s in
+            guard let row = try row(&s, collection, key), row.seq != Self.reapedRowSeq else { return nil }
+            return row.state
+        }
     }
 
     /// Copies the write-ahead log into the database file and truncates it

@@ -213,6 +213,7 @@ private final class SessionStore: Sendable {
     init?() {
         var options = StoreOptions()
         options.now = { [clock] in clock.wall }
+        options.elapsed = options.now
         options.random = { [random] in random.next() }
         options.log = { _ in }
         options.durability = .normal

@@ -27,6 +27,7 @@ func tombstoneFigures(scratch: URL, removed: Int, live: Int = 1_000) throws -> [
     let offset = Atomic<UInt64>(0)
     var options = StoreOptions()
     options.now = { UInt64(Date().timeIntervalSince1970 * 1000) + offset.load(ordering: .relaxed) }
+    options.elapsed = options.now  // the offset stands for time passing
     options.log = { _ in }
     let file = scratch.appendingPathComponent("tombstones.sqlite").path
     let baselineFile = scratch.appendingPathComponent("live-only.sqlite").path
@@ -127,6 +128,7 @@ func unsetFieldFigures(scratch: URL, cycles: Int) throws -> [Figure] {
     let offset = Atomic<UInt64>(0)
     var options = StoreOptions()
     options.now = { UInt64(Date().timeIntervalSince1970 * 1000) + offset.load(ordering: .relaxed) }
+    options.elapsed = options.now  // the offset stands for time passing
     options.log = { _ in }
     let store = try DocumentStore(path: scratch.appendingPathComponent("unset-fields.sqlite").path, options: options)
     try store.upsert(["_id": "d", "name": "someone"], in: "t")

@@ -16,7 +16,10 @@ final class ContactsFixture: Sendable {
     /// - Parameter clock: the store's clock (``StoreOptions/now``), when the test moves time.
     init(name: String = "a.sqlite", clock: ManualClock? = nil) throws {
         var options = StoreOptions()
-        if let clock { options.now = clock.source }
+        if let clock {
+            options.now = clock.source
+            options.elapsed = clock.source
+        }
         store = try DocumentStore(path: dir.path(name), options: options)
     }
 

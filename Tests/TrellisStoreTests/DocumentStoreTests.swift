@@ -12,6 +12,7 @@ import TrellisTestKit
     func open(_ name: String = "store.sqlite") throws -> DocumentStore {
         var options = StoreOptions()
         options.now = clock.source
+        options.elapsed = clock.source
         return try DocumentStore(path: dir.path(name), options: options)
     }
 
@@ -312,6 +313,7 @@ import TrellisTestKit
         let clock = ManualClock()
         var options = StoreOptions()
         options.now = clock.source
+        options.elapsed = clock.source
         let local = try DocumentStore(path: dir.path("local.sqlite"), options: options)
         try local.upsert(["_id": "car1", "hp": 100], in: "c")
         var ahead = options

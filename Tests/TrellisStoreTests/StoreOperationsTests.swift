@@ -15,6 +15,7 @@ import TrellisTestKit
     func open(_ name: String = "store.sqlite", clock: ManualClock? = nil) throws -> DocumentStore {
         var options = StoreOptions()
         options.now = (clock ?? self.clock).source
+        options.elapsed = options.now
         return try DocumentStore(path: dir.path(name), options: options)
     }
 

@@ -11,6 +11,7 @@ func openStore(
 ) throws -> DocumentStore {
     var options = StoreOptions()
     options.now = clock.source
+    options.elapsed = clock.source  // the manual clock's advances are time passing
     options.log = { line in log?.append(line) }
     configure(&options)
     return try DocumentStore(path: dir.path(name), options: options)

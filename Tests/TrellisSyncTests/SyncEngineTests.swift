@@ -266,6 +266,7 @@ func cars(_ n: Int) -> [Value] {
         let clock = ManualClock()
         var options = StoreOptions()
         options.now = clock.source
+        options.elapsed = clock.source
         options.log = { _ in }
         var ahead = options
         ahead.now = ManualClock(startingAt: clock.now + 7_200_000).source
