@@ -18,6 +18,10 @@ public final class VdirMirror: ContactSink {
     /// The names of files present when a full enumeration began and not written since.
     private let stale = Mutex<Set<String>?>(nil)
     private var staleFile: URL { directory.appendingPathComponent(".trellis-full-enumeration") }
+    /// The names written since the full enumeration began, one per line, appended after each
+    /// batch: a host that resumes the enumeration after a crash keeps them
+    /// (``finishFullEnumeration()``).
+    private var writtenFile: URL { directory.appendingPathComponent(".trellis-full-enumeration-written") }
 
     /// Creates the directory when needed.
     public init(directory: URL) throws {
@@ -78,10 +82,16 @@ public final class VdirMirror: ContactSink {
         // the files that the enumeration does not write.
         let record = ["\(Date().timeIntervalSince1970)"] + names.sorted()
         try Data(record.joined(separator: "\n").utf8).write(to: staleFile, options: .atomic)
+        // After the list: a crash between the two leaves names of an earlier enumeration marked
+        // written, which keeps files, never removes one.
+        try? FileManager.default.removeItem(at: writtenFile)
         stale.withLock { $0 = names }
     }
 
     public func update(_ items: [ContactItem]) throws {
+        let enumerating = stale.withLock { $0 != nil } || FileManager.default.fileExists(atPath: staleFile.path)
+        var written: [String] = []
+        defer { if enumerating { noteWritten(written) } }
         for item in items {
             let name = Self.fileName(for: item.identifier)
             do {
@@ -96,7 +106,20 @@ public final class VdirMirror: ContactSink {
                     Data("trellis: warning: cannot write \(name): \(reason ?? "\(error)"); skipped\n".utf8))
             }
             _ = stale.withLock { $0?.remove(name) }
+            written.append(name)
         }
+    }
+
+    /// Appends `names` to ``writtenFile``. A batch cut short by a crash is delivered again by the
+    /// resuming host (it resumes after the last batch it finished), so the names of a batch are
+    /// appended once it is written. Without the file, a resumed enumeration would remove them.
+    private func noteWritten(_ names: [String]) {
+        guard !names.isEmpty else { return }
+        let fd = open(writtenFile.path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        let bytes = Array((names.joined(separator: "\n") + "\n").utf8)
+        _ = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
     }
 
     public func delete(_ identifiers: [ContactItem.Identifier]) throws {
@@ -105,33 +128,29 @@ public final class VdirMirror: ContactSink {
 
     public func finishFullEnumeration() throws {
         var names = stale.withLock { $0 }
-        var startedAt: Date?
-        if let text = try? String(contentsOf: staleFile, encoding: .utf8) {
+        if names == nil, let text = try? String(contentsOf: staleFile, encoding: .utf8) {
+            // A resumed enumeration (this mirror did not begin it): the names present at its
+            // start, after the line of its start time, less those written since. Written
+            // names are read from ``writtenFile``, not judged by modification times: a file
+            // renamed into place within a tick of the start can carry an earlier time.
             var lines = text.split(separator: "\n").map(String.init)
-            if let first = lines.first, let t = Double(first) {
-                startedAt = Date(timeIntervalSince1970: t)
-                lines.removeFirst()
+            if let first = lines.first, Double(first) != nil { lines.removeFirst() }
+            var present = Set(lines)
+            if let written = try? String(contentsOf: writtenFile, encoding: .utf8) {
+                present.subtract(written.split(separator: "\n").map(String.init))
             }
-            if names == nil { names = Set(lines) }
+            names = present
         }
-        for name in names ?? [] {
-            let path = directory.appendingPathComponent(name).path
-            // After a resumed enumeration, a file written since the start is current.
-            if let startedAt,
-                let modified = try? FileManager.default.attributesOfItem(atPath: path)[.modificationDate]
-                    as? Date, modified >= startedAt
-            {
-                continue
-            }
-            try removeFile(name)
-        }
+        for name in names ?? [] { try removeFile(name) }
         stale.withLock { $0 = nil }
         try? FileManager.default.removeItem(at: staleFile)
+        try? FileManager.default.removeItem(at: writtenFile)
     }
 
     public func removeAll() throws {
         for name in try files() { try removeFile(name) }
         stale.withLock { $0 = nil }
         try? FileManager.default.removeItem(at: staleFile)
+        try? FileManager.default.removeItem(at: writtenFile)
     }
 }
