@@ -443,6 +443,9 @@ import TrellisCore
         let c = LinkID(2)
         _ = r.linkOpened(c, peerKey: Self.keyC, initiator: false, address: "c", endpoint: nil, checkpoints: [:], now: 0)
         _ = r.received(hello(Self.keyC), on: c, now: 0)
+        // C's own presence record: it has no other session (its subscriptions are relayed).
+        _ = r.received(
+            .presence([PresenceRecord(peerKey: Self.keyC, version: 4, seq: 1, neighbors: [])]), on: c, now: 0)
         let many = (0..<40).map {
             WireSubscription(spec: SubscriptionSpec(collection: "items", query: "_id == 'd\($0)'"), since: 0, hops: 0)
         }

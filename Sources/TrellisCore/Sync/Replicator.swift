@@ -685,6 +685,13 @@ public struct Replicator: Sendable {
                 sessions[link]!.refetchSetDue = nil
                 directives += sendAsked(link, now: now)
             }
+            if s.reportedNeighbors == nil, !s.relayedWithoutRecord, s.phase == .established,
+                now - s.opened >= Self.relayGrace
+            {
+                // No presence record within the grace: its subscriptions are relayed from now on.
+                sessions[link]!.relayedWithoutRecord = true
+                directives += updateAsked(except: link, now: now)
+            }
             for key in s.served.keys.sorted() {
                 guard var served = s.served[key] else { continue }
                 if served.inFlight > 0, !s.congested, now - served.lastProgress >= configuration.ackTimeout {
@@ -1743,7 +1750,7 @@ public struct Replicator: Sendable {
     /// into whole collections above ``ReplicatorConfiguration/maxAskedSubscriptions``. A peer's
     /// subscriptions are not relayed to a peer it says (in its own presence record, on its own
     /// link) it has a session with: it asks that one itself (docs/MESH.md, "Relay").
-    private func wanted(for link: LinkID) -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)] {
+    private func wanted(for link: LinkID, now: Millis) -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)] {
         var wanted: [UTF8Key: (spec: SubscriptionSpec, hops: Int)] = [:]
         // Only what the peer may write is asked of it: what it sends of another collection
         // would be refused.
@@ -1758,6 +1765,10 @@ public struct Replicator: Sendable {
             // and hold the whole collection for it. Only the neighbour's own word on this link
             // counts: a record forwarded by another peer could be forged to cut a relay.
             if s.reportedNeighbors?.keys.contains(peer) == true { continue }
+            // Nor before the neighbour's first record (it follows its `hello` at once), for at
+            // most ``relayGrace``: relayed and then taken back, each such subscription would cost
+            // a batch from the peer that nobody wanted.
+            if s.reportedNeighbors == nil, now - s.opened < Self.relayGrace { continue }
             // A peer's refetch subscriptions are relayed one hop only, its own (hops 0): relayed
             // further, one that lasts (documents no peer holds whole) could come back around a
             // ring of relays with ever more hops and never die out. A relay holds what passes, and
@@ -1863,6 +1874,11 @@ public struct Replicator: Sendable {
         return sendAsked(link, now: now)
     }
 
+    /// How long a neighbour's subscriptions wait to be relayed for its first presence record, in
+    /// milliseconds (``wanted(for:now:)``): a peer that sends none (an older build) is relayed
+    /// for after it.
+    static let relayGrace: Millis = 2_000
+
     /// How long answered refetch subscriptions may stay asked while another one waits for its
     /// answer (``refetchAnswered(_:generation:left:on:now:)``), in milliseconds.
     static let refetchSetDelay: Millis = 1_000
@@ -1896,7 +1912,7 @@ public struct Replicator: Sendable {
         // while it is asked, never given to another key on the connection.
         let numbered = (early ? lastHellos[s.peerKey] : s.remote)?.compactNames == true
         var list: [WireSubscription] = []
-        for (key, entry) in wanted(for: link).sorted(by: { $0.key < $1.key }) {
+        for (key, entry) in wanted(for: link, now: now).sorted(by: { $0.key < $1.key }) {
             // Asked again on this connection after it was dropped: a new generation, so a batch
             // of the old request still in flight stores no checkpoint (one before it may have
             // arrived while the subscription was not asked, and was dropped unapplied).
@@ -2096,6 +2112,9 @@ extension Replicator {
         /// node forwarded): its `seq` and the peers it says it has sessions with. Its
         /// subscriptions are not relayed to those (``wanted(for:)``).
         var reportedNeighbors: (seq: UInt64, keys: Set<[UInt8]>)?
+        /// Whether the relay grace ran out before the peer's first presence record, and its
+        /// subscriptions were relayed then (``Replicator/relayGrace``).
+        var relayedWithoutRecord = false
         /// What this node asks the peer for, by key, and the shape last sent.
         var asked: [UTF8Key: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
