@@ -354,25 +354,19 @@ final class LiveQueryRegistry: Sendable {
         }
     }
 
-    /// The changed documents' values after the commit: those it carried, the others read from
-    /// the store; `.unknown` (re-run) when one cannot be read.
+    /// The changed documents' values after the commit, as it carried them; `.unknown` (re-run)
+    /// when it did not carry one (over ``DocumentStore/maxEventValueBytes``, or a row only
+    /// renumbered) or one cannot be read. Read from the store instead, such a value would be as
+    /// the latest commit left it, and patched in beside this commit's values it would make
+    /// results that never existed; a re-run reads one state that did (docs/LIVE-QUERIES.md).
     private func fetch(_ keys: Set<UTF8Key>, carried: [UTF8Key: String?], in collection: String) -> LiveChange {
         var values: [UTF8Key: Value?] = [:]
         values.reserveCapacity(keys.count)
-        var written: Set<UTF8Key> = []
         for key in keys {
-            do {
-                if let text = carried[key] {
-                    values[key] = .some(try text.map { try JSON.parse($0) })
-                    written.insert(key)
-                } else {
-                    values[key] = .some(try documents.document(id: try JSON.parse(key.string), in: collection))
-                }
-            } catch {
-                return .unknown
-            }
+            guard let text = carried[key] else { return .unknown }
+            do { values[key] = .some(try text.map { try JSON.parse($0) }) } catch { return .unknown }
         }
-        return .documents(values, written: written)
+        return .documents(values, written: Set(keys))
     }
 }
 
