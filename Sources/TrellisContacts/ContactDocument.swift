@@ -22,16 +22,30 @@ public enum ContactDocument {
         ("country", \.country), ("isoCountryCode", \.isoCountryCode),
     ]
 
-    /// The identifier of a document's `_id`: the string itself, or the canonical JSON of a map.
+    /// The identifier of a document's `_id`, one to one: a string itself, or written `\` + the
+    /// string when it begins with `{` or `\`; a map, its canonical JSON (which begins with `{`).
+    /// So a string `_id` that spells a map's JSON names another contact than the map (before,
+    /// both were one contact, and removing either removed the other's file).
     public static func identifier(for id: Value) -> ContactItem.Identifier {
-        if case .string(let s) = id { return ContactItem.Identifier(s) }
+        if case .string(let s) = id {
+            return ContactItem.Identifier(s.hasPrefix("{") || s.hasPrefix("\\") ? "\\" + s : s)
+        }
         return ContactItem.Identifier(JSON.string(id))
     }
 
-    /// The document for a contact, with `_id` set to `identifier`'s value.
+    /// The `_id` an identifier names (``identifier(for:)`` read back): after `\`, the string
+    /// that follows; the JSON of a map, that map; anything else, the string itself.
+    public static func id(for identifier: ContactItem.Identifier) -> Value {
+        let text = identifier.value
+        if text.hasPrefix("\\") { return .string(String(text.dropFirst())) }
+        if text.hasPrefix("{"), case .map(let map)? = try? JSON.parse(text), !map.isEmpty { return .map(map) }
+        return .string(text)
+    }
+
+    /// The document for a contact, with `_id` the one `identifier` names (``id(for:)``).
     public static func value(for contact: CNContact, identifier: ContactItem.Identifier) -> Value {
         let fields = contact.fields
-        var map: UTF8Map<Value> = ["_id": .string(identifier.value)]
+        var map: UTF8Map<Value> = ["_id": id(for: identifier)]
         for (name, path) in stringFields where !fields[keyPath: path].isEmpty {
             map[name] = .string(fields[keyPath: path])
         }

@@ -124,7 +124,7 @@ final class CrashingSink: ContactSink {
     /// is rewritten at once, the process dies, and the restarted mirror finishes the
     /// enumeration. The rewritten file was delivered by this enumeration and must stay.
     ///
-    /// Fails today (here `lost` was 6 to 42 of 100 rounds), same cause as above: the
+    /// Failed before the journal of written names (here `lost` was 6 to 42 of 100 rounds), same cause as above: the
     /// file's modification time, taken from the kernel's coarse clock, is before the `Date()`
     /// recorded by `beginFullEnumeration`, and `finishFullEnumeration` removes the file of a
     /// contact this enumeration delivered.
@@ -157,7 +157,7 @@ final class CrashingSink: ContactSink {
     ///
     /// Expected: two documents, two contacts, two files; removing one leaves the other's file.
     ///
-    /// Fails today: the host and the vdir see one contact (`{"k":"x"}.vcf`, written twice with
+    /// Failed before identifiers were one to one: the host and the vdir saw one contact (`{"k":"x"}.vcf`, written twice with
     /// whichever came last), and removing the string-keyed document deletes the file of the
     /// map-keyed one, which is still live: the mirror diverges from the store until the next
     /// full enumeration, and the enumerator's change batches report a deletion and an update of
