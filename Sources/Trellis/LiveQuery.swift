@@ -162,9 +162,11 @@ final class LiveQueryStreamControl: Sendable {
 enum LiveChange {
     /// Unknown changes: re-run the query.
     case unknown
+    /// The commit wrote these documents (canonical keys) but did not carry all their values:
+    /// re-run the query, reading the store as it is now (docs/LIVE-QUERIES.md, step 2).
+    case reread(Set<UTF8Key>)
     /// The changed documents by canonical key (compared byte-wise), with their value after the
-    /// commit (`nil`: absent); `written` are the keys whose value came with the commit (the
-    /// commit wrote them; the others were read from the store and may be unchanged).
+    /// commit (`nil`: absent), all written by it.
     case documents([UTF8Key: Value?], written: Set<UTF8Key>)
 }
 
@@ -354,7 +356,7 @@ final class LiveQueryRegistry: Sendable {
         }
     }
 
-    /// The changed documents' values after the commit, as it carried them; `.unknown` (re-run)
+    /// The changed documents' values after the commit, as it carried them; `.reread` (re-run)
     /// when it did not carry one (over ``DocumentStore/maxEventValueBytes``, or a row only
     /// renumbered) or one cannot be read. Read from the store instead, such a value would be as
     /// the latest commit left it, and patched in beside this commit's values it would make
@@ -363,8 +365,8 @@ final class LiveQueryRegistry: Sendable {
         var values: [UTF8Key: Value?] = [:]
         values.reserveCapacity(keys.count)
         for key in keys {
-            guard let text = carried[key] else { return .unknown }
-            do { values[key] = .some(try text.map { try JSON.parse($0) }) } catch { return .unknown }
+            guard let text = carried[key] else { return .reread(keys) }
+            do { values[key] = .some(try text.map { try JSON.parse($0) }) } catch { return .reread(keys) }
         }
         return .documents(values, written: Set(keys))
     }
@@ -586,6 +588,14 @@ final class CursorEvaluator: @unchecked Sendable {
         case .unknown:
             try rerun()
             return LiveStep(results: rows.map(\.document), written: [])
+        case .reread(let written):
+            let before = keys
+            try rerun()
+            var ids: Set<Value> = []
+            for key in written where before.contains(key) || keys.contains(key) {
+                if let id = try? JSON.parse(key.string) { ids.insert(id) }
+            }
+            return LiveStep(results: rows.map(\.document), written: ids)
         case .documents(let values, let written):
             let relevant = values.contains { key, value in isRelevant(key, value) }
             guard relevant else { return nil }
@@ -887,6 +897,12 @@ extension PendingIDSpecificOperation {
                         results: SingleDocumentResult(
                             document: try store.documents.document(id: id, in: name).map(Document.init(value:))),
                         written: [])
+                case .reread(let written):
+                    guard written.contains(key) else { return nil }  // not changed
+                    return LiveStep(
+                        results: SingleDocumentResult(
+                            document: try store.documents.document(id: id, in: name).map(Document.init(value:))),
+                        written: [id])
                 }
             },
             handler: { delivery, signal in

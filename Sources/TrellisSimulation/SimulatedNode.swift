@@ -27,6 +27,9 @@ public final class SimulatedNode: @unchecked Sendable {
     var host: SyncHost?
     /// Added to the simulation's wall clock for this node's store (clock skew), milliseconds.
     public internal(set) var clockOffset: Millis = 0
+    /// Time passed for this node beyond the simulation's (``Simulation/passTime(_:by:)``), in
+    /// milliseconds: added to its store's elapsed time.
+    public internal(set) var elapsedOffset: Millis = 0
     /// Static peers it dials (node names).
     var staticPeers: [String] = []
     var links: [LinkID: Int] = [:]
@@ -98,7 +101,7 @@ public final class SimulatedNode: @unchecked Sendable {
         let sim = simulation
         let index = self.index
         options.now = { [weak sim] in UInt64(max(0, sim?.wallClock(of: index) ?? 0)) }
-        options.elapsed = { [weak sim] in UInt64(max(0, sim?.now ?? 0)) }
+        options.elapsed = { [weak sim, weak self] in UInt64(max(0, (sim?.now ?? 0) + (self?.elapsedOffset ?? 0))) }
         let seed = simulation.nextRandom()
         let random = Mutex(SplitMix64(seed: seed))
         options.random = { random.withLock { $0.next() } }

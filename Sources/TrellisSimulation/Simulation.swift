@@ -477,6 +477,15 @@ public final class Simulation: @unchecked Sendable {
         record("\(node.name) clock offset \(offset) ms")
     }
 
+    /// Moves a node's wall clock forward by `duration` milliseconds as time that passed, not as a
+    /// clock error: its store's elapsed time (`StoreOptions.elapsed`, which bounds the reaper)
+    /// moves as much. For tests that need days to pass (a tombstone TTL) without running them.
+    public func passTime(_ node: SimulatedNode, by duration: Millis) {
+        node.clockOffset += duration
+        node.elapsedOffset += duration
+        record("\(node.name) \(duration) ms pass")
+    }
+
     // MARK: Running
 
     /// Runs every event due within the next `duration` milliseconds of virtual time.

@@ -402,7 +402,7 @@ import TrellisSimulation
     /// Moves every node's clock past the tombstone TTL and lets their sync hosts reap.
     static func passTheTTL(_ mesh: Mesh) throws {
         let ttl = Millis(mesh.sim.storeOptions.tombstoneTTL)
-        for node in mesh.sim.nodes { mesh.sim.setClockOffset(node, node.clockOffset + ttl + 60_000) }
+        for node in mesh.sim.nodes { mesh.sim.passTime(node, by: ttl + 60_000) }
         mesh.sim.run(for: 120_000)
     }
 
