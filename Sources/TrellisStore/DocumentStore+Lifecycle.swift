@@ -113,12 +113,18 @@ extension DocumentStore {
     ///   before, which count as written before every `seq`.
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
     ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
-    static func migrate(_ db: Connection) throws {
-        let columns = try db.prepare("SELECT name FROM pragma_table_info('checkpoints')")
+    /// The names of a table's columns.
+    private static func columnNames(_ db: Connection, _ table: String) throws -> Set<String> {
+        let columns = try db.prepare("SELECT name FROM pragma_table_info(?)")
+        columns.bind(1, table)
+        defer { columns.reset() }
         var names: Set<String> = []
         while try columns.step() { names.insert(columns.string(0) ?? "") }
-        columns.reset()
-        if !names.contains("collection") {
+        return names
+    }
+
+    static func migrate(_ db: Connection) throws {
+        if try !columnNames(db, "checkpoints").contains("collection") {
             try db.transaction {
                 try db.execute("ALTER TABLE checkpoints ADD COLUMN collection TEXT NOT NULL DEFAULT ''")
                 let keys = try db.prepare("SELECT DISTINCT subscription FROM checkpoints")
@@ -137,10 +143,7 @@ extension DocumentStore {
         try db.execute("CREATE INDEX IF NOT EXISTS checkpoints_by_collection ON checkpoints(collection)")
         // Tombstones gain the time of their newest stamp, for the reaper; NULL in rows written
         // before, filled in by the reaper as it meets them.
-        let documentColumns = try db.prepare("SELECT name FROM pragma_table_info('documents')")
-        var documentNames: Set<String> = []
-        while try documentColumns.step() { documentNames.insert(documentColumns.string(0) ?? "") }
-        documentColumns.reset()
+        let documentNames = try columnNames(db, "documents")
         if !documentNames.contains("removed_at") {
             try db.execute("ALTER TABLE documents ADD COLUMN removed_at INTEGER")
         }
@@ -168,11 +171,7 @@ extension DocumentStore {
         }
         // Reaped keys gain their tombstone's state; NULL in keys reaped before, whose time alone
         // decides what a later state for them is (DocumentStore+Tombstones.swift).
-        let reapedColumns = try db.prepare("SELECT name FROM pragma_table_info('reaped')")
-        var reapedNames: Set<String> = []
-        while try reapedColumns.step() { reapedNames.insert(reapedColumns.string(0) ?? "") }
-        reapedColumns.reset()
-        if !reapedNames.contains("state") {
+        if try !columnNames(db, "reaped").contains("state") {
             try db.execute("ALTER TABLE reaped ADD COLUMN state BLOB")
         }
         try db.execute(

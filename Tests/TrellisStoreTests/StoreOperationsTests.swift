@@ -484,6 +484,38 @@ import TrellisTestKit
         #expect(try b.evictedIDs(in: "c", limit: 10).isEmpty)
     }
 
+    /// A store whose reaped keys were written before they kept their tombstone's state (no
+    /// `state` column in `reaped`): it opens, such a key still decides by its time (a stale copy
+    /// is removed again, never shown), and a key reaped from then on keeps its state (a write
+    /// re-creating the document does not take back its old field).
+    @Test func reapedKeysOfAnOlderStoreStillDecideByTime() throws {
+        let stale = try open("stale.sqlite")
+        do {
+            let old = try open("old.sqlite")
+            try old.upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]], in: "c")
+            try sync(old, into: stale)
+            try old.remove(id: "d1", in: "c")
+            clock.advance(by: old.options.tombstoneTTL + 1)
+            #expect(try old.reapExpiredTombstones().reaped == 1)
+            try old.withState { s in try s.db.execute("ALTER TABLE reaped DROP COLUMN state") }
+            old.close()
+        }
+        let reopened = try open("old.sqlite")
+        #expect(reopened.reapedKeyCount == 1)
+        try sync(stale, into: reopened)
+        #expect(try reopened.document(id: "d1", in: "c") == nil)
+        #expect(try reopened.state(id: "d1", in: "c")?.isDeleted == true)
+        // d2 removed and reaped under this version keeps its tombstone's state.
+        try reopened.remove(id: "d2", in: "c")
+        clock.advance(by: reopened.options.tombstoneTTL + 1)
+        _ = try reopened.reapExpiredTombstones()
+        #expect(try reopened.state(id: "d2", in: "c") == nil)
+        try reopened.upsert(["_id": "d2", "w": 3], in: "c")
+        #expect(try reopened.document(id: "d2", in: "c") == ["_id": "d2", "w": 3])
+        try sync(stale, into: reopened)
+        #expect(try reopened.document(id: "d2", in: "c") == ["_id": "d2", "w": 3])
+    }
+
     /// A store written by the version that kept the peer a row's state came from (`source`, once
     /// used to suppress echoes) opens and works; the column is ignored.
     @Test func aStoreWithTheOldSourceColumnOpensAndWorks() throws {
