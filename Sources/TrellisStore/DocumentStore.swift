@@ -403,6 +403,9 @@ public final class DocumentStore: Sendable {
         /// The reaper's last time and the ``StoreOptions/elapsed`` reading it was taken at
         /// (``DocumentStore/reaperNow(_:)``).
         var reaperClock: (now: UInt64, elapsed: UInt64)?
+        /// The reaped tombstones ``DocumentStore/row(_:_:_:)`` stood in for a missing row: the
+        /// write of that row forgets the key (``DocumentStore/writeRow``).
+        var reapedRowsRead: Set<DocumentKey> = []
         /// The collections that may hold a string with U+0000 (DocumentStore+NULStrings.swift).
         var nulCollections: Set<UTF8Key> = []
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
@@ -840,17 +843,14 @@ public final class DocumentStore: Sendable {
             // No row, but a reaped tombstone remembered with its state: the key's row is that
             // tombstone, for writes and merges alike (as if it had not been reaped).
             guard s.reapedRows > 0, let tombstone = try reapedTombstone(&s, collection, key) else { return nil }
+            s.reapedRowsRead.insert(DocumentKey(collection: collection, key: key))
             return (tombstone, .tombstone, Self.reapedRowSeq, nil)
         }
+        // A row and a reaped key kept with its state never stand together: the write that makes
+        // the row started from the state (above) and forgets the key (``writeRow``).
         do {
-            var state = try StoredState.decode(bytes, value: st.string(1))
-            if s.reapedRows > 0, let tombstone = try reapedTombstone(&s, collection, key) {
-                // A row written for a reaped key without starting from its tombstone (by an
-                // earlier version): the tombstone's context still drops what it removed.
-                state.merge(tombstone)
-            }
             return (
-                state, RowKind(rawValue: st.int64(2)) ?? .tombstone,
+                try StoredState.decode(bytes, value: st.string(1)), RowKind(rawValue: st.int64(2)) ?? .tombstone,
                 st.int64(3), st.bytes(4).map { StoredDelta(bytes: $0, baseSeq: st.int64(5)) }
             )
         } catch {
@@ -1044,9 +1044,11 @@ public final class DocumentStore: Sendable {
         let listed = Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
         Self.noteValue(&s, collection, key, kind == .live ? value : nil, listed: listed)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
-        // The row now carries what a reaped tombstone of the key remembered: every path that writes
-        // a row for such a key started from it (``row(_:_:_:)``).
-        if s.reapedRows > 0 { try forgetReaped(&s, collection, key) }
+        // The row now carries what the reaped tombstone of the key it started from remembered
+        // (``row(_:_:_:)``): the key is forgotten.
+        if !s.reapedRowsRead.isEmpty, s.reapedRowsRead.remove(DocumentKey(collection: collection, key: key)) != nil {
+            try forgetReaped(&s, collection, key)
+        }
         return true
     }
 
