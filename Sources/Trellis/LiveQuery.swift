@@ -349,7 +349,7 @@ final class LiveQueryRegistry: Sendable {
                 let change: LiveChange
                 switch pending {
                 case .all: change = .unknown
-                case .keys(let keys, let values): change = fetch(keys, carried: values, in: collection.string)
+                case .keys(let keys, let values): change = fetch(keys, carried: values)
                 }
                 for observation in observations where !observation.isStopped { observation.refresh(change) }
             }
@@ -361,7 +361,7 @@ final class LiveQueryRegistry: Sendable {
     /// renumbered) or one cannot be read. Read from the store instead, such a value would be as
     /// the latest commit left it, and patched in beside this commit's values it would make
     /// results that never existed; a re-run reads one state that did (docs/LIVE-QUERIES.md).
-    private func fetch(_ keys: Set<UTF8Key>, carried: [UTF8Key: String?], in collection: String) -> LiveChange {
+    private func fetch(_ keys: Set<UTF8Key>, carried: [UTF8Key: String?]) -> LiveChange {
         var values: [UTF8Key: Value?] = [:]
         values.reserveCapacity(keys.count)
         for key in keys {
@@ -591,11 +591,7 @@ final class CursorEvaluator: @unchecked Sendable {
         case .reread(let written):
             let before = keys
             try rerun()
-            var ids: Set<Value> = []
-            for key in written where before.contains(key) || keys.contains(key) {
-                if let id = try? JSON.parse(key.string) { ids.insert(id) }
-            }
-            return LiveStep(results: rows.map(\.document), written: ids)
+            return LiveStep(results: rows.map(\.document), written: ids(of: written, before: before))
         case .documents(let values, let written):
             let relevant = values.contains { key, value in isRelevant(key, value) }
             guard relevant else { return nil }
@@ -617,12 +613,18 @@ final class CursorEvaluator: @unchecked Sendable {
             } else {
                 try rerun()
             }
-            var ids: Set<Value> = []
-            for key in written where before.contains(key) || keys.contains(key) {
-                if let id = try? JSON.parse(key.string) { ids.insert(id) }
-            }
-            return LiveStep(results: rows.map(\.document), written: ids)
+            return LiveStep(results: rows.map(\.document), written: ids(of: written, before: before))
         }
+    }
+
+    /// The `_id`s of the `written` documents that were in the results (`before`, their keys) or
+    /// are now.
+    private func ids(of written: Set<UTF8Key>, before: Set<UTF8Key>) -> Set<Value> {
+        var ids: Set<Value> = []
+        for key in written where before.contains(key) || keys.contains(key) {
+            if let id = try? JSON.parse(key.string) { ids.insert(id) }
+        }
+        return ids
     }
 
     /// Whether a changed document can change the results.
@@ -883,6 +885,13 @@ extension PendingIDSpecificOperation {
         let key = UTF8Key(try DocumentStore.key(for: id))
         let store = collection.store
         let (id, name) = (id, collection.name)
+        /// The document as the store holds it now.
+        @Sendable func stored(written: Set<Value>) throws -> LiveStep<SingleDocumentResult> {
+            LiveStep(
+                results: SingleDocumentResult(
+                    document: try store.documents.document(id: id, in: name).map(Document.init(value:))),
+                written: written)
+        }
         let observation = Observation<SingleDocumentResult>(
             collection: name, registry: store.liveQueries, queue: queue, autoSignal: autoSignal,
             evaluate: { change in
@@ -893,16 +902,10 @@ extension PendingIDSpecificOperation {
                         results: SingleDocumentResult(document: value.map(Document.init(value:))),
                         written: written.contains(key) ? [id] : [])
                 case .unknown:
-                    return LiveStep(
-                        results: SingleDocumentResult(
-                            document: try store.documents.document(id: id, in: name).map(Document.init(value:))),
-                        written: [])
+                    return try stored(written: [])
                 case .reread(let written):
                     guard written.contains(key) else { return nil }  // not changed
-                    return LiveStep(
-                        results: SingleDocumentResult(
-                            document: try store.documents.document(id: id, in: name).map(Document.init(value:))),
-                        written: [id])
+                    return try stored(written: [id])
                 }
             },
             handler: { delivery, signal in
