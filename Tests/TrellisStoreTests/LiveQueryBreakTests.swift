@@ -20,25 +20,6 @@ import TrellisTestKit
         node = try TrellisNode(directory: dir.url.appendingPathComponent("node"), meshKey: .generate())
     }
 
-    /// Holds the live queries' evaluation queue while `writes` commit, so their events wait
-    /// behind it (as they do behind a busy evaluation pass), then frees it and waits for every
-    /// callback.
-    func whileEvaluationHeld(_ writes: () throws -> Void) rethrows {
-        let gate = DispatchSemaphore(value: 0)
-        let entered = DispatchSemaphore(value: 0)
-        node.store.liveQueries.evaluation.async {
-            entered.signal()
-            gate.wait()
-        }
-        entered.wait()
-        defer {
-            gate.signal()
-            node.store.flushLiveQueries()
-        }
-        try writes()
-        node.store.documents.waitForObservers()
-    }
-
     /// A commit whose values exceed what one commit event carries
     /// (``DocumentStore/maxEventValueBytes``, 8 MiB): four documents of about 2.4 MiB each
     /// (each under the 5 MiB limit with metadata), `a` to `d`, written with `v: 1` in one batch,
@@ -68,7 +49,7 @@ import TrellisTestKit
             }
         }
         node.store.flushLiveQueries()
-        try whileEvaluationHeld {
+        try node.whileHeld(node.store.liveQueries.evaluation) {
             try big.upsert(ids.map { ["_id": .string($0), "v": 1, "pad": pad] })
             try big.upsert(ids.map { ["_id": .string($0), "v": 2] })
         }
