@@ -180,8 +180,8 @@ extension DocumentStore {
         for row in rows {
             // The tombstone's state (its causal context, a few bytes per site) is kept with the
             // key: a state arriving later for it, or a write re-creating it, starts from it, so
-            // what the remove covered stays removed (``row(_:_:_:)``). Joined with what an
-            // earlier reap of the key kept, in case a row was written without it.
+            // what the remove covered stays removed (``row(_:_:_:)``). A tombstone made again for
+            // a key reaped before started from the state kept then, so replacing it loses nothing.
             var tombstone = try self.row(&s, row.collection, row.key)?.state
             if tombstone?.isDeleted == false { tombstone = nil }  // not a tombstone: keep no state
             remember.reset()
