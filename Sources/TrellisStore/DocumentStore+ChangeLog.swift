@@ -69,14 +69,20 @@ extension DocumentStore {
     ///     ``WholeHeld/changedAfter``).
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
     ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
+    ///   - reapedAfter: for a reader that was found below the floor with its cursor here (a peer
+    ///     starting over from 0, ``ChangePage/belowFloor``): the page also holds, in `seq` order
+    ///     among the rows, the tombstones reaped here whose `seq` was above it, each as the state
+    ///     its reaped key kept, whatever the query (the reader may hold any of those documents,
+    ///     and only a remove it receives takes it away). Keys reaped without a state (by an
+    ///     earlier version) have none to send. Ignored with `keys`.
     /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
     /// - Complexity: O(limit · log n) through the `(collection, seq)` index, plus the size of the
     ///   states returned; with `keys`, O(k log n) through the primary key for k keys, and a sort
-    ///   of the rows found.
+    ///   of the rows found; with `reapedAfter`, O(limit · log r) more for r reaped keys.
     public func changes(
         in collection: String, after: Int64, limit: Int, maxBytes: Int, matching query: Query = .all,
         args: UTF8Map<Value> = [:], servedAs subscription: SubscriptionSpec? = nil, keys: [String]? = nil,
-        refetchOf base: SubscriptionSpec? = nil, reader: PageReader? = nil
+        refetchOf base: SubscriptionSpec? = nil, reader: PageReader? = nil, reapedAfter: Int64? = nil
     ) throws(StoreError) -> ChangePage {
         let bound = try Self.bind(query, args)
         let translated = bound.sqlWhere(column: "documents.value")
@@ -111,6 +117,9 @@ extension DocumentStore {
             if !nulRows, try answeredWithoutNULRows(&s, collection) { page = try read(nulRows: true) }
             page.belowFloor = after > 0 && after < floor
             page.heldFrom = held?.changedAfter
+            if let reapedAfter, keys == nil, s.reapedRows > 0 {
+                try addReapedTombstones(&s, to: &page, collection, after: max(after, reapedAfter), limit: limit)
+            }
             // Nothing is left between the last row and the floor: an exhausted page covers it, so
             // the next page is not below the floor again.
             if page.exhausted { page.scannedUpTo = max(page.scannedUpTo, floor) }
@@ -245,6 +254,50 @@ extension DocumentStore {
         }
         page.exhausted = scanned < max(1, limit)
         return page
+    }
+
+    /// Adds to `page` the tombstones reaped here with a `seq` above `after` and up to the page's
+    /// end (the end of the log for an exhausted page), as their reaped keys kept them, in `seq`
+    /// order among its records. When `limit` of them fall in the page, the page is cut after the
+    /// last one's `seq` (the rows after it come with the next page). Keys reaped by the version
+    /// before share their collection's floor as `seq` (DocumentStore+Lifecycle.swift): those at
+    /// the cut all come in this page.
+    private func addReapedTombstones(
+        _ s: inout State, to page: inout ChangePage, _ collection: String, after: Int64, limit: Int
+    ) throws {
+        let end = page.exhausted ? Int64.max : page.scannedUpTo
+        guard end > after else { return }
+        let st = try s.db.prepare(
+            "SELECT seq, id, state FROM reaped WHERE collection = ? AND seq > ? AND seq <= ? AND state IS NOT NULL "
+                + "ORDER BY seq, id LIMIT ?")
+        defer { st.reset() }
+        var reaped: [ChangeRecord] = []
+        func read(after: Int64, through end: Int64, limit: Int64) throws {
+            st.reset()
+            st.bind(1, collection)
+            st.bind(2, after)
+            st.bind(3, end)
+            st.bind(4, limit)
+            while try st.step() {
+                let key = st.string(1) ?? ""
+                // A key that no longer parses has nothing a peer could merge.
+                guard let id = try? Value.id(ofDocumentKey: key), let state = st.bytes(2) else { continue }
+                reaped.append(
+                    ChangeRecord(
+                        seq: st.int64(0), collection: collection, id: id, key: key, state: state, isDeleted: true))
+            }
+        }
+        try read(after: after, through: end, limit: Int64(max(1, limit)))
+        if reaped.count >= max(1, limit), let last = reaped.last?.seq {
+            reaped.removeAll { $0.seq == last }
+            try read(after: last - 1, through: last, limit: .max)
+            page.records.removeAll { $0.seq > last }
+            page.skipped.removeAll { $0.seq > last }
+            page.scannedUpTo = last
+            page.exhausted = false
+        }
+        guard !reaped.isEmpty else { return }
+        page.records = (page.records + reaped).sorted { $0.seq < $1.seq }
     }
 
     // MARK: Damaged rows

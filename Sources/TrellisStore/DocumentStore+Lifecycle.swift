@@ -171,9 +171,31 @@ extension DocumentStore {
         }
         // Reaped keys gain their tombstone's state; NULL in keys reaped before, whose time alone
         // decides what a later state for them is (DocumentStore+Tombstones.swift).
-        if try !columnNames(db, "reaped").contains("state") {
+        let reapedNames = try columnNames(db, "reaped")
+        if !reapedNames.contains("state") {
             try db.execute("ALTER TABLE reaped ADD COLUMN state BLOB")
         }
+        if !reapedNames.contains("seq") {
+            // Reaped keys gain the `seq` their tombstone had, so a peer found below the floor is
+            // sent the tombstones reaped after its checkpoint (DocumentStore+ChangeLog.swift). Keys
+            // reaped before get their collection's floor, which is at least the `seq` they had:
+            // such a peer is sent them whatever its checkpoint, never fewer than it missed.
+            try db.transaction {
+                try db.execute("ALTER TABLE reaped ADD COLUMN seq INTEGER")
+                let names = try db.prepare("SELECT DISTINCT collection FROM reaped")
+                var collections: [String] = []
+                while try names.step() { collections.append(names.string(0) ?? "") }
+                names.reset()
+                let fill = try db.prepare("UPDATE reaped SET seq = ? WHERE collection = ?")
+                for collection in collections {
+                    fill.reset()
+                    fill.bind(1, try metaInt64(db, "floor:" + collection) ?? 0)
+                    fill.bind(2, collection)
+                    try fill.run()
+                }
+            }
+        }
+        try db.execute("CREATE INDEX IF NOT EXISTS reaped_by_seq ON reaped(collection, seq) WHERE state IS NOT NULL")
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")
         // The eviction stubs, by collection: what a node asks peers for again, at start too.

@@ -171,9 +171,9 @@ extension DocumentStore {
     private func reap(_ s: inout State, _ rows: [ReapRow], now: UInt64) throws {
         guard !rows.isEmpty else { return }
         let remember = try s.db.prepare(
-            "INSERT INTO reaped(collection, id, removed_at, reaped_at, state) VALUES (?,?,?,?,?) "
+            "INSERT INTO reaped(collection, id, removed_at, reaped_at, state, seq) VALUES (?,?,?,?,?,?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET removed_at = max(removed_at, excluded.removed_at), "
-                + "reaped_at = excluded.reaped_at, state = excluded.state")
+                + "reaped_at = excluded.reaped_at, state = excluded.state, seq = excluded.seq")
         let delete = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 1")
         let unscope = try s.db.prepare("DELETE FROM scopes WHERE collection = ? AND id = ?")
         var floors: [UTF8Key: Int64] = [:]  // byte-wise: "é" and "e" + U+0301 are two collections
@@ -190,6 +190,7 @@ extension DocumentStore {
             remember.bind(3, Int64(clamping: row.removedAt))
             remember.bind(4, Int64(clamping: now))
             remember.bind(5, tombstone?.cbor())
+            remember.bind(6, row.seq)
             if try reapedRemoval(&s, row.collection, row.key) == nil { s.reapedRows += 1 }
             try remember.run()
             delete.reset()

@@ -517,6 +517,7 @@ public final class DocumentStore: Sendable {
             removed_at INTEGER NOT NULL,
             reaped_at INTEGER NOT NULL,
             state BLOB,
+            seq INTEGER,
             PRIMARY KEY(collection, id)
         ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS withholding(

@@ -12,7 +12,7 @@ extension DocumentStore: SyncStore {
         let page = try changes(
             in: request.spec.collection, after: request.after, limit: request.limit, maxBytes: request.maxBytes,
             matching: request.query, servedAs: refetch == nil ? request.spec : nil, keys: refetch,
-            refetchOf: Refetch.base(of: request.spec), reader: request.reader)
+            refetchOf: Refetch.base(of: request.spec), reader: request.reader, reapedAfter: request.reapedAfter)
         return ScanPage(
             records: page.records.map { record in
                 LogRecord(

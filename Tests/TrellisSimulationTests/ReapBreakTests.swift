@@ -61,13 +61,12 @@ import TrellisSimulation
     /// shows the removed documents until it syncs. Then they disappear there too". Without
     /// reaping S receives the tombstone (the control below).
     ///
-    /// FAILS (a known issue, open): S shows d1 for good. W finds S's checkpoint below its floor and sends S its
-    /// subscription again from 0 (d1 is not in it: no row), and "asks the subscriber again for
-    /// its own subscriptions in c from since 0" (Replicator, PROTOCOL.md §2 step 5) — but W asks
-    /// S nothing in `items`, so S never sends its stale copy of d1, W never removes it again,
-    /// and no remove ever reaches S. With a query of W's in `items` that d1 does not match, S
-    /// sends d1 back anyway (the next test, which passes).
-    @Test func aRemoverThatSubscribesToNothingLeavesAStaleSubscriberShowingAReapedDocument() throws {
+    /// Failed before (S showed d1 for good): W found S's checkpoint below its floor and sent S
+    /// its subscription again from 0, where d1 has no row, and asked S again for W's own
+    /// subscriptions in `items`, which are none, so S's stale copy never came back to W either.
+    /// Now the pages from 0 carry the tombstones W reaped after S's checkpoint (PROTOCOL.md §2
+    /// step 5), d1's among them.
+    @Test func aRemoverThatSubscribesToNothingStillRemovesAReapedDocumentFromAStaleSubscriber() throws {
         let (sim, w, s, subs) = try Self.writerAndSubscriber(seed: 9101, writerQuery: nil)
         sim.partition([[w], [s]])
         try w.store.collection("items").findByID("d1").remove()
@@ -76,10 +75,33 @@ import TrellisSimulation
         sim.heal()
         try sim.runUntilQuiet()
         #expect(try Self.ids(w) == ["\"d2\""])
-        let shown = try Self.ids(s)
-        withKnownIssue("a node below the floor is asked only for what the remover asks of it (open)") {
-            #expect(shown == ["\"d2\""], "S still shows the document W removed and reaped")
-        }
+        #expect(try Self.ids(s) == ["\"d2\""], "S still shows the document W removed and reaped")
+        try Self.checkIgnoringReapedWrites(sim, ["d1"])
+        _ = subs
+    }
+
+    /// As above, with S subscribed to a query (`v >= 1`) that d1 matches, and a document d3 that
+    /// W wrote and removed while S was away (S never held it). S stops showing d1; d3 never
+    /// shows anywhere. A reaped tombstone matches no query, and W no longer knows what S held:
+    /// every tombstone reaped after S's checkpoint goes with the query's pages.
+    @Test func aRemoverThatSubscribesToNothingStillRemovesAReapedDocumentFromAStaleQuerySubscriber() throws {
+        let sim = try Self.simulation(seed: 9104)
+        let w = try sim.addNode("w")
+        let s = try sim.addNode("s")
+        sim.connect(s, w)
+        let subs = [try s.store.collection("items").find("v >= 1").subscribe()]
+        try w.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
+        try sim.runUntilQuiet()
+        #expect(try Self.ids(s) == ["\"d1\"", "\"d2\""])
+        sim.partition([[w], [s]])
+        try w.store.collection("items").findByID("d1").remove()
+        try w.store.collection("items").upsert(["_id": "d3", "v": 3])
+        try w.store.collection("items").findByID("d3").remove()
+        Self.passTheTTL(sim)
+        sim.heal()
+        try sim.runUntilQuiet()
+        #expect(try Self.ids(s) == ["\"d2\""], "S still shows the document W removed and reaped")
+        #expect(try Self.ids(w) == ["\"d2\""])
         _ = subs
     }
 
@@ -349,11 +371,11 @@ import TrellisSimulation
     ///
     /// Promised (docs/MESH.md, "Tombstones"): S stops showing d1 at its first sync.
     ///
-    /// FAILS (a known issue, open), as `aRemoverThatSubscribesToNothing...`: R finds S's checkpoint below its
-    /// floor and asks S again for what R asks of S in `items`, which is nothing (no subscription
-    /// of R's, none relayed from A), so S's stale d1 never reaches a node that remembers the
-    /// reaped key.
-    @Test func aRelayThatReapedAndAsksNothingLeavesAStaleSubscriberShowingAReapedDocument() throws {
+    /// Failed before, as `aRemoverThatSubscribesToNothing...` did: R found S's checkpoint below
+    /// its floor and asked S again for what R asks of S in `items`, which is nothing (no
+    /// subscription of R's, none relayed from A), so S's stale d1 never reached a node that
+    /// remembers the reaped key. Now R's pages from 0 carry the tombstones it reaped.
+    @Test func aRelayThatReapedAndAsksNothingStillRemovesAReapedDocumentFromAStaleSubscriber() throws {
         let sim = try Self.simulation(seed: 9114)
         let a = try sim.addNode("a")
         let r = try sim.addNode("r")
@@ -372,10 +394,8 @@ import TrellisSimulation
         }
         sim.setLink(s, r, up: true)
         try sim.runUntilQuiet()
-        let shown = try Self.ids(s)
-        withKnownIssue("a node below the floor is asked only for what the relay asks of it (open)") {
-            #expect(shown == ["\"d2\""], "S still shows the document A removed and R and A reaped")
-        }
+        #expect(try Self.ids(s) == ["\"d2\""], "S still shows the document A removed and R and A reaped")
+        try Self.checkIgnoringReapedWrites(sim, ["d1"])
         _ = subs
     }
 

@@ -1,8 +1,9 @@
 import Foundation
 import Testing
 import TrellisCore
-import TrellisStore
 import TrellisTestKit
+
+@testable import TrellisStore
 
 /// Tombstones are reaped after their TTL (F04): the rows leave the log, the store remembers the
 /// lowest `seq` it still answers for completely, and a stale copy of a reaped document is removed
@@ -164,6 +165,76 @@ import TrellisTestKit
         #expect(keys == ["\"d1\"", "\"d2\"", "\"d3\"", "\"d4\""])
         #expect(after >= floor)
         #expect(!(try store.changes(in: "c", after: after, limit: 100, maxBytes: .max).belowFloor))
+    }
+
+    /// A reader found below the floor with its cursor at `checkpoint` starts over from 0, and its
+    /// pages (`reapedAfter: checkpoint`) carry the tombstones reaped after that cursor, as their
+    /// reaped keys kept them, in `seq` order among the rows and whatever the query; not those it
+    /// had already read. Merged into the reader, they remove what it still showed.
+    @Test func aReaderBelowTheFloorIsSentTheTombstonesReapedAfterItsCursor() throws {
+        let store = try open("a.sqlite")
+        let reader = try open("reader.sqlite")
+        try store.upsert((0..<8).map { ["_id": .string("d\($0)"), "v": .int($0)] }, in: "c")
+        try store.remove(id: "d0", in: "c")  // the reader reads this remove
+        _ = try reader.merge(try batch(of: store), from: [1], checkpoint: nil)
+        let checkpoint = store.lastSeq
+        for i in [5, 2, 6] { try store.remove(id: .string("d\(i)"), in: "c") }
+        try store.upsert(["_id": "d9", "v": 9], in: "c")
+        clock.advance(by: Self.ttl + 1)
+        #expect(try store.reapExpiredTombstones().reaped == 4)
+        #expect(try store.changes(in: "c", after: checkpoint, limit: 100, maxBytes: .max).belowFloor)
+        for limit in [1, 2, 3, 100] {
+            var after: Int64 = 0
+            var seqs: [Int64] = []
+            var keys: [String] = []
+            var removed: [String] = []
+            for _ in 0..<40 {
+                let page = try store.changes(
+                    in: "c", after: after, limit: limit, maxBytes: .max, matching: try Query("v >= 7"),
+                    reapedAfter: checkpoint)
+                seqs += page.records.map(\.seq)
+                keys += page.records.map(\.key)
+                removed += page.records.filter(\.isDeleted).map(\.key)
+                #expect(page.scannedUpTo >= after)
+                after = page.scannedUpTo
+                if page.exhausted { break }
+            }
+            #expect(seqs == seqs.sorted() && Set(seqs).count == seqs.count, "limit \(limit): \(seqs)")
+            #expect(removed == ["\"d5\"", "\"d2\"", "\"d6\""], "limit \(limit)")
+            #expect(keys == ["\"d7\"", "\"d5\"", "\"d2\"", "\"d6\"", "\"d9\""], "limit \(limit)")
+        }
+        // Without `reapedAfter` (a reader from 0 that never held anything) the page holds none.
+        let fresh = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max)
+        #expect(fresh.records.allSatisfy { !$0.isDeleted })
+        // The reader merges the page and stops showing what was removed.
+        let page = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max, reapedAfter: checkpoint)
+        _ = try reader.merge(
+            page.records.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }, from: [1],
+            checkpoint: nil)
+        let shown = try reader.documents(in: "c").compactMap { $0["_id"] }.map { JSON.string($0) }.sorted()
+        #expect(shown == ["\"d1\"", "\"d3\"", "\"d4\"", "\"d7\"", "\"d9\""])
+    }
+
+    /// A store whose reaped keys were kept with their states but not their `seq` (the version
+    /// before) gives them its collection's floor when opened: a reader below the floor is sent
+    /// them whatever its cursor, never fewer than it missed.
+    @Test func reapedKeysOfAStoreWithoutTheirSeqAreSentToEveryReaderBelowTheFloor() throws {
+        do {
+            let old = try open("old.sqlite")
+            try old.upsert((0..<4).map { ["_id": .string("d\($0)")] }, in: "c")
+            try old.remove(id: "d1", in: "c")
+            try old.remove(id: "d3", in: "c")
+            clock.advance(by: Self.ttl + 1)
+            #expect(try old.reapExpiredTombstones().reaped == 2)
+            try old.withState { s in
+                try s.db.execute("DROP INDEX reaped_by_seq; ALTER TABLE reaped DROP COLUMN seq")
+            }
+            old.close()
+        }
+        let store = try open("old.sqlite")
+        let page = try store.changes(in: "c", after: 0, limit: 100, maxBytes: .max, reapedAfter: 5)
+        #expect(page.records.filter(\.isDeleted).map(\.key) == ["\"d1\"", "\"d3\""])
+        #expect(page.records.map(\.key) == ["\"d0\"", "\"d2\"", "\"d1\"", "\"d3\""])
     }
 
     /// Reaping tombstones of two collections named alike in another Unicode form ("é" U+00E9

@@ -805,8 +805,11 @@ public struct Replicator: Sendable {
         var documents: [WireDocument] = []
         var directives: [ReplicatorDirective] = []
         if page.belowFloor, !served.floorChecked {
-            // The peer's checkpoint is older than tombstones reaped here: start over from 0.
+            // The peer's checkpoint is older than tombstones reaped here: start over from 0, with
+            // the tombstones reaped after its checkpoint among the pages (ScanRequest.reapedAfter):
+            // the peer may hold any of those documents, and nothing else would remove them there.
             served.floorChecked = true
+            served.reapedAfter = min(served.reapedAfter ?? .max, request.after)
             Self.rewind(&served, to: 0)
             sessions[link]!.served[key] = served
             return restartedBelowFloor(link, served.spec, now: now) + scanIfReady(link, key, now: now)
@@ -1599,6 +1602,7 @@ public struct Replicator: Sendable {
             subscription: key.string, spec: served.spec, query: query, after: served.cursor,
             limit: configuration.batchEntries, maxBytes: configuration.batchBytes)
         request.countRemaining = served.pagesSinceCount % 16 == 0
+        request.reapedAfter = refetch ? nil : served.reapedAfter
         if !refetch {
             request.reader = PageReader(peer: s.peerKey, acknowledgedUpTo: served.ackedUpTo, sendsHeld: sendsHeld)
         }
@@ -2226,6 +2230,9 @@ extension Replicator {
         /// Whether the cursor is known not to be below the log's retained floor: it came from 0,
         /// or from a page this node scanned in this session (the peer's `since` is checked once).
         var floorChecked: Bool
+        /// The peer's checkpoint when it was found below the log's retained floor: its pages
+        /// since carry the tombstones reaped after it (``ScanRequest/reapedAfter``).
+        var reapedAfter: Int64?
         /// The peer may not read the collection (``Authorization``): answered `suberr forbidden`,
         /// never scanned.
         var forbidden = false

@@ -156,6 +156,10 @@ public struct ScanRequest: Sendable, Equatable {
     /// The peer the page is for and where it stands (``PageReader``): what it holds from a
     /// whole-collection service (docs/MESH.md, "Leaving a subscription's scope").
     public var reader: PageReader?
+    /// For a peer found below the log's retained floor (``ScanPage/belowFloor``) with its
+    /// checkpoint here: the page also carries, in `seq` order, the tombstones reaped after it,
+    /// whatever the subscription's query (docs/PROTOCOL.md §2 step 5). `nil` otherwise.
+    public var reapedAfter: Int64?
 }
 
 /// The peer a change-log page is read for, with its position in the page's subscription: the
