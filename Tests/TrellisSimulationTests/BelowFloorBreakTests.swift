@@ -282,6 +282,39 @@ import TrellisSimulation
         _ = subs
     }
 
+    // MARK: Evictions
+
+    /// W writes d1 and d2 and subscribes to nothing; S subscribes to the whole collection and
+    /// holds both. S is cut off and evicts d1 (a stub, a refetch waiting); W removes d1 and reaps
+    /// it. The partition heals: S's refetch of d1 finds no row at W (a refetch page carries no
+    /// reaped tombstones), and S's subscription, below W's floor, is served again from 0 with
+    /// d1's reaped tombstone, which merges into the stub.
+    ///
+    /// Promised: d1 shows nowhere, the mesh goes quiet (no refetch loop), also after S restarts.
+    /// Passes.
+    @Test func aStubOfADocumentReapedByARemoverThatAsksNothingEndsQuietly() throws {
+        let sim = try Self.simulation(seed: 9313)
+        let w = try sim.addNode("w")
+        let s = try sim.addNode("s")
+        sim.connect(s, w)
+        let subs = [try s.store.collection("items").findAll().subscribe()]
+        try w.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
+        try sim.runUntilQuiet()
+        sim.partition([[w], [s]])
+        #expect(try s.store.collection("items").findByID("d1").evict())
+        try w.store.collection("items").findByID("d1").remove()
+        Self.passTheTTL(sim)
+        sim.heal()
+        try sim.runUntilQuiet()
+        #expect(try Self.ids(s) == ["\"d2\""])
+        sim.crash(s)
+        try sim.restart(s)
+        try sim.runUntilQuiet()
+        #expect(try Self.ids(s) == ["\"d2\""])
+        #expect(try Self.ids(w) == ["\"d2\""])
+        _ = subs
+    }
+
     // MARK: Random meshes
 
     /// Five nodes, all connected, each subscribed to the whole collection or to a query, write
