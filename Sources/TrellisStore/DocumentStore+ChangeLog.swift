@@ -116,6 +116,7 @@ extension DocumentStore {
             page = try read(nulRows: nulRows)
             if !nulRows, try answeredWithoutNULRows(&s, collection) { page = try read(nulRows: true) }
             page.belowFloor = after > 0 && after < floor
+            page.floor = floor
             page.heldFrom = held?.changedAfter
             if let reapedAfter, keys == nil, s.reapedRows > 0 {
                 try addReapedTombstones(&s, to: &page, collection, after: max(after, reapedAfter), limit: limit)

@@ -226,6 +226,8 @@ public struct ChangePage: Sendable {
     /// (``DocumentStore/retainedFloor(in:)``): tombstones after it were reaped, so a reader that
     /// resumed from a stored cursor must start over from 0.
     public var belowFloor = false
+    /// The collection's retained floor when the page was read (``DocumentStore/retainedFloor(in:)``).
+    public var floor: Int64 = 0
     /// For a page read with ``PageReader/sendsHeld`` for a peer that holds documents from a
     /// whole-collection service: ``WholeHeld/changedAfter``, after which changes to them were
     /// looked for. `nil` otherwise.

@@ -26,7 +26,7 @@ extension DocumentStore: SyncStore {
                 ? 0
                 : request.countRemaining
                     ? try logEntryCount(in: request.spec.collection, after: page.scannedUpTo) : nil,
-            belowFloor: page.belowFloor, heldFrom: page.heldFrom)
+            belowFloor: page.belowFloor, floor: page.floor, heldFrom: page.heldFrom)
     }
 
     public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value]) {

@@ -814,8 +814,11 @@ public struct Replicator: Sendable {
             sessions[link]!.served[key] = served
             return restartedBelowFloor(link, served.spec, now: now) + scanIfReady(link, key, now: now)
         }
-        // Later pages follow cursors this node produced in this session.
+        // Later pages follow cursors this node produced in this session. They carry the
+        // tombstones reaped after the peer's checkpoint (it may hold those documents), or, served
+        // from 0, those reaped from now on: a tombstone can be reaped before the scan reaches it.
         served.floorChecked = true
+        if served.reapedAfter == nil { served.reapedAfter = served.since > 0 ? served.since : page.floor }
         served.carriesHeld = page.heldFrom != nil
         if let from = page.heldFrom, let carried = served.carriedFrom, from < carried {
             // The peer holds documents from a whole-collection service whose changes after `from`
@@ -1405,6 +1408,11 @@ public struct Replicator: Sendable {
                     existing.lastSentUpTo = sub.since
                     existing.ackedUpTo = sub.since
                     existing.floorChecked = sub.since == 0
+                    // The peer still holds what it held: reaped tombstones keep coming from the
+                    // lower of the two positions.
+                    if let reaped = existing.reapedAfter, sub.since > 0 {
+                        existing.reapedAfter = min(reaped, sub.since)
+                    }
                     // The new request's end of the log is told again (a caught-up or empty batch),
                     // as for a new subscription: without it, a refetch whose `_id`s this node holds
                     // no row of was never answered in its new generation.
@@ -2230,8 +2238,9 @@ extension Replicator {
         /// Whether the cursor is known not to be below the log's retained floor: it came from 0,
         /// or from a page this node scanned in this session (the peer's `since` is checked once).
         var floorChecked: Bool
-        /// The peer's checkpoint when it was found below the log's retained floor: its pages
-        /// since carry the tombstones reaped after it (``ScanRequest/reapedAfter``).
+        /// The pages carry the tombstones reaped after this (``ScanRequest/reapedAfter``): the
+        /// peer's checkpoint, or, for a peer served from 0, the floor of its first page. Set at
+        /// the first page.
         var reapedAfter: Int64?
         /// The peer may not read the collection (``Authorization``): answered `suberr forbidden`,
         /// never scanned.

@@ -118,6 +118,10 @@ public struct ScanPage: Sendable, Equatable {
     /// answers for completely (tombstones after it were reaped): a peer resuming from its
     /// checkpoint there may have missed removes.
     public var belowFloor: Bool
+    /// The collection's retained floor when the page was read (the highest `seq` of a tombstone
+    /// reaped by then; 0 when none was): tombstones reaped later have a higher `seq` or were not
+    /// reaped by then.
+    public var floor: Int64
     /// For a page read with ``PageReader/sendsHeld`` for a peer that holds documents from a
     /// whole-collection service here: the position after which changes to them are sent (the
     /// peer holds the current state of those whose `seq` is at most this). `nil` when the page
@@ -126,13 +130,14 @@ public struct ScanPage: Sendable, Equatable {
 
     public init(
         records: [LogRecord], upTo: Int64, exhausted: Bool, remaining: Int64? = nil, belowFloor: Bool = false,
-        heldFrom: Int64? = nil
+        floor: Int64 = 0, heldFrom: Int64? = nil
     ) {
         self.records = records
         self.upTo = upTo
         self.exhausted = exhausted
         self.remaining = remaining
         self.belowFloor = belowFloor
+        self.floor = floor
         self.heldFrom = heldFrom
     }
 }
@@ -156,9 +161,11 @@ public struct ScanRequest: Sendable, Equatable {
     /// The peer the page is for and where it stands (``PageReader``): what it holds from a
     /// whole-collection service (docs/MESH.md, "Leaving a subscription's scope").
     public var reader: PageReader?
-    /// For a peer found below the log's retained floor (``ScanPage/belowFloor``) with its
-    /// checkpoint here: the page also carries, in `seq` order, the tombstones reaped after it,
-    /// whatever the subscription's query (docs/PROTOCOL.md §2 step 5). `nil` otherwise.
+    /// The page also carries, in `seq` order, the tombstones reaped here whose `seq` is above
+    /// both this and `after`, whatever the subscription's query (docs/PROTOCOL.md §2 step 5): the
+    /// peer may hold any of those documents. The peer's checkpoint for a peer that resumed (found
+    /// below the retained floor or not), the floor of its first page for one served from 0.
+    /// `nil` for a refetch.
     public var reapedAfter: Int64?
 }
 
