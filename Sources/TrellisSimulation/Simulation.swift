@@ -473,6 +473,7 @@ public final class Simulation: @unchecked Sendable {
 
     /// Sets a node's clock offset from the simulation's wall clock (skew), milliseconds.
     public func setClockOffset(_ node: SimulatedNode, _ offset: Millis) {
+        history.noteClock(wallClock(of: node.index))
         node.clockOffset = offset
         record("\(node.name) clock offset \(offset) ms")
     }
@@ -481,6 +482,7 @@ public final class Simulation: @unchecked Sendable {
     /// clock error: its store's elapsed time (`StoreOptions.elapsed`, which bounds the reaper)
     /// moves as much. For tests that need days to pass (a tombstone TTL) without running them.
     public func passTime(_ node: SimulatedNode, by duration: Millis) {
+        history.noteClock(wallClock(of: node.index))
         node.clockOffset += duration
         node.elapsedOffset += duration
         record("\(node.name) \(duration) ms pass")
