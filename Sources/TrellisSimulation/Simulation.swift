@@ -363,6 +363,10 @@ public final class Simulation: @unchecked Sendable {
         if up { releaseHeld() }
     }
 
+    /// Whether a partition (``partition(_:)``) or a link taken down (``setLink(_:_:up:)``) keeps
+    /// some nodes apart now; ``heal()`` ends both. Crashed nodes are not counted here.
+    public var isSplit: Bool { groups != nil || !downLinks.isEmpty }
+
     /// Whether a message can travel between two nodes now (both up, no partition between them).
     func reachable(_ a: Int, _ b: Int) -> Bool {
         pathOpen(a, b) && nodes[a].isUp && nodes[b].isUp
