@@ -353,12 +353,14 @@ extension Simulation {
                 let seen = max(state?.writes[write.site] ?? .zero, state?.removed[write.site] ?? .zero)
                 // A node with no state of the document at all (it never held it, or lost its
                 // store) is not sent a tombstone reaped before it asked (a peer's first sync
-                // follows the live documents: docs/DATA-MODEL.md): when another subscriber reaped
+                // follows the live documents: docs/DATA-MODEL.md): when another node (a
+                // subscriber, or the writer, which may subscribe to a query or to nothing) reaped
                 // a remove that covers the write, the write is where it belongs. A live copy
                 // anywhere is the convergence check's to report.
                 if seen < write.stamp, state == nil,
-                    holders.contains(where: { other in
-                        guard other !== holder, let reaped = reapedState(of: other, write.collection, key) else {
+                    nodes.contains(where: { other in
+                        guard other !== holder, other.isUp, let reaped = reapedState(of: other, write.collection, key)
+                        else {
                             return false
                         }
                         let covered = max(reaped.writes[write.site] ?? .zero, reaped.removed[write.site] ?? .zero)
