@@ -1,5 +1,5 @@
 import Trellis
-import TrellisCore
+public import TrellisCore
 import TrellisStore
 
 /// A fault a ``RandomWorkload`` may inject.
@@ -77,6 +77,16 @@ public struct RandomWorkload: Sendable {
     /// subscriber again at the final check (docs/MESH.md, "Leaving a subscription's scope").
     /// Off by default, so that recorded seeds replay as they did.
     public var widening = false
+    /// With a value: tombstone expiry mode. The stores keep tombstones this long
+    /// (`StoreOptions.tombstoneTTL`, milliseconds) instead of seven days, and while a partition,
+    /// a link down or a crashed node keeps nodes apart the workload now and then lets more than
+    /// the TTL pass (the TTL and two reaper ticks), so nodes away longer than it come back to
+    /// peers that reaped (docs/DATA-MODEL.md, "Tombstones and reaping"; docs/MESH.md,
+    /// "Tombstones"); it also moves single nodes' clocks ahead as time that passed for them
+    /// (``Simulation/passTime(_:by:)``, to at most 35 s ahead, within the clocks' allowed drift),
+    /// so they reap a little before their peers. A run otherwise lasts minutes and never reaps.
+    /// `nil` (the default) draws nothing more, so that recorded seeds replay as they did.
+    public var tombstoneTTL: Millis?
     /// The queries ``queryNodes`` draw from.
     public static let queries = ["v >= 5", "v < 3", "s == 'a'", "v >= 2 && v <= 6"]
 
@@ -91,6 +101,7 @@ public struct RandomWorkload: Sendable {
     public func run(seed: UInt64, tracing: Bool = true) throws -> Simulation {
         let sim = try Simulation(seed: seed)
         sim.tracing = tracing
+        if let tombstoneTTL { sim.storeOptions.tombstoneTTL = UInt64(max(0, tombstoneTTL)) }
         var random = SplitMix64(seed: seed ^ 0x5EED_5EED_5EED_5EED)
         let count = Int.random(in: nodes, using: &random)
         for _ in 0..<count { try sim.addNode() }
@@ -196,6 +207,7 @@ public struct RandomWorkload: Sendable {
             } else {
                 try fault(sim, &random, partitioned: &partitioned)
             }
+            if let tombstoneTTL { expire(sim, ttl: tombstoneTTL, &random) }
         }
         // Heal everything, restart what is down, let it settle, check.
         sim.heal()
@@ -281,6 +293,30 @@ public struct RandomWorkload: Sendable {
                 try items.findByID(id).evict()
                 sim.note("\(node.name) app: evict \(id)")
             }
+        }
+    }
+
+    /// With ``tombstoneTTL``: now and then, more than the TTL passes while nodes are apart, or a
+    /// single node's clock moves ahead as time that passed for it.
+    private func expire(_ sim: Simulation, ttl: Millis, _ random: inout SplitMix64) {
+        switch Int.random(in: 0..<10, using: &random) {
+        case 0:
+            // Only while something keeps nodes apart: those away come back, after the TTL and two
+            // reaper ticks (the sync host reaps every minute), to peers that reaped.
+            guard sim.isSplit || sim.nodes.contains(where: { !$0.isUp }) else { return }
+            let duration = ttl + 2 * 60_000
+            sim.note("\(duration) ms pass while nodes are apart: tombstones expire")
+            sim.run(for: duration)
+        case 1:
+            // A node whose clock runs ahead reaps before its peers. At most 35 s ahead in all, so
+            // that with a peer 20 s behind (the clock fault) it stays within the 60 s drift peers
+            // accept stamps from: further, they would put off its writes until their clocks
+            // caught up, which they never do in a run.
+            guard let node = sim.nodes.filter(\.isUp).randomElement(using: &random) else { return }
+            let duration = Millis.random(in: 5_000...30_000, using: &random)
+            if node.clockOffset + duration <= 35_000 { sim.passTime(node, by: duration) }
+        default:
+            break
         }
     }
 

@@ -363,6 +363,10 @@ public final class Simulation: @unchecked Sendable {
         if up { releaseHeld() }
     }
 
+    /// Whether a partition (``partition(_:)``) or a link taken down (``setLink(_:_:up:)``) keeps
+    /// some nodes apart now; ``heal()`` ends both. Crashed nodes are not counted here.
+    public var isSplit: Bool { groups != nil || !downLinks.isEmpty }
+
     /// Whether a message can travel between two nodes now (both up, no partition between them).
     func reachable(_ a: Int, _ b: Int) -> Bool {
         pathOpen(a, b) && nodes[a].isUp && nodes[b].isUp
@@ -473,6 +477,7 @@ public final class Simulation: @unchecked Sendable {
 
     /// Sets a node's clock offset from the simulation's wall clock (skew), milliseconds.
     public func setClockOffset(_ node: SimulatedNode, _ offset: Millis) {
+        history.noteClock(wallClock(of: node.index))
         node.clockOffset = offset
         record("\(node.name) clock offset \(offset) ms")
     }
@@ -481,6 +486,7 @@ public final class Simulation: @unchecked Sendable {
     /// clock error: its store's elapsed time (`StoreOptions.elapsed`, which bounds the reaper)
     /// moves as much. For tests that need days to pass (a tombstone TTL) without running them.
     public func passTime(_ node: SimulatedNode, by duration: Millis) {
+        history.noteClock(wallClock(of: node.index))
         node.clockOffset += duration
         node.elapsedOffset += duration
         record("\(node.name) \(duration) ms pass")

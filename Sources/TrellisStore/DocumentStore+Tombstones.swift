@@ -1,5 +1,5 @@
 import Foundation
-import TrellisCore
+public import TrellisCore
 
 // Tombstone expiry (docs/DATA-MODEL.md, "Tombstones and reaping").
 //
@@ -273,6 +273,20 @@ extension DocumentStore {
         st.bind(2, key)
         try st.run()
         s.reapedRows -= s.db.changes
+    }
+
+    /// The state kept with the reaped key of a document that has no row: its reaped tombstone,
+    /// which the store stands in for the missing row when a copy of the document arrives or the
+    /// app writes it again (as if it had not been reaped). `nil` when the key is not remembered,
+    /// was reaped by a version that kept no state, or the document has a row (a row and a reaped
+    /// key never stand together). ``state(id:in:)`` and the change log leave it out; a checker
+    /// that must tell a reaped document from a lost one (the simulator's invariants) reads it
+    /// here.
+    ///
+    /// - Throws: ``StoreError/invalidID(_:)`` for an `_id` no document can have; the store's errors.
+    public func reapedState(id: Value, in collection: String) throws(StoreError) -> DocumentState? {
+        let key = try Self.key(for: id)
+        return try withState { s in try reapedTombstone(&s, collection, key) }
     }
 
     /// The number of reaped keys remembered (``StoreOptions/reapedKeyRetention``).

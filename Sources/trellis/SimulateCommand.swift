@@ -12,9 +12,9 @@ enum SimulateCommand {
 
         Usage:
           trellis simulate [--seeds N] [--from SEED] [--nodes M|MIN-MAX] [--steps K] [--faults LIST]
-                           [--operations basic|wide] [--queries Q [--widen]]
+                           [--operations basic|wide] [--queries Q [--widen]] [--ttl MS]
           trellis simulate --replay SEED [--nodes …] [--steps …] [--faults …] [--operations …] [--queries …]
-                           [--widen]
+                           [--widen] [--ttl …]
 
         Flags:
           --seeds N       how many seeds to run (default 100), from --from (default 1)
@@ -32,6 +32,12 @@ enum SimulateCommand {
           --widen         with --queries: the query nodes also subscribe to the whole
                           collection now and then and cancel it again, so they hold documents
                           outside their query and their neighbours relay subscriptions that end
+          --ttl MS        tombstone expiry: the stores keep tombstones MS milliseconds (not 7
+                          days), and while a partition, a link down or a crashed node keeps nodes
+                          apart, more than MS now and then passes (MS + 2 minutes: the reaper
+                          runs every minute), so nodes come back to peers that reaped; single
+                          nodes' clocks also move ahead a little, so they reap first. 120000 is
+                          a good value. Off by default (seeds replay as recorded without it)
           --replay SEED   run one seed and print its trace, then the verdict
 
         Prints each failing seed with what broke and the command that replays it; a progress line
@@ -40,7 +46,7 @@ enum SimulateCommand {
 
     static func run(_ args: [String]) throws {
         let parsed = try Arguments(
-            args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "queries", "replay"],
+            args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "queries", "ttl", "replay"],
             switchFlags: ["widen"])
         if parsed.switches.contains("help") {
             print(help)
@@ -53,6 +59,7 @@ enum SimulateCommand {
         if let nodes = parsed.value("nodes") { workload.nodes = try parseRange(nodes) }
         if let steps = parsed.value("steps") { workload.steps = try number("steps", steps, at: 0...1_000_000) }
         if let queries = parsed.value("queries") { workload.queryNodes = try number("queries", queries, at: 0...64) }
+        if let ttl = parsed.value("ttl") { workload.tombstoneTTL = Int64(try number("ttl", ttl, at: 1...Int.max)) }
         if parsed.switches.contains("widen") {
             guard workload.queryNodes > 0 else { throw UsageError("--widen needs --queries Q with Q above 0") }
             workload.widening = true
@@ -126,7 +133,7 @@ enum SimulateCommand {
 
     /// The flags that shape a run, to repeat in a replay command.
     static func describe(_ parsed: Arguments) -> String {
-        ["nodes", "steps", "faults", "operations", "queries"].compactMap { name in
+        ["nodes", "steps", "faults", "operations", "queries", "ttl"].compactMap { name in
             parsed.value(name).map { " --\(name) \($0)" }
         }
         .joined() + (parsed.switches.contains("widen") ? " --widen" : "")
