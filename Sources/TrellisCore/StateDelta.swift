@@ -55,10 +55,15 @@ public struct StateDelta: Sendable, Equatable {
     /// was evicted travels whole, so receivers that hold the values send them back), or a changed
     /// field is gone from `new`.
     ///
+    /// `new` should be the state as written, before its removed fields' remove contexts are
+    /// reaped (``DocumentState/reapRemovedFields(before:)``): the delta vouches only for the
+    /// stamps above its base, so the entries below it that the writes removed are removed at the
+    /// receiver only by those contexts.
+    ///
     /// - Parameters:
     ///   - previous: the delta stored with `old`, when `old` itself came from local writes after a
-    ///     base: its base is kept and its fields are carried again, so one delta covers every
-    ///     write since that base.
+    ///     base: its base is kept and its fields are carried again, with the remove contexts it
+    ///     carried, so one delta covers every write since that base.
     ///   - digest: ``StateDigest`` of `new` as stored and sent.
     /// - Complexity: O(size of both states).
     public static func make(from old: DocumentState, to new: DocumentState, previous: StateDelta?, digest: StateDigest)
@@ -78,9 +83,12 @@ public struct StateDelta: Sendable, Equatable {
         for (key, node) in new.root.entries where old.root[key] != node || previous?.state.root[key] != nil {
             root[key] = node
         }
-        return StateDelta(
-            base: base, state: DocumentState(root: root, writes: new.writes, removed: new.removed, adds: new.adds),
-            digest: digest)
+        var state = DocumentState(root: root, writes: new.writes, removed: new.removed, adds: new.adds)
+        // A field carried from the previous delta keeps the remove contexts that delta carried:
+        // `old`, as stored, may have reaped them since (their writes older than the TTL), and
+        // without them a receiver keeps entries below the base that the sender removed.
+        if let previous { state.merge(previous.state) }
+        return StateDelta(base: base, state: state, digest: digest)
     }
 
     // MARK: Encoding

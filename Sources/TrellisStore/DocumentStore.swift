@@ -888,6 +888,11 @@ public final class DocumentStore: Sendable {
     ) throws {
         // Every write of a whole state reaps its removed fields' expired contexts (the state is in
         // hand; docs/DATA-MODEL.md, "Tombstones and reaping").
+        // The delta is made from the state as written, before reaping: a delta vouches only for
+        // the stamps above its base, so what a write removed below it travels only as the
+        // removed entries' context, which reaping drops at once when those entries were written
+        // more than the TTL ago (`DeltaReapingTests`). The receiver reaps it in turn.
+        let written = doc
         var doc = doc
         doc.reapRemovedFields(before: fieldReapHorizon(now: options.now()))
         let materialized = doc.materialize(id: id)
@@ -900,7 +905,7 @@ public final class DocumentStore: Sendable {
         if origin == .local, let previous, previous.kind == .live, value != nil, !StoredState.isCompact(bytes) {
             // A compact row travels as its JSON and stamp: not the bytes a digest of `bytes` names.
             let prior = previous.delta.flatMap { try? StateDelta(bytes: $0.bytes) }
-            if let made = StateDelta.make(from: previous.state, to: doc, previous: prior, digest: StateDigest(bytes)) {
+            if let made = StateDelta.make(from: previous.state, to: written, previous: prior, digest: StateDigest(bytes)) {
                 let encoded = made.encoded()
                 if encoded.count < bytes.count {
                     delta = StoredDelta(bytes: encoded, baseSeq: prior != nil ? previous.delta!.baseSeq : previous.seq)

@@ -180,3 +180,63 @@ import TrellisTestKit
         #expect(try Self.record(a, "x").delta == nil)
     }
 }
+
+/// Deltas and the reaping of removed fields' remove contexts (docs/DATA-MODEL.md, "Tombstones
+/// and reaping"; docs/DELTAS.md). A delta vouches only for the stamps above its base, so what a
+/// write removed below it must travel as the field's remove context, although the store reaps
+/// that context as it writes when the removed entries were written more than the TTL ago.
+@Suite struct DeltaReapingTests {
+    let dir = TemporaryDirectory()
+    let clock = ManualClock()
+
+    /// d: {m: {a: 1, b: 2}, v: 1} and 19 more fields, so that a one-field change is worth a delta.
+    static var document: Value {
+        var fields: UTF8Map<Value> = ["_id": "d", "m": ["a": 1, "b": 2], "v": 1]
+        for i in 0..<19 { fields["field\(i)"] = .string("value number \(i) of d") }
+        return .map(fields)
+    }
+
+    /// A and B hold d {m: {a: 1, b: 2}}; more than the TTL later A unsets m.b. The remove
+    /// context of m.b names a write older than the TTL, so A's store reaps it as it writes. B
+    /// merges what A sends (the delta when there is one) and shows what A shows.
+    ///
+    /// Failed before: A's delta carried m without b and without the context that removed it
+    /// (reaped as A wrote); B kept m.b (its stamp below the delta's base), and showed
+    /// {a: 1, b: 2} for good. Now the delta is made from the state as written.
+    @Test func aRemoveOfAFieldWrittenBeforeTheTTLReachesAReceiverOfTheDelta() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert(Self.document, in: "c")
+        try a.update(id: "d", in: "c", operations: [.set(FieldPath.key("v"), .int(2), isDefault: false)])
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        clock.advance(by: a.options.tombstoneTTL + 1_000)
+        try a.update(id: "d", in: "c", operations: [.unset(FieldPath(components: [.key("m"), .key("b")]))])
+        let record = try DeltaStoreTests.record(a, "d")
+        let sent = RemoteDocument(collection: "c", id: "d", state: record.delta?.bytes ?? record.state)
+        _ = try b.merge([sent], from: [1], checkpoint: nil)
+        let shown = try #require(try a.document(id: "d", in: "c"))
+        #expect(shown["m"] == ["a": 1])
+        #expect(try b.document(id: "d", in: "c") == shown)
+        #expect(try b.state(id: "d", in: "c") == a.state(id: "d", in: "c"))
+    }
+
+    /// Two writes in a row, each overwriting a value written more than the TTL ago: the second
+    /// write's delta carries the first's field again with the context that removed the old
+    /// value (reaped from the stored row by then). B, holding only the state before both, merges
+    /// it to A's state: no old value is kept beside the new one.
+    @Test func aDeltaCarriedOverTwoWritesKeepsTheRemoveContextsOfTheFirst() throws {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert(Self.document, in: "c")
+        try a.update(id: "d", in: "c", operations: [.set(FieldPath.key("v"), .int(2), isDefault: false)])
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        clock.advance(by: a.options.tombstoneTTL + 1_000)
+        try a.update(id: "d", in: "c", operations: [.unset(FieldPath(components: [.key("m"), .key("b")]))])
+        clock.advance(by: 10)
+        try a.update(id: "d", in: "c", operations: [.set(FieldPath.key("field3"), .int(3), isDefault: false)])
+        let record = try DeltaStoreTests.record(a, "d")
+        let delta = try #require(record.delta)
+        _ = try b.merge([RemoteDocument(collection: "c", id: "d", state: delta.bytes)], from: [1], checkpoint: nil)
+        #expect(try b.state(id: "d", in: "c") == a.state(id: "d", in: "c"))
+    }
+}
