@@ -905,7 +905,9 @@ public final class DocumentStore: Sendable {
         if origin == .local, let previous, previous.kind == .live, value != nil, !StoredState.isCompact(bytes) {
             // A compact row travels as its JSON and stamp: not the bytes a digest of `bytes` names.
             let prior = previous.delta.flatMap { try? StateDelta(bytes: $0.bytes) }
-            if let made = StateDelta.make(from: previous.state, to: written, previous: prior, digest: StateDigest(bytes)) {
+            if let made = StateDelta.make(
+                from: previous.state, to: written, previous: prior, digest: StateDigest(bytes))
+            {
                 let encoded = made.encoded()
                 if encoded.count < bytes.count {
                     delta = StoredDelta(bytes: encoded, baseSeq: prior != nil ? previous.delta!.baseSeq : previous.seq)
