@@ -34,11 +34,13 @@ import TrellisTestKit
             return failures
         }
         for failure in failures { print(failure) }
-        // Known issues (the mode's first sweeps failed about one seed in three): a stale node
-        // that asks a remover from 0 keeps showing what the remover reaped
-        // (`aWriterWithNoCheckpointOfTheRemover...` below), and replicas that show the same
-        // values but hold different states of a document whose removed fields' contexts were
-        // reaped (seed 315029662516: one holds a concurrent entry the other saw and dropped).
+        // Known issues. The mode's first sweeps failed about one seed in three, nearly all from
+        // deltas that lost the remove contexts their write reaped (fixed: `DeltaReapingTests`,
+        // and `theSeedsThatFoundLostRemoveContextsPass` below); about one in a hundred still
+        // fails: a stale node that asks a remover from 0 (a first meeting, a wiped store) is
+        // sent none of the tombstones it reaped (`aWriterWithNoCheckpointOfTheRemover...` below),
+        // and replicas that show the same values hold different states of a document now and
+        // then (seed 4100041 with `--nodes 3-6 --steps 120`, not yet understood).
         withKnownIssue(
             "stale copies after reaping; states that differ in a reaped field's entries", isIntermittent: true
         ) {
@@ -46,6 +48,26 @@ import TrellisTestKit
                 failures.isEmpty,
                 "\(failures.count) of 20 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
         }
+    }
+
+    /// Ten recorded seeds of the mode, among them 4100008 and 4100010, which failed (replicas
+    /// holding different states of a document) while a delta lost the remove contexts its write
+    /// reaped: a receiver kept entries the sender had removed. They all pass.
+    @Test func theSeedsThatFoundLostRemoveContextsPass() async throws {
+        let failures = try await onOwnThread { () throws -> [String] in
+            var workload = RandomWorkload()
+            workload.tombstoneTTL = Self.ttl
+            var failures: [String] = []
+            for seed in UInt64(4_100_001)...4_100_010 {
+                do {
+                    try workload.run(seed: seed, tracing: false)
+                } catch let failure as SimulationFailure {
+                    failures.append("\(failure)")
+                }
+            }
+            return failures
+        }
+        #expect(failures.isEmpty, "\(failures.joined(separator: "\n"))")
     }
 
     /// The mode lets the TTL pass with nodes apart, and moves single nodes' clocks ahead.
