@@ -28,22 +28,6 @@ import TrellisSimulation
         try node.store.collection(collection).findAll().exec().map { JSON.string($0.id) }.sorted()
     }
 
-    /// `sim.check()`, which these tests once called leaving out the "lacks the write" violations
-    /// of the documents in `reaped`.
-    ///
-    /// The invariant that every write is present (Invariants.swift `writesPresent`) looks for
-    /// each write's stamp in every whole-collection subscriber's state of the document. It used to
-    /// read the rows alone: once a tombstone was reaped everywhere, no row held the remove or the
-    /// writes before it, and it reported a lost write where the documentation says the outcome
-    /// is right. It now takes the state a reaped key kept (`DocumentStore.reapedState(id:in:)`,
-    /// the state the store stands in for the missing row) as the node's state of the document, so
-    /// a correctly reaped document holds its writes and a real loss is still reported
-    /// (ExpirySweepTests). `reaped` names the documents each test expects reaped, for the reader.
-    static func checkIgnoringReapedWrites(_ sim: Simulation, _ reaped: [String]) throws {
-        _ = reaped
-        try sim.check()
-    }
-
     /// Longer than the TTL plus a reaper tick: every node that holds a tombstone of before reaps it.
     static func passTheTTL(_ sim: Simulation) {
         sim.run(for: ttl + 2 * 60_000)
@@ -74,7 +58,7 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         #expect(try Self.ids(w) == ["\"d2\""])
         #expect(try Self.ids(s) == ["\"d2\""], "S still shows the document W removed and reaped")
-        try Self.checkIgnoringReapedWrites(sim, ["d1"])
+        try sim.check()
         _ = subs
     }
 
@@ -322,7 +306,7 @@ import TrellisSimulation
             let withheld = try node.documents.state(id: "d", in: "items")?.withheldEntryCount ?? 0
             #expect(withheld == 0, "\(node.name) withholds \(withheld) entries of d")
         }
-        try checkIgnoringReapedWrites(sim, ["d"])
+        try sim.check()
         _ = subs
     }
 
@@ -356,7 +340,7 @@ import TrellisSimulation
         try sim.restart(s)
         try sim.runUntilQuiet()
         #expect(try Self.ids(s) == ["\"e\""])
-        try Self.checkIgnoringReapedWrites(sim, ["d"])
+        try sim.check()
         _ = subs
     }
 
@@ -393,7 +377,7 @@ import TrellisSimulation
         sim.setLink(s, r, up: true)
         try sim.runUntilQuiet()
         #expect(try Self.ids(s) == ["\"d2\""], "S still shows the document A removed and R and A reaped")
-        try Self.checkIgnoringReapedWrites(sim, ["d1"])
+        try sim.check()
         _ = subs
     }
 
@@ -417,7 +401,7 @@ import TrellisSimulation
         sim.setLink(s, r, up: true)
         try sim.runUntilQuiet()
         for node in [a, r, s] { #expect(try Self.ids(node) == ["\"d2\""], "\(node.name)") }
-        try Self.checkIgnoringReapedWrites(sim, ["d1"])
+        try sim.check()
         _ = subs
     }
 

@@ -196,6 +196,18 @@ import TrellisTestKit
         return .map(fields)
     }
 
+    /// Stores A and B holding the same state of ``document`` (v written twice on A), the clock
+    /// then moved past the TTL: every entry of it is older than the TTL.
+    func pairAfterTheTTL() throws -> (DocumentStore, DocumentStore) {
+        let a = try openStore(dir, "a", clock: clock)
+        let b = try openStore(dir, "b", clock: clock)
+        try a.upsert(Self.document, in: "c")
+        try a.update(id: "d", in: "c", operations: [.set(FieldPath.key("v"), .int(2), isDefault: false)])
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        clock.advance(by: a.options.tombstoneTTL + 1_000)
+        return (a, b)
+    }
+
     /// A and B hold d {m: {a: 1, b: 2}}; more than the TTL later A unsets m.b. The remove
     /// context of m.b names a write older than the TTL, so A's store reaps it as it writes. B
     /// merges what A sends (the delta when there is one) and shows what A shows.
@@ -204,12 +216,7 @@ import TrellisTestKit
     /// (reaped as A wrote); B kept m.b (its stamp below the delta's base), and showed
     /// {a: 1, b: 2} for good. Now the delta is made from the state as written.
     @Test func aRemoveOfAFieldWrittenBeforeTheTTLReachesAReceiverOfTheDelta() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let b = try openStore(dir, "b", clock: clock)
-        try a.upsert(Self.document, in: "c")
-        try a.update(id: "d", in: "c", operations: [.set(FieldPath.key("v"), .int(2), isDefault: false)])
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
-        clock.advance(by: a.options.tombstoneTTL + 1_000)
+        let (a, b) = try pairAfterTheTTL()
         try a.update(id: "d", in: "c", operations: [.unset(FieldPath(components: [.key("m"), .key("b")]))])
         let record = try DeltaStoreTests.record(a, "d")
         let sent = RemoteDocument(collection: "c", id: "d", state: record.delta?.bytes ?? record.state)
@@ -225,12 +232,7 @@ import TrellisTestKit
     /// value (reaped from the stored row by then). B, holding only the state before both, merges
     /// it to A's state: no old value is kept beside the new one.
     @Test func aDeltaCarriedOverTwoWritesKeepsTheRemoveContextsOfTheFirst() throws {
-        let a = try openStore(dir, "a", clock: clock)
-        let b = try openStore(dir, "b", clock: clock)
-        try a.upsert(Self.document, in: "c")
-        try a.update(id: "d", in: "c", operations: [.set(FieldPath.key("v"), .int(2), isDefault: false)])
-        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
-        clock.advance(by: a.options.tombstoneTTL + 1_000)
+        let (a, b) = try pairAfterTheTTL()
         try a.update(id: "d", in: "c", operations: [.unset(FieldPath(components: [.key("m"), .key("b")]))])
         clock.advance(by: 10)
         try a.update(id: "d", in: "c", operations: [.set(FieldPath.key("field3"), .int(3), isDefault: false)])
