@@ -331,8 +331,7 @@ extension Simulation {
     /// document holds its writes here and is not reported lost; a write the remove had not seen
     /// (or a key reaped with no state) is still reported. Before the invariant read the kept
     /// state, a document reaped on a subscriber counted as held by no state at all, and tests
-    /// that let tombstones expire left those violations out by hand
-    /// (`ReapBreakTests.checkIgnoringReapedWrites`).
+    /// that let tombstones expire left those violations out by hand.
     private func writesPresent() -> [String] {
         var violations: [String] = []
         let whole = wholeSubscribers()

@@ -69,12 +69,13 @@ extension DocumentStore {
     ///     ``WholeHeld/changedAfter``).
     ///   - limit: at most this many log entries are examined (matching or not); at least 1.
     ///   - maxBytes: the byte budget of the page's states (CBOR bytes); at least 1.
-    ///   - reapedAfter: for a reader that was found below the floor with its cursor here (a peer
-    ///     starting over from 0, ``ChangePage/belowFloor``): the page also holds, in `seq` order
-    ///     among the rows, the tombstones reaped here whose `seq` was above it, each as the state
-    ///     its reaped key kept, whatever the query (the reader may hold any of those documents,
-    ///     and only a remove it receives takes it away). Keys reaped without a state (by an
-    ///     earlier version) have none to send. Ignored with `keys`.
+    ///   - reapedAfter: for a reader that may hold documents of the log up to this position (a
+    ///     peer that resumed from its checkpoint here, also one found below the floor and starting
+    ///     over from 0, ``ChangePage/belowFloor``): the page also holds, in `seq` order among the
+    ///     rows, the tombstones reaped here whose `seq` is above both it and `after`, each as the
+    ///     state its reaped key kept, whatever the query (the reader may hold any of those
+    ///     documents, and only a remove it receives takes it away). Keys reaped without a state
+    ///     (by an earlier version) have none to send. Ignored with `keys`.
     /// - Throws: ``StoreError`` for SQLite errors, or a query whose `$args` are missing.
     /// - Complexity: O(limit · log n) through the `(collection, seq)` index, plus the size of the
     ///   states returned; with `keys`, O(k log n) through the primary key for k keys, and a sort
