@@ -15,7 +15,9 @@ import TrellisTestKit
 /// Runs `TRELLIS_PROPERTY_CASES` cases (4,000 by default: each delta is checked against every
 /// state the run held, so a case costs more than the model test's) with the same steps as the
 /// model test (a seed replays the same runs in both); prints its seed, and `TRELLIS_SEED=<seed>`
-/// replays a run, `TRELLIS_TRACE=<round>` prints its steps and deltas.
+/// replays a run, `TRELLIS_TRACE=<round>` prints its steps and deltas. Each applicable delta is also
+/// checked as a store that reaps removed fields' contexts as it writes would make and join it
+/// (`reapedLaw`).
 extension DocumentStatePropertyTests {
     @Test func deltasOfLocalWritesJoinLikeTheWholeState() async throws {
         let (rng, seed) = SeededRandom.fromEnvironment(default: UInt64.random(in: 1...UInt64.max))
@@ -41,6 +43,7 @@ extension DocumentStatePropertyTests {
         #expect(stats.deltas.mismatches == 0, "\(stats.deltas)")
         #expect(stats.deltas.made > cases / 2, "deltas were made: \(stats.deltas)")
         #expect(stats.deltas.composed > 0 && stats.deltas.covering > stats.deltas.made, "\(stats.deltas)")
+        #expect(stats.deltas.reapedChecks > cases, "\(stats.deltas)")
     }
 
     /// What the delta checks counted.
@@ -63,6 +66,9 @@ extension DocumentStatePropertyTests {
         /// sender (a twin's write: one stamp issued twice, which deltas, like the dot-store rule,
         /// assume never happens; DELTAS.md, "What a delta assumes").
         var equalStamps = 0
+        /// Pairs checked as a store that reaps removed fields' contexts as it writes
+        /// (`reapedLaw`).
+        var reapedChecks = 0
         /// Pairs where the delta's join differs from the whole state's.
         var mismatches = 0
         var mismatchesOnStubs = 0
@@ -80,6 +86,7 @@ extension DocumentStatePropertyTests {
             coveringComposed += o.coveringComposed
             notCovering += o.notCovering
             equalStamps += o.equalStamps
+            reapedChecks += o.reapedChecks
             mismatches += o.mismatches
             mismatchesOnStubs += o.mismatchesOnStubs
             mismatchKinds.merge(o.mismatchKinds, uniquingKeysWith: +)
@@ -89,7 +96,7 @@ extension DocumentStatePropertyTests {
             "deltas: \(localWrites) local writes, \(made) deltas made (\(composed) composed), "
                 + "\(covering + notCovering) receivers checked, \(covering) applicable (covering the base; "
                 + "\(coveringStubs) stubs, \(coveringComposed) composed), \(notCovering) not covering, "
-                + "\(equalStamps) left out for a stamp issued twice, "
+                + "\(equalStamps) left out for a stamp issued twice, \(reapedChecks) checked as a reaping store, "
                 + "\(mismatches) mismatches (\(mismatchesOnStubs) on stubs)"
                 + mismatchKinds.sorted { $0.key < $1.key }.map { "\n  \($0.value) with \($0.key)" }.joined()
         }
@@ -109,6 +116,40 @@ extension DocumentStatePropertyTests {
 
 extension DocumentStatePropertyTests.Run {
     static func dump(_ state: DocumentState) -> String { JSON.string(state.referenceEncoding) }
+
+    /// A store reaps removed fields' contexts as it writes (docs/DATA-MODEL.md, "Tombstones and
+    /// reaping"), here at a horizon one millisecond before the run's time: it stores `new` reaped,
+    /// and makes the delta from `new` as written (docs/DELTAS.md, "Removal records and
+    /// reaping"), from its stored `old`, reaped too. A receiver covering the base joins that
+    /// delta to what it joins the stored state to, both reaped at the same horizon. A delta made
+    /// from the reaped state fails this: the receiver keeps entries below the base that the
+    /// writes removed (`DeltaReapingTests`).
+    mutating func reapedLaw(
+        _ delta: StateDelta, from old: DocumentState, to new: DocumentState, previous: StateDelta?,
+        receiver: DocumentState
+    ) {
+        let horizon = HLCTimestamp(millis: physical > 1 ? physical - 1 : 0, logical: 0)
+        var storedOld = old
+        storedOld.reapRemovedFields(before: horizon)
+        var stored = new
+        stored.reapRemovedFields(before: horizon)
+        guard
+            let made = StateDelta.make(
+                from: storedOld, to: new, previous: previous, digest: StateDigest(stored.cbor())),
+            receiver.covers(base: made.base)
+        else { return }
+        stats.deltas.reapedChecks += 1
+        var viaDelta = receiver
+        viaDelta.merge(made)
+        viaDelta.reapRemovedFields(before: horizon)
+        var viaWhole = receiver
+        viaWhole.merge(stored)
+        viaWhole.reapRemovedFields(before: horizon)
+        law(
+            viaDelta == viaWhole,
+            "reaped as a store writes, a delta joins like the stored state: \(Self.dump(viaDelta)) against "
+                + Self.dump(viaWhole))
+    }
 
     struct EntryKey: Hashable {
         var path: [String]
@@ -195,6 +236,7 @@ extension DocumentStatePropertyTests.Run {
             viaDelta.merge(delta)
             var viaWhole = receiver
             viaWhole.merge(new)
+            if viaDelta == viaWhole { reapedLaw(delta, from: old, to: new, previous: previous, receiver: receiver) }
             guard viaDelta != viaWhole else { continue }
             stats.deltas.mismatches += 1
             if stub { stats.deltas.mismatchesOnStubs += 1 }
