@@ -1325,7 +1325,10 @@ public struct DocumentState: Hashable, Sendable {
     /// What is dropped is still recorded by the write vector, and the join's dot-store rule drops
     /// it on every replica that saw it, so what the document shows does not change and a peer that
     /// still holds a removed entry cannot bring it back. Reaping commutes with ``merge(_:)``: it
-    /// filters context entries by their own time, and contexts join per site by maximum.
+    /// filters context entries by their own time, and contexts join per site by maximum. Except
+    /// for default data (a known issue, open: `TimeZeroContextReapTests`): a site's entry above
+    /// zero also covers that site's default, so reaping it drops the cover with it, while a
+    /// replica that merged an already reaped state keeps the time-zero entry.
     ///
     /// - Parameter horizon: the reap horizon (the store passes its time minus
     ///   `StoreOptions.tombstoneTTL`); this type never reads a clock.

@@ -40,8 +40,8 @@ import TrellisTestKit
         // fails: a stale node that asks a remover from 0 (a first meeting, a wiped store) is
         // sent none of the tombstones it reaped (`aWriterWithNoCheckpointOfTheRemover...` below),
         // and replicas that show the same values hold different states of a document now and
-        // then (seed 4100041 with `--nodes 3-6 --steps 120`: one lacks the remove context at
-        // time zero that records a default write of `v` as overwritten; not yet understood).
+        // then (seed 4100041 with `--nodes 3-6 --steps 120`: reaping a context entry above zero
+        // drops the cover of that site's default data, `TimeZeroContextReapTests`).
         withKnownIssue(
             "stale copies after reaping; states that differ in a reaped field's entries", isIntermittent: true
         ) {
