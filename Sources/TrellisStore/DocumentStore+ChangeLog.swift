@@ -119,7 +119,9 @@ extension DocumentStore {
             page.belowFloor = after > 0 && after < floor
             page.floor = floor
             page.heldFrom = held?.changedAfter
-            if let reapedAfter, keys == nil, s.reapedRows > 0 {
+            // Every reaped key's `seq` is at most the floor: a reader past it has none to get, and
+            // most pages (a peer caught up) read no more than they did.
+            if let reapedAfter, keys == nil, s.reapedRows > 0, max(after, reapedAfter) < floor {
                 try addReapedTombstones(&s, to: &page, collection, after: max(after, reapedAfter), limit: limit)
             }
             // Nothing is left between the last row and the floor: an exhausted page covers it, so

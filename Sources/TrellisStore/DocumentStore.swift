@@ -886,13 +886,13 @@ public final class DocumentStore: Sendable {
         _ s: inout State, _ collection: String, _ key: String, _ id: Value, _ doc: DocumentState,
         origin: WriteOrigin = .local, previous: Row? = nil
     ) throws {
-        // Every write of a whole state reaps its removed fields' expired contexts (the state is in
-        // hand; docs/DATA-MODEL.md, "Tombstones and reaping").
         // The delta is made from the state as written, before reaping: a delta vouches only for
         // the stamps above its base, so what a write removed below it travels only as the
         // removed entries' context, which reaping drops at once when those entries were written
         // more than the TTL ago (`DeltaReapingTests`). The receiver reaps it in turn.
         let written = doc
+        // Every write of a whole state reaps its removed fields' expired contexts (the state is in
+        // hand; docs/DATA-MODEL.md, "Tombstones and reaping").
         var doc = doc
         doc.reapRemovedFields(before: fieldReapHorizon(now: options.now()))
         let materialized = doc.materialize(id: id)
