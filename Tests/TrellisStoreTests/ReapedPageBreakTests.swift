@@ -111,9 +111,7 @@ import TrellisTestKit
             }
             clock.advance(by: Self.ttl + 1)
             #expect(try old.reapExpiredTombstones().reaped == 30)
-            try old.withState { s in
-                try s.db.execute("DROP INDEX reaped_by_seq; ALTER TABLE reaped DROP COLUMN seq")
-            }
+            try keepReapedKeysAsAnEarlierVersion(old)
             old.close()
         }
         let store = try open("old.sqlite")

@@ -497,11 +497,7 @@ import TrellisTestKit
             try old.remove(id: "d1", in: "c")
             clock.advance(by: old.options.tombstoneTTL + 1)
             #expect(try old.reapExpiredTombstones().reaped == 1)
-            try old.withState { s in
-                try s.db.execute(
-                    "DROP INDEX reaped_by_seq; ALTER TABLE reaped DROP COLUMN seq; ALTER TABLE reaped DROP COLUMN state"
-                )
-            }
+            try keepReapedKeysAsAnEarlierVersion(old, state: false)
             old.close()
         }
         let reopened = try open("old.sqlite")

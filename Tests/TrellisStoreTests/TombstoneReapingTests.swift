@@ -5,6 +5,16 @@ import TrellisTestKit
 
 @testable import TrellisStore
 
+/// Leaves the reaped keys of `store` as earlier versions kept them: without their tombstone's
+/// `seq` (and its index), and with `state: false` without the tombstone's state either.
+func keepReapedKeysAsAnEarlierVersion(_ store: DocumentStore, state: Bool = true) throws {
+    try store.withState { s in
+        try s.db.execute(
+            "DROP INDEX reaped_by_seq; ALTER TABLE reaped DROP COLUMN seq"
+                + (state ? "" : "; ALTER TABLE reaped DROP COLUMN state"))
+    }
+}
+
 /// Tombstones are reaped after their TTL (F04): the rows leave the log, the store remembers the
 /// lowest `seq` it still answers for completely, and a stale copy of a reaped document is removed
 /// again instead of coming back.
@@ -226,9 +236,7 @@ import TrellisTestKit
             try old.remove(id: "d3", in: "c")
             clock.advance(by: Self.ttl + 1)
             #expect(try old.reapExpiredTombstones().reaped == 2)
-            try old.withState { s in
-                try s.db.execute("DROP INDEX reaped_by_seq; ALTER TABLE reaped DROP COLUMN seq")
-            }
+            try keepReapedKeysAsAnEarlierVersion(old)
             old.close()
         }
         let store = try open("old.sqlite")
