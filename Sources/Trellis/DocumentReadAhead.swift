@@ -74,6 +74,8 @@ public final class DocumentReadAhead {
         /// Set under `condition` by ``close()``; also read without it, between documents.
         let stopped = Atomic<Bool>(false)
         var isStopped: Bool { stopped.load(ordering: .relaxed) }
+        /// Set by the reading thread as it returns.
+        let ended = Atomic<Bool>(false)
     }
 
     private let shared = Shared()
@@ -99,11 +101,19 @@ public final class DocumentReadAhead {
         let thread = Thread {
             Thread.current.name = "trellis.import"
             Self.read(handover.reader, into: shared, preparing: preparingUpserts)
+            shared.ended.store(true, ordering: .releasing)
         }
         thread.start()
     }
 
     deinit { close() }
+
+    /// Whether this reader's thread has returned, asked of a closure that outlives the reader (so
+    /// a test can drop the reader and watch its own thread, not every thread of that name).
+    package var readingThreadEnded: @Sendable () -> Bool {
+        let shared = shared
+        return { shared.ended.load(ordering: .acquiring) }
+    }
 
     /// The next document, or `nil` after the last.
     ///

@@ -163,28 +163,20 @@ import TrellisTestKit
         withExtendedLifetime(ahead) {}
     }
 
-    /// Dropped wherever the caller stopped, no reading thread stays behind. Threads are told
-    /// apart by their IDs, and only those that appeared as this test's readers were made count:
-    /// tests running beside this one start and end reading threads of their own meanwhile (one
-    /// that ended during the loop made a count come out short; one that started during it, still
-    /// reading at the end, made it come out long).
+    /// Dropped wherever the caller stopped, no reading thread stays behind. Each reader's own
+    /// thread is watched (`readingThreadEnded`): counting threads by name also counted those of
+    /// tests running beside this one, which start and end reading threads of their own.
     @Test func noReadingThreadStaysBehind() throws {
-        func threads() -> Set<String> {
-            Set(
-                ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []).filter {
-                    ((try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8)) ?? "")
-                        .hasPrefix("trellis.import")
-                })
-        }
         let path = try write("long.jsonl", (0..<5_000).map { "{\"_id\":\"d\($0)\"}\n" }.joined())
-        var mine: Set<String> = []
+        var ended: [@Sendable () -> Bool] = []
         for taken in [0, 1, 255, 256, 257, 600, 4_999, 5_000, 5_001] {
-            let before = threads()
             let ahead = DocumentReadAhead(try DocumentFileReader(path: path))
             for _ in 0..<taken { _ = try ahead.next() }
-            mine.formUnion(threads().subtracting(before))
+            ended.append(ahead.readingThreadEnded)
         }
-        #expect(Self.settled(window: 0.3) { threads().intersection(mine).count } == 0)
+        let deadline = Date().addingTimeInterval(60)
+        while Date() < deadline, !ended.allSatisfy({ $0() }) { Thread.sleep(forTimeInterval: 0.01) }
+        #expect(ended.filter { !$0() }.count == 0)
     }
 
     @Test func linesAndArraysReadTheSameDocuments() throws {
