@@ -625,6 +625,30 @@ extension DocumentStore {
         }
     }
 
+    /// The collections that hold rows: documents, tombstones or eviction stubs (a subscription
+    /// from 0 in one of them asks the peer for the tombstones it reaped too,
+    /// `WireSubscription.holds`).
+    ///
+    /// - Complexity: O(collections × log(rows)): one step down the `(collection, seq)` index
+    ///   per collection.
+    public func collectionsHoldingRows() throws(StoreError) -> Set<String> {
+        try withState { s -> Set<String> in
+            let st = try s.db.prepare(
+                """
+                WITH RECURSIVE c(name) AS (
+                    SELECT min(collection) FROM documents
+                    UNION ALL
+                    SELECT (SELECT min(collection) FROM documents WHERE collection > c.name) FROM c
+                    WHERE c.name IS NOT NULL)
+                SELECT name FROM c WHERE name IS NOT NULL
+                """)
+            defer { st.reset() }
+            var names: Set<String> = []
+            while try st.step() { names.insert(st.string(0) ?? "") }
+            return names
+        }
+    }
+
     // MARK: Indexes
 
     /// Creates (if absent) an SQLite expression index serving queries on one field of one

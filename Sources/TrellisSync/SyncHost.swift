@@ -10,6 +10,8 @@ public protocol SyncStore: AnyObject, Sendable {
     var rescanGenerations: [String: UInt32] { get }
     /// The rescan generation of one collection (0 when never evicted in).
     func rescanGeneration(collection: String) -> UInt32
+    /// The collections that hold rows (documents, tombstones, eviction stubs).
+    func collectionsHoldingRows() throws -> Set<String>
     /// The checkpoints stored for one peer, by subscription key.
     func checkpoints(peer: [UInt8]) throws -> [UTF8Key: Checkpoint]
     /// Reads one page of the change log (``ScanRequest``).
@@ -106,7 +108,7 @@ public final class SyncHost {
     ///   - configuration: the replicator's limits.
     ///   - seed: fixes the replicator's random choices.
     ///   - now: the clock the replicator's timers run on (monotonic milliseconds).
-    /// - Throws: the store's errors reading generations.
+    /// - Throws: the store's errors reading generations and the collections that hold rows.
     public init(
         configuration: ReplicatorConfiguration, store: any SyncStore, transport: any SyncTransport, seed: UInt64,
         now: @escaping () -> Millis, log: @escaping (String) -> Void
@@ -116,7 +118,8 @@ public final class SyncHost {
         self.now = now
         self.log = log
         replicator = Replicator(
-            configuration: configuration, local: store.localLog, generations: store.rescanGenerations, seed: seed)
+            configuration: configuration, local: store.localLog, generations: store.rescanGenerations,
+            heldCollections: try store.collectionsHoldingRows(), seed: seed)
         // The documents evicted before a restart are asked for again, as they were before it: a
         // relay's checkpoints at its peers are past them, and a later subscriber through it
         // would never get them (docs/MESH.md, "Eviction").

@@ -102,12 +102,11 @@ import TrellisSimulation
     /// removed documents until it syncs. Then they disappear there too ... also from a node that
     /// asks that peer for nothing"): A stops showing d1 once it syncs with W, which removed it.
     ///
-    /// FAILS (a known issue, open; DATA-MODEL.md "A node below the floor", the limits): A shows
-    /// d1 for good. A has no checkpoint on W's log, so it asks from 0; a `since` of 0 is never
-    /// "below the floor" (`page.belowFloor = after > 0 && after < floor`,
-    /// DocumentStore+ChangeLog.swift), so W's pages carry no reaped tombstones, and W asks A
-    /// for nothing. DATA-MODEL.md says "A peer that never synced with it sends everything from
-    /// the beginning anyway", which only helps when the node asks that peer for something.
+    /// Failed before subscriptions said `h` (DATA-MODEL.md "A subscriber from 0 that holds
+    /// rows"): A showed d1 for good. A has no checkpoint on W's log, so it asks from 0; a `since`
+    /// of 0 is never "below the floor", so W's pages carried no reaped tombstones, and W asks A
+    /// for nothing. Now A's subscription says it holds rows of `items`, and W's pages from 0
+    /// carry every tombstone W reaped.
     @Test func aStaleNodesFirstSyncWithTheRemoverRemovesTheReapedDocument() throws {
         let sim = try Self.simulation(seed: 9303)
         let w = try sim.addNode("w")
@@ -129,9 +128,7 @@ import TrellisSimulation
         try sim.runUntilQuiet()
         #expect(try Self.ids(w) == ["\"d2\""])
         let shown = try Self.ids(a)
-        withKnownIssue("a subscriber from 0 that holds documents from elsewhere gets no reaped tombstones (open)") {
-            #expect(shown == ["\"d2\""], "A still shows d1, which W removed and reaped")
-        }
+        #expect(shown == ["\"d2\""], "A still shows d1, which W removed and reaped")
         _ = subs
     }
 
@@ -143,10 +140,11 @@ import TrellisSimulation
     ///
     /// Promised (MESH.md "Tombstones", as above): A stops showing d1.
     ///
-    /// With `reap` FAILS (a known issue, open, as the one above): A shows d1 for good. The new subscription has no checkpoint (since 0),
-    /// so it is never found below the floor and gets no reaped tombstones; the old subscription,
-    /// which was below it, is no longer asked for. Within the TTL (the control) W's scope for A
-    /// carries the tombstone row to the new subscription and A removes d1.
+    /// With `reap` it failed before subscriptions said `h`, as the one above: the new
+    /// subscription has no checkpoint (since 0), so it is never found below the floor, and the
+    /// old subscription, which was below it, is no longer asked for. Now the new one says A holds
+    /// rows of `items`, and W's pages carry d1's reaped tombstone. Within the TTL (the control)
+    /// W's scope for A carries the tombstone row to the new subscription.
     @Test func aQuerySubscriptionReplacedWhileAwayStillLosesAReapedDocument() throws {
         try Self.replacedQuery(seed: 9304, reap: true)
     }
@@ -173,11 +171,7 @@ import TrellisSimulation
         sim.heal()
         try sim.runUntilQuiet()
         let shown = try ids(a)
-        withKnownIssue("a subscription from 0 gets no reaped tombstones (open)") {
-            #expect(shown == ["\"d2\""], "A still shows d1, which W removed\(reap ? " and reaped" : "")")
-        } when: {
-            reap
-        }
+        #expect(shown == ["\"d2\""], "A still shows d1, which W removed\(reap ? " and reaped" : "")")
         _ = sub
     }
 

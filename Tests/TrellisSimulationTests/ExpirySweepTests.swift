@@ -36,14 +36,14 @@ import TrellisTestKit
         for failure in failures { print(failure) }
         // Known issues. The mode's first sweeps failed about one seed in three, nearly all from
         // deltas that lost the remove contexts their write reaped (fixed: `DeltaReapingTests`,
-        // and `theSeedsThatFoundLostRemoveContextsPass` below); about one in a hundred still
-        // fails: a stale node that asks a remover from 0 (a first meeting, a wiped store) is
-        // sent none of the tombstones it reaped (`aWriterWithNoCheckpointOfTheRemover...` below),
-        // and replicas that show the same values hold different states of a document now and
-        // then (seed 4100041 with `--nodes 3-6 --steps 120`: reaping a context entry above zero
-        // drops the cover of that site's default data, `TimeZeroContextReapTests`).
+        // and `theSeedsThatFoundLostRemoveContextsPass` below), and a stale node that asked a
+        // remover from 0 (a first meeting) was sent none of the tombstones it reaped (fixed by
+        // the subscription's `h`: `aWriterWithNoCheckpointOfTheRemover...` below). Replicas that
+        // show the same values still hold different states of a document now and then (seed
+        // 4100041 with `--nodes 3-6 --steps 120`: reaping a context entry above zero drops the
+        // cover of that site's default data, `TimeZeroContextReapTests`).
         withKnownIssue(
-            "stale copies after reaping; states that differ in a reaped field's entries", isIntermittent: true
+            "states that differ in a reaped field's entries (default data)", isIntermittent: true
         ) {
             #expect(
                 failures.isEmpty,
@@ -154,15 +154,13 @@ import TrellisTestKit
     /// n1 was never stored: the link lost and reordered frames before the partition), n1 sent
     /// the live documents only, and n0 showed d11 for good while n1 and n2 held the reaped key.
     ///
-    /// Fails today (a known issue): W shows d1 for good. W asks S from 0, as a new peer, so S
-    /// sends its live documents and none of the tombstones it reaped (those go only to a peer
-    /// found below the floor), and S's checkpoint of W covers d1, so W's stale copy never goes
-    /// back to S to be removed again. `check()` reports "w has {v: 1}, s has only a reaped key"
-    /// and "w lacks the write to items/"d1" made on s".
+    /// Failed before subscriptions said `h`: W showed d1 for good. W asks S from 0, as a new
+    /// peer, so S sent its live documents and none of the tombstones it reaped (those went only to
+    /// a peer found below the floor), and S's checkpoint of W covers d1, so W's stale copy never
+    /// goes back to S to be removed again. Now W's subscription says it holds rows of the
+    /// collection, and S's pages from 0 carry every tombstone S reaped.
     @Test func aWriterWithNoCheckpointOfTheRemoverStopsShowingADocumentRemovedAndReapedThere() throws {
-        withKnownIssue("a stale node asking from 0 gets no reaped tombstones, and its copy is not asked for") {
-            try Self.writerWithNoCheckpointOfTheRemover()
-        }
+        try Self.writerWithNoCheckpointOfTheRemover()
     }
 
     static func writerWithNoCheckpointOfTheRemover() throws {

@@ -31,6 +31,25 @@ func keepReapedKeysAsAnEarlierVersion(_ store: DocumentStore, state: Bool = true
         try store.changes(in: "c", after: 0, limit: 1_000_000, maxBytes: .max).records.count
     }
 
+    /// What a subscription from 0 says it holds (`WireSubscription.holds`): every collection with
+    /// a row, live, tombstone or stub; not one whose rows were all reaped.
+    @Test func collectionsHoldingRowsCountTombstonesAndStubs() throws {
+        let store = try open("held.sqlite")
+        #expect(try store.collectionsHoldingRows() == [])
+        try store.upsert(["_id": "a"], in: "live")
+        try store.upsert(["_id": "b"], in: "gone")
+        try store.remove(id: "b", in: "gone")
+        try store.upsert(["_id": "c"], in: "evicted")
+        #expect(try store.evict(id: "c", in: "evicted"))
+        try store.upsert(["_id": "d"], in: "reaped")
+        try store.remove(id: "d", in: "reaped")
+        #expect(try store.collectionsHoldingRows() == ["live", "gone", "evicted", "reaped"])
+        clock.advance(by: Self.ttl + 1)
+        try store.upsert(["_id": "b2"], in: "gone")
+        while try store.reapExpiredTombstones(limit: 100).more {}
+        #expect(try store.collectionsHoldingRows() == ["live", "gone", "evicted"])
+    }
+
     @Test func tombstonesAreReapedOnlyOnceOlderThanTheTTL() throws {
         let store = try open("a.sqlite")
         #expect(store.options.tombstoneTTL == Self.ttl)

@@ -14,6 +14,10 @@ public struct Replicator: Sendable {
     private var rng: SplitMix64
     private var own: [UTF8Key: (spec: SubscriptionSpec, count: Int)] = [:]
     private var generations: [UTF8Key: UInt32]
+    /// The collections the local store holds rows of (documents, tombstones, eviction stubs): a
+    /// subscription from 0 in one of them says so (``WireSubscription/holds``). Grows with every
+    /// commit; never shrinks (a collection emptied stays here, which only costs reaped tombstones).
+    private var heldCollections: Set<UTF8Key>
     var sessions: [LinkID: Session] = [:]
     var presenceState = PresenceState()
     private var checkpointCache: [[UInt8]: [UTF8Key: Checkpoint]] = [:]
@@ -61,13 +65,17 @@ public struct Replicator: Sendable {
     ///   - configuration: limits and timings.
     ///   - local: this node's log.
     ///   - generations: the rescan generation of each collection (see ``evicted(_:generation:now:)``).
+    ///   - heldCollections: the collections the local store holds rows of
+    ///     (``WireSubscription/holds``); later commits add theirs.
     ///   - seed: fixes every random choice (nonces, jitter).
     public init(
-        configuration: ReplicatorConfiguration, local: LocalLog, generations: [String: UInt32] = [:], seed: UInt64
+        configuration: ReplicatorConfiguration, local: LocalLog, generations: [String: UInt32] = [:],
+        heldCollections: Set<String> = [], seed: UInt64
     ) {
         self.configuration = configuration
         self.local = local
         self.generations = Dictionary(generations.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: max)
+        self.heldCollections = Set(heldCollections.map { UTF8Key($0) })
         self.rng = SplitMix64(seed: seed)
         self.authorization = configuration.authorization
         for pin in configuration.sitePins where siteOwners[pin.site] == nil {
@@ -511,7 +519,7 @@ public struct Replicator: Sendable {
             set.append(
                 WireSubscription(
                     spec: sub.spec, since: since, hops: sub.hops, generation: sub.generation,
-                    epoch: since > 0 ? s.localEpoch : nil, deltas: sub.deltas, number: UInt32(n)))
+                    epoch: since > 0 ? s.localEpoch : nil, deltas: sub.deltas, number: UInt32(n), holds: sub.holds))
         }
         rememberedOrder.removeAll { $0 == peer }
         rememberedSets[peer] = nil
@@ -570,6 +578,7 @@ public struct Replicator: Sendable {
         collections: Set<UTF8Key>, lastSeq: Int64, unconcerned: [UTF8Key: Set<Int64>] = [:], now: Millis
     ) -> [ReplicatorDirective] {
         local.lastSeq = max(local.lastSeq, lastSeq)
+        heldCollections.formUnion(collections)
         var directives: [ReplicatorDirective] = []
         for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
             for key in sessions[link]!.served.keys.sorted() {
@@ -816,7 +825,8 @@ public struct Replicator: Sendable {
         }
         // Later pages follow cursors this node produced in this session. They carry the
         // tombstones reaped after the peer's checkpoint (it may hold those documents), or, served
-        // from 0, those reaped from now on: a tombstone can be reaped before the scan reaches it.
+        // from 0, those reaped from now on: a tombstone can be reaped before the scan reaches it
+        // (all of them, from the start, for a peer that said it holds rows: set on receipt).
         served.floorChecked = true
         if served.reapedAfter == nil { served.reapedAfter = served.since > 0 ? served.since : page.floor }
         served.carriesHeld = page.heldFrom != nil
@@ -1409,8 +1419,11 @@ public struct Replicator: Sendable {
                     existing.ackedUpTo = sub.since
                     existing.floorChecked = sub.since == 0
                     // The peer still holds what it held: reaped tombstones keep coming from the
-                    // lower of the two positions.
-                    if let reaped = existing.reapedAfter, sub.since > 0 {
+                    // lower of the two positions (from the start, asked from 0 by a peer that
+                    // holds rows of the collection).
+                    if sub.holds {
+                        existing.reapedAfter = 0
+                    } else if let reaped = existing.reapedAfter, sub.since > 0 {
                         existing.reapedAfter = min(reaped, sub.since)
                     }
                     // The new request's end of the log is told again (a caught-up or empty batch),
@@ -1433,6 +1446,9 @@ public struct Replicator: Sendable {
                 spec: sub.spec, hops: sub.hops, generation: sub.generation, cursor: sub.since,
                 retryDelay: configuration.scanRetryInitial)
             served.deltas = sub.deltas
+            // Asked from 0 by a peer that holds rows of the collection: it may hold documents
+            // from other peers that were removed here and reaped, which no tombstone row carries.
+            if sub.holds { served.reapedAfter = 0 }
             switch query(for: sub.spec) {
             case .ready(let q):
                 served.query = q
@@ -1956,7 +1972,7 @@ public struct Replicator: Sendable {
                         &+ (sessions[link]!.resyncs[key] ?? 0),
                     epoch: since > 0 ? epoch : nil,
                     deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
-                    number: number))
+                    number: number, holds: heldCollections.contains(UTF8Key(entry.spec.collection))))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change, and so are numbers given since: the early set went unnumbered
@@ -2239,8 +2255,9 @@ extension Replicator {
         /// or from a page this node scanned in this session (the peer's `since` is checked once).
         var floorChecked: Bool
         /// The pages carry the tombstones reaped after this (``ScanRequest/reapedAfter``): the
-        /// peer's checkpoint, or, for a peer served from 0, the floor of its first page. Set at
-        /// the first page.
+        /// peer's checkpoint, or, for a peer served from 0, the floor of its first page (set at
+        /// the first page), or 0 for a peer that asked from 0 holding rows of the collection
+        /// (``WireSubscription/holds``, set on receipt).
         var reapedAfter: Int64?
         /// The peer may not read the collection (``Authorization``): answered `suberr forbidden`,
         /// never scanned.

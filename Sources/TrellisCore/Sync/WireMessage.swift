@@ -97,10 +97,17 @@ public struct WireSubscription: Hashable, Sendable {
     /// in its `batch` and `suberr` messages instead of by its key, and the sender names it so in
     /// its `ack`s. A sender numbers its subscriptions only for a peer whose `hello` said `x: 1`.
     public var number: UInt32?
+    /// Whether the sender of a subscription from 0 holds rows of its collection (wire `h`: 1,
+    /// sent only with `since` 0; docs/PROTOCOL.md §2 step 5): documents it may have from other
+    /// peers. The receiver then carries, among the pages from 0, the tombstones it reaped from the
+    /// start of its log, as for a peer whose checkpoint is below its floor, so that the copies of
+    /// documents removed there go on the subscriber too. A subscriber that holds nothing of the
+    /// collection gets none of them.
+    public var holds: Bool
 
     public init(
         spec: SubscriptionSpec, since: Int64, hops: Int, generation: UInt32 = 0, epoch: [UInt8]? = nil,
-        deltas: Bool = false, number: UInt32? = nil
+        deltas: Bool = false, number: UInt32? = nil, holds: Bool = false
     ) {
         self.spec = spec
         self.since = since
@@ -109,6 +116,7 @@ public struct WireSubscription: Hashable, Sendable {
         self.epoch = epoch
         self.deltas = deltas
         self.number = number
+        self.holds = holds && since == 0
     }
 }
 
@@ -294,6 +302,7 @@ public enum WireMessage: Sendable, Equatable {
                         if let epoch = $0.epoch { entry["e"] = .bytes(epoch) }
                         if $0.deltas { entry["d"] = .int(1) }
                         if let number = $0.number { entry["i"] = .int(Int64(number)) }
+                        if $0.holds, $0.since == 0 { entry["h"] = .int(1) }
                         return .map(entry)
                     }),
             ]
@@ -584,7 +593,8 @@ public enum WireMessage: Sendable, Equatable {
                         hops: Int(try s.optionalInt("hops", in: 0...Int64(Self.maxHops)) ?? 0),
                         generation: UInt32(try s.optionalInt("gen", in: 0...Int64(UInt32.max)) ?? 0),
                         epoch: epoch, deltas: try s.optionalInt("d", in: 0...1) == 1,
-                        number: try s.optionalInt("i", in: 0...Int64(UInt32.max)).map { UInt32($0) }))
+                        number: try s.optionalInt("i", in: 0...Int64(UInt32.max)).map { UInt32($0) },
+                        holds: try s.optionalInt("h", in: 0...1) == 1))
             }
             self = .subscriptions(subs, version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "batch":
