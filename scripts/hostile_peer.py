@@ -18,7 +18,7 @@ one of:
                    loopback broadcast address a node's discovery listens on in its loopback scope
                    (nothing leaves the host).
 
---hello-version V makes `hello` announce protocol version V (default 4). Any --psk works for --raw
+--hello-version V makes `hello` announce protocol version V (default 5). Any --psk works for --raw
 and --udp; another mesh key than the node's makes every handshake fail (counted as refused).
 
 It holds for --hold SECONDS (default 30), then closes every socket abruptly (no authenticated
@@ -52,7 +52,7 @@ except ImportError:
 from link_peer import MAX_PLAINTEXT, REKEY_MARKER
 from noise.connection import Keypair, NoiseConnection
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 PROLOGUE = b"trellis/3"
 
 

@@ -5,7 +5,7 @@
 It dials 127.0.0.1:PORT as the Noise initiator (Noise_XXpsk0_25519_ChaChaPoly_SHA256, prologue
 `trellis/3`, the mesh key as psk, a fresh static key, empty handshake payloads), then:
 
-  1. sends `hello` (protocol version 4, its static public key, a random site ID and epoch, a nonce)
+  1. sends `hello` (protocol version 5, its static public key, a random site ID and epoch, a nonce)
      and reads the node's;
   2. sends `subs` asking for the whole collection `--collection` (`q` "true", from `since` 0);
   3. decodes every document of every `batch` (the single-write form and the whole state, encoding
@@ -65,7 +65,7 @@ except ImportError:
 from link_peer import REKEY_MARKER, Link
 from noise.connection import Keypair, NoiseConnection
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 PROLOGUE = b"trellis/3"
 MAX_MESSAGE = 64 * 1024 * 1024
 U64 = (1 << 64) - 1

@@ -87,6 +87,45 @@ struct CausalContexts {
     }
 }
 
+/// The remove contexts in force at a field (docs/DATA-MODEL.md, "What a state holds"): the
+/// document's `r` joined with the `removed` of every field on the path down to it.
+///
+/// A stamp above time zero is covered when the joined contexts cover it. Default data (time zero)
+/// is covered only by the document's `r`, which covers the defaults of every site it names and is
+/// never reaped, or by the field's own cover of the site's default (``FieldNode/coversDefault(of:)``):
+/// a field's context entry above zero does not cover defaults, so reaping it (after the TTL)
+/// drops no cover of a default, and reaping commutes with the join (docs/DATA-MODEL.md, "Why
+/// states agree").
+struct ContextInForce: Equatable {
+    /// The joined contexts.
+    private(set) var joined: VersionVector
+    /// The document's remove context `r`.
+    let document: VersionVector
+
+    /// The context in force at the top-level fields: the document's `r`.
+    init(document: VersionVector) {
+        joined = document
+        self.document = document
+    }
+
+    /// The context in force below a field whose remove context is `removed`.
+    func joined(_ removed: VersionVector) -> ContextInForce {
+        guard !removed.isEmpty else { return self }
+        var out = self
+        out.joined.join(removed)
+        return out
+    }
+
+    var isEmpty: Bool { joined.isEmpty }
+
+    /// The joined contexts' time for `site`.
+    subscript(_ site: SiteID) -> HLCTimestamp? { joined[site] }
+
+    /// Whether a counter total with `stamp` is covered (totals are never default data: one at time
+    /// zero is judged like any other).
+    func coversTotal(_ stamp: Stamp) -> Bool { joined.covers(stamp) }
+}
+
 // MARK: - Counter numbers
 
 /// Arithmetic on counter numbers: `.int` (Int64) while exact, `.double` otherwise
@@ -479,14 +518,67 @@ public struct FieldNode: Hashable, Sendable {
     public internal(set) var totals: [SiteID: CounterTotal] = [:]
     /// Counter: per site, the latest running total a remove, an unset or a replacement had seen.
     public internal(set) var removedTotals: [SiteID: CounterTotal] = [:]
-    /// The field's observed-remove context.
+    /// The field's observed-remove context. An entry at time zero covers only its site's default
+    /// data (rule 3); one above zero covers that default too, and the site's writes up to it.
     public internal(set) var removed: VersionVector = [:]
+    /// The sites whose default data (time zero) this field's remove context covers apart from
+    /// their entry above zero in ``removed`` (docs/DATA-MODEL.md, "Why states agree"): reaping
+    /// drops that entry, and the cover of the default must not go with it. A site whose default
+    /// alone is covered has `removed[site] == .zero` instead, never both. Joined by union, never
+    /// reaped, never dropped for a context above: at most one per site per field whose default
+    /// was removed.
+    public internal(set) var removedDefaults: Set<SiteID> = []
 
     public init() {}
 
     /// Nothing left: the normal form drops such a field.
     var isEmpty: Bool {
         entries.isEmpty && map.isEmpty && totals.isEmpty && removedTotals.isEmpty && removed.isEmpty
+            && removedDefaults.isEmpty
+    }
+
+    /// Adds `(site, time)` to the remove context (time zero: the cover of the site's default
+    /// data), keeping the cover of the default apart from an entry above zero.
+    /// - Returns: whether the context changed.
+    @discardableResult
+    mutating func cover(_ site: SiteID, _ time: HLCTimestamp) -> Bool {
+        guard let mine = removed[site] else {
+            removed[site] = time
+            return true
+        }
+        if time == .zero { return mine == .zero ? false : removedDefaults.insert(site).inserted }
+        if mine == .zero {
+            removed[site] = time
+            removedDefaults.insert(site)
+            return true
+        }
+        guard mine < time else { return false }
+        removed[site] = time
+        return true
+    }
+
+    /// Drops the remove context's entry of `site` above zero, keeping the cover of its default
+    /// if the context held one apart.
+    private mutating func uncover(_ site: SiteID) {
+        removed[site] = removedDefaults.remove(site) == nil ? nil : .zero
+    }
+
+    /// Whether this field's own remove context covers `site`'s default data here (time zero).
+    func coversDefault(of site: SiteID) -> Bool { removed[site] == .zero || removedDefaults.contains(site) }
+
+    /// Whether an entry of this field stamped `stamp` is covered, `context` being the context in
+    /// force here (this field's `removed` joined in).
+    func covers(_ stamp: Stamp, _ context: ContextInForce) -> Bool {
+        Self.covers(stamp, context, removed, removedDefaults)
+    }
+
+    /// ``covers(_:_:)`` for a field whose remove context is `removed` and `removedDefaults`.
+    private static func covers(
+        _ stamp: Stamp, _ context: ContextInForce, _ removed: VersionVector, _ removedDefaults: Set<SiteID>
+    ) -> Bool {
+        guard stamp.time == .zero else { return context.joined.covers(stamp) }
+        return context.document[stamp.site] != nil || removed[stamp.site] == .zero
+            || removedDefaults.contains(stamp.site)
     }
 
     /// Keeps the greater of this site's entry and `entry`. - Returns: whether this changed.
@@ -504,9 +596,9 @@ public struct FieldNode: Hashable, Sendable {
     ///   - causal: the causal contexts of the two states: an entry or total that one side holds and
     ///     the other lacks although it saw it is dropped (the dot-store rule).
     /// - Returns: whether this field changed.
-    mutating func join(_ other: FieldNode, inherited: VersionVector, inheritedGrew: Bool, causal: CausalContexts)
-        -> Bool
-    {
+    mutating func join(
+        _ other: FieldNode, inherited: ContextInForce, inheritedGrew: Bool, causal: CausalContexts
+    ) -> Bool {
         // The dot-store rule, both ways, each side judged by what the other held before the join:
         // an entry or total that one side holds and the other saw without holding it (in its
         // slot: the site's latest write, or its default data) was removed or overwritten there.
@@ -535,18 +627,23 @@ public struct FieldNode: Hashable, Sendable {
             changed = true
         }
         var grew = false
-        for (site, time) in other.removed
-        where (inherited[site].map { $0 < time } ?? true) && (removed[site].map { $0 < time } ?? true) {
-            removed[site] = time
-            grew = true
+        for (site, time) in other.removed {
+            // An entry above zero the context above covers is not taken; nor the cover of a
+            // default the document's `r` covers.
+            if time != .zero, inherited[site].map({ $0 < time }) ?? true, cover(site, time) { grew = true }
+            if time == .zero || other.removedDefaults.contains(site), inherited.document[site] == nil,
+                cover(site, .zero)
+            {
+                grew = true
+            }
         }
         if grew { changed = true }
         if inheritedGrew || grew, normalizeHere(inherited) { changed = true }
         let context = inherited.joined(removed)
-        for entry in theirEntries where !context.covers(entry.stamp) {
+        for entry in theirEntries where !covers(entry.stamp, context) {
             if note(entry) { changed = true }
         }
-        for total in theirTotals where !context.covers(total.stamp) {
+        for total in theirTotals where !context.coversTotal(total.stamp) {
             if totals.joinLater(total) { changed = true }
         }
         if removedTotals.joinLater(other.removedTotals) { changed = true }
@@ -555,12 +652,12 @@ public struct FieldNode: Hashable, Sendable {
     }
 
     /// Drops the entries of this field's remove context, and of every field below, whose time is
-    /// before `horizon` (time zero excepted: it covers default data, which only a remove context
-    /// covers). - Returns: whether anything was dropped.
+    /// before `horizon`, keeping the covers of default data (time zero, and ``removedDefaults``):
+    /// only a remove context covers a default. - Returns: whether anything was dropped.
     mutating func reapContexts(before horizon: HLCTimestamp) -> Bool {
         var changed = false
         if removed.contains(where: { $0.value != .zero && $0.value < horizon }) {
-            removed = removed.filter { $0.value == .zero || $0.value >= horizon }
+            for (site, time) in removed where time != .zero && time < horizon { uncover(site) }
             changed = true
         }
         if map.updateEach({ $0.reapContexts(before: horizon) }) { changed = true }
@@ -570,26 +667,39 @@ public struct FieldNode: Hashable, Sendable {
     /// Drops what the context in force covers, in this field and below (docs/DATA-MODEL.md,
     /// "Normal form"). - Returns: whether anything was dropped.
     @discardableResult
-    mutating func normalize(_ inherited: VersionVector) -> Bool {
+    mutating func normalize(_ inherited: ContextInForce) -> Bool {
         var changed = normalizeHere(inherited)
         if map.normalize(inherited.joined(removed)) { changed = true }
         return changed
     }
 
-    /// ``normalize(_:)`` without the children.
-    private mutating func normalizeHere(_ inherited: VersionVector) -> Bool {
+    /// ``normalize(_:)`` without the children. An entry of the remove context above zero goes
+    /// where the context above covers it; the cover of a site's default only where the
+    /// document's `r` names the site (the contexts of the fields above do not cover defaults).
+    private mutating func normalizeHere(_ inherited: ContextInForce) -> Bool {
         var changed = false
-        if !removed.isEmpty, !inherited.isEmpty,
-            removed.contains(where: { site, time in inherited[site].map { time <= $0 } ?? false })
-        {
-            removed = removed.filter { site, time in inherited[site].map { $0 < time } ?? true }
-            changed = true
+        if !removed.isEmpty, !inherited.isEmpty {
+            for (site, time) in removed where time != .zero && inherited[site].map({ time <= $0 }) ?? false {
+                uncover(site)
+                changed = true
+            }
+            if !inherited.document.isEmpty {
+                for (site, time) in removed where inherited.document[site] != nil {
+                    if time == .zero {
+                        removed[site] = nil
+                        changed = true
+                    } else if removedDefaults.remove(site) != nil {
+                        changed = true
+                    }
+                }
+            }
         }
         let context = inherited.joined(removed)
         guard !context.isEmpty else { return changed }
-        if entries.removeAll(where: { context.covers($0.stamp) }) { changed = true }
-        if totals.contains(where: { context.covers($0.value.stamp) }) {
-            totals = totals.filter { !context.covers($0.value.stamp) }
+        let (own, apart) = (removed, removedDefaults)
+        if entries.removeAll(where: { Self.covers($0.stamp, context, own, apart) }) { changed = true }
+        if totals.contains(where: { context.coversTotal($0.value.stamp) }) {
+            totals = totals.filter { !context.coversTotal($0.value.stamp) }
             changed = true
         }
         return changed
@@ -600,13 +710,13 @@ public struct FieldNode: Hashable, Sendable {
     /// What the field shows under the inherited context, or `nil` when nothing in it is visible.
     ///
     /// - Complexity: O(size of the field).
-    func part(_ inherited: VersionVector) -> FieldPart? {
+    func part(_ inherited: ContextInForce) -> FieldPart? {
         let context = inherited.joined(removed)
         var bestValue: FieldEntry?
         var mapStamp: Stamp?
         var valuedMap = false
         var winner: FieldEntry?
-        for entry in entries where !context.covers(entry.stamp) {
+        for entry in entries where !covers(entry.stamp, context) {
             switch entry.content {
             case .value, .withheldValue:
                 if bestValue.map({ $0 < entry }) ?? true { bestValue = entry }
@@ -646,7 +756,7 @@ public struct FieldNode: Hashable, Sendable {
     }
 
     /// The counter's value (docs/DATA-MODEL.md rule 4) and latest visible stamp.
-    private func counterPart(_ context: VersionVector, winner: FieldEntry?) -> FieldPart? {
+    private func counterPart(_ context: ContextInForce, winner: FieldEntry?) -> FieldPart? {
         guard winner != nil || !totals.isEmpty else { return nil }
         var latest = winner?.stamp
         var base = Value.int(0)
@@ -658,7 +768,7 @@ public struct FieldNode: Hashable, Sendable {
         var terms: [(total: Value, sub: Value)] = []
         for site in totals.keys.sorted() {
             let total = totals[site]!
-            guard !context.covers(total.stamp) else { continue }
+            guard !context.coversTotal(total.stamp) else { continue }
             if latest.map({ $0 < total.stamp }) ?? true { latest = total.stamp }
             let sub = CounterTotal.later(seen[site], removedTotals[site])
             if let sub, !(sub.stamp < total.stamp) { continue }
@@ -688,11 +798,24 @@ public struct FieldNode: Hashable, Sendable {
         return out
     }
 
-    /// The stamps of every write under this field, per site (an unset's or a replacement's context).
+    /// The stamps above time zero of every write under this field, per site (an unset's or a
+    /// replacement's context; the default data under it is covered apart, ``coverDefaultsHeld()``).
     func versionVector(into vv: inout VersionVector) {
-        for entry in entries { vv.include(entry.stamp) }
+        for entry in entries where entry.stamp.time != .zero { vv.include(entry.stamp) }
         for total in totals.values { vv.include(total.stamp) }
         for child in map.entries.values { child.versionVector(into: &vv) }
+    }
+
+    /// Covers, in this field and every field below, the default data each holds (its entries at
+    /// time zero), each in its own field's remove context. - Returns: whether any was new.
+    @discardableResult
+    mutating func coverDefaultsHeld() -> Bool {
+        var changed = false
+        for entry in entries where entry.stamp.time == .zero {
+            if cover(entry.stamp.site, .zero) { changed = true }
+        }
+        if map.updateEach({ $0.coverDefaultsHeld() }) { changed = true }
+        return changed
     }
 
     /// How many entries in this field and below are withheld (eviction stubs, rule 8).
@@ -728,10 +851,12 @@ public struct FieldNode: Hashable, Sendable {
         }
     }
 
-    /// Removes everything under this field that this replica holds: its stamps join the field's
-    /// remove context, and its counters record the totals seen.
+    /// Removes what this replica held under this field: its stamps above zero (`vv`, from
+    /// ``versionVector(into:)``) join the field's remove context, and its counters record the
+    /// totals seen. The default data it held is covered where it is, when `vv` is read
+    /// (``coverDefaultsHeld()``).
     mutating func kill(seen vv: VersionVector) {
-        removed.join(vv)
+        for (site, time) in vv { cover(site, time) }
         recordRemovedTotals()
     }
 
@@ -839,7 +964,7 @@ public struct MapNode: Hashable, Sendable {
     /// - Returns: whether anything changed.
     /// - Complexity: O(n + m) for `m` children of `other` and `n` of these, plus the joins and
     ///   O(n + m) to insert new children.
-    mutating func join(_ other: MapNode, context: VersionVector, contextGrew: Bool, causal: CausalContexts) -> Bool {
+    mutating func join(_ other: MapNode, context: ContextInForce, contextGrew: Bool, causal: CausalContexts) -> Bool {
         if other.isEmpty, isEmpty { return false }
         if isEmpty { entries.reserveCapacity(other.entries.count) }
         var changed = false
@@ -893,14 +1018,14 @@ public struct MapNode: Hashable, Sendable {
     }
 
     @discardableResult
-    mutating func normalize(_ context: VersionVector) -> Bool {
+    mutating func normalize(_ context: ContextInForce) -> Bool {
         updateEach { $0.normalize(context) }
     }
 
     /// The visible fields with values.
     ///
     /// - Complexity: O(size of the map).
-    func materialize(_ context: VersionVector) -> UTF8Map<Value> {
+    func materialize(_ context: ContextInForce) -> UTF8Map<Value> {
         entries.compactMapValues { $0.part(context)?.value }
     }
 }
@@ -1008,7 +1133,7 @@ public struct DocumentState: Hashable, Sendable {
     private func parts(along keys: [String]) -> [FieldPart?] {
         var out: [FieldPart?] = []
         var map = root
-        var context = removed
+        var context = ContextInForce(document: removed)
         for key in keys {
             guard let node = map[key] else {
                 out.append(nil)
@@ -1045,14 +1170,14 @@ public struct DocumentState: Hashable, Sendable {
     /// entry; without, a missing step skips `body` and returns `nil`.
     @discardableResult
     private mutating func withField<R>(
-        _ keys: [String], stamp: Stamp?, _ body: (inout FieldNode, VersionVector) -> R
+        _ keys: [String], stamp: Stamp?, _ body: (inout FieldNode, ContextInForce) -> R
     ) -> R? {
-        Self.withField(in: &root, keys[...], context: removed, stamp: stamp, body)
+        Self.withField(in: &root, keys[...], context: ContextInForce(document: removed), stamp: stamp, body)
     }
 
     private static func withField<R>(
-        in map: inout MapNode, _ keys: ArraySlice<String>, context: VersionVector, stamp: Stamp?,
-        _ body: (inout FieldNode, VersionVector) -> R
+        in map: inout MapNode, _ keys: ArraySlice<String>, context: ContextInForce, stamp: Stamp?,
+        _ body: (inout FieldNode, ContextInForce) -> R
     ) -> R? {
         let rest = keys.dropFirst()
         let result = map.modify(keys.first!, create: stamp != nil) { node -> R? in
@@ -1091,8 +1216,8 @@ public struct DocumentState: Hashable, Sendable {
         if root.isEmpty { root = MapNode(minimumCapacity: fields.count) }
         for (key, value) in fields {
             root.modify(key) { node in
-                Self.write(value, into: &node, context: removed, stamp: stamp, replace: false)
-                node.normalize(removed)
+                Self.write(value, into: &node, context: ContextInForce(document: removed), stamp: stamp, replace: false)
+                node.normalize(ContextInForce(document: removed))
             }
         }
         adds.include(stamp)
@@ -1103,7 +1228,7 @@ public struct DocumentState: Hashable, Sendable {
     /// map value records a "map" entry and writes its keys (with `replace`, first covering
     /// everything the field held); a number over a visible counter restarts it.
     private static func write(
-        _ value: Value, into node: inout FieldNode, context: VersionVector, stamp: Stamp, replace: Bool
+        _ value: Value, into node: inout FieldNode, context: ContextInForce, stamp: Stamp, replace: Bool
     ) {
         if node.isEmpty {
             // A new field: nothing to restart or cover.
@@ -1124,7 +1249,10 @@ public struct DocumentState: Hashable, Sendable {
         }
         var seen = VersionVector()
         if case .map(let children) = value {
-            if replace { node.versionVector(into: &seen) }
+            if replace {
+                node.versionVector(into: &seen)
+                node.coverDefaultsHeld()
+            }
             node.note(FieldEntry(stamp: stamp, content: .map))
             // Children decide restarts against what they showed before this write.
             let inner = context.joined(node.removed)
@@ -1134,6 +1262,7 @@ public struct DocumentState: Hashable, Sendable {
             if replace { node.kill(seen: seen) }
         } else {
             node.versionVector(into: &seen)
+            node.coverDefaultsHeld()
             node.note(FieldEntry(stamp: stamp, content: .value(value)))
             node.kill(seen: seen)
         }
@@ -1151,6 +1280,7 @@ public struct DocumentState: Hashable, Sendable {
         withField(keys, stamp: nil) { node, _ in
             var seen = VersionVector()
             node.versionVector(into: &seen)
+            node.coverDefaultsHeld()
             node.kill(seen: seen)
         }
         writes.include(stamp)
@@ -1313,22 +1443,24 @@ public struct DocumentState: Hashable, Sendable {
         for (site, time) in other.adds where !removed.covers(Stamp(time: time, site: site)) {
             if adds.include(Stamp(time: time, site: site)) { changed = true }
         }
-        if root.join(other.root, context: removed, contextGrew: grew, causal: causal) { changed = true }
+        if root.join(other.root, context: ContextInForce(document: removed), contextGrew: grew, causal: causal) {
+            changed = true
+        }
         return changed
     }
 
     /// Reaps the remove contexts of removed fields (docs/DATA-MODEL.md, "Tombstones and
-    /// reaping"): drops every entry of a field's remove context whose time is before `horizon`
-    /// (except time zero, which covers default data), and the fields left with nothing. The
-    /// document's own remove context `r` stays (a removed document is reaped whole, by its row).
+    /// reaping"): drops every entry of a field's remove context above time zero whose time is
+    /// before `horizon`, keeping the covers of default data (``FieldNode/removedDefaults``, and
+    /// entries at time zero), and the fields left with nothing. The document's own remove context
+    /// `r` stays (a removed document is reaped whole, by its row).
     ///
     /// What is dropped is still recorded by the write vector, and the join's dot-store rule drops
     /// it on every replica that saw it, so what the document shows does not change and a peer that
     /// still holds a removed entry cannot bring it back. Reaping commutes with ``merge(_:)``: it
-    /// filters context entries by their own time, and contexts join per site by maximum. Except
-    /// for default data (a known issue, open: `TimeZeroContextReapTests`): a site's entry above
-    /// zero also covers that site's default, so reaping it drops the cover with it, while a
-    /// replica that merged an already reaped state keeps the time-zero entry.
+    /// filters context entries above zero by their own time, contexts join per site by maximum,
+    /// and an entry above zero covers no default data (the covers of defaults are kept apart and
+    /// never reaped; `TimeZeroContextReapTests`).
     ///
     /// - Parameter horizon: the reap horizon (the store passes its time minus
     ///   `StoreOptions.tombstoneTTL`); this type never reads a clock.
@@ -1346,12 +1478,12 @@ public struct DocumentState: Hashable, Sendable {
                 adds = adds.filter { !removed.covers(Stamp(time: $0.value, site: $0.key)) }
             }
         }
-        root.normalize(removed)
+        root.normalize(ContextInForce(document: removed))
     }
 
     /// Brings one top-level field to its normal form (the rest is untouched by the operation).
     private mutating func normalize(key: String) {
-        root.modify(key, create: false) { $0.normalize(removed) }
+        root.modify(key, create: false) { $0.normalize(ContextInForce(document: removed)) }
     }
 
     // MARK: Reading
@@ -1360,7 +1492,7 @@ public struct DocumentState: Hashable, Sendable {
     /// withheld in an eviction stub.
     public func value(at path: FieldPath) -> Value? {
         guard !isDeleted, case .key(let first)? = path.components.first,
-            let value = root[first]?.part(removed)?.value
+            let value = root[first]?.part(ContextInForce(document: removed))?.value
         else { return nil }
         return value.value(at: FieldPath(components: Array(path.components.dropFirst())))
     }
@@ -1380,7 +1512,7 @@ public struct DocumentState: Hashable, Sendable {
     /// - Complexity: O(size of the state).
     public func materialize(id: Value) -> Value? {
         guard !isDeleted else { return nil }
-        var out = root.materialize(removed)
+        var out = root.materialize(ContextInForce(document: removed))
         out["_id"] = id
         return .map(out)
     }

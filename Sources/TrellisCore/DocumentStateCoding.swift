@@ -13,10 +13,12 @@
 //             "o": [[i, time, number], ...]?,         removed totals
 //             "p": [[i, time], ...]?,                 "map" entries
 //             "t": [[i, time, number], ...]?,         counter totals
-//             "x": [[i, time], ...]? }                the field's remove context
+//             "x": [[i, time], ...]?,                 the field's remove context
+//             "z": [i, ...]? }                        sites whose default (time zero) the remove
+//                                                     context covers apart from their entry in x
 //
 // Every list is sorted by site index, one element per site (and one entry per site across b, e, h,
-// p); absent parts are left out. Times and sites are the Int64 bit patterns of their UInt64 values.
+// p); absent parts are left out. A site in z has an entry above time zero in x. Times and sites are the Int64 bit patterns of their UInt64 values.
 
 extension DocumentState {
     /// The version of the state encoding ``cbor()`` writes (docs/PROTOCOL.md §3).
@@ -261,9 +263,16 @@ private struct StateDecoder {
             case "t": field.totals = try totals(part, "t", place())
             case "o": field.removedTotals = try totals(part, "o", place())
             case "x": field.removed = try vector(part, "x", place(), bounded: true)
+            case "z":
+                guard case .array(let items) = part else { throw fail("\(place()): 'z' is not an array") }
+                for item in items { field.removedDefaults.insert(try site(item, "\(place()) 'z'")) }
             case "m": field.map = try map(part, path: parent + [key])
             default: throw fail("\(place()) has an unknown part '\(name)'")
             }
+        }
+        for site in field.removedDefaults where (field.removed[site] ?? .zero) == .zero {
+            throw fail(
+                "\(place()): 'z' names site \(String(site, radix: 16)), which has no entry above time zero in 'x'")
         }
         return field
     }
@@ -511,10 +520,13 @@ extension DocumentState {
             case .maps: maps += 1
             }
         }
-        // Field keys in deterministic order: "b", "e", "h", "m", "o", "p", "t", "x".
+        // Field keys in deterministic order: "b", "e", "h", "m", "o", "p", "t", "x", "z".
         var count = 0
         for present in [restarts, values, withheld, maps] where present > 0 { count += 1 }
-        for present in [node.map.isEmpty, node.removedTotals.isEmpty, node.totals.isEmpty, node.removed.isEmpty]
+        for present in [
+            node.map.isEmpty, node.removedTotals.isEmpty, node.totals.isEmpty, node.removed.isEmpty,
+            node.removedDefaults.isEmpty,
+        ]
         where !present { count += 1 }
         w.writeMapHeader(count: count)
         if restarts > 0 {
@@ -556,6 +568,12 @@ extension DocumentState {
         if !node.removed.isEmpty {
             w.writeText("x")
             write(node.removed, index, into: &w)
+        }
+        if !node.removedDefaults.isEmpty {
+            w.writeText("z")
+            let indexes = node.removedDefaults.map { index[$0]! }.sorted()
+            w.writeArrayHeader(count: indexes.count)
+            for i in indexes { w.writeInt(i) }
         }
     }
 

@@ -302,6 +302,7 @@ extension FieldNode {
     var holdsTimeZero: Bool {
         entries.contains { $0.stamp.time == .zero } || totals.values.contains { $0.stamp.time == .zero }
             || removedTotals.values.contains { $0.stamp.time == .zero } || removed.values.contains(.zero)
+            || !removedDefaults.isEmpty
             || map.entries.values.contains { $0.holdsTimeZero }
     }
 }

@@ -212,7 +212,7 @@ import TrellisCore
             WireMessage.caughtUp(subscription: .number(0)).encoded == .map(["t": "batch", "i": 0]))
         // Unknown feature bits are ignored; bit 0 alone is read; `f` is a non-negative integer.
         func hello(_ f: Value) -> Value {
-            ["t": "hello", "v": 4, "site": 1, "epoch": .bytes(Self.epochB), "n": 1, "f": f]
+            ["t": "hello", "v": 5, "site": 1, "epoch": .bytes(Self.epochB), "n": 1, "f": f]
         }
         guard case .hello(let h3) = try WireMessage(hello(6)) else { return #expect(Bool(false)) }
         #expect(!h3.caughtUpBatches)

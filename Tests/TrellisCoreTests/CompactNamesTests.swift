@@ -181,7 +181,7 @@ import TrellisCore
         }
         #expect(throws: WireError.self) {
             try WireMessage(
-                ["t": "hello", "v": 4, "key": .bytes([1]), "site": 1, "epoch": .bytes(Self.epochB), "n": 1])
+                ["t": "hello", "v": 5, "key": .bytes([1]), "site": 1, "epoch": .bytes(Self.epochB), "n": 1])
         }
     }
 }

@@ -10,7 +10,9 @@ import TrellisCore
 /// A replica holding a set of operations then shows, per field:
 /// - per site, that site's latest write (by stamp, ties by the order of rule 3) and, apart from it,
 ///   the site's default data (time zero), each visible unless a context of a held operation whose
-///   scope is the field or above it covers its stamp. A site writes default data whatever it wrote
+///   scope is the field or above it covers its stamp; a default only when a held operation's
+///   issuer held that default at that very field and removed it (`defaultsRemoved`), or a held
+///   document remove names its site (protocol 5). A site writes default data whatever it wrote
 ///   before, so its default is not ordered with its other writes and a later stamp does not
 ///   replace it (docs/DATA-MODEL.md, "What a state holds" and "Normal form"): the "a map" a
 ///   default records on its parents keeps a map showing after an eviction withheld the site's
@@ -63,6 +65,10 @@ struct DocumentStateModel {
         var writes: [Int: Content] = [:]
         /// Remove contexts by scope: a field index, or -1 for the document.
         var kills: [(scope: Int, context: VersionVector)] = []
+        /// The default data the operation removed: per field, the sites whose default data
+        /// (time zero) at exactly that field its issuer held there. Only these, and the document's
+        /// context, cover default data: a field's context above zero does not.
+        var defaultsRemoved: [Int: Set<SiteID>] = [:]
         var increment: (path: Int, total: Value)?
         var adds = false
     }
@@ -172,10 +178,12 @@ struct DocumentStateModel {
         let n = paths.count
         var rootContext: VersionVector = [:]
         var contexts = [VersionVector](repeating: [:], count: n)
+        var defaultsCovered = [Set<SiteID>](repeating: [], count: n)
         var latest = [[Slot: (op: Int, content: Content)]](repeating: [:], count: n)
         var incs = [[SiteID: [Total]]](repeating: [:], count: n)
         for i in view.held {
             let op = ops[i]
+            for (j, sites) in op.defaultsRemoved { defaultsCovered[j].formUnion(sites) }
             for (scope, context) in op.kills {
                 if scope < 0 {
                     Self.join(&rootContext, context)
@@ -200,14 +208,15 @@ struct DocumentStateModel {
         let live = view.held.contains { ops[$0].adds && !Self.covers(rootContext, ops[$0].stamp) }
         var parts = [Part?](repeating: nil, count: n)
         for p in (0..<n).reversed() {  // children first
-            parts[p] = part(p, latest[p], incs[p], contexts[p], parts, view)
+            let covered = defaultsCovered[p].union(rootContext.keys)
+            parts[p] = part(p, latest[p], incs[p], contexts[p], defaults: covered, parts, view)
         }
         return Shown(parts: parts, live: live)
     }
 
     private func part(
         _ p: Int, _ latest: [Slot: (op: Int, content: Content)], _ incs: [SiteID: [Total]], _ ctx: VersionVector,
-        _ parts: [Part?], _ view: View
+        defaults: Set<SiteID>, _ parts: [Part?], _ view: View
     ) -> Part? {
         var best: Part?
         func offer(_ part: Part) {
@@ -219,7 +228,7 @@ struct DocumentStateModel {
         var winner: (stamp: Stamp, order: (rank: Int, key: Value), value: Value, seen: [SiteID: Total])?
         for (_, (i, content)) in latest {
             let stamp = ops[i].stamp
-            guard !Self.covers(ctx, stamp) else { continue }
+            guard stamp.time == .zero ? !defaults.contains(stamp.site) : !Self.covers(ctx, stamp) else { continue }
             let withheld = view.withheld.contains(i)
             let order = Self.order(content, withheld: withheld)
             switch content {
@@ -337,6 +346,22 @@ struct DocumentStateModel {
         return vv
     }
 
+    /// The defaults a remove at `p` removes: per field at or below it, the sites whose default data
+    /// the view holds there.
+    func defaults(under p: Int, _ view: View) -> [Int: Set<SiteID>] {
+        var out: [Int: Set<SiteID>] = [:]
+        for i in view.held where ops[i].stamp.time == .zero {
+            for j in ops[i].writes.keys where under[j][p] { out[j, default: []].insert(ops[i].stamp.site) }
+        }
+        return out
+    }
+
+    /// Records a remove at `p` into `op`: its context, and the defaults it removes.
+    private func kill(_ p: Int, _ view: View, into op: inout Op) {
+        op.kills.append((p, versionVector(under: p, view)))
+        for (j, sites) in defaults(under: p, view) { op.defaultsRemoved[j, default: []].formUnion(sites) }
+    }
+
     /// Records "a map" on every parent of `p`.
     private func writeParents(of p: Path, into op: inout Op) {
         for n in stride(from: p.keys.count - 1, to: 0, by: -1) {
@@ -358,10 +383,10 @@ struct DocumentStateModel {
             for (key, child) in children {
                 write(child, at: Path(p.keys + [key]), replace: false, view: view, shown: shown, into: &op)
             }
-            if replace { op.kills.append((i, versionVector(under: i, view))) }
+            if replace { kill(i, view, into: &op) }
         } else {
             op.writes[i] = .value(value)
-            op.kills.append((i, versionVector(under: i, view)))
+            kill(i, view, into: &op)
         }
     }
 
@@ -386,7 +411,7 @@ struct DocumentStateModel {
 
     func unset(_ p: Path, stamp: Stamp, view: View) -> Op {
         var op = Op(stamp: stamp)
-        op.kills.append((index[p]!, versionVector(under: index[p]!, view)))
+        kill(index[p]!, view, into: &op)
         return op
     }
 

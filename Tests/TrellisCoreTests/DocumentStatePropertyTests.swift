@@ -129,10 +129,6 @@ import TrellisTestKit
         var physical: UInt64 = 1000
         var stats = Stats()
         var failed = false
-        /// Whether a replica wrote default data (time zero), which reaping may bring back from a
-        /// state that missed its remove for longer than the TTL (docs/DATA-MODEL.md, "Tombstones
-        /// and reaping"): such runs skip the reaping laws.
-        var wroteDefaults = false
         /// When set, every local write's delta is checked against every state of the run
         /// (`StateDeltaPropertyTests`); no random draw depends on it, so seeds replay either way.
         var deltas: DeltaCheck? = nil
@@ -163,11 +159,16 @@ import TrellisTestKit
             }
         }
 
-        /// `TRELLIS_TRACE=<round>` prints that round's steps.
+        /// `TRELLIS_TRACE=<round>` prints that round's steps, each with every replica's state.
         static let traceRound = ProcessInfo.processInfo.environment["TRELLIS_TRACE"].flatMap { Int($0) }
 
         func trace(_ text: @autoclosure () -> String) {
-            if Self.traceRound == round { print("  [\(round)] \(text())") }
+            if Self.traceRound == round {
+                print("  [\(round)] \(text())")
+                for (i, replica) in replicas.enumerated() {
+                    print("      state \(i): \((try? CBOR.decode(replica.state.cbor())).map { "\($0)" } ?? "?")")
+                }
+            }
         }
 
         mutating func count(_ kind: String) {
@@ -341,7 +342,6 @@ import TrellisTestKit
             }
             let old = replicas[r].state
             try replicas[r].state.set(p.fieldPath, to: value, stamp: s)
-            wroteDefaults = true
             record(op, on: r)
             check(r, "default \(p) = \(value)")
             localWrite(r, from: old)
@@ -423,7 +423,7 @@ import TrellisTestKit
                         rawValue: "everything merged shows \(Self.text(shown)), model \(Self.text(expected)); \(where_)"
                     ))
             }
-            if !wroteDefaults { reapingLaws(states, merged: first, expected: expected, &random) }
+            reapingLaws(states, merged: first, expected: expected, &random)
         }
 
         /// A random reap horizon around the run's stamps (milliseconds 998 to the last + 2).

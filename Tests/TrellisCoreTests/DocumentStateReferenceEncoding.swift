@@ -67,6 +67,9 @@ extension DocumentState {
             if !node.totals.isEmpty { field["t"] = referenceEncode(node.totals, index) }
             if !node.removedTotals.isEmpty { field["o"] = referenceEncode(node.removedTotals, index) }
             if !node.removed.isEmpty { field["x"] = referenceEncode(node.removed, index) }
+            if !node.removedDefaults.isEmpty {
+                field["z"] = .array(node.removedDefaults.map { index[$0]! }.sorted().map { .int($0) })
+            }
             out[key] = .map(field)
         }
         return .map(out)

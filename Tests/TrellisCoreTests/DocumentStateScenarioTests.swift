@@ -275,7 +275,7 @@ import TrellisTestKit
                     node.totals[site] = CounterTotal(total: .double(amount), stamp: at(10, site))
                 }
                 orders.insert(Array(node.totals.keys))
-                values.insert(node.part([:])!.value!)
+                values.insert(node.part(ContextInForce(document: [:]))!.value!)
             }
         }
         #expect(values == [.double(expected)])

@@ -102,7 +102,7 @@ extension ReplicatorTests {
         _ = r.received(hello(Self.keyC), on: linkC, now: 0)
         // C's own presence record: it has no other session (its subscriptions are relayed).
         _ = r.received(
-            .presence([PresenceRecord(peerKey: Self.keyC, version: 4, seq: 1, neighbors: [])]), on: linkC, now: 0)
+            .presence([PresenceRecord(peerKey: Self.keyC, version: 5, seq: 1, neighbors: [])]), on: linkC, now: 0)
         let subs = ["x", "y", "z"].map { WireSubscription(spec: .all($0), since: 0, hops: 0) }
         let directives = r.received(.subscriptions(subs, version: 1), on: linkC, now: 1)
         // C's y is forbidden; of x and z, B is asked only for z (B may not write x).

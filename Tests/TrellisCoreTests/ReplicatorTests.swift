@@ -204,7 +204,7 @@ import TrellisCore
             now: 0)
         _ = r.received(
             .hello(
-                Hello(version: 4, peerKey: Self.keyB, site: 0x102, epoch: oldEpoch, nonce: 7, earlySubscriptions: true)),
+                Hello(version: 5, peerKey: Self.keyB, site: 0x102, epoch: oldEpoch, nonce: 7, earlySubscriptions: true)),
             on: LinkID(1), now: 0)
         _ = r.linkClosed(LinkID(1), reason: "peer restarted", now: 1)
         let opened = Self.sent(
@@ -218,7 +218,7 @@ import TrellisCore
         // The peer's hello: no `es`, a new epoch. It served `since: 40` in its new log.
         let after = Self.sent(
             r.received(
-                .hello(Hello(version: 4, peerKey: Self.keyB, site: 0x103, epoch: newEpoch, nonce: 8)), on: LinkID(2),
+                .hello(Hello(version: 5, peerKey: Self.keyB, site: 0x103, epoch: newEpoch, nonce: 8)), on: LinkID(2),
                 now: 3))
         let again = after.compactMap { if case .subscriptions(let subs, _) = $0 { subs } else { nil } }
         #expect(again.last?.first?.since == 0, "asked again from 0: \(after)")
@@ -291,8 +291,8 @@ import TrellisCore
             .subscriptions([WireSubscription(spec: spec, since: 9, hops: 1, epoch: Self.epochB)], version: 3),
             .subscriptions([WireSubscription(spec: spec, since: 9, hops: 1)], version: 3),
             .hello(
-                Hello(version: 4, peerKey: Self.keyB, site: 5, epoch: Self.epochB, nonce: 1, earlySubscriptions: true)),
-            .hello(Hello(version: 4, peerKey: Self.keyB, site: 5, epoch: Self.epochB, nonce: 1)),
+                Hello(version: 5, peerKey: Self.keyB, site: 5, epoch: Self.epochB, nonce: 1, earlySubscriptions: true)),
+            .hello(Hello(version: 5, peerKey: Self.keyB, site: 5, epoch: Self.epochB, nonce: 1)),
         ] {
             #expect(try WireMessage(serialized: message.serialized()) == message)
         }
@@ -445,7 +445,7 @@ import TrellisCore
         _ = r.received(hello(Self.keyC), on: c, now: 0)
         // C's own presence record: it has no other session (its subscriptions are relayed).
         _ = r.received(
-            .presence([PresenceRecord(peerKey: Self.keyC, version: 4, seq: 1, neighbors: [])]), on: c, now: 0)
+            .presence([PresenceRecord(peerKey: Self.keyC, version: 5, seq: 1, neighbors: [])]), on: c, now: 0)
         let many = (0..<40).map {
             WireSubscription(spec: SubscriptionSpec(collection: "items", query: "_id == 'd\($0)'"), since: 0, hops: 0)
         }

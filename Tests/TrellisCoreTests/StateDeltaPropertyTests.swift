@@ -128,9 +128,6 @@ extension DocumentStatePropertyTests.Run {
         _ delta: StateDelta, from old: DocumentState, to new: DocumentState, previous: StateDelta?,
         receiver: DocumentState
     ) {
-        // Default data (time zero) is left out, as the model test's reaping laws leave it out:
-        // reaping does not commute with a join that meets it (docs/DATA-MODEL.md).
-        guard !receiver.holdsTimeZero, !new.holdsTimeZero else { return }
         let horizon = HLCTimestamp(millis: physical > 1 ? physical - 1 : 0, logical: 0)
         var storedOld = old
         storedOld.reapRemovedFields(before: horizon)

@@ -34,21 +34,16 @@ import TrellisTestKit
             return failures
         }
         for failure in failures { print(failure) }
-        // Known issues. The mode's first sweeps failed about one seed in three, nearly all from
-        // deltas that lost the remove contexts their write reaped (fixed: `DeltaReapingTests`,
-        // and `theSeedsThatFoundLostRemoveContextsPass` below), and a stale node that asked a
-        // remover from 0 (a first meeting) was sent none of the tombstones it reaped (fixed by
-        // the subscription's `h`: `aWriterWithNoCheckpointOfTheRemover...` below). Replicas that
-        // show the same values still hold different states of a document now and then (seed
-        // 4100041 with `--nodes 3-6 --steps 120`: reaping a context entry above zero drops the
-        // cover of that site's default data, `TimeZeroContextReapTests`).
-        withKnownIssue(
-            "states that differ in a reaped field's entries (default data)", isIntermittent: true
-        ) {
-            #expect(
-                failures.isEmpty,
-                "\(failures.count) of 20 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
-        }
+        // The mode's first sweeps failed about one seed in three, nearly all from deltas that
+        // lost the remove contexts their write reaped (fixed: `DeltaReapingTests`, and
+        // `theSeedsThatFoundLostRemoveContextsPass` below); a stale node that asked a remover
+        // from 0 (a first meeting) was sent none of the tombstones it reaped (fixed by the
+        // subscription's `h`: `aWriterWithNoCheckpointOfTheRemover...` below); replicas held
+        // different states of a document after reaping the context entry that covered a site's
+        // default data (seed 4100041 with `--nodes 3-6 --steps 120`, fixed by protocol 5:
+        // `TimeZeroContextReapTests`).
+        #expect(
+            failures.isEmpty, "\(failures.count) of 20 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
 
     /// Ten recorded seeds of the mode, among them 4100008 and 4100010, which failed (replicas

@@ -269,7 +269,7 @@ public enum WireMessage: Sendable, Equatable {
     /// handshake, rekey markers and states in the single-write form; 4 the join that drops what the
     /// other side saw and no longer holds, so removed fields' remove contexts can be reaped (a
     /// version 3 node would bring reaped fields back, so the versions do not sync).
-    public static let protocolVersion = 4
+    public static let protocolVersion = 5
     /// The most hops a forwarded subscription may carry on the wire.
     public static let maxHops = 16
 
