@@ -1356,12 +1356,13 @@ public struct DocumentState: Hashable, Sendable {
     }
 
     /// Whether default data (stamped at HLC time zero by `site`) may be written at `path`: the
-    /// field shows nothing, nothing in it names `site`, and no remove context on the way to it
-    /// (the document's included) names `site` (docs/DATA-MODEL.md rule 3). With a `nil` path,
-    /// whether the whole document holds nothing of `site`.
+    /// field shows nothing, nothing in it names `site`, no remove context on the way to it (the
+    /// document's included) names `site`, and no field on the way holds a default of `site`
+    /// other than "a map" (the write records "a map" there with the same stamp; docs/DATA-MODEL.md
+    /// rule 3). With a `nil` path, whether the whole document holds nothing of `site`.
     ///
-    /// A context naming `site` covers its time zero, so `site` may once have written default data
-    /// there: writing again could give two different values one stamp.
+    /// A context naming `site` may once have covered a default of it there: writing again could
+    /// give two different values one stamp.
     ///
     /// - Complexity: O(size of the field).
     public func admitsDefaultData(at path: FieldPath?, site: SiteID) -> Bool {
@@ -1374,6 +1375,13 @@ public struct DocumentState: Hashable, Sendable {
             guard let node = map[key] else { return true }
             if i == keys.count - 1 { return !node.mentions(site) }
             guard node.removed[site] == nil else { return false }
+            // The write records "a map" here stamped at time zero: a default of the site here
+            // that is not "a map" holds that stamp already (a value, say), and would keep it.
+            if node.entries.contains(where: {
+                $0.stamp.site == site && $0.stamp.time == .zero && $0.content != .map && $0.content != .withheldMap
+            }) {
+                return false
+            }
             map = node.map
         }
         return true
