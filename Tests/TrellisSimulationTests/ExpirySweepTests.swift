@@ -46,6 +46,36 @@ import TrellisTestKit
             failures.isEmpty, "\(failures.count) of 20 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
 
+    /// Two seeds of a wider sweep (`trellis simulate --seeds 200 --from 4400001 --nodes 3-8
+    /// --steps 100 --queries 2 --widen --ttl 120000`) that fail: a query subscriber keeps a stale
+    /// state of a document outside its query. In 4400026 node n6 held `d10` through its
+    /// whole-collection subscription and cancelled it (its `subs` went through an empty set before
+    /// its query subscription was asked again); a later change of `d10`, which its query does not
+    /// match, never reached it. A known issue, open (docs/BENCHMARKS.md, "Reaping, subscriptions
+    /// from 0 and default data under the sweeps"): the cause is not found yet.
+    @Test func aQuerySubscriberKeepsNoStaleStateOfADocumentOutsideItsQuery() async throws {
+        let failures = try await onOwnThread { () throws -> [String] in
+            var workload = RandomWorkload()
+            workload.tombstoneTTL = Self.ttl
+            workload.nodes = 3...8
+            workload.steps = 100
+            workload.queryNodes = 2
+            workload.widening = true
+            var failures: [String] = []
+            for seed: UInt64 in [4_400_026, 4_400_105] {
+                do {
+                    try workload.run(seed: seed, tracing: false)
+                } catch let failure as SimulationFailure {
+                    failures.append("\(failure)")
+                }
+            }
+            return failures
+        }
+        withKnownIssue("a query subscriber keeps a stale state of a document outside its query (open)") {
+            #expect(failures.isEmpty, "\(failures.joined(separator: "\n"))")
+        }
+    }
+
     /// Ten recorded seeds of the mode, among them 4100008 and 4100010, which failed (replicas
     /// holding different states of a document) while a delta lost the remove contexts its write
     /// reaped: a receiver kept entries the sender had removed. They all pass.
