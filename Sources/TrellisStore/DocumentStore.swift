@@ -1055,8 +1055,18 @@ public final class DocumentStore: Sendable {
         Self.noteValue(&s, collection, key, kind == .live ? value : nil, listed: listed)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
         // The row now carries what the reaped tombstone of the key it started from remembered
-        // (``row(_:_:_:)``): the key is forgotten.
+        // (``row(_:_:_:)``): the key is forgotten. The row is not a new document: it is born no
+        // later than the tombstone's `seq`, so a peer this node served the whole collection past
+        // it still counts as holding it (`whole_held`, DocumentStore+Scope.swift).
         if !s.reapedRowsRead.isEmpty, s.reapedRowsRead.remove(DocumentKey(collection: collection, key: key)) != nil {
+            let born = try s.db.prepare(
+                "UPDATE documents SET age = seq - (SELECT seq FROM reaped WHERE collection = ?1 AND id = ?2) "
+                    + "WHERE collection = ?1 AND id = ?2 AND EXISTS "
+                    + "(SELECT 1 FROM reaped WHERE collection = ?1 AND id = ?2 AND seq IS NOT NULL AND seq < ?3)")
+            born.bind(1, collection)
+            born.bind(2, key)
+            born.bind(3, s.nextSeq - 1)
+            try born.run()
             try forgetReaped(&s, collection, key)
         }
         return true

@@ -50,6 +50,33 @@ func keepReapedKeysAsAnEarlierVersion(_ store: DocumentStore, state: Bool = true
         #expect(try store.collectionsHoldingRows() == ["live", "gone", "evicted"])
     }
 
+    /// A document written again after its tombstone was reaped is not a new document: its row is
+    /// born no later than the tombstone's `seq`, so a peer served the whole collection past that
+    /// `seq` still counts as holding it, and its query subscriptions carry the change
+    /// (`whole_held`; `trellis simulate --replay 4400026 --nodes 3-8 --steps 100 --queries 2
+    /// --ttl 120000 --widen` kept the peer's stale state before).
+    @Test func aDocumentWrittenAgainAfterItsTombstoneWasReapedIsNotBornAnew() throws {
+        let store = try open("born.sqlite")
+        try store.upsert(["_id": "d"], in: "c")
+        try store.remove(id: "d", in: "c")
+        let tombstoneSeq = store.lastSeq
+        try store.upsert(["_id": "other"], in: "c")
+        clock.advance(by: Self.ttl + 1)
+        while try store.reapExpiredTombstones(limit: 100).more {}
+        #expect(try store.reapedState(id: "d", in: "c") != nil)
+        try store.upsert(["_id": "d", "v": 1], in: "c")
+        let key = try DocumentStore.key(for: "d")
+        let (seq, born) = try store.withState { s -> (Int64, Int64) in
+            let st = try s.db.prepare("SELECT seq, seq - age FROM documents WHERE collection = 'c' AND id = ?")
+            st.bind(1, key)
+            defer { st.reset() }
+            _ = try st.step()
+            return (st.int64(0), st.int64(1))
+        }
+        #expect(seq == store.lastSeq)
+        #expect(born == tombstoneSeq)
+    }
+
     @Test func tombstonesAreReapedOnlyOnceOlderThanTheTTL() throws {
         let store = try open("a.sqlite")
         #expect(store.options.tombstoneTTL == Self.ttl)
