@@ -92,11 +92,11 @@ struct CausalContexts {
 ///
 /// A stamp above time zero is covered when the joined contexts cover it. Default data (time zero)
 /// is covered only by the document's `r`, which covers the defaults of every site it names and is
-/// never reaped, or by the field's own cover of the site's default (``FieldNode/coversDefault(of:)``):
-/// a field's context entry above zero does not cover defaults, so reaping it (after the TTL)
+/// never reaped, or by the field's own cover of the site's default (an entry at time zero in its
+/// `removed`, or the site in its ``FieldNode/removedDefaults``): a field's context entry above zero does not cover defaults, so reaping it (after the TTL)
 /// drops no cover of a default, and reaping commutes with the join (docs/DATA-MODEL.md, "Why
 /// states agree").
-struct ContextInForce: Equatable {
+struct ContextInForce {
     /// The joined contexts.
     private(set) var joined: VersionVector
     /// The document's remove context `r`.
@@ -518,8 +518,9 @@ public struct FieldNode: Hashable, Sendable {
     public internal(set) var totals: [SiteID: CounterTotal] = [:]
     /// Counter: per site, the latest running total a remove, an unset or a replacement had seen.
     public internal(set) var removedTotals: [SiteID: CounterTotal] = [:]
-    /// The field's observed-remove context. An entry at time zero covers only its site's default
-    /// data (rule 3); one above zero covers that default too, and the site's writes up to it.
+    /// The field's observed-remove context. An entry at time zero covers its site's default data
+    /// (rule 3) in this field only; one above zero covers the site's writes from above zero up to
+    /// it, in this field and below, and no default (protocol 5).
     public internal(set) var removed: VersionVector = [:]
     /// The sites whose default data (time zero) this field's remove context covers apart from
     /// their entry above zero in ``removed`` (docs/DATA-MODEL.md, "Why states agree"): reaping
@@ -562,9 +563,6 @@ public struct FieldNode: Hashable, Sendable {
     private mutating func uncover(_ site: SiteID) {
         removed[site] = removedDefaults.remove(site) == nil ? nil : .zero
     }
-
-    /// Whether this field's own remove context covers `site`'s default data here (time zero).
-    func coversDefault(of site: SiteID) -> Bool { removed[site] == .zero || removedDefaults.contains(site) }
 
     /// Whether an entry of this field stamped `stamp` is covered, `context` being the context in
     /// force here (this field's `removed` joined in).
@@ -798,24 +796,19 @@ public struct FieldNode: Hashable, Sendable {
         return out
     }
 
-    /// The stamps above time zero of every write under this field, per site (an unset's or a
-    /// replacement's context; the default data under it is covered apart, ``coverDefaultsHeld()``).
-    func versionVector(into vv: inout VersionVector) {
-        for entry in entries where entry.stamp.time != .zero { vv.include(entry.stamp) }
-        for total in totals.values { vv.include(total.stamp) }
-        for child in map.entries.values { child.versionVector(into: &vv) }
-    }
-
-    /// Covers, in this field and every field below, the default data each holds (its entries at
-    /// time zero), each in its own field's remove context. - Returns: whether any was new.
-    @discardableResult
-    mutating func coverDefaultsHeld() -> Bool {
-        var changed = false
-        for entry in entries where entry.stamp.time == .zero {
-            if cover(entry.stamp.site, .zero) { changed = true }
+    /// What an unset or a replacement of this field removes of what this replica holds under it,
+    /// in one pass: the stamps above time zero of every write, per site, go into `vv` (the
+    /// removal's context, ``kill(seen:)``); the default data (entries at time zero) is covered at
+    /// once, each in its own field's remove context.
+    mutating func takeRemoved(into vv: inout VersionVector) {
+        for entry in entries {
+            if entry.stamp.time == .zero { cover(entry.stamp.site, .zero) } else { vv.include(entry.stamp) }
         }
-        if map.updateEach({ $0.coverDefaultsHeld() }) { changed = true }
-        return changed
+        for total in totals.values { vv.include(total.stamp) }
+        _ = map.updateEach { child in
+            child.takeRemoved(into: &vv)
+            return false
+        }
     }
 
     /// How many entries in this field and below are withheld (eviction stubs, rule 8).
@@ -852,9 +845,8 @@ public struct FieldNode: Hashable, Sendable {
     }
 
     /// Removes what this replica held under this field: its stamps above zero (`vv`, from
-    /// ``versionVector(into:)``) join the field's remove context, and its counters record the
-    /// totals seen. The default data it held is covered where it is, when `vv` is read
-    /// (``coverDefaultsHeld()``).
+    /// ``takeRemoved(into:)``, which also covered the default data it held) join the field's
+    /// remove context, and its counters record the totals seen.
     mutating func kill(seen vv: VersionVector) {
         for (site, time) in vv { cover(site, time) }
         recordRemovedTotals()
@@ -1250,8 +1242,7 @@ public struct DocumentState: Hashable, Sendable {
         var seen = VersionVector()
         if case .map(let children) = value {
             if replace {
-                node.versionVector(into: &seen)
-                node.coverDefaultsHeld()
+                node.takeRemoved(into: &seen)
             }
             node.note(FieldEntry(stamp: stamp, content: .map))
             // Children decide restarts against what they showed before this write.
@@ -1261,8 +1252,7 @@ public struct DocumentState: Hashable, Sendable {
             }
             if replace { node.kill(seen: seen) }
         } else {
-            node.versionVector(into: &seen)
-            node.coverDefaultsHeld()
+            node.takeRemoved(into: &seen)
             node.note(FieldEntry(stamp: stamp, content: .value(value)))
             node.kill(seen: seen)
         }
@@ -1279,8 +1269,7 @@ public struct DocumentState: Hashable, Sendable {
         let existed = value(at: path) != nil
         withField(keys, stamp: nil) { node, _ in
             var seen = VersionVector()
-            node.versionVector(into: &seen)
-            node.coverDefaultsHeld()
+            node.takeRemoved(into: &seen)
             node.kill(seen: seen)
         }
         writes.include(stamp)

@@ -18,7 +18,8 @@
 //                                                     context covers apart from their entry in x
 //
 // Every list is sorted by site index, one element per site (and one entry per site across b, e, h,
-// p); absent parts are left out. A site in z has an entry above time zero in x. Times and sites are the Int64 bit patterns of their UInt64 values.
+// p); absent parts are left out. A site in z has an entry above time zero in x. Times and sites
+// are the Int64 bit patterns of their UInt64 values.
 
 extension DocumentState {
     /// The version of the state encoding ``cbor()`` writes (docs/PROTOCOL.md §3).

@@ -256,14 +256,19 @@ extension DocumentStore {
     /// The state of a reaped tombstone of this document, if its key is remembered with it (keys
     /// reaped by an earlier version have none). A state that no longer decodes counts as none:
     /// the key's time alone then decides (``reapedRemoval(_:_:_:)``).
-    func reapedTombstone(_ s: inout State, _ collection: String, _ key: String) throws -> DocumentState? {
+    ///
+    /// - Returns: the state, and the `seq` the tombstone had (`nil` for a key reaped by a version
+    ///   that kept none).
+    func reapedTombstone(_ s: inout State, _ collection: String, _ key: String) throws -> (
+        state: DocumentState, seq: Int64?
+    )? {
         guard s.reapedRows > 0 else { return nil }
-        let st = try s.db.prepare("SELECT state FROM reaped WHERE collection = ? AND id = ?")
+        let st = try s.db.prepare("SELECT state, seq FROM reaped WHERE collection = ? AND id = ?")
         st.bind(1, collection)
         st.bind(2, key)
         defer { st.reset() }
-        guard try st.step(), let bytes = st.bytes(0) else { return nil }
-        return try? DocumentState(bytes: bytes)
+        guard try st.step(), let bytes = st.bytes(0), let state = try? DocumentState(bytes: bytes) else { return nil }
+        return (state, st.isNull(1) ? nil : st.int64(1))
     }
 
     /// Forgets a reaped key: a row holds the key again, and with it what its tombstone kept.
@@ -286,7 +291,7 @@ extension DocumentStore {
     /// - Throws: ``StoreError/invalidID(_:)`` for an `_id` no document can have; the store's errors.
     public func reapedState(id: Value, in collection: String) throws(StoreError) -> DocumentState? {
         let key = try Self.key(for: id)
-        return try withState { s in try reapedTombstone(&s, collection, key) }
+        return try withState { s in try reapedTombstone(&s, collection, key)?.state }
     }
 
     /// The number of reaped keys remembered (``StoreOptions/reapedKeyRetention``).

@@ -405,9 +405,11 @@ public final class DocumentStore: Sendable {
         /// The reaper's last time and the ``StoreOptions/elapsed`` reading it was taken at
         /// (``DocumentStore/reaperNow(_:)``).
         var reaperClock: (now: UInt64, elapsed: UInt64)?
-        /// The reaped tombstones ``DocumentStore/row(_:_:_:)`` stood in for a missing row: the
-        /// write of that row forgets the key (``DocumentStore/writeRow``).
-        var reapedRowsRead: Set<DocumentKey> = []
+        /// The reaped tombstones ``DocumentStore/row(_:_:_:)`` stood in for a missing row, each with
+        /// the `seq` the tombstone had (`nil`: reaped by a version that kept none): the write of
+        /// that row forgets the key, and dates the row's birth no later than that `seq`
+        /// (``DocumentStore/writeRow``).
+        var reapedRowsRead: [DocumentKey: Int64?] = [:]
         /// The collections that may hold a string with U+0000 (DocumentStore+NULStrings.swift).
         var nulCollections: Set<UTF8Key> = []
         /// Each collection's rescan generation (``DocumentStore/rescanGeneration(collection:)``).
@@ -845,9 +847,9 @@ public final class DocumentStore: Sendable {
         guard try st.step(), let bytes = st.bytes(0) else {
             // No row, but a reaped tombstone remembered with its state: the key's row is that
             // tombstone, for writes and merges alike (as if it had not been reaped).
-            guard s.reapedRows > 0, let tombstone = try reapedTombstone(&s, collection, key) else { return nil }
-            s.reapedRowsRead.insert(DocumentKey(collection: collection, key: key))
-            return (tombstone, .tombstone, Self.reapedRowSeq, nil)
+            guard s.reapedRows > 0, let reaped = try reapedTombstone(&s, collection, key) else { return nil }
+            s.reapedRowsRead[DocumentKey(collection: collection, key: key)] = .some(reaped.seq)
+            return (reaped.state, .tombstone, Self.reapedRowSeq, nil)
         }
         // A row and a reaped key kept with its state never stand together: the write that makes
         // the row started from the state (above) and forgets the key (``writeRow``).
@@ -1058,15 +1060,17 @@ public final class DocumentStore: Sendable {
         // (``row(_:_:_:)``): the key is forgotten. The row is not a new document: it is born no
         // later than the tombstone's `seq`, so a peer this node served the whole collection past
         // it still counts as holding it (`whole_held`, DocumentStore+Scope.swift).
-        if !s.reapedRowsRead.isEmpty, s.reapedRowsRead.remove(DocumentKey(collection: collection, key: key)) != nil {
-            let born = try s.db.prepare(
-                "UPDATE documents SET age = seq - (SELECT seq FROM reaped WHERE collection = ?1 AND id = ?2) "
-                    + "WHERE collection = ?1 AND id = ?2 AND EXISTS "
-                    + "(SELECT 1 FROM reaped WHERE collection = ?1 AND id = ?2 AND seq IS NOT NULL AND seq < ?3)")
-            born.bind(1, collection)
-            born.bind(2, key)
-            born.bind(3, s.nextSeq - 1)
-            try born.run()
+        if !s.reapedRowsRead.isEmpty,
+            let tombstoneSeq = s.reapedRowsRead.removeValue(forKey: DocumentKey(collection: collection, key: key))
+        {
+            let seq = s.nextSeq - 1
+            if let tombstoneSeq, tombstoneSeq < seq {
+                let born = try s.db.prepare("UPDATE documents SET age = ? WHERE collection = ? AND id = ?")
+                born.bind(1, seq - tombstoneSeq)
+                born.bind(2, collection)
+                born.bind(3, key)
+                try born.run()
+            }
             try forgetReaped(&s, collection, key)
         }
         return true
