@@ -204,18 +204,6 @@ import TrellisTestKit
             }
         }
 
-        func join(_ x: DocumentState, _ y: DocumentState) -> DocumentState {
-            var out = x
-            out.merge(y)
-            return out
-        }
-
-        func reaped(_ x: DocumentState, _ h: HLCTimestamp) -> DocumentState {
-            var out = x
-            out.reapRemovedFields(before: h)
-            return out
-        }
-
         mutating func finalChecks(_ random: inout SeededRandom) {
             let states = history.map(\.state)
             guard !states.isEmpty else { return }
@@ -238,15 +226,15 @@ import TrellisTestKit
                     states.randomElement(using: &random)!, states.randomElement(using: &random)!,
                     states.randomElement(using: &random)!
                 )
-                if join(a, b).cbor() != join(b, a).cbor() { fail("not commutative") }
-                if join(join(a, b), c).cbor() != join(a, join(b, c)).cbor() { fail("not associative") }
-                if join(a, a) != a { fail("not idempotent") }
+                if joined(a, b).cbor() != joined(b, a).cbor() { fail("not commutative") }
+                if joined(joined(a, b), c).cbor() != joined(a, joined(b, c)).cbor() { fail("not associative") }
+                if joined(a, a) != a { fail("not idempotent") }
                 let h = HLCTimestamp(millis: UInt64.random(in: 90...(now + 2), using: &random), logical: 0)
-                let target = reaped(join(a, b), h)
-                if join(reaped(a, h), reaped(b, h)).cbor() != target.cbor() {
+                let target = reaped(joined(a, b), h)
+                if joined(reaped(a, h), reaped(b, h)).cbor() != target.cbor() {
                     fail("reap then merge differs from merge then reap")
                 }
-                if reaped(join(reaped(a, h), b), h).cbor() != target.cbor() {
+                if reaped(joined(reaped(a, h), b), h).cbor() != target.cbor() {
                     fail("reaped a merged with unreaped b, reaped, differs")
                 }
             }
@@ -276,7 +264,7 @@ import TrellisTestKit
                 )
             }
             for s in states {
-                let back = reaped(join(target, s), horizon)
+                let back = reaped(joined(target, s), horizon)
                 if back.cbor() != target.cbor() {
                     fail(
                         "a stale state changes the reaped join: \(text(back.materialize(id: DefaultCoverBreakTests.id)))"
@@ -298,17 +286,8 @@ import TrellisTestKit
 
     func path(_ keys: String...) -> FieldPath { FieldPath(components: keys.map { .key($0) }) }
 
-    func reaped(_ state: DocumentState, _ millis: UInt64) -> DocumentState {
-        var out = state
-        out.reapRemovedFields(before: HLCTimestamp(millis: millis, logical: 0))
-        return out
-    }
-
-    func joined(_ states: DocumentState...) -> DocumentState {
-        var out = DocumentState()
-        for state in states { out.merge(state) }
-        return out
-    }
+    /// `millis` as a reap horizon.
+    func horizon(_ millis: UInt64) -> HLCTimestamp { HLCTimestamp(millis: millis, logical: 0) }
 
     /// Failed before the fix (pre-existing, not new in protocol 5). X's default data `m = 5` is shadowed by B's
     /// concurrent `m.y = 1` (a later "map" entry at `m`), so `m` shows a map and `m.x` shows
@@ -353,7 +332,7 @@ import TrellisTestKit
         var unsetD = overC
         _ = try unsetD.unset(path("m"), stamp: at(40, d))
         let states = [defaults, overB, overX, overC, unsetD]
-        for h: UInt64 in [5, 15, 25, 35, 45, 100] {
+        for h in [5, 15, 25, 35, 45, 100].map(horizon) {
             let target = reaped(joined(overB, overX, overC, unsetD), h)
             #expect(try DocumentState(bytes: target.cbor()) == target)
             for a in states {
@@ -381,7 +360,7 @@ import TrellisTestKit
         #expect(overC.root.entries["v"]?.removedDefaults == [x])
         var removed = overX
         removed.remove(stamp: at(25, b))
-        for h: UInt64 in [10, 26, 35] {
+        for h in [10, 26, 35].map(horizon) {
             let one = reaped(joined(overC, removed), h)
             let two = reaped(joined(reaped(removed, h), reaped(overC, h)), h)
             #expect(one.cbor() == two.cbor())
@@ -473,4 +452,18 @@ import TrellisTestKit
             }
         }
     }
+}
+
+/// `first` merged with each of `rest`, in order.
+private func joined(_ first: DocumentState, _ rest: DocumentState...) -> DocumentState {
+    var out = first
+    for state in rest { out.merge(state) }
+    return out
+}
+
+/// `state` with its removed fields' contexts reaped before `horizon`.
+private func reaped(_ state: DocumentState, _ horizon: HLCTimestamp) -> DocumentState {
+    var out = state
+    out.reapRemovedFields(before: horizon)
+    return out
 }
