@@ -195,6 +195,13 @@ extension DocumentStore {
                 }
             }
         }
+        if !reapedNames.contains("age") {
+            // Reaped keys gain the `age` their tombstone's row had, so a row written for the key
+            // again keeps the document's birth (`whole_held`, DocumentStore+Scope.swift). NULL in
+            // keys reaped before: born before every `seq`, so a peer served the whole collection
+            // counts as holding them.
+            try db.execute("ALTER TABLE reaped ADD COLUMN age INTEGER")
+        }
         try db.execute("CREATE INDEX IF NOT EXISTS reaped_by_seq ON reaped(collection, seq) WHERE state IS NOT NULL")
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")

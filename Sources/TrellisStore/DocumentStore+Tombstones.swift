@@ -7,10 +7,12 @@ public import TrellisCore
 // leaves the documents table (and so the change log, reads and enumerations). Two things remain:
 // - the collection's retained floor: the highest `seq` of a reaped row. A reader of the log (a
 //   peer's checkpoint, a contacts anchor) below it may have missed a remove and starts over.
-// - a reaped key: the collection, `_id` key, the time of the tombstone's newest stamp and the
-//   tombstone's state, for `StoreOptions.reapedKeyRetention`. That state stands for the missing
-//   row (`row(_:_:_:)`): a state for that `_id` arriving later is merged into it and a local write
-//   re-creating the document starts from it, so what the remove covered stays removed. A state
+// - a reaped key: the collection, `_id` key, the time of the tombstone's newest stamp, the
+//   tombstone's state, its `seq` and the document's birth (its row's `age`), for
+//   `StoreOptions.reapedKeyRetention`. That state stands for the missing row (`row(_:_:_:)`): a
+//   state for that `_id` arriving later is merged into it and a local write re-creating the
+//   document starts from it, so what the remove covered stays removed, and the row written then
+//   keeps the birth (`whole_held`, DocumentStore+Scope.swift). A state
 //   that adds nothing to it but what the remove covers is a stale copy of the removed document
 //   (from a node that was away longer than the TTL, or relayed from one): it is merged and
 //   removed again with a new remove stamp, so the remove travels back to whoever still holds the
@@ -40,6 +42,9 @@ struct ReapRow {
     var key: String
     var seq: Int64
     var removedAt: UInt64
+    /// The row's `age` (its `seq` less the first `seq` the document had); `nil` for a row from
+    /// before the column, born before every `seq`.
+    var age: Int64?
 }
 
 extension DocumentStore {
@@ -84,7 +89,7 @@ extension DocumentStore {
             var rows: [ReapRow] = []
             if now > options.tombstoneTTL {
                 let st = try s.db.prepare(
-                    "SELECT collection, id, seq, removed_at FROM documents WHERE deleted = 1 AND removed_at <= ? "
+                    "SELECT collection, id, seq, removed_at, age FROM documents WHERE deleted = 1 AND removed_at <= ? "
                         + "ORDER BY removed_at LIMIT ?")
                 st.bind(1, Int64(clamping: now - options.tombstoneTTL))
                 st.bind(2, Int64(limit))
@@ -92,7 +97,7 @@ extension DocumentStore {
                     rows.append(
                         ReapRow(
                             collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
-                            removedAt: UInt64(max(0, st.int64(3)))))
+                            removedAt: UInt64(max(0, st.int64(3))), age: st.isNull(4) ? nil : st.int64(4)))
                 }
                 st.reset()
             }
@@ -126,7 +131,7 @@ extension DocumentStore {
             let now = reaperNow(&s)
             try dateLegacyTombstones(&s, limit: .max)
             let st = try s.db.prepare(
-                "SELECT id, seq, removed_at FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
+                "SELECT id, seq, removed_at, age FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
             st.bind(1, collection)
             st.bind(2, through)
             var rows: [ReapRow] = []
@@ -134,7 +139,7 @@ extension DocumentStore {
                 rows.append(
                     ReapRow(
                         collection: collection, key: st.string(0) ?? "", seq: st.int64(1),
-                        removedAt: UInt64(max(0, st.int64(2)))))
+                        removedAt: UInt64(max(0, st.int64(2))), age: st.isNull(3) ? nil : st.int64(3)))
             }
             st.reset()
             try reap(&s, rows, now: now)
@@ -171,9 +176,9 @@ extension DocumentStore {
     private func reap(_ s: inout State, _ rows: [ReapRow], now: UInt64) throws {
         guard !rows.isEmpty else { return }
         let remember = try s.db.prepare(
-            "INSERT INTO reaped(collection, id, removed_at, reaped_at, state, seq) VALUES (?,?,?,?,?,?) "
+            "INSERT INTO reaped(collection, id, removed_at, reaped_at, state, seq, age) VALUES (?,?,?,?,?,?,?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET removed_at = max(removed_at, excluded.removed_at), "
-                + "reaped_at = excluded.reaped_at, state = excluded.state, seq = excluded.seq")
+                + "reaped_at = excluded.reaped_at, state = excluded.state, seq = excluded.seq, age = excluded.age")
         let delete = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 1")
         let unscope = try s.db.prepare("DELETE FROM scopes WHERE collection = ? AND id = ?")
         var floors: [UTF8Key: Int64] = [:]  // byte-wise: "é" and "e" + U+0301 are two collections
@@ -191,6 +196,9 @@ extension DocumentStore {
             remember.bind(4, Int64(clamping: now))
             remember.bind(5, tombstone?.cbor())
             remember.bind(6, row.seq)
+            // The document's birth (`seq - age`) stays with the key: a row written for it again is
+            // not a new document (``writeRow``).
+            if let age = row.age { remember.bind(7, age) } else { remember.bind(7, nil as String?) }
             if try reapedRemoval(&s, row.collection, row.key) == nil { s.reapedRows += 1 }
             try remember.run()
             delete.reset()
@@ -257,13 +265,14 @@ extension DocumentStore {
     /// reaped by an earlier version have none). A state that no longer decodes counts as none:
     /// the key's time alone then decides (``reapedRemoval(_:_:_:)``).
     ///
-    /// - Returns: the state, and the `seq` the tombstone had (`nil` for a key reaped by a version
-    ///   that kept none).
+    /// - Returns: the state, and the `seq` the document was born with in this log (`nil` when
+    ///   unknown: a row from before `age`, or a key reaped by a version that kept no birth; such a
+    ///   document counts as born before every `seq`).
     func reapedTombstone(_ s: inout State, _ collection: String, _ key: String) throws -> (
-        state: DocumentState, seq: Int64?
+        state: DocumentState, born: Int64?
     )? {
         guard s.reapedRows > 0 else { return nil }
-        let st = try s.db.prepare("SELECT state, seq FROM reaped WHERE collection = ? AND id = ?")
+        let st = try s.db.prepare("SELECT state, seq - age FROM reaped WHERE collection = ? AND id = ?")
         st.bind(1, collection)
         st.bind(2, key)
         defer { st.reset() }

@@ -406,8 +406,8 @@ public final class DocumentStore: Sendable {
         /// (``DocumentStore/reaperNow(_:)``).
         var reaperClock: (now: UInt64, elapsed: UInt64)?
         /// The reaped tombstones ``DocumentStore/row(_:_:_:)`` stood in for a missing row, each with
-        /// the `seq` the tombstone had (`nil`: reaped by a version that kept none): the write of
-        /// that row forgets the key, and dates the row's birth no later than that `seq`
+        /// the `seq` the document was born with (`nil`: unknown, born before every `seq`): the
+        /// write of that row forgets the key, and gives the row that birth
         /// (``DocumentStore/writeRow``).
         var reapedRowsRead: [DocumentKey: Int64?] = [:]
         /// The collections that may hold a string with U+0000 (DocumentStore+NULStrings.swift).
@@ -522,6 +522,7 @@ public final class DocumentStore: Sendable {
             reaped_at INTEGER NOT NULL,
             state BLOB,
             seq INTEGER,
+            age INTEGER,
             PRIMARY KEY(collection, id)
         ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS withholding(
@@ -848,7 +849,7 @@ public final class DocumentStore: Sendable {
             // No row, but a reaped tombstone remembered with its state: the key's row is that
             // tombstone, for writes and merges alike (as if it had not been reaped).
             guard s.reapedRows > 0, let reaped = try reapedTombstone(&s, collection, key) else { return nil }
-            s.reapedRowsRead[DocumentKey(collection: collection, key: key)] = .some(reaped.seq)
+            s.reapedRowsRead[DocumentKey(collection: collection, key: key)] = .some(reaped.born)
             return (reaped.state, .tombstone, Self.reapedRowSeq, nil)
         }
         // A row and a reaped key kept with its state never stand together: the write that makes
@@ -1057,20 +1058,19 @@ public final class DocumentStore: Sendable {
         Self.noteValue(&s, collection, key, kind == .live ? value : nil, listed: listed)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
         // The row now carries what the reaped tombstone of the key it started from remembered
-        // (``row(_:_:_:)``): the key is forgotten. The row is not a new document: it is born no
-        // later than the tombstone's `seq`, so a peer this node served the whole collection past
-        // it still counts as holding it (`whole_held`, DocumentStore+Scope.swift).
+        // (``row(_:_:_:)``): the key is forgotten. The row is not a new document: it keeps the
+        // birth the document had before its tombstone was reaped, so a peer this node served the
+        // whole collection past that birth still counts as holding it (`whole_held`,
+        // DocumentStore+Scope.swift). An unknown birth (NULL `age`) is before every `seq`.
         if !s.reapedRowsRead.isEmpty,
-            let tombstoneSeq = s.reapedRowsRead.removeValue(forKey: DocumentKey(collection: collection, key: key))
+            let birth = s.reapedRowsRead.removeValue(forKey: DocumentKey(collection: collection, key: key))
         {
             let seq = s.nextSeq - 1
-            if let tombstoneSeq, tombstoneSeq < seq {
-                let born = try s.db.prepare("UPDATE documents SET age = ? WHERE collection = ? AND id = ?")
-                born.bind(1, seq - tombstoneSeq)
-                born.bind(2, collection)
-                born.bind(3, key)
-                try born.run()
-            }
+            let born = try s.db.prepare("UPDATE documents SET age = ? WHERE collection = ? AND id = ?")
+            if let birth { born.bind(1, seq - min(birth, seq)) } else { born.bind(1, nil as String?) }
+            born.bind(2, collection)
+            born.bind(3, key)
+            try born.run()
             try forgetReaped(&s, collection, key)
         }
         return true

@@ -51,11 +51,11 @@ import TrellisTestKit
     /// of a document outside its query. In 4400026 node n6 held `d10` through its
     /// whole-collection subscription and cancelled it; `d10` was then written again on the node
     /// serving n6 after its tombstone had been reaped there, as a new row born after what n6 had
-    /// been served (`whole_held`), so n6's query subscription did not carry it. Fixed: such a row
-    /// is born no later than the tombstone's `seq`
+    /// been served (`whole_held`), so n6's query subscription did not carry it. In 4400105 the
+    /// row was born at the reaped tombstone's `seq`, which came after n2's whole-collection pages
+    /// (n2 was apart when `d5` was removed), so n2 kept the tombstone while `d5` was written
+    /// again. Fixed: the reaped key keeps the document's birth, and the row written again has it
     /// (`TombstoneReapingTests.aDocumentWrittenAgainAfterItsTombstoneWasReapedIsNotBornAnew`).
-    /// 4400105 still fails the same way: a known issue, open (docs/BENCHMARKS.md, "Reaping,
-    /// subscriptions from 0 and default data under the sweeps").
     @Test func aQuerySubscriberKeepsNoStaleStateOfADocumentOutsideItsQuery() async throws {
         let failures = try await onOwnThread { () throws -> [UInt64: String] in
             var workload = RandomWorkload()
@@ -75,9 +75,7 @@ import TrellisTestKit
             return failures
         }
         #expect(failures[4_400_026] == nil, "\(failures[4_400_026] ?? "")")
-        withKnownIssue("a query subscriber keeps a stale state of a document outside its query (open)") {
-            #expect(failures[4_400_105] == nil, "\(failures[4_400_105] ?? "")")
-        }
+        #expect(failures[4_400_105] == nil, "\(failures[4_400_105] ?? "")")
     }
 
     /// Ten recorded seeds of the mode, among them 4100008 and 4100010, which failed (replicas

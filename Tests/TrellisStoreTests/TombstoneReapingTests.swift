@@ -5,12 +5,14 @@ import TrellisTestKit
 
 @testable import TrellisStore
 
-/// Leaves the reaped keys of `store` as earlier versions kept them: without their tombstone's
-/// `seq` (and its index), and with `state: false` without the tombstone's state either.
-func keepReapedKeysAsAnEarlierVersion(_ store: DocumentStore, state: Bool = true) throws {
+/// Leaves the reaped keys of `store` as earlier versions kept them: without the document's birth
+/// (`age`), with `seq: false` without their tombstone's `seq` (and its index) either, and with
+/// `state: false` without the tombstone's state either.
+func keepReapedKeysAsAnEarlierVersion(_ store: DocumentStore, seq: Bool = false, state: Bool = true) throws {
     try store.withState { s in
         try s.db.execute(
-            "DROP INDEX reaped_by_seq; ALTER TABLE reaped DROP COLUMN seq"
+            "ALTER TABLE reaped DROP COLUMN age"
+                + (seq ? "" : "; DROP INDEX reaped_by_seq; ALTER TABLE reaped DROP COLUMN seq")
                 + (state ? "" : "; ALTER TABLE reaped DROP COLUMN state"))
     }
 }
@@ -50,16 +52,21 @@ func keepReapedKeysAsAnEarlierVersion(_ store: DocumentStore, state: Bool = true
         #expect(try store.collectionsHoldingRows() == ["live", "gone", "evicted"])
     }
 
-    /// A document written again after its tombstone was reaped is not a new document: its row is
-    /// born no later than the tombstone's `seq`, so a peer served the whole collection past that
-    /// `seq` still counts as holding it, and its query subscriptions carry the change
-    /// (`whole_held`; `trellis simulate --replay 4400026 --nodes 3-8 --steps 100 --queries 2
-    /// --ttl 120000 --widen` kept the peer's stale state before).
+    /// A document written again after its tombstone was reaped is not a new document: its row
+    /// keeps the birth the document had before it was removed (the reaped key remembers it), so a
+    /// peer served the whole collection past that birth still counts as holding it, and its query
+    /// subscriptions carry the change (`whole_held`). `trellis simulate --replay 4400026 --nodes
+    /// 3-8 --steps 100 --queries 2 --ttl 120000 --widen` kept the peer's stale state while the row
+    /// was born anew; 4400105 of the same sweep kept it while the row was born at the tombstone's
+    /// `seq`, after the peer's whole-collection pages but before its query subscription.
     @Test func aDocumentWrittenAgainAfterItsTombstoneWasReapedIsNotBornAnew() throws {
         let store = try open("born.sqlite")
         try store.upsert(["_id": "d"], in: "c")
+        let birth = store.lastSeq
+        try store.upsert(["_id": "between"], in: "c")
+        try store.upsert(["_id": "d", "v": 0], in: "c")
         try store.remove(id: "d", in: "c")
-        let tombstoneSeq = store.lastSeq
+        #expect(store.lastSeq > birth + 1)
         try store.upsert(["_id": "other"], in: "c")
         clock.advance(by: Self.ttl + 1)
         while try store.reapExpiredTombstones(limit: 100).more {}
@@ -74,7 +81,34 @@ func keepReapedKeysAsAnEarlierVersion(_ store: DocumentStore, state: Bool = true
             return (st.int64(0), st.int64(1))
         }
         #expect(seq == store.lastSeq)
-        #expect(born == tombstoneSeq)
+        #expect(born == birth)
+    }
+
+    /// A key reaped by a version that kept no birth: the document written again counts as born
+    /// before every `seq` (NULL `age`), so every peer served the whole collection counts as
+    /// holding it. Sending it to one that never held it costs bytes; missing one that did would
+    /// leave it a stale copy.
+    @Test func aKeyReapedWithoutItsBirthIsWrittenAgainAsBornBeforeEverySeq() throws {
+        let store = try open("unborn.sqlite")
+        try store.upsert(["_id": "d"], in: "c")
+        try store.remove(id: "d", in: "c")
+        try store.upsert(["_id": "other"], in: "c")
+        clock.advance(by: Self.ttl + 1)
+        while try store.reapExpiredTombstones(limit: 100).more {}
+        try keepReapedKeysAsAnEarlierVersion(store, seq: true)
+        store.close()
+        let reopened = try open("unborn.sqlite")
+        try reopened.upsert(["_id": "d", "v": 1], in: "c")
+        let key = try DocumentStore.key(for: "d")
+        let age = try reopened.withState { s -> Int64? in
+            let st = try s.db.prepare("SELECT age FROM documents WHERE collection = 'c' AND id = ?")
+            st.bind(1, key)
+            defer { st.reset() }
+            _ = try st.step()
+            return st.isNull(0) ? nil : st.int64(0)
+        }
+        #expect(age == nil)
+        #expect(try reopened.document(id: "d", in: "c") == ["_id": "d", "v": 1])
     }
 
     @Test func tombstonesAreReapedOnlyOnceOlderThanTheTTL() throws {
