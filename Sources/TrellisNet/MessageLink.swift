@@ -14,6 +14,10 @@ public protocol MessageLink: AnyObject, Sendable {
     var isInitiator: Bool { get }
     /// A human-readable address of the peer, for logs and `peers`.
     var remoteAddress: String { get }
+    /// A number both ends of this connection hold and no other connection has (``SecureLink``:
+    /// the first 8 bytes of the Noise handshake hash, big-endian), or `nil` when the link has
+    /// none. A session resumed by digest takes it as its nonce (docs/PROTOCOL.md §2, step 1).
+    var channelNonce: UInt64? { get }
     /// Starts delivery.
     ///
     /// Calling it more than once has no effect beyond the first call.
@@ -68,6 +72,8 @@ public protocol MessageLink: AnyObject, Sendable {
 }
 
 extension MessageLink {
+    /// None (links that share nothing both ends could name the connection by).
+    public var channelNonce: UInt64? { nil }
     /// No classification (in-memory links).
     public var closeReason: LinkCloseReason? { nil }
     /// No budget (in-memory links).

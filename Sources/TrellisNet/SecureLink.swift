@@ -47,6 +47,11 @@ public final class SecureLink: MessageLink {
     public let remoteAddress: String
     /// The Noise handshake hash (channel binding).
     public let handshakeHash: [UInt8]
+    /// The first 8 bytes of ``handshakeHash``, big-endian: both ends hold it, and no other
+    /// connection has it (every handshake mixes in fresh ephemeral keys).
+    public var channelNonce: UInt64? {
+        handshakeHash.count >= 8 ? handshakeHash.prefix(8).reduce(0) { $0 << 8 | UInt64($1) } : nil
+    }
     /// The device name the peer advertised in its handshake payload (``HandshakePayload``), or
     /// `nil` when it advertised none.
     public let remoteDeviceName: String?

@@ -655,9 +655,12 @@ public final class Simulation: @unchecked Sendable {
         connection.ends[side].link = link
         node.links[link] = id
         let other = nodes[connection.ends[1 - side].node]
+        // Both ends hold the same number, as a secure channel's handshake hash; drawn from the
+        // seed and the connection alone, so that no other random choice of a run moves.
+        var channel = SplitMix64(seed: seed ^ (UInt64(id) &* 0x9E37_79B9_7F4A_7C15))
         host.linkOpened(
             link, peerKey: other.peerKey, initiator: side == 0, address: other.name,
-            endpoint: side == 0 ? other.name : nil)
+            endpoint: side == 0 ? other.name : nil, channelNonce: channel.next())
     }
 
     /// Queues a message; returns whether the sender's side is now above its high-water mark.
@@ -862,6 +865,8 @@ public final class Simulation: @unchecked Sendable {
             )
         case .subscriptionsDigest(_, let version): return ("subs", "subs v\(version) by digest")
         case .subscriptionsRequest(let version): return ("subsreq", "subsreq v\(version)")
+        case .resume: return ("r", "resume (hello and subs v1 by digest)")
+        case .helloRequest: return ("helloreq", "helloreq")
         case .caughtUp(let sub, let generation):
             return ("batch", "batch \(traceName(sub)) caught up gen \(generation) \(size) B")
         case .ack(_, let upTo, let deferred): return ("ack", "ack upTo \(upTo)\(deferred ? " deferred" : "")")

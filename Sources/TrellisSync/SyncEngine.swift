@@ -354,7 +354,7 @@ public final class SyncEngine: SyncTransport, SubscriptionService, @unchecked Se
                 })
             host.linkOpened(
                 id, peerKey: link.remotePeerKey, initiator: link.isInitiator, address: link.remoteAddress,
-                endpoint: endpoint)
+                endpoint: endpoint, channelNonce: link.channelNonce)
             scheduleScans()
         }
     }

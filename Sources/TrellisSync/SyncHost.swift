@@ -183,7 +183,12 @@ public final class SyncHost {
         replicator.discoveredPeerExpired(peerKey)
     }
 
-    public func linkOpened(_ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?) {
+    /// - Parameter channelNonce: a number both ends of the connection hold
+    ///   (``Replicator/linkOpened(_:peerKey:initiator:address:endpoint:checkpoints:channelNonce:now:)``).
+    public func linkOpened(
+        _ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?,
+        channelNonce: UInt64? = nil
+    ) {
         let checkpoints: [UTF8Key: Checkpoint]
         do {
             checkpoints = try store.checkpoints(peer: peerKey)
@@ -194,7 +199,7 @@ public final class SyncHost {
         run(
             replicator.linkOpened(
                 link, peerKey: peerKey, initiator: initiator, address: address, endpoint: endpoint,
-                checkpoints: checkpoints, now: now()))
+                checkpoints: checkpoints, channelNonce: channelNonce, now: now()))
     }
 
     public func dialFailed(_ endpoint: String, reason: String) {

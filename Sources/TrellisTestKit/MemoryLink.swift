@@ -22,6 +22,8 @@ public final class MemoryLink: MessageLink {
     public let remotePeerKey: [UInt8]
     public let isInitiator: Bool
     public let remoteAddress: String
+    /// A random number shared by the two ends of a pair, as a secure channel's handshake hash is.
+    public var channelNonce: UInt64? { pair.nonce }
     public let highWater: Int
     public let lowWater: Int
     private let pair: Pair
@@ -77,6 +79,7 @@ public final class MemoryLink: MessageLink {
         let ends = Mutex([End(), End()])
         let queues: [DispatchQueue]
         let limits: [(high: Int, low: Int)]
+        let nonce = UInt64.random(in: .min ... .max)
 
         init(names: [String], limits: [(high: Int, low: Int)]) {
             queues = names.map { DispatchQueue(label: "trellis.memory-link.\($0)") }

@@ -27,6 +27,9 @@ import TrellisCore
         /// Every message sent, with its sender, and the scans each side started.
         var messages: [(from: String, message: WireMessage)] = []
         var scans: [(node: String, after: Int64)] = []
+        /// The number both ends of the next connection hold (a secure channel's): `nil`, as
+        /// here by default, opens no session resumed by digest (ResumedSessionTests).
+        var channelNonce: UInt64?
 
         init(configure: (inout ReplicatorConfiguration) -> Void = { _ in }) throws {
             var configA = ReplicatorConfiguration(peerKey: keyA)
@@ -83,9 +86,11 @@ import TrellisCore
             messages = []
             scans = []
             let openA = a.linkOpened(
-                link, peerKey: keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpointsA, now: now)
+                link, peerKey: keyB, initiator: true, address: "b", endpoint: nil, checkpoints: checkpointsA,
+                channelNonce: channelNonce, now: now)
             let openB = b.linkOpened(
-                link, peerKey: keyA, initiator: false, address: "a", endpoint: nil, checkpoints: checkpointsB, now: now)
+                link, peerKey: keyA, initiator: false, address: "a", endpoint: nil, checkpoints: checkpointsB,
+                channelNonce: channelNonce, now: now)
             run(openA.map { ("a", $0) } + openB.map { ("b", $0) })
         }
 
@@ -102,6 +107,8 @@ import TrellisCore
                 case .subscriptions: "subs"
                 case .subscriptionsDigest: "digest"
                 case .subscriptionsRequest: "subsreq"
+                case .resume: "resume"
+                case .helloRequest: "helloreq"
                 case .caughtUp: "caughtUp"
                 case .batch: "batch"
                 case .ack: "ack"
@@ -113,8 +120,11 @@ import TrellisCore
 
         /// The first contact: empty batches up to each log's end, acknowledged (checkpoints A 200,
         /// B 100), then the link closes.
-        static func metBefore(configure: (inout ReplicatorConfiguration) -> Void = { _ in }) throws -> Pair {
+        static func metBefore(
+            channelNonce: UInt64? = nil, configure: (inout ReplicatorConfiguration) -> Void = { _ in }
+        ) throws -> Pair {
             var pair = try Pair(configure: configure)
+            pair.channelNonce = channelNonce
             pair.connect(checkpointsA: [:], checkpointsB: [:])
             #expect(pair.kinds.filter { $0 == "ack" }.count == 2, "\(pair.kinds)")
             pair.close()

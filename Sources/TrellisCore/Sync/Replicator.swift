@@ -243,17 +243,30 @@ public struct Replicator: Sendable {
     /// - Parameters:
     ///   - endpoint: the static peer address this link was dialed for (`nil` for inbound links).
     ///   - checkpoints: the checkpoints stored for this peer, by subscription key.
+    ///   - channelNonce: a number both ends of this connection hold and no other connection
+    ///     has (taken from the secure channel's handshake hash), or `nil` when the transport has
+    ///     none. With one, a session with a peer met before may open resumed: one ``WireMessage/resume(_:)``
+    ///     in place of the `hello` and the early `subs` (docs/PROTOCOL.md §2, step 1).
     public mutating func linkOpened(
         _ link: LinkID, peerKey: [UInt8], initiator: Bool, address: String, endpoint: String?,
-        checkpoints: [UTF8Key: Checkpoint], now: Millis
+        checkpoints: [UTF8Key: Checkpoint], channelNonce: UInt64? = nil, now: Millis
     ) -> [ReplicatorDirective] {
         if stopped { return [.close(link, reason: "node is stopping")] }
-        let nonce = rng.next()
+        // A peer that remembers this node's last hello and subscription set (its last hello said
+        // so) is sent their digest alone; the connection's nonce is then the channel's, which
+        // both ends hold.
+        let last = lastHellos[peerKey]
+        let resuming =
+            channelNonce != nil && last?.resumesSessions == true && last?.resumesSubscriptions == true
+            && last?.earlySubscriptions == true
+        let drawn = rng.next()
+        let nonce = resuming ? channelNonce! : drawn
         var session = Session(
             link: link, peerKey: peerKey, initiator: initiator, address: address, endpoint: endpoint, opened: now,
             nonce: nonce)
         session.lastSent = now
         session.localEpoch = local.epoch
+        session.channelNonce = channelNonce
         sessions[link] = session
         if let endpoint, var e = endpoints[endpoint] {
             e.state = .connected(link)
@@ -274,7 +287,18 @@ public struct Replicator: Sendable {
             version: WireMessage.protocolVersion,
             peerKey: lastHellos[peerKey]?.compactNames == true ? [] : configuration.peerKey, site: local.site,
             epoch: local.epoch, nonce: nonce, earlySubscriptions: true, compactNames: true, caughtUpBatches: true,
-            resumesSubscriptions: true)
+            resumesSubscriptions: true, resumesSessions: true)
+        if resuming {
+            let asked = sendAsked(link, now: now, early: true, digest: true)
+            sessions[link]?.askedEarly = true
+            if let resumed = sessions[link]?.resumed {
+                let digest = Self.resumeDigest(
+                    hello.resumeBytes(key: configuration.peerKey), resumed.list, version: resumed.version)
+                sessions[link]!.resumedHello = hello
+                return [send(link, .resume(digest), now)]
+            }
+            return [.send(link, .hello(hello))] + asked
+        }
         var directives: [ReplicatorDirective] = [.send(link, .hello(hello))]
         // A peer met before that honours subscription epochs gets the subscriptions at once,
         // each `since` with the epoch it was stored in: its batches (or "nothing new") come back
@@ -308,6 +332,24 @@ public struct Replicator: Sendable {
             return pong(n, on: link, now: now)
         case (.awaitingHello, .hello(let hello)):
             return helloReceived(hello, on: link, now: now)
+        case (.awaitingHello, .resume(let digest)):
+            return resumeReceived(digest, on: link, now: now)
+        case (_, .resume(let digest)) where digest == sessions[link]!.resumeTaken:
+            return []  // the same resume again (a duplicating transport)
+        case (_, .resume):
+            return fail(link, "protocol", "hello sent twice", now)
+        case (_, .helloRequest):
+            return helloRequested(on: link, now: now)
+        case (.awaitingHello, .batch), (.awaitingHello, .caughtUp):
+            guard sessions[link]!.helloAsked else { return fail(link, "protocol", "expected hello first", now) }
+            // Answers to this node's early subscriptions, sent before the peer's hello it asked
+            // for: asked for again once the hello is here, as after standby.
+            sessions[link]!.droppedInStandby = true
+            return []
+        case (.awaitingHello, _) where sessions[link]!.helloAsked:
+            // Sent before the hello this node asked for; the peer sends its set and presence again
+            // with it (``helloRequested(on:now:)``).
+            return []
         case (.awaitingHello, _):
             return fail(link, "protocol", "expected hello first", now)
         case (_, .hello(let hello)):
@@ -1265,6 +1307,50 @@ public struct Replicator: Sendable {
         return pinned + establish(link, now: now)
     }
 
+    /// The digest a ``WireMessage/resume(_:)`` carries: of the `hello` as
+    /// ``Hello/resumeBytes(key:)`` encodes it, then of the `subs` of `version` with `list`.
+    static func resumeDigest(_ hello: [UInt8], _ list: [WireSubscription], version: UInt64) -> StateDigest {
+        StateDigest(hello + WireMessage.subscriptions(list, version: version).serialized())
+    }
+
+    /// A peer opened the connection with a ``WireMessage/resume(_:)``: taken as its last `hello`
+    /// (with the channel's nonce) and its last subscription set as version 1, when this node
+    /// remembers both and they have the digest; otherwise the peer is asked for its `hello`, and
+    /// what it sends before that is dropped (``WireMessage/helloRequest``).
+    private mutating func resumeReceived(_ digest: StateDigest, on link: LinkID, now: Millis) -> [ReplicatorDirective]
+    {
+        let s = sessions[link]!
+        if !s.helloAsked, let nonce = s.channelNonce, var hello = lastHellos[s.peerKey],
+            let set = rememberedSets[s.peerKey],
+            Self.resumeDigest(hello.resumeBytes(key: s.peerKey), set, version: 1) == digest
+        {
+            hello.peerKey = s.peerKey
+            hello.nonce = nonce
+            sessions[link]!.resumeTaken = digest
+            let opened = helloReceived(hello, on: link, now: now)
+            return opened + received(.subscriptions(set, version: 1), on: link, now: now)
+        }
+        if s.helloAsked { return [] }
+        sessions[link]!.helloAsked = true
+        return [send(link, .helloRequest, now)]
+    }
+
+    /// The peer could not take this node's ``WireMessage/resume(_:)``: its `hello` and its
+    /// subscription set go in full, and, on a session already established here, its presence
+    /// records again (the peer dropped what came before the `hello`). Once per connection.
+    private mutating func helloRequested(on link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard let hello = sessions[link]!.resumedHello else { return [] }
+        sessions[link]!.resumedHello = nil
+        sessions[link]!.resumed = nil
+        let s = sessions[link]!
+        let list = s.asked.values.sorted { UTF8Key($0.spec.key) < UTF8Key($1.spec.key) }
+        var directives: [ReplicatorDirective] = [
+            send(link, .hello(hello), now), send(link, .subscriptions(list, version: s.askedVersion), now),
+        ]
+        if s.phase == .established { directives += presenceEstablished(link, now: now) }
+        return directives
+    }
+
     private mutating func pong(_ n: UInt64, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         // A pong on an established link may answer a duplicate probe: the older link is alive.
         guard
@@ -2119,6 +2205,15 @@ extension Replicator {
         /// The set whose digest went in place of the early `subs`, and its version, until the peer
         /// asks for it in full or a later set replaces it.
         var resumed: (list: [WireSubscription], version: UInt64)?
+        /// The number both ends of the connection hold (``Replicator/linkOpened(_:peerKey:initiator:address:endpoint:checkpoints:channelNonce:now:)``).
+        var channelNonce: UInt64?
+        /// The `hello` this node's ``WireMessage/resume(_:)`` stood for, until the peer asks for it
+        /// in full (``WireMessage/helloRequest``).
+        var resumedHello: Hello?
+        /// The peer's ``WireMessage/resume(_:)`` this node took, and whether it asked the peer for
+        /// its `hello` instead (what comes before that `hello` is then dropped).
+        var resumeTaken: StateDigest?
+        var helloAsked = false
         /// Whether this node asked the peer for its set in full (its digest did not match), and
         /// whether batches of the peer were dropped while the set had not come.
         var awaitingSet = false

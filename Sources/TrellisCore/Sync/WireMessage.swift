@@ -193,6 +193,11 @@ public struct Hello: Sendable, Equatable {
     /// ``WireMessage/subscriptionsDigest(_:version:)`` in place of its early `subs`
     /// (docs/PROTOCOL.md §2, step 3).
     public var resumesSubscriptions: Bool
+    /// Whether the sender remembers each peer's last `hello` with its subscription set and reads a
+    /// session resumed by digest (wire: bit 2 of `f`): a peer that saw this may open a later
+    /// connection with a ``WireMessage/resume(_:)`` in place of its `hello` and early `subs`
+    /// (docs/PROTOCOL.md §2, step 1).
+    public var resumesSessions: Bool
 
     /// - Parameter peerKey: the sender's 32-byte peer key, or empty when the `hello` left `key`
     ///   out (a sender does so only to a peer that said `x: 1`): it is then the key the channel
@@ -200,7 +205,7 @@ public struct Hello: Sendable, Equatable {
     public init(
         version: Int, peerKey: [UInt8], site: SiteID, epoch: [UInt8], nonce: UInt64 = 0,
         earlySubscriptions: Bool = false, compactNames: Bool = false, caughtUpBatches: Bool = false,
-        resumesSubscriptions: Bool = false
+        resumesSubscriptions: Bool = false, resumesSessions: Bool = false
     ) {
         self.version = version
         self.peerKey = peerKey
@@ -211,6 +216,20 @@ public struct Hello: Sendable, Equatable {
         self.compactNames = compactNames
         self.caughtUpBatches = caughtUpBatches
         self.resumesSubscriptions = resumesSubscriptions
+        self.resumesSessions = resumesSessions
+    }
+
+    /// The bytes a ``WireMessage/resume(_:)`` digest covers for this `hello`: its encoding with
+    /// the sender's key always present and the connection's nonce 0 (a resumed session takes its
+    /// nonce from the secure channel). Both ends compute it: the sender from the `hello` it would
+    /// send, the receiver from the last one it received.
+    ///
+    /// - Parameter key: the sender's 32-byte peer key (the channel's, when this `hello` left it out).
+    public func resumeBytes(key: [UInt8]) -> [UInt8] {
+        var canonical = self
+        canonical.peerKey = key
+        canonical.nonce = 0
+        return WireMessage.hello(canonical).serialized()
     }
 }
 
@@ -232,6 +251,17 @@ public enum WireMessage: Sendable, Equatable {
     /// `{t:"subsreq", v}`: the receiver of a ``subscriptionsDigest(_:version:)`` of version `v`
     /// could not rebuild that set: the sender of the digest sends the `subs` in full.
     case subscriptionsRequest(version: UInt64)
+    /// `{t:"r", h}`: a resumed session's first message, in place of `hello` and the early `subs`.
+    /// `h` (16 bytes) is the ``StateDigest`` of the sender's `hello` as
+    /// ``Hello/resumeBytes(key:)`` encodes it followed by the encoding of its `subs` of version
+    /// 1. A receiver that remembers the sender's last `hello` and subscription set takes both when
+    /// the digest matches (the `hello` with the connection's nonce from the secure channel);
+    /// otherwise it answers ``helloRequest``. Sent only to a peer whose last `hello` set
+    /// ``Hello/resumesSessions`` (docs/PROTOCOL.md §2, step 1).
+    case resume(StateDigest)
+    /// `{t:"helloreq"}`: the receiver of a ``resume(_:)`` could not rebuild the session it stands
+    /// for: the sender sends its `hello` and `subs` in full.
+    case helloRequest
     /// `{t:"batch", sub, docs:[{c, id, s}], upTo, gen, left}`: changes for one subscription, in
     /// the sender's `seq` order, covering the sender's log up to `upTo`. `left` (optional) is the
     /// sender's count of log entries of the collection after `upTo` when the batch was cut: an
@@ -284,7 +314,8 @@ public enum WireMessage: Sendable, Equatable {
             if !h.peerKey.isEmpty { map["key"] = .bytes(h.peerKey) }
             if h.earlySubscriptions { map["es"] = 1 }
             if h.compactNames { map["x"] = 1 }
-            let features = (h.caughtUpBatches ? 1 : 0) | (h.resumesSubscriptions ? 2 : 0)
+            let features =
+                (h.caughtUpBatches ? 1 : 0) | (h.resumesSubscriptions ? 2 : 0) | (h.resumesSessions ? 4 : 0)
             if features != 0 { map["f"] = .int(Int64(features)) }
             return .map(map)
         case .subscriptions(let subs, let version):
@@ -325,6 +356,10 @@ public enum WireMessage: Sendable, Equatable {
             return ["t": "subs", "v": .int(Int64(bitPattern: version)), "h": .bytes(digest.bytes)]
         case .subscriptionsRequest(let version):
             return ["t": "subsreq", "v": .int(Int64(bitPattern: version))]
+        case .resume(let digest):
+            return ["t": "r", "h": .bytes(digest.bytes)]
+        case .helloRequest:
+            return ["t": "helloreq"]
         case .caughtUp(let sub, let generation):
             var map: UTF8Map<Value> = ["t": "batch"]
             Self.name(sub, into: &map)
@@ -557,7 +592,8 @@ public enum WireMessage: Sendable, Equatable {
                     nonce: UInt64(bitPattern: try m.optionalInt("n") ?? 0),
                     earlySubscriptions: try m.optionalInt("es", in: 0...1) == 1,
                     compactNames: try m.optionalInt("x", in: 0...1) == 1,
-                    caughtUpBatches: features & 1 == 1, resumesSubscriptions: features & 2 == 2))
+                    caughtUpBatches: features & 1 == 1, resumesSubscriptions: features & 2 == 2,
+                    resumesSessions: features & 4 == 4))
         case "subs" where value["subs"] == nil && value["h"] != nil:
             let digest = try m.bytes("h")
             guard digest.count == 16 else { throw WireError("subs: 'h' must be 16 bytes, not \(digest.count)") }
@@ -565,6 +601,12 @@ public enum WireMessage: Sendable, Equatable {
                 StateDigest(bytes: digest[...]), version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "subsreq":
             self = .subscriptionsRequest(version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
+        case "r":
+            let digest = try m.bytes("h")
+            guard digest.count == 16 else { throw WireError("r: 'h' must be 16 bytes, not \(digest.count)") }
+            self = .resume(StateDigest(bytes: digest[...]))
+        case "helloreq":
+            self = .helloRequest
         case "subs":
             guard case .array(let list)? = value["subs"] else { throw WireError("subs: missing 'subs' array") }
             var subs: [WireSubscription] = []
