@@ -1317,8 +1317,7 @@ public struct Replicator: Sendable {
     /// (with the channel's nonce) and its last subscription set as version 1, when this node
     /// remembers both and they have the digest; otherwise the peer is asked for its `hello`, and
     /// what it sends before that is dropped (``WireMessage/helloRequest``).
-    private mutating func resumeReceived(_ digest: StateDigest, on link: LinkID, now: Millis) -> [ReplicatorDirective]
-    {
+    private mutating func resumeReceived(_ digest: StateDigest, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         let s = sessions[link]!
         if !s.helloAsked, let nonce = s.channelNonce, var hello = lastHellos[s.peerKey],
             let set = rememberedSets[s.peerKey],
