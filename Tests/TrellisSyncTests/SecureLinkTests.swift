@@ -11,6 +11,22 @@ import TrellisTestKit
     /// A peer that never reads (a frozen process, a suspended laptop, a hostile member): every
     /// send returns at once while the queue grows far beyond what the kernel buffers, `close()`
     /// returns at once, and `onClose` runs.
+    /// Both ends of a connection hold the same channel number (the first 8 bytes of the
+    /// handshake hash, big-endian), which a resumed session takes as its nonce
+    /// (docs/PROTOCOL.md §1 and §2 step 1); another connection has another.
+    @Test func bothEndsHoldTheSameChannelNumberAndNoOtherConnectionHasIt() throws {
+        let (client, server) = try securePair()
+        let (other, otherServer) = try securePair()
+        #expect(client.channelNonce != nil)
+        #expect(client.channelNonce == server.channelNonce)
+        #expect(client.channelNonce == client.handshakeHash.prefix(8).reduce(0) { $0 << 8 | UInt64($1) })
+        #expect(other.channelNonce != client.channelNonce)
+        client.close()
+        server.close()
+        other.close()
+        otherServer.close()
+    }
+
     @Test func aPeerThatStopsReadingBlocksNeitherSendNorClose() throws {
         let (client, server) = try securePair()
         let recorder = LinkRecorder()

@@ -323,6 +323,15 @@ public struct Replicator: Sendable {
         // (or, for an ack, never received) names nothing: the message was in flight while the
         // set changed, or the peer is broken, and is ignored as an unknown key would be.
         guard let message = resolvingNames(message, on: link) else { return [] }
+        // What the peer sent before the hello this node asked for is taken, in order, once the
+        // set that the peer sends right after that hello is here: its batches then merge knowing
+        // which of the peer's query subscriptions hold their documents (step 5).
+        if phase != .awaitingHello, !sessions[link]!.beforeHello.isEmpty, case .subscriptions = message {
+            let held = sessions[link]!.beforeHello
+            sessions[link]!.beforeHello = []
+            sessions[link]!.beforeHelloBytes = 0
+            return held.reduce(into: received(message, on: link, now: now)) { $0 += received($1, on: link, now: now) }
+        }
         switch (phase, message) {
         case (_, .error(let code, let text)):
             return close(link, "peer closed the session: \(code): \(text)")
@@ -340,15 +349,20 @@ public struct Replicator: Sendable {
             return fail(link, "protocol", "hello sent twice", now)
         case (_, .helloRequest):
             return helloRequested(on: link, now: now)
-        case (.awaitingHello, .batch), (.awaitingHello, .caughtUp):
-            guard sessions[link]!.helloAsked else { return fail(link, "protocol", "expected hello first", now) }
-            // Answers to this node's early subscriptions, sent before the peer's hello it asked
-            // for: asked for again once the hello is here, as after standby.
-            sessions[link]!.droppedInStandby = true
-            return []
         case (.awaitingHello, _) where sessions[link]!.helloAsked:
-            // Sent before the hello this node asked for; the peer sends its set and presence again
-            // with it (``helloRequested(on:now:)``).
+            // Sent before the hello this node asked for (answers to its early subscriptions,
+            // refusals, presence): kept until that hello, within bounds.
+            let bytes = Self.documentBytes(message)
+            guard sessions[link]!.beforeHello.count < Self.maxMessagesBeforeHello,
+                sessions[link]!.beforeHelloBytes + bytes <= Self.maxBytesBeforeHello
+            else {
+                return fail(
+                    link, "protocol",
+                    "more than \(Self.maxMessagesBeforeHello) messages or \(Self.maxBytesBeforeHello) bytes of "
+                        + "documents before the hello this node asked for", now)
+            }
+            sessions[link]!.beforeHello.append(message)
+            sessions[link]!.beforeHelloBytes += bytes
             return []
         case (.awaitingHello, _):
             return fail(link, "protocol", "expected hello first", now)
@@ -1307,6 +1321,18 @@ public struct Replicator: Sendable {
         return pinned + establish(link, now: now)
     }
 
+    /// At most this many messages, with at most this many bytes of document states, are kept from
+    /// a peer between this node's ``WireMessage/helloRequest`` and the peer's `hello`: one round
+    /// trip of what it sends, bounded by its flow control; a peer that sends more is closed.
+    static let maxMessagesBeforeHello = 4096
+    static let maxBytesBeforeHello = 256 << 20
+
+    /// The bytes of document states a message carries (0 for all but batches).
+    static func documentBytes(_ message: WireMessage) -> Int {
+        guard case .batch(_, let documents, _, _, _) = message else { return 0 }
+        return documents.reduce(0) { $0 + $1.state.count }
+    }
+
     /// The digest a ``WireMessage/resume(_:)`` carries: of the `hello` as
     /// ``Hello/resumeBytes(key:)`` encodes it, then of the `subs` of `version` with `list`.
     static func resumeDigest(_ hello: [UInt8], _ list: [WireSubscription], version: UInt64) -> StateDigest {
@@ -1315,8 +1341,8 @@ public struct Replicator: Sendable {
 
     /// A peer opened the connection with a ``WireMessage/resume(_:)``: taken as its last `hello`
     /// (with the channel's nonce) and its last subscription set as version 1, when this node
-    /// remembers both and they have the digest; otherwise the peer is asked for its `hello`, and
-    /// what it sends before that is dropped (``WireMessage/helloRequest``).
+    /// remembers both and they have the digest; otherwise the peer is asked for its `hello`
+    /// (``WireMessage/helloRequest``), and what it sends before that is kept and taken after it.
     private mutating func resumeReceived(_ digest: StateDigest, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         let s = sessions[link]!
         if !s.helloAsked, let nonce = s.channelNonce, var hello = lastHellos[s.peerKey],
@@ -1335,19 +1361,16 @@ public struct Replicator: Sendable {
     }
 
     /// The peer could not take this node's ``WireMessage/resume(_:)``: its `hello` and its
-    /// subscription set go in full, and, on a session already established here, its presence
-    /// records again (the peer dropped what came before the `hello`). Once per connection.
+    /// subscription set go in full, once per connection. What this node sent before (on a session
+    /// already established here: answers to the peer's set, presence) the peer takes after the
+    /// `hello`.
     private mutating func helloRequested(on link: LinkID, now: Millis) -> [ReplicatorDirective] {
         guard let hello = sessions[link]!.resumedHello else { return [] }
         sessions[link]!.resumedHello = nil
         sessions[link]!.resumed = nil
         let s = sessions[link]!
         let list = s.asked.values.sorted { UTF8Key($0.spec.key) < UTF8Key($1.spec.key) }
-        var directives: [ReplicatorDirective] = [
-            send(link, .hello(hello), now), send(link, .subscriptions(list, version: s.askedVersion), now),
-        ]
-        if s.phase == .established { directives += presenceEstablished(link, now: now) }
-        return directives
+        return [send(link, .hello(hello), now), send(link, .subscriptions(list, version: s.askedVersion), now)]
     }
 
     private mutating func pong(_ n: UInt64, on link: LinkID, now: Millis) -> [ReplicatorDirective] {
@@ -2210,9 +2233,12 @@ extension Replicator {
         /// in full (``WireMessage/helloRequest``).
         var resumedHello: Hello?
         /// The peer's ``WireMessage/resume(_:)`` this node took, and whether it asked the peer for
-        /// its `hello` instead (what comes before that `hello` is then dropped).
+        /// its `hello` instead; what came before that `hello`, and its documents' bytes, taken once
+        /// it is here.
         var resumeTaken: StateDigest?
         var helloAsked = false
+        var beforeHello: [WireMessage] = []
+        var beforeHelloBytes = 0
         /// Whether this node asked the peer for its set in full (its digest did not match), and
         /// whether batches of the peer were dropped while the set had not come.
         var awaitingSet = false
