@@ -46,6 +46,18 @@ import TrellisTestKit
             failures.isEmpty, "\(failures.count) of 20 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
 
+    /// The mode with two query nodes that widen to the whole collection now and then
+    /// (`--queries 2 --widen`).
+    static func queryWorkload(nodes: ClosedRange<Int>, steps: Int) -> RandomWorkload {
+        var workload = RandomWorkload()
+        workload.tombstoneTTL = ttl
+        workload.nodes = nodes
+        workload.steps = steps
+        workload.queryNodes = 2
+        workload.widening = true
+        return workload
+    }
+
     /// Two seeds of a wider sweep (`trellis simulate --seeds 200 --from 4400001 --nodes 3-8
     /// --steps 100 --queries 2 --widen --ttl 120000`) where a query subscriber kept a stale state
     /// of a document outside its query. In 4400026 node n6 held `d10` through its
@@ -58,12 +70,7 @@ import TrellisTestKit
     /// (`TombstoneReapingTests.aDocumentWrittenAgainAfterItsTombstoneWasReapedIsNotBornAnew`).
     @Test func aQuerySubscriberKeepsNoStaleStateOfADocumentOutsideItsQuery() async throws {
         let failures = try await onOwnThread { () throws -> [UInt64: String] in
-            var workload = RandomWorkload()
-            workload.tombstoneTTL = Self.ttl
-            workload.nodes = 3...8
-            workload.steps = 100
-            workload.queryNodes = 2
-            workload.widening = true
+            let workload = Self.queryWorkload(nodes: 3...8, steps: 100)
             var failures: [UInt64: String] = [:]
             for seed: UInt64 in [4_400_026, 4_400_105] {
                 do {
@@ -89,12 +96,7 @@ import TrellisTestKit
     /// (`ReapBreakTests`, `FieldCaseSimulationTests.f04…`), which need rebuilding with it.
     @Test func aRemoveThatReachedNoOneBeforeItWasReapedIsNotLost() async throws {
         let failure = try await onOwnThread { () throws -> String? in
-            var workload = RandomWorkload()
-            workload.tombstoneTTL = Self.ttl
-            workload.nodes = 3...6
-            workload.steps = 120
-            workload.queryNodes = 2
-            workload.widening = true
+            let workload = Self.queryWorkload(nodes: 3...6, steps: 120)
             do {
                 try workload.run(seed: 4_500_046, tracing: false)
                 return nil
