@@ -98,7 +98,9 @@ extension FuzzChecks {
     /// `hello` first, so that the fuzzer reaches the messages after it; its bit 2 makes that hello
     /// say `x: 1` and `es: 1` (compact names: numbered subscriptions, deltas), its bit 3 leaves
     /// out its key, its bit 4 makes it say `f: 3` (caught-up batches both ways, and `subs` digests
-    /// and requests). Checks: nothing traps, and
+    /// and requests), and its bit 5 gives the link a channel number and sends, before anything
+    /// else, an `r` the node cannot take (it never met the peer): the node answers `helloreq` and
+    /// keeps what comes until a `hello` and a `subs`. Checks: nothing traps, and
     /// everything this node sends decodes as a ``WireMessage`` (never a malformed reply), no
     /// message follows the close of the link, and the store still answers queries.
     ///
@@ -157,7 +159,12 @@ extension FuzzChecks {
         try? host.subscribe(SubscriptionSpec(collection: "items"))
         try? host.subscribe(SubscriptionSpec(collection: "notes", query: "n > 0"))
         let link = LinkID(1)
-        host.linkOpened(link, peerKey: peerKey, initiator: flags & 2 != 0, address: "fuzz", endpoint: nil)
+        host.linkOpened(
+            link, peerKey: peerKey, initiator: flags & 2 != 0, address: "fuzz", endpoint: nil,
+            channelNonce: flags & 32 != 0 ? 0xC0FF_EE00 : nil)
+        if flags & 32 != 0 {
+            host.received(WireMessage.resume(StateDigest([UInt8](repeating: 7, count: 16))).serialized(), on: link)
+        }
         if flags & 1 == 1 {
             let hello = WireMessage.hello(
                 Hello(

@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TrellisCore
 import TrellisTestKit
 
 /// Every input saved for a fuzz target (its seed corpus, `Fuzz/<Target>/Corpus`, and the inputs
@@ -27,6 +28,19 @@ import TrellisTestKit
             }
         }
         #expect(replayed > 0, "no saved inputs for \(target) in \(Self.fuzzDirectory.path)")
+    }
+
+    /// The seed input for resumed sessions reaches what it is for: a node that cannot take the
+    /// peer's `r` asks for its `hello`, keeps the batch, refusal and presence the peer sends before
+    /// it, and takes them once the peer's `hello` and `subs` are here (the batch is acknowledged).
+    @Test func theResumeSeedIsAskedForItsHelloAndItsEarlyBatchIsTaken() throws {
+        let path = Self.fuzzDirectory.appendingPathComponent("FuzzSession/Corpus/resume-asked-for-its-hello").path
+        let input = try #require(FileManager.default.contents(atPath: path))
+        let replies = try FuzzChecks.sessionReplies(Array(input)).map { try WireMessage(serialized: $0) }
+        #expect(replies.contains(.helloRequest), "\(replies)")
+        #expect(replies.contains { if case .ack(_, 5, _) = $0 { true } else { false } }, "\(replies)")
+        // The second `r`, after the hello, closes the session as a protocol error.
+        #expect(replies.contains { if case .error("protocol", _) = $0 { true } else { false } }, "\(replies)")
     }
 
     /// The fuzzed session reuses one store across inputs: each input still gets the same replies
