@@ -231,6 +231,10 @@ extension Simulation {
                         let holds = actual[key] != nil
                         // What it holds outside its query stays up to date too (docs/MESH.md).
                         guard matches || holds else { continue }
+                        // Except a tombstone due for reaping there (a peer's reaped tombstone sent
+                        // to a subscriber from 0 that holds rows): its reaper takes it at its next
+                        // run, and a document outside the query shows nowhere on it either way.
+                        if !matches, dueForReaping(actual[key]) { continue }
                         // Removed fields' contexts one of the two has reaped and the other not
                         // yet do not count, as between whole-collection replicas.
                         if !Self.sameState(actual[key], state), !(actual[key].map { reapedAlike($0, state) } ?? false) {
