@@ -97,7 +97,7 @@ extension DocumentStore {
                     rows.append(
                         ReapRow(
                             collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
-                            removedAt: UInt64(max(0, st.int64(3))), age: st.isNull(4) ? nil : st.int64(4)))
+                            removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
                 }
                 st.reset()
             }
@@ -139,7 +139,7 @@ extension DocumentStore {
                 rows.append(
                     ReapRow(
                         collection: collection, key: st.string(0) ?? "", seq: st.int64(1),
-                        removedAt: UInt64(max(0, st.int64(2))), age: st.isNull(3) ? nil : st.int64(3)))
+                        removedAt: UInt64(max(0, st.int64(2))), age: st.optionalInt64(3)))
             }
             st.reset()
             try reap(&s, rows, now: now)
@@ -277,7 +277,7 @@ extension DocumentStore {
         st.bind(2, key)
         defer { st.reset() }
         guard try st.step(), let bytes = st.bytes(0), let state = try? DocumentState(bytes: bytes) else { return nil }
-        return (state, st.isNull(1) ? nil : st.int64(1))
+        return (state, st.optionalInt64(1))
     }
 
     /// Forgets a reaped key: a row holds the key again, and with it what its tombstone kept.

@@ -223,6 +223,9 @@ final class Statement {
 
     func isNull(_ column: Int32) -> Bool { sqlite3_column_type(stmt, column) == SQLITE_NULL }
 
+    /// The integer of a column, `nil` for `NULL`.
+    func optionalInt64(_ column: Int32) -> Int64? { isNull(column) ? nil : int64(column) }
+
     func string(_ column: Int32) -> String? {
         guard let p = sqlite3_column_text(stmt, column) else { return nil }
         let n = Int(sqlite3_column_bytes(stmt, column))

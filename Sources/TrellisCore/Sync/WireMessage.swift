@@ -595,16 +595,11 @@ public enum WireMessage: Sendable, Equatable {
                     caughtUpBatches: features & 1 == 1, resumesSubscriptions: features & 2 == 2,
                     resumesSessions: features & 4 == 4))
         case "subs" where value["subs"] == nil && value["h"] != nil:
-            let digest = try m.bytes("h")
-            guard digest.count == 16 else { throw WireError("subs: 'h' must be 16 bytes, not \(digest.count)") }
-            self = .subscriptionsDigest(
-                StateDigest(bytes: digest[...]), version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
+            self = .subscriptionsDigest(try m.digest("h"), version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "subsreq":
             self = .subscriptionsRequest(version: UInt64(bitPattern: try m.optionalInt("v") ?? 0))
         case "r":
-            let digest = try m.bytes("h")
-            guard digest.count == 16 else { throw WireError("r: 'h' must be 16 bytes, not \(digest.count)") }
-            self = .resume(StateDigest(bytes: digest[...]))
+            self = .resume(try m.digest("h"))
         case "helloreq":
             self = .helloRequest
         case "subs":
@@ -757,5 +752,12 @@ private struct Fields {
     func bytes(_ key: String) throws(WireError) -> [UInt8] {
         guard case .bytes(let b)? = value[key] else { throw WireError("\(message): '\(key)' is missing or not bytes") }
         return b
+    }
+
+    /// A 128-bit ``StateDigest``: 16 bytes (a `subs` digest's or an `r`'s `h`).
+    func digest(_ key: String) throws(WireError) -> StateDigest {
+        let b = try bytes(key)
+        guard b.count == 16 else { throw WireError("\(message): '\(key)' must be 16 bytes, not \(b.count)") }
+        return StateDigest(bytes: b[...])
     }
 }
