@@ -54,32 +54,12 @@ import TrellisCore
             #expect(duo.phases(duo.a)[LinkID(1)] == "established")
             #expect(duo.phases(duo.b)[LinkID(1)] == "established")
             // The second connection: a side whose checkpoint moved sends an `r` the other cannot take.
-            let movedA: [UTF8Key: Checkpoint] = [
-                UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochB, seq: 150)
-            ]
-            let movedB: [UTF8Key: Checkpoint] = [
-                UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochA, seq: 50)
-            ]
+            let (ca, cb) = Self.checkpoints(mismatch: mismatch)
             duo.log = []
-            duo.open(
-                LinkID(2), dialer: dialer, nonce: nonce,
-                checkpointsA: mismatch == "a" || mismatch == "both" ? movedA : stored.a,
-                checkpointsB: mismatch == "b" || mismatch == "both" ? movedB : stored.b)
+            duo.open(LinkID(2), dialer: dialer, nonce: nonce, checkpointsA: ca, checkpointsB: cb)
             duo.run()
             duo.tick(times: 5, by: 1_000)
-            let pa = duo.phases(duo.a).filter { $0.value == "established" }.keys.sorted()
-            let pb = duo.phases(duo.b).filter { $0.value == "established" }.keys.sorted()
-            if let kept = pa.first {
-                let servedA = duo.a.status.peers.first { $0.link == kept }?.served.map(\.spec) ?? []
-                let servedB = duo.b.status.peers.first { $0.link == kept }?.served.map(\.spec) ?? []
-                #expect(
-                    servedA == [Self.cars] && servedB == [Self.cars],
-                    "mismatch \(mismatch): kept \(kept) served A \(servedA) B \(servedB)")
-            }
-            #expect(
-                pa.count == 1 && pa == pb,
-                "mismatch \(mismatch): A \(duo.phases(duo.a)) B \(duo.phases(duo.b)) \(duo.log.map { "\($0.from)@\($0.link) \($0.message)" })"
-            )
+            Self.expectOneAgreedLinkServingCars(duo, mismatch: mismatch)
         }
     }
 
@@ -91,33 +71,51 @@ import TrellisCore
         for mismatch in ["none", "a", "b", "both"] {
             let pair = try Pair.metBefore(channelNonce: 1)
             var duo = Duo(pair: pair)
-            let stored = SubscriptionDigestTests.stored
-            let movedA: [UTF8Key: Checkpoint] = [
-                UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochB, seq: 150)
-            ]
-            let movedB: [UTF8Key: Checkpoint] = [
-                UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochA, seq: 50)
-            ]
-            let ca = mismatch == "a" || mismatch == "both" ? movedA : stored.a
-            let cb = mismatch == "b" || mismatch == "both" ? movedB : stored.b
+            let (ca, cb) = Self.checkpoints(mismatch: mismatch)
             duo.open(LinkID(1), dialer: "a", nonce: first, checkpointsA: ca, checkpointsB: cb)
             duo.open(LinkID(2), dialer: "b", nonce: second, checkpointsA: ca, checkpointsB: cb)
             duo.run()
             duo.tick(times: 5, by: 1_000)
-            let pa = duo.phases(duo.a).filter { $0.value == "established" }.keys.sorted()
-            let pb = duo.phases(duo.b).filter { $0.value == "established" }.keys.sorted()
-            if let kept = pa.first {
-                let servedA = duo.a.status.peers.first { $0.link == kept }?.served.map(\.spec) ?? []
-                let servedB = duo.b.status.peers.first { $0.link == kept }?.served.map(\.spec) ?? []
-                #expect(
-                    servedA == [Self.cars] && servedB == [Self.cars],
-                    "mismatch \(mismatch): kept \(kept) served A \(servedA) B \(servedB)")
-            }
-            #expect(
-                pa.count == 1 && pa == pb,
-                "mismatch \(mismatch): A \(duo.phases(duo.a)) B \(duo.phases(duo.b)) \(duo.log.map { "\($0.from)@\($0.link) \($0.message)" })"
-            )
+            Self.expectOneAgreedLinkServingCars(duo, mismatch: mismatch)
         }
+    }
+
+    /// Checkpoints that moved since the last session (A's on B's log back to 150, B's on A's to
+    /// 50): a side holding them sends an `r` the other cannot take.
+    static let movedA: [UTF8Key: Checkpoint] = [
+        UTF8Key(cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochB, seq: 150)
+    ]
+    static let movedB: [UTF8Key: Checkpoint] = [
+        UTF8Key(cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochA, seq: 50)
+    ]
+
+    /// The checkpoints A and B open with when `mismatch` ("none", "a", "b" or "both") names the
+    /// sides whose `r` the other cannot take.
+    static func checkpoints(mismatch: String) -> (a: [UTF8Key: Checkpoint], b: [UTF8Key: Checkpoint]) {
+        let stored = SubscriptionDigestTests.stored
+        return (
+            mismatch == "a" || mismatch == "both" ? movedA : stored.a,
+            mismatch == "b" || mismatch == "both" ? movedB : stored.b
+        )
+    }
+
+    /// Both ends keep the same single established link, and each serves the other `cars` on it.
+    static func expectOneAgreedLinkServingCars(
+        _ duo: Duo, mismatch: String, sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        let pa = duo.phases(duo.a).filter { $0.value == "established" }.keys.sorted()
+        let pb = duo.phases(duo.b).filter { $0.value == "established" }.keys.sorted()
+        if let kept = pa.first {
+            let servedA = duo.a.status.peers.first { $0.link == kept }?.served.map(\.spec) ?? []
+            let servedB = duo.b.status.peers.first { $0.link == kept }?.served.map(\.spec) ?? []
+            #expect(
+                servedA == [Self.cars] && servedB == [Self.cars],
+                "mismatch \(mismatch): kept \(kept) served A \(servedA) B \(servedB)", sourceLocation: sourceLocation)
+        }
+        #expect(
+            pa.count == 1 && pa == pb,
+            "mismatch \(mismatch): A \(duo.phases(duo.a)) B \(duo.phases(duo.b)) \(duo.log.map { "\($0.from)@\($0.link) \($0.message)" })",
+            sourceLocation: sourceLocation)
     }
 
     /// After a reconnect where one side asks for the other's `hello`, each side holds the
@@ -126,16 +124,8 @@ import TrellisCore
     func presenceSurvivesAHelloRequest(mismatch: String) throws {
         let pair = try Pair.metBefore(channelNonce: 1)
         var duo = Duo(pair: pair)
-        let stored = SubscriptionDigestTests.stored
-        let movedA: [UTF8Key: Checkpoint] = [
-            UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochB, seq: 150)
-        ]
-        let movedB: [UTF8Key: Checkpoint] = [
-            UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochA, seq: 50)
-        ]
-        duo.open(
-            LinkID(2), dialer: "a", nonce: 9,
-            checkpointsA: mismatch != "b" ? movedA : stored.a, checkpointsB: mismatch != "a" ? movedB : stored.b)
+        let (ca, cb) = Self.checkpoints(mismatch: mismatch)
+        duo.open(LinkID(2), dialer: "a", nonce: 9, checkpointsA: ca, checkpointsB: cb)
         duo.run()
         duo.tick(times: 3, by: 1_000)
         let recordOfA = duo.b.status.presence.first { $0.peerKey == Self.keyA }
@@ -159,11 +149,8 @@ import TrellisCore
         duo.extra["b"] = LogRecord(
             seq: 201, key: JSON.string(.string("c1")),
             document: WireDocument(collection: "cars", id: .string("c1"), state: [1]))
-        let stored = SubscriptionDigestTests.stored
-        let movedB: [UTF8Key: Checkpoint] = [
-            UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochA, seq: 50)
-        ]
-        duo.open(LinkID(2), dialer: "a", nonce: 9, checkpointsA: stored.a, checkpointsB: movedB)
+        let (ca, cb) = Self.checkpoints(mismatch: "b")
+        duo.open(LinkID(2), dialer: "a", nonce: 9, checkpointsA: ca, checkpointsB: cb)
         duo.run()
         let trace = duo.log.map { "\($0.from) \($0.message)" }
         #expect(duo.log.contains { $0.from == "a" && $0.message == .helloRequest }, "\(trace)")
@@ -384,14 +371,8 @@ import TrellisCore
             let pair = try Pair.metBefore(channelNonce: 1)
             var duo = Duo(pair: pair)
             let stored = SubscriptionDigestTests.stored
-            let movedA: [UTF8Key: Checkpoint] = [
-                UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochB, seq: 150)
-            ]
-            let movedB: [UTF8Key: Checkpoint] = [
-                UTF8Key(Self.cars.key): Checkpoint(epoch: SubscriptionDigestTests.epochA, seq: 50)
-            ]
-            let ca = rng.next() % 2 == 0 ? movedA : stored.a
-            let cb = rng.next() % 2 == 0 ? movedB : stored.b
+            let ca = rng.next() % 2 == 0 ? Self.movedA : stored.a
+            let cb = rng.next() % 2 == 0 ? Self.movedB : stored.b
             duo.open(
                 LinkID(2), dialer: rng.next() % 2 == 0 ? "a" : "b", nonce: rng.next(), checkpointsA: ca,
                 checkpointsB: cb)
