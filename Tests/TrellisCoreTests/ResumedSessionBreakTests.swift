@@ -207,7 +207,7 @@ import TrellisCore
         var h2 = hello
         h2.nonce = 2
         menu.append(.hello(h2))
-        var rng = SplitMix(state: 7)
+        var rng = SplitMix64(seed: 7)
         for _ in 0..<400 {
             var b = base.b
             let link = LinkID(2)
@@ -313,7 +313,7 @@ import TrellisCore
         /// As ``run(limit:)``, but in a random order that keeps each link direction (and each
         /// node's own work) in order.
         mutating func runRandom(
-            _ rng: inout SplitMix, limit: Int = 10_000, hook: (inout Duo, Int) -> Void = { _, _ in }
+            _ rng: inout SplitMix64, limit: Int = 10_000, hook: (inout Duo, Int) -> Void = { _, _ in }
         ) {
             var n = 0
             while !queue.isEmpty && n < limit {
@@ -349,17 +349,6 @@ import TrellisCore
         }
     }
 
-    struct SplitMix {
-        var state: UInt64
-        mutating func next() -> UInt64 {
-            state &+= 0x9E37_79B9_7F4A_7C15
-            var z = state
-            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-            return z ^ (z >> 31)
-        }
-    }
-
     /// Random interleavings of a reconnect: random checkpoint moves (so either side may not take
     /// the other's `r`), a second connection opened at a random step, a subscription added or
     /// removed on either side at a random step. At the end both sides keep one link, the same,
@@ -367,7 +356,7 @@ import TrellisCore
     @Test func randomReconnects() throws {
         var failures: [String] = []
         for seed in UInt64(1)...300 {
-            var rng = SplitMix(state: seed)
+            var rng = SplitMix64(seed: seed)
             let pair = try Pair.metBefore(channelNonce: 1)
             var duo = Duo(pair: pair)
             let stored = SubscriptionDigestTests.stored
