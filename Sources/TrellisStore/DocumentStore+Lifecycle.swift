@@ -97,7 +97,8 @@ extension DocumentStore {
     /// - Checkpoints gain the collection of their subscription (filled from the subscription key),
     ///   so evicting in a collection finds its checkpoints without parsing keys in SQL.
     /// - Tombstones gain `removed_at`, the time of their newest stamp (for the reaper), and a
-    ///   partial index on it.
+    ///   partial index on it that leaves out tombstones holding a write of this node no peer has
+    ///   acknowledged (the reaper keeps those).
     /// - Documents gain `unacked`: while no peer has acknowledged a batch holding this node's
     ///   latest write of the row, how far the row's `seq` is past that write's `seq` (0 when it is
     ///   the write's own; NULL otherwise; ``DocumentStore/acknowledge(_:)``), so an eviction
@@ -203,8 +204,18 @@ extension DocumentStore {
             try db.execute("ALTER TABLE reaped ADD COLUMN age INTEGER")
         }
         try db.execute("CREATE INDEX IF NOT EXISTS reaped_by_seq ON reaped(collection, seq) WHERE state IS NOT NULL")
+        // The tombstones the reaper may take, by time: those holding no write of this node that
+        // no peer has acknowledged (`unacked` NULL). An earlier version indexed every tombstone;
+        // the reaper would then walk past the kept ones on every run.
+        try db.execute("DROP INDEX IF EXISTS documents_tombstones")
         try db.execute(
-            "CREATE INDEX IF NOT EXISTS documents_tombstones ON documents(removed_at) WHERE deleted = 1")
+            "CREATE INDEX IF NOT EXISTS documents_reapable ON documents(removed_at) WHERE deleted = 1 AND unacked IS NULL"
+        )
+        // Tombstones written before `removed_at` existed, which the reaper dates: none in a store
+        // written by this version, so the index costs nothing.
+        try db.execute(
+            "CREATE INDEX IF NOT EXISTS documents_undated ON documents(collection) WHERE deleted = 1 AND removed_at IS NULL"
+        )
         // The eviction stubs, by collection: what a node asks peers for again, at start too.
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_stubs ON documents(collection, seq) WHERE deleted = 2")

@@ -294,6 +294,9 @@ extension DocumentStore {
         }
         var doc = stored?.state ?? DocumentState()
         var changed = doc.merge(incoming)
+        // The sender's state holds the whole result: whatever write of this node the row held, a
+        // peer has it now, and the row holds none that no peer has (``WriteOrigin/heldBySender``).
+        let heldBySender = changed && doc == incoming
         // What the merge brought and reaping drops again (remove contexts of removed fields this
         // node has already reaped, from a peer that has not yet) is no change: no new `seq`, so
         // two nodes whose clocks differ do not send the document back and forth.
@@ -327,7 +330,7 @@ extension DocumentStore {
             clock: s.clock.last, latest: incoming.maxTime, now: now, decoded: incoming)
         if let tooFarAhead { return tooFarAhead }
         do {
-            try persist(&s, collection, key, id, doc, origin: .merged)
+            try persist(&s, collection, key, id, doc, origin: heldBySender ? .heldBySender : .merged)
         } catch let error as StoreError {
             switch error {
             case .documentTooLarge:

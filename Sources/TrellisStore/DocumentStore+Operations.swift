@@ -538,8 +538,13 @@ extension DocumentStore {
     /// evicting that document keeps its whole state and offers it to peers once more, until one
     /// acknowledges it again.
     ///
-    /// - Complexity: O(entries) in memory; one indexed read and write per eviction stub among them,
-    ///   in one transaction.
+    /// A tombstone among them (``AcknowledgedEntry/isTombstone``) that is still the row, and holds
+    /// no later write of this node, is marked acknowledged in the row at once: the reaper keeps a
+    /// tombstone holding an unacknowledged write (``reapExpiredTombstones(limit:)``), and a restart
+    /// must not make it keep one for good.
+    ///
+    /// - Complexity: O(entries) in memory; one indexed read and write per eviction stub among them
+    ///   and one indexed write per tombstone, in one transaction.
     public func acknowledge(_ entries: [AcknowledgedEntry]) throws(StoreError) {
         guard !entries.isEmpty else { return }
         try withState { s in
@@ -553,8 +558,22 @@ extension DocumentStore {
             }
         }
         let stubs = entries.filter(\.isEvictionStub)
-        guard !stubs.isEmpty else { return }
+        let tombstones = entries.filter(\.isTombstone)
+        guard !stubs.isEmpty || !tombstones.isEmpty else { return }
         try write { s in
+            if !tombstones.isEmpty {
+                let mark = try s.db.prepare(
+                    "UPDATE documents SET unacked = NULL WHERE collection = ? AND id = ? AND seq - unacked <= ? "
+                        + "AND deleted = \(RowKind.tombstone.rawValue)")
+                defer { mark.reset() }
+                for entry in tombstones {
+                    mark.reset()
+                    mark.bind(1, entry.collection)
+                    mark.bind(2, entry.key)
+                    mark.bind(3, entry.seq)
+                    try mark.run()
+                }
+            }
             let find = try s.db.prepare(
                 "SELECT state FROM documents WHERE collection = ? AND id = ? AND seq - unacked <= ? "
                     + "AND deleted = \(RowKind.stub.rawValue)")
@@ -627,12 +646,14 @@ extension DocumentStore {
 
     /// The collections that hold rows: documents, tombstones or eviction stubs (a subscription
     /// from 0 in one of them asks the peer for the tombstones it reaped too,
-    /// `WireSubscription.holds`).
+    /// `WireSubscription.holds`), in byte order. An array, not a `Set<String>`: Swift compares
+    /// strings by canonical equivalence, so a set would keep one of two collections named alike
+    /// in another Unicode form ("é" U+00E9 and "e" + U+0301), which are two collections here.
     ///
     /// - Complexity: O(collections × log(rows)): one step down the `(collection, seq)` index
     ///   per collection.
-    public func collectionsHoldingRows() throws(StoreError) -> Set<String> {
-        try withState { s -> Set<String> in
+    public func collectionsHoldingRows() throws(StoreError) -> [String] {
+        try withState { s -> [String] in
             let st = try s.db.prepare(
                 """
                 WITH RECURSIVE c(name) AS (
@@ -643,8 +664,8 @@ extension DocumentStore {
                 SELECT name FROM c WHERE name IS NOT NULL
                 """)
             defer { st.reset() }
-            var names: Set<String> = []
-            while try st.step() { names.insert(st.string(0) ?? "") }
+            var names: [String] = []
+            while try st.step() { names.append(st.string(0) ?? "") }
             return names
         }
     }

@@ -73,6 +73,12 @@ extension DocumentStore {
     /// ``StoreOptions/reapedKeyRetention`` are forgotten, as many again. Tombstones written by an
     /// earlier version (without a recorded time) are dated on the way, `limit` at a time.
     ///
+    /// A tombstone holding a remove (or any write) of this node that no peer has acknowledged is
+    /// kept, however old, until a peer acknowledges a batch that carries it (``acknowledge(_:)``):
+    /// reaped before, the remove would be lost, and the document would live on at every peer
+    /// that held it. A node that never meets a peer subscribed to the collection so keeps its
+    /// own removes, as an eviction keeps its own unacknowledged values.
+    ///
     /// Nothing is loaded beyond `limit` rows, so the lock is held for a bounded time; call again
     /// while ``ReapResult/more`` is `true` (the sync host does, one call per tick).
     ///
@@ -89,8 +95,8 @@ extension DocumentStore {
             var rows: [ReapRow] = []
             if now > options.tombstoneTTL {
                 let st = try s.db.prepare(
-                    "SELECT collection, id, seq, removed_at, age FROM documents WHERE deleted = 1 AND removed_at <= ? "
-                        + "ORDER BY removed_at LIMIT ?")
+                    "SELECT collection, id, seq, removed_at, age FROM documents WHERE deleted = 1 AND unacked IS NULL "
+                        + "AND removed_at <= ? ORDER BY removed_at LIMIT ?")
                 st.bind(1, Int64(clamping: now - options.tombstoneTTL))
                 st.bind(2, Int64(limit))
                 while try st.step() {

@@ -1036,7 +1036,8 @@ public final class DocumentStore: Sendable {
         case (.local, false): sql = Self.writeLocalRowSQL
         case (.local, true): sql = Self.insertLocalRowIfAbsentSQL
         case (.merged, false), (.evicted, _): sql = Self.writeRowSQL
-        case (.merged, true): sql = Self.insertRowIfAbsentSQL
+        case (.heldBySender, false): sql = Self.writeHeldRowSQL
+        case (.merged, true), (.heldBySender, true): sql = Self.insertRowIfAbsentSQL
         }
         let st = try s.db.prepare(sql)
         st.bind(1, collection)
@@ -1082,6 +1083,10 @@ public final class DocumentStore: Sendable {
         case local
         /// A merge of a peer's state.
         case merged
+        /// A merge whose result is the peer's state: the peer holds every write of the row, so
+        /// the row holds none of this node's that no peer has (`unacked` NULL), whatever it held.
+        /// An eviction may then drop its values, and the reaper take it once it is a tombstone.
+        case heldBySender
         /// An eviction's stub.
         case evicted
     }
@@ -1109,6 +1114,11 @@ public final class DocumentStore: Sendable {
         + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
         + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, "
         + "unacked = unacked + excluded.seq - seq, delta = NULL, delta_seq = NULL, age = age + excluded.seq - seq"
+    static let writeHeldRowSQL =
+        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at, age) VALUES (?,?,?,?,?,?,?,0) "
+        + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
+        + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, "
+        + "unacked = NULL, delta = NULL, delta_seq = NULL, age = age + excluded.seq - seq"
     static let insertRowIfAbsentSQL =
         "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, age) "
         + "VALUES (?,?,?,?,?,?,?,0)"

@@ -19,7 +19,7 @@ extension DocumentStore: SyncStore {
                     seq: record.seq, key: record.key,
                     document: WireDocument(collection: record.collection, id: record.id, state: record.state),
                     holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite, isEvictionStub: record.isEvictionStub,
-                    delta: record.delta)
+                    isTombstone: record.isDeleted, delta: record.delta)
             },
             upTo: page.scannedUpTo, exhausted: page.exhausted,
             remaining: page.exhausted

@@ -10,8 +10,8 @@ public protocol SyncStore: AnyObject, Sendable {
     var rescanGenerations: [String: UInt32] { get }
     /// The rescan generation of one collection (0 when never evicted in).
     func rescanGeneration(collection: String) -> UInt32
-    /// The collections that hold rows (documents, tombstones, eviction stubs).
-    func collectionsHoldingRows() throws -> Set<String>
+    /// The collections that hold rows (documents, tombstones, eviction stubs), each once by its bytes.
+    func collectionsHoldingRows() throws -> [String]
     /// The checkpoints stored for one peer, by subscription key.
     func checkpoints(peer: [UInt8]) throws -> [UTF8Key: Checkpoint]
     /// Reads one page of the change log (``ScanRequest``).

@@ -103,7 +103,7 @@ final class CrashingSink: ContactSink {
         // While the mirror is away, c19 is removed and its tombstone reaped: its anchor expires.
         try f.remove("c19")
         clock.advance(by: f.store.options.tombstoneTTL + 1)
-        #expect(try f.store.reapExpiredTombstones().reaped == 1)
+        #expect(try f.store.reapOnceAcknowledged().reaped == 1)
         do {
             let sink = CrashingSink(try VdirMirror(directory: vdir), crashAt: 2)
             let host = ContactProviderHost(provider: provider, sink: sink, stateFile: stateFile)
@@ -243,8 +243,8 @@ final class CrashingSink: ContactSink {
                 peerSeq = peer.store.lastSeq
             case 9:
                 clock.advance(by: f.store.options.tombstoneTTL + 1)
-                _ = try f.store.reapExpiredTombstones()
-                _ = try peer.store.reapExpiredTombstones()
+                _ = try f.store.reapOnceAcknowledged()
+                _ = try peer.store.reapOnceAcknowledged()
             case 10:
                 host = try await newHost()
             default:

@@ -226,7 +226,7 @@ struct EnumeratorTests {
         let anchor = ContactItemSyncAnchor(generationMarker: run.marker, offset: 0)
         try a.remove("c3")
         clock.advance(by: a.store.options.tombstoneTTL + 1)
-        #expect(try a.store.reapExpiredTombstones().reaped == 1)
+        #expect(try a.store.reapOnceAcknowledged().reaped == 1)
         let expired = RecordingChangeObserver(batchSize: 5)
         await a.enumerator.enumerateChanges(startingAt: anchor, for: expired)
         #expect(expired.providerError == .changeAnchorExpired)

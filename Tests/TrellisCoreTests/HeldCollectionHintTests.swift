@@ -21,7 +21,7 @@ import TrellisCore
     }
 
     /// The subscriptions node A sends B once their hellos crossed, A holding rows of `held`.
-    func asked(held: Set<String>, committedLater: Set<UTF8Key> = [], checkpoints: [UTF8Key: Checkpoint] = [:])
+    func asked(held: [String], committedLater: Set<UTF8Key> = [], checkpoints: [UTF8Key: Checkpoint] = [:])
         throws -> [WireSubscription]
     {
         var r = Replicator(

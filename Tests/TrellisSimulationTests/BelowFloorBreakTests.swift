@@ -67,11 +67,12 @@ import TrellisSimulation
         let w = try sim.addNode("w")
         let s = try sim.addNode("s")
         sim.connect(s, w)
-        let subs = [try s.store.collection("items").findAll().subscribe()]
+        let (k, kept) = try sim.addKeeper(beside: w)
+        let subs = [try s.store.collection("items").findAll().subscribe(), kept]
         try w.store.collection("items").upsert(["_id": "y", "v": 0])
         try sim.runUntilQuiet()
         #expect(try ids(s) == ["\"y\""])
-        sim.partition([[w], [s]])
+        sim.partition([[w, k], [s]])
         let filler = String(repeating: "x", count: 1_000)
         for chunk in 0..<10 {
             try w.store.collection("items").upsert(
@@ -159,20 +160,26 @@ import TrellisSimulation
         let w = try sim.addNode("w")
         let a = try sim.addNode("a")
         sim.connect(a, w)
+        let (k, kept) = try sim.addKeeper(beside: w)
         var sub = try a.store.collection("items").find("v == 1").subscribe()
         try w.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
         try sim.runUntilQuiet()
         #expect(try ids(a) == ["\"d1\""])
-        sim.partition([[w], [a]])
+        sim.partition([[w, k], [a]])
         try w.store.collection("items").findByID("d1").remove()
-        if reap { passTheTTL(sim) } else { sim.run(for: ttl / 4) }
+        if reap {
+            passTheTTL(sim)
+            #expect(try w.documents.state(id: "d1", in: "items") == nil, "W reaped d1's tombstone")
+        } else {
+            sim.run(for: ttl / 4)
+        }
         sub.cancel()
         sub = try a.store.collection("items").find("v >= 1").subscribe()
         sim.heal()
         try sim.runUntilQuiet()
         let shown = try ids(a)
         #expect(shown == ["\"d2\""], "A still shows d1, which W removed\(reap ? " and reaped" : "")")
-        _ = sub
+        _ = (sub, kept)
     }
 
     // MARK: Restarts in the middle of the resync
@@ -190,17 +197,19 @@ import TrellisSimulation
         let w = try sim.addNode("w")
         let s = try sim.addNode("s")
         sim.connect(s, w)
-        let subs = [try s.store.collection("items").findAll().subscribe()]
+        let (k, kept) = try sim.addKeeper(beside: w)
+        let subs = [try s.store.collection("items").findAll().subscribe(), kept]
         try w.store.collection("items").upsert((0..<60).map { ["_id": .string("d\($0)"), "v": .int($0)] })
         try sim.runUntilQuiet()
         #expect(try Self.ids(s).count == 60)
-        sim.partition([[w], [s]])
+        sim.partition([[w, k], [s]])
         var removed: [String] = []
         for i in stride(from: 0, to: 60, by: 3) {
             try w.store.collection("items").findByID(.string("d\(i)")).remove()
             removed.append("d\(i)")
         }
         Self.passTheTTL(sim)
+        #expect(try w.documents.state(id: "d0", in: "items") == nil, "W reaped the tombstones")
         sim.setProfile(LinkProfile(bytesPerSecond: 300), between: s, and: w)
         sim.heal()
         sim.run(for: 2_000)
@@ -291,13 +300,15 @@ import TrellisSimulation
         let w = try sim.addNode("w")
         let s = try sim.addNode("s")
         sim.connect(s, w)
-        let subs = [try s.store.collection("items").findAll().subscribe()]
+        let (k, kept) = try sim.addKeeper(beside: w)
+        let subs = [try s.store.collection("items").findAll().subscribe(), kept]
         try w.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
         try sim.runUntilQuiet()
-        sim.partition([[w], [s]])
+        sim.partition([[w, k], [s]])
         #expect(try s.store.collection("items").findByID("d1").evict())
         try w.store.collection("items").findByID("d1").remove()
         Self.passTheTTL(sim)
+        #expect(try w.documents.state(id: "d1", in: "items") == nil, "W reaped d1's tombstone")
         sim.heal()
         try sim.runUntilQuiet()
         #expect(try Self.ids(s) == ["\"d2\""])

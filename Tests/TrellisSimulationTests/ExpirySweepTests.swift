@@ -93,11 +93,8 @@ import TrellisTestKit
     /// 4500001 --nodes 3-6 --steps 120 --queries 2 --widen --ttl 120000`, seed 4500046). n0, a node
     /// that asks nothing of its peers, upserted and then removed `d7` while its one link was down,
     /// was partitioned longer than the TTL, and reaped the tombstone of its own remove before any
-    /// peer had it. n2, which holds `d7` from before, never hears of the remove. A known issue,
-    /// open: the fix tried (the reaper keeps a tombstone holding a write of this node that no peer
-    /// has acknowledged, the acknowledgement written to the row) passes this seed but changes a
-    /// dozen reaping scenarios whose remover is alone for longer than the TTL on purpose
-    /// (`ReapBreakTests`, `FieldCaseSimulationTests.f04…`), which need rebuilding with it.
+    /// peer had it; n2, which held `d7` from before, never heard of the remove. Now the reaper
+    /// keeps a tombstone holding a write of this node that no peer has acknowledged.
     @Test func aRemoveThatReachedNoOneBeforeItWasReapedIsNotLost() async throws {
         let failure = try await onOwnThread { () throws -> String? in
             let workload = Self.queryWorkload(nodes: 3...6, steps: 120)
@@ -108,9 +105,7 @@ import TrellisTestKit
                 return "\(failure)"
             }
         }
-        withKnownIssue("a remove reaped before any peer had it is lost (open)") {
-            #expect(failure == nil, "\(failure ?? "")")
-        }
+        #expect(failure == nil, "\(failure ?? "")")
     }
 
     /// Ten recorded seeds of the mode, among them 4100008 and 4100010, which failed (replicas
@@ -231,11 +226,14 @@ import TrellisTestKit
         let w = try sim.addNode("w")
         let s = try sim.addNode("s")
         sim.connect(s, w)
-        var subs = [try s.store.collection("items").findAll().subscribe()]
+        // K, linked to S alone, takes S's remove, so S may reap it (the reaper keeps a remove no
+        // peer has acknowledged: seed 4500046 above).
+        let (k, kept) = try sim.addKeeper(beside: s)
+        var subs = [try s.store.collection("items").findAll().subscribe(), kept]
         try w.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
         try sim.runUntilQuiet()
         #expect(try s.store.collection("items").findByID("d1").exec() != nil)
-        sim.partition([[w], [s]])
+        sim.partition([[w], [s, k]])
         try s.store.collection("items").findByID("d1").remove()
         sim.run(for: ttl + 2 * 60_000)
         #expect(try s.documents.state(id: "d1", in: "items") == nil, "S reaped d1's tombstone")

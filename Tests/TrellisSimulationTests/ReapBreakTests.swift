@@ -49,8 +49,8 @@ import TrellisSimulation
     /// Now the pages from 0 carry the tombstones W reaped after S's checkpoint (PROTOCOL.md §2
     /// step 5), d1's among them.
     @Test func aRemoverThatSubscribesToNothingStillRemovesAReapedDocumentFromAStaleSubscriber() throws {
-        let (sim, w, s, subs) = try Self.writerAndSubscriber(seed: 9101, writerQuery: nil)
-        sim.partition([[w], [s]])
+        let (sim, w, s, k, subs) = try Self.writerAndSubscriber(seed: 9101, writerQuery: nil)
+        sim.partition([[w, k], [s]])
         try w.store.collection("items").findByID("d1").remove()
         Self.passTheTTL(sim)
         #expect(try w.documents.state(id: "d1", in: "items") == nil, "W reaped d1's tombstone")
@@ -71,11 +71,12 @@ import TrellisSimulation
         let w = try sim.addNode("w")
         let s = try sim.addNode("s")
         sim.connect(s, w)
-        let subs = [try s.store.collection("items").find("v >= 1").subscribe()]
+        let (k, kept) = try sim.addKeeper(beside: w)
+        let subs = [try s.store.collection("items").find("v >= 1").subscribe(), kept]
         try w.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
         try sim.runUntilQuiet()
         #expect(try Self.ids(s) == ["\"d1\"", "\"d2\""])
-        sim.partition([[w], [s]])
+        sim.partition([[w, k], [s]])
         try w.store.collection("items").findByID("d1").remove()
         try w.store.collection("items").upsert(["_id": "d3", "v": 3])
         try w.store.collection("items").findByID("d3").remove()
@@ -92,8 +93,8 @@ import TrellisSimulation
     /// match (as far as I can tell, as a document W itself sent S: PROTOCOL.md §2 step 5); W
     /// removes it again and S receives the remove.
     @Test func aRemoverWithANarrowQueryStillRemovesAReapedDocumentFromAStaleSubscriber() throws {
-        let (sim, w, s, subs) = try Self.writerAndSubscriber(seed: 9102, writerQuery: "v == 2")
-        sim.partition([[w], [s]])
+        let (sim, w, s, k, subs) = try Self.writerAndSubscriber(seed: 9102, writerQuery: "v == 2")
+        sim.partition([[w, k], [s]])
         try w.store.collection("items").findByID("d1").remove()
         Self.passTheTTL(sim)
         #expect(try w.documents.state(id: "d1", in: "items") == nil, "W reaped d1's tombstone")
@@ -105,8 +106,8 @@ import TrellisSimulation
 
     /// Control: the same partition, shorter than the TTL. S receives the tombstone. Passes.
     @Test func aRemoverThatSubscribesToNothingReachesAStaleSubscriberWithinTheTTL() throws {
-        let (sim, w, s, subs) = try Self.writerAndSubscriber(seed: 9103, writerQuery: nil)
-        sim.partition([[w], [s]])
+        let (sim, w, s, k, subs) = try Self.writerAndSubscriber(seed: 9103, writerQuery: nil)
+        sim.partition([[w, k], [s]])
         try w.store.collection("items").findByID("d1").remove()
         sim.run(for: Self.ttl / 2)
         sim.heal()
@@ -116,20 +117,21 @@ import TrellisSimulation
     }
 
     /// W writes d1 {v: 1} and d2 {v: 2}; S subscribes to the whole collection, dials W, and
-    /// holds both. W subscribes to `writerQuery` if any.
+    /// holds both; so does K, W's keeper (`Simulation.addKeeper`). W subscribes to `writerQuery` if any.
     static func writerAndSubscriber(seed: UInt64, writerQuery: String?) throws -> (
-        Simulation, SimulatedNode, SimulatedNode, [Subscription]
+        Simulation, SimulatedNode, SimulatedNode, SimulatedNode, [Subscription]
     ) {
         let sim = try simulation(seed: seed)
         let w = try sim.addNode("w")
         let s = try sim.addNode("s")
         sim.connect(s, w)
-        var subs = [try s.store.collection("items").findAll().subscribe()]
+        let (k, kept) = try sim.addKeeper(beside: w)
+        var subs = [try s.store.collection("items").findAll().subscribe(), kept]
         if let writerQuery { subs.append(try w.store.collection("items").find(writerQuery).subscribe()) }
         try w.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
         try sim.runUntilQuiet()
         #expect(try ids(s) == ["\"d1\"", "\"d2\""])
-        return (sim, w, s, subs)
+        return (sim, w, s, k, subs)
     }
 
     // MARK: The remove context is reaped with the tombstone
@@ -163,13 +165,15 @@ import TrellisSimulation
         let a = try sim.addNode("a")
         let s = try sim.addNode("s")
         sim.connect(s, a)
+        let (k, kept) = try sim.addKeeper(beside: a)
         let subs = [
+            kept,
             try a.store.collection("items").findAll().subscribe(),
             try s.store.collection("items").findAll().subscribe(),
         ]
         try a.store.collection("items").upsert(["_id": "d", "a": 1, "b": 2])
         try sim.runUntilQuiet()
-        sim.partition([[a], [s]])
+        sim.partition([[a, k], [s]])
         try a.store.collection("items").findByID("d").remove()
         sim.run(for: 1_000)
         _ = try s.store.collection("items").findByID("d").update { $0?["c"].set(3) }
@@ -224,13 +228,15 @@ import TrellisSimulation
         let a = try sim.addNode("a")
         let s = try sim.addNode("s")
         sim.connect(s, a)
+        let (k, kept) = try sim.addKeeper(beside: a)
         let subs = [
+            kept,
             try a.store.collection("items").findAll().subscribe(),
             try s.store.collection("items").findAll().subscribe(),
         ]
         try (oldWrittenByStaleNode ? s : a).store.collection("items").upsert(["_id": "d", "old": 1])
         try sim.runUntilQuiet()
-        sim.partition([[a], [s]])
+        sim.partition([[a, k], [s]])
         try a.store.collection("items").findByID("d").remove()
         if reap {
             passTheTTL(sim)
@@ -282,13 +288,15 @@ import TrellisSimulation
         let a = try sim.addNode("a")
         let s = try sim.addNode("s")
         sim.connect(s, a)
+        let (k, kept) = try sim.addKeeper(beside: a)
         let subs = [
+            kept,
             try a.store.collection("items").findAll().subscribe(),
             try s.store.collection("items").findAll().subscribe(),
         ]
         try a.store.collection("items").upsert(["_id": "d", "a": 1, "b": 2])
         try sim.runUntilQuiet()
-        sim.partition([[a], [s]])
+        sim.partition([[a, k], [s]])
         #expect(try s.store.collection("items").findByID("d").evict())
         try a.store.collection("items").findByID("d").remove()
         if reap {
@@ -320,13 +328,15 @@ import TrellisSimulation
         let a = try sim.addNode("a")
         let s = try sim.addNode("s")
         sim.connect(s, a)
+        let (k, kept) = try sim.addKeeper(beside: a)
         let subs = [
+            kept,
             try a.store.collection("items").findAll().subscribe(),
             try s.store.collection("items").findAll().subscribe(),
         ]
         try a.store.collection("items").upsert([["_id": "d", "a": 1], ["_id": "e", "a": 2]])
         try sim.runUntilQuiet()
-        sim.partition([[a], [s]])
+        sim.partition([[a, k], [s]])
         #expect(try s.store.collection("items").findByID("d").evict())
         #expect(try s.store.collection("items").findByID("e").evict())
         try a.store.collection("items").findByID("d").remove()
@@ -481,20 +491,21 @@ import TrellisSimulation
         sim.connectAll()
         let subs = try sim.nodes.map { (node: SimulatedNode) in try node.store.collection("items").findAll().subscribe()
         }
+        let (k, kept) = try sim.addKeeper(beside: a)
         try a.store.collection("items").upsert(["_id": "d", "v": 1])
         try sim.runUntilQuiet()
-        sim.partition([[a, b, s2], [s1]])
+        sim.partition([[a, k, b, s2], [s1]])
         _ = try b.store.collection("items").findByID("d").update { $0?["x"].set(5) }
         try sim.runUntilQuiet()
         #expect(try Self.get(s2, "d") == ["_id": "d", "v": 1, "x": 5])
-        sim.partition([[a], [b], [s1], [s2]])
+        sim.partition([[a, k], [b], [s1], [s2]])
         try a.store.collection("items").findByID("d").remove()
         Self.passTheTTL(sim)
         #expect(try a.documents.state(id: "d", in: "items") == nil, "a reaped")
-        sim.partition([[a, s1], [b], [s2]])
+        sim.partition([[a, k, s1], [b], [s2]])
         try sim.runUntilQuiet()
         for node in [a, s1] { #expect(try Self.get(node, "d") == nil, "\(node.name) after S1 came back") }
-        sim.partition([[a, s1, s2], [b]])
+        sim.partition([[a, k, s1, s2], [b]])
         try sim.runUntilQuiet()
         sim.heal()
         try sim.runUntilQuiet()
@@ -502,7 +513,7 @@ import TrellisSimulation
             let shown = try Self.get(node, "d")
             #expect(shown == nil, "\(node.name) shows \(shown.map(JSON.string) ?? "nothing")")
         }
-        _ = subs
+        _ = (subs, kept)
     }
 
     // MARK: Clock trouble
@@ -528,10 +539,11 @@ import TrellisSimulation
         let a = try sim.addNode("a")
         let s = try sim.addNode("s")
         sim.connect(s, a)
+        let (k, kept) = try sim.addKeeper(beside: a)
         let subs = try [a, s].map { (node: SimulatedNode) in try node.store.collection("items").findAll().subscribe() }
         try a.store.collection("items").upsert([["_id": "d1", "v": 1], ["_id": "d2", "v": 2]])
         try sim.runUntilQuiet()
-        sim.partition([[a], [s]])
+        sim.partition([[a, k], [s]])
         try a.store.collection("items").findByID("d1").remove()
         Self.passTheTTL(sim)  // four minutes
         #expect(try a.documents.state(id: "d1", in: "items") == nil, "A reaped d1's tombstone")
@@ -544,7 +556,7 @@ import TrellisSimulation
         sim.heal()
         try sim.runUntilQuiet()
         for node in [a, s] { #expect(try Self.ids(node) == ["\"d2\""], "\(node.name)") }
-        _ = subs
+        _ = (subs, kept)
     }
 
     /// A chain S — R — A, all subscribed to the whole collection; R's clock runs three minutes
@@ -636,10 +648,11 @@ import TrellisSimulation
         let a = try sim.addNode("a")
         let s = try sim.addNode("s")
         sim.connect(s, a)
+        let (k, kept) = try sim.addKeeper(beside: a)
         let subs = try [a, s].map { (node: SimulatedNode) in try node.store.collection("items").findAll().subscribe() }
         try a.store.collection("items").upsert(["_id": "d", "a": 1, "b": 2])
         try sim.runUntilQuiet()
-        sim.partition([[a], [s]])
+        sim.partition([[a, k], [s]])
         try a.store.collection("items").findByID("d").remove()
         sim.run(for: 1_000)
         _ = try s.store.collection("items").findByID("d").update { $0?["c"].set(3) }
@@ -652,6 +665,6 @@ import TrellisSimulation
             let shown = try Self.get(node, "d")
             #expect(shown == ["_id": "d", "c": 3], "\(node.name) shows \(shown.map(JSON.string) ?? "nothing")")
         }
-        _ = subs
+        _ = (subs, kept)
     }
 }

@@ -62,7 +62,7 @@ import TrellisTestKit
                 next += 1
             }
             clock.advance(by: Self.ttl + 1)
-            _ = try store.reapExpiredTombstones()
+            _ = try store.reapOnceAcknowledged()
         }
         try store.upsert(["_id": "d5", "v": 500], in: "c")  // written again: its reaped key goes
         reaped.remove("\"d5\"")
@@ -110,7 +110,7 @@ import TrellisTestKit
                 legacy.insert("\"d\(i)\"")
             }
             clock.advance(by: Self.ttl + 1)
-            #expect(try old.reapExpiredTombstones().reaped == 30)
+            #expect(try old.reapOnceAcknowledged().reaped == 30)
             try keepReapedKeysAsAnEarlierVersion(old)
             old.close()
         }
@@ -123,7 +123,7 @@ import TrellisTestKit
             newer.insert("\"d\(i)\"")
         }
         clock.advance(by: Self.ttl + 1)
-        #expect(try store.reapExpiredTombstones().reaped == 5)
+        #expect(try store.reapOnceAcknowledged().reaped == 5)
         for limit in [1, 2] {
             let pages = try Self.pages(store, limit: limit, maxBytes: 1, checkpoint: before)
             let removed = pages.flatMap(\.records).filter(\.isDeleted).map(\.key)

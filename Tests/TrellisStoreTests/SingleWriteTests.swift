@@ -142,7 +142,7 @@ import TrellisTestKit
         clock.advance(by: 10)
         try b.remove(id: "old", in: "c")
         clock.advance(by: 5_000)
-        #expect(try b.reapExpiredTombstones().reaped == 1)
+        #expect(try b.reapOnceAcknowledged().reaped == 1)
         let outcome = try b.merge(stale, from: [1], checkpoint: nil)
         #expect(outcome.revived == ["\"old\""])
         #expect(try b.document(id: "old", in: "c") == nil)

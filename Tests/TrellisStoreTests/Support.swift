@@ -25,11 +25,12 @@ func batch(of store: DocumentStore, _ collection: String = "c") throws -> [Remot
 }
 
 /// Records that a peer acknowledged every entry of a collection's log, as after a sync: this
-/// node's writes are then held elsewhere, and an eviction may drop their values.
+/// node's writes are then held elsewhere, an eviction may drop their values, and the reaper may
+/// take its tombstones.
 func acknowledgeAll(_ store: DocumentStore, _ collection: String = "c") throws {
     try store.acknowledge(
         store.changes(in: collection, after: 0, limit: 100_000, maxBytes: .max).records.map {
-            AcknowledgedEntry(collection: $0.collection, key: $0.key, seq: $0.seq)
+            AcknowledgedEntry(collection: $0.collection, key: $0.key, seq: $0.seq, isTombstone: $0.isDeleted)
         })
 }
 

@@ -73,7 +73,7 @@ private final class CostlyStore: SyncStore {
     var localLog: LocalLog { store.localLog }
     var rescanGenerations: [String: UInt32] { store.rescanGenerations }
     func rescanGeneration(collection: String) -> UInt32 { store.rescanGeneration(collection: collection) }
-    func collectionsHoldingRows() throws -> Set<String> { try store.collectionsHoldingRows() }
+    func collectionsHoldingRows() throws -> [String] { try store.collectionsHoldingRows() }
     func checkpoints(peer: [UInt8]) throws -> [UTF8Key: Checkpoint] { try store.checkpoints(peer: peer) }
     func scan(_ request: ScanRequest) throws -> ScanPage {
         let expensive = request.spec.query.contains("!=")

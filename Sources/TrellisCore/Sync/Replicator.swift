@@ -66,11 +66,13 @@ public struct Replicator: Sendable {
     ///   - local: this node's log.
     ///   - generations: the rescan generation of each collection (see ``evicted(_:generation:now:)``).
     ///   - heldCollections: the collections the local store holds rows of
-    ///     (``WireSubscription/holds``); later commits add theirs.
+    ///     (``WireSubscription/holds``); later commits add theirs. An array, not a `Set<String>`:
+    ///     Swift compares strings by canonical equivalence, and two collections named alike in
+    ///     another Unicode form are two collections.
     ///   - seed: fixes every random choice (nonces, jitter).
     public init(
         configuration: ReplicatorConfiguration, local: LocalLog, generations: [String: UInt32] = [:],
-        heldCollections: Set<String> = [], seed: UInt64
+        heldCollections: [String] = [], seed: UInt64
     ) {
         self.configuration = configuration
         self.local = local
@@ -935,7 +937,7 @@ public struct Replicator: Sendable {
                 unacknowledged.append(
                     AcknowledgedEntry(
                         collection: record.document.collection, key: record.key, seq: record.seq,
-                        isEvictionStub: record.isEvictionStub))
+                        isEvictionStub: record.isEvictionStub, isTombstone: record.isTombstone))
             }
         }
         served.cursor = max(served.cursor, page.upTo)

@@ -52,6 +52,9 @@ public struct LogRecord: Sendable, Equatable {
     public var holdsUnacknowledgedWrite: Bool
     /// Whether the entry is an evicted document's stub, sent whole while it holds such a write.
     public var isEvictionStub: Bool
+    /// Whether the entry is a tombstone: one holding such a write is kept from the reaper until a
+    /// peer acknowledges it (``AcknowledgedEntry/isTombstone``).
+    public var isTombstone: Bool
     /// The delta of the local writes since the document's base (``StateDelta``, encoded), and the
     /// entry's `seq` when its state was that base, when the store has one: sent instead of the
     /// whole state to a peer that accepts deltas for the subscription and has acknowledged that
@@ -60,13 +63,14 @@ public struct LogRecord: Sendable, Equatable {
 
     public init(
         seq: Int64, key: String, document: WireDocument, holdsUnacknowledgedWrite: Bool = false,
-        isEvictionStub: Bool = false, delta: LogDelta? = nil
+        isEvictionStub: Bool = false, isTombstone: Bool = false, delta: LogDelta? = nil
     ) {
         self.seq = seq
         self.key = key
         self.document = document
         self.holdsUnacknowledgedWrite = holdsUnacknowledgedWrite
         self.isEvictionStub = isEvictionStub
+        self.isTombstone = isTombstone
         self.delta = delta
     }
 }
@@ -94,12 +98,16 @@ public struct AcknowledgedEntry: Sendable, Hashable {
     public var seq: Int64
     /// Whether the entry was an evicted document's stub (``LogRecord/isEvictionStub``).
     public var isEvictionStub: Bool
+    /// Whether the entry was a tombstone (``LogRecord/isTombstone``): the store then records the
+    /// acknowledgement in the row, and the reaper may take the tombstone once it expires.
+    public var isTombstone: Bool
 
-    public init(collection: String, key: String, seq: Int64, isEvictionStub: Bool = false) {
+    public init(collection: String, key: String, seq: Int64, isEvictionStub: Bool = false, isTombstone: Bool = false) {
         self.collection = collection
         self.key = key
         self.seq = seq
         self.isEvictionStub = isEvictionStub
+        self.isTombstone = isTombstone
     }
 }
 
