@@ -416,6 +416,8 @@ public final class SyncHost {
                 log(message)
             case .refetchEvicted(let collection):
                 more = refetchEvicted(in: collection)
+            case .takeHeld(let link):
+                more = replicator.takeHeld(link, now: now())
             case .servedQueries(let link, let peer, let subscriptions, let askAgain):
                 let collection = subscriptions.first?.collection ?? ""
                 do {

@@ -304,6 +304,8 @@ import TrellisCore
                     step(node, next)
                 case .heldAcknowledged(_, _, let upTo, _):
                     held.append((node, upTo))
+                case .takeHeld(let link):
+                    step(node, node == "a" ? a.takeHeld(link, now: now) : b.takeHeld(link, now: now))
                 default:
                     continue
                 }

@@ -75,6 +75,10 @@ import TrellisCore
                             link, subscription: request.subscription, upTo: request.upTo,
                             checkpointStored: request.storeCheckpoint, deferred: 0, now: now)
                     queue += next.map { (node, $0) }
+                case .takeHeld(_):
+                    // After the directives before it, as a host does (they were queued first).
+                    let next = node == "a" ? a.takeHeld(link, now: now) : b.takeHeld(link, now: now)
+                    queue += next.map { (node, $0) }
                 default:
                     continue
                 }

@@ -192,6 +192,20 @@ import TrellisTestKit
         try workload.run(seed: seed, tracing: false)
     }
 
+    /// Seed 254148303046 of the sweep: n3, a writer that had sent n2 documents while asking it
+    /// for nothing, subscribed to a query and resumed its session with n2, which asked for its
+    /// hello. What n3 sent before that hello (a batch) was kept, and taken when n3's set came,
+    /// in the same step as the set: the batch was judged of the current generation before the
+    /// set's "ask again from where the unrecorded documents began" (PROTOCOL.md §2 step 5) ran,
+    /// and stored its checkpoint over the one moved back. The resend was lost with the
+    /// connection, and n2 asked from past it from then on: n3's earlier documents were never
+    /// recorded as held, and n3 kept stale states of two of them outside its query. The kept
+    /// messages are now taken one at a time, each after the directives of the one before
+    /// (``ReplicatorDirective/takeHeld(_:)``).
+    @Test func aBatchSentBeforeAnAskedHelloDoesNotStoreItsCheckpointOverAnAskAgain() throws {
+        try RandomWorkload().run(seed: 254_148_303_046, tracing: false)
+    }
+
     /// Seed 20421 of `--nodes 2-3 --steps 200`: n1 evicted every document during a partition;
     /// n0 came back with a wiped store and wrote d9 again. The copy n0 sent brought n1's stub back
     /// still withholding values nobody held any more, so n1 kept d9 listed and n0 marked as

@@ -325,15 +325,53 @@ public struct Replicator: Sendable {
         // (or, for an ack, never received) names nothing: the message was in flight while the
         // set changed, or the peer is broken, and is ignored as an unknown key would be.
         guard let message = resolvingNames(message, on: link) else { return [] }
+        // Messages that arrive while the ones kept before the asked hello are being taken go
+        // after them.
+        if sessions[link]!.takingHeld {
+            guard sessions[link]!.beforeHello.count < Self.maxMessagesBeforeHello else {
+                return fail(
+                    link, "protocol",
+                    "more than \(Self.maxMessagesBeforeHello) messages before the hello this node asked for", now)
+            }
+            sessions[link]!.beforeHello.append(message)
+            return []
+        }
         // What the peer sent before the hello this node asked for is taken, in order, once the
         // set that the peer sends right after that hello is here: its batches then merge knowing
-        // which of the peer's query subscriptions hold their documents (step 5).
+        // which of the peer's query subscriptions hold their documents (step 5). One at a time
+        // (``ReplicatorDirective/takeHeld(_:)``), each after the directives of the one before were
+        // carried out, as if it had just arrived: taken in one step, a batch was judged before the
+        // set's directives ran (an "ask again" that moves checkpoints back) and stored its
+        // checkpoint over theirs (simulator seed 254148303046).
         if phase != .awaitingHello, !sessions[link]!.beforeHello.isEmpty, case .subscriptions = message {
-            let held = sessions[link]!.beforeHello
-            sessions[link]!.beforeHello = []
+            sessions[link]!.takingHeld = true
             sessions[link]!.beforeHelloBytes = 0
-            return held.reduce(into: received(message, on: link, now: now)) { $0 += received($1, on: link, now: now) }
+            return handle(message, phase: phase, on: link, now: now) + [.takeHeld(link)]
         }
+        return handle(message, phase: phase, on: link, now: now)
+    }
+
+    /// Takes the next message the peer on `link` sent before the hello this node asked for, as
+    /// if it had arrived now (``ReplicatorDirective/takeHeld(_:)``).
+    ///
+    /// - Returns: its directives, then another ``ReplicatorDirective/takeHeld(_:)`` while more are
+    ///   kept; nothing when none are.
+    public mutating func takeHeld(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
+        guard let phase = sessions[link]?.phase, phase != .closed, sessions[link]!.takingHeld else { return [] }
+        guard !sessions[link]!.beforeHello.isEmpty else {
+            sessions[link]!.takingHeld = false
+            return []
+        }
+        let message = sessions[link]!.beforeHello.removeFirst()
+        if sessions[link]!.beforeHello.isEmpty { sessions[link]!.takingHeld = false }
+        let directives = handle(message, phase: phase, on: link, now: now)
+        return sessions[link]?.takingHeld == true ? directives + [.takeHeld(link)] : directives
+    }
+
+    /// Handles a message whose names are resolved, in the session's phase.
+    private mutating func handle(_ message: WireMessage, phase: Phase, on link: LinkID, now: Millis)
+        -> [ReplicatorDirective]
+    {
         switch (phase, message) {
         case (_, .error(let code, let text)):
             return close(link, "peer closed the session: \(code): \(text)")
@@ -2241,6 +2279,9 @@ extension Replicator {
         var helloAsked = false
         var beforeHello: [WireMessage] = []
         var beforeHelloBytes = 0
+        /// The messages kept before the asked hello are being taken, one per
+        /// ``ReplicatorDirective/takeHeld(_:)``; messages arriving meanwhile queue behind them.
+        var takingHeld = false
         /// Whether this node asked the peer for its set in full (its digest did not match), and
         /// whether batches of the peer were dropped while the set had not come.
         var awaitingSet = false

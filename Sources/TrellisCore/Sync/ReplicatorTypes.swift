@@ -235,6 +235,11 @@ public enum ReplicatorDirective: Sendable, Equatable {
     case scan(LinkID, ScanRequest)
     /// Merge a batch (see ``ApplyRequest``).
     case apply(LinkID, ApplyRequest)
+    /// Call ``Replicator/takeHeld(_:now:)`` once every directive before this one was carried out
+    /// (the directives that call returns first, before the rest of this list): the next message
+    /// the peer sent before the hello this node asked for is taken then, as if it had just
+    /// arrived (docs/PROTOCOL.md §2 step 1, "Resumed sessions").
+    case takeHeld(LinkID)
     /// Connect to this static peer address, then call ``Replicator/linkOpened(_:peerKey:initiator:address:endpoint:checkpoints:now:)``
     /// or ``Replicator/dialFailed(_:reason:now:)``.
     case dial(String)
