@@ -1600,8 +1600,10 @@ public final class DocumentStore: Sendable {
         state.withLock { $0.rescanGenerations[UTF8Key(collection)] ?? 0 }
     }
 
-    /// Every collection's rescan generation that is not 0, by collection name.
-    public var rescanGenerations: [String: UInt32] {
-        state.withLock { s in Dictionary(s.rescanGenerations.map { ($0.key.string, $0.value) }, uniquingKeysWith: max) }
+    /// Every collection's rescan generation that is not 0, by collection name compared byte for
+    /// byte (`UTF8Key`: a `String` key would make two collections named alike in another Unicode
+    /// form one).
+    public var rescanGenerations: [UTF8Key: UInt32] {
+        state.withLock { $0.rescanGenerations }
     }
 }

@@ -7,7 +7,7 @@ public protocol SyncStore: AnyObject, Sendable {
     /// The log's identity and extent now.
     var localLog: LocalLog { get }
     /// The rescan generation of every collection that has one (raised by evictions).
-    var rescanGenerations: [String: UInt32] { get }
+    var rescanGenerations: [UTF8Key: UInt32] { get }
     /// The rescan generation of one collection (0 when never evicted in).
     func rescanGeneration(collection: String) -> UInt32
     /// The collections that hold rows (documents, tombstones, eviction stubs), each once by its bytes.

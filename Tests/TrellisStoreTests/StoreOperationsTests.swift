@@ -565,6 +565,26 @@ import TrellisTestKit
         #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [5])
     }
 
+    /// The rescan generations an earlier version kept, of two collections named alike in another
+    /// Unicode form ("é" U+00E9 and "e" + U+0301, two collections here), read back as two: a
+    /// `[String: UInt32]` made them one (Swift compares strings by canonical equivalence), and
+    /// the replicator then asked one collection under the other's generation.
+    @Test func rescanGenerationsOfCollectionsNamedAlikeStayApart() throws {
+        let (nfc, nfd) = ("\u{E9}", "e\u{301}")
+        do {
+            let store = try open("generations.sqlite")
+            try store.withState { s in
+                try DocumentStore.setMeta(s.db, "rescan:" + nfc, DocumentStore.bytes(3))
+                try DocumentStore.setMeta(s.db, "rescan:" + nfd, DocumentStore.bytes(7))
+            }
+            store.close()
+        }
+        let store = try open("generations.sqlite")
+        #expect(store.rescanGenerations == [UTF8Key(nfc): 3, UTF8Key(nfd): 7])
+        #expect(store.rescanGeneration(collection: nfc) == 3)
+        #expect(store.rescanGeneration(collection: nfd) == 7)
+    }
+
     /// A store written before `unacked` existed opens with the column added. Nothing says which
     /// of its live rows a peer holds, so they count as unacknowledged: a write made offline
     /// before the upgrade survives an eviction (a reviewer's test: with the rows counted as

@@ -71,7 +71,7 @@ private final class CostlyStore: SyncStore {
     init(_ store: DocumentStore) { self.store = store }
 
     var localLog: LocalLog { store.localLog }
-    var rescanGenerations: [String: UInt32] { store.rescanGenerations }
+    var rescanGenerations: [UTF8Key: UInt32] { store.rescanGenerations }
     func rescanGeneration(collection: String) -> UInt32 { store.rescanGeneration(collection: collection) }
     func collectionsHoldingRows() throws -> [String] { try store.collectionsHoldingRows() }
     func checkpoints(peer: [UInt8]) throws -> [UTF8Key: Checkpoint] { try store.checkpoints(peer: peer) }

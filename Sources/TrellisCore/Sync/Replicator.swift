@@ -71,12 +71,12 @@ public struct Replicator: Sendable {
     ///     another Unicode form are two collections.
     ///   - seed: fixes every random choice (nonces, jitter).
     public init(
-        configuration: ReplicatorConfiguration, local: LocalLog, generations: [String: UInt32] = [:],
+        configuration: ReplicatorConfiguration, local: LocalLog, generations: [UTF8Key: UInt32] = [:],
         heldCollections: [String] = [], seed: UInt64
     ) {
         self.configuration = configuration
         self.local = local
-        self.generations = Dictionary(generations.map { (UTF8Key($0.key), $0.value) }, uniquingKeysWith: max)
+        self.generations = generations
         self.heldCollections = Set(heldCollections.map { UTF8Key($0) })
         self.rng = SplitMix64(seed: seed)
         self.authorization = configuration.authorization
