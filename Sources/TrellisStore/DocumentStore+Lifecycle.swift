@@ -205,12 +205,33 @@ extension DocumentStore {
         }
         try db.execute("CREATE INDEX IF NOT EXISTS reaped_by_seq ON reaped(collection, seq) WHERE state IS NOT NULL")
         // The tombstones the reaper may take, by time: those holding no write of this node that
-        // no peer has acknowledged (`unacked` NULL). An earlier version indexed every tombstone;
-        // the reaper would then walk past the kept ones on every run.
-        try db.execute("DROP INDEX IF EXISTS documents_tombstones")
+        // no peer has acknowledged (`unacked` NULL). An earlier version indexed every tombstone
+        // (`documents_tombstones`); the reaper would then walk past the kept ones on every run.
+        let earlier = try db.prepare(
+            "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'documents_tombstones'")
+        let upgraded = try earlier.step()
+        earlier.reset()
+        if upgraded {
+            // That version kept the acknowledgements of tombstones in memory only, and its peers'
+            // checkpoints are past them: nothing would mark them acknowledged now. They are reaped
+            // at their TTL, as that version reaped them.
+            try db.transaction {
+                try db.execute("UPDATE documents SET unacked = NULL WHERE deleted = 1 AND unacked IS NOT NULL")
+                try db.execute("DROP INDEX documents_tombstones")
+            }
+        }
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_reapable ON documents(removed_at) WHERE deleted = 1 AND unacked IS NULL"
         )
+        // The tombstones the reaper keeps, by position (a peer whose whole-collection checkpoint
+        // is past one holds it: `acknowledgeTombstones(in:through:)`) and by time (kept no longer
+        // than the TTL and `reapedKeyRetention` together).
+        try db.execute(
+            "CREATE INDEX IF NOT EXISTS documents_kept ON documents(collection, seq) "
+                + "WHERE deleted = 1 AND unacked IS NOT NULL")
+        try db.execute(
+            "CREATE INDEX IF NOT EXISTS documents_kept_by_time ON documents(removed_at) "
+                + "WHERE deleted = 1 AND unacked IS NOT NULL")
         // Tombstones written before `removed_at` existed, which the reaper dates: none in a store
         // written by this version, so the index costs nothing.
         try db.execute(

@@ -322,7 +322,12 @@ extension DocumentStore {
             // copy that adds nothing is reported too, so that it does not end the refetch.
             let withholding =
                 s.withholdingRows > 0 && stored?.kind == .live && !doc.isDeleted && doc.withheldEntryCount > 0
-            guard doc != incoming else { return .unchanged(behind: false, withholding: withholding) }
+            guard doc != incoming else {
+                // The sender holds exactly this tombstone: a remove of this node in it has reached
+                // a peer, whose acknowledgement may have been lost (a reset connection).
+                if stored?.kind == .tombstone { try markHeldTombstone(&s, collection, key) }
+                return .unchanged(behind: false, withholding: withholding)
+            }
             var probe = incoming
             return .unchanged(behind: probe.merge(doc), withholding: withholding)
         }
@@ -346,6 +351,18 @@ extension DocumentStore {
         let withholds = !doc.isDeleted && doc.withheldEntryCount > 0
         try noteWithholding(&s, collection, key, withholds)
         return withholds ? .appliedWithholding : .applied
+    }
+
+    /// Marks a tombstone's row as holding no write of this node that no peer has (`unacked`
+    /// NULL; ``WriteOrigin/heldBySender``): its sender holds it exactly. One indexed write, and
+    /// none when it is marked already.
+    private func markHeldTombstone(_ s: inout State, _ collection: String, _ key: String) throws {
+        let st = try s.db.prepare(
+            "UPDATE documents SET unacked = NULL WHERE collection = ? AND id = ? "
+                + "AND deleted = \(RowKind.tombstone.rawValue) AND unacked IS NOT NULL")
+        st.bind(1, collection)
+        st.bind(2, key)
+        try st.run()
     }
 
     /// Merges a delta (``StateDelta``) into the stored document, when the stored state covers the

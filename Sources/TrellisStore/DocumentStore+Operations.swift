@@ -591,6 +591,34 @@ extension DocumentStore {
         }
     }
 
+    /// Records that a peer holds every tombstone of `collection` up to `seq` of this log (its
+    /// whole-collection subscription asks from there: ``ReplicatorDirective/peerHolds(collection:through:)``):
+    /// each that holds a write of this node no peer had acknowledged is marked acknowledged, as
+    /// its acknowledgement would (``acknowledge(_:)``), which a reset connection may have lost. The
+    /// reaper may then take them (``reapExpiredTombstones(limit:)``).
+    ///
+    /// - Complexity: O(log n + k) for the k such tombstones, through the partial index of the
+    ///   tombstones the reaper keeps; a read alone when there are none.
+    public func acknowledgeTombstones(in collection: String, through seq: Int64) throws(StoreError) {
+        guard !options.readOnly else { return }
+        let kept =
+            "WHERE collection = ? AND deleted = \(RowKind.tombstone.rawValue) AND unacked IS NOT NULL AND seq <= ?"
+        let any = try withState { s -> Bool in
+            let st = try s.db.prepare("SELECT 1 FROM documents \(kept) LIMIT 1")
+            defer { st.reset() }
+            st.bind(1, collection)
+            st.bind(2, seq)
+            return try st.step()
+        }
+        guard any else { return }
+        try write { s in
+            let st = try s.db.prepare("UPDATE documents SET unacked = NULL \(kept)")
+            st.bind(1, collection)
+            st.bind(2, seq)
+            try st.run()
+        }
+    }
+
     /// The `_id`s of the evicted documents of a collection (their local stubs), most recently
     /// evicted first: what a new subscription asks peers for again. First come the documents
     /// brought back from eviction by an older copy that still withhold a value (the

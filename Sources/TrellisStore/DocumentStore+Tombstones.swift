@@ -74,10 +74,11 @@ extension DocumentStore {
     /// earlier version (without a recorded time) are dated on the way, `limit` at a time.
     ///
     /// A tombstone holding a remove (or any write) of this node that no peer has acknowledged is
-    /// kept, however old, until a peer acknowledges a batch that carries it (``acknowledge(_:)``):
-    /// reaped before, the remove would be lost, and the document would live on at every peer
-    /// that held it. A node that never meets a peer subscribed to the collection so keeps its
-    /// own removes, as an eviction keeps its own unacknowledged values.
+    /// kept past the TTL until a peer acknowledges a batch that carries it (``acknowledge(_:)``),
+    /// or asks the whole collection from past it (``acknowledgeTombstones(in:through:)``): reaped
+    /// before, the remove would be lost, and the document would live on at every peer that held
+    /// it. It is kept no longer than the TTL and ``StoreOptions/reapedKeyRetention`` together
+    /// (for good when that is `nil`), when the reaped key it leaves would be forgotten too.
     ///
     /// Nothing is loaded beyond `limit` rows, so the lock is held for a bounded time; call again
     /// while ``ReapResult/more`` is `true` (the sync host does, one call per tick).
@@ -99,6 +100,26 @@ extension DocumentStore {
                         + "AND removed_at <= ? ORDER BY removed_at LIMIT ?")
                 st.bind(1, Int64(clamping: now - options.tombstoneTTL))
                 st.bind(2, Int64(limit))
+                while try st.step() {
+                    rows.append(
+                        ReapRow(
+                            collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
+                            removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
+                }
+                st.reset()
+            }
+            // A tombstone kept for a write no peer acknowledged goes once the reaped key it would
+            // leave would itself be forgotten: past that, a node that holds the document brings
+            // it back anyway (docs/MESH.md, "Tombstones").
+            if rows.count < limit, let retention = options.reapedKeyRetention,
+                case let (kept, overflow) = options.tombstoneTTL.addingReportingOverflow(retention), !overflow,
+                now > kept
+            {
+                let st = try s.db.prepare(
+                    "SELECT collection, id, seq, removed_at, age FROM documents WHERE deleted = 1 "
+                        + "AND unacked IS NOT NULL AND removed_at <= ? ORDER BY removed_at LIMIT ?")
+                st.bind(1, Int64(clamping: now - kept))
+                st.bind(2, Int64(limit - rows.count))
                 while try st.step() {
                     rows.append(
                         ReapRow(

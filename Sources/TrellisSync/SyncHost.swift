@@ -23,6 +23,9 @@ public protocol SyncStore: AnyObject, Sendable {
     func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value])
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
+    /// Records that a peer holds the tombstones of a collection up to a `seq`
+    /// (``ReplicatorDirective/peerHolds(collection:through:)``).
+    func acknowledgeTombstones(in collection: String, through seq: Int64) throws
     /// Records where what a peer holds from a whole-collection service stands
     /// (``ReplicatorDirective/heldAcknowledged(peer:collection:upTo:carriedFrom:)``).
     func heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?) throws
@@ -395,6 +398,12 @@ public final class SyncHost {
                 }
             case .acknowledged(let entries):
                 do { try store.acknowledge(entries) } catch { log("recording acknowledged writes failed: \(error)") }
+            case .peerHolds(let collection, let through):
+                do {
+                    try store.acknowledgeTombstones(in: collection, through: through)
+                } catch {
+                    log("recording the tombstones a peer holds in '\(collection)' failed: \(error)")
+                }
             case .heldAcknowledged(let peer, let collection, let upTo, let carriedFrom):
                 do {
                     try store.heldAcknowledged(peer: peer, collection: collection, upTo: upTo, carriedFrom: carriedFrom)

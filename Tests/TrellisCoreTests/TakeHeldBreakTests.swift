@@ -41,10 +41,11 @@ import TrellisCore
     /// behind them"). Here 20 batches of 16 MiB of states (one shared buffer: little memory) arrive
     /// then.
     ///
-    /// FAILS: all 320 MiB are kept; only the count is checked while taking
-    /// (Replicator.swift:330-337), and `received` set `beforeHelloBytes` to 0 when the taking began
-    /// (:348) and never counts what is appended there. `SyncHost` takes every kept message before
-    /// it reads the next one, so it is not exposed; a host carrying out directives as a queue is.
+    /// Failed on the first version of the change: all 320 MiB were kept, only the count being
+    /// checked while taking (the bytes were set to 0 when the taking began). Now the bytes of what
+    /// is kept and appended are counted until the last is taken. `SyncHost` takes every kept
+    /// message before it reads the next one, so it was not exposed; a host carrying out
+    /// directives as a queue was.
     @Test func theByteBoundHoldsWhileKeptMessagesAreTaken() throws {
         var found: (Duo, String, LinkID)?
         for mismatch in ["a", "b", "both"] where found == nil { found = try Self.untilTakingHeld(mismatch: mismatch) }

@@ -33,10 +33,12 @@ import TrellisSimulation
     /// cost named is "an acknowledgement lost to a restart between the batch and its ack". S has
     /// the remove here, and no node restarted.
     ///
-    /// FAILS (both): W keeps d1's tombstone for good. Nothing ever offers it again: S's
-    /// checkpoint is past it (Replicator.swift:1026-1032 only remembers acks of this session), and
-    /// when W subscribes to S too, S's copy of the tombstone comes back unchanged and the merge
-    /// writes nothing (DocumentStore+Merge.swift:299, `heldBySender` needs `changed`).
+    /// Failed (both) on the first version of the change: W kept d1's tombstone for good. Nothing
+    /// offered it again (S's checkpoint is past it; the replicator remembers acks of one session
+    /// only), and S's copy of the tombstone, when W subscribes to S too, came back unchanged and
+    /// the merge wrote nothing. Now S's whole-collection subscription from past the tombstone
+    /// marks it acknowledged (`ReplicatorDirective.peerHolds`), and so does an unchanged merge of
+    /// the sender's identical tombstone.
     @Test(arguments: [false, true]) func aRemoveWhoseAckWasLostToAResetIsReapedOnceThePeerHasIt(mutual: Bool) throws {
         let sim = try Self.simulation(seed: mutual ? 7_200_002 : 7_200_001)
         let w = try sim.addNode("w")
@@ -78,18 +80,17 @@ import TrellisSimulation
     }
 
     /// W's only peer S subscribes to `v >= 1` in `items`. W writes d0 {v: 0}, which S never
-    /// holds, and removes it. No node other than W ever held d0, so its remove needs to reach
-    /// no one.
+    /// holds, and removes it. No node other than W ever held d0 here, but W cannot know that: a
+    /// node it has not met, or one away, may hold d0 (seed 4500046).
     ///
-    /// Promised (DATA-MODEL.md, MESH.md): only "a node that never meets a peer subscribed to the
-    /// collection" keeps its own removes. S is subscribed to the collection.
-    ///
-    /// FAILS: W keeps d0's tombstone for good: no subscription ever carries it (it matches no
-    /// query, and S never held it), so no ack ever marks it. A server whose clients all hold
-    /// narrow queries keeps every remove of a document outside them for ever
-    /// (DocumentStore+Tombstones.swift:98, `unacked IS NULL`).
-    @Test func aRemoveOfADocumentNoQueryPeerHeldIsReaped() throws {
+    /// A reviewer's test: it failed when W kept such a tombstone for good (no subscription ever
+    /// carries it, so no ack ever marks it: a server whose clients all hold narrow queries kept
+    /// every remove of a document outside them). Now W keeps it past the TTL, and no longer than
+    /// the TTL and `reapedKeyRetention` together (ten minutes here), when the reaped key it
+    /// leaves would be forgotten as well (DATA-MODEL.md, "A remove no peer has is kept").
+    @Test func aRemoveOfADocumentNoQueryPeerHeldIsReapedWithinTheRetention() throws {
         let sim = try Self.simulation(seed: 7_200_004)
+        sim.storeOptions.reapedKeyRetention = 600_000
         let w = try sim.addNode("w")
         let s = try sim.addNode("s")
         sim.connect(s, w)
@@ -99,10 +100,12 @@ import TrellisSimulation
         #expect(try !Self.present(s, "d0") && Self.present(s, "d1"))
         try w.store.collection("items").findByID("d0").remove()
         try sim.runUntilQuiet()
-        sim.run(for: 10 * Self.ttl)
+        sim.run(for: 3 * Self.ttl)
+        #expect(try w.documents.state(id: "d0", in: "items")?.isDeleted == true, "kept past the TTL")
+        sim.run(for: 600_000)
         #expect(
             try w.documents.state(id: "d0", in: "items") == nil,
-            "W keeps the tombstone of a document no peer ever held, ten TTLs on")
+            "W keeps the tombstone of a document no peer ever held past the TTL and the retention")
         _ = subs
     }
 

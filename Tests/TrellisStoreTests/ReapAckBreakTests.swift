@@ -36,8 +36,9 @@ import TrellisTestKit
     /// acknowledged too (the sender holds every write in it)". An unchanged merge's result is the
     /// sender's state as well.
     ///
-    /// FAILS: the tombstone is kept for good. `mergeState` computes `heldBySender` only when
-    /// `changed` (DocumentStore+Merge.swift:299), and an unchanged merge writes nothing.
+    /// Failed on the first version of the change: the tombstone was kept for good (`heldBySender`
+    /// only for a merge that changed the row, and an unchanged merge wrote nothing). Now an
+    /// unchanged merge of the sender's identical tombstone marks it (`markHeldTombstone`).
     @Test func aRemoveTheSenderSendsBackUnchangedIsReapedAtItsTTL() throws {
         let a = try open("a.sqlite")
         let b = try open("b.sqlite")
@@ -90,10 +91,10 @@ import TrellisTestKit
     /// `unacked` 0 and nothing will ever clear it: the peers that acknowledged it hold
     /// checkpoints past it and never receive it again.
     ///
-    /// FAILS: every tombstone of a local remove written before the upgrade (and not yet reaped)
-    /// is kept for good. The migration (DocumentStore+Lifecycle.swift:207-218) only swaps the
-    /// index; it does not clear `unacked` of tombstones that an earlier version considered
-    /// acknowledged-or-not irrelevant.
+    /// Failed on the first version of the change: every tombstone of a local remove written before
+    /// the upgrade (and not yet reaped) was kept for good, the migration only swapping the index.
+    /// Now a store that had the earlier index has its tombstones marked acknowledged once, and
+    /// they are reaped at their TTL as that version reaped them.
     @Test func tombstonesOfThePreviousVersionAreReapedAfterTheUpgrade() throws {
         do {
             let old = try open("old.sqlite")

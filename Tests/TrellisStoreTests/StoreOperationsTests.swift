@@ -601,7 +601,7 @@ import TrellisTestKit
             // As that version left it: every tombstone indexed by time, no `unacked`.
             try a.withState { s in
                 try s.db.execute(
-                    "DROP INDEX documents_reapable; "
+                    "DROP INDEX documents_reapable; DROP INDEX documents_kept; DROP INDEX documents_kept_by_time; "
                         + "CREATE INDEX documents_tombstones ON documents(removed_at) WHERE deleted = 1; "
                         + "ALTER TABLE documents DROP COLUMN unacked")
             }

@@ -85,6 +85,9 @@ private final class CostlyStore: SyncStore {
         try store.apply(request)
     }
     func acknowledge(_ entries: [AcknowledgedEntry]) throws { try store.acknowledge(entries) }
+    func acknowledgeTombstones(in collection: String, through seq: Int64) throws {
+        try store.acknowledgeTombstones(in: collection, through: seq)
+    }
     func heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?) throws {
         try store.heldAcknowledged(peer: peer, collection: collection, upTo: upTo, carriedFrom: carriedFrom)
     }

@@ -328,12 +328,17 @@ public struct Replicator: Sendable {
         // Messages that arrive while the ones kept before the asked hello are being taken go
         // after them.
         if sessions[link]!.takingHeld {
-            guard sessions[link]!.beforeHello.count < Self.maxMessagesBeforeHello else {
+            let bytes = Self.documentBytes(message)
+            guard sessions[link]!.beforeHello.count < Self.maxMessagesBeforeHello,
+                sessions[link]!.beforeHelloBytes + bytes <= Self.maxBytesBeforeHello
+            else {
                 return fail(
                     link, "protocol",
-                    "more than \(Self.maxMessagesBeforeHello) messages before the hello this node asked for", now)
+                    "more than \(Self.maxMessagesBeforeHello) messages or \(Self.maxBytesBeforeHello) bytes of "
+                        + "documents kept before the hello this node asked for", now)
             }
             sessions[link]!.beforeHello.append(message)
+            sessions[link]!.beforeHelloBytes += bytes
             return []
         }
         // What the peer sent before the hello this node asked for is taken, in order, once the
@@ -345,7 +350,6 @@ public struct Replicator: Sendable {
         // checkpoint over theirs (simulator seed 254148303046).
         if phase != .awaitingHello, !sessions[link]!.beforeHello.isEmpty, case .subscriptions = message {
             sessions[link]!.takingHeld = true
-            sessions[link]!.beforeHelloBytes = 0
             return handle(message, phase: phase, on: link, now: now) + [.takeHeld(link)]
         }
         return handle(message, phase: phase, on: link, now: now)
@@ -363,7 +367,11 @@ public struct Replicator: Sendable {
             return []
         }
         let message = sessions[link]!.beforeHello.removeFirst()
-        if sessions[link]!.beforeHello.isEmpty { sessions[link]!.takingHeld = false }
+        sessions[link]!.beforeHelloBytes -= Self.documentBytes(message)
+        if sessions[link]!.beforeHello.isEmpty {
+            sessions[link]!.takingHeld = false
+            sessions[link]!.beforeHelloBytes = 0
+        }
         let directives = handle(message, phase: phase, on: link, now: now)
         return sessions[link]?.takingHeld == true ? directives + [.takeHeld(link)] : directives
     }
@@ -423,7 +431,11 @@ public struct Replicator: Sendable {
             // The set the peer stands for, rebuilt from memory: taken exactly as if its `subs`
             // had come when the digests match; asked for in full otherwise.
             if let set = rememberedSets[sessions[link]!.peerKey], Self.digest(set, version: version) == digest {
-                return received(.subscriptions(set, version: version), on: link, now: now)
+                // Taken among the messages kept before the asked hello, it is handled now, not
+                // queued behind the rest of them.
+                let message = WireMessage.subscriptions(set, version: version)
+                return sessions[link]!.takingHeld
+                    ? handle(message, phase: phase, on: link, now: now) : received(message, on: link, now: now)
             }
             // Until the set comes, the peer's batches (answers to this node's own subscriptions,
             // which it may have sent early) would merge without knowing which of its query
@@ -1590,6 +1602,9 @@ public struct Replicator: Sendable {
                 continue
             }
             if sub.since > local.lastSeq { regressed = max(regressed ?? 0, sub.since) }
+            if sub.spec.isWholeCollection, sub.since > 0, sub.since <= local.lastSeq {
+                directives.append(.peerHolds(collection: sub.spec.collection, through: sub.since))
+            }
             var served = Served(
                 spec: sub.spec, hops: sub.hops, generation: sub.generation, cursor: sub.since,
                 retryDelay: configuration.scanRetryInitial)

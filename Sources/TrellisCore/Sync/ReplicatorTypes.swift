@@ -250,6 +250,12 @@ public enum ReplicatorDirective: Sendable, Equatable {
     /// had acknowledged before: record it in the store (an eviction may then drop those values;
     /// docs/DATA-MODEL.md rule 8). Failing to record it only keeps more on an eviction.
     case acknowledged([AcknowledgedEntry])
+    /// A peer asked this node's whole `collection` from `through` (a checkpoint on this log,
+    /// this epoch): it holds every state the log carried of the collection up to there, tombstones
+    /// included. Record the tombstones up to it as acknowledged, as if their acks had come (they
+    /// may have been lost with a connection): the reaper may then take them
+    /// (``AcknowledgedEntry/isTombstone``). Failing to record it only keeps them longer.
+    case peerHolds(collection: String, through: Int64)
     /// A peer acknowledged `upTo` of a subscription to `collection` that tells where what it holds
     /// from a whole-collection service here stands (docs/MESH.md, "Leaving a subscription's
     /// scope"): its whole-collection subscription (`carriedFrom` `nil`), or a query subscription
