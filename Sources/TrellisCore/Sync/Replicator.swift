@@ -327,20 +327,7 @@ public struct Replicator: Sendable {
         guard let message = resolvingNames(message, on: link) else { return [] }
         // Messages that arrive while the ones kept before the asked hello are being taken go
         // after them.
-        if sessions[link]!.takingHeld {
-            let bytes = Self.documentBytes(message)
-            guard sessions[link]!.beforeHello.count < Self.maxMessagesBeforeHello,
-                sessions[link]!.beforeHelloBytes + bytes <= Self.maxBytesBeforeHello
-            else {
-                return fail(
-                    link, "protocol",
-                    "more than \(Self.maxMessagesBeforeHello) messages or \(Self.maxBytesBeforeHello) bytes of "
-                        + "documents kept before the hello this node asked for", now)
-            }
-            sessions[link]!.beforeHello.append(message)
-            sessions[link]!.beforeHelloBytes += bytes
-            return []
-        }
+        if sessions[link]!.takingHeld { return keepBeforeHello(message, on: link, now: now) }
         // What the peer sent before the hello this node asked for is taken, in order, once the
         // set that the peer sends right after that hello is here: its batches then merge knowing
         // which of the peer's query subscriptions hold their documents (step 5). One at a time
@@ -376,6 +363,26 @@ public struct Replicator: Sendable {
         return sessions[link]?.takingHeld == true ? directives + [.takeHeld(link)] : directives
     }
 
+    /// Keeps a message the peer sent before the hello this node asked for (or while those are
+    /// being taken), within ``maxMessagesBeforeHello`` messages and ``maxBytesBeforeHello`` bytes
+    /// of document states; beyond, the session fails.
+    private mutating func keepBeforeHello(_ message: WireMessage, on link: LinkID, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        let bytes = Self.documentBytes(message)
+        guard sessions[link]!.beforeHello.count < Self.maxMessagesBeforeHello,
+            sessions[link]!.beforeHelloBytes + bytes <= Self.maxBytesBeforeHello
+        else {
+            return fail(
+                link, "protocol",
+                "more than \(Self.maxMessagesBeforeHello) messages or \(Self.maxBytesBeforeHello) bytes of "
+                    + "documents before the hello this node asked for", now)
+        }
+        sessions[link]!.beforeHello.append(message)
+        sessions[link]!.beforeHelloBytes += bytes
+        return []
+    }
+
     /// Handles a message whose names are resolved, in the session's phase.
     private mutating func handle(_ message: WireMessage, phase: Phase, on link: LinkID, now: Millis)
         -> [ReplicatorDirective]
@@ -400,18 +407,7 @@ public struct Replicator: Sendable {
         case (.awaitingHello, _) where sessions[link]!.helloAsked:
             // Sent before the hello this node asked for (answers to its early subscriptions,
             // refusals, presence): kept until that hello, within bounds.
-            let bytes = Self.documentBytes(message)
-            guard sessions[link]!.beforeHello.count < Self.maxMessagesBeforeHello,
-                sessions[link]!.beforeHelloBytes + bytes <= Self.maxBytesBeforeHello
-            else {
-                return fail(
-                    link, "protocol",
-                    "more than \(Self.maxMessagesBeforeHello) messages or \(Self.maxBytesBeforeHello) bytes of "
-                        + "documents before the hello this node asked for", now)
-            }
-            sessions[link]!.beforeHello.append(message)
-            sessions[link]!.beforeHelloBytes += bytes
-            return []
+            return keepBeforeHello(message, on: link, now: now)
         case (.awaitingHello, _):
             return fail(link, "protocol", "expected hello first", now)
         case (_, .hello(let hello)):
