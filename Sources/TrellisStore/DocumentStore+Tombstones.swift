@@ -45,6 +45,22 @@ struct ReapRow {
     /// The row's `age` (its `seq` less the first `seq` the document had); `nil` for a row from
     /// before the column, born before every `seq`.
     var age: Int64?
+
+    /// The columns ``read(_:)`` takes, in its order.
+    static let columns = "collection, id, seq, removed_at, age"
+
+    /// Every row of a statement that selects ``columns``; the statement is reset.
+    static func read(_ st: Statement) throws -> [ReapRow] {
+        defer { st.reset() }
+        var rows: [ReapRow] = []
+        while try st.step() {
+            rows.append(
+                ReapRow(
+                    collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
+                    removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
+        }
+        return rows
+    }
 }
 
 extension DocumentStore {
@@ -95,18 +111,8 @@ extension DocumentStore {
             let dated = try dateLegacyTombstones(&s, limit: limit)
             var rows: [ReapRow] = []
             if now > options.tombstoneTTL {
-                let st = try s.db.prepare(
-                    "SELECT collection, id, seq, removed_at, age FROM documents WHERE deleted = 1 AND unacked IS NULL "
-                        + "AND removed_at <= ? ORDER BY removed_at LIMIT ?")
-                st.bind(1, Int64(clamping: now - options.tombstoneTTL))
-                st.bind(2, Int64(limit))
-                while try st.step() {
-                    rows.append(
-                        ReapRow(
-                            collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
-                            removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
-                }
-                st.reset()
+                rows = try expiredTombstones(
+                    &s, acknowledged: true, removedBy: now - options.tombstoneTTL, limit: limit)
             }
             // A tombstone kept for a write no peer acknowledged goes once the reaped key it would
             // leave would itself be forgotten: past that, a node that holds the document brings
@@ -115,18 +121,7 @@ extension DocumentStore {
                 case let (kept, overflow) = options.tombstoneTTL.addingReportingOverflow(retention), !overflow,
                 now > kept
             {
-                let st = try s.db.prepare(
-                    "SELECT collection, id, seq, removed_at, age FROM documents WHERE deleted = 1 "
-                        + "AND unacked IS NOT NULL AND removed_at <= ? ORDER BY removed_at LIMIT ?")
-                st.bind(1, Int64(clamping: now - kept))
-                st.bind(2, Int64(limit - rows.count))
-                while try st.step() {
-                    rows.append(
-                        ReapRow(
-                            collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
-                            removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
-                }
-                st.reset()
+                rows += try expiredTombstones(&s, acknowledged: false, removedBy: now - kept, limit: limit - rows.count)
             }
             try reap(&s, rows, now: now)
             var forgotten = 0
@@ -158,23 +153,31 @@ extension DocumentStore {
             let now = reaperNow(&s)
             try dateLegacyTombstones(&s, limit: .max)
             let st = try s.db.prepare(
-                "SELECT id, seq, removed_at, age FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
+                "SELECT \(ReapRow.columns) FROM documents WHERE collection = ? AND deleted = 1 AND seq <= ?")
             st.bind(1, collection)
             st.bind(2, through)
-            var rows: [ReapRow] = []
-            while try st.step() {
-                rows.append(
-                    ReapRow(
-                        collection: collection, key: st.string(0) ?? "", seq: st.int64(1),
-                        removedAt: UInt64(max(0, st.int64(2))), age: st.optionalInt64(3)))
-            }
-            st.reset()
+            let rows = try ReapRow.read(st)
             try reap(&s, rows, now: now)
             // Never above the end of the log: a peer's cursor at the floor would look like a log
             // that went back in time.
             try raiseFloor(&s, collection, to: min(through, s.nextSeq - 1))
             return rows.count
         }
+    }
+
+    /// Up to `limit` tombstones whose newest stamp is at or before `removedBy` (milliseconds),
+    /// oldest first: those holding no write of this node that no peer has acknowledged, or with
+    /// `acknowledged` false the others (the reaper keeps those longer), each through its partial
+    /// index (`documents_reapable`, `documents_kept_by_time`).
+    private func expiredTombstones(_ s: inout State, acknowledged: Bool, removedBy: UInt64, limit: Int) throws
+        -> [ReapRow]
+    {
+        let st = try s.db.prepare(
+            "SELECT \(ReapRow.columns) FROM documents WHERE deleted = 1 AND unacked IS \(acknowledged ? "" : "NOT ")NULL "
+                + "AND removed_at <= ? ORDER BY removed_at LIMIT ?")
+        st.bind(1, Int64(clamping: removedBy))
+        st.bind(2, Int64(limit))
+        return try ReapRow.read(st)
     }
 
     /// The time the reaper goes by, in milliseconds: the wall clock (``StoreOptions/now``), but

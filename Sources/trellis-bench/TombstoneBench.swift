@@ -2,8 +2,9 @@
 // before and after reaping, against a store that only ever held the `live` ones (the baseline,
 // measured in the same run): file size, pages in use, enumeration (`documents(in:)`), a peer's
 // initial sync scan (the change log from 0), the rate at which a peer's acknowledgements of the
-// removes are recorded (the reaper keeps a remove no peer has), and the reaping rate. And removed fields: the state
-// of one document whose keys were set and unset `cycles` times, before and after the TTL.
+// removes are recorded (the reaper keeps a remove no peer has), and the reaping rate. And removed
+// fields: the state of one document whose keys were set and unset `cycles` times, before and after
+// the TTL.
 import CSQLite
 import Foundation
 import Synchronization

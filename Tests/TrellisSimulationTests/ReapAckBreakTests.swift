@@ -79,6 +79,23 @@ import TrellisSimulation
         _ = subs
     }
 
+    /// W and S, linked; S subscribes to `v >= 1` in `items` (`configure` set up the simulation
+    /// first). W writes d0 {v: 0}, which S never holds, and d1 {v: 1}, which it does.
+    static func writerAndQuerySubscriber(seed: UInt64, configure: (Simulation) -> Void = { _ in }) throws -> (
+        Simulation, SimulatedNode, SimulatedNode, [Subscription]
+    ) {
+        let sim = try simulation(seed: seed)
+        configure(sim)
+        let w = try sim.addNode("w")
+        let s = try sim.addNode("s")
+        sim.connect(s, w)
+        let subs = [try s.store.collection("items").find("v >= 1").subscribe()]
+        try w.store.collection("items").upsert([["_id": "d0", "v": 0], ["_id": "d1", "v": 1]])
+        try sim.runUntilQuiet()
+        #expect(try !present(s, "d0") && present(s, "d1"))
+        return (sim, w, s, subs)
+    }
+
     /// W's only peer S subscribes to `v >= 1` in `items`. W writes d0 {v: 0}, which S never
     /// holds, and removes it. No node other than W ever held d0 here, but W cannot know that: a
     /// node it has not met, or one away, may hold d0 (seed 4500046).
@@ -89,15 +106,9 @@ import TrellisSimulation
     /// the TTL and `reapedKeyRetention` together (ten minutes here), when the reaped key it
     /// leaves would be forgotten as well (DATA-MODEL.md, "A remove no peer has is kept").
     @Test func aRemoveOfADocumentNoQueryPeerHeldIsReapedWithinTheRetention() throws {
-        let sim = try Self.simulation(seed: 7_200_004)
-        sim.storeOptions.reapedKeyRetention = 600_000
-        let w = try sim.addNode("w")
-        let s = try sim.addNode("s")
-        sim.connect(s, w)
-        let subs = [try s.store.collection("items").find("v >= 1").subscribe()]
-        try w.store.collection("items").upsert([["_id": "d0", "v": 0], ["_id": "d1", "v": 1]])
-        try sim.runUntilQuiet()
-        #expect(try !Self.present(s, "d0") && Self.present(s, "d1"))
+        let (sim, w, _, subs) = try Self.writerAndQuerySubscriber(seed: 7_200_004) {
+            $0.storeOptions.reapedKeyRetention = 600_000
+        }
         try w.store.collection("items").findByID("d0").remove()
         try sim.runUntilQuiet()
         sim.run(for: 3 * Self.ttl)
@@ -113,13 +124,7 @@ import TrellisSimulation
     /// carries the remove of a document S held, S acknowledges it, and W reaps it. Passes if the
     /// change holds.
     @Test func aRemoveOfADocumentAQueryPeerHeldIsReaped() throws {
-        let sim = try Self.simulation(seed: 7_200_005)
-        let w = try sim.addNode("w")
-        let s = try sim.addNode("s")
-        sim.connect(s, w)
-        let subs = [try s.store.collection("items").find("v >= 1").subscribe()]
-        try w.store.collection("items").upsert([["_id": "d0", "v": 0], ["_id": "d1", "v": 1]])
-        try sim.runUntilQuiet()
+        let (sim, w, s, subs) = try Self.writerAndQuerySubscriber(seed: 7_200_005)
         try w.store.collection("items").findByID("d1").remove()
         try sim.runUntilQuiet()
         #expect(try !Self.present(s, "d1"))
