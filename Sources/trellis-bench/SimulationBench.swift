@@ -66,6 +66,54 @@ func simulationFigures(meshSizes: [Int], seedsPerSize: Int) throws -> [Figure] {
                 unit: "batches (goal: 1)"))
         figures.append(Figure(name: "mesh_\(size)_build_seconds", value: setup / Double(seedsPerSize), unit: "s"))
     }
+    return figures + (try fullMeshFigures(sizes: [10, 40]))
+}
+
+/// A mesh where every node has a session with every other (a LAN found by discovery): one node
+/// holds 1,000 documents and subscribes to all of them, every other subscribes to 20. For each
+/// size: the wall time for the mesh to form, deliver and go quiet on the simulator (the sync
+/// engines' own work: no sockets, no cipher), and the presence messages per ordered pair of
+/// nodes, whose ratio against the smallest mesh's stays near 1 when presence grows with the
+/// square of the size (docs/MESH.md, "Presence"), as it must for a mesh of this shape.
+private func fullMeshFigures(sizes: [Int]) throws -> [Figure] {
+    var figures: [Figure] = []
+    var smallest: (size: Int, perPair: Double)?
+    for size in sizes {
+        let started = Date()
+        let sim = try Simulation(seed: 9200)
+        sim.tracing = false
+        let holder = try sim.addNode()
+        let others = try (1..<size).map { _ in try sim.addNode() }
+        try holder.store.collection("items").upsert(
+            (0..<1_000).map { ["_id": .string("d\($0)"), "n": .int(Int64($0))] })
+        var subscriptions: [Any] = [try holder.store.collection("items").findAll().subscribe()]
+        for node in others { subscriptions.append(try node.store.collection("items").find("n < 20").subscribe()) }
+        sim.connectAll()
+        try sim.runUntilQuiet()
+        let wall = Date().timeIntervalSince(started)
+        for node in others {
+            let held = try node.store.collection("items").findAll().count()
+            precondition(held == 20, "a node of the full mesh of \(size) holds \(held) documents, not 20")
+        }
+        _ = subscriptions
+        let pairs = Double(size * (size - 1))
+        let perPair = Double(sim.messageCounts["presence", default: 0]) / pairs
+        figures.append(Figure(name: "full_mesh_\(size)_seconds_to_quiet", value: wall, unit: "s"))
+        figures.append(
+            Figure(
+                name: "full_mesh_\(size)_presence_bytes_per_node",
+                value: Double(sim.messageBytes["presence", default: 0]) / Double(size), unit: "bytes"))
+        if let smallest {
+            figures.append(
+                Figure(
+                    name: "full_mesh_\(size)_presence_messages_per_pair", value: perPair, unit: "messages",
+                    baseline: smallest.perPair, baselineName: "full_mesh_\(smallest.size)_presence_messages_per_pair"))
+        } else {
+            smallest = (size, perPair)
+            figures.append(
+                Figure(name: "full_mesh_\(size)_presence_messages_per_pair", value: perPair, unit: "messages"))
+        }
+    }
     return figures
 }
 

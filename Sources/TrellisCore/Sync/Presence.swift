@@ -19,6 +19,38 @@ public struct PresenceRecord: Sendable, Equatable, Hashable {
         self.neighbors = neighbors
     }
 
+    /// Whether `peerKey` is among ``neighbors``, by binary search: a record whose neighbours are
+    /// not sorted (only a hostile peer sends one) may answer `false` for one it lists, and is
+    /// then only forwarded where it need not be.
+    ///
+    /// - Complexity: O(log(neighbours)).
+    public func lists(_ peerKey: [UInt8]) -> Bool { Self.sorted(neighbors, contains: peerKey) }
+
+    /// Whether `key` is in `keys`, sorted by `lexicographicallyPrecedes`, by binary search
+    /// (a few comparisons of 32 bytes, where a `Set` hashes every byte of the key).
+    ///
+    /// - Complexity: O(log(keys)).
+    static func sorted(_ keys: [[UInt8]], contains key: [UInt8]) -> Bool {
+        key.withUnsafeBufferPointer { wanted in
+            var low = 0
+            var high = keys.count
+            while low < high {
+                let middle = (low + high) / 2
+                let order = keys[middle].withUnsafeBufferPointer { Self.order($0, wanted) }
+                if order == 0 { return true }
+                if order < 0 { low = middle + 1 } else { high = middle }
+            }
+            return false
+        }
+    }
+
+    /// The byte-wise order of two keys (as `lexicographicallyPrecedes`): negative when `a` comes
+    /// first, 0 when they are equal, positive when `b` comes first.
+    private static func order(_ a: UnsafeBufferPointer<UInt8>, _ b: UnsafeBufferPointer<UInt8>) -> Int {
+        for i in 0..<min(a.count, b.count) where a[i] != b[i] { return a[i] < b[i] ? -1 : 1 }
+        return a.count - b.count
+    }
+
     /// Most records in one `presence` message; a larger table goes in several messages.
     public static let maxPerMessage = 64
     /// Most neighbours one record may list.
@@ -44,8 +76,11 @@ struct PresenceState: Sendable {
     /// This node's record's `seq` (starts from a value the shell chooses, raised above any record
     /// about this node seen in the mesh, so a restarted node's records win over its old ones).
     var ownSeq: UInt64 = 0
-    /// Neighbours as last announced.
+    /// The neighbours ``ownSeq`` describes.
     var announced: [[UInt8]]?
+    /// The neighbours last announced to every peer (``Replicator/presenceTick(now:)``); a new
+    /// session alone is told the record at once.
+    var broadcast: [[UInt8]]?
     var nextAnnouncement: Millis = 0
     var incompatible: [[UInt8]: IncompatiblePeer] = [:]
     /// Records held but not reachable from this node, and since when.
@@ -108,23 +143,25 @@ extension Replicator {
     /// How long a record may stay unreachable before it is dropped, in milliseconds.
     public static let unreachableRecordLifetime: Millis = 30_000
 
-    /// A session was established: it gets every record this node holds, its own included (also
-    /// records no longer reachable, so a restarted peer learns the `seq` its old record had).
-    /// Its other peers get this node's record with the new neighbour at once.
+    /// A session was established: it gets this node's own record and every record it holds
+    /// (also records no longer reachable, so a restarted peer learns the `seq` its old record
+    /// had), except those of nodes that list the new peer as a neighbour: those nodes tell it
+    /// themselves. The other peers get this node's record with the new neighbour at its next
+    /// announcement (``presenceTick(now:)``, at most every ``presenceInterval`` ms), so a mesh
+    /// forming, where sessions come up by the dozen, costs each node a few records per peer and
+    /// not one per session.
+    ///
+    /// - Complexity: O(records × log(neighbours listed)).
     mutating func presenceEstablished(_ link: LinkID, now: Millis) -> [ReplicatorDirective] {
-        let held = presenceState.records.values.sorted { $0.peerKey.lexicographicallyPrecedes($1.peerKey) }
-        let changed = presenceState.announced != establishedNeighbors
+        guard let peer = sessions[link]?.peerKey else { return [] }
+        let held = presenceState.records.values.filter { !$0.lists(peer) }
+            .sorted { $0.peerKey.lexicographicallyPrecedes($1.peerKey) }
         let own = ownPresenceAnnounced()
+        sessions[link]!.presenceSeqSent = own.seq
         let records = [own] + held
-        var directives = stride(from: 0, to: records.count, by: PresenceRecord.maxPerMessage).map { start in
+        return stride(from: 0, to: records.count, by: PresenceRecord.maxPerMessage).map { start in
             send(link, .presence(Array(records[start..<min(records.count, start + PresenceRecord.maxPerMessage)])), now)
         }
-        if changed {
-            for other in sessions.keys.sorted() where other != link && sessions[other]?.phase == .established {
-                directives.append(send(other, .presence([own]), now))
-            }
-        }
-        return directives
     }
 
     /// This node's record, with a new `seq` when its neighbours changed since last announced.
@@ -138,7 +175,8 @@ extension Replicator {
     }
 
     /// On each tick: announce this node's neighbours to every peer when they changed (at most
-    /// every ``presenceInterval`` ms), and forget incompatible peers not seen for a while.
+    /// every ``presenceInterval`` ms; not to a peer already sent that record, as a new session
+    /// is), and forget incompatible peers not seen for a while.
     mutating func presenceTick(now: Millis) -> [ReplicatorDirective] {
         presenceState.incompatible = presenceState.incompatible.filter {
             now - $0.value.lastSeen < Self.incompatiblePeerLifetime
@@ -147,39 +185,62 @@ extension Replicator {
             presenceState.nextPrune = now + Self.presencePruneInterval
             pruneUnreachable(now: now)
         }
-        guard now >= presenceState.nextAnnouncement, presenceState.announced != establishedNeighbors else { return [] }
+        guard now >= presenceState.nextAnnouncement, presenceState.broadcast != establishedNeighbors else { return [] }
         presenceState.nextAnnouncement = now + Self.presenceInterval
         let own = ownPresenceAnnounced()
-        return sessions.keys.sorted().compactMap { link in
-            sessions[link]?.phase == .established ? send(link, .presence([own]), now) : nil
+        presenceState.broadcast = own.neighbors
+        var directives: [ReplicatorDirective] = []
+        for link in sessions.keys.sorted()
+        where sessions[link]?.phase == .established && sessions[link]?.presenceSeqSent != own.seq {
+            sessions[link]!.presenceSeqSent = own.seq
+            directives.append(send(link, .presence([own]), now))
         }
+        return directives
     }
 
     /// Records from a peer: each newer than the one held replaces it and goes on to every other
-    /// peer. A record about this node with a `seq` at or above its own makes it announce again
-    /// above it. Records listing more than ``PresenceRecord/maxNeighbors`` neighbours were refused
-    /// at decode; beyond ``PresenceRecord/maxRecords`` records, new nodes are not kept.
+    /// peer except one the record is about or lists as a neighbour (its node tells that peer
+    /// itself). A record about this node with a `seq` at or above its own makes it announce
+    /// again above it. Records listing more than ``PresenceRecord/maxNeighbors`` neighbours were
+    /// refused at decode; beyond ``PresenceRecord/maxRecords`` records, new nodes are not kept.
+    ///
+    /// The sender's own record, when its neighbours changed, changes what this node relays of
+    /// the sender's subscriptions to the peers that joined or left those neighbours
+    /// (``wanted(for:now:sources:)``); only what is asked of those peers is worked out again.
+    ///
+    /// - Complexity: O(records × sessions × log(neighbours listed)), plus working out what is
+    ///   asked of each peer whose relays changed.
     mutating func presenceReceived(_ records: [PresenceRecord], on link: LinkID, now: Millis)
         -> [ReplicatorDirective]
     {
         var fresh: [PresenceRecord] = []
-        var relaysChanged = false
+        // The peers whose relays of the sender's subscriptions changed; `nil`: every peer.
+        var relaysChanged: Set<[UInt8]>? = []
         for record in records {
             if let sender = sessions[link], record.peerKey == sender.peerKey,
                 sender.reportedNeighbors.map({ record.seq > $0.seq }) ?? true
             {
                 // The peer's own word about its sessions: which of this node's relays it makes
-                // redundant (``wanted(for:)``).
+                // redundant (``wanted(for:now:sources:)``).
                 let keys = Set(record.neighbors)
-                relaysChanged = relaysChanged || sender.reportedNeighbors?.keys != keys
-                sessions[link]!.reportedNeighbors = (record.seq, keys)
+                if !sender.remoteSubscriptions.isEmpty {
+                    if let before = sender.reportedNeighbors?.keys {
+                        relaysChanged?.formUnion(before.symmetricDifference(keys))
+                    } else {
+                        relaysChanged = nil
+                    }
+                }
+                sessions[link]!.reportedNeighbors = (
+                    record.seq, keys, keys.sorted { $0.lexicographicallyPrecedes($1) }
+                )
             }
             if record.peerKey == configuration.peerKey {
                 // (A `seq` near the top of the range, which only a hostile peer sends, is ignored:
                 // this node's next `seq` must still fit the wire's range.)
                 if record.seq >= presenceState.ownSeq, record.seq < UInt64(Int64.max) - 1 {
                     presenceState.ownSeq = record.seq
-                    presenceState.announced = nil  // announce again above it
+                    presenceState.announced = nil  // announce again above it, to every peer
+                    presenceState.broadcast = nil
                 }
                 continue
             }
@@ -190,11 +251,20 @@ extension Replicator {
             presenceState.records[record.peerKey] = record
             fresh.append(record)
         }
-        let relays = relaysChanged ? updateAsked(except: link, now: now) : []
+        let relays: [ReplicatorDirective]
+        if let peers = relaysChanged {
+            relays = peers.isEmpty ? [] : updateAsked(except: link, only: peers, now: now)
+        } else {
+            relays = updateAsked(except: link, now: now)
+        }
         guard !fresh.isEmpty else { return relays }
-        return sessions.keys.sorted().compactMap { other in
-            other != link && sessions[other]?.phase == .established ? send(other, .presence(fresh), now) : nil
-        } + relays
+        var forwards: [ReplicatorDirective] = []
+        for other in sessions.keys.sorted() where other != link && sessions[other]?.phase == .established {
+            let peer = sessions[other]!.peerKey
+            let due = fresh.filter { $0.peerKey != peer && !$0.lists(peer) }
+            if !due.isEmpty { forwards.append(send(other, .presence(due), now)) }
+        }
+        return forwards + relays
     }
 
     /// A peer's hello named another protocol version.

@@ -529,6 +529,11 @@ public struct Replicator: Sendable {
                 !awaitsRefetchAnswers(on: link)
             else { return logged }
             return logged + sendAsked(link, now: now)
+        case (.standby, .presence(let records)):
+            // Taken on a link held in standby too: the peer may hold this link for the
+            // established one, and sends its own record only once per `seq` (other nodes do not
+            // pass on a record to the peers it lists).
+            return presenceReceived(records, on: link, now: now)
         case (.standby, _):
             return []
         case (.closed, _):
@@ -1145,7 +1150,7 @@ public struct Replicator: Sendable {
     /// Nothing loops: a peer whose copy still withholds the value is not asked for it again on
     /// this connection, whatever this node sends it (``Session/withholdingCopies``); a document
     /// no peer holds whole stays listed like an evicted one no peer has (asked once per peer and
-    /// connection); and refetch subscriptions are relayed one hop only (``wanted(for:)``).
+    /// connection); and refetch subscriptions are relayed one hop only (``wanted(for:now:sources:)``).
     private mutating func askElsewhere(_ ids: [Value], in collection: String, answeredBy link: LinkID?, now: Millis)
         -> [ReplicatorDirective]
     {
@@ -1629,9 +1634,21 @@ public struct Replicator: Sendable {
             }
         }
         sessions[link]!.served = next
+        // What other peers are asked on this peer's behalf depends only on each subscription's
+        // key and hops: a set that changed only its checkpoints or generations changes nothing
+        // there, and is not worked out again for every other peer.
+        let relayed = Self.relayShape(sessions[link]!.remoteSubscriptions)
         sessions[link]!.remoteSubscriptions = subs
         if let since = regressed { directives += logRegressed(since, peer: sessions[link]!.address, now: now) }
-        directives += updateAsked(except: link, now: now)
+        if Self.relayShape(subs) != relayed, let s = sessions[link] {
+            // Relayed only to the peers it does not say it has a session with, and to none
+            // before its first presence record, within the grace (``wanted(for:now:sources:)``).
+            if let neighbors = s.reportedNeighbors?.keys {
+                directives += updateAsked(except: link, skipping: neighbors, now: now)
+            } else if now - s.opened >= Self.relayGrace {
+                directives += updateAsked(except: link, now: now)
+            }
+        }
         directives += scanAll(link, now: now)
         return directives
     }
@@ -1923,13 +1940,48 @@ public struct Replicator: Sendable {
         UTF8Key(SubscriptionSpec.collection(ofKey: key))
     }
 
-    /// Recomputes what each established peer is asked for, and re-sends where it changed.
-    mutating func updateAsked(except skip: LinkID? = nil, now: Millis) -> [ReplicatorDirective] {
+    /// Recomputes what each established peer (each of those with a key in `only`, when given;
+    /// none with a key in `skipping`) is asked for, and re-sends where it changed.
+    ///
+    /// - Complexity: O(peers recomputed × the subscriptions of every peer) (``wanted(for:now:sources:)``).
+    mutating func updateAsked(
+        except skip: LinkID? = nil, only peers: Set<[UInt8]>? = nil, skipping: Set<[UInt8]> = [], now: Millis
+    ) -> [ReplicatorDirective] {
         var directives: [ReplicatorDirective] = []
+        var sources: [RelaySource]?
         for link in sessions.keys.sorted() where link != skip && sessions[link]?.phase == .established {
-            directives += sendAsked(link, now: now)
+            if let key = sessions[link]?.peerKey, peers.map({ !$0.contains(key) }) ?? false || skipping.contains(key) {
+                continue
+            }
+            if sources == nil { sources = relaySources() }
+            directives += sendAsked(link, now: now, sources: sources)
         }
         return directives
+    }
+
+    /// A peer whose subscriptions this node may relay to its other peers: what
+    /// ``wanted(for:now:sources:)`` reads of its session, taken once for every peer it is worked
+    /// out for (a session is a large value; copied for each pair of peers, it cost more than the
+    /// rest of the work in a mesh of 40).
+    struct RelaySource {
+        let link: LinkID
+        let peerKey: [UInt8]
+        /// The peer's neighbours, sorted (``PresenceRecord/sorted(_:contains:)``).
+        let neighbors: [[UInt8]]?
+        let opened: Millis
+        let subscriptions: [WireSubscription]
+    }
+
+    /// Every established session that asks this node for something.
+    ///
+    /// - Complexity: O(sessions).
+    private func relaySources() -> [RelaySource] {
+        sessions.compactMap { link, s in
+            s.phase == .established && !s.remoteSubscriptions.isEmpty
+                ? RelaySource(
+                    link: link, peerKey: s.peerKey, neighbors: s.reportedNeighbors?.sorted, opened: s.opened,
+                    subscriptions: s.remoteSubscriptions) : nil
+        }
     }
 
     /// This node's own subscriptions plus those of its other peers (one hop more, up to
@@ -1937,13 +1989,22 @@ public struct Replicator: Sendable {
     /// into whole collections above ``ReplicatorConfiguration/maxAskedSubscriptions``. A peer's
     /// subscriptions are not relayed to a peer it says (in its own presence record, on its own
     /// link) it has a session with: it asks that one itself (docs/MESH.md, "Relay").
-    private func wanted(for link: LinkID, now: Millis) -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)] {
+    ///
+    /// - Parameter sources: ``relaySources()``, when the caller has them.
+    /// - Complexity: O(own subscriptions + the subscriptions of every source).
+    private func wanted(for link: LinkID, now: Millis, sources: [RelaySource]? = nil)
+        -> [UTF8Key: (spec: SubscriptionSpec, hops: Int)]
+    {
         var wanted: [UTF8Key: (spec: SubscriptionSpec, hops: Int)] = [:]
         // Only what the peer may write is asked of it: what it sends of another collection
-        // would be refused.
+        // would be refused. With the default rules (every peer reads and writes everything) no
+        // rule is looked up.
         guard let peer = sessions[link]?.peerKey else { return [:] }
-        for (key, held) in own where authorization.mayWrite(peer, held.spec.collection) { wanted[key] = (held.spec, 0) }
-        for (other, s) in sessions where other != link && s.phase == .established && s.peerKey != peer {
+        let open = authorization.isOpen
+        for (key, held) in own where open || authorization.mayWrite(peer, held.spec.collection) {
+            wanted[key] = (held.spec, 0)
+        }
+        for s in sources ?? relaySources() where s.link != link && s.peerKey != peer {
             // A neighbour that says it has a session with the peer asks the peer itself, for its
             // own subscriptions and for those it relays: relayed here too, the peer would serve
             // them twice, and this node would store what it relays. In a mesh where every node
@@ -1951,18 +2012,20 @@ public struct Replicator: Sendable {
             // whole-collection subscription of one node to all the others, and each would fetch
             // and hold the whole collection for it. Only the neighbour's own word on this link
             // counts: a record forwarded by another peer could be forged to cut a relay.
-            if s.reportedNeighbors?.keys.contains(peer) == true { continue }
+            if let neighbors = s.neighbors, PresenceRecord.sorted(neighbors, contains: peer) { continue }
             // Nor before the neighbour's first record (it follows its `hello` at once), for at
             // most ``relayGrace``: relayed and then taken back, each such subscription would cost
             // a batch from the peer that nobody wanted.
-            if s.reportedNeighbors == nil, now - s.opened < Self.relayGrace { continue }
+            if s.neighbors == nil, now - s.opened < Self.relayGrace { continue }
             // A peer's refetch subscriptions are relayed one hop only, its own (hops 0): relayed
             // further, one that lasts (documents no peer holds whole) could come back around a
             // ring of relays with ever more hops and never die out. A relay holds what passes, and
             // asks for what it evicted itself.
-            for sub in s.remoteSubscriptions
-            where sub.hops < configuration.maxHops && authorization.mayRead(s.peerKey, sub.spec.collection)
-                && authorization.mayWrite(peer, sub.spec.collection)
+            for sub in s.subscriptions
+            where sub.hops < configuration.maxHops
+                && (open
+                    || authorization.mayRead(s.peerKey, sub.spec.collection)
+                        && authorization.mayWrite(peer, sub.spec.collection))
                 && (sub.hops == 0 || Refetch.ids(of: sub.spec) == nil)
             {
                 let key = UTF8Key(sub.spec.key)
@@ -2061,8 +2124,13 @@ public struct Replicator: Sendable {
         return sendAsked(link, now: now)
     }
 
+    /// What ``wanted(for:now:sources:)`` reads of a peer's subscriptions: each key with its hops.
+    private static func relayShape(_ subscriptions: [WireSubscription]) -> [String: Int] {
+        Dictionary(subscriptions.map { ($0.spec.key, $0.hops) }, uniquingKeysWith: min)
+    }
+
     /// How long a neighbour's subscriptions wait to be relayed for its first presence record, in
-    /// milliseconds (``wanted(for:now:)``): a peer that sends none (an older build) is relayed
+    /// milliseconds (``wanted(for:now:sources:)``): a peer that sends none (an older build) is relayed
     /// for after it.
     static let relayGrace: Millis = 2_000
 
@@ -2090,16 +2158,17 @@ public struct Replicator: Sendable {
     ///   check; otherwise each `since` counts in the epoch the peer's hello named.
     /// - Parameter digest: send the digest of the set in place of the set (a peer that remembers
     ///   sets); the set goes in full if the peer asks for it.
-    private mutating func sendAsked(_ link: LinkID, now: Millis, early: Bool = false, digest: Bool = false)
-        -> [ReplicatorDirective]
-    {
+    /// - Parameter sources: ``relaySources()``, when the caller has them.
+    private mutating func sendAsked(
+        _ link: LinkID, now: Millis, early: Bool = false, digest: Bool = false, sources: [RelaySource]? = nil
+    ) -> [ReplicatorDirective] {
         guard let s = sessions[link], early || s.remote != nil else { return [] }
         let checkpoints = checkpointCache[s.peerKey] ?? [:]
         // A peer that reads compact names gets each subscription numbered: one number per key
         // while it is asked, never given to another key on the connection.
         let numbered = (early ? lastHellos[s.peerKey] : s.remote)?.compactNames == true
         var list: [WireSubscription] = []
-        for (key, entry) in wanted(for: link, now: now).sorted(by: { $0.key < $1.key }) {
+        for (key, entry) in wanted(for: link, now: now, sources: sources).sorted(by: { $0.key < $1.key }) {
             // Asked again on this connection after it was dropped: a new generation, so a batch
             // of the old request still in flight stores no checkpoint (one before it may have
             // arrived while the subscription was not asked, and was dropped unapplied).
@@ -2312,11 +2381,14 @@ extension Replicator {
         var remoteSubscriptionsVersion: UInt64 = 0
         /// The peer's own presence record as the peer sent it on this link (never one another
         /// node forwarded): its `seq` and the peers it says it has sessions with. Its
-        /// subscriptions are not relayed to those (``wanted(for:)``).
-        var reportedNeighbors: (seq: UInt64, keys: Set<[UInt8]>)?
+        /// subscriptions are not relayed to those (``wanted(for:now:sources:)``).
+        var reportedNeighbors: (seq: UInt64, keys: Set<[UInt8]>, sorted: [[UInt8]])?
         /// Whether the relay grace ran out before the peer's first presence record, and its
         /// subscriptions were relayed then (``Replicator/relayGrace``).
         var relayedWithoutRecord = false
+        /// The `seq` of this node's own presence record last sent on this link: an announcement
+        /// goes only where it is news (``Replicator/presenceTick(now:)``).
+        var presenceSeqSent: UInt64?
         /// What this node asks the peer for, by key, and the shape last sent.
         var asked: [UTF8Key: WireSubscription] = [:]
         var askedShape: [WireSubscription]?
