@@ -82,6 +82,11 @@ struct PresenceState: Sendable {
     /// session alone is told the record at once.
     var broadcast: [[UInt8]]?
     var nextAnnouncement: Millis = 0
+    /// Records to pass on, the newest of each node, with the link each came from (it is not sent
+    /// back there): sent at once when none went for ``Replicator/presenceInterval`` ms, else at
+    /// the tick after it, so a burst of changes crosses each link in one message.
+    var forwarding: [[UInt8]: (record: PresenceRecord, from: LinkID)] = [:]
+    var nextForward: Millis = 0
     var incompatible: [[UInt8]: IncompatiblePeer] = [:]
     /// Records held but not reachable from this node, and since when.
     var unreachableSince: [[UInt8]: Millis] = [:]
@@ -185,7 +190,14 @@ extension Replicator {
             presenceState.nextPrune = now + Self.presencePruneInterval
             pruneUnreachable(now: now)
         }
-        guard now >= presenceState.nextAnnouncement, presenceState.broadcast != establishedNeighbors else { return [] }
+        let forwards = now >= presenceState.nextForward ? forwardPresence(now: now) : []
+        // Also when only a new session's peer was told a record whose neighbours no longer
+        // hold (it closed before this tick): that record must be overtaken, or it stands for good
+        // where it went, since no node passes a record on to a peer it lists.
+        let neighbors = establishedNeighbors
+        guard now >= presenceState.nextAnnouncement,
+            presenceState.broadcast != neighbors || presenceState.announced != neighbors
+        else { return forwards }
         presenceState.nextAnnouncement = now + Self.presenceInterval
         let own = ownPresenceAnnounced()
         presenceState.broadcast = own.neighbors
@@ -195,12 +207,39 @@ extension Replicator {
             sessions[link]!.presenceSeqSent = own.seq
             directives.append(send(link, .presence([own]), now))
         }
+        return forwards + directives
+    }
+
+    /// Passes on the records waiting in ``PresenceState/forwarding``: to each established peer,
+    /// those that did not come from it and do not list it as a neighbour (that node tells it
+    /// itself), in messages of at most ``PresenceRecord/maxPerMessage``. A record about the peer
+    /// itself does go: a restarted peer learns from it the `seq` its old record had, and
+    /// announces above it.
+    ///
+    /// - Complexity: O(sessions × records waiting × log(neighbours listed)).
+    private mutating func forwardPresence(now: Millis) -> [ReplicatorDirective] {
+        guard !presenceState.forwarding.isEmpty else { return [] }
+        let waiting = presenceState.forwarding.values.sorted {
+            $0.record.peerKey.lexicographicallyPrecedes($1.record.peerKey)
+        }
+        presenceState.forwarding = [:]
+        presenceState.nextForward = now + Self.presenceInterval
+        var directives: [ReplicatorDirective] = []
+        for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
+            let peer = sessions[link]!.peerKey
+            let due = waiting.filter { $0.from != link && !$0.record.lists(peer) }.map(\.record)
+            for start in stride(from: 0, to: due.count, by: PresenceRecord.maxPerMessage) {
+                directives.append(
+                    send(link, .presence(Array(due[start..<min(due.count, start + PresenceRecord.maxPerMessage)])), now)
+                )
+            }
+        }
         return directives
     }
 
     /// Records from a peer: each newer than the one held replaces it and goes on to every other
-    /// peer except one the record is about or lists as a neighbour (its node tells that peer
-    /// itself). A record about this node with a `seq` at or above its own makes it announce
+    /// peer except one the record lists as a neighbour (its node tells that peer itself), at once when none went for ``presenceInterval`` ms, else with the others that
+    /// came meanwhile (``forwardPresence(now:)``). A record about this node with a `seq` at or above its own makes it announce
     /// again above it. Records listing more than ``PresenceRecord/maxNeighbors`` neighbours were
     /// refused at decode; beyond ``PresenceRecord/maxRecords`` records, new nodes are not kept.
     ///
@@ -258,13 +297,8 @@ extension Replicator {
             relays = updateAsked(except: link, now: now)
         }
         guard !fresh.isEmpty else { return relays }
-        var forwards: [ReplicatorDirective] = []
-        for other in sessions.keys.sorted() where other != link && sessions[other]?.phase == .established {
-            let peer = sessions[other]!.peerKey
-            let due = fresh.filter { $0.peerKey != peer && !$0.lists(peer) }
-            if !due.isEmpty { forwards.append(send(other, .presence(due), now)) }
-        }
-        return forwards + relays
+        for record in fresh { presenceState.forwarding[record.peerKey] = (record, link) }
+        return (now >= presenceState.nextForward ? forwardPresence(now: now) : []) + relays
     }
 
     /// A peer's hello named another protocol version.

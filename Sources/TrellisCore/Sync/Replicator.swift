@@ -605,7 +605,11 @@ public struct Replicator: Sendable {
         for (other, waiting) in sessions where waiting.phase == .standby && waiting.rival == link {
             directives += establish(other, now: now)
         }
-        if s.phase == .established, !s.remoteSubscriptions.isEmpty { directives += updateAsked(now: now) }
+        // Its subscriptions are no longer relayed, also when this node closed it (the session
+        // is closed already then).
+        if s.phase == .established || s.wasEstablished, !s.remoteSubscriptions.isEmpty {
+            directives += updateAsked(now: now)
+        }
         return directives
     }
 
