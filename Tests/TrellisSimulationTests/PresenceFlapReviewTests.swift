@@ -4,10 +4,12 @@ import Trellis
 import TrellisCore
 import TrellisSimulation
 
-/// Review of 48303f1: a session that comes up and goes down again before the node's next
-/// announcement leaves the record the short-lived peer was sent (listing it) as the newest in
-/// the mesh; the node does not announce again (its neighbours equal the last broadcast), and
-/// nobody else passes the peer a newer one. The mesh goes quiet with a connection that is gone.
+/// Found by a reviewer of 48303f1: a session that comes up and goes down again before the
+/// node's next announcement left the record the short-lived peer was sent (listing it) as the
+/// newest in the mesh; the node did not announce again (its neighbours equalled the last
+/// broadcast), and nobody else passes the peer a newer one (records are not passed on to a peer
+/// they list). The mesh went quiet showing a connection that was gone. Now the node announces
+/// again whenever its neighbours differ from its last record's.
 @Suite struct PresenceFlapReviewTests {
     func established(_ a: SimulatedNode, with b: SimulatedNode) -> Bool {
         a.replicator?.status.peers.contains { $0.peerKey == b.peerKey && $0.phase == "established" } == true
