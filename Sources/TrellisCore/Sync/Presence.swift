@@ -238,10 +238,12 @@ extension Replicator {
     }
 
     /// Records from a peer: each newer than the one held replaces it and goes on to every other
-    /// peer except one the record lists as a neighbour (its node tells that peer itself), at once when none went for ``presenceInterval`` ms, else with the others that
-    /// came meanwhile (``forwardPresence(now:)``). A record about this node with a `seq` at or above its own makes it announce
-    /// again above it. Records listing more than ``PresenceRecord/maxNeighbors`` neighbours were
-    /// refused at decode; beyond ``PresenceRecord/maxRecords`` records, new nodes are not kept.
+    /// peer except one the record lists as a neighbour (its node tells that peer itself), at
+    /// once when none went for ``presenceInterval`` ms, else with the others that came meanwhile
+    /// (``forwardPresence(now:)``). A record about this node with a `seq` at or above its own
+    /// makes it announce again above it. Records listing more than
+    /// ``PresenceRecord/maxNeighbors`` neighbours were refused at decode; beyond
+    /// ``PresenceRecord/maxRecords`` records, new nodes are not kept.
     ///
     /// The sender's own record, when its neighbours changed, changes what this node relays of
     /// the sender's subscriptions to the peers that joined or left those neighbours
