@@ -78,9 +78,6 @@ struct PresenceState: Sendable {
     var ownSeq: UInt64 = 0
     /// The neighbours ``ownSeq`` describes.
     var announced: [[UInt8]]?
-    /// The neighbours last announced to every peer (``Replicator/presenceTick(now:)``); a new
-    /// session alone is told the record at once.
-    var broadcast: [[UInt8]]?
     var nextAnnouncement: Millis = 0
     /// Records to pass on, the newest of each node, with the link each came from (it is not sent
     /// back there): sent at once when none went for ``Replicator/presenceInterval`` ms, else at
@@ -161,17 +158,23 @@ extension Replicator {
         guard let peer = sessions[link]?.peerKey else { return [] }
         let held = presenceState.records.values.filter { !$0.lists(peer) }
             .sorted { $0.peerKey.lexicographicallyPrecedes($1.peerKey) }
-        let own = ownPresenceAnnounced()
+        let own = ownPresenceAnnounced(establishedNeighbors)
         sessions[link]!.presenceSeqSent = own.seq
-        let records = [own] + held
-        return stride(from: 0, to: records.count, by: PresenceRecord.maxPerMessage).map { start in
+        return presenceMessages([own] + held, to: link, now: now)
+    }
+
+    /// `records` to `link`, in messages of at most ``PresenceRecord/maxPerMessage``.
+    private mutating func presenceMessages(_ records: [PresenceRecord], to link: LinkID, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        stride(from: 0, to: records.count, by: PresenceRecord.maxPerMessage).map { start in
             send(link, .presence(Array(records[start..<min(records.count, start + PresenceRecord.maxPerMessage)])), now)
         }
     }
 
-    /// This node's record, with a new `seq` when its neighbours changed since last announced.
-    private mutating func ownPresenceAnnounced() -> PresenceRecord {
-        let neighbors = establishedNeighbors
+    /// This node's record, with a new `seq` when its neighbours (``establishedNeighbors``, which
+    /// the caller has) changed since last announced.
+    private mutating func ownPresenceAnnounced(_ neighbors: [[UInt8]]) -> PresenceRecord {
         if presenceState.announced != neighbors {
             presenceState.ownSeq &+= 1
             presenceState.announced = neighbors
@@ -191,16 +194,20 @@ extension Replicator {
             pruneUnreachable(now: now)
         }
         let forwards = now >= presenceState.nextForward ? forwardPresence(now: now) : []
-        // Also when only a new session's peer was told a record whose neighbours no longer
-        // hold (it closed before this tick): that record must be overtaken, or it stands for good
-        // where it went, since no node passes a record on to a peer it lists.
+        // When the neighbours changed since the last record, and also when a peer has not had the
+        // last record (a new session's peer alone was told it at once). The first includes a
+        // change back, after a session that only its peer was told of closed before this tick:
+        // that record must be overtaken, or it stands for good where it went, since no node
+        // passes a record on to a peer it lists.
         let neighbors = establishedNeighbors
         guard now >= presenceState.nextAnnouncement,
-            presenceState.broadcast != neighbors || presenceState.announced != neighbors
+            presenceState.announced != neighbors
+                || sessions.values.contains(where: {
+                    $0.phase == .established && $0.presenceSeqSent != presenceState.ownSeq
+                })
         else { return forwards }
         presenceState.nextAnnouncement = now + Self.presenceInterval
-        let own = ownPresenceAnnounced()
-        presenceState.broadcast = own.neighbors
+        let own = ownPresenceAnnounced(neighbors)
         var directives: [ReplicatorDirective] = []
         for link in sessions.keys.sorted()
         where sessions[link]?.phase == .established && sessions[link]?.presenceSeqSent != own.seq {
@@ -228,11 +235,7 @@ extension Replicator {
         for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
             let peer = sessions[link]!.peerKey
             let due = waiting.filter { $0.from != link && !$0.record.lists(peer) }.map(\.record)
-            for start in stride(from: 0, to: due.count, by: PresenceRecord.maxPerMessage) {
-                directives.append(
-                    send(link, .presence(Array(due[start..<min(due.count, start + PresenceRecord.maxPerMessage)])), now)
-                )
-            }
+            directives += presenceMessages(due, to: link, now: now)
         }
         return directives
     }
@@ -266,14 +269,12 @@ extension Replicator {
                 let keys = Set(record.neighbors)
                 if !sender.remoteSubscriptions.isEmpty {
                     if let before = sender.reportedNeighbors?.keys {
-                        relaysChanged?.formUnion(before.symmetricDifference(keys))
+                        relaysChanged?.formUnion(keys.symmetricDifference(before))
                     } else {
                         relaysChanged = nil
                     }
                 }
-                sessions[link]!.reportedNeighbors = (
-                    record.seq, keys, keys.sorted { $0.lexicographicallyPrecedes($1) }
-                )
+                sessions[link]!.reportedNeighbors = (record.seq, keys.sorted { $0.lexicographicallyPrecedes($1) })
             }
             if record.peerKey == configuration.peerKey {
                 // (A `seq` near the top of the range, which only a hostile peer sends, is ignored:
@@ -281,7 +282,6 @@ extension Replicator {
                 if record.seq >= presenceState.ownSeq, record.seq < UInt64(Int64.max) - 1 {
                     presenceState.ownSeq = record.seq
                     presenceState.announced = nil  // announce again above it, to every peer
-                    presenceState.broadcast = nil
                 }
                 continue
             }

@@ -1648,7 +1648,7 @@ public struct Replicator: Sendable {
             // Relayed only to the peers it does not say it has a session with, and to none
             // before its first presence record, within the grace (``wanted(for:now:sources:)``).
             if let neighbors = s.reportedNeighbors?.keys {
-                directives += updateAsked(except: link, skipping: neighbors, now: now)
+                directives += updateAsked(except: link, skipping: Set(neighbors), now: now)
             } else if now - s.opened >= Self.relayGrace {
                 directives += updateAsked(except: link, now: now)
             }
@@ -1983,7 +1983,7 @@ public struct Replicator: Sendable {
         sessions.compactMap { link, s in
             s.phase == .established && !s.remoteSubscriptions.isEmpty
                 ? RelaySource(
-                    link: link, peerKey: s.peerKey, neighbors: s.reportedNeighbors?.sorted, opened: s.opened,
+                    link: link, peerKey: s.peerKey, neighbors: s.reportedNeighbors?.keys, opened: s.opened,
                     subscriptions: s.remoteSubscriptions) : nil
         }
     }
@@ -2385,8 +2385,9 @@ extension Replicator {
         var remoteSubscriptionsVersion: UInt64 = 0
         /// The peer's own presence record as the peer sent it on this link (never one another
         /// node forwarded): its `seq` and the peers it says it has sessions with. Its
-        /// subscriptions are not relayed to those (``wanted(for:now:sources:)``).
-        var reportedNeighbors: (seq: UInt64, keys: Set<[UInt8]>, sorted: [[UInt8]])?
+        /// subscriptions are not relayed to those (``wanted(for:now:sources:)``). The keys are
+        /// sorted, without repeats (``PresenceRecord/sorted(_:contains:)``).
+        var reportedNeighbors: (seq: UInt64, keys: [[UInt8]])?
         /// Whether the relay grace ran out before the peer's first presence record, and its
         /// subscriptions were relayed then (``Replicator/relayGrace``).
         var relayedWithoutRecord = false
