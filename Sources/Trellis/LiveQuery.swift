@@ -315,7 +315,10 @@ final class LiveQueryRegistry: Sendable {
             for collection in event.collections.sorted() where s.byCollection[collection] != nil {
                 if event.unlistedCollections.contains(collection) {
                     changes.append((collection, .all))  // too many changed to list: run the queries again
-                } else if let keys = event.changedKeys[collection] {
+                } else if var keys = event.changedKeys[collection] {
+                    // A row only renumbered (logged again for a peer) kept its value.
+                    if let renumbered = event.renumberedKeys[collection] { keys.subtract(renumbered) }
+                    guard !keys.isEmpty else { continue }
                     changes.append((collection, .keys(keys, values: event.changedValues[collection] ?? [:])))
                 }
             }

@@ -82,6 +82,7 @@ extension DocumentStore {
         defer {
             s.changedKeys = [:]
             s.unlistedCollections = []
+            s.renumberedKeys = [:]
             s.changedValues = [:]
             s.changedValueBytes = 0
             s.evictedInCommit = false
@@ -92,7 +93,7 @@ extension DocumentStore {
             collections: Set(s.changedKeys.keys).union(s.unlistedCollections), origin: origin,
             evicted: s.evictedInCommit, changedKeys: s.changedKeys, unlistedCollections: s.unlistedCollections,
             changedValues: s.changedValues, lastSeq: s.nextSeq - 1,
-            scopeChecks: Self.completeScopeChecks(s))
+            scopeChecks: Self.completeScopeChecks(s), renumberedKeys: s.renumberedKeys.filter { !$0.value.isEmpty })
         let observers = self.observers
         events.async { observers.deliver(event) }
     }

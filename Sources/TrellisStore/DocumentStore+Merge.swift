@@ -86,6 +86,13 @@ extension DocumentStore {
     ///     every document it sends, so the store records them in those subscriptions' scope and
     ///     later changes to them go back to the peer even when its queries do not match them
     ///     (DocumentStore+Scope.swift).
+    ///   - heldScans: where the scans of `holders` (by ``SubscriptionSpec/key``) have read this
+    ///     node's log for the sender in this session; a holder without one is not counted on to
+    ///     send anything. A document the sender holds an older state of reaches it through
+    ///     them when a holder's scan has yet to read its row (the merge records the document in
+    ///     every holder's scope), or read it in this session and its value matches that holder's
+    ///     query (the row was sent then): the row keeps its `seq`. Otherwise the row is logged
+    ///     again with a new `seq`, which every subscriber's scan reads again.
     ///   - unserved: this node serves the peer no query subscription in the documents'
     ///     collection, so no scope records that the peer holds them: the store notes that it
     ///     sent some there after the checkpoint this batch moves on from
@@ -99,7 +106,7 @@ extension DocumentStore {
     ///   commit per piece.
     public func merge(
         _ documents: [RemoteDocument], from peer: [UInt8], checkpoint: (subscription: String, Checkpoint)?,
-        heldBy holders: [SubscriptionSpec] = [], unserved: Bool = false
+        heldBy holders: [SubscriptionSpec] = [], heldScans: [String: HeldScan] = [:], unserved: Bool = false
     ) throws(StoreError) -> MergeOutcome {
         var outcome = MergeOutcome()
         let now = options.now()
@@ -164,12 +171,23 @@ extension DocumentStore {
                             try noteUnrecorded(&s, peer, remote.collection, since: since)
                             noted = remote.collection
                         }
-                        // The sender holds an older state than this node's, at a row the cursor of its
-                        // subscription may have passed: the scope record may be new, or made when
-                        // another peer served the same subscription sent the document (records are per
-                        // subscription, not per peer). The row is logged again so the newer state (a
-                        // tombstone, say) reaches the sender.
-                        if held, case .unchanged(behind: true, _) = result { try relog(&s, remote.collection, key) }
+                        // The sender holds an older state than this node's (a tombstone, say). Its
+                        // subscriptions' scans have not read the row yet: they will, and send it (the
+                        // scope record is made above). They may have passed it (the scope record may be
+                        // new, or made when another peer served the same subscription sent the
+                        // document: records are per subscription, not per peer): the row is logged
+                        // again, so the newer state reaches the sender. Logged again, it goes to every
+                        // subscriber: a peer that joins a mesh behind on many documents would
+                        // otherwise make each of its new peers send them to all the others.
+                        if held, case .unchanged(behind: true, _) = result {
+                            let (reaches, unread) = try heldRowReachesSender(
+                                &s, remote.collection, key, bound, heldScans)
+                            if !reaches {
+                                try relog(&s, remote.collection, key)
+                            } else if unread {
+                                outcome.heldBehind += 1
+                            }
+                        }
                         try dropDeferredIfCovered(&s, remote.collection, key, peer)
                     case .needsWholeState(let reason):
                         // Nothing of this piece is kept and no checkpoint is stored: the replicator

@@ -612,7 +612,9 @@ extension DocumentStore {
     }
 
     /// Gives a document's row the next `seq`, unchanged otherwise, so that change-log pages after
-    /// it return the row again.
+    /// it return the row again. The commit's event lists the key as renumbered
+    /// (``StoreEvent/renumberedKeys``) unless the commit also writes the row: its value did not
+    /// change, and live queries pass over it.
     func relog(_ s: inout State, _ collection: String, _ key: String) throws {
         // `unacked` counts from the row's `seq` (DocumentStore.writeRowSQL): it moves on with it.
         let st = try s.db.prepare(
@@ -624,7 +626,50 @@ extension DocumentStore {
         try st.run()
         guard s.db.changes > 0 else { return }
         s.nextSeq += 1
-        Self.noteChanged(&s, collection, key)
+        let name = UTF8Key(collection)
+        let written =
+            s.changedKeys[name]?.contains(UTF8Key(key)) == true
+            && s.renumberedKeys[name]?.contains(UTF8Key(key)) != true
+        if Self.noteChanged(&s, collection, key), !written { s.renumberedKeys[name, default: []].insert(UTF8Key(key)) }
+    }
+
+    /// Whether this node's state of a document reaches the batch's sender, which holds an older
+    /// one, through the scans of the sender's query subscriptions served here (`holders`, each
+    /// with its query bound, and where its scan stands, ``HeldScan``), so that its row need not
+    /// be logged again. It does when a holder's scan has yet to read the row (`unread`: the
+    /// document is in that holder's scope now, so the page sends it; an eviction stub, sent only
+    /// with an unacknowledged write, is not counted on), or read it in this session while the
+    /// row was as it is now, and a live document's value matches that holder's query (the page
+    /// sent it, or it is in flight: a session that ends before it arrives leaves the sender's
+    /// checkpoint below the row, and the next session reads it again).
+    ///
+    /// - Complexity: one indexed read of the row, and the value parsed once when a holder's
+    ///   query must be evaluated.
+    func heldRowReachesSender(
+        _ s: inout State, _ collection: String, _ key: String, _ holders: [(SubscriptionSpec, Query)],
+        _ scans: [String: HeldScan]
+    ) throws -> (reaches: Bool, unread: Bool) {
+        guard !scans.isEmpty else { return (false, false) }
+        let st = try s.db.prepare("SELECT seq, deleted, value FROM documents WHERE collection = ? AND id = ?")
+        st.bind(1, collection)
+        st.bind(2, key)
+        defer { st.reset() }
+        guard try st.step() else { return (false, false) }
+        let (seq, kind) = (st.int64(0), st.int64(1))
+        var value: Value??
+        var reaches = false
+        var unread = false
+        for (spec, query) in holders where UTF8Key.equal(spec.collection, collection) {
+            guard let scan = scans[spec.key] else { continue }
+            if seq > scan.cursor {
+                guard kind != RowKind.stub.rawValue else { continue }
+                (reaches, unread) = (true, true)
+            } else if seq > scan.since, kind == RowKind.live.rawValue {
+                if value == nil { value = .some(st.string(2).flatMap { try? JSON.parse($0) }) }
+                if let document = value!, (try? query.matches(document)) == true { reaches = true }
+            }
+        }
+        return (reaches, unread)
     }
 
     /// The SQL term that is 1 when the current row left the scope of subscription `hash` (it is

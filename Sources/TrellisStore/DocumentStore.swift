@@ -282,6 +282,10 @@ public struct StoreEvent: Sendable {
     /// subscriptions this store serves (scope tracking), which were checked and which a change
     /// concerns. A collection absent was not fully checked: any subscription may be concerned.
     public var scopeChecks: [UTF8Key: ScopeCheck] = [:]
+    /// The listed keys (in ``changedKeys``) whose row this commit only renumbered, by collection:
+    /// their `seq` moved so that a peer's scan reads them again, and their value did not change
+    /// (the commit did not write them). Live queries pass over them.
+    public var renumberedKeys: [UTF8Key: Set<UTF8Key>] = [:]
 }
 
 /// The served query subscriptions one commit was checked against in one collection
@@ -324,6 +328,11 @@ public struct MergeOutcome: Sendable {
     /// and took a change without it (docs/MESH.md, "Eviction"). The replicator asks its other
     /// peers for them again (``Replicator/applied(_:subscription:upTo:checkpointStored:deferred:withholding:now:)``).
     public var withholding: [Value] = []
+    /// Documents the sender holds an older state of, left to the scans of its query
+    /// subscriptions (their rows are above where those scans have read,
+    /// ``DocumentStore/merge(_:from:checkpoint:heldBy:heldScans:unserved:)``): the sync engine
+    /// makes those scans run, and they send the newer states.
+    public var heldBehind = 0
 
     public init(
         applied: Int = 0, deferred: [(key: String, reason: String)] = [], rejected: [(id: String, reason: String)] = []
@@ -384,6 +393,8 @@ public final class DocumentStore: Sendable {
         var changedKeys: [UTF8Key: Set<UTF8Key>] = [:]
         /// Collections with more changed documents in the transaction under way than are listed.
         var unlistedCollections: Set<UTF8Key> = []
+        /// Listed keys the transaction under way only renumbered (``StoreEvent/renumberedKeys``).
+        var renumberedKeys: [UTF8Key: Set<UTF8Key>] = [:]
         /// The values the transaction under way wrote, for its event (``StoreEvent/changedValues``).
         var changedValues: [UTF8Key: [UTF8Key: String?]] = [:]
         /// The bytes of JSON text in ``changedValues``, within ``DocumentStore/maxEventValueBytes``.
@@ -1056,6 +1067,7 @@ public final class DocumentStore: Sendable {
         if let value { try Self.noteNULStrings(&s, collection, value) }
         s.nextSeq += 1
         let listed = Self.noteChanged(&s, collection, key, listAlways: kind == .stub)
+        if !s.renumberedKeys.isEmpty { s.renumberedKeys[UTF8Key(collection)]?.remove(UTF8Key(key)) }
         Self.noteValue(&s, collection, key, kind == .live ? value : nil, listed: listed)
         if !s.damaged.isEmpty { s.damaged[DocumentKey(collection: collection, key: key)] = nil }
         // The row now carries what the reaped tombstone of the key it started from remembered

@@ -29,16 +29,18 @@ extension DocumentStore: SyncStore {
             belowFloor: page.belowFloor, floor: page.floor, heldFrom: page.heldFrom)
     }
 
-    public func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value]) {
+    public func apply(_ request: ApplyRequest) throws -> (
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int
+    ) {
         let outcome = try merge(
             request.documents, from: request.peerKey,
             checkpoint: request.storeCheckpoint
                 ? (request.subscription, Checkpoint(epoch: request.peerEpoch, seq: request.upTo)) : nil,
-            heldBy: request.heldBy, unserved: request.unserved)
+            heldBy: request.heldBy, heldScans: request.heldScans, unserved: request.unserved)
         let refusals =
             outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
             + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }
-        return (outcome.deferred.count, refusals, outcome.withholding)
+        return (outcome.deferred.count, refusals, outcome.withholding, outcome.heldBehind)
     }
 
     public func retryDeferredDocuments() throws -> (remaining: Int, withholding: [(collection: String, id: Value)]) {

@@ -18,9 +18,13 @@ public protocol SyncStore: AnyObject, Sendable {
     func scan(_ request: ScanRequest) throws -> ScanPage
     /// Merges a batch and, when asked, stores its checkpoint, in one transaction.
     ///
-    /// - Returns: how many documents were kept aside to retry, the refusals to report, and the
-    ///   `_id`s of documents applied that still withhold a value (``MergeOutcome/withholding``).
-    func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value])
+    /// - Returns: how many documents were kept aside to retry, the refusals to report, the
+    ///   `_id`s of documents applied that still withhold a value (``MergeOutcome/withholding``),
+    ///   and how many documents the sender holds older states of that its subscriptions' scans
+    ///   will send (``MergeOutcome/heldBehind``).
+    func apply(_ request: ApplyRequest) throws -> (
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int
+    )
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
     /// Records that a peer holds the tombstones of a collection up to a `seq`
@@ -373,7 +377,7 @@ public final class SyncHost {
                     more = replicator.applied(
                         link, subscription: request.subscription, upTo: request.upTo,
                         checkpointStored: request.storeCheckpoint, deferred: outcome.deferred,
-                        withholding: outcome.withholding, now: now())
+                        withholding: outcome.withholding, heldBehind: outcome.heldBehind > 0, now: now())
                 } catch StoreError.deferredLimit(let reason) {
                     // Too much of this peer's data waits already: the batch stays unacknowledged,
                     // and the replicator asks the peer for the subscription again from its stored

@@ -81,7 +81,9 @@ private final class CostlyStore: SyncStore {
         scans.withLock { $0[expensive ? "expensive" : "items \(request.spec.query)", default: 0] += 1 }
         return try store.scan(request)
     }
-    func apply(_ request: ApplyRequest) throws -> (deferred: Int, refusals: [String], withholding: [Value]) {
+    func apply(_ request: ApplyRequest) throws -> (
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int
+    ) {
         try store.apply(request)
     }
     func acknowledge(_ entries: [AcknowledgedEntry]) throws { try store.acknowledge(entries) }

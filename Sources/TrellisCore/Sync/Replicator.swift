@@ -1110,6 +1110,22 @@ public struct Replicator: Sendable {
         ]
     }
 
+    /// Where the scans of `holders` (the query subscriptions served to a batch's sender in its
+    /// collection) stand (``ApplyRequest/heldScans``), for those counted on to send the
+    /// documents the sender holds: a subscription of a query, not a refetch (whose pages read
+    /// only its `_id`s), whose scans have not failed (a failed one may never scan again).
+    ///
+    /// The host runs a merge and scans one at a time (``ReplicatorDirective``), so a scan asked
+    /// for before the merge and not yet run reads the rows as the merge leaves them.
+    static func heldScans(_ holders: [Served]) -> [String: HeldScan] {
+        var scans: [String: HeldScan] = [:]
+        for holder in holders where Refetch.ids(of: holder.spec) == nil && holder.failure == nil && holder.query != nil
+        {
+            scans[holder.spec.key] = HeldScan(since: holder.since, cursor: holder.cursor)
+        }
+        return scans
+    }
+
     /// A ``ReplicatorDirective/apply(_:_:)`` committed.
     ///
     /// - Parameters:
@@ -1120,13 +1136,25 @@ public struct Replicator: Sendable {
     ///   - withholding: the `_id`s of documents the batch brought that still withhold a value
     ///     (an evicted document's stub brought back by an older copy than the one evicted):
     ///     asked again of the other peers (``askElsewhere(_:in:answeredBy:now:)``).
+    ///   - heldBehind: the peer sent older states than this node's of documents whose rows its
+    ///     query subscriptions' scans have not read yet (``ApplyRequest/heldScans``):
+    ///     those scans are made to run, whatever the commits since their last one concerned.
     public mutating func applied(
         _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int,
-        withholding: [Value] = [], now: Millis
+        withholding: [Value] = [], heldBehind: Bool = false, now: Millis
     ) -> [ReplicatorDirective] {
         let collection = SubscriptionSpec.collection(ofKey: key)
         guard let s = sessions[link], s.phase == .established, let remote = s.remote else {
             return endRefetchIfAllArrived(collection, now: now)
+        }
+        var scans: [ReplicatorDirective] = []
+        if heldBehind {
+            for served in s.served.keys.sorted() {
+                let spec = s.served[served]!.spec
+                guard !spec.isWholeCollection, UTF8Key.equal(spec.collection, collection) else { continue }
+                sessions[link]!.served[served]!.pending = true
+                scans += scanIfReady(link, served, now: now)
+            }
         }
         if checkpointStored {
             checkpointCache[s.peerKey, default: [:]][UTF8Key(key)] = Checkpoint(epoch: remote.epoch, seq: upTo)
@@ -1141,8 +1169,8 @@ public struct Replicator: Sendable {
         let ack =
             s.asked[UTF8Key(key)] == nil
             ? [] : [send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)]
-        guard !withholding.isEmpty else { return ack + endRefetchIfAllArrived(collection, now: now) }
-        return ack + askElsewhere(withholding, in: collection, answeredBy: link, now: now)
+        guard !withholding.isEmpty else { return ack + scans + endRefetchIfAllArrived(collection, now: now) }
+        return ack + scans + askElsewhere(withholding, in: collection, answeredBy: link, now: now)
     }
 
     /// Documents of `collection` that the peer on `link` sent, and that still withhold a value
@@ -1876,24 +1904,24 @@ public struct Replicator: Sendable {
         let current = asked.generation
         let postponed = sessions[link]!.postponed[UTF8Key(subscription)] != nil
         let served = sessions[link]!.served
-        let holders = served.keys.sorted().compactMap { key -> SubscriptionSpec? in
+        let holding = served.keys.sorted().compactMap { key -> Served? in
             let spec = served[key]!.spec
             return !served[key]!.forbidden && !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection)
-                ? spec : nil
+                ? served[key]! : nil
         }
+        let holders = holding.map(\.spec)
         // No query subscription of the peer's served in the collection records what it sends: the
         // store notes that it sent documents there, to ask for them again once one is served and
         // no whole-collection subscription brings it every change (DocumentStore+Scope.swift).
         let unserved = holders.isEmpty
-        directives.append(
-            .apply(
-                link,
-                ApplyRequest(
-                    subscription: subscription, collection: collection, peerKey: sessions[link]!.peerKey,
-                    peerEpoch: remote.epoch,
-                    documents: accepted, upTo: upTo,
-                    storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
-                    heldBy: holders, unserved: unserved)))
+        var request = ApplyRequest(
+            subscription: subscription, collection: collection, peerKey: sessions[link]!.peerKey,
+            peerEpoch: remote.epoch,
+            documents: accepted, upTo: upTo,
+            storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
+            heldBy: holders, unserved: unserved)
+        request.heldScans = Self.heldScans(holding)
+        directives.append(.apply(link, request))
         // Whether the refetch ends is decided once the batch is applied: a document that arrives
         // still withholding a value stays listed (``applied(_:subscription:upTo:checkpointStored:deferred:withholding:now:)``).
         return directives

@@ -197,6 +197,21 @@ public struct PageReader: Equatable, Sendable {
     }
 }
 
+/// Where the scan of a query subscription served to a peer stands in the current session
+/// (``ApplyRequest/heldScans``).
+public struct HeldScan: Sendable, Equatable {
+    /// The `seq` this session serves the subscription from (the peer's checkpoint, or 0): rows
+    /// above it and at most ``cursor`` were read in this session.
+    public var since: Int64
+    /// The last `seq` read.
+    public var cursor: Int64
+
+    public init(since: Int64, cursor: Int64) {
+        self.since = since
+        self.cursor = cursor
+    }
+}
+
 /// What the shell must merge: `documents` from peer `peerKey`, and, when `storeCheckpoint`, the
 /// checkpoint (`peerEpoch`, `upTo`) for `subscription`, in one transaction; then call
 /// ``Replicator/applied(_:subscription:upTo:checkpointStored:deferred:now:)`` when it committed
@@ -219,6 +234,12 @@ public struct ApplyRequest: Sendable, Equatable {
     /// The query subscriptions this node serves to the sender in the batch's collection: the
     /// sender holds every document it sent, so later changes to them must reach it.
     public var heldBy: [SubscriptionSpec] = []
+    /// Where the scans of `heldBy` for the sender stand in this session, by
+    /// ``SubscriptionSpec/key``: only those counted on to send what the sender holds (a query,
+    /// not a refetch, scanning without a failure). The store logs again the row of a document the
+    /// sender holds an older state of only when none of them sends it
+    /// (``Replicator/heldScans(_:)``).
+    public var heldScans: [String: HeldScan] = [:]
     /// This node serves the sender no query subscription in the batch's collection: no scope
     /// records that the sender holds these documents, so the store notes that it sent some there,
     /// and from which of its checkpoints (``ReplicatorDirective/servedQueries(_:peer:subscriptions:askAgain:)``).
