@@ -87,12 +87,12 @@ extension DocumentStore {
     ///     later changes to them go back to the peer even when its queries do not match them
     ///     (DocumentStore+Scope.swift).
     ///   - heldScans: where the scans of `holders` (by ``SubscriptionSpec/key``) have read this
-    ///     node's log for the sender in this session; a holder without one is not counted on to
-    ///     send anything. A document the sender holds an older state of reaches it through
-    ///     them when a holder's scan has yet to read its row (the merge records the document in
-    ///     every holder's scope), or read it in this session and its value matches that holder's
-    ///     query (the row was sent then): the row keeps its `seq`. Otherwise the row is logged
-    ///     again with a new `seq`, which every subscriber's scan reads again.
+    ///     node's log for the sender in this session; a holder without one carries nothing. A
+    ///     document the sender holds an older state of keeps its row's `seq` when every holder
+    ///     carries it to the sender: its scan has yet to read the row (the merge records the
+    ///     document in every holder's scope), or read it in this session and the document matches
+    ///     the holder's query (it was sent then). Otherwise the row is logged again with a new
+    ///     `seq`, which every subscriber's scan reads again.
     ///   - unserved: this node serves the peer no query subscription in the documents'
     ///     collection, so no scope records that the peer holds them: the store notes that it
     ///     sent some there after the checkpoint this batch moves on from
@@ -171,13 +171,14 @@ extension DocumentStore {
                             try noteUnrecorded(&s, peer, remote.collection, since: since)
                             noted = remote.collection
                         }
-                        // The sender holds an older state than this node's (a tombstone, say). Its
-                        // subscriptions' scans have not read the row yet: they will, and send it (the
-                        // scope record is made above). They may have passed it (the scope record may be
-                        // new, or made when another peer served the same subscription sent the
-                        // document: records are per subscription, not per peer): the row is logged
-                        // again, so the newer state reaches the sender. Logged again, it goes to every
-                        // subscriber: a peer that joins a mesh behind on many documents would
+                        // The sender holds an older state than this node's (a tombstone, say). When
+                        // every one of its query subscriptions here will send the row or sent it in
+                        // this session, they carry it (the scope record is made above). Otherwise one
+                        // may have passed it (the scope record may be new, or made when another peer
+                        // served the same subscription sent the document: records are per
+                        // subscription, not per peer), and the sender may cancel the others: the row
+                        // is logged again, so the newer state reaches the sender. Logged again, it goes
+                        // to every subscriber: a peer that joins a mesh behind on many documents would
                         // otherwise make each of its new peers send them to all the others.
                         if held, case .unchanged(behind: true, _) = result {
                             let (reaches, unread) = try heldRowReachesSender(

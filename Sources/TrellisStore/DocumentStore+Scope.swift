@@ -636,12 +636,17 @@ extension DocumentStore {
     /// Whether this node's state of a document reaches the batch's sender, which holds an older
     /// one, through the scans of the sender's query subscriptions served here (`holders`, each
     /// with its query bound, and where its scan stands, ``HeldScan``), so that its row need not
-    /// be logged again. It does when a holder's scan has yet to read the row (`unread`: the
-    /// document is in that holder's scope now, so the page sends it; an eviction stub, sent only
-    /// with an unacknowledged write, is not counted on), or read it in this session while the
-    /// row was as it is now, and a live document's value matches that holder's query (the page
-    /// sent it, or it is in flight: a session that ends before it arrives leaves the sender's
-    /// checkpoint below the row, and the next session reads it again).
+    /// be logged again. It does only when every holder carries it, for the sender may cancel any
+    /// of them before its scan gets to the row or its batch arrives (a holder whose scan passed
+    /// the row without sending it would then never read it again): each holder's scan has yet
+    /// to read the row (`unread`: the document is in the holder's scope now, so the page sends
+    /// it; an eviction stub, sent only with an unacknowledged write, is not counted on), or read
+    /// it in this session while the row was as it is now, and a live document's value matches
+    /// the holder's query (the page sent it, or it is in flight: a session that ends before it
+    /// arrives leaves the sender's checkpoint below the row, and the next session reads it
+    /// again). A holder without a ``HeldScan`` carries nothing. The sender that cancels every
+    /// holder keeps its copy as it is, as it keeps any document it holds only because a
+    /// cancelled query matched it (docs/MESH.md).
     ///
     /// - Complexity: one indexed read of the row, and the value parsed once when a holder's
     ///   query must be evaluated.
@@ -657,19 +662,21 @@ extension DocumentStore {
         guard try st.step() else { return (false, false) }
         let (seq, kind) = (st.int64(0), st.int64(1))
         var value: Value??
-        var reaches = false
+        var carried = false
         var unread = false
         for (spec, query) in holders where UTF8Key.equal(spec.collection, collection) {
-            guard let scan = scans[spec.key] else { continue }
-            if seq > scan.cursor {
-                guard kind != RowKind.stub.rawValue else { continue }
-                (reaches, unread) = (true, true)
-            } else if seq > scan.since, kind == RowKind.live.rawValue {
+            guard let scan = scans[spec.key] else { return (false, false) }
+            if seq > scan.cursor, kind != RowKind.stub.rawValue {
+                unread = true
+            } else if seq > scan.since, seq <= scan.cursor, kind == RowKind.live.rawValue {
                 if value == nil { value = .some(st.string(2).flatMap { try? JSON.parse($0) }) }
-                if let document = value!, (try? query.matches(document)) == true { reaches = true }
+                guard let document = value!, (try? query.matches(document)) == true else { return (false, false) }
+            } else {
+                return (false, false)
             }
+            carried = true
         }
-        return (reaches, unread)
+        return (carried, unread)
     }
 
     /// The SQL term that is 1 when the current row left the scope of subscription `hash` (it is

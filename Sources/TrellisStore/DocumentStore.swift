@@ -329,9 +329,9 @@ public struct MergeOutcome: Sendable {
     /// peers for them again (``Replicator/applied(_:subscription:upTo:checkpointStored:deferred:withholding:now:)``).
     public var withholding: [Value] = []
     /// Documents the sender holds an older state of, left to the scans of its query
-    /// subscriptions (their rows are above where those scans have read,
-    /// ``DocumentStore/merge(_:from:checkpoint:heldBy:heldScans:unserved:)``): the sync engine
-    /// makes those scans run, and they send the newer states.
+    /// subscriptions, some of which have yet to read their rows (the others sent them in this
+    /// session, ``DocumentStore/merge(_:from:checkpoint:heldBy:heldScans:unserved:)``): the
+    /// sync engine makes those scans run, and they send the newer states.
     public var heldBehind = 0
 
     public init(

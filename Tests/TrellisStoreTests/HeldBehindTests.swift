@@ -16,9 +16,9 @@ import TrellisTestKit
     let low = SubscriptionSpec(collection: "items", query: "v < 5")
 
     /// This node's store holding d1 changed after the stale copy `stale` was taken.
-    func stores() throws -> (store: DocumentStore, stale: [RemoteDocument]) {
-        let store = try openStore(dir, "a.sqlite", clock: clock)
-        let source = try openStore(dir, "b.sqlite", clock: clock)
+    func stores(suffix: String = "") throws -> (store: DocumentStore, stale: [RemoteDocument]) {
+        let store = try openStore(dir, "a\(suffix).sqlite", clock: clock)
+        let source = try openStore(dir, "b\(suffix).sqlite", clock: clock)
         try source.upsert(["_id": "d1", "v": 1], in: "items")
         let stale = try batch(of: source, "items")
         _ = try store.merge(stale, from: [1], checkpoint: nil)
@@ -72,6 +72,27 @@ import TrellisTestKit
         _ = try store.merge(
             stale, from: [7], checkpoint: nil, heldBy: [low], heldScans: [low.key: HeldScan(since: 0, cursor: last)])
         #expect(store.lastSeq == last + 1)
+    }
+
+    /// One holder's scan has yet to read the row, another read it in this session and did not
+    /// send it (it does not match): the sender may cancel the first before its scan gets there,
+    /// and the second would never read the row again. Logged again (the reviewer's
+    /// `RelogReviewTests`).
+    @Test func aRowOneHolderPassedWithoutSendingIsLoggedAgainWhateverTheOthers() throws {
+        let (store, stale) = try stores()
+        let other = SubscriptionSpec(collection: "items", query: "v > 100")
+        let last = store.lastSeq
+        let outcome = try store.merge(
+            stale, from: [7], checkpoint: nil, heldBy: [low, other],
+            heldScans: [low.key: HeldScan(since: 0, cursor: 0), other.key: HeldScan(since: 0, cursor: last)])
+        #expect(store.lastSeq == last + 1)
+        #expect(outcome.heldBehind == 0)
+        // Both unread: kept, and left to their scans.
+        let again = try stores(suffix: "2")
+        let kept = try again.store.merge(
+            again.stale, from: [7], checkpoint: nil, heldBy: [low, other],
+            heldScans: [low.key: HeldScan(since: 0, cursor: 0), other.key: HeldScan(since: 0, cursor: 0)])
+        #expect(kept.heldBehind == 1)
     }
 
     /// A row logged again for a peer keeps its value: its commit names it renumbered, and a
