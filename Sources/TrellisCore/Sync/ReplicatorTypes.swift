@@ -236,9 +236,9 @@ public struct ApplyRequest: Sendable, Equatable {
     public var heldBy: [SubscriptionSpec] = []
     /// Where the scans of `heldBy` for the sender stand in this session, by
     /// ``SubscriptionSpec/key``: only those counted on to send what the sender holds (a query,
-    /// not a refetch, scanning without a failure). The store logs again the row of a document the
-    /// sender holds an older state of only when none of them sends it
-    /// (``Replicator/heldScans(_:)``).
+    /// not a refetch, scanning without a failure; ``Replicator/heldScans(_:)``). The store logs
+    /// again the row of a document the sender holds an older state of unless every one of
+    /// `heldBy` carries it (`DocumentStore.merge(_:from:checkpoint:heldBy:heldScans:unserved:)`).
     public var heldScans: [String: HeldScan] = [:]
     /// This node serves the sender no query subscription in the batch's collection: no scope
     /// records that the sender holds these documents, so the store notes that it sent some there,
