@@ -77,6 +77,13 @@ public struct RandomWorkload: Sendable {
     /// subscriber again at the final check (docs/MESH.md, "Leaving a subscription's scope").
     /// Off by default, so that recorded seeds replay as they did.
     public var widening = false
+    /// Whether each of the ``queryNodes`` also subscribes to a second query of its own (another
+    /// of ``queries``), which it cancels and makes again at random like the first: a node that
+    /// sends a peer an older copy of a document then has two query subscriptions served there,
+    /// one of which may have passed the document's row without sending it while the other is
+    /// cancelled (docs/MESH.md, "A peer that sends an older copy"). Off by default, so that
+    /// recorded seeds replay as they did.
+    public var secondQueries = false
     /// With a value: tombstone expiry mode. The stores keep tombstones this long
     /// (`StoreOptions.tombstoneTTL`, milliseconds) instead of seven days, and while a partition,
     /// a link down or a crashed node keeps nodes apart the workload now and then lets more than
@@ -143,6 +150,16 @@ public struct RandomWorkload: Sendable {
             node.mirrorContacts("items")
             if operations == .wide { try WideOperations.watch(node) }
         }
+        if secondQueries {
+            for index in queryNodeSubscriptions.indices {
+                let (node, first, _) = queryNodeSubscriptions[index]
+                let text = Self.queries.filter { $0 != first }.randomElement(using: &random)!
+                queryNodeSubscriptions.append((node, text, try subscribeToQuery(node, text)))
+                try node.watch("items", query: text)
+            }
+        }
+        // The query nodes, each once (the first entries), for ``widening``.
+        let widenable = secondQueries ? queryNodeSubscriptions.count / 2 : queryNodeSubscriptions.count
         if queryNodes > 0, subscriptions.isEmpty {
             // The invariants compare each query subscriber with a whole-collection replica: with
             // none drawn, the first node is one, so that no mesh goes unchecked.
@@ -186,7 +203,7 @@ public struct RandomWorkload: Sendable {
                 }
             }
             if widening, !queryNodeSubscriptions.isEmpty, Int.random(in: 0..<8, using: &random) == 0 {
-                let index = Int.random(in: 0..<queryNodeSubscriptions.count, using: &random)
+                let index = Int.random(in: 0..<widenable, using: &random)
                 let node = queryNodeSubscriptions[index].node
                 if node.isUp {
                     if let whole = widened[index] {

@@ -12,9 +12,9 @@ enum SimulateCommand {
 
         Usage:
           trellis simulate [--seeds N] [--from SEED] [--nodes M|MIN-MAX] [--steps K] [--faults LIST]
-                           [--operations basic|wide] [--queries Q [--widen]] [--ttl MS]
+                           [--operations basic|wide] [--queries Q [--widen] [--two-queries]] [--ttl MS]
           trellis simulate --replay SEED [--nodes …] [--steps …] [--faults …] [--operations …] [--queries …]
-                           [--widen] [--ttl …]
+                           [--widen] [--two-queries] [--ttl …]
 
         Flags:
           --seeds N       how many seeds to run (default 100), from --from (default 1)
@@ -32,6 +32,8 @@ enum SimulateCommand {
           --widen         with --queries: the query nodes also subscribe to the whole
                           collection now and then and cancel it again, so they hold documents
                           outside their query and their neighbours relay subscriptions that end
+          --two-queries   with --queries: each query node also holds a second query of its
+                          own, cancelled and renewed at random like the first
           --ttl MS        tombstone expiry: the stores keep tombstones MS milliseconds (not 7
                           days), and while a partition, a link down or a crashed node keeps nodes
                           apart, more than MS now and then passes (MS + 2 minutes: the reaper
@@ -47,7 +49,7 @@ enum SimulateCommand {
     static func run(_ args: [String]) throws {
         let parsed = try Arguments(
             args, valueFlags: ["seeds", "from", "nodes", "steps", "faults", "operations", "queries", "ttl", "replay"],
-            switchFlags: ["widen"])
+            switchFlags: ["widen", "two-queries"])
         if parsed.switches.contains("help") {
             print(help)
             return
@@ -63,6 +65,10 @@ enum SimulateCommand {
         if parsed.switches.contains("widen") {
             guard workload.queryNodes > 0 else { throw UsageError("--widen needs --queries Q with Q above 0") }
             workload.widening = true
+        }
+        if parsed.switches.contains("two-queries") {
+            guard workload.queryNodes > 0 else { throw UsageError("--two-queries needs --queries Q with Q above 0") }
+            workload.secondQueries = true
         }
         if let operations = parsed.value("operations") {
             guard let chosen = WorkloadOperations(rawValue: operations) else {
@@ -137,6 +143,7 @@ enum SimulateCommand {
             parsed.value(name).map { " --\(name) \($0)" }
         }
         .joined() + (parsed.switches.contains("widen") ? " --widen" : "")
+            + (parsed.switches.contains("two-queries") ? " --two-queries" : "")
     }
 
     static func parseRange(_ text: String) throws -> ClosedRange<Int> {

@@ -130,15 +130,18 @@ import TrellisTestKit
 /// every fault, each healed and checked, then 50 whose last two nodes hold only their own
 /// queries and cancel and renew them (`--queries 2`, 3–6 nodes, 100 steps: the first 50 of the
 /// same seeds), then 25 of those whose query nodes also subscribe to the whole collection now
-/// and then and cancel it (`--widen`). The first seed is random each run (printed); replay a run
-/// with `TRELLIS_SEED=<first seed>`, or one failing seed with `trellis simulate --replay SEED`
-/// (and `--nodes 3-6 --steps 100 --queries 2`, with `--widen` for the last 25).
+/// and then and cancel it (`--widen`), then 15 whose query nodes also hold a second query
+/// (`--two-queries`). The first seed is random each run (printed); replay a run with
+/// `TRELLIS_SEED=<first seed>`, or one failing seed with `trellis simulate --replay SEED` (and
+/// `--nodes 3-6 --steps 100 --queries 2`, with `--widen` for the 25, and `--two-queries` too for
+/// the last 15).
 @Suite struct SimulationSweepTests {
     @Test func randomMeshesKeepEveryInvariant() async throws {
         let (_, first) = SeededRandom.fromEnvironment(default: UInt64.random(in: 0...(1 << 40)))
         print(
-            "SimulationSweepTests seeds \(first)…\(first + 199), \(first)…\(first + 49) with --queries 2, and "
-                + "\(first)…\(first + 24) with --queries 2 --widen (replay: TRELLIS_SEED=\(first))")
+            "SimulationSweepTests seeds \(first)…\(first + 199), \(first)…\(first + 49) with --queries 2, "
+                + "\(first)…\(first + 24) with --queries 2 --widen, and \(first)…\(first + 14) with "
+                + "--queries 2 --widen --two-queries (replay: TRELLIS_SEED=\(first))")
         // Minutes of computation: on a thread of its own, not the pool the other tests wait on.
         let failures = try await onOwnThread { () throws -> [String] in
             var failures: [String] = []
@@ -171,10 +174,20 @@ import TrellisTestKit
                     )
                 }
             }
+            queries.secondQueries = true
+            for seed in first..<(first + 15) {
+                do {
+                    try queries.run(seed: seed, tracing: false)
+                } catch let failure as SimulationFailure {
+                    failures.append(
+                        "\(failure)\n  replay: trellis simulate --replay \(seed) --nodes 3-6 --steps 100 --queries 2 --widen "
+                            + "--two-queries")
+                }
+            }
             return failures
         }
         #expect(
-            failures.isEmpty, "\(failures.count) of 275 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
+            failures.isEmpty, "\(failures.count) of 290 seeds failed:\n\(failures.prefix(5).joined(separator: "\n"))")
     }
 
     /// Seeds the sweep once failed on, each kept after its fix (with the operations the sweep
