@@ -150,16 +150,15 @@ public struct RandomWorkload: Sendable {
             node.mirrorContacts("items")
             if operations == .wide { try WideOperations.watch(node) }
         }
+        // The query nodes, each once (the first entries), for ``widening``.
+        let widenable = queryNodeSubscriptions.count
         if secondQueries {
-            for index in queryNodeSubscriptions.indices {
-                let (node, first, _) = queryNodeSubscriptions[index]
+            for (node, first, _) in queryNodeSubscriptions {
                 let text = Self.queries.filter { $0 != first }.randomElement(using: &random)!
                 queryNodeSubscriptions.append((node, text, try subscribeToQuery(node, text)))
                 try node.watch("items", query: text)
             }
         }
-        // The query nodes, each once (the first entries), for ``widening``.
-        let widenable = secondQueries ? queryNodeSubscriptions.count / 2 : queryNodeSubscriptions.count
         if queryNodes > 0, subscriptions.isEmpty {
             // The invariants compare each query subscriber with a whole-collection replica: with
             // none drawn, the first node is one, so that no mesh goes unchecked.

@@ -1110,6 +1110,17 @@ public struct Replicator: Sendable {
         ]
     }
 
+    /// The keys of the query subscriptions in `collection` among those served to a peer
+    /// (`served`), in key order, except those it may not read: the subscriptions that record
+    /// what the peer sends there as held by it.
+    static func queryHolders(_ served: [UTF8Key: Served], in collection: String) -> [UTF8Key] {
+        served.keys.sorted().filter { key in
+            let holder = served[key]!
+            return !holder.forbidden && !holder.spec.isWholeCollection
+                && UTF8Key.equal(holder.spec.collection, collection)
+        }
+    }
+
     /// Where the scans of `holders` (the query subscriptions served to a batch's sender in its
     /// collection) stand (``ApplyRequest/heldScans``), for those counted on to send the
     /// documents the sender holds: a subscription of a query, not a refetch (whose pages read
@@ -1149,9 +1160,7 @@ public struct Replicator: Sendable {
         }
         var scans: [ReplicatorDirective] = []
         if heldBehind {
-            for served in s.served.keys.sorted() {
-                let spec = s.served[served]!.spec
-                guard !spec.isWholeCollection, UTF8Key.equal(spec.collection, collection) else { continue }
+            for served in Self.queryHolders(s.served, in: collection) {
                 sessions[link]!.served[served]!.pending = true
                 scans += scanIfReady(link, served, now: now)
             }
@@ -1904,11 +1913,7 @@ public struct Replicator: Sendable {
         let current = asked.generation
         let postponed = sessions[link]!.postponed[UTF8Key(subscription)] != nil
         let served = sessions[link]!.served
-        let holding = served.keys.sorted().compactMap { key -> Served? in
-            let spec = served[key]!.spec
-            return !served[key]!.forbidden && !spec.isWholeCollection && UTF8Key.equal(spec.collection, collection)
-                ? served[key]! : nil
-        }
+        let holding = Self.queryHolders(served, in: collection).map { served[$0]! }
         let holders = holding.map(\.spec)
         // No query subscription of the peer's served in the collection records what it sends: the
         // store notes that it sent documents there, to ask for them again once one is served and
