@@ -21,13 +21,29 @@ import TrellisSimulation
     static func setUp(seed: UInt64) throws -> (
         Simulation, n: SimulatedNode, p: SimulatedNode, subscriptions: [Subscription]
     ) {
-        let sim = try Simulation(seed: seed)
-        sim.tracing = false
-        sim.replicatorConfiguration = {
+        let (sim, n, p, subscriptions) = try apart(seed: seed) {
             $0.batchEntries = 8
             $0.maxInFlight = 1
             $0.maxHops = 0
         }
+        try sim.runUntilQuiet()
+        try n.store.collection("items").upsert(
+            (0..<300).map { ["_id": .string("d\($0)"), "n": .int(Int64($0)), "status": "bulk"] })
+        _ = try n.store.collection("items").findByID("x").update { $0?["status"].set("closed") }
+        try sim.runUntilQuiet()
+        #expect(try status(p) == "open")
+        #expect(try status(n) == "closed")
+        return (sim, n, p, subscriptions)
+    }
+
+    /// `a` writes x {status: open}; `n` subscribes to the whole collection and `p` to
+    /// `status == 'open'`, both connected to `a`; once p holds x, its link to `a` goes down.
+    static func apart(seed: UInt64, _ configuration: @escaping (inout ReplicatorConfiguration) -> Void) throws -> (
+        Simulation, n: SimulatedNode, p: SimulatedNode, subscriptions: [Subscription]
+    ) {
+        let sim = try Simulation(seed: seed)
+        sim.tracing = false
+        sim.replicatorConfiguration = configuration
         let a = try sim.addNode("a")
         let n = try sim.addNode("n")
         let p = try sim.addNode("p")
@@ -40,13 +56,6 @@ import TrellisSimulation
         sim.connect(a, p)
         try sim.runUntilQuiet()
         sim.setLink(a, p, up: false)
-        try sim.runUntilQuiet()
-        try n.store.collection("items").upsert(
-            (0..<300).map { ["_id": .string("d\($0)"), "n": .int(Int64($0)), "status": "bulk"] })
-        _ = try n.store.collection("items").findByID("x").update { $0?["status"].set("closed") }
-        try sim.runUntilQuiet()
-        #expect(try status(p) == "open")
-        #expect(try status(n) == "closed")
         return (sim, n, p, subscriptions)
     }
 
@@ -114,21 +123,7 @@ import TrellisSimulation
     /// never sends x. Swept over when p cancels.
     @Test(arguments: [150, 200, 250, 300, 350, 400, 450, 500] as [Millis])
     func aBatchInFlightDroppedByACancelLeavesNoStaleCopy(after delay: Millis) throws {
-        let sim = try Simulation(seed: 7_000_104)
-        sim.tracing = false
-        sim.replicatorConfiguration = { $0.maxHops = 0 }
-        let a = try sim.addNode("a")
-        let n = try sim.addNode("n")
-        let p = try sim.addNode("p")
-        let subscriptions = [
-            try n.store.collection("items").findAll().subscribe(),
-            try p.store.collection("items").find("status == 'open'").subscribe(),
-        ]
-        try a.store.collection("items").upsert(["_id": "x", "status": "open"])
-        sim.connect(a, n)
-        sim.connect(a, p)
-        try sim.runUntilQuiet()
-        sim.setLink(a, p, up: false)
+        let (sim, n, p, subscriptions) = try Self.apart(seed: 7_000_104) { $0.maxHops = 0 }
         _ = try n.store.collection("items").findByID("x").update { $0?["status"].set("closed") }
         try sim.runUntilQuiet()
         let closed = try p.store.collection("items").find("status == 'closed'").subscribe()
