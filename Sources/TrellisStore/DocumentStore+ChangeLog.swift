@@ -171,10 +171,11 @@ extension DocumentStore {
             // SQLite off the `seq` index, which would walk the whole log after `after` for a few
             // hundred `_id`s: a refetch of n documents then examined n² / 256 rows).
             let seq = keys == nil ? "seq" : "+seq"
-            return "SELECT seq, id, state, deleted, \(match), value, deleted != 0 OR json_valid(value), "
+            return "SELECT seq, k, state, deleted, \(match), value, deleted != 0 OR json_valid(value), "
                 + "unacked IS NOT NULL, delta, delta_seq FROM documents "
                 + "WHERE collection = ? AND \(seq) > ?"
-                + (keys == nil ? "" : " AND id IN (SELECT value FROM json_each(?))") + " ORDER BY \(seq) LIMIT ?"
+                + (keys == nil ? "" : " AND k IN (SELECT trellis_key(?, value) FROM json_each(?))")
+                + " ORDER BY \(seq) LIMIT ?"
         }
         let bindings = pushed?.bindings ?? []
         Self.bind(st, bindings)
@@ -182,8 +183,9 @@ extension DocumentStore {
         st.bind(index, collection)
         st.bind(index + 1, after)
         if let keys {
-            st.bind(index + 2, JSON.string(.array(keys.map { .string($0) })))
-            index += 1
+            st.bind(index + 2, collection)
+            st.bind(index + 3, JSON.string(.array(keys.map { .string($0) })))
+            index += 2
         }
         st.bind(index + 2, Int64(max(1, limit)))
         defer { st.reset() }
@@ -200,7 +202,7 @@ extension DocumentStore {
             // this node that no peer has acknowledged (it kept the whole state for it).
             let unacknowledged = st.int64(7) == 1
             guard let kind = RowKind(rawValue: st.int64(3)), kind != .stub || unacknowledged else { continue }
-            let key = st.string(1) ?? ""
+            let key = st.string(1, dropping: Self.keyPrefixLength(collection)) ?? ""
             func skip(_ reason: String, damaged: Bool = true) {
                 page.skipped.append(SkippedRecord(seq: seq, collection: collection, key: key, reason: reason))
                 if damaged { noteDamaged(&s, collection, key, reason) }
@@ -333,7 +335,7 @@ extension DocumentStore {
     /// refused a query over them).
     func noteDamagedJSON(_ s: inout State, _ collection: String) throws {
         let st = try s.db.prepare(
-            "SELECT id FROM documents WHERE collection = ? AND deleted = 0 AND NOT json_valid(value)")
+            "SELECT id FROM documents WHERE \(Self.collectionKeys) AND deleted = 0 AND NOT json_valid(value)")
         st.bind(1, collection)
         var keys: [String] = []
         while try st.step() { keys.append(st.string(0) ?? "") }

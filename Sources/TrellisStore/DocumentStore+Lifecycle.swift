@@ -204,6 +204,7 @@ extension DocumentStore {
             try db.execute("ALTER TABLE reaped ADD COLUMN age INTEGER")
         }
         try db.execute("CREATE INDEX IF NOT EXISTS reaped_by_seq ON reaped(collection, seq) WHERE state IS NOT NULL")
+        if try !hasRowKey(db) { try rebuildWithRowKey(db) }
         // The tombstones the reaper may take, by time: those holding no write of this node that
         // no peer has acknowledged (`unacked` NULL). An earlier version indexed every tombstone
         // (`documents_tombstones`); the reaper would then walk past the kept ones on every run.
@@ -240,6 +241,57 @@ extension DocumentStore {
         // The eviction stubs, by collection: what a node asks peers for again, at start too.
         try db.execute(
             "CREATE INDEX IF NOT EXISTS documents_stubs ON documents(collection, seq) WHERE deleted = 2")
+    }
+
+    /// Whether the `documents` table is keyed by the row key `k` (stores written before it are
+    /// keyed by `(collection, id)` until ``rebuildWithRowKey(_:)`` runs).
+    static func hasRowKey(_ db: Connection) throws -> Bool { try columnNames(db, "documents").contains("k") }
+
+    /// Rebuilds a `documents` table keyed by `(collection, id)` as one keyed by the row key `k`
+    /// (`trellis_key(collection, id)`, docs/ARCHITECTURE.md, "The row key"), in one transaction: the
+    /// same rows and columns (the unused `source` column left behind), then every index the old
+    /// table had, from its own SQL.
+    ///
+    /// - Complexity: O(n log n) in the rows; once per store.
+    private static func rebuildWithRowKey(_ db: Connection) throws {
+        let columns = "collection, seq, deleted, state, value, removed_at, delta, delta_seq, age, unacked"
+        try db.transaction {
+            let indexes = try db.prepare(
+                "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'documents' "
+                    + "AND sql IS NOT NULL")
+            var definitions: [String] = []
+            while try indexes.step() {
+                let name = indexes.string(0) ?? ""
+                let sql = indexes.string(1) ?? ""
+                definitions.append(expressionIndexSQL(name) ?? sql)
+            }
+            indexes.reset()
+            try db.execute(
+                """
+                CREATE TABLE documents_keyed(
+                    k TEXT NOT NULL PRIMARY KEY, collection TEXT NOT NULL,
+                    id TEXT GENERATED ALWAYS AS (\(idFromKeySQL)) VIRTUAL, seq INTEGER NOT NULL,
+                    deleted INTEGER NOT NULL, state BLOB NOT NULL, value TEXT, removed_at INTEGER, delta BLOB,
+                    delta_seq INTEGER, age INTEGER, unacked INTEGER
+                ) WITHOUT ROWID;
+                INSERT INTO documents_keyed(k, \(columns))
+                    SELECT trellis_key(collection, id), \(columns) FROM documents;
+                DROP TABLE documents;
+                ALTER TABLE documents_keyed RENAME TO documents;
+                """)
+            for definition in definitions { try db.execute(definition) }
+        }
+    }
+
+    /// The statement that makes the expression index named `name` as this version makes it
+    /// (``indexSQL(collection:jsonPath:)``), when `name` is one ``createIndex(path:in:)`` gives:
+    /// `idx_`, the collection in hex, `_`, the JSON path in hex.
+    static func expressionIndexSQL(_ name: String) -> String? {
+        let parts = name.utf8.split(separator: UInt8(ascii: "_"), omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0].elementsEqual("idx".utf8),
+            let collection = unhex(Substring(parts[1]).utf8), let jsonPath = unhex(Substring(parts[2]).utf8)
+        else { return nil }
+        return indexSQL(collection: collection, jsonPath: jsonPath).sql
     }
 
     /// The highest `seq` issued so far: in the log, or remembered in meta (rows that left the log).

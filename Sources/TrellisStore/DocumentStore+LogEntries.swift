@@ -131,9 +131,10 @@ extension DocumentStore {
     ) throws(StoreError) {
         try withState { s in
             let st = try s.db.prepare(
-                "SELECT seq, id, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
+                "SELECT seq, k, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
                     + (includeDeleted ? "" : " AND deleted = 0") + " ORDER BY seq LIMIT ?")
             let wanted = max(0, limit)
+            let prefix = Self.keyPrefixLength(collection)
             var count = 0
             var cursor = after
             // A damaged row is skipped (and remembered); read on so the page still holds `limit`
@@ -149,7 +150,7 @@ extension DocumentStore {
                 while try st.step() {
                     rows += 1
                     cursor = st.int64(0)
-                    let key = st.string(1) ?? ""
+                    let key = st.string(1, dropping: prefix) ?? ""
                     guard let id = try? JSON.parse(key) else {
                         noteDamaged(&s, collection, key, "its _id key is not JSON")
                         continue

@@ -377,7 +377,7 @@ extension DocumentStore {
     /// none when it is marked already.
     private func markHeldTombstone(_ s: inout State, _ collection: String, _ key: String) throws {
         let st = try s.db.prepare(
-            "UPDATE documents SET unacked = NULL WHERE collection = ? AND id = ? "
+            "UPDATE documents SET unacked = NULL WHERE k = trellis_key(?, ?) "
                 + "AND deleted = \(RowKind.tombstone.rawValue) AND unacked IS NOT NULL")
         st.bind(1, collection)
         st.bind(2, key)

@@ -497,7 +497,7 @@ extension DocumentStore {
     /// whose write was acknowledged since open (``acknowledge(_:)``, in memory) is cleared here.
     private func holdsUnacknowledgedWrite(_ s: inout State, _ collection: String, _ key: String) throws -> Bool {
         let st = try s.db.prepare(
-            "SELECT seq - unacked FROM documents WHERE collection = ? AND id = ? AND unacked IS NOT NULL")
+            "SELECT seq - unacked FROM documents WHERE k = trellis_key(?, ?) AND unacked IS NOT NULL")
         st.bind(1, collection)
         st.bind(2, key)
         guard try st.step() else {
@@ -515,7 +515,7 @@ extension DocumentStore {
 
     private func clearUnacknowledged(_ s: inout State, _ collection: String, _ key: String, stub: [UInt8]?) throws {
         let st = try s.db.prepare(
-            "UPDATE documents SET unacked = NULL, state = coalesce(?, state) WHERE collection = ? AND id = ?")
+            "UPDATE documents SET unacked = NULL, state = coalesce(?, state) WHERE k = trellis_key(?, ?)")
         st.bind(1, stub)
         st.bind(2, collection)
         st.bind(3, key)
@@ -563,7 +563,7 @@ extension DocumentStore {
         try write { s in
             if !tombstones.isEmpty {
                 let mark = try s.db.prepare(
-                    "UPDATE documents SET unacked = NULL WHERE collection = ? AND id = ? AND seq - unacked <= ? "
+                    "UPDATE documents SET unacked = NULL WHERE k = trellis_key(?, ?) AND seq - unacked <= ? "
                         + "AND deleted = \(RowKind.tombstone.rawValue)")
                 defer { mark.reset() }
                 for entry in tombstones {
@@ -575,7 +575,7 @@ extension DocumentStore {
                 }
             }
             let find = try s.db.prepare(
-                "SELECT state FROM documents WHERE collection = ? AND id = ? AND seq - unacked <= ? "
+                "SELECT state FROM documents WHERE k = trellis_key(?, ?) AND seq - unacked <= ? "
                     + "AND deleted = \(RowKind.stub.rawValue)")
             defer { find.reset() }
             for entry in stubs {
@@ -703,11 +703,15 @@ extension DocumentStore {
     /// Creates (if absent) an SQLite expression index serving queries on one field of one
     /// collection (Ditto's `CREATE INDEX`).
     ///
-    /// The index is partial, `ON documents(json_extract(value, '$.path')) WHERE collection = '…'`,
-    /// with the `json_extract` written exactly as ``Query/sqlWhere(column:)`` writes it, so
-    /// SQLite's planner matches it: comparisons of the field with numbers and strings (`==`, `<`,
-    /// `IN [...]`, …) seek the index. (`== null` and `== true` test `json_type` and do not use
-    /// it.) The name is `idx_` + hex(collection) + `_` + hex(JSON path), unique by construction.
+    /// The index is partial, `ON documents(json_extract(value, '$.path'), collection) WHERE
+    /// collection = '…'`, with the `json_extract` written exactly as ``Query/sqlWhere(column:)``
+    /// writes it, so SQLite's planner matches it: comparisons of the field with numbers and strings
+    /// (`==`, `<`, `IN [...]`, …) seek the index. (`== null` and `== true` test `json_type` and do
+    /// not use it.) The `collection` column lets the planner count the query's `collection = '…'`
+    /// as served by the index too, which it weighs against reading the collection's key range.
+    /// Entries of one value follow the row key, so equality results come in `_id` key order
+    /// without a sort. The name is `idx_` + hex(collection) + `_` + hex(JSON path), unique by
+    /// construction.
     ///
     /// - Parameter path: the field; its keys must be nameable by SQLite's JSON path syntax (no
     ///   empty key, no `"`, `\` or control characters, not `$bytes`).
@@ -725,12 +729,21 @@ extension DocumentStore {
                 "cannot index '\(path)': SQLite's JSON path syntax cannot name it (an empty key, a key with "
                     + "\", \\ or a control character, or $bytes)")
         }
-        let name = "idx_" + Self.hex(collection) + "_" + Self.hex(expression.jsonPath)
-        let sql =
-            "CREATE INDEX IF NOT EXISTS \"\(name)\" ON documents(\(expression.sql)) "
-            + "WHERE collection = \(Self.sqlLiteral(collection))"
+        let (name, sql) = Self.indexSQL(collection: collection, jsonPath: expression.jsonPath)
         try withState { s in try s.db.execute(sql) }
         return name
+    }
+
+    /// The name and `CREATE INDEX IF NOT EXISTS` statement of the expression index on `jsonPath`
+    /// (as ``indexExpression(_:)`` gives it, without quotes) in `collection`
+    /// (``createIndex(path:in:)``).
+    static func indexSQL(collection: String, jsonPath: String) -> (name: String, sql: String) {
+        let name = "idx_" + hex(collection) + "_" + hex(jsonPath)
+        return (
+            name,
+            "CREATE INDEX IF NOT EXISTS \"\(name)\" ON documents(json_extract(value, '\(jsonPath)'), collection) "
+                + "WHERE collection = \(sqlLiteral(collection))"
+        )
     }
 
     /// The `json_extract(value, '…')` that ``Query/sqlWhere(column:)`` writes for `path`, taken
@@ -831,7 +844,9 @@ extension DocumentStore {
             if try mayHoldNUL(&s, collection) {
                 return try select(&s, collection, bound, sort: [], limit: nil, offset: 0).count
             }
-            let (term, termBindings) = Self.collectionTerm(collection)
+            let indexed = translated == nil ? [] : try Self.indexedPaths(s.db, collection)
+            let (term, termBindings) = Self.collectionTerm(
+                collection, ranged: !Self.readsIndexedField(translated, indexed))
             func count(_ condition: @escaping (PushedQuery) -> String) throws -> Int? {
                 let (prepared, pushed) = try Self.preparePushedDown(s.db, translated) {
                     "SELECT count(*) FROM documents WHERE \(term) AND deleted = 0 AND \($0.map(condition) ?? "1")"
@@ -911,11 +926,77 @@ extension DocumentStore {
     }
 
     /// `collection = 'name'` with the name inlined, so that partial indexes (`WHERE collection =
-    /// 'name'`) apply: SQLite's planner cannot use a partial index for a bound parameter. A name
-    /// holding NUL (which SQL text cannot carry) is bound instead.
-    static func collectionTerm(_ collection: String) -> (sql: String, bindings: [Value]) {
-        if collection.utf8.contains(0) { return ("collection = ?", [.string(collection)]) }
-        return ("collection = \(sqlLiteral(collection))", [])
+    /// 'name'`) apply: SQLite's planner cannot use a partial index for a bound parameter; and the
+    /// collection's range of the row key (``collectionKeys``), so that a scan reads the
+    /// collection's rows alone, in `_id` key order. A name holding NUL (which SQL text cannot
+    /// carry) is bound instead.
+    ///
+    /// - Parameter ranged: with the key range; without it when the condition reads a field an
+    ///   expression index serves (``readsIndexedField(_:_:)``): SQLite's planner, which knows
+    ///   nothing of how many rows a key range holds, would otherwise read the range rather than
+    ///   seek that index for an `IN` list.
+    static func collectionTerm(_ collection: String, ranged: Bool = true) -> (sql: String, bindings: [Value]) {
+        if collection.utf8.contains(0) {
+            guard ranged else { return ("collection = ?", [.string(collection)]) }
+            return (
+                "collection = ? AND k >= trellis_key(?, '') AND k < trellis_key_end(?)",
+                [.string(collection), .string(collection), .string(collection)]
+            )
+        }
+        let name = sqlLiteral(collection)
+        guard ranged else { return ("collection = \(name)", []) }
+        return ("collection = \(name) AND k >= trellis_key(\(name), '') AND k < trellis_key_end(\(name))", [])
+    }
+
+    /// The JSON paths (as `createIndex(path:in:)` names them, `$."a"."b"`) of the collection's
+    /// expression indexes, read from the schema.
+    ///
+    /// - Complexity: O(log s + i) in the schema's entries s and the collection's indexes i.
+    static func indexedPaths(_ db: Connection, _ collection: String) throws -> [String] {
+        let prefix = "idx_" + hex(collection) + "_"
+        let st = try db.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND name > ? AND name < ?")
+        st.bind(1, prefix)
+        st.bind(2, "idx_" + hex(collection) + "`")  // "`" follows "_"
+        defer { st.reset() }
+        var paths: [String] = []
+        while try st.step() {
+            guard let name = st.string(0), let path = unhex(name.utf8.dropFirst(prefix.utf8.count)) else { continue }
+            paths.append(path)
+        }
+        return paths
+    }
+
+    /// The text whose hex digits (lowercase, as ``hex(_:)`` writes them) `digits` are; `nil` for
+    /// anything else.
+    static func unhex(_ digits: Substring.UTF8View) -> String? {
+        func nibble(_ c: UInt8) -> UInt8? {
+            switch c {
+            case UInt8(ascii: "0")...UInt8(ascii: "9"): c - UInt8(ascii: "0")
+            case UInt8(ascii: "a")...UInt8(ascii: "f"): c - UInt8(ascii: "a") + 10
+            default: nil
+            }
+        }
+        guard digits.count % 2 == 0 else { return nil }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(digits.count / 2)
+        var high: UInt8?
+        for c in digits {
+            guard let n = nibble(c) else { return nil }
+            if let h = high {
+                bytes.append(h << 4 | n)
+                high = nil
+            } else {
+                high = n
+            }
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    /// Whether a pushed-down condition reads one of `indexed` (``indexedPaths(_:_:)``): the
+    /// `json_extract` it writes for such a field is the one the index is on.
+    static func readsIndexedField(_ pushed: PushedQuery?, _ indexed: [String]) -> Bool {
+        guard let pushed else { return false }
+        return indexed.contains { pushed.sql.contains("json_extract(documents.value, '\($0)')") }
     }
 
     static func bind(_ statement: Statement, _ values: [Value], from start: Int32 = 1) {
@@ -950,7 +1031,7 @@ extension DocumentStore {
         return (try db.prepare(sql(nil)), nil)
     }
 
-    /// The SQL and bindings selecting `(id, value)` rows for a bound query: the filter pushed down
+    /// The SQL and bindings selecting `(k, value)` rows (the row key, whose `_id` key follows ``keyPrefixLength(_:)`` bytes) for a bound query: the filter pushed down
     /// when it translates, and the window when there is no sort and the filter is pushed.
     ///
     /// - Parameter guarded: evaluate the filter only on rows whose JSON is valid (after SQLite
@@ -958,19 +1039,20 @@ extension DocumentStore {
     ///   - nulRows: the collection may hold strings with U+0000: rows whose JSON holds one are
     ///     selected whatever the filter says, for the caller to evaluate in memory
     ///     (DocumentStore+NULStrings.swift); no window is given then.
+    ///   - indexed: the JSON paths of the collection's expression indexes (``indexedPaths(_:_:)``).
     static func selectSQL(
         _ collection: String, _ pushed: PushedQuery?, window: (limit: Int?, offset: Int)?, guarded: Bool = false,
-        nulRows: Bool = false
+        nulRows: Bool = false, indexed: [String] = []
     ) -> (sql: String, bindings: [Value]) {
-        let (term, termBindings) = collectionTerm(collection)
-        var sql = "SELECT id, value FROM documents WHERE \(term) AND deleted = 0"
+        let (term, termBindings) = collectionTerm(collection, ranged: !readsIndexedField(pushed, indexed))
+        var sql = "SELECT k, value FROM documents WHERE \(term) AND deleted = 0"
         var bindings = termBindings
         if let pushed {
             let filter = guarded ? Self.guarded(pushed.sql) : "(\(pushed.sql))"
             sql += nulRows ? " AND (\(nulEscapeSQL) OR \(filter))" : " AND " + filter
             bindings += pushed.bindings
         }
-        sql += " ORDER BY id"
+        sql += " ORDER BY k"
         if let window, window.limit != nil || window.offset > 0 {
             sql += " LIMIT ? OFFSET ?"
             bindings += [.int(Int64(window.limit ?? -1)), .int(Int64(window.offset))]
@@ -1004,20 +1086,26 @@ extension DocumentStore {
             pushed != nil && sort.isEmpty && !nulRows ? (limit, offset) : nil
         }
         let translated = bound.sqlWhere(column: "documents.value")
+        let indexed = translated == nil ? [] : try Self.indexedPaths(s.db, collection)
+        let prefix = Self.keyPrefixLength(collection)
         var windowInSQL = false
         func rows(guarded: Bool) throws -> (rows: [StoredRow], damaged: Bool) {
             let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
-                Self.selectSQL(collection, $0, window: window($0), guarded: guarded, nulRows: nulRows).sql
+                Self.selectSQL(
+                    collection, $0, window: window($0), guarded: guarded, nulRows: nulRows, indexed: indexed
+                ).sql
             }
             windowInSQL = window(pushed) != nil
             Self.bind(
                 st,
-                Self.selectSQL(collection, pushed, window: window(pushed), guarded: guarded, nulRows: nulRows).bindings)
+                Self.selectSQL(
+                    collection, pushed, window: window(pushed), guarded: guarded, nulRows: nulRows, indexed: indexed
+                ).bindings)
             defer { st.reset() }
             var rows: [StoredRow] = []
             var damaged = false
             while try st.step() {
-                guard let key = st.string(0), let text = st.textBytes(1) else { continue }
+                guard let key = st.string(0, dropping: prefix), let text = st.textBytes(1) else { continue }
                 guard let json = StoredJSON(checking: text) else {
                     noteDamaged(&s, collection, key, "its JSON value does not parse")
                     damaged = true
@@ -1071,11 +1159,12 @@ extension DocumentStore {
             func window(_ pushed: PushedQuery?) -> (limit: Int?, offset: Int)? {
                 pushed != nil && sort.isEmpty ? (limit, offset) : nil
             }
+            let indexed = try Self.indexedPaths(s.db, collection)
             let (st, pushed) = try Self.preparePushedDown(s.db, translated) {
-                "EXPLAIN QUERY PLAN " + Self.selectSQL(collection, $0, window: window($0)).sql
+                "EXPLAIN QUERY PLAN " + Self.selectSQL(collection, $0, window: window($0), indexed: indexed).sql
             }
             guard pushed != nil else { return [] }
-            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed)).bindings)
+            Self.bind(st, Self.selectSQL(collection, pushed, window: window(pushed), indexed: indexed).bindings)
             defer { st.reset() }
             var rows: [String] = []
             while try st.step() { rows.append(st.string(3) ?? "") }

@@ -503,7 +503,7 @@ extension DocumentStore {
         guard let scopes = s.servedScopes[UTF8Key(collection)], !scopes.isEmpty else { return }
         let new = try document()
         let current = try s.db.prepare(
-            "SELECT value, deleted, seq - coalesce(age, seq) FROM documents WHERE collection = ? AND id = ?")
+            "SELECT value, deleted, seq - coalesce(age, seq) FROM documents WHERE k = trellis_key(?, ?)")
         current.bind(1, collection)
         current.bind(2, key)
         var old: Value?
@@ -619,7 +619,7 @@ extension DocumentStore {
         // `unacked` counts from the row's `seq` (DocumentStore.writeRowSQL): it moves on with it.
         let st = try s.db.prepare(
             "UPDATE documents SET seq = ?1, unacked = unacked + ?1 - seq, age = age + ?1 - seq "
-                + "WHERE collection = ?2 AND id = ?3")
+                + "WHERE k = trellis_key(?2, ?3)")
         st.bind(1, s.nextSeq)
         st.bind(2, collection)
         st.bind(3, key)
@@ -655,7 +655,7 @@ extension DocumentStore {
         _ scans: [String: HeldScan]
     ) throws -> (reaches: Bool, unread: Bool) {
         guard !scans.isEmpty else { return (false, false) }
-        let st = try s.db.prepare("SELECT seq, deleted, value FROM documents WHERE collection = ? AND id = ?")
+        let st = try s.db.prepare("SELECT seq, deleted, value FROM documents WHERE k = trellis_key(?, ?)")
         st.bind(1, collection)
         st.bind(2, key)
         defer { st.reset() }

@@ -7,10 +7,11 @@ import Synchronization
 /// The content of a store's database and its in-memory position at ``DocumentStore/saveSnapshot()``.
 struct StoreSnapshot {
     var state: DocumentStore.State
-    /// Every table (SQLite's own `sqlite_sequence` too, when present) with its rows. Each table
-    /// is `WITHOUT ROWID` or has an `INTEGER PRIMARY KEY`, so `SELECT *` carries every row's
+    /// Every table (SQLite's own `sqlite_sequence` too, when present) with its stored columns
+    /// (generated ones, such as `documents.id`, are computed again) and its rows. Each table is
+    /// `WITHOUT ROWID` or has an `INTEGER PRIMARY KEY`, so the stored columns carry every row's
     /// identity and the restored rows are the saved ones exactly.
-    var tables: [(name: String, columns: Int, rows: [[SQLiteCell]])]
+    var tables: [(name: String, columns: [String], rows: [[SQLiteCell]])]
 }
 
 /// One value of a row as SQLite stores it (text kept as its bytes, so nothing is re-encoded).
@@ -37,8 +38,8 @@ extension DocumentStore {
         guard !options.readOnly else { throw .invalidValue("a read-only store has nothing to restore") }
         let box = try withState { s -> SnapshotBox in
             let tables = try s.db.transaction(readOnly: true) {
-                () throws -> [(name: String, columns: Int, rows: [[SQLiteCell]])] in
-                var tables: [(name: String, columns: Int, rows: [[SQLiteCell]])] = []
+                () throws -> [(name: String, columns: [String], rows: [[SQLiteCell]])] in
+                var tables: [(name: String, columns: [String], rows: [[SQLiteCell]])] = []
                 let names = try s.db.prepare(
                     "SELECT name FROM sqlite_master WHERE type = 'table' "
                         + "AND (name NOT LIKE 'sqlite%' OR name = 'sqlite_sequence') ORDER BY name")
@@ -46,10 +47,14 @@ extension DocumentStore {
                 while try names.step() { list.append(names.string(0) ?? "") }
                 names.reset()
                 for name in list {
-                    let rows = try s.db.prepare("SELECT * FROM \"\(name)\"")
-                    let columns = Int(sqlite3_column_count(rows.stmt))
+                    let stored = try s.db.prepare("SELECT name FROM pragma_table_xinfo(?) WHERE hidden = 0")
+                    stored.bind(1, name)
+                    var columns: [String] = []
+                    while try stored.step() { columns.append(stored.string(0) ?? "") }
+                    stored.reset()
+                    let rows = try s.db.prepare("SELECT \(Self.columnList(columns)) FROM \"\(name)\"")
                     var cells: [[SQLiteCell]] = []
-                    while try rows.step() { cells.append((0..<Int32(columns)).map { rows.cell($0) }) }
+                    while try rows.step() { cells.append((0..<Int32(columns.count)).map { rows.cell($0) }) }
                     rows.reset()
                     tables.append((name, columns, cells))
                 }
@@ -87,8 +92,9 @@ extension DocumentStore {
                     try delete.run()
                     delete.reset()
                     guard !table.rows.isEmpty else { continue }
-                    let marks = Array(repeating: "?", count: table.columns).joined(separator: ",")
-                    let insert = try s.db.prepare("INSERT INTO \"\(table.name)\" VALUES (\(marks))")
+                    let marks = Array(repeating: "?", count: table.columns.count).joined(separator: ",")
+                    let insert = try s.db.prepare(
+                        "INSERT INTO \"\(table.name)\"(\(Self.columnList(table.columns))) VALUES (\(marks))")
                     for row in table.rows {
                         insert.reset()
                         for (i, cell) in row.enumerated() { insert.bind(Int32(i + 1), cell: cell) }
@@ -99,6 +105,13 @@ extension DocumentStore {
             }
             s = snapshot.snapshot.state
         }
+    }
+}
+
+extension DocumentStore {
+    /// Column names quoted for SQL, separated by commas.
+    static func columnList(_ columns: [String]) -> String {
+        columns.map { "\"" + $0.replacingOccurrences(of: "\"", with: "\"\"") + "\"" }.joined(separator: ", ")
     }
 }
 

@@ -209,7 +209,7 @@ extension DocumentStore {
             "INSERT INTO reaped(collection, id, removed_at, reaped_at, state, seq, age) VALUES (?,?,?,?,?,?,?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET removed_at = max(removed_at, excluded.removed_at), "
                 + "reaped_at = excluded.reaped_at, state = excluded.state, seq = excluded.seq, age = excluded.age")
-        let delete = try s.db.prepare("DELETE FROM documents WHERE collection = ? AND id = ? AND deleted = 1")
+        let delete = try s.db.prepare("DELETE FROM documents WHERE k = trellis_key(?, ?) AND deleted = 1")
         let unscope = try s.db.prepare("DELETE FROM scopes WHERE collection = ? AND id = ?")
         var floors: [UTF8Key: Int64] = [:]  // byte-wise: "é" and "e" + U+0301 are two collections
         for row in rows {
@@ -268,7 +268,7 @@ extension DocumentStore {
             rows.append((st.string(0) ?? "", st.string(1) ?? "", time))
         }
         st.reset()
-        let update = try s.db.prepare("UPDATE documents SET removed_at = ? WHERE collection = ? AND id = ?")
+        let update = try s.db.prepare("UPDATE documents SET removed_at = ? WHERE k = trellis_key(?, ?)")
         for row in rows {
             update.reset()
             update.bind(1, Int64(clamping: row.time))

@@ -19,7 +19,7 @@ extension DocumentStore {
         guard try hasTable(db, "withholding") else { return }
         let st = try db.prepare(
             "SELECT w.collection, w.id, d.state, d.value, d.deleted FROM withholding w "
-                + "LEFT JOIN documents d ON d.collection = w.collection AND d.id = w.id")
+                + "LEFT JOIN documents d ON d.k = trellis_key(w.collection, w.id)")
         var count = 0
         var done: [(String, String)] = []
         while try st.step() {

@@ -492,17 +492,43 @@ public final class DocumentStore: Sendable {
     /// The path of the SQLite database file.
     public let path: String
 
+    /// The `_id` key of a row, read from its row key `k` (docs/ARCHITECTURE.md, "The row key"):
+    /// the bytes after the collection's length, the collection and two `:`. Plain SQL, so any
+    /// connection reads `documents.id`, also one without the store's functions.
+    static let idFromKeySQL =
+        "CAST(substr(CAST(k AS BLOB), length(CAST(collection AS BLOB)) + length(length(CAST(collection AS BLOB))) + 3) "
+        + "AS TEXT)"
+
+    /// The bytes of a row key `k` before the `_id` key in `collection`: its length in decimal,
+    /// `:`, the collection, `:` (`trellis_key`). Hot reads select `k` and drop these rather than
+    /// select the computed `id` column.
+    static func keyPrefixLength(_ collection: String) -> Int {
+        let count = collection.utf8.count
+        var digits = 1
+        var rest = count / 10
+        while rest > 0 {
+            digits += 1
+            rest /= 10
+        }
+        return digits + count + 2
+    }
+
     static let schema = """
         PRAGMA journal_mode=WAL;
         CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value BLOB) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS documents(
+            k TEXT NOT NULL PRIMARY KEY,
             collection TEXT NOT NULL,
-            id TEXT NOT NULL,
+            id TEXT GENERATED ALWAYS AS (\(idFromKeySQL)) VIRTUAL,
             seq INTEGER NOT NULL,
             deleted INTEGER NOT NULL,
             state BLOB NOT NULL,
             value TEXT,
-            PRIMARY KEY(collection, id)
+            removed_at INTEGER,
+            delta BLOB,
+            delta_seq INTEGER,
+            age INTEGER,
+            unacked INTEGER
         ) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS documents_by_collection_seq ON documents(collection, seq);
         CREATE TABLE IF NOT EXISTS checkpoints(
@@ -572,6 +598,11 @@ public final class DocumentStore: Sendable {
                     throw StoreError.corrupt(
                         "\(path) is not a Trellis store, or not yet: a node may be creating it at this moment "
                             + "(try again), else it is another SQLite database (no site ID)")
+                }
+                guard try !Self.hasTable(db, "documents") || Self.hasRowKey(db) else {
+                    throw StoreError.invalidValue(
+                        "\(path) was written by an earlier version of Trellis, whose documents table this version "
+                            + "reads only after upgrading it; open it for writing once (start its node) to upgrade it")
                 }
                 opened = try db.transaction(readOnly: true) { try Self.readLog(db) }
             } else {
@@ -852,7 +883,7 @@ public final class DocumentStore: Sendable {
     /// - Throws: ``StoreError/corrupt(_:)`` naming the document when its row does not decode.
     func row(_ s: inout State, _ collection: String, _ key: String) throws -> Row? {
         let st = try s.db.prepare(
-            "SELECT state, value, deleted, seq, delta, delta_seq FROM documents WHERE collection = ? AND id = ?")
+            "SELECT state, value, deleted, seq, delta, delta_seq FROM documents WHERE k = trellis_key(?, ?)")
         st.bind(1, collection)
         st.bind(2, key)
         defer { st.reset() }
@@ -1013,7 +1044,7 @@ public final class DocumentStore: Sendable {
     /// or `nil` when there is none or it does not decode. Read only when a local write goes above
     /// the limit.
     private func storedSize(_ s: inout State, _ collection: String, _ key: String) throws -> Int? {
-        let st = try s.db.prepare("SELECT state, value FROM documents WHERE collection = ? AND id = ?")
+        let st = try s.db.prepare("SELECT state, value FROM documents WHERE k = trellis_key(?, ?)")
         defer { st.reset() }
         st.bind(1, collection)
         st.bind(2, key)
@@ -1079,7 +1110,7 @@ public final class DocumentStore: Sendable {
             let birth = s.reapedRowsRead.removeValue(forKey: DocumentKey(collection: collection, key: key))
         {
             let seq = s.nextSeq - 1
-            let born = try s.db.prepare("UPDATE documents SET age = ? WHERE collection = ? AND id = ?")
+            let born = try s.db.prepare("UPDATE documents SET age = ? WHERE k = trellis_key(?, ?)")
             if let birth { born.bind(1, seq - min(birth, seq)) } else { born.bind(1, nil as String?) }
             born.bind(2, collection)
             born.bind(3, key)
@@ -1113,27 +1144,34 @@ public final class DocumentStore: Sendable {
     // new row, no bytes at all; NULL for rows from before the column, born before every `seq`):
     // every write of an existing row keeps its birth (DocumentStore+Scope.swift, `whole_held`).
     static let writeLocalRowSQL =
-        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked, delta, delta_seq, "
-        + "age) VALUES (?,?,?,?,?,?,?,0,?,?,0) "
-        + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
+        "INSERT INTO documents(k, collection, seq, deleted, state, value, removed_at, unacked, delta, delta_seq, "
+        + "age) VALUES (trellis_key(?1, ?2), ?1, ?3, ?4, ?5, ?6, ?7, 0, ?8, ?9, 0) "
+        + "ON CONFLICT(k) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
         + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, unacked = 0, "
         + "delta = excluded.delta, delta_seq = excluded.delta_seq, age = age + excluded.seq - seq"
     static let insertLocalRowIfAbsentSQL =
-        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, unacked, age) "
-        + "VALUES (?,?,?,?,?,?,?,0,0)"
+        "INSERT OR IGNORE INTO documents(k, collection, seq, deleted, state, value, removed_at, unacked, age) "
+        + "VALUES (trellis_key(?1, ?2), ?1, ?3, ?4, ?5, ?6, ?7, 0, 0)"
     static let writeRowSQL =
-        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at, age) VALUES (?,?,?,?,?,?,?,0) "
-        + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
+        "INSERT INTO documents(k, collection, seq, deleted, state, value, removed_at, age) "
+        + "VALUES (trellis_key(?1, ?2), ?1, ?3, ?4, ?5, ?6, ?7, 0) "
+        + "ON CONFLICT(k) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
         + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, "
         + "unacked = unacked + excluded.seq - seq, delta = NULL, delta_seq = NULL, age = age + excluded.seq - seq"
     static let writeHeldRowSQL =
-        "INSERT INTO documents(collection, id, seq, deleted, state, value, removed_at, age) VALUES (?,?,?,?,?,?,?,0) "
-        + "ON CONFLICT(collection, id) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
+        "INSERT INTO documents(k, collection, seq, deleted, state, value, removed_at, age) "
+        + "VALUES (trellis_key(?1, ?2), ?1, ?3, ?4, ?5, ?6, ?7, 0) "
+        + "ON CONFLICT(k) DO UPDATE SET seq = excluded.seq, deleted = excluded.deleted, "
         + "state = excluded.state, value = excluded.value, removed_at = excluded.removed_at, "
         + "unacked = NULL, delta = NULL, delta_seq = NULL, age = age + excluded.seq - seq"
     static let insertRowIfAbsentSQL =
-        "INSERT OR IGNORE INTO documents(collection, id, seq, deleted, state, value, removed_at, age) "
-        + "VALUES (?,?,?,?,?,?,?,0)"
+        "INSERT OR IGNORE INTO documents(k, collection, seq, deleted, state, value, removed_at, age) "
+        + "VALUES (trellis_key(?1, ?2), ?1, ?3, ?4, ?5, ?6, ?7, 0)"
+
+    /// The rows of the collection bound as parameter 1, as a range of the row key `k`
+    /// (docs/ARCHITECTURE.md, "The row key"): SQLite reads them in `_id` key order (`ORDER BY k`)
+    /// without a sort, and without looking each one up from an index.
+    static let collectionKeys = "k >= trellis_key(?1, '') AND k < trellis_key_end(?1)"
 
     /// The most changed documents of one collection a commit event lists (``StoreEvent/changedKeys``);
     /// beyond it the collection is listed as changed without its keys.
@@ -1442,7 +1480,7 @@ public final class DocumentStore: Sendable {
             // A damaged row: reported as the writer's connection reports it, below.
         }
         return try withState { s -> Value? in
-            let st = try s.db.prepare("SELECT value FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
+            let st = try s.db.prepare("SELECT value FROM documents WHERE k = trellis_key(?, ?) AND deleted = 0")
             st.bind(1, collection)
             st.bind(2, key)
             defer { st.reset() }
@@ -1462,7 +1500,7 @@ public final class DocumentStore: Sendable {
             return try reader.withLock { connection throws -> String?? in
                 guard let connection else { return nil }
                 let st = try connection.prepare(
-                    "SELECT value FROM documents WHERE collection = ? AND id = ? AND deleted = 0")
+                    "SELECT value FROM documents WHERE k = trellis_key(?, ?) AND deleted = 0")
                 st.bind(1, collection)
                 st.bind(2, key)
                 defer { st.reset() }
@@ -1488,7 +1526,7 @@ public final class DocumentStore: Sendable {
     {
         let rows = try withState { s -> [(key: String, text: String)] in
             let st = try s.db.prepare(
-                "SELECT id, value FROM documents WHERE collection = ? AND deleted = 0 ORDER BY id")
+                "SELECT id, value FROM documents WHERE \(Self.collectionKeys) AND deleted = 0 ORDER BY k")
             st.bind(1, collection)
             defer { st.reset() }
             var rows: [(key: String, text: String)] = []
@@ -1535,7 +1573,7 @@ public final class DocumentStore: Sendable {
     /// Number of live documents in a collection.
     public func count(in collection: String) throws(StoreError) -> Int {
         try withState { s -> Int in
-            let st = try s.db.prepare("SELECT count(*) FROM documents WHERE collection = ? AND deleted = 0")
+            let st = try s.db.prepare("SELECT count(*) FROM documents WHERE \(Self.collectionKeys) AND deleted = 0")
             st.bind(1, collection)
             defer { st.reset() }
             _ = try st.step()

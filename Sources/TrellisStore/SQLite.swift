@@ -72,6 +72,14 @@ final class Connection {
             sqlite3_close(db)
             throw SQLiteError(code: rc, message: message, context: "opening \(path)")
         }
+        // The row key's functions (`trellis_key`, `trellis_key_end`), which every statement on
+        // `documents` uses; a connection without them could not read or write a row.
+        let registered = trellis_register_key_functions(db)
+        guard registered == SQLITE_OK else {
+            let message = String(cString: sqlite3_errmsg(db))
+            sqlite3_close(db)
+            throw SQLiteError(code: registered, message: message, context: "registering the row key functions")
+        }
         handle = db
         sqlite3_busy_timeout(db, 5_000)
     }
@@ -230,6 +238,15 @@ final class Statement {
         guard let p = sqlite3_column_text(stmt, column) else { return nil }
         let n = Int(sqlite3_column_bytes(stmt, column))
         return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
+    }
+
+    /// The text of a column after its first `prefix` bytes (a row key `k` read as its `_id`
+    /// key: ``DocumentStore/keyPrefixLength(_:)``); `nil` for `NULL`.
+    func string(_ column: Int32, dropping prefix: Int) -> String? {
+        guard let p = sqlite3_column_text(stmt, column) else { return nil }
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        let start = min(prefix, n)
+        return String(decoding: UnsafeBufferPointer(start: p + start, count: n - start), as: UTF8.self)
     }
 
     /// The text of a column as SQLite holds it (not checked or repaired as UTF-8), `nil` for
