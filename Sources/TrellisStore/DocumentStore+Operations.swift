@@ -925,27 +925,26 @@ extension DocumentStore {
         if offset < 0 { throw .invalidValue("offset must not be negative, got \(offset)") }
     }
 
-    /// `collection = 'name'` with the name inlined, so that partial indexes (`WHERE collection =
-    /// 'name'`) apply: SQLite's planner cannot use a partial index for a bound parameter; and the
-    /// collection's range of the row key (``collectionKeys``), so that a scan reads the
-    /// collection's rows alone, in `_id` key order. A name holding NUL (which SQL text cannot
-    /// carry) is bound instead.
+    /// The collection's range of the row key (``collectionKeys``), so that a scan reads the
+    /// collection's rows alone, in `_id` key order; or, for a condition on an indexed field,
+    /// `collection = 'name'`, so that the field's partial index (`WHERE collection = 'name'`)
+    /// applies. The name is inlined: SQLite's planner cannot use a partial index for a bound
+    /// parameter. A name holding NUL (which SQL text cannot carry) is bound instead.
     ///
     /// - Parameter ranged: with the key range; without it when the condition reads a field an
     ///   expression index serves (``readsIndexedField(_:_:)``): SQLite's planner, which knows
     ///   nothing of how many rows a key range holds, would otherwise read the range rather than
     ///   seek that index for an `IN` list.
     static func collectionTerm(_ collection: String, ranged: Bool = true) -> (sql: String, bindings: [Value]) {
+        // The key range alone, without `collection = …`: SQLite's planner would seek the change
+        // log's `(collection, seq)` index for it and sort the rows, one lookup each.
         if collection.utf8.contains(0) {
             guard ranged else { return ("collection = ?", [.string(collection)]) }
-            return (
-                "collection = ? AND k >= trellis_key(?, '') AND k < trellis_key_end(?)",
-                [.string(collection), .string(collection), .string(collection)]
-            )
+            return ("k >= trellis_key(?, '') AND k < trellis_key_end(?)", [.string(collection), .string(collection)])
         }
         let name = sqlLiteral(collection)
         guard ranged else { return ("collection = \(name)", []) }
-        return ("collection = \(name) AND k >= trellis_key(\(name), '') AND k < trellis_key_end(\(name))", [])
+        return ("k >= trellis_key(\(name), '') AND k < trellis_key_end(\(name))", [])
     }
 
     /// The JSON paths (as `createIndex(path:in:)` names them, `$."a"."b"`) of the collection's

@@ -75,6 +75,29 @@ import TrellisTestKit
                 == collections.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) })
     }
 
+    /// A query on fields no index serves reads the collection's key range in order: no other
+    /// collection's rows, no lookup from the change log's index, no sort. One on an indexed field
+    /// seeks its index, whose entries of one value are in key order.
+    @Test func scansReadTheKeyRangeAndIndexesServeTheirFields() throws {
+        let store = try DocumentStore(path: dir.path("plans.sqlite"))
+        try store.upsert((0..<200).map { ["_id": .string("d\($0)"), "n": .int(Int64($0 % 7))] }, in: "c")
+        try store.upsert((0..<200).map { ["_id": .string("e\($0)"), "n": .int(1)] }, in: "other")
+        for query in [try Query("n == 3"), try Query("n > 3 && n < 6"), Query.all] {
+            let plan = try store.queryPlan(in: "c", matching: query).joined(separator: "; ")
+            #expect(plan.contains("USING PRIMARY KEY (k>? AND k<?)"), "\(plan)")
+            #expect(!plan.contains("TEMP B-TREE"), "\(plan)")
+        }
+        let index = try store.createIndex(path: .key("n"), in: "c")
+        let plan = try store.queryPlan(in: "c", matching: try Query("n == 3")).joined(separator: "; ")
+        #expect(plan.contains("USING INDEX \(index)") && !plan.contains("TEMP B-TREE"), "\(plan)")
+        let found = try store.documents(in: "c", matching: try Query("n == 3"), sort: [])
+        #expect(found.count == 29)
+        let keys = found.compactMap { $0["_id"] }.map { Array(JSON.string($0).utf8) }
+        #expect(keys == keys.sorted { $0.lexicographicallyPrecedes($1) })
+        #expect(try store.count(in: "c", matching: try Query("n == 3")) == 29)
+        #expect(try store.count(in: "c", matching: try Query("n > 3")) == 84)
+    }
+
     /// A store whose `documents` table is keyed by `(collection, id)`, as every version before the
     /// row key wrote it, with a live document, a tombstone and an expression index: opened for
     /// reading it says to open it for writing once; opened for writing it is rebuilt with every
