@@ -113,7 +113,10 @@ extension DocumentStore {
     ///   changes to every document it may hold (DocumentStore+Scope.swift); NULL in rows written
     ///   before, which count as written before every `seq`.
     /// - The `source` column of `documents` (the peer a row's state came from, once used to
-    ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on.
+    ///   suppress echoes) is no longer written or read; old stores keep it, NULL from then on
+    ///   until the rebuild below leaves it behind.
+    /// - Documents are keyed by the row key `k` instead of `(collection, id)`, with `id` computed
+    ///   from it (``rebuildWithRowKey(_:)``, docs/ARCHITECTURE.md, "The row key").
     /// The names of a table's columns.
     private static func columnNames(_ db: Connection, _ table: String) throws -> Set<String> {
         let columns = try db.prepare("SELECT name FROM pragma_table_info(?)")
