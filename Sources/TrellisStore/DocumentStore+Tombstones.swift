@@ -47,17 +47,19 @@ struct ReapRow {
     var age: Int64?
 
     /// The columns ``read(_:)`` takes, in its order.
-    static let columns = "collection, id, seq, removed_at, age"
+    static let columns = "collection, k, seq, removed_at, age"
 
     /// Every row of a statement that selects ``columns``; the statement is reset.
     static func read(_ st: Statement) throws -> [ReapRow] {
         defer { st.reset() }
         var rows: [ReapRow] = []
         while try st.step() {
+            let collection = st.string(0) ?? ""
             rows.append(
                 ReapRow(
-                    collection: st.string(0) ?? "", key: st.string(1) ?? "", seq: st.int64(2),
-                    removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
+                    collection: collection,
+                    key: st.string(1, dropping: DocumentStore.keyPrefixLength(collection)) ?? "",
+                    seq: st.int64(2), removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
         }
         return rows
     }

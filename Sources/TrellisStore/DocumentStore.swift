@@ -1526,13 +1526,14 @@ public final class DocumentStore: Sendable {
     {
         let rows = try withState { s -> [(key: String, text: String)] in
             let st = try s.db.prepare(
-                "SELECT id, value FROM documents WHERE \(Self.collectionKeys) AND deleted = 0 ORDER BY k")
+                "SELECT k, value FROM documents WHERE \(Self.collectionKeys) AND deleted = 0 ORDER BY k")
             st.bind(1, collection)
             defer { st.reset() }
+            let prefix = Self.keyPrefixLength(collection)
             var rows: [(key: String, text: String)] = []
             while try st.step() {
                 guard let text = st.string(1) else { continue }
-                rows.append((st.string(0) ?? "", text))
+                rows.append((st.string(0, dropping: prefix) ?? "", text))
             }
             return rows
         }
