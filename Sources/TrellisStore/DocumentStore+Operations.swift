@@ -947,8 +947,8 @@ extension DocumentStore {
         return ("k >= trellis_key(\(name), '') AND k < trellis_key_end(\(name))", [])
     }
 
-    /// The JSON paths (as `createIndex(path:in:)` names them, `$."a"."b"`) of the collection's
-    /// expression indexes, read from the schema.
+    /// The JSON paths of the collection's expression indexes (as ``indexExpression(_:)`` writes
+    /// them, such as `$.Origin`), read from their names in the schema.
     ///
     /// - Complexity: O(log s + i) in the schema's entries s and the collection's indexes i.
     static func indexedPaths(_ db: Connection, _ collection: String) throws -> [String] {
@@ -1030,8 +1030,9 @@ extension DocumentStore {
         return (try db.prepare(sql(nil)), nil)
     }
 
-    /// The SQL and bindings selecting `(k, value)` rows (the row key, whose `_id` key follows ``keyPrefixLength(_:)`` bytes) for a bound query: the filter pushed down
-    /// when it translates, and the window when there is no sort and the filter is pushed.
+    /// The SQL and bindings selecting `(k, value)` rows for a bound query (the row key, whose
+    /// `_id` key follows ``keyPrefixLength(_:)`` bytes): the filter pushed down when it
+    /// translates, and the window when there is no sort and the filter is pushed.
     ///
     /// - Parameter guarded: evaluate the filter only on rows whose JSON is valid (after SQLite
     ///   refused the query over a damaged row); rows with damaged JSON are left out.
