@@ -18,9 +18,10 @@ static inline int trellis_sqlite3_config_memstatus(int on) {
 /// `trellis_key_end(collection)` is the same prefix with `;` in place of the last `:`, so the
 /// keys of one collection are exactly those in `[trellis_key(c, ''), trellis_key_end(c))`, in
 /// `_id` key order. The length makes the key injective whatever bytes the two strings hold
-/// (U+0000 and `:` included). NULL for a NULL or non-text argument.
+/// (U+0000 and `:` included). Other values count as their text (a blob as its bytes, as in a
+/// damaged row of an earlier store); NULL for a NULL argument.
 static inline void trellis_key_build(sqlite3_context *ctx, sqlite3_value *c, sqlite3_value *id, int end) {
-    if (sqlite3_value_type(c) != SQLITE_TEXT || (!end && sqlite3_value_type(id) != SQLITE_TEXT)) {
+    if (sqlite3_value_type(c) == SQLITE_NULL || (!end && sqlite3_value_type(id) == SQLITE_NULL)) {
         sqlite3_result_null(ctx);
         return;
     }

@@ -253,11 +253,12 @@ extension DocumentStore {
     /// Rebuilds a `documents` table keyed by `(collection, id)` as one keyed by the row key `k`
     /// (`trellis_key(collection, id)`, docs/ARCHITECTURE.md, "The row key"), in one transaction: the
     /// same rows and columns (the unused `source` column left behind), then every index the old
-    /// table had, from its own SQL.
+    /// table had, from its own SQL. A collection or `_id` stored as a blob (a damaged row) counts
+    /// as its bytes' text: the row is kept, and read as any other.
     ///
     /// - Complexity: O(n log n) in the rows; once per store.
     private static func rebuildWithRowKey(_ db: Connection) throws {
-        let columns = "collection, seq, deleted, state, value, removed_at, delta, delta_seq, age, unacked"
+        let columns = "seq, deleted, state, value, removed_at, delta, delta_seq, age, unacked"
         try db.transaction {
             let indexes = try db.prepare(
                 "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'documents' "
@@ -277,8 +278,8 @@ extension DocumentStore {
                     deleted INTEGER NOT NULL, state BLOB NOT NULL, value TEXT, removed_at INTEGER, delta BLOB,
                     delta_seq INTEGER, age INTEGER, unacked INTEGER
                 ) WITHOUT ROWID;
-                INSERT INTO documents_keyed(k, \(columns))
-                    SELECT trellis_key(collection, id), \(columns) FROM documents;
+                INSERT INTO documents_keyed(k, collection, \(columns))
+                    SELECT trellis_key(collection, id), CAST(collection AS TEXT), \(columns) FROM documents;
                 DROP TABLE documents;
                 ALTER TABLE documents_keyed RENAME TO documents;
                 """)

@@ -40,6 +40,10 @@ public struct ReapResult: Sendable, Equatable {
 struct ReapRow {
     var collection: String
     var key: String
+    /// The row key `k` as stored, which the reaper deletes the row by: a collection name that is
+    /// not well-formed UTF-8 (a damaged row) reads repaired in `collection`, and its key made
+    /// again from that would miss the row.
+    var rowKey: [UInt8]
     var seq: Int64
     var removedAt: UInt64
     /// The row's `age` (its `seq` less the first `seq` the document had); `nil` for a row from
@@ -54,12 +58,13 @@ struct ReapRow {
         defer { st.reset() }
         var rows: [ReapRow] = []
         while try st.step() {
-            let collection = st.string(0) ?? ""
+            // The prefix counts the collection's bytes as stored, not as a repaired `String`.
+            let prefix = DocumentStore.keyPrefixLength(byteCount: st.textBytes(0)?.count ?? 0)
             rows.append(
                 ReapRow(
-                    collection: collection,
-                    key: st.string(1, dropping: DocumentStore.keyPrefixLength(collection)) ?? "",
-                    seq: st.int64(2), removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
+                    collection: st.string(0) ?? "", key: st.string(1, dropping: prefix) ?? "",
+                    rowKey: st.textBytes(1).map { Array($0) } ?? [], seq: st.int64(2),
+                    removedAt: UInt64(max(0, st.int64(3))), age: st.optionalInt64(4)))
         }
         return rows
     }
@@ -211,7 +216,7 @@ extension DocumentStore {
             "INSERT INTO reaped(collection, id, removed_at, reaped_at, state, seq, age) VALUES (?,?,?,?,?,?,?) "
                 + "ON CONFLICT(collection, id) DO UPDATE SET removed_at = max(removed_at, excluded.removed_at), "
                 + "reaped_at = excluded.reaped_at, state = excluded.state, seq = excluded.seq, age = excluded.age")
-        let delete = try s.db.prepare("DELETE FROM documents WHERE k = trellis_key(?, ?) AND deleted = 1")
+        let delete = try s.db.prepare("DELETE FROM documents WHERE k = ? AND deleted = 1")
         let unscope = try s.db.prepare("DELETE FROM scopes WHERE collection = ? AND id = ?")
         var floors: [UTF8Key: Int64] = [:]  // byte-wise: "é" and "e" + U+0301 are two collections
         for row in rows {
@@ -234,8 +239,7 @@ extension DocumentStore {
             if try reapedRemoval(&s, row.collection, row.key) == nil { s.reapedRows += 1 }
             try remember.run()
             delete.reset()
-            delete.bind(1, row.collection)
-            delete.bind(2, row.key)
+            delete.bind(1, cell: .text(row.rowKey))
             try delete.run()
             unscope.reset()
             unscope.bind(1, row.collection)

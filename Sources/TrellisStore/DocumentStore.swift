@@ -502,8 +502,10 @@ public final class DocumentStore: Sendable {
     /// The bytes of a row key `k` before the `_id` key in `collection`: its length in decimal,
     /// `:`, the collection, `:` (`trellis_key`). Hot reads select `k` and drop these rather than
     /// select the computed `id` column.
-    static func keyPrefixLength(_ collection: String) -> Int {
-        let count = collection.utf8.count
+    static func keyPrefixLength(_ collection: String) -> Int { keyPrefixLength(byteCount: collection.utf8.count) }
+
+    /// ``keyPrefixLength(_:)`` for a collection name of `count` bytes.
+    static func keyPrefixLength(byteCount count: Int) -> Int {
         var digits = 1
         var rest = count / 10
         while rest > 0 {
