@@ -12,6 +12,28 @@ import TrellisTestKit
 @Suite struct RowKeyTests {
     let dir = TemporaryDirectory("trellis-row-key")
 
+    /// Rewrites `store`'s `documents` table in the layout every version before the row key wrote,
+    /// keyed by `(collection, id)`, with the unused `source` column and the change log's index,
+    /// then runs `then` (more SQL on the old table).
+    static func keyByCollectionAndID(_ store: DocumentStore, then: String = "") throws {
+        try store.withState { s in
+            try s.db.execute(
+                """
+                CREATE TABLE earlier(
+                    collection TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, deleted INTEGER NOT NULL,
+                    state BLOB NOT NULL, value TEXT, removed_at INTEGER, delta BLOB, delta_seq INTEGER,
+                    age INTEGER, unacked INTEGER, source BLOB, PRIMARY KEY(collection, id)
+                ) WITHOUT ROWID;
+                INSERT INTO earlier SELECT collection, id, seq, deleted, state, value, removed_at, delta,
+                    delta_seq, age, unacked, NULL FROM documents;
+                DROP TABLE documents;
+                ALTER TABLE earlier RENAME TO documents;
+                CREATE INDEX documents_by_collection_seq ON documents(collection, seq);
+                \(then)
+                """)
+        }
+    }
+
     /// What SQLite's `trellis_key` and `trellis_key_end` give, read through a store's connection.
     func keys(_ store: DocumentStore, _ collection: String, _ id: String) throws -> (key: [UInt8], end: [UInt8]) {
         try store.withState { s in
@@ -115,22 +137,9 @@ import TrellisTestKit
             try store.remove(id: "d7", in: "c")
             let index = try store.createIndex(path: .key("n"), in: "c")
             before = try store.documents(in: "c")
-            try store.withState { s in
-                try s.db.execute(
-                    """
-                    CREATE TABLE earlier(
-                        collection TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, deleted INTEGER NOT NULL,
-                        state BLOB NOT NULL, value TEXT, removed_at INTEGER, delta BLOB, delta_seq INTEGER,
-                        age INTEGER, unacked INTEGER, source BLOB, PRIMARY KEY(collection, id)
-                    ) WITHOUT ROWID;
-                    INSERT INTO earlier SELECT collection, id, seq, deleted, state, value, removed_at, delta,
-                        delta_seq, age, unacked, NULL FROM documents;
-                    DROP TABLE documents;
-                    ALTER TABLE earlier RENAME TO documents;
-                    CREATE INDEX documents_by_collection_seq ON documents(collection, seq);
-                    CREATE INDEX "\(index)" ON documents(json_extract(value, '$.n')) WHERE collection = 'c';
-                    """)
-            }
+            try Self.keyByCollectionAndID(
+                store,
+                then: #"CREATE INDEX "\#(index)" ON documents(json_extract(value, '$.n')) WHERE collection = 'c';"#)
             store.close()
         }
         var readOnly = StoreOptions()
