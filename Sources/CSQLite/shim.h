@@ -33,12 +33,10 @@ static inline void trellis_key_build(sqlite3_context *ctx, sqlite3_value *c, sql
         sqlite3_result_error_nomem(ctx);
         return;
     }
-    char digits[24];
+    char rev[24];  /* the length's decimal digits, last first */
     int dn = 0;
     unsigned long long v = (unsigned long long)cn;
-    char rev[24];
     do { rev[dn++] = (char)('0' + v % 10); v /= 10; } while (v);
-    for (int i = 0; i < dn; i++) digits[i] = rev[dn - 1 - i];
     sqlite3_int64 total = (sqlite3_int64)dn + 1 + cn + 1 + in;
     char *out = sqlite3_malloc64((sqlite3_uint64)total + 1);
     if (!out) {
@@ -46,7 +44,7 @@ static inline void trellis_key_build(sqlite3_context *ctx, sqlite3_value *c, sql
         return;
     }
     char *w = out;
-    for (int i = 0; i < dn; i++) *w++ = digits[i];
+    for (int i = dn - 1; i >= 0; i--) *w++ = rev[i];
     *w++ = ':';
     for (int i = 0; i < cn; i++) *w++ = (char)cp[i];
     *w++ = end ? ';' : ':';

@@ -190,6 +190,7 @@ extension DocumentStore {
         st.bind(index + 2, Int64(max(1, limit)))
         defer { st.reset() }
         var page = ChangePage(records: [], scannedUpTo: after, exhausted: false)
+        let prefix = Self.keyPrefixLength(collection)
         var scanned = 0
         var bytes = 0
         while try st.step() {
@@ -202,7 +203,7 @@ extension DocumentStore {
             // this node that no peer has acknowledged (it kept the whole state for it).
             let unacknowledged = st.int64(7) == 1
             guard let kind = RowKind(rawValue: st.int64(3)), kind != .stub || unacknowledged else { continue }
-            let key = st.string(1, dropping: Self.keyPrefixLength(collection)) ?? ""
+            let key = st.string(1, dropping: prefix) ?? ""
             func skip(_ reason: String, damaged: Bool = true) {
                 page.skipped.append(SkippedRecord(seq: seq, collection: collection, key: key, reason: reason))
                 if damaged { noteDamaged(&s, collection, key, reason) }

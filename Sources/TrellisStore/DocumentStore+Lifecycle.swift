@@ -288,14 +288,10 @@ extension DocumentStore {
     }
 
     /// The statement that makes the expression index named `name` as this version makes it
-    /// (``indexSQL(collection:jsonPath:)``), when `name` is one ``createIndex(path:in:)`` gives:
-    /// `idx_`, the collection in hex, `_`, the JSON path in hex.
+    /// (``indexSQL(collection:jsonPath:)``), when `name` is one ``createIndex(path:in:)`` gives
+    /// (``expressionIndex(named:)``).
     static func expressionIndexSQL(_ name: String) -> String? {
-        let parts = name.utf8.split(separator: UInt8(ascii: "_"), omittingEmptySubsequences: false)
-        guard parts.count == 3, parts[0].elementsEqual("idx".utf8),
-            let collection = unhex(Substring(parts[1]).utf8), let jsonPath = unhex(Substring(parts[2]).utf8)
-        else { return nil }
-        return indexSQL(collection: collection, jsonPath: jsonPath).sql
+        expressionIndex(named: name).map { indexSQL(collection: $0.collection, jsonPath: $0.jsonPath).sql }
     }
 
     /// The highest `seq` issued so far: in the log, or remembered in meta (rows that left the log).

@@ -952,17 +952,26 @@ extension DocumentStore {
     ///
     /// - Complexity: O(log s + i) in the schema's entries s and the collection's indexes i.
     static func indexedPaths(_ db: Connection, _ collection: String) throws -> [String] {
-        let prefix = "idx_" + hex(collection) + "_"
         let st = try db.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND name > ? AND name < ?")
-        st.bind(1, prefix)
+        st.bind(1, "idx_" + hex(collection) + "_")
         st.bind(2, "idx_" + hex(collection) + "`")  // "`" follows "_"
         defer { st.reset() }
         var paths: [String] = []
         while try st.step() {
-            guard let name = st.string(0), let path = unhex(name.utf8.dropFirst(prefix.utf8.count)) else { continue }
-            paths.append(path)
+            guard let index = st.string(0).flatMap(expressionIndex) else { continue }
+            paths.append(index.jsonPath)
         }
         return paths
+    }
+
+    /// The collection and JSON path an expression index's name holds, when it is a name
+    /// ``createIndex(path:in:)`` gives: `idx_`, the collection in hex, `_`, the JSON path in hex.
+    static func expressionIndex(named name: String) -> (collection: String, jsonPath: String)? {
+        let parts = name.utf8.split(separator: UInt8(ascii: "_"), omittingEmptySubsequences: false)
+        guard parts.count == 3, parts[0].elementsEqual("idx".utf8),
+            let collection = unhex(Substring(parts[1]).utf8), let jsonPath = unhex(Substring(parts[2]).utf8)
+        else { return nil }
+        return (collection, jsonPath)
     }
 
     /// The text whose hex digits (lowercase, as ``hex(_:)`` writes them) `digits` are; `nil` for

@@ -505,15 +505,7 @@ public final class DocumentStore: Sendable {
     static func keyPrefixLength(_ collection: String) -> Int { keyPrefixLength(byteCount: collection.utf8.count) }
 
     /// ``keyPrefixLength(_:)`` for a collection name of `count` bytes.
-    static func keyPrefixLength(byteCount count: Int) -> Int {
-        var digits = 1
-        var rest = count / 10
-        while rest > 0 {
-            digits += 1
-            rest /= 10
-        }
-        return digits + count + 2
-    }
+    static func keyPrefixLength(byteCount count: Int) -> Int { String(count).utf8.count + count + 2 }
 
     static let schema = """
         PRAGMA journal_mode=WAL;
