@@ -29,6 +29,16 @@ public struct DecodedState: Sendable {
     /// (``StateDigest/init(_:)``).
     public let echoDigest: StateDigest
 
+    /// Whether the state may hold a live document: not a whole state of a tombstone, nor bytes
+    /// that do not decode (a delta or a single write may).
+    public var mayBeLive: Bool {
+        switch form {
+        case .success(.whole(let state)): !state.isDeleted
+        case .success(.single), .success(.delta): true
+        case .failure: false
+        }
+    }
+
     /// Decodes `bytes`, the state of the document `id` (every form: docs/PROTOCOL.md §3).
     ///
     /// - Complexity: O(size of the state); a canonical single-write state builds no ``Value``.

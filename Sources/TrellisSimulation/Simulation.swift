@@ -852,10 +852,9 @@ public final class Simulation: @unchecked Sendable {
         switch message {
         case .hello(let h): return ("hello", "hello v\(h.version)")
         case .subscriptions(let subs, let version):
-            return (
-                "subs",
-                "subs v\(version) [\(subs.map { "\($0.spec) since \($0.since) hops \($0.hops)" }.joined(separator: "; "))]"
-            )
+            // `h` shows as a trailing " h" (docs/PROTOCOL.md §2 step 5).
+            let list = subs.map { "\($0.spec) since \($0.since) hops \($0.hops)\($0.holds ? " h" : "")" }
+            return ("subs", "subs v\(version) [\(list.joined(separator: "; "))]")
         case .batch(let sub, let docs, let upTo, let generation, let left):
             let name = traceName(sub)
             let ids = docs.prefix(8).map { $0.id.description }.joined(separator: ",")

@@ -274,11 +274,59 @@ extension DocumentStore {
     ) throws {
         let end = page.exhausted ? Int64.max : page.scannedUpTo
         guard end > after else { return }
+        let (reaped, cut) = try readReaped(&s, collection, after: after, through: end, limit: limit)
+        if let last = cut {
+            page.records.removeAll { $0.seq > last }
+            page.skipped.removeAll { $0.seq > last }
+            page.scannedUpTo = last
+            page.exhausted = false
+        }
+        guard !reaped.isEmpty else { return }
+        page.records = (page.records + reaped).sorted { $0.seq < $1.seq }
+    }
+
+    /// The tombstones reaped in `collection` whose `seq` is above `after` and at most `through`,
+    /// in `seq` order, each as the state its reaped key kept, for a peer that asked with `h` from
+    /// a checkpoint at `through` (docs/PROTOCOL.md §2 step 5): it got documents from other peers
+    /// since it asked from 0 without `h`, and may hold copies of documents removed and reaped
+    /// here. Keys reaped without a state (by an earlier version) have none to send.
+    ///
+    /// - Parameter limit: at most this many keys, and all of those with the last one's `seq` (keys
+    ///   reaped by an earlier version share their collection's floor); at least 1.
+    /// - Returns: the tombstones as ``ChangePage/records``; ``ChangePage/scannedUpTo`` is the
+    ///   `seq` the next page goes on after (`through` once none is left), and the page is
+    ///   ``ChangePage/exhausted`` when none is left.
+    /// - Throws: ``StoreError`` for SQLite errors.
+    /// - Complexity: O(limit · log r) for r reaped keys.
+    public func reapedTombstones(in collection: String, after: Int64, through: Int64, limit: Int) throws(StoreError)
+        -> ChangePage
+    {
+        try withState { s -> ChangePage in
+            var page = ChangePage(records: [], scannedUpTo: through, exhausted: true)
+            guard through > after else { return page }
+            let (reaped, cut) = try readReaped(&s, collection, after: after, through: through, limit: limit)
+            page.records = reaped
+            if let last = cut, last < through {
+                page.scannedUpTo = last
+                page.exhausted = false
+            }
+            return page
+        }
+    }
+
+    /// Up to `limit` reaped tombstones of `collection` with a `seq` in `after...through` (`after`
+    /// excluded), and every one sharing the last one's `seq`; `cut` is that `seq` when the limit
+    /// was reached (more may follow it), `nil` when every one up to `through` was read.
+    private func readReaped(_ s: inout State, _ collection: String, after: Int64, through end: Int64, limit: Int)
+        throws -> (records: [ChangeRecord], cut: Int64?)
+    {
         let st = try s.db.prepare(
             "SELECT seq, id, state FROM reaped WHERE collection = ? AND seq > ? AND seq <= ? AND state IS NOT NULL "
                 + "ORDER BY seq, id LIMIT ?")
         defer { st.reset() }
         var reaped: [ChangeRecord] = []
+        var rows = 0
+        var lastSeen: Int64?
         func read(after: Int64, through end: Int64, limit: Int64) throws {
             st.reset()
             st.bind(1, collection)
@@ -286,6 +334,8 @@ extension DocumentStore {
             st.bind(3, end)
             st.bind(4, limit)
             while try st.step() {
+                rows += 1
+                lastSeen = st.int64(0)
                 let key = st.string(1) ?? ""
                 // A key that no longer parses has nothing a peer could merge.
                 guard let id = try? Value.id(ofDocumentKey: key), let state = st.bytes(2) else { continue }
@@ -294,17 +344,12 @@ extension DocumentStore {
                         seq: st.int64(0), collection: collection, id: id, key: key, state: state, isDeleted: true))
             }
         }
-        try read(after: after, through: end, limit: Int64(max(1, limit)))
-        if reaped.count >= max(1, limit), let last = reaped.last?.seq {
-            reaped.removeAll { $0.seq == last }
-            try read(after: last - 1, through: last, limit: .max)
-            page.records.removeAll { $0.seq > last }
-            page.skipped.removeAll { $0.seq > last }
-            page.scannedUpTo = last
-            page.exhausted = false
-        }
-        guard !reaped.isEmpty else { return }
-        page.records = (page.records + reaped).sorted { $0.seq < $1.seq }
+        let limit = max(1, limit)
+        try read(after: after, through: end, limit: Int64(limit))
+        guard rows >= limit, let last = lastSeen else { return (reaped, nil) }
+        reaped.removeAll { $0.seq == last }
+        try read(after: last - 1, through: last, limit: .max)
+        return (reaped, last)
     }
 
     // MARK: Damaged rows

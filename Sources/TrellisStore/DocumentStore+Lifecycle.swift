@@ -95,7 +95,9 @@ extension DocumentStore {
     /// Brings a store written by an earlier version up to the current schema.
     ///
     /// - Checkpoints gain the collection of their subscription (filled from the subscription key),
-    ///   so evicting in a collection finds its checkpoints without parsing keys in SQL.
+    ///   so evicting in a collection finds its checkpoints without parsing keys in SQL, and
+    ///   whether their peer's reaped tombstones reached this node (`reaped`, ``ReapedKeys``; 0,
+    ///   received, for those written before).
     /// - Tombstones gain `removed_at`, the time of their newest stamp (for the reaper), and a
     ///   partial index on it that leaves out tombstones holding a write of this node no peer has
     ///   acknowledged (the reaper keeps those).
@@ -145,6 +147,11 @@ extension DocumentStore {
             }
         }
         try db.execute("CREATE INDEX IF NOT EXISTS checkpoints_by_collection ON checkpoints(collection)")
+        if try !columnNames(db, "checkpoints").contains("reaped") {
+            // Every checkpoint written before counts its peer's reaped tombstones as received,
+            // as that version did.
+            try db.execute("ALTER TABLE checkpoints ADD COLUMN reaped INTEGER NOT NULL DEFAULT 0")
+        }
         // Tombstones gain the time of their newest stamp, for the reaper; NULL in rows written
         // before, filled in by the reaper as it meets them.
         let documentNames = try columnNames(db, "documents")

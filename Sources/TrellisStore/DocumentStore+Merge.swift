@@ -124,6 +124,7 @@ extension DocumentStore {
             next = try write(origin: peer) { s in
                 var deferredHere = false
                 var noted: String?  // the collection last noted as sent unserved
+                var live: String?  // the collection of the last live document this piece applied
                 if start == 0 {
                     for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
                 }
@@ -146,7 +147,13 @@ extension DocumentStore {
                     switch result {
                     case .applied, .appliedWithholding, .unchanged, .revived:
                         switch result {
-                        case .applied, .appliedWithholding: outcome.applied += 1
+                        case .applied, .appliedWithholding:
+                            outcome.applied += 1
+                            if incoming.mayBeLive { outcome.live += 1 }
+                            if incoming.mayBeLive, live != remote.collection {
+                                try wantReapedKeys(&s, in: remote.collection, besides: peer)
+                                live = remote.collection
+                            }
                         case .revived:
                             outcome.applied += 1
                             outcome.revived.append(key)
@@ -205,14 +212,16 @@ extension DocumentStore {
                 if deferredHere { try checkDeferredBounds(&s, peer) }
                 if index == documents.count, let (subscription, cp) = checkpoint {
                     let st = try s.db.prepare(
-                        "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq, collection) VALUES (?,?,?,?,?)"
-                    )
+                        "INSERT OR REPLACE INTO checkpoints(peer, subscription, epoch, seq, collection, reaped) "
+                            + "VALUES (?,?,?,?,?,?)")
                     st.bind(1, peer)
                     st.bind(2, subscription)
                     st.bind(3, cp.epoch)
                     st.bind(4, cp.seq)
                     // Kept beside the checkpoint so an evict finds its collection's checkpoints.
                     st.bind(5, SubscriptionSpec.collection(ofKey: subscription))
+                    st.bind(6, Int64(cp.reapedKeys.rawValue))
+                    defer { st.reset() }
                     try st.run()
                 }
                 return index
@@ -707,12 +716,12 @@ extension DocumentStore {
     }
 
     func storedCheckpoint(_ s: inout State, _ peer: [UInt8], _ subscription: String) throws -> Checkpoint? {
-        let st = try s.db.prepare("SELECT epoch, seq FROM checkpoints WHERE peer = ? AND subscription = ?")
+        let st = try s.db.prepare("SELECT epoch, seq, reaped FROM checkpoints WHERE peer = ? AND subscription = ?")
         st.bind(1, peer)
         st.bind(2, subscription)
         defer { st.reset() }
         guard try st.step() else { return nil }
-        return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1))
+        return Checkpoint(epoch: st.bytes(0) ?? [], seq: st.int64(1), reapedKeys: Self.reapedKeys(st.int64(2)))
     }
 
     /// Every checkpoint stored for a peer, by subscription key, compared byte-wise: the keys of
@@ -722,14 +731,37 @@ extension DocumentStore {
     /// - Complexity: O(k log n) for the peer's k checkpoints.
     public func checkpoints(peer: [UInt8]) throws(StoreError) -> [UTF8Key: Checkpoint] {
         try withState { s -> [UTF8Key: Checkpoint] in
-            let st = try s.db.prepare("SELECT subscription, epoch, seq FROM checkpoints WHERE peer = ?")
+            let st = try s.db.prepare("SELECT subscription, epoch, seq, reaped FROM checkpoints WHERE peer = ?")
             st.bind(1, peer)
             defer { st.reset() }
             var out: [UTF8Key: Checkpoint] = [:]
             while try st.step() {
-                out[UTF8Key(st.string(0) ?? "")] = Checkpoint(epoch: st.bytes(1) ?? [], seq: st.int64(2))
+                out[UTF8Key(st.string(0) ?? "")] = Checkpoint(
+                    epoch: st.bytes(1) ?? [], seq: st.int64(2), reapedKeys: Self.reapedKeys(st.int64(3)))
             }
             return out
         }
+    }
+
+    /// The ``ReapedKeys`` a `reaped` column holds; a value no version writes reads as
+    /// ``ReapedKeys/wanted`` (asking again costs a page of tombstones, missing them a removed
+    /// document shown).
+    static func reapedKeys(_ raw: Int64) -> ReapedKeys {
+        ReapedKeys(rawValue: Int(clamping: raw)) ?? .wanted
+    }
+
+    /// Another peer than `peer` brought live documents of `collection`: they may be copies of
+    /// documents a peer whose checkpoint in the collection is ``ReapedKeys/notAsked`` removed and
+    /// reaped, so those checkpoints now want the peer's reaped tombstones (``ReapedKeys/wanted``).
+    ///
+    /// - Complexity: O(c log n) for the c checkpoints of the collection.
+    func wantReapedKeys(_ s: inout State, in collection: String, besides peer: [UInt8]) throws {
+        let st = try s.db.prepare(
+            "UPDATE checkpoints SET reaped = \(ReapedKeys.wanted.rawValue) "
+                + "WHERE collection = ? AND reaped = \(ReapedKeys.notAsked.rawValue) AND peer != ?")
+        st.bind(1, collection)
+        st.bind(2, peer)
+        defer { st.reset() }
+        try st.run()
     }
 }

@@ -333,6 +333,10 @@ public struct MergeOutcome: Sendable {
     /// session, ``DocumentStore/merge(_:from:checkpoint:heldBy:heldScans:unserved:)``): the
     /// sync engine makes those scans run, and they send the newer states.
     public var heldBehind = 0
+    /// Documents applied whose arriving state may hold a live document (not a tombstone's whole
+    /// state): when the sender is not the peer, each of this node's checkpoints in the collection
+    /// that was ``ReapedKeys/notAsked`` becomes ``ReapedKeys/wanted`` in the same transaction.
+    public var live = 0
 
     public init(
         applied: Int = 0, deferred: [(key: String, reason: String)] = [], rejected: [(id: String, reason: String)] = []
@@ -531,6 +535,7 @@ public final class DocumentStore: Sendable {
             epoch BLOB NOT NULL,
             seq INTEGER NOT NULL,
             collection TEXT NOT NULL DEFAULT '',
+            reaped INTEGER NOT NULL DEFAULT 0,
             PRIMARY KEY(peer, subscription)
         ) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS deferred(

@@ -5,6 +5,18 @@ extension DocumentStore: SyncStore {
     public var localLog: LocalLog { LocalLog(epoch: epoch, site: siteID, lastSeq: lastSeq) }
 
     public func scan(_ request: ScanRequest) throws -> ScanPage {
+        if let backlog = request.reapedBacklog {
+            let page = try reapedTombstones(
+                in: request.spec.collection, after: backlog.after, through: backlog.through, limit: request.limit)
+            return ScanPage(
+                records: page.records.map { record in
+                    LogRecord(
+                        seq: record.seq, key: record.key,
+                        document: WireDocument(collection: record.collection, id: record.id, state: record.state),
+                        holdsUnacknowledgedWrite: false, isEvictionStub: false, isTombstone: true, delta: nil)
+                },
+                upTo: page.scannedUpTo, exhausted: page.exhausted)
+        }
         // A peer asking again for documents it evicted: read only those rows, and do not track
         // the request as a served query (it is dropped once they arrive); the tombstones and stubs
         // it gets are recorded in the scope of the subscription it was derived from.
@@ -30,17 +42,20 @@ extension DocumentStore: SyncStore {
     }
 
     public func apply(_ request: ApplyRequest) throws -> (
-        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int
     ) {
         let outcome = try merge(
             request.documents, from: request.peerKey,
             checkpoint: request.storeCheckpoint
-                ? (request.subscription, Checkpoint(epoch: request.peerEpoch, seq: request.upTo)) : nil,
+                ? (
+                    request.subscription,
+                    Checkpoint(epoch: request.peerEpoch, seq: request.upTo, reapedKeys: request.reapedKeys)
+                ) : nil,
             heldBy: request.heldBy, heldScans: request.heldScans, unserved: request.unserved)
         let refusals =
             outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
             + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }
-        return (outcome.deferred.count, refusals, outcome.withholding, outcome.heldBehind)
+        return (outcome.deferred.count, refusals, outcome.withholding, outcome.heldBehind, outcome.live)
     }
 
     public func retryDeferredDocuments() throws -> (remaining: Int, withholding: [(collection: String, id: Value)]) {

@@ -20,10 +20,11 @@ public protocol SyncStore: AnyObject, Sendable {
     ///
     /// - Returns: how many documents were kept aside to retry, the refusals to report, the
     ///   `_id`s of documents applied that still withhold a value (``MergeOutcome/withholding``),
-    ///   and how many documents the sender holds older states of that its subscriptions' scans
-    ///   will send (``MergeOutcome/heldBehind``).
+    ///   how many documents the sender holds older states of that its subscriptions' scans
+    ///   will send (``MergeOutcome/heldBehind``), and how many applied documents may be live
+    ///   (``MergeOutcome/live``).
     func apply(_ request: ApplyRequest) throws -> (
-        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int
     )
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
@@ -376,8 +377,9 @@ public final class SyncHost {
                     for refusal in outcome.refusals { log(refusal) }
                     more = replicator.applied(
                         link, subscription: request.subscription, upTo: request.upTo,
-                        checkpointStored: request.storeCheckpoint, deferred: outcome.deferred,
-                        withholding: outcome.withholding, heldBehind: outcome.heldBehind > 0, now: now())
+                        checkpointStored: request.storeCheckpoint, reapedKeys: request.reapedKeys,
+                        deferred: outcome.deferred, withholding: outcome.withholding,
+                        heldBehind: outcome.heldBehind > 0, broughtLive: outcome.live > 0, now: now())
                 } catch StoreError.deferredLimit(let reason) {
                     // Too much of this peer's data waits already: the batch stays unacknowledged,
                     // and the replicator asks the peer for the subscription again from its stored

@@ -46,14 +46,14 @@ import TrellisCore
         #expect(try asked(held: [], committedLater: ["boats"]).map(\.holds) == [true, false])
     }
 
-    @Test func aSubscriptionWithACheckpointSaysNothing() throws {
+    @Test(arguments: [ReapedKeys.received, .notAsked, .wanted])
+    func aSubscriptionWithACheckpointSaysItOnlyWhileItWantsThePeersReapedTombstones(reapedKeys: ReapedKeys) throws {
         let subs = try asked(
-            held: ["cars"], checkpoints: [UTF8Key(spec.key): Checkpoint(epoch: Self.epochB, seq: 40)])
+            held: ["cars"],
+            checkpoints: [UTF8Key(spec.key): Checkpoint(epoch: Self.epochB, seq: 40, reapedKeys: reapedKeys)])
         let cars = try #require(subs.first { $0.spec == spec })
         #expect(cars.since == 40)
-        #expect(!cars.holds)
-        // Nor can one be made to: `h` goes only with `since` 0.
-        #expect(!WireSubscription(spec: spec, since: 40, hops: 0, holds: true).holds)
+        #expect(cars.holds == (reapedKeys == .wanted))
     }
 
     @Test func theHintTravelsOnlyWhenSet() throws {
@@ -67,15 +67,18 @@ import TrellisCore
             else { return #expect(Bool(false), "not a subs map") }
             #expect(entry["h"] == (holds ? .int(1) : nil))
         }
-        // Sent with a `since` above 0 (another implementation), it is read as not said.
-        let odd = CBOR.encode(
+        // With a `since` above 0 it asks for the tombstones reaped up to it, and travels too.
+        let later = CBOR.encode(
             .map([
                 "t": "subs", "v": 1, "subs": .array([.map(["c": "cars", "q": "true", "since": 5, "hops": 0, "h": 1])]),
             ]))
-        guard case .subscriptions(let subs, _) = try WireMessage(serialized: odd) else {
+        guard case .subscriptions(let subs, _) = try WireMessage(serialized: later) else {
             return #expect(Bool(false), "not subs")
         }
-        #expect(subs.map(\.holds) == [false])
+        #expect(subs.map(\.holds) == [true])
+        #expect(
+            try WireMessage(serialized: WireMessage.subscriptions(subs, version: 1).serialized())
+                == .subscriptions(subs, version: 1))
         // Anything but 0 or 1 is refused, naming the field.
         let bad = CBOR.encode(
             .map(["t": "subs", "v": 1, "subs": .array([.map(["c": "cars", "since": 0, "h": 2])])]))
@@ -137,5 +140,85 @@ import TrellisCore
             ).first)
         #expect(again.after == 0)
         #expect(again.reapedAfter == 0)
+    }
+
+    // MARK: Asked again, from a checkpoint, for the reaped tombstones
+
+    /// B's side: A asks with `h` from its checkpoint at 40 (it asked from 0 holding nothing, and
+    /// has since had documents from another peer). The tombstones B reaped up to 40 go first, in
+    /// batches of their own whose `upTo` is 40, then the scan resumes from 40, and its end is a
+    /// batch (`left: 0`) that A stores a checkpoint for, not a caught-up batch.
+    @Test func aPeerAskingWithHFromACheckpointGetsTheReapedTombstonesUpToItFirst() throws {
+        var r = served()
+        let first = try firstScan(holds: true, since: 40, on: &r)
+        #expect(first.reapedBacklog == ReapedBacklog(after: 0, through: 40))
+        let reaped = ReplicatorTests.record(5, "gone")
+        var out = r.scanned(link, first, page: ScanPage(records: [reaped], upTo: 5, exhausted: false), now: 2)
+        guard case .batch(_, let documents, let upTo, _, let left)? = ReplicatorTests.sent(out).first else {
+            return #expect(Bool(false), "no batch of reaped tombstones")
+        }
+        #expect(documents.map(\.id) == ["gone"])
+        #expect(upTo == 40)
+        #expect((left ?? 0) > 0)
+        let second = try #require(ReplicatorTests.scans(out).first)
+        #expect(second.reapedBacklog == ReapedBacklog(after: 5, through: 40))
+        out = r.scanned(link, second, page: ScanPage(records: [], upTo: 40, exhausted: true), now: 3)
+        #expect(ReplicatorTests.sent(out).isEmpty)
+        let resumed = try #require(ReplicatorTests.scans(out).first)
+        #expect(resumed.reapedBacklog == nil)
+        #expect(resumed.after == 40)
+        out = r.scanned(link, resumed, page: ScanPage(records: [], upTo: 40, exhausted: true, floor: 30), now: 4)
+        guard case .batch(_, let none, let end, _, let endLeft)? = ReplicatorTests.sent(out).first else {
+            return #expect(Bool(false), "the end is not a batch: \(ReplicatorTests.sent(out))")
+        }
+        #expect(none.isEmpty)
+        #expect(end == 40)
+        #expect(endLeft == 0)
+    }
+
+    /// A's side: A holds nothing of `cars` and asks B and C from 0 without `h`. Documents from B
+    /// make it ask C again, under a new generation, with `h`; B is not asked again. A batch of C's
+    /// from a checkpoint asked with `h` stores `wanted` until one ends the scan.
+    @Test func documentsFromOnePeerMakeTheOthersAskedFromZeroWithoutHAskedAgain() throws {
+        let c = LinkID(2)
+        var r = ReplicatorTests().replicator()
+        _ = try r.subscribe(spec, now: 0)
+        for (link, key, address) in [(link, Self.keyB, "b"), (c, ReplicatorTests.keyC, "c")] {
+            _ = r.linkOpened(
+                link, peerKey: key, initiator: true, address: address, endpoint: nil, checkpoints: [:], now: 0)
+            let sets = ReplicatorTests.sent(r.received(ReplicatorTests().hello(key), on: link, now: 0))
+            guard
+                case .subscriptions(let subs, _)? = sets.last(where: {
+                    if case .subscriptions = $0 { true } else { false }
+                })
+            else {
+                return #expect(Bool(false), "no set sent to \(address)")
+            }
+            #expect(subs.map(\.holds) == [false])
+        }
+        let fromB = r.received(
+            .batch(
+                subscription: .key(spec.key), documents: [WireDocument(collection: "cars", id: "x", state: [1])],
+                upTo: 10, generation: 0, left: 0), on: link, now: 1)
+        #expect(ReplicatorTests.applies(fromB).first?.reapedKeys == .notAsked)
+        let again = r.applied(
+            link, subscription: spec.key, upTo: 10, checkpointStored: true, reapedKeys: .notAsked, deferred: 0,
+            broughtLive: true, now: 1)
+        let sets = again.compactMap { directive -> (LinkID, [WireSubscription])? in
+            if case .send(let to, .subscriptions(let subs, _)) = directive { (to, subs) } else { nil }
+        }
+        #expect(sets.map(\.0) == [c])
+        #expect(sets.first?.1.map(\.holds) == [true])
+        #expect(sets.first?.1.map(\.generation) == [1])
+        // Live documents from C then make A's checkpoint on B (`notAsked`) `wanted`: B is asked
+        // again with `h`, from that checkpoint.
+        let fromC = r.applied(
+            c, subscription: spec.key, upTo: 7, checkpointStored: true, reapedKeys: .received, deferred: 0,
+            broughtLive: true, now: 2)
+        let toB = fromC.compactMap { directive -> [WireSubscription]? in
+            if case .send(self.link, .subscriptions(let subs, _)) = directive { subs } else { nil }
+        }
+        #expect(toB.first?.map(\.since) == [10])
+        #expect(toB.first?.map(\.holds) == [true])
     }
 }

@@ -60,6 +60,37 @@ import TrellisTestKit
         #expect(try b.checkpoints(peer: [3]).isEmpty)
     }
 
+    /// A checkpoint keeps what it says of its peer's reaped tombstones (``ReapedKeys``). Live
+    /// documents merged from another peer make the collection's `notAsked` checkpoints `wanted`,
+    /// in the merge's transaction; documents from the checkpoint's own peer, tombstones, and
+    /// other collections change nothing (docs/DATA-MODEL.md "A subscriber from 0 that holds rows").
+    @Test func liveDocumentsFromAnotherPeerMakeCheckpointsWantTheirPeersReapedTombstones() throws {
+        let a = try open("a.sqlite")
+        let b = try open("b.sqlite")
+        let items = SubscriptionSpec(collection: "c").key
+        let other = SubscriptionSpec(collection: "d").key
+        for key in [items, other] {
+            _ = try b.merge([], from: [1], checkpoint: (key, Checkpoint(epoch: [9], seq: 5, reapedKeys: .notAsked)))
+        }
+        _ = try b.merge([], from: [3], checkpoint: (items, Checkpoint(epoch: [9], seq: 5)))
+        func reapedKeys(_ peer: UInt8, _ key: String = items) throws -> ReapedKeys? {
+            try b.checkpoint(peer: [peer], subscription: key)?.reapedKeys
+        }
+        try a.upsert(["_id": "1"], in: "c")
+        _ = try b.merge(try batch(of: a), from: [1], checkpoint: nil)
+        #expect(try reapedKeys(1) == .notAsked, "the checkpoint's own peer")
+        try a.upsert(["_id": "2"], in: "c")
+        _ = try a.remove(id: "2", in: "c")
+        _ = try b.merge(try batch(of: a).filter { $0.id == "2" }, from: [2], checkpoint: nil)
+        #expect(try reapedKeys(1) == .notAsked, "a tombstone")
+        try a.upsert(["_id": "3"], in: "c")
+        _ = try b.merge(try batch(of: a).filter { $0.id == "3" }, from: [2], checkpoint: nil)
+        #expect(try reapedKeys(1) == .wanted)
+        #expect(try reapedKeys(1, other) == .notAsked, "another collection")
+        #expect(try reapedKeys(3) == .received)
+        #expect(try b.checkpoints(peer: [1])[UTF8Key(items)]?.reapedKeys == .wanted)
+    }
+
     @Test func rotatingTheLogGivesANewEpochAndSiteAndIsLogged() throws {
         let log = LogLines()
         let (epoch, site): ([UInt8], SiteID)

@@ -565,6 +565,22 @@ import TrellisTestKit
         #expect(try store.checkpoints(peer: [1]).values.map(\.seq) == [5])
     }
 
+    /// A store written by the version that kept nothing of its peers' reaped tombstones beside its
+    /// checkpoints opens with `reaped` added: each checkpoint counts them received, as that
+    /// version did, and later ones keep what they say.
+    @Test func checkpointsOfAnOlderStoreCountTheirPeersReapedTombstonesReceived() throws {
+        let key = SubscriptionSpec(collection: "c").key
+        do {
+            let store = try open("old.sqlite")
+            _ = try store.merge([], from: [1], checkpoint: (key, Checkpoint(epoch: [7], seq: 5, reapedKeys: .notAsked)))
+            try store.withState { s in try s.db.execute("ALTER TABLE checkpoints DROP COLUMN reaped") }
+        }
+        let store = try open("old.sqlite")
+        #expect(try store.checkpoint(peer: [1], subscription: key) == Checkpoint(epoch: [7], seq: 5))
+        _ = try store.merge([], from: [2], checkpoint: (key, Checkpoint(epoch: [7], seq: 6, reapedKeys: .wanted)))
+        #expect(try store.checkpoint(peer: [2], subscription: key)?.reapedKeys == .wanted)
+    }
+
     /// The rescan generations an earlier version kept, of two collections named alike in another
     /// Unicode form ("é" U+00E9 and "e" + U+0301, two collections here), read back as two: a
     /// `[String: UInt32]` made them one (Swift compares strings by canonical equivalence), and

@@ -82,7 +82,7 @@ private final class CostlyStore: SyncStore {
         return try store.scan(request)
     }
     func apply(_ request: ApplyRequest) throws -> (
-        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int
     ) {
         try store.apply(request)
     }

@@ -472,7 +472,7 @@ public struct Replicator: Sendable {
             return []
         case (.established, .batch(.key(let key), let documents, let upTo, let generation, let left)):
             noteProgress(key, documents: documents.count, left: left, on: link, now: now)
-            let directives = batch(key, documents, upTo, generation, on: link, now: now)
+            let directives = batch(key, documents, upTo, generation, left: left, on: link, now: now)
             return directives + refetchAnswered(key, generation: generation, left: left, on: link, now: now)
         case (.established, .caughtUp(.key(let key), let generation)):
             // Nothing after the `since` this node sent: initial sync complete, nothing to merge or
@@ -632,7 +632,9 @@ public struct Replicator: Sendable {
             set.append(
                 WireSubscription(
                     spec: sub.spec, since: since, hops: sub.hops, generation: sub.generation,
-                    epoch: since > 0 ? s.localEpoch : nil, deltas: sub.deltas, number: UInt32(n), holds: sub.holds))
+                    epoch: since > 0 ? s.localEpoch : nil, deltas: sub.deltas, number: UInt32(n),
+                    // From a checkpoint, `h` asks for reaped tombstones once: guessed not asked again.
+                    holds: sub.holds && since == 0))
         }
         rememberedOrder.removeAll { $0 == peer }
         rememberedSets[peer] = nil
@@ -917,13 +919,16 @@ public struct Replicator: Sendable {
         guard sessions[link]?.phase == .established, var served = sessions[link]?.served[key], !served.forbidden
         else { return [] }
         served.scanning = false
-        guard request.after == served.cursor else {
+        guard request.after == served.cursor, request.reapedBacklog == served.nextReapedBacklog else {
             // The peer rewound this subscription while the scan ran: scan again from the new cursor.
             served.pending = true
             sessions[link]!.served[key] = served
             return scanIfReady(link, key, now: now)
         }
         served.retryDelay = configuration.scanRetryInitial
+        if let backlog = request.reapedBacklog {
+            return reapedBacklogScanned(link, key, served, backlog, page, now: now)
+        }
         var documents: [WireDocument] = []
         var directives: [ReplicatorDirective] = []
         if page.belowFloor, !served.floorChecked {
@@ -1011,7 +1016,7 @@ public struct Replicator: Sendable {
         // The first time the end of the log is reached, a batch goes even when it carries nothing:
         // its `left: 0` tells the peer its initial sync of this subscription is complete.
         if documents.isEmpty, page.exhausted, !served.reachedEnd, served.cursor == served.since,
-            sessions[link]!.remote?.caughtUpBatches == true
+            sessions[link]!.remote?.caughtUpBatches == true, !served.sentReapedBacklog
         {
             // Nothing after the peer's `since` (this generation's): a caught-up batch, which moves
             // nothing there, is never acknowledged and so counts in no flow control (in flight,
@@ -1052,6 +1057,38 @@ public struct Replicator: Sendable {
         sessions[link]!.served[key] = served
         return directives + statesSent(sent, in: request.spec.collection, on: link, now: now)
             + scanIfReady(link, key, now: now)
+    }
+
+    /// A page of the tombstones reaped at or below the `since` of a peer that asked with `h`
+    /// from a checkpoint (``Served/reapedBacklog``): sent as a batch whose `upTo` is the cursor,
+    /// which does not move, with `left` above 0 (more follows: the rest of the backlog, then the
+    /// scan from the cursor). The peer merges them as any tombstone; its checkpoint says it
+    /// still wants them until a batch moves past the cursor or ends (`left: 0`).
+    private mutating func reapedBacklogScanned(
+        _ link: LinkID, _ key: UTF8Key, _ served: Served, _ backlog: ReapedBacklog, _ page: ScanPage, now: Millis
+    ) -> [ReplicatorDirective] {
+        var served = served
+        served.reapedBacklogAfter = max(served.reapedBacklogAfter, page.upTo)
+        if page.exhausted || served.reapedBacklogAfter >= backlog.through { served.reapedBacklog = nil }
+        served.pending = true
+        let documents = page.records.map(\.document).filter { $0.state.count <= configuration.maxStateBytes }
+        var directives: [ReplicatorDirective] = []
+        // The end is told by a batch the peer stores, also when no tombstone was reaped here.
+        served.sentReapedBacklog = true
+        if !documents.isEmpty {
+            directives.append(
+                send(
+                    link,
+                    .batch(
+                        subscription: .key(key.string), documents: documents, upTo: served.cursor,
+                        generation: served.generation, left: max(1, served.remainingEstimate ?? 1)),
+                    now))
+            if served.inFlight == 0 { served.lastProgress = now }
+            served.inFlight += 1
+            served.lastSentUpTo = max(served.lastSentUpTo, served.cursor)
+        }
+        sessions[link]!.served[key] = served
+        return directives + scanIfReady(link, key, now: now)
     }
 
     /// States of these documents went to the peer: it may hold them as this node sent them, and
@@ -1150,15 +1187,23 @@ public struct Replicator: Sendable {
     ///   - heldBehind: the peer sent older states than this node's of documents whose rows its
     ///     query subscriptions' scans have not read yet (``ApplyRequest/heldScans``):
     ///     those scans are made to run, whatever the commits since their last one concerned.
+    ///   - reapedKeys: what the stored checkpoint says of the peer's reaped tombstones
+    ///     (``ApplyRequest/reapedKeys``).
+    ///   - broughtLive: the batch applied documents that may be live (``MergeOutcome/live``):
+    ///     every other peer this node asked from 0 without `h` in the collection is asked again
+    ///     for its reaped tombstones (``wantReapedKeys(in:besides:now:)``).
     public mutating func applied(
-        _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool, deferred: Int,
-        withholding: [Value] = [], heldBehind: Bool = false, now: Millis
+        _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool,
+        reapedKeys: ReapedKeys = .received, deferred: Int, withholding: [Value] = [], heldBehind: Bool = false,
+        broughtLive: Bool = false, now: Millis
     ) -> [ReplicatorDirective] {
         let collection = SubscriptionSpec.collection(ofKey: key)
+        // Whatever became of the session: the store marked the other peers' checkpoints.
+        let wanted = broughtLive ? wantReapedKeys(in: collection, besides: link, now: now) : []
         guard let s = sessions[link], s.phase == .established, let remote = s.remote else {
-            return endRefetchIfAllArrived(collection, now: now)
+            return wanted + endRefetchIfAllArrived(collection, now: now)
         }
-        var scans: [ReplicatorDirective] = []
+        var scans: [ReplicatorDirective] = wanted
         if heldBehind {
             for served in Self.queryHolders(s.served, in: collection) {
                 sessions[link]!.served[served]!.pending = true
@@ -1166,7 +1211,8 @@ public struct Replicator: Sendable {
             }
         }
         if checkpointStored {
-            checkpointCache[s.peerKey, default: [:]][UTF8Key(key)] = Checkpoint(epoch: remote.epoch, seq: upTo)
+            checkpointCache[s.peerKey, default: [:]][UTF8Key(key)] = Checkpoint(
+                epoch: remote.epoch, seq: upTo, reapedKeys: reapedKeys)
         }
         if deferred > 0, !deferredPending {
             deferredPending = true
@@ -1180,6 +1226,48 @@ public struct Replicator: Sendable {
             ? [] : [send(link, .ack(subscription: .key(key), upTo: upTo, deferred: deferred > 0), now)]
         guard !withholding.isEmpty else { return ack + scans + endRefetchIfAllArrived(collection, now: now) }
         return ack + scans + askElsewhere(withholding, in: collection, answeredBy: link, now: now)
+    }
+
+    /// Live documents of `collection` arrived from the peer on `link`: they may be copies of
+    /// documents another peer removed and reaped, whose reaped tombstones reach this node only
+    /// when it asks with `h` (docs/PROTOCOL.md §2 step 5). Every other peer whose checkpoint in
+    /// the collection is ``ReapedKeys/notAsked`` now wants them (the store marked its rows in the
+    /// merge's transaction); and every other connected peer this node asked in the collection
+    /// from 0 without `h`, or whose checkpoint now wants them, is asked again under a new
+    /// generation, from its checkpoint, with `h`.
+    ///
+    /// - Complexity: O(checkpoints cached + subscriptions asked of the other peers).
+    private mutating func wantReapedKeys(in collection: String, besides link: LinkID, now: Millis)
+        -> [ReplicatorDirective]
+    {
+        let name = UTF8Key(collection)
+        // The collection is held from now on: a subscription asked from 0 says `h`.
+        heldCollections.insert(name)
+        // A session gone meanwhile names no sender: the store marked the checkpoints, which the
+        // next session with each peer reads.
+        guard let sender = sessions[link]?.peerKey else { return [] }
+        for peer in checkpointCache.keys where peer != sender {
+            for (key, checkpoint) in checkpointCache[peer]!
+            where checkpoint.reapedKeys == .notAsked && askedCollection(key.string) == name {
+                checkpointCache[peer]![key]!.reapedKeys = .wanted
+            }
+        }
+        var directives: [ReplicatorDirective] = []
+        for other in sessions.keys.sorted() where other != link {
+            guard let session = sessions[other], session.phase == .established, session.peerKey != sender,
+                session.remote != nil
+            else { continue }
+            var again = false
+            for (key, asked) in session.asked where !asked.holds && askedCollection(key.string) == name {
+                guard Refetch.ids(of: asked.spec) == nil else { continue }
+                if asked.since == 0 || checkpointCache[session.peerKey]?[key]?.reapedKeys == .wanted {
+                    sessions[other]!.resyncs[key, default: 0] &+= 1
+                    again = true
+                }
+            }
+            if again { directives += sendAsked(other, now: now) }
+        }
+        return directives
     }
 
     /// Documents of `collection` that the peer on `link` sent, and that still withhold a value
@@ -1623,11 +1711,16 @@ public struct Replicator: Sendable {
                     // The peer still holds what it held: reaped tombstones keep coming from the
                     // lower of the two positions (from the start, asked from 0 by a peer that
                     // holds rows of the collection).
-                    if sub.holds {
+                    if sub.holds, sub.since == 0 {
                         existing.reapedAfter = 0
                     } else if let reaped = existing.reapedAfter, sub.since > 0 {
                         existing.reapedAfter = min(reaped, sub.since)
                     }
+                    // Asked with `h` from its checkpoint: the tombstones reaped at or below it
+                    // go first (the peer got documents from elsewhere since it asked from 0).
+                    existing.reapedBacklog = sub.holds && sub.since > 0 ? sub.since : nil
+                    existing.reapedBacklogAfter = 0
+                    existing.sentReapedBacklog = false
                     // The new request's end of the log is told again (a caught-up or empty batch),
                     // as for a new subscription: without it, a refetch whose `_id`s this node holds
                     // no row of was never answered in its new generation.
@@ -1653,7 +1746,10 @@ public struct Replicator: Sendable {
             served.deltas = sub.deltas
             // Asked from 0 by a peer that holds rows of the collection: it may hold documents
             // from other peers that were removed here and reaped, which no tombstone row carries.
-            if sub.holds { served.reapedAfter = 0 }
+            if sub.holds, sub.since == 0 { served.reapedAfter = 0 }
+            // Asked with `h` from a checkpoint: it has documents from other peers since it asked
+            // from 0 without `h`; the tombstones reaped at or below its `since` go first.
+            if sub.holds, sub.since > 0 { served.reapedBacklog = sub.since }
             switch query(for: sub.spec) {
             case .ready(let q):
                 served.query = q
@@ -1844,6 +1940,7 @@ public struct Replicator: Sendable {
             limit: configuration.batchEntries, maxBytes: configuration.batchBytes)
         request.countRemaining = served.pagesSinceCount % 16 == 0
         request.reapedAfter = refetch ? nil : served.reapedAfter
+        if !refetch { request.reapedBacklog = served.nextReapedBacklog }
         if !refetch {
             request.reader = PageReader(peer: s.peerKey, acknowledgedUpTo: served.ackedUpTo, sendsHeld: sendsHeld)
         }
@@ -1869,8 +1966,8 @@ public struct Replicator: Sendable {
     }
 
     private mutating func batch(
-        _ subscription: String, _ documents: [WireDocument], _ upTo: Int64, _ generation: UInt32, on link: LinkID,
-        now: Millis
+        _ subscription: String, _ documents: [WireDocument], _ upTo: Int64, _ generation: UInt32, left: Int64?,
+        on link: LinkID, now: Millis
     ) -> [ReplicatorDirective] {
         // No copy of the session may live while its echo memory changes below: the copy would make
         // every batch copy the whole memory.
@@ -1926,10 +2023,26 @@ public struct Replicator: Sendable {
             storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
             heldBy: holders, unserved: unserved)
         request.heldScans = Self.heldScans(holding)
+        request.reapedKeys = Self.reapedKeys(
+            asked: asked, upTo: upTo, left: left,
+            stored: checkpointCache[sessions[link]!.peerKey]?[UTF8Key(subscription)])
         directives.append(.apply(link, request))
         // Whether the refetch ends is decided once the batch is applied: a document that arrives
         // still withholding a value stays listed (``applied(_:subscription:upTo:checkpointStored:deferred:withholding:now:)``).
         return directives
+    }
+
+    /// What the checkpoint a batch of the request `asked` stores says of the peer's reaped
+    /// tombstones (``ReapedKeys``): asked from 0 without `h`, none came (and none are needed
+    /// while every live document of the collection here came from this peer); asked with `h`,
+    /// they came from 0, or, asked from a `since` above 0, they come before anything after that
+    /// `since`, so a batch past it, or the last one (`left: 0`), ends them; otherwise the chain
+    /// goes on as stored.
+    static func reapedKeys(asked: WireSubscription, upTo: Int64, left: Int64?, stored: Checkpoint?) -> ReapedKeys {
+        if asked.holds {
+            return asked.since == 0 || upTo > asked.since || left == 0 ? .received : .wanted
+        }
+        return asked.since == 0 ? .notAsked : stored?.reapedKeys ?? .received
     }
 
     /// Drops the refetch list of `collection` once every listed document has arrived and none
@@ -2237,7 +2350,10 @@ public struct Replicator: Sendable {
                         &+ (sessions[link]!.resyncs[key] ?? 0),
                     epoch: since > 0 ? epoch : nil,
                     deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
-                    number: number, holds: heldCollections.contains(UTF8Key(entry.spec.collection))))
+                    number: number,
+                    holds: since == 0
+                        ? heldCollections.contains(UTF8Key(entry.spec.collection))
+                        : checkpoints[key]?.reapedKeys == .wanted))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change, and so are numbers given since: the early set went unnumbered
@@ -2543,6 +2659,21 @@ extension Replicator {
         /// the first page), or 0 for a peer that asked from 0 holding rows of the collection
         /// (``WireSubscription/holds``, set on receipt).
         var reapedAfter: Int64?
+        /// The peer asked with `h` from a `since` above 0 (``WireSubscription/holds``): the
+        /// tombstones reaped here at or below this `seq` go first, in pages of their own
+        /// (``ScanRequest/reapedBacklog``), before the scan resumes from the cursor; `nil` once
+        /// they went.
+        var reapedBacklog: Int64?
+        /// Where the pages of ``reapedBacklog`` stand: the `seq` of the last reaped key sent.
+        var reapedBacklogAfter: Int64 = 0
+        /// The page of ``reapedBacklog`` to read next, if any.
+        var nextReapedBacklog: ReapedBacklog? {
+            reapedBacklog.map { ReapedBacklog(after: reapedBacklogAfter, through: $0) }
+        }
+        /// ``reapedBacklog`` was read in this generation: the end of the scan is told by a batch
+        /// the peer stores a checkpoint for (`left: 0`), not a caught-up batch, so the peer
+        /// records that the reaped tombstones came (none, when nothing was reaped here).
+        var sentReapedBacklog = false
         /// The peer may not read the collection (``Authorization``): answered `suberr forbidden`,
         /// never scanned.
         var forbidden = false

@@ -10,16 +10,53 @@ public struct LinkID: Hashable, Comparable, Sendable, CustomStringConvertible {
     public var description: String { "link#\(raw)" }
 }
 
+/// The tombstones reaped at or below a peer's `since` still to send it (``ScanRequest/reapedBacklog``).
+public struct ReapedBacklog: Sendable, Equatable {
+    /// The `seq` of the last reaped key sent (0 before the first).
+    public var after: Int64
+    /// The peer's `since`: keys reaped above it reach the peer among the scan's pages.
+    public var through: Int64
+
+    public init(after: Int64, through: Int64) {
+        self.after = after
+        self.through = through
+    }
+}
+
 /// How far a receiver has durably applied one peer's log for one subscription.
 public struct Checkpoint: Sendable, Equatable, Hashable {
     /// The epoch of the peer's log the `seq` belongs to.
     public var epoch: [UInt8]
     public var seq: Int64
+    /// Whether the tombstones the peer reaped at or below `seq` reached this node.
+    public var reapedKeys: ReapedKeys
 
-    public init(epoch: [UInt8], seq: Int64) {
+    public init(epoch: [UInt8], seq: Int64, reapedKeys: ReapedKeys = .received) {
         self.epoch = epoch
         self.seq = seq
+        self.reapedKeys = reapedKeys
     }
+}
+
+/// Whether the tombstones a peer reaped at or below a checkpoint reached this node
+/// (docs/PROTOCOL.md §2 step 5, `h`; docs/DATA-MODEL.md "A subscriber from 0 that holds rows").
+/// A tombstone the peer reaped is in no row of its log: a subscriber gets it only among pages
+/// asked for it, and needs it only for a document it may hold from another peer.
+///
+/// Stored with the checkpoint as its raw value (the `reaped` column of `checkpoints`; 0 in a
+/// store written before it was kept).
+public enum ReapedKeys: Int, Sendable, Hashable {
+    /// They reached this node, or it needs none of them: the checkpoint's chain of requests began
+    /// with `h` (this node held rows of the collection when it asked from 0), or resumed a chain
+    /// that had them.
+    case received = 0
+    /// The chain began from 0 without `h` (this node held nothing of the collection) and, since,
+    /// this node got live documents of the collection only from this peer: it needs none.
+    case notAsked = 1
+    /// As ``notAsked``, but another peer has since brought live documents of the collection, which
+    /// may be copies of documents this peer removed and reaped: this node asks the peer for them
+    /// (`h` with its `since`) until a batch of that request moves past the checkpoint or ends.
+    case wanted = 2
 }
 
 /// This node's change log as the replicator needs to know it: its identity and how far it goes.
@@ -175,6 +212,12 @@ public struct ScanRequest: Sendable, Equatable {
     /// below the retained floor or not), the floor of its first page for one served from 0.
     /// `nil` for a refetch.
     public var reapedAfter: Int64?
+    /// Read instead of the log: the tombstones reaped here in the request's collection whose
+    /// `seq` is above `after` and at most `through`, in `seq` order, at most `limit` of them, each
+    /// as the state its reaped key kept (for a peer that asked with `h` from a checkpoint,
+    /// docs/PROTOCOL.md §2 step 5). The page's `upTo` is then the `seq` of the last one read
+    /// (`after` when none), and it is `exhausted` when none is left up to `through`.
+    public var reapedBacklog: ReapedBacklog?
 }
 
 /// The peer a change-log page is read for, with its position in the page's subscription: the
@@ -231,6 +274,8 @@ public struct ApplyRequest: Sendable, Equatable {
     /// an eviction or a postponed batch made it ask again from an earlier point): its documents
     /// merge, but its `upTo` must not move the checkpoint past documents not applied.
     public var storeCheckpoint: Bool
+    /// What the checkpoint stored with the batch says of the peer's reaped tombstones.
+    public var reapedKeys: ReapedKeys = .received
     /// The query subscriptions this node serves to the sender in the batch's collection: the
     /// sender holds every document it sent, so later changes to them must reach it.
     public var heldBy: [SubscriptionSpec] = []

@@ -97,12 +97,15 @@ public struct WireSubscription: Hashable, Sendable {
     /// in its `batch` and `suberr` messages instead of by its key, and the sender names it so in
     /// its `ack`s. A sender numbers its subscriptions only for a peer whose `hello` said `x: 1`.
     public var number: UInt32?
-    /// Whether the sender of a subscription from 0 holds rows of its collection (wire `h`: 1,
-    /// sent only with `since` 0; docs/PROTOCOL.md §2 step 5): documents it may have from other
-    /// peers. The receiver then carries, among the pages from 0, the tombstones it reaped from the
-    /// start of its log, as for a peer whose checkpoint is below its floor, so that the copies of
-    /// documents removed there go on the subscriber too. A subscriber that holds nothing of the
-    /// collection gets none of them.
+    /// Whether the sender holds rows of the subscription's collection that may have come from
+    /// other peers (wire `h`: 1; docs/PROTOCOL.md §2 step 5). With `since` 0: it holds rows of
+    /// the collection; the receiver then carries, among the pages from 0, the tombstones it
+    /// reaped from the start of its log, as for a peer whose checkpoint is below its floor, so
+    /// that the copies of documents removed there go on the subscriber too. A subscriber that
+    /// holds nothing of the collection gets none of them. With a `since` above 0: the sender
+    /// asked from 0 without `h` in this chain of checkpoints and has since got live documents of
+    /// the collection from another peer; the receiver sends every tombstone it reaped at or below
+    /// `since` first, then resumes from `since` (``ReapedKeys/wanted``).
     public var holds: Bool
 
     public init(
@@ -116,7 +119,7 @@ public struct WireSubscription: Hashable, Sendable {
         self.epoch = epoch
         self.deltas = deltas
         self.number = number
-        self.holds = holds && since == 0
+        self.holds = holds
     }
 }
 
@@ -333,7 +336,7 @@ public enum WireMessage: Sendable, Equatable {
                         if let epoch = $0.epoch { entry["e"] = .bytes(epoch) }
                         if $0.deltas { entry["d"] = .int(1) }
                         if let number = $0.number { entry["i"] = .int(Int64(number)) }
-                        if $0.holds, $0.since == 0 { entry["h"] = .int(1) }
+                        if $0.holds { entry["h"] = .int(1) }
                         return .map(entry)
                     }),
             ]
