@@ -207,6 +207,15 @@ extension DocumentStore {
                             now: now)
                         outcome.deferred.append((key, reason))
                         deferredHere = true
+                        // Kept to be applied later: as good as live for the checkpoints of other
+                        // peers (the retry runs without a sender to ask them again).
+                        if incoming.mayBeLive {
+                            outcome.live += 1
+                            if live != remote.collection {
+                                try wantReapedKeys(&s, in: remote.collection, besides: peer)
+                                live = remote.collection
+                            }
+                        }
                     }
                 }
                 if deferredHere { try checkDeferredBounds(&s, peer) }
@@ -660,6 +669,8 @@ extension DocumentStore {
                     case .applied, .appliedWithholding, .revived:
                         count += 1
                         try deleteDeferred(&s, row.collection, row.key, row.peer)
+                        // Marked when it was kept aside; again here for rows an earlier version kept.
+                        if decoded.mayBeLive { try wantReapedKeys(&s, in: row.collection, besides: row.peer) }
                     case .unchanged, .needsWholeState:
                         // (A delta is never kept aside, so none is retried.)
                         try deleteDeferred(&s, row.collection, row.key, row.peer)

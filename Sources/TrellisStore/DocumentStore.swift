@@ -333,9 +333,9 @@ public struct MergeOutcome: Sendable {
     /// session, ``DocumentStore/merge(_:from:checkpoint:heldBy:heldScans:unserved:)``): the
     /// sync engine makes those scans run, and they send the newer states.
     public var heldBehind = 0
-    /// Documents applied whose arriving state may hold a live document (not a tombstone's whole
-    /// state): when the sender is not the peer, each of this node's checkpoints in the collection
-    /// that was ``ReapedKeys/notAsked`` becomes ``ReapedKeys/wanted`` in the same transaction.
+    /// Documents applied or deferred whose arriving state may hold a live document (not a
+    /// tombstone's whole state): each of this node's checkpoints in the collection on another
+    /// peer that was ``ReapedKeys/notAsked`` becomes ``ReapedKeys/wanted`` in the same transaction.
     public var live = 0
 
     public init(
