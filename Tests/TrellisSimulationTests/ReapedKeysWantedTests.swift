@@ -33,12 +33,12 @@ import TrellisSimulation
         let w: SimulatedNode
         let s: SimulatedNode
         let n: SimulatedNode
-        let subscriptions: [Subscription]
+        var subscriptions: [Subscription]
     }
 
     /// W, its keeper and S, with d1 removed and reaped at W while S is away; N new and synced
     /// with W alone.
-    static func mesh(seed: UInt64, nClockOffset: Millis? = nil) throws -> Mesh {
+    static func mesh(seed: UInt64, nClockOffset: Millis? = nil, connectNToW: Bool = true) throws -> Mesh {
         let sim = try Simulation(seed: seed)
         sim.storeOptions.tombstoneTTL = UInt64(ttl)
         let w = try sim.addNode("w")
@@ -59,6 +59,7 @@ import TrellisSimulation
         let n = try sim.addNode("n")
         if let nClockOffset { sim.setClockOffset(n, nClockOffset) }
         subs.append(try n.store.collection("items").findAll().subscribe())
+        guard connectNToW else { return Mesh(sim: sim, w: w, s: s, n: n, subscriptions: subs) }
         sim.connect(n, w)
         try sim.runUntilQuiet()
         if nClockOffset == nil { #expect(try ids(n) == ["\"d2\""]) }
@@ -165,6 +166,35 @@ import TrellisSimulation
             #expect(!shown.contains("\"d1\""), "\(node.name) shows \(shown) after a new session with W")
         }
         try m.sim.check()
+        _ = m.subscriptions
+    }
+
+    /// A reviewer's scenario: A holds d1 stale (it had it from S, which is gone for good) and
+    /// meets W only through a new relay N that holds nothing and subscribes to nothing
+    /// (A — N — W).
+    ///
+    /// Promised (MESH.md "Tombstones"): d1 disappears from A. A's subscription to N says `h`; N
+    /// relays it to W with `h`, W's pages from 0 carry d1's reaped tombstone, and N's pages to A
+    /// carry it on.
+    ///
+    /// Failed before relayed subscriptions said `h` for the peer they relay: N said only what
+    /// it held itself (nothing), and nobody asked A for its copy.
+    @Test func aStaleNodeBehindANewRelayThatHoldsNothingLosesTheCopy() throws {
+        var m = try Self.mesh(seed: 9407, connectNToW: false)
+        m.subscriptions.removeLast().cancel()
+        let a = try m.sim.addNode("a")
+        m.subscriptions.append(try a.store.collection("items").findAll().subscribe())
+        m.sim.connect(a, m.s)
+        try m.sim.runUntilQuiet()
+        #expect(try Self.ids(a) == ["\"d1\"", "\"d2\""])
+        m.sim.crash(m.s)
+        m.sim.connect(a, m.n)
+        m.sim.connect(m.n, m.w)
+        try m.sim.runUntilQuiet()
+        for node in [m.w, m.n, a] {
+            let shown = try Self.ids(node)
+            #expect(!shown.contains("\"d1\""), "\(node.name) shows \(shown)")
+        }
         _ = m.subscriptions
     }
 }

@@ -1646,6 +1646,14 @@ public struct Replicator: Sendable {
             sub.epoch = nil
             return sub
         }
+        // A peer that asks from 0 holding rows of a collection may hold copies of documents
+        // that a peer this node relays its subscription to removed and reaped: relayed, the
+        // subscription says `h` as well (this node counts the collection as held), so those
+        // tombstones come here and, as tombstone rows, go on to the peer. Without it a stale node
+        // that met a remover only through a new relay holding nothing kept its copy.
+        for sub in subs where sub.holds && sub.since == 0 && Refetch.ids(of: sub.spec) == nil {
+            heldCollections.insert(UTF8Key(sub.spec.collection))
+        }
         var accepted = subs
         if subs.count > configuration.maxServedSubscriptions {
             accepted = subs.sorted { ($0.hops, UTF8Key($0.spec.key)) < ($1.hops, UTF8Key($1.spec.key)) }
