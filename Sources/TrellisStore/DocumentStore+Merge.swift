@@ -124,7 +124,7 @@ extension DocumentStore {
             next = try write(origin: peer) { s in
                 var deferredHere = false
                 var noted: String?  // the collection last noted as sent unserved
-                var live: String?  // the collection of the last live document this piece applied
+                var live: String?  // the collection of the last live document applied or kept aside
                 if start == 0 {
                     for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
                 }
@@ -149,10 +149,12 @@ extension DocumentStore {
                         switch result {
                         case .applied, .appliedWithholding:
                             outcome.applied += 1
-                            if incoming.mayBeLive { outcome.live += 1 }
-                            if incoming.mayBeLive, live != remote.collection {
-                                try wantReapedKeys(&s, in: remote.collection, besides: peer)
-                                live = remote.collection
+                            if incoming.mayBeLive {
+                                outcome.live += 1
+                                if live != remote.collection {
+                                    try wantReapedKeys(&s, in: remote.collection, besides: peer)
+                                    live = remote.collection
+                                }
                             }
                         case .revived:
                             outcome.applied += 1
@@ -767,9 +769,9 @@ extension DocumentStore {
     ///
     /// - Complexity: O(c log n) for the c checkpoints of the collection.
     func wantReapedKeys(_ s: inout State, in collection: String, besides peer: [UInt8]) throws {
+        // 2: ReapedKeys.wanted, 1: ReapedKeys.notAsked (a constant text: the statement is cached).
         let st = try s.db.prepare(
-            "UPDATE checkpoints SET reaped = \(ReapedKeys.wanted.rawValue) "
-                + "WHERE collection = ? AND reaped = \(ReapedKeys.notAsked.rawValue) AND peer != ?")
+            "UPDATE checkpoints SET reaped = 2 WHERE collection = ? AND reaped = 1 AND peer != ?")
         st.bind(1, collection)
         st.bind(2, peer)
         defer { st.reset() }

@@ -1189,7 +1189,8 @@ public struct Replicator: Sendable {
     ///     those scans are made to run, whatever the commits since their last one concerned.
     ///   - reapedKeys: what the stored checkpoint says of the peer's reaped tombstones
     ///     (``ApplyRequest/reapedKeys``).
-    ///   - broughtLive: the batch applied documents that may be live (``MergeOutcome/live``):
+    ///   - broughtLive: the batch brought documents that may be live, applied or kept aside
+    ///     (``MergeOutcome/live``):
     ///     every other peer this node asked from 0 without `h` in the collection is asked again
     ///     for its reaped tombstones (``wantReapedKeys(in:besides:now:)``).
     public mutating func applied(
@@ -1948,8 +1949,8 @@ public struct Replicator: Sendable {
             limit: configuration.batchEntries, maxBytes: configuration.batchBytes)
         request.countRemaining = served.pagesSinceCount % 16 == 0
         request.reapedAfter = refetch ? nil : served.reapedAfter
-        if !refetch { request.reapedBacklog = served.nextReapedBacklog }
         if !refetch {
+            request.reapedBacklog = served.nextReapedBacklog
             request.reader = PageReader(peer: s.peerKey, acknowledgedUpTo: served.ackedUpTo, sendsHeld: sendsHeld)
         }
         sessions[link]!.served[key]!.pagesSinceCount += 1

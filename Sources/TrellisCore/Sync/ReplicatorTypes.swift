@@ -215,8 +215,8 @@ public struct ScanRequest: Sendable, Equatable {
     /// Read instead of the log: the tombstones reaped here in the request's collection whose
     /// `seq` is above `after` and at most `through`, in `seq` order, at most `limit` of them, each
     /// as the state its reaped key kept (for a peer that asked with `h` from a checkpoint,
-    /// docs/PROTOCOL.md §2 step 5). The page's `upTo` is then the `seq` of the last one read
-    /// (`after` when none), and it is `exhausted` when none is left up to `through`.
+    /// docs/PROTOCOL.md §2 step 5). The page's `upTo` is then the `seq` of the last one read,
+    /// or `through` once none is left up to it, and it is then `exhausted`.
     public var reapedBacklog: ReapedBacklog?
 }
 
