@@ -197,4 +197,26 @@ import TrellisSimulation
         }
         _ = m.subscriptions
     }
+
+    /// N, synced with W alone, adds a query subscription in the collection: asked from 0, it
+    /// does not say `h` (every row N holds came from W, its checkpoint on W is `notAsked`), so W
+    /// sends no reaped tombstone. Then N meets S: both of N's chains on W are asked again, and d1
+    /// shows nowhere.
+    ///
+    /// The first half failed before (a reviewer's measure): the new subscription said `h`
+    /// because N held rows, and W sent N every key it reaped.
+    @Test func aNodeWithOnePeerThatAddsASubscriptionIsNotSentItsReapedKeys() throws {
+        var m = try Self.mesh(seed: 9408)
+        m.subscriptions.append(try m.n.store.collection("items").find("v >= 1").subscribe())
+        try m.sim.runUntilQuiet()
+        #expect(try m.n.documents.state(id: "d1", in: "items") == nil, "no tombstone of d1 reached N")
+        m.sim.connect(m.n, m.s)
+        try m.sim.runUntilQuiet()
+        for node in [m.w, m.s, m.n] {
+            let shown = try Self.ids(node)
+            #expect(!shown.contains("\"d1\""), "\(node.name) shows \(shown)")
+        }
+        try m.sim.check()
+        _ = m.subscriptions
+    }
 }

@@ -18,6 +18,9 @@ public struct Replicator: Sendable {
     /// subscription from 0 in one of them says so (``WireSubscription/holds``). Grows with every
     /// commit; never shrinks (a collection emptied stays here, which only costs reaped tombstones).
     private var heldCollections: Set<UTF8Key>
+    /// Collections a peer asked this node for from 0 with `h` (it holds rows of them): what this
+    /// node relays for it says `h` too, whatever this node holds.
+    private var heldByAskers: Set<UTF8Key> = []
     var sessions: [LinkID: Session] = [:]
     var presenceState = PresenceState()
     private var checkpointCache: [[UInt8]: [UTF8Key: Checkpoint]] = [:]
@@ -1649,11 +1652,11 @@ public struct Replicator: Sendable {
         }
         // A peer that asks from 0 holding rows of a collection may hold copies of documents
         // that a peer this node relays its subscription to removed and reaped: relayed, the
-        // subscription says `h` as well (this node counts the collection as held), so those
+        // subscription says `h` as well (``heldByAskers``), so those
         // tombstones come here and, as tombstone rows, go on to the peer. Without it a stale node
         // that met a remover only through a new relay holding nothing kept its copy.
         for sub in subs where sub.holds && sub.since == 0 && Refetch.ids(of: sub.spec) == nil {
-            heldCollections.insert(UTF8Key(sub.spec.collection))
+            heldByAskers.insert(UTF8Key(sub.spec.collection))
         }
         var accepted = subs
         if subs.count > configuration.maxServedSubscriptions {
@@ -2041,6 +2044,22 @@ public struct Replicator: Sendable {
         return directives
     }
 
+    /// Whether a subscription from 0 in `collection` to a peer with these `checkpoints` says `h`
+    /// (``WireSubscription/holds``): this node holds rows of the collection that may have come
+    /// from other peers, or a peer asked it from 0 with `h` there. A checkpoint on the peer in
+    /// the collection that is ``ReapedKeys/notAsked`` says the rows came from that peer (and
+    /// local writes) alone: the node held nothing when that chain began, and no other peer has
+    /// brought a live document since, so the peer's reaped tombstones would remove nothing here.
+    ///
+    /// - Complexity: O(checkpoints on the peer).
+    private func holdsRows(_ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint]) -> Bool {
+        if heldByAskers.contains(collection) { return true }
+        guard heldCollections.contains(collection) else { return false }
+        return !checkpoints.contains {
+            $0.value.reapedKeys == .notAsked && askedCollection($0.key.string) == collection
+        }
+    }
+
     /// What the checkpoint a batch of the request `asked` stores says of the peer's reaped
     /// tombstones (``ReapedKeys``): asked from 0 without `h`, none came (and none are needed
     /// while every live document of the collection here came from this peer); asked with `h`,
@@ -2361,7 +2380,7 @@ public struct Replicator: Sendable {
                     deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
                     number: number,
                     holds: since == 0
-                        ? heldCollections.contains(UTF8Key(entry.spec.collection))
+                        ? holdsRows(UTF8Key(entry.spec.collection), besides: checkpoints)
                         : checkpoints[key]?.reapedKeys == .wanted))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan

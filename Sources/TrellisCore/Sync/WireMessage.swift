@@ -99,7 +99,8 @@ public struct WireSubscription: Hashable, Sendable {
     public var number: UInt32?
     /// Whether the sender holds rows of the subscription's collection that may have come from
     /// other peers (wire `h`: 1; docs/PROTOCOL.md §2 step 5). With `since` 0: it holds rows of
-    /// the collection; the receiver then carries, among the pages from 0, the tombstones it
+    /// the collection that did not all come from the receiver (or relays for a peer that said
+    /// so); the receiver then carries, among the pages from 0, the tombstones it
     /// reaped from the start of its log, as for a peer whose checkpoint is below its floor, so
     /// that the copies of documents removed there go on the subscriber too. A subscriber that
     /// holds nothing of the collection gets none of them. With a `since` above 0: the sender
