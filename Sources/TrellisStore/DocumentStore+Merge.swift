@@ -125,6 +125,14 @@ extension DocumentStore {
                 var deferredHere = false
                 var noted: String?  // the collection last noted as sent unserved
                 var live: String?  // the collection of the last live document applied or kept aside
+                // A live document applied or kept aside: the other peers' `notAsked` checkpoints in
+                // its collection want their reaped tombstones (once per collection and piece).
+                func noteLive(_ collection: String) throws {
+                    outcome.live += 1
+                    guard live != collection else { return }
+                    try wantReapedKeys(&s, in: collection, besides: peer)
+                    live = collection
+                }
                 if start == 0 {
                     for (spec, query) in bound { try registerServed(&s, spec, bound: query, now: now) }
                 }
@@ -149,13 +157,7 @@ extension DocumentStore {
                         switch result {
                         case .applied, .appliedWithholding:
                             outcome.applied += 1
-                            if incoming.mayBeLive {
-                                outcome.live += 1
-                                if live != remote.collection {
-                                    try wantReapedKeys(&s, in: remote.collection, besides: peer)
-                                    live = remote.collection
-                                }
-                            }
+                            if incoming.mayBeLive { try noteLive(remote.collection) }
                         case .revived:
                             outcome.applied += 1
                             outcome.revived.append(key)
@@ -211,13 +213,7 @@ extension DocumentStore {
                         deferredHere = true
                         // Kept to be applied later: as good as live for the checkpoints of other
                         // peers (the retry runs without a sender to ask them again).
-                        if incoming.mayBeLive {
-                            outcome.live += 1
-                            if live != remote.collection {
-                                try wantReapedKeys(&s, in: remote.collection, besides: peer)
-                                live = remote.collection
-                            }
-                        }
+                        if incoming.mayBeLive { try noteLive(remote.collection) }
                     }
                 }
                 if deferredHere { try checkDeferredBounds(&s, peer) }

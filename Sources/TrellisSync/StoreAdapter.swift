@@ -8,14 +8,7 @@ extension DocumentStore: SyncStore {
         if let backlog = request.reapedBacklog {
             let page = try reapedTombstones(
                 in: request.spec.collection, after: backlog.after, through: backlog.through, limit: request.limit)
-            return ScanPage(
-                records: page.records.map { record in
-                    LogRecord(
-                        seq: record.seq, key: record.key,
-                        document: WireDocument(collection: record.collection, id: record.id, state: record.state),
-                        holdsUnacknowledgedWrite: false, isEvictionStub: false, isTombstone: true, delta: nil)
-                },
-                upTo: page.scannedUpTo, exhausted: page.exhausted)
+            return ScanPage(records: Self.logRecords(page), upTo: page.scannedUpTo, exhausted: page.exhausted)
         }
         // A peer asking again for documents it evicted: read only those rows, and do not track
         // the request as a served query (it is dropped once they arrive); the tombstones and stubs
@@ -26,19 +19,24 @@ extension DocumentStore: SyncStore {
             matching: request.query, servedAs: refetch == nil ? request.spec : nil, keys: refetch,
             refetchOf: Refetch.base(of: request.spec), reader: request.reader, reapedAfter: request.reapedAfter)
         return ScanPage(
-            records: page.records.map { record in
-                LogRecord(
-                    seq: record.seq, key: record.key,
-                    document: WireDocument(collection: record.collection, id: record.id, state: record.state),
-                    holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite, isEvictionStub: record.isEvictionStub,
-                    isTombstone: record.isDeleted, delta: record.delta)
-            },
+            records: Self.logRecords(page),
             upTo: page.scannedUpTo, exhausted: page.exhausted,
             remaining: page.exhausted
                 ? 0
                 : request.countRemaining
                     ? try logEntryCount(in: request.spec.collection, after: page.scannedUpTo) : nil,
             belowFloor: page.belowFloor, floor: page.floor, heldFrom: page.heldFrom)
+    }
+
+    /// A change-log page's records as the replicator reads them.
+    private static func logRecords(_ page: ChangePage) -> [LogRecord] {
+        page.records.map { record in
+            LogRecord(
+                seq: record.seq, key: record.key,
+                document: WireDocument(collection: record.collection, id: record.id, state: record.state),
+                holdsUnacknowledgedWrite: record.holdsUnacknowledgedWrite, isEvictionStub: record.isEvictionStub,
+                isTombstone: record.isDeleted, delta: record.delta)
+        }
     }
 
     public func apply(_ request: ApplyRequest) throws -> (
