@@ -1642,11 +1642,17 @@ public struct Replicator: Sendable {
         sessions[link]!.servedNumbers = numbers
         sessions[link]!.servedByNumber = byNumber
         // A subscription sent before the peer read our hello names the epoch its `since` counts
-        // in: another epoch's position means nothing in this log, so it is served from 0.
+        // in: another epoch's position means nothing in this log, so it is served from 0. The
+        // peer got documents of the collection from the earlier log, some of which this log may
+        // have removed and reaped: it is served as one that holds rows (`h`), so its pages carry
+        // the reaped tombstones (docs/PROTOCOL.md §2 step 5).
         let subs = subs.map { sub -> WireSubscription in
             guard let epoch = sub.epoch else { return sub }
             var sub = sub
-            if epoch != local.epoch { sub.since = 0 }
+            if epoch != local.epoch {
+                if sub.since > 0 { sub.holds = true }
+                sub.since = 0
+            }
             sub.epoch = nil
             return sub
         }
@@ -2050,13 +2056,18 @@ public struct Replicator: Sendable {
     /// the collection that is ``ReapedKeys/notAsked`` says the rows came from that peer (and
     /// local writes) alone: the node held nothing when that chain began, and no other peer has
     /// brought a live document since, so the peer's reaped tombstones would remove nothing here.
+    /// Only a checkpoint in the peer's current `epoch` says so: rows from an earlier epoch of its
+    /// log (its store was wiped or its log rotated since) may be documents its new log removed
+    /// and reaped.
     ///
     /// - Complexity: O(checkpoints on the peer).
-    private func holdsRows(_ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint]) -> Bool {
+    private func holdsRows(_ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint], epoch: [UInt8]?)
+        -> Bool
+    {
         if heldByAskers.contains(collection) { return true }
         guard heldCollections.contains(collection) else { return false }
         return !checkpoints.contains {
-            $0.value.reapedKeys == .notAsked && askedCollection($0.key.string) == collection
+            $0.value.reapedKeys == .notAsked && $0.value.epoch == epoch && askedCollection($0.key.string) == collection
         }
     }
 
@@ -2380,7 +2391,9 @@ public struct Replicator: Sendable {
                     deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
                     number: number,
                     holds: since == 0
-                        ? holdsRows(UTF8Key(entry.spec.collection), besides: checkpoints)
+                        ? holdsRows(
+                            UTF8Key(entry.spec.collection), besides: checkpoints,
+                            epoch: (early ? lastHellos[s.peerKey] : s.remote)?.epoch)
                         : checkpoints[key]?.reapedKeys == .wanted))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
