@@ -398,11 +398,34 @@ extension Simulation {
                 if seen < write.stamp {
                     violations.append(
                         "\(holder.name) lacks the write to \(write.collection)/\(write.key) made on \(nodes[write.node].name) at \(write.time) ms"
-                    )
+                            + " (\(holding(holder, row: row, state: state)); \(whereHeld(write, key)))")
                 }
             }
         }
         return Array(violations.prefix(20))
+    }
+
+    /// What `node` holds of a document, for a violation: "no row", "a live copy", "a tombstone",
+    /// or "the reaped key" (a tombstone reaped there, its state kept).
+    private func holding(_ node: SimulatedNode, row: [UInt8]?, state: DocumentState?) -> String {
+        guard row != nil else { return state == nil ? "\(node.name) has no row" : "\(node.name) has the reaped key" }
+        guard let state else { return "\(node.name)'s row does not decode" }
+        return "\(node.name) has " + (state.isDeleted ? "a tombstone" : "a live copy")
+    }
+
+    /// The up nodes whose state of the document covers `write` (a row, or the state its reaped key
+    /// kept), for a violation: which way the write would have had to travel.
+    private func whereHeld(_ write: History.Write, _ key: UTF8Key) -> String {
+        let holders = nodes.filter { node in
+            guard node.isUp else { return false }
+            let row = (try? log(of: node, collection: write.collection))?[key]
+            guard
+                let state = row.flatMap({ try? DocumentState(bytes: $0) })
+                    ?? (row == nil ? reapedState(of: node, write.collection, key) : nil)
+            else { return false }
+            return max(state.writes[write.site] ?? .zero, state.removed[write.site] ?? .zero) >= write.stamp
+        }
+        return holders.isEmpty ? "no up node has it" : "held on " + holders.map(\.name).joined(separator: ", ")
     }
 
     /// No live document shows nothing for a write because no node holds its value: an eviction
