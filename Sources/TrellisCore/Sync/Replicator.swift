@@ -2055,19 +2055,24 @@ public struct Replicator: Sendable {
     /// from other peers, or a peer asked it from 0 with `h` there. A checkpoint on the peer in
     /// the collection that is ``ReapedKeys/notAsked`` says the rows came from that peer (and
     /// local writes) alone: the node held nothing when that chain began, and no other peer has
-    /// brought a live document since, so the peer's reaped tombstones would remove nothing here.
-    /// Only a checkpoint in the peer's current `epoch` says so: rows from an earlier epoch of its
-    /// log (its store was wiped or its log rotated since) may be documents its new log removed
-    /// and reaped.
+    /// brought a live document since, so the peer's reaped tombstones up to that checkpoint would
+    /// remove nothing here. It says so only when
+    /// - it is in the peer's current `epoch`: rows from an earlier epoch of its log (its store was
+    ///   wiped or its log rotated since) may be documents its new log removed and reaped;
+    /// - its subscription is among those `asked` of the peer now: resumed from the checkpoint, it
+    ///   brings the tombstones the peer reaped after it, whatever its query. A checkpoint of a
+    ///   subscription no longer asked (replaced while away) brings none, and the rows it left
+    ///   here may be documents the peer removed and reaped since.
     ///
     /// - Complexity: O(checkpoints on the peer).
-    private func holdsRows(_ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint], epoch: [UInt8]?)
-        -> Bool
-    {
+    private func holdsRows(
+        _ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint], asked: Set<UTF8Key>, epoch: [UInt8]?
+    ) -> Bool {
         if heldByAskers.contains(collection) { return true }
         guard heldCollections.contains(collection) else { return false }
         return !checkpoints.contains {
-            $0.value.reapedKeys == .notAsked && $0.value.epoch == epoch && askedCollection($0.key.string) == collection
+            $0.value.reapedKeys == .notAsked && $0.value.epoch == epoch && asked.contains($0.key)
+                && askedCollection($0.key.string) == collection
         }
     }
 
@@ -2357,7 +2362,9 @@ public struct Replicator: Sendable {
         // while it is asked, never given to another key on the connection.
         let numbered = (early ? lastHellos[s.peerKey] : s.remote)?.compactNames == true
         var list: [WireSubscription] = []
-        for (key, entry) in wanted(for: link, now: now, sources: sources).sorted(by: { $0.key < $1.key }) {
+        let wanted = wanted(for: link, now: now, sources: sources)
+        let askedKeys = Set(wanted.keys)
+        for (key, entry) in wanted.sorted(by: { $0.key < $1.key }) {
             // Asked again on this connection after it was dropped: a new generation, so a batch
             // of the old request still in flight stores no checkpoint (one before it may have
             // arrived while the subscription was not asked, and was dropped unapplied).
@@ -2392,7 +2399,7 @@ public struct Replicator: Sendable {
                     number: number,
                     holds: since == 0
                         ? holdsRows(
-                            UTF8Key(entry.spec.collection), besides: checkpoints,
+                            UTF8Key(entry.spec.collection), besides: checkpoints, asked: askedKeys,
                             epoch: (early ? lastHellos[s.peerKey] : s.remote)?.epoch)
                         : checkpoints[key]?.reapedKeys == .wanted))
         }
