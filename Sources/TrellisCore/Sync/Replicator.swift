@@ -15,9 +15,16 @@ public struct Replicator: Sendable {
     private var own: [UTF8Key: (spec: SubscriptionSpec, count: Int)] = [:]
     private var generations: [UTF8Key: UInt32]
     /// The collections the local store holds rows of (documents, tombstones, eviction stubs): a
-    /// subscription from 0 in one of them says so (``WireSubscription/holds``). Grows with every
-    /// commit; never shrinks (a collection emptied stays here, which only costs reaped tombstones).
+    /// subscription from 0 in one of them says so (``WireSubscription/holds``). Those of the
+    /// store when the engine starts, and each collection a merge brings live documents of
+    /// (``wantReapedKeys(in:besides:now:)``). Never shrinks (a collection emptied stays here,
+    /// which only costs reaped tombstones).
     private var heldCollections: Set<UTF8Key>
+    /// Collections committed to since the engine started (local writes, any merge): held as
+    /// well for a request made from now on, but a request already made without `h` keeps it
+    /// (``sendAsked(_:now:early:digest:sources:)``): a row written since was seen by no peer
+    /// before it asked, so none of its reaped tombstones can remove it.
+    private var committedCollections: Set<UTF8Key> = []
     /// Collections a peer asked this node for from 0 with `h` (it holds rows of them): what this
     /// node relays for it says `h` too, whatever this node holds.
     private var heldByAskers: Set<UTF8Key> = []
@@ -69,7 +76,7 @@ public struct Replicator: Sendable {
     ///   - local: this node's log.
     ///   - generations: the rescan generation of each collection (see ``evicted(_:generation:now:)``).
     ///   - heldCollections: the collections the local store holds rows of
-    ///     (``WireSubscription/holds``); later commits add theirs. An array, not a `Set<String>`:
+    ///     (``WireSubscription/holds``); later merges of live documents add theirs. An array, not a `Set<String>`:
     ///     Swift compares strings by canonical equivalence, and two collections named alike in
     ///     another Unicode form are two collections.
     ///   - seed: fixes every random choice (nonces, jitter).
@@ -696,7 +703,7 @@ public struct Replicator: Sendable {
         collections: Set<UTF8Key>, lastSeq: Int64, unconcerned: [UTF8Key: Set<Int64>] = [:], now: Millis
     ) -> [ReplicatorDirective] {
         local.lastSeq = max(local.lastSeq, lastSeq)
-        heldCollections.formUnion(collections)
+        committedCollections.formUnion(collections)
         var directives: [ReplicatorDirective] = []
         for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
             for key in sessions[link]!.served.keys.sorted() {
@@ -1256,20 +1263,17 @@ public struct Replicator: Sendable {
                 checkpointCache[peer]![key]!.reapedKeys = .wanted
             }
         }
+        // Each other established session asking the collection without `h` asks again: those
+        // requests now say `h` (a new generation each, ``sendAsked(_:now:early:digest:sources:)``).
         var directives: [ReplicatorDirective] = []
         for other in sessions.keys.sorted() where other != link {
             guard let session = sessions[other], session.phase == .established, session.peerKey != sender,
-                session.remote != nil
+                session.remote != nil,
+                session.asked.contains(where: { key, asked in
+                    !asked.holds && askedCollection(key.string) == name && Refetch.ids(of: asked.spec) == nil
+                })
             else { continue }
-            var again = false
-            for (key, asked) in session.asked where !asked.holds && askedCollection(key.string) == name {
-                guard Refetch.ids(of: asked.spec) == nil else { continue }
-                if asked.since == 0 || checkpointCache[session.peerKey]?[key]?.reapedKeys == .wanted {
-                    sessions[other]!.resyncs[key, default: 0] &+= 1
-                    again = true
-                }
-            }
-            if again { directives += sendAsked(other, now: now) }
+            directives += sendAsked(other, now: now)
         }
         return directives
     }
@@ -2065,11 +2069,16 @@ public struct Replicator: Sendable {
     ///   here may be documents the peer removed and reaped since.
     ///
     /// - Complexity: O(checkpoints on the peer).
+    ///
+    /// - Parameter committed: whether collections committed to since the engine started count
+    ///   (``committedCollections``).
     private func holdsRows(
-        _ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint], asked: Set<UTF8Key>, epoch: [UInt8]?
+        _ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint], asked: Set<UTF8Key>, epoch: [UInt8]?,
+        committed: Bool = true
     ) -> Bool {
         if heldByAskers.contains(collection) { return true }
-        guard heldCollections.contains(collection) else { return false }
+        guard heldCollections.contains(collection) || (committed && committedCollections.contains(collection))
+        else { return false }
         return !checkpoints.contains {
             $0.value.reapedKeys == .notAsked && $0.value.epoch == epoch && asked.contains($0.key)
                 && askedCollection($0.key.string) == collection
@@ -2389,6 +2398,33 @@ public struct Replicator: Sendable {
                     since = cp.seq
                 }
             }
+            let collection = UTF8Key(entry.spec.collection)
+            let peerEpoch = (early ? lastHellos[s.peerKey] : s.remote)?.epoch
+            var holds =
+                since == 0
+                ? holdsRows(collection, besides: checkpoints, asked: askedKeys, epoch: peerEpoch)
+                : checkpoints[key]?.reapedKeys == .wanted
+            // Asked without `h` on this connection, under the generation it would go with now, and
+            // now with it: the peer reads `h` only with a new request. It gets a new generation,
+            // so the peer serves it again with the reaped tombstones and a batch of the old
+            // request stores no checkpoint saying they came, when live documents came from
+            // another peer (``wantReapedKeys(in:besides:now:)``), when the subscription whose
+            // `notAsked` checkpoint kept `h` off is no longer asked (cancelled, or its relay
+            // source gone, before its pages brought them), or when a peer asked this node with
+            // `h`. Rows committed since (``committedCollections``) alone leave the request as it
+            // was.
+            if holds, let before = s.asked[key], !before.holds, Refetch.ids(of: entry.spec) == nil,
+                before.generation
+                    == (generations[collection] ?? 0) &+ (sessions[link]!.resyncs[key] ?? 0)
+            {
+                if since > 0
+                    || holdsRows(collection, besides: checkpoints, asked: askedKeys, epoch: peerEpoch, committed: false)
+                {
+                    sessions[link]!.resyncs[key, default: 0] &+= 1
+                } else {
+                    holds = false
+                }
+            }
             list.append(
                 WireSubscription(
                     spec: entry.spec, since: since, hops: entry.hops,
@@ -2397,11 +2433,7 @@ public struct Replicator: Sendable {
                     epoch: since > 0 ? epoch : nil,
                     deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
                     number: number,
-                    holds: since == 0
-                        ? holdsRows(
-                            UTF8Key(entry.spec.collection), besides: checkpoints, asked: askedKeys,
-                            epoch: (early ? lastHellos[s.peerKey] : s.remote)?.epoch)
-                        : checkpoints[key]?.reapedKeys == .wanted))
+                    holds: holds))
         }
         // Resend only when the set changed (the peer keeps its own cursors); a new rescan
         // generation is a change, and so are numbers given since: the early set went unnumbered
