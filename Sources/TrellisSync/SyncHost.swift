@@ -378,7 +378,7 @@ public final class SyncHost {
                     more = replicator.applied(
                         link, subscription: request.subscription, upTo: request.upTo,
                         checkpointStored: request.storeCheckpoint, reapedKeys: request.reapedKeys,
-                        deferred: outcome.deferred, withholding: outcome.withholding,
+                        endsScan: request.endsScan, deferred: outcome.deferred, withholding: outcome.withholding,
                         heldBehind: outcome.heldBehind > 0, broughtLive: outcome.live > 0, now: now())
                 } catch StoreError.deferredLimit(let reason) {
                     // Too much of this peer's data waits already: the batch stays unacknowledged,

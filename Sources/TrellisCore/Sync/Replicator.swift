@@ -487,6 +487,9 @@ public struct Replicator: Sendable {
         case (.established, .caughtUp(.key(let key), let generation)):
             // Nothing after the `since` this node sent: initial sync complete, nothing to merge or
             // store, and no `ack` (the peer does not count it in flight).
+            if sessions[link]!.asked[UTF8Key(key)]?.generation == generation {
+                sessions[link]!.endedAsked.insert(UTF8Key(key))
+            }
             noteProgress(key, documents: 0, left: 0, on: link, now: now)
             if let refused = refusedWrite(key, documents: 0, on: link, now: now) { return refused }
             return refetchAnswered(key, generation: generation, left: 0, on: link, now: now)
@@ -1205,14 +1208,17 @@ public struct Replicator: Sendable {
     ///     for its reaped tombstones (``wantReapedKeys(in:besides:now:)``).
     public mutating func applied(
         _ link: LinkID, subscription key: String, upTo: Int64, checkpointStored: Bool,
-        reapedKeys: ReapedKeys = .received, deferred: Int, withholding: [Value] = [], heldBehind: Bool = false,
-        broughtLive: Bool = false, now: Millis
+        reapedKeys: ReapedKeys = .received, endsScan: Bool = false, deferred: Int, withholding: [Value] = [],
+        heldBehind: Bool = false, broughtLive: Bool = false, now: Millis
     ) -> [ReplicatorDirective] {
         let collection = SubscriptionSpec.collection(ofKey: key)
         // Whatever became of the session: the store marked the other peers' checkpoints.
         let wanted = broughtLive ? wantReapedKeys(in: collection, besides: link, now: now) : []
         guard let s = sessions[link], s.phase == .established, let remote = s.remote else {
             return wanted + endRefetchIfAllArrived(collection, now: now)
+        }
+        if endsScan, checkpointStored, s.asked[UTF8Key(key)] != nil {
+            sessions[link]!.endedAsked.insert(UTF8Key(key))
         }
         var scans: [ReplicatorDirective] = wanted
         if heldBehind {
@@ -2045,6 +2051,7 @@ public struct Replicator: Sendable {
             storeCheckpoint: generation == current && !postponed && Refetch.ids(of: asked.spec) == nil,
             heldBy: holders, unserved: unserved)
         request.heldScans = Self.heldScans(holding)
+        request.endsScan = left == 0 && request.storeCheckpoint
         request.reapedKeys = Self.reapedKeys(
             asked: asked, upTo: upTo, left: left,
             stored: checkpointCache[sessions[link]!.peerKey]?[UTF8Key(subscription)])
@@ -2066,7 +2073,9 @@ public struct Replicator: Sendable {
     /// - its subscription is among those `asked` of the peer now: resumed from the checkpoint, it
     ///   brings the tombstones the peer reaped after it, whatever its query. A checkpoint of a
     ///   subscription no longer asked (replaced while away) brings none, and the rows it left
-    ///   here may be documents the peer removed and reaped since.
+    ///   here may be documents the peer removed and reaped since. The caller counts as asked,
+    ///   for a subscription, those that left while it was asked after reaching the end of the
+    ///   peer's log (``Session/coveredBy``): they brought everything up to the time it was asked.
     ///
     /// - Complexity: O(checkpoints on the peer).
     ///
@@ -2373,6 +2382,17 @@ public struct Replicator: Sendable {
         var list: [WireSubscription] = []
         let wanted = wanted(for: link, now: now, sources: sources)
         let askedKeys = Set(wanted.keys)
+        // Requests that reached the end of the peer's log and leave the set now cover those
+        // asked beside them: what they brought up to now, the later ones' pages carry from their
+        // first on (the tombstones reaped after it, whatever the query).
+        let leaving = Set(s.asked.keys).subtracting(askedKeys).intersection(s.endedAsked)
+        if !leaving.isEmpty {
+            for key in askedKeys where s.asked[key] != nil {
+                sessions[link]!.coveredBy[key, default: []].formUnion(leaving)
+            }
+            // Asked again later, a request starts over: it has not reached the end yet.
+            sessions[link]!.endedAsked.subtract(leaving)
+        }
         for (key, entry) in wanted.sorted(by: { $0.key < $1.key }) {
             // Asked again on this connection after it was dropped: a new generation, so a batch
             // of the old request still in flight stores no checkpoint (one before it may have
@@ -2400,9 +2420,10 @@ public struct Replicator: Sendable {
             }
             let collection = UTF8Key(entry.spec.collection)
             let peerEpoch = (early ? lastHellos[s.peerKey] : s.remote)?.epoch
+            let suppressing = askedKeys.union(sessions[link]!.coveredBy[key] ?? [])
             var holds =
                 since == 0
-                ? holdsRows(collection, besides: checkpoints, asked: askedKeys, epoch: peerEpoch)
+                ? holdsRows(collection, besides: checkpoints, asked: suppressing, epoch: peerEpoch)
                 : checkpoints[key]?.reapedKeys == .wanted
             // Asked without `h` on this connection, under the generation it would go with now, and
             // now with it: the peer reads `h` only with a new request. It gets a new generation,
@@ -2418,7 +2439,8 @@ public struct Replicator: Sendable {
                     == (generations[collection] ?? 0) &+ (sessions[link]!.resyncs[key] ?? 0)
             {
                 if since > 0
-                    || holdsRows(collection, besides: checkpoints, asked: askedKeys, epoch: peerEpoch, committed: false)
+                    || holdsRows(
+                        collection, besides: checkpoints, asked: suppressing, epoch: peerEpoch, committed: false)
                 {
                     sessions[link]!.resyncs[key, default: 0] &+= 1
                 } else {
@@ -2634,6 +2656,13 @@ extension Replicator {
         var nextAskedNumber: UInt32 = 0
         /// Every subscription asked of the peer on this connection.
         var askedBefore: Set<UTF8Key> = []
+        /// Subscriptions asked of the peer on this connection whose request reached the end of
+        /// its log (a caught-up batch, or a last batch applied with its checkpoint).
+        var endedAsked: Set<UTF8Key> = []
+        /// For a subscription asked of the peer, the subscriptions that left the asked set while
+        /// it was asked, after their requests had reached the end of the peer's log: their
+        /// `notAsked` checkpoints keep `h` off it as if still asked (``holdsRows(_:besides:asked:epoch:committed:)``).
+        var coveredBy: [UTF8Key: Set<UTF8Key>] = [:]
         var servedNumbers: [UTF8Key: UInt32] = [:]
         var servedByNumber: [UInt32: UTF8Key] = [:]
         /// Per asked subscription, how often it was asked again after a postponed batch: added to

@@ -276,6 +276,9 @@ public struct ApplyRequest: Sendable, Equatable {
     public var storeCheckpoint: Bool
     /// What the checkpoint stored with the batch says of the peer's reaped tombstones.
     public var reapedKeys: ReapedKeys = .received
+    /// The batch ends its request's scan of the peer's log (`left: 0`) in the generation asked
+    /// for now: once applied with its checkpoint, the request reached the end of the log.
+    public var endsScan = false
     /// The query subscriptions this node serves to the sender in the batch's collection: the
     /// sender holds every document it sent, so later changes to them must reach it.
     public var heldBy: [SubscriptionSpec] = []
