@@ -16,7 +16,7 @@ import TrellisSimulation
 /// after that checkpoint, and S kept d1. A `notAsked` checkpoint now keeps `h` off only while its
 /// own subscription is asked of the peer too (docs/DATA-MODEL.md "A subscriber from 0 that holds
 /// rows").
-@Suite struct EpochReapBreakTests {
+@Suite struct EpochReapBreakTests: StaleCopyChecks {
     static let ttl: Millis = 120_000
 
     enum Dialer: String, CaseIterable, Sendable {
@@ -26,36 +26,8 @@ import TrellisSimulation
         case wiped
     }
 
-    static func ids(_ node: SimulatedNode) throws -> [String] {
-        try node.store.collection("items").findAll().exec().map { JSON.string($0.id) }.sorted()
-    }
-
     static func link(_ sim: Simulation, _ s: SimulatedNode, _ w: SimulatedNode, _ dialer: Dialer) {
         if dialer == .stale { sim.connect(s, w) } else { sim.connect(w, s) }
-    }
-
-    /// Expects `gone` on no running node; prints the trace (without keepalives and presence)
-    /// when some node still shows it.
-    static func expectGone(
-        _ sim: Simulation, _ nodes: [SimulatedNode], _ label: String, gone: [String] = ["\"d1\""]
-    ) throws {
-        var bad = false
-        for node in nodes where node.isUp {
-            let shown = try ids(node)
-            let stale = shown.filter { gone.contains($0) }
-            if !stale.isEmpty { bad = true }
-            #expect(stale.isEmpty, "\(label): \(node.name) shows \(shown)")
-        }
-        if bad { dump(sim, label) }
-    }
-
-    static func dump(_ sim: Simulation, _ label: String, last: Int = 160) {
-        let lines = sim.trace.filter {
-            !$0.contains(" ping") && !$0.contains(" pong") && !$0.contains("presence")
-        }
-        print("==== \(label): trace, last \(min(last, lines.count)) of \(lines.count) lines ====")
-        for line in lines.suffix(last) { print(line) }
-        print("==== end \(label) ====")
     }
 
     // MARK: 1. Restored from an older backup

@@ -29,34 +29,8 @@ import TrellisSimulation
 /// and W sends N its reaped keys (`aNodeWithOnePeerReplacingWhileConnected…`). It is kept and
 /// documented: the tombstones W reaped between the old subscription's checkpoint and the new
 /// one's first page reach N no other way.
-@Suite struct HDecisionBreakTests {
+@Suite struct HDecisionBreakTests: StaleCopyChecks {
     static let ttl: Millis = 120_000
-
-    static func ids(_ node: SimulatedNode) throws -> [String] {
-        try node.store.collection("items").findAll().exec().map { JSON.string($0.id) }.sorted()
-    }
-
-    static func expectGone(
-        _ sim: Simulation, _ nodes: [SimulatedNode], _ label: String, gone: [String] = ["\"d1\""]
-    ) throws {
-        var bad = false
-        for node in nodes where node.isUp {
-            let shown = try ids(node)
-            let stale = shown.filter { gone.contains($0) }
-            if !stale.isEmpty { bad = true }
-            #expect(stale.isEmpty, "\(label): \(node.name) shows \(shown)")
-        }
-        if bad { dump(sim, label) }
-    }
-
-    static func dump(_ sim: Simulation, _ label: String, last: Int = 120) {
-        let lines = sim.trace.filter {
-            !$0.contains(" ping") && !$0.contains(" pong") && !$0.contains("presence")
-        }
-        print("==== \(label): trace, last \(min(last, lines.count)) of \(lines.count) lines ====")
-        for line in lines.suffix(last) { print(line) }
-        print("==== end \(label) ====")
-    }
 
     /// Runs the simulation 1 ms at a time until a trace line (added from now on) contains all of
     /// `parts`; returns whether it did within `limit` ms.

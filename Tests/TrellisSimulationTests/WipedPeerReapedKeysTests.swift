@@ -16,7 +16,7 @@ import TrellisSimulation
 /// site ID), gets d1 and d2 again from R, and R removes d1: W and R both reap its tombstone after
 /// the TTL. W then cancels its subscription (asking S for d1, W would get S's copy and remove it
 /// again itself). R and S never meet; S's link to W comes back.
-@Suite struct WipedPeerReapedKeysTests {
+@Suite struct WipedPeerReapedKeysTests: StaleCopyChecks {
     static let ttl: Millis = 120_000
 
     /// Which of S and W dials the link between them.
@@ -26,10 +26,6 @@ import TrellisSimulation
         case stale
         /// W dials: S reads W's hello first and asks from 0 itself.
         case wiped
-    }
-
-    static func ids(_ node: SimulatedNode) throws -> [String] {
-        try node.store.collection("items").findAll().exec().map { JSON.string($0.id) }.sorted()
     }
 
     /// Promised (docs/MESH.md "Tombstones"): d1 shows nowhere once the mesh is quiet.
