@@ -2077,10 +2077,9 @@ public struct Replicator: Sendable {
     ///   for a subscription, those that left while it was asked after reaching the end of the
     ///   peer's log (``Session/coveredBy``): they brought everything up to the time it was asked.
     ///
-    /// - Complexity: O(checkpoints on the peer).
-    ///
     /// - Parameter committed: whether collections committed to since the engine started count
     ///   (``committedCollections``).
+    /// - Complexity: O(checkpoints on the peer).
     private func holdsRows(
         _ collection: UTF8Key, besides checkpoints: [UTF8Key: Checkpoint], asked: Set<UTF8Key>, epoch: [UInt8]?,
         committed: Bool = true
@@ -2378,7 +2377,8 @@ public struct Replicator: Sendable {
         let checkpoints = checkpointCache[s.peerKey] ?? [:]
         // A peer that reads compact names gets each subscription numbered: one number per key
         // while it is asked, never given to another key on the connection.
-        let numbered = (early ? lastHellos[s.peerKey] : s.remote)?.compactNames == true
+        let peerHello = early ? lastHellos[s.peerKey] : s.remote
+        let numbered = peerHello?.compactNames == true
         var list: [WireSubscription] = []
         let wanted = wanted(for: link, now: now, sources: sources)
         let askedKeys = Set(wanted.keys)
@@ -2419,11 +2419,11 @@ public struct Replicator: Sendable {
                 }
             }
             let collection = UTF8Key(entry.spec.collection)
-            let peerEpoch = (early ? lastHellos[s.peerKey] : s.remote)?.epoch
+            var generation = (generations[collection] ?? 0) &+ (sessions[link]!.resyncs[key] ?? 0)
             let suppressing = askedKeys.union(sessions[link]!.coveredBy[key] ?? [])
             var holds =
                 since == 0
-                ? holdsRows(collection, besides: checkpoints, asked: suppressing, epoch: peerEpoch)
+                ? holdsRows(collection, besides: checkpoints, asked: suppressing, epoch: peerHello?.epoch)
                 : checkpoints[key]?.reapedKeys == .wanted
             // Asked without `h` on this connection, under the generation it would go with now, and
             // now with it: the peer reads `h` only with a new request. It gets a new generation,
@@ -2435,23 +2435,21 @@ public struct Replicator: Sendable {
             // `h`. Rows committed since (``committedCollections``) alone leave the request as it
             // was.
             if holds, let before = s.asked[key], !before.holds, Refetch.ids(of: entry.spec) == nil,
-                before.generation
-                    == (generations[collection] ?? 0) &+ (sessions[link]!.resyncs[key] ?? 0)
+                before.generation == generation
             {
                 if since > 0
                     || holdsRows(
-                        collection, besides: checkpoints, asked: suppressing, epoch: peerEpoch, committed: false)
+                        collection, besides: checkpoints, asked: suppressing, epoch: peerHello?.epoch, committed: false)
                 {
                     sessions[link]!.resyncs[key, default: 0] &+= 1
+                    generation &+= 1
                 } else {
                     holds = false
                 }
             }
             list.append(
                 WireSubscription(
-                    spec: entry.spec, since: since, hops: entry.hops,
-                    generation: (generations[UTF8Key(entry.spec.collection)] ?? 0)
-                        &+ (sessions[link]!.resyncs[key] ?? 0),
+                    spec: entry.spec, since: since, hops: entry.hops, generation: generation,
                     epoch: since > 0 ? epoch : nil,
                     deltas: configuration.deltas && entry.spec.isWholeCollection && !s.noDeltas.contains(key),
                     number: number,
