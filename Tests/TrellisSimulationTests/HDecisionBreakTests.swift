@@ -382,9 +382,16 @@ import TrellisSimulation
 
     /// R — S — W: S relays R's `v >= 1` (the same key as its own old subscription). While away
     /// from W, S cancels its own `v >= 1` and subscribes `v >= 0`; R's stays relayed. Then R's
-    /// is cancelled right after S is back (variant 1) or R goes away (variant 2).
-    @Test(arguments: [0, 1, 2])
-    func theOldKeyStillRelayed(_ variant: Int) throws {
+    /// is cancelled right after S is back (variant 1) or R goes away (variant 2). In variant 1 R
+    /// then subscribes `later`: S, which by then has W's reaped tombstone of d1, answers it
+    /// (as a query matching d1, one matching neither document, or the whole collection), and
+    /// R's stale d1 must go whichever it is. Variant 3 is variant 1 with two reaper runs before
+    /// R subscribes again: S has reaped the tombstone it received, and answers from its reaped key.
+    @Test(arguments: [
+        (0, ""), (1, "v >= 5"), (1, "v >= 1"), (1, "v >= 0"), (1, "*"), (2, ""), (3, "v >= 1"), (3, "v >= 0"),
+        (3, "*"),
+    ])
+    func theOldKeyStillRelayed(_ variant: Int, later: String) throws {
         let sim = try Simulation(seed: 12501 + UInt64(variant))
         sim.storeOptions.tombstoneTTL = UInt64(Self.ttl)
         let w = try sim.addNode("w")
@@ -407,7 +414,7 @@ import TrellisSimulation
         sim.crash(k)
         sim.setLink(s, w, up: true)
         switch variant {
-        case 1:
+        case 1, 3:
             #expect(Self.step(sim, until: [" s -> w subs ", "v >= 0"]))
             rSub.cancel()
         case 2:
@@ -417,10 +424,18 @@ import TrellisSimulation
         }
         try sim.runUntilQuiet()
         try Self.expectGone(sim, [w, s], "oldKeyRelayed \(variant) (S)")
-        if variant == 1 { rSub = try r.store.collection("items").find("v >= 5").subscribe() }
+        if variant == 3 {
+            sim.run(for: 2 * 60_000)
+            #expect(try s.documents.state(id: "d1", in: "items") == nil, "S reaped d1's tombstone")
+        }
+        if variant == 1 || variant == 3 {
+            #expect(try Self.ids(r).contains("\"d1\""), "R holds d1 stale, its subscription cancelled")
+            let items = try r.store.collection("items")
+            rSub = try later == "*" ? items.findAll().subscribe() : items.find(later).subscribe()
+        }
         if variant == 2 { try sim.restart(r) }
         try sim.runUntilQuiet()
-        try Self.expectGone(sim, [w, s, r], "oldKeyRelayed \(variant) (R back)")
+        try Self.expectGone(sim, [w, s, r], "oldKeyRelayed \(variant) \(later) (R back)")
         try sim.check()
         _ = (sub, rSub, kept)
     }
