@@ -105,10 +105,13 @@ public final class TrellisProcess: Sendable {
         if process.isRunning { Glibc.kill(process.processIdentifier, signal) }
     }
 
-    /// Sends SIGTERM and waits for the exit status.
+    /// Sends SIGTERM (then SIGCONT, so a stopped process handles it) and waits for the exit status.
     @discardableResult
     public func terminate() -> Int32 {
-        if process.isRunning { process.terminate() }
+        if process.isRunning {
+            process.terminate()
+            signal(SIGCONT)
+        }
         process.waitUntilExit()
         waitForOutput()
         return process.terminationStatus

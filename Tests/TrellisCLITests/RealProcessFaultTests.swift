@@ -207,8 +207,9 @@ import TrellisTestKit
     }
 
     /// F15 b: the sending peer is restarted (SIGTERM, started again) part-way through a
-    /// 30,000-document transfer (more than the 8 batches of 1,024 a sender keeps in flight, so
-    /// the restart falls before the end however fast the transfer runs). The receiver ends with every document once: nothing it held at
+    /// 30,000-document transfer (more than the 8 batches of 1,024 a sender keeps in flight, and the
+    /// sender runs in slices until the receiver holds part of it, so the restart falls before the
+    /// end however fast the transfer runs and however loaded the machine is). The receiver ends with every document once: nothing it held at
     /// the restart is applied again (same `seq`). The transfer resumes from the receiver's
     /// checkpoint, on the same epoch of the sender's log, so at most the documents after it are
     /// sent again (the count is printed; the CLI does not report what was re-sent).
@@ -230,8 +231,18 @@ import TrellisTestKit
         ]
         var nodeA = try TrellisProcess(senderArguments)
         let peerA = try #require(nodeA.peerKey())
-        let half = 8_000 + Int(rng.next() % 12_000)
-        #expect(await waitUntil(timeout: 60) { StoreSnapshot.count(b) >= half }, "B: \(nodeB.stderr)")
+        let half = 6_000 + Int(rng.next() % 10_000)
+        // A runs in slices of 20 ms (SIGCONT, then SIGSTOP) until B holds `half`: however loaded the
+        // machine, the transfer cannot end between two looks. Stopped, A has at most 8 batches of
+        // 1,024 in flight, so B ends below `half` + 20 ms of sending + 8,192.
+        var slices = 0
+        while StoreSnapshot.count(b) < half && slices < 3_000 {
+            nodeA.signal(SIGCONT)
+            await pause(0.02)
+            nodeA.signal(SIGSTOP)
+            slices += 1
+        }
+        #expect(StoreSnapshot.count(b) >= half, "B: \(nodeB.stderr)")
         #expect(nodeA.terminate() == 0)
         let atRestart = try StoreSnapshot(b, peer: peerA)
         try #require(atRestart.rows.count < total, "the transfer ended before the restart; nothing to test")
