@@ -202,20 +202,65 @@ public enum CanonicalJSON {
                 if negative { return magnitude != 0 && magnitude <= UInt64(Int64.max) + 1 }
                 return magnitude <= UInt64(Int64.max)
             }
+            var fraction = 0..<0
             if next == UInt8(ascii: ".") {
                 position += 1
                 guard Self.isDigit(next) else { return false }
+                let first = position
                 while Self.isDigit(next) { position += 1 }
+                fraction = first..<position
             }
             if next == UInt8(ascii: "e") || next == UInt8(ascii: "E") {
                 position += 1
                 if next == UInt8(ascii: "+") || next == UInt8(ascii: "-") { position += 1 }
                 guard Self.isDigit(next) else { return false }
                 while Self.isDigit(next) { position += 1 }
+            } else if let plain = Self.plainDecimal(bytes, integer: magnitude, digits: digits, fraction: fraction) {
+                return plain
             }
             let text = UnsafeBufferPointer(rebasing: bytes[start..<position])
             guard let double = Double(String(decoding: text, as: UTF8.self)), double.isFinite else { return false }
             return JSON.formatDouble(double).utf8.elementsEqual(text)
+        }
+
+        /// Whether a double written `integer.fraction` (no exponent) is spelled as
+        /// ``JSON/formatDouble(_:)`` spells it, decided from its digits alone; `nil` when the
+        /// digits cannot decide it (zero, more than 15 significant digits, below 0.001), which the
+        /// caller then decides by parsing and writing the double again.
+        ///
+        /// A decimal of at most 15 significant digits is the only one of that many digits or
+        /// fewer to read as its double (IEEE 754 binary64 carries 15 decimal digits: DBL_DIG), so
+        /// the shortest digits that read back as that double, which `Double.description` writes,
+        /// are the text's own digits without trailing zeros. `description` writes such a number
+        /// from 0.001 up to 2^53 without an exponent, and with `.0` when it has no fraction. So the
+        /// spelling is canonical exactly when the fraction has no trailing zero, or is the one
+        /// digit `0` of a whole number.
+        ///
+        /// - Parameters:
+        ///   - integer: the integer part's value (below 2^64), `digits` its number of digits
+        ///     (no leading zero unless it is `0`).
+        ///   - fraction: where the fraction's digits are (at least one).
+        /// - Complexity: O(number of digits).
+        private static func plainDecimal(
+            _ bytes: UnsafeBufferPointer<UInt8>, integer: UInt64, digits: Int, fraction: Range<Int>
+        ) -> Bool? {
+            guard !fraction.isEmpty else { return nil }
+            let lastNonZero = fraction.last { bytes[$0] != UInt8(ascii: "0") }
+            var significant: Int
+            if integer != 0 {
+                significant = digits + fraction.count
+            } else {
+                // 0.xyz: the significant digits start at the first nonzero one, within the first three.
+                guard let firstNonZero = fraction.first(where: { bytes[$0] != UInt8(ascii: "0") }),
+                    firstNonZero - fraction.lowerBound < 3
+                else { return nil }
+                significant = fraction.upperBound - firstNonZero
+            }
+            // Trailing zeros of the fraction are not significant, but make the spelling longer.
+            if let lastNonZero { significant -= fraction.upperBound - 1 - lastNonZero }
+            guard significant <= 15 else { return nil }
+            if let lastNonZero { return lastNonZero == fraction.upperBound - 1 }
+            return fraction.count == 1  // a whole number: `.0`, one zero
         }
 
         private mutating func literal(_ word: StaticString) -> Bool {

@@ -70,7 +70,10 @@ public struct SingleWriteState: Sendable, Equatable {
     /// Trellis peer sends), without building the generic CBOR value; `nil` for anything else,
     /// which ``decode(_:)`` then reads the general way.
     private static func canonical(_ bytes: [UInt8]) -> SingleWriteState? {
-        var reader = CBORReader(bytes, options: CBOR.DecodingOptions())
+        // Deterministic: every head in its shortest form and every length definite, which is how
+        // ``encoded()`` writes them; so bytes that read as the two entries below are exactly its
+        // output, with no second encoding to compare against.
+        var reader = CBORReader(bytes, options: CBOR.DecodingOptions(requireDeterministic: true))
         func text() -> String? {
             guard let head = try? reader.readHead(), head.major == 3 else { return nil }
             return try? reader.readText(head)
@@ -81,15 +84,16 @@ public struct SingleWriteState: Sendable, Equatable {
             }
             return head.major == 0 ? Int64(head.argument) : -1 - Int64(head.argument)
         }
-        guard (try? reader.readHead())?.major == 5, text() == "j", let json = text(), text() == "u",
+        guard let map = try? reader.readHead(), map.major == 5, map.argument == 2, text() == "j", let json = text(),
+            text() == "u",
             let parts = try? reader.readHead(), parts.major == 4, parts.argument == 2, let time = int(),
             let site = int(), reader.remaining == 0
         else { return nil }
-        let state = SingleWriteState(
+        // Any other spelling of the same content (a longer head, say) failed above and is left to
+        // the general reader.
+        return SingleWriteState(
             stamp: Stamp(time: HLCTimestamp(rawValue: UInt64(bitPattern: time)), site: SiteID(bitPattern: site)),
             json: json)
-        // Any other spelling of the same content (a longer head, say) is left to the general reader.
-        return state.encoded() == bytes ? state : nil
     }
 
     /// A document read from its JSON: the materialised document (with `_id`), its fields without

@@ -99,6 +99,46 @@ import TrellisTestKit
         #expect(CanonicalJSON.documentID(of: text) == nil, "accepted \(text) (\(why))")
     }
 
+    /// Doubles without an exponent are judged from their digits alone (up to 15 significant
+    /// digits, from 0.001): on random decimals of every length, with and without trailing zeros,
+    /// around the limits, the judgement is exactly what parsing and writing the double again says.
+    @Test func plainDecimalsAreJudgedAsTheWriterSpellsThem() throws {
+        var (rng, seed) = SeededRandom.fromEnvironment(default: 0xD0_0B1E)
+        print("CanonicalJSONTests decimals seed \(seed) (replay with \(SeededRandom.environmentVariable)=\(seed))")
+        func digits(_ count: Int, leading: Bool) -> String {
+            String(
+                (0..<count).map { k in
+                    let low = k == 0 && leading ? 1 : 0
+                    return Character(String(Int.random(in: low...9, using: &rng)))
+                })
+        }
+        var checked = 0
+        var canonical = 0
+        for _ in 0..<60_000 {
+            let integer = Bool.random(using: &rng) ? "0" : digits(Int.random(in: 1...17, using: &rng), leading: true)
+            var fraction = String(repeating: "0", count: Int.random(in: 0...5, using: &rng))
+            fraction += digits(Int.random(in: 0...17, using: &rng), leading: false)
+            fraction += String(repeating: "0", count: Int.random(in: 0...2, using: &rng))
+            if fraction.isEmpty { fraction = "0" }
+            let number = (Bool.random(using: &rng) ? "-" : "") + integer + "." + fraction
+            let text = "{\"_id\":\"d\",\"n\":\(number)}"
+            let expected = (try? JSON.string(JSON.parse(text))) == text
+            #expect(CanonicalJSON.isDocument(text, idKey: "\"d\"") == expected, "\(number)")
+            checked += 1
+            if expected { canonical += 1 }
+        }
+        for number in [
+            "0.001", "0.0001", "0.0012", "0.1", "0.0", "-0.0", "1.0", "10.0", "10.00", "999999999999999.0",
+            "99999999999999.9", "123456789012345.0", "1.5", "1.50", "0.30000000000000004", "0.3",
+            "100000000000000.5", "9007199254740992.0", "0.000123",
+        ] {
+            let text = "{\"_id\":\"d\",\"n\":\(number)}"
+            let expected = (try? JSON.string(JSON.parse(text))) == text
+            #expect(CanonicalJSON.isDocument(text, idKey: "\"d\"") == expected, "\(number)")
+        }
+        #expect(checked == 60_000 && canonical > 5_000, "\(canonical) of \(checked) canonical")
+    }
+
     /// Nesting: as deep as ``Value/maximumDepth`` allows is accepted, one level more is not.
     @Test func nestingLimit() throws {
         func nested(_ levels: Int) -> String {
