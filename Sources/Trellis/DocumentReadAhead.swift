@@ -12,8 +12,10 @@ public import TrellisStore
 /// reading), then `nil`. ``place``, ``bytesRead`` and ``count`` describe the document ``next()``
 /// last returned or refused, as the reader's would. Memory follows the bytes read ahead, not
 /// the file: a chunk ends after ``chunkSize`` documents or once it took ``chunkBytes`` of the
-/// file (a chunk holds at least one document), and at most four are held at once (the one the
-/// caller reads from, two waiting, one being read).
+/// file (a chunk holds at least one document), and at most five are held at once (the one the
+/// caller reads from, two waiting, one being read, and one the caller finished). The reading
+/// thread also frees the chunks the caller finished, so the caller's thread does not spend its
+/// time releasing parsed documents (a tenth of an import's writing, docs/BENCHMARKS.md).
 ///
 /// With `preparingUpserts`, the reading thread also checks and encodes each document for the
 /// store (``DocumentStore/prepareUpsert(_:)``), and ``nextPrepared()`` returns it so.
@@ -71,6 +73,8 @@ public final class DocumentReadAhead {
         /// Guards `ready`, and the waits for `ready` and `stopped`.
         let condition = NSCondition()
         var ready: [[Item]] = []
+        /// Chunks the caller finished, for the reading thread to free.
+        var spent: [[Item]] = []
         /// Set under `condition` by ``close()``; also read without it, between documents.
         let stopped = Atomic<Bool>(false)
         var isStopped: Bool { stopped.load(ordering: .relaxed) }
@@ -140,6 +144,11 @@ public final class DocumentReadAhead {
         if index == current.count {
             shared.condition.lock()
             while shared.ready.isEmpty { shared.condition.wait() }
+            // The finished chunk goes to the reading thread, which frees it (unless it has ended:
+            // then at most the chunks read ahead are left, freed with this object).
+            if !current.isEmpty, !shared.ended.load(ordering: .relaxed) {
+                shared.spent.append(current)
+            }
             current = shared.ready.removeFirst()
             shared.condition.broadcast()
             shared.condition.unlock()
@@ -157,6 +166,7 @@ public final class DocumentReadAhead {
         shared.condition.lock()
         shared.stopped.store(true, ordering: .relaxed)
         shared.ready = []
+        shared.spent = []
         shared.condition.broadcast()
         shared.condition.unlock()
     }
@@ -188,12 +198,18 @@ public final class DocumentReadAhead {
                 done = item.endsReading
                 chunk.append(item)
             }
+            var spent: [[Item]] = []
             shared.condition.lock()
-            defer { shared.condition.unlock() }
             while !shared.isStopped, shared.ready.count >= chunksAhead { shared.condition.wait() }
-            if shared.isStopped { return }
+            if shared.isStopped {
+                shared.condition.unlock()
+                return
+            }
             shared.ready.append(chunk)
+            swap(&spent, &shared.spent)
             shared.condition.broadcast()
+            shared.condition.unlock()
+            spent = []  // freed here, outside the lock
         }
     }
 }
