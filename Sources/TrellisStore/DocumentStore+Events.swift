@@ -14,6 +14,8 @@ final class ObserverList: Sendable {
     /// The thread running observers right now, if any (so ``DocumentStore/waitForObservers()``
     /// called from an observer does not wait for itself).
     private let delivering = Mutex<pthread_t?>(nil)
+    /// Events delivered, handed back for the committing thread to release (``takeDelivered()``).
+    private let delivered = Mutex<StoreEvent?>(nil)
 
     func add(_ callback: @escaping @Sendable (StoreEvent) -> Void) -> UInt64 {
         let token = next.add(1, ordering: .relaxed).newValue
@@ -31,6 +33,30 @@ final class ObserverList: Sendable {
         delivering.withLock { $0 = pthread_self() }
         defer { delivering.withLock { $0 = nil } }
         for callback in current { callback(event) }
+    }
+
+    /// Delivers `event`, then hands it back (``takeDelivered()``) instead of releasing it here.
+    ///
+    /// An event's values (up to ``DocumentStore/maxEventValueBytes``) were allocated by the
+    /// committing thread. Released here, each of them locked the committing thread's malloc arena
+    /// while that thread allocated the next batch's documents: 7 % of a merge's samples waited
+    /// on that lock (docs/BENCHMARKS.md). The committing thread releases them at its next commit,
+    /// so the last event's values stay in memory until then; one not taken by the time the next
+    /// is handed back is released here (no commit is under way then to contend with).
+    func deliverAndHandBack(_ event: StoreEvent) {
+        deliver(event)
+        var untaken: StoreEvent? = event
+        delivered.withLock { swap(&untaken, &$0) }
+        _ = untaken  // released here, outside the lock
+    }
+
+    /// The event delivered and not yet taken, for the caller to release.
+    func takeDelivered() -> StoreEvent? {
+        delivered.withLock { held in
+            var taken: StoreEvent?
+            swap(&taken, &held)
+            return taken
+        }
     }
 
     var isDeliveringOnThisThread: Bool {
@@ -79,6 +105,8 @@ extension DocumentStore {
 
     /// Queues the event of the transaction that just committed (called under the store lock).
     func queueEvent(_ s: inout State, origin: [UInt8]?) {
+        // Released here, on the committing thread (``ObserverList/deliverAndHandBack(_:)``).
+        _ = observers.takeDelivered()
         defer {
             s.changedKeys = [:]
             s.unlistedCollections = []
@@ -95,6 +123,6 @@ extension DocumentStore {
             changedValues: s.changedValues, lastSeq: s.nextSeq - 1,
             scopeChecks: Self.completeScopeChecks(s), renumberedKeys: s.renumberedKeys.filter { !$0.value.isEmpty })
         let observers = self.observers
-        events.async { observers.deliver(event) }
+        events.async { observers.deliverAndHandBack(event) }
     }
 }
