@@ -1,6 +1,7 @@
 public import ContactProvider
 import Foundation
 public import TrellisCore
+import TrellisStore
 
 /// How a contact is stored as a Trellis document: one document per contact, fields named after
 /// `CNContact`'s properties (see docs/CONTACTS.md, "Document shape").
@@ -27,10 +28,26 @@ public enum ContactDocument {
     /// So a string `_id` that spells a map's JSON names another contact than the map (before,
     /// both were one contact, and removing either removed the other's file).
     public static func identifier(for id: Value) -> ContactItem.Identifier {
-        if case .string(let s) = id {
-            return ContactItem.Identifier(s.hasPrefix("{") || s.hasPrefix("\\") ? "\\" + s : s)
-        }
+        if case .string(let s) = id { return identifier(forString: s) }
         return ContactItem.Identifier(JSON.string(id))
+    }
+
+    /// ``identifier(for:)`` of a change-log row's `_id` as the store hands it over: a string
+    /// `_id` given as its bytes is made into the identifier's string once, without a ``Value``.
+    static func identifier(for id: LogRowID) -> ContactItem.Identifier {
+        switch id {
+        case .string(let bytes): return identifier(forString: String(decoding: bytes, as: UTF8.self))
+        case .parsed(let value): return identifier(for: value)
+        }
+    }
+
+    /// ``identifier(for:)`` of the string `_id` `s`.
+    private static func identifier(forString s: String) -> ContactItem.Identifier {
+        // A string whose first byte is neither `{` nor `\` has neither prefix: most, at once.
+        guard let first = s.utf8.first, first == UInt8(ascii: "{") || first == UInt8(ascii: "\\") else {
+            return ContactItem.Identifier(s)
+        }
+        return ContactItem.Identifier(s.hasPrefix("{") || s.hasPrefix("\\") ? "\\" + s : s)
     }
 
     /// The `_id` an identifier names (``identifier(for:)`` read back): after `\`, the string

@@ -55,15 +55,11 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
                 marker = m
                 after = Int64(page.offset)
             }
-            var entries = try store.entries(
-                in: collection, after: after, through: marker.snapshot, limit: pageSize + 1, includeDeleted: false,
-                decodingJSON: { ContactDocument.contact(deferringJSON: $0) })
-            let more = entries.count > pageSize
-            if more { entries.removeLast() }
-            if !entries.isEmpty { observer.didEnumerate(entries.compactMap(Self.item)) }
-            if more, let last = entries.last {
+            let page = try read(after: after, through: marker.snapshot, limit: pageSize, includeDeleted: false)
+            if page.listed > 0 { observer.didEnumerate(page.updates) }
+            if page.more {
                 observer.didFinishEnumeratingPage(
-                    upTo: ContactItemPage(generationMarker: marker.data, offset: Int(last.seq)))
+                    upTo: ContactItemPage(generationMarker: marker.data, offset: Int(page.last)))
             } else {
                 observer.didFinishEnumeratingContent(upTo: marker.data)
             }
@@ -91,28 +87,67 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
             guard try isCurrent(marker, cursor: cursor) else {
                 return observer.didFinishEnumeratingChangesWithError(ContactProviderError.changeAnchorExpired)
             }
-            var entries = try store.entries(
-                in: collection, after: cursor, limit: batchSize + 1, includeDeleted: true,
-                decodingJSON: { ContactDocument.contact(deferringJSON: $0) })
-            let more = entries.count > batchSize
-            if more { entries.removeLast() }
-            let updates = entries.compactMap(Self.item)
-            let deletes = entries.filter { $0.document == nil }.map { ContactDocument.identifier(for: $0.id) }
-            if !deletes.isEmpty { observer.didDelete(deletes) }
-            if !updates.isEmpty { observer.didUpdate(updates) }
-            let next = entries.last.map { Int($0.seq) } ?? Int(cursor)
+            let batch = try read(after: cursor, through: nil, limit: batchSize, includeDeleted: true)
+            if !batch.deletes.isEmpty { observer.didDelete(batch.deletes) }
+            if !batch.updates.isEmpty { observer.didUpdate(batch.updates) }
             observer.didFinishEnumeratingChanges(
-                upTo: ContactItemSyncAnchor(generationMarker: marker.data, offset: next), moreComing: more)
+                upTo: ContactItemSyncAnchor(generationMarker: marker.data, offset: Int(batch.last)),
+                moreComing: batch.more)
         } catch {
             observer.didFinishEnumeratingChangesWithError(error)
         }
     }
 
-    /// The item for a live entry, `nil` for a deleted one. Contacts are read straight from the
-    /// stored JSON text, not through a ``Value``, when a property is first asked for
-    /// (``ContactDocument/contact(deferringJSON:)``).
-    private static func item(_ entry: DecodedLogEntry<CNMutableContact>) -> ContactItem? {
-        entry.document.map { .contact($0, ContactDocument.identifier(for: entry.id)) }
+    /// What one page or batch read from the change log holds.
+    private struct Batch {
+        /// The live entries' items, in `seq` order.
+        var updates: [ContactItem] = []
+        /// The removed or evicted entries' identifiers, in `seq` order.
+        var deletes: [ContactItem.Identifier] = []
+        /// How many entries are listed (a live row without JSON text counts, as an entry with no
+        /// item).
+        var listed = 0
+        /// The `seq` of the last entry listed (the cursor the read started from when none was).
+        var last: Int64
+        /// Whether the log holds entries after the last one listed.
+        var more = false
+    }
+
+    /// Up to `limit` entries with `after < seq <= through`
+    /// (``DocumentStore/readLogRows(in:after:through:limit:includeDeleted:_:)``), each live one a
+    /// contact read from the stored JSON text when a property is first asked for
+    /// (``ContactDocument/contact(deferringJSON:)``) and its identifier, made straight from the
+    /// row: no ``Value`` and no list of entries in between.
+    ///
+    /// One entry more than `limit` is read to tell whether more are coming; a row whose text is
+    /// not JSON is skipped (and named by the store) wherever it is, that entry included.
+    private func read(after: Int64, through: Int64?, limit: Int, includeDeleted: Bool) throws(StoreError) -> Batch {
+        var batch = Batch(last: after)
+        batch.updates.reserveCapacity(min(limit, 1_024))
+        var count = 0
+        try store.readLogRows(
+            in: collection, after: after, through: through, limit: limit + 1, includeDeleted: includeDeleted
+        ) { seq, _, id, json in
+            var contact: CNMutableContact?
+            if let json {
+                guard let read = ContactDocument.contact(deferringJSON: json) else { return false }
+                contact = read
+            }
+            count += 1
+            guard count <= limit else {
+                batch.more = true
+                return true
+            }
+            batch.listed = count
+            batch.last = seq
+            if let contact {
+                batch.updates.append(.contact(contact, ContactDocument.identifier(for: id)))
+            } else {
+                batch.deletes.append(ContactDocument.identifier(for: id))
+            }
+            return true
+        }
+        return batch
     }
 
     /// Whether a marker names this store's log and collection, and a cursor it can still answer.

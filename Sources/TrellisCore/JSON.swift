@@ -63,6 +63,17 @@ public enum JSON {
         try JSONParser.parse(buffer)
     }
 
+    /// The bytes between the quotes of `text` when it is one string literal that
+    /// ``parse(_:)-(UnsafeRawBufferPointer)`` reads as exactly those bytes (no escapes, control
+    /// characters or surrounding whitespace; well-formed UTF-8): what the stored `_id` key of a
+    /// string `_id` is. `nil` for any other text, which may still parse.
+    ///
+    /// - Parameter text: the text; the result points into it.
+    /// - Complexity: O(n), one pass plus UTF-8 validation; no allocation.
+    package static func plainStringContent(_ text: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer? {
+        JSONParser.plainStringContent(text)
+    }
+
     private static func catching(_ body: () throws(JSONError) -> Value) -> Result<Value, JSONError> {
         do throws(JSONError) {
             return .success(try body())

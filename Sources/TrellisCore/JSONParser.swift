@@ -57,6 +57,14 @@ struct JSONParser {
     ///
     /// - Complexity: O(n), one pass plus UTF-8 validation.
     private static func plainString(_ input: UnsafeRawBufferPointer) -> String? {
+        plainStringContent(input).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// The bytes between the quotes of a text that ``plainString(_:)`` reads: those of the
+    /// string the text parses as, well-formed UTF-8; `nil` for any other text.
+    ///
+    /// - Complexity: O(n), one pass plus UTF-8 validation; no allocation.
+    static func plainStringContent(_ input: UnsafeRawBufferPointer) -> UnsafeRawBufferPointer? {
         let n = input.count
         guard n >= 2, input[0] == quote, input[n - 1] == quote else { return nil }
         var i = 1
@@ -66,12 +74,12 @@ struct JSONParser {
                 if b == quote || b == backslash || b < 0x20 { return nil }
                 i += 1
             } else {
-                // Well-formed UTF-8 checked here, so the decoding below repairs nothing.
+                // Well-formed UTF-8 checked here, so decoding the content repairs nothing.
                 guard let length = UTF8Check.sequenceLength(input, at: i), i + length < n else { return nil }
                 i += length
             }
         }
-        return String(decoding: UnsafeRawBufferPointer(rebasing: input[1..<(n - 1)]), as: UTF8.self)
+        return UnsafeRawBufferPointer(rebasing: input[1..<(n - 1)])
     }
 
     // MARK: Bytes

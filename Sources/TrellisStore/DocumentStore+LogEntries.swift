@@ -129,6 +129,37 @@ extension DocumentStore {
         in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool,
         _ read: (_ seq: Int64, _ key: String, _ id: Value, _ json: UnsafeBufferPointer<UInt8>?) -> Bool
     ) throws(StoreError) {
+        try readLogRows(
+            in: collection, after: after, through: through, limit: limit, includeDeleted: includeDeleted
+        ) { seq, key, id, json in
+            read(seq, String(decoding: key, as: UTF8.self), id.value, json)
+        }
+    }
+
+    /// Hands each log entry ``entries(in:after:through:limit:includeDeleted:)`` would list to
+    /// `read` as ``readEntries(in:after:through:limit:includeDeleted:_:)`` does, with the `_id`
+    /// key as the bytes SQLite holds and a string `_id` as its bytes: for readers that make of
+    /// the `_id` only what they need (the contacts enumerator, one identifier string per row).
+    ///
+    /// `collection`, `after`, `through`, `limit` and `includeDeleted` are those of
+    /// ``entries(in:after:through:limit:includeDeleted:)``.
+    ///
+    /// - Parameter read: takes the entry's `seq`, the bytes of its canonical `_id` key
+    ///   (`String(decoding: key, as: UTF8.self)` is the key
+    ///   ``readEntries(in:after:through:limit:includeDeleted:_:)`` gives), its `_id`
+    ///   (``LogRowID``), and the bytes of its JSON text (`nil` for a removed or evicted
+    ///   document); the bytes are valid during the call only. It answers as
+    ///   ``readEntries(in:after:through:limit:includeDeleted:_:)``'s `read` does. A row whose
+    ///   `_id` key is not JSON is skipped, logged and listed before `read` would see it.
+    /// - Throws: ``StoreError`` for SQLite errors.
+    /// - Complexity: as ``entries(in:after:through:limit:includeDeleted:)``, plus the cost of
+    ///   `read` for each row; a string `_id` key is read without allocation.
+    public func readLogRows(
+        in collection: String, after: Int64, through: Int64? = nil, limit: Int, includeDeleted: Bool,
+        _ read: (
+            _ seq: Int64, _ key: UnsafeBufferPointer<UInt8>, _ id: LogRowID, _ json: UnsafeBufferPointer<UInt8>?
+        ) -> Bool
+    ) throws(StoreError) {
         try withState { s in
             let st = try s.db.prepare(
                 "SELECT seq, k, value FROM documents WHERE collection = ? AND seq > ? AND seq <= ?"
@@ -150,13 +181,19 @@ extension DocumentStore {
                 while try st.step() {
                     rows += 1
                     cursor = st.int64(0)
-                    let key = st.string(1, dropping: prefix) ?? ""
-                    guard let id = try? JSON.parse(key) else {
-                        noteDamaged(&s, collection, key, "its _id key is not JSON")
+                    let key = st.textBytes(1, dropping: prefix)
+                    let id: LogRowID
+                    if let content = JSON.plainStringContent(UnsafeRawBufferPointer(key)) {
+                        id = .string(content.assumingMemoryBound(to: UInt8.self))
+                    } else if let parsed = try? JSON.parse(String(decoding: key, as: UTF8.self)) {
+                        id = .parsed(parsed)
+                    } else {
+                        noteDamaged(&s, collection, String(decoding: key, as: UTF8.self), "its _id key is not JSON")
                         continue
                     }
                     guard read(cursor, key, id, st.textBytes(2)) else {
-                        noteDamaged(&s, collection, key, "its JSON value does not parse")
+                        noteDamaged(
+                            &s, collection, String(decoding: key, as: UTF8.self), "its JSON value does not parse")
                         continue
                     }
                     count += 1
@@ -164,6 +201,25 @@ extension DocumentStore {
                 if rows < need { break }  // the end of the range
             }
             st.reset()
+        }
+    }
+}
+
+/// The `_id` of a change-log row as ``DocumentStore/readLogRows(in:after:through:limit:includeDeleted:_:)``
+/// hands it to its reader.
+public enum LogRowID {
+    /// A string `_id` whose key is a JSON string literal without escapes (as the store writes
+    /// every string `_id` without control characters, `"` or `\`), well-formed: the string's
+    /// UTF-8 bytes as SQLite holds them, valid during the reader's call only.
+    case string(UnsafeBufferPointer<UInt8>)
+    /// Any other `_id`, parsed from its key.
+    case parsed(Value)
+
+    /// The `_id` as a value.
+    public var value: Value {
+        switch self {
+        case .string(let bytes): return .string(String(decoding: bytes, as: UTF8.self))
+        case .parsed(let value): return value
         }
     }
 }

@@ -256,6 +256,16 @@ final class Statement {
         return UnsafeBufferPointer(start: p, count: Int(sqlite3_column_bytes(stmt, column)))
     }
 
+    /// The text of a column after its first `prefix` bytes, as SQLite holds it (a row key `k`
+    /// read as its `_id` key: ``DocumentStore/keyPrefixLength(_:)``); empty for `NULL`. Valid as
+    /// ``textBytes(_:)``'s bytes are.
+    func textBytes(_ column: Int32, dropping prefix: Int) -> UnsafeBufferPointer<UInt8> {
+        guard let p = sqlite3_column_text(stmt, column) else { return UnsafeBufferPointer(start: nil, count: 0) }
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        let start = min(prefix, n)
+        return UnsafeBufferPointer(start: p + start, count: n - start)
+    }
+
     func bytes(_ column: Int32) -> [UInt8]? {
         guard sqlite3_column_type(stmt, column) != SQLITE_NULL else { return nil }
         let n = Int(sqlite3_column_bytes(stmt, column))
