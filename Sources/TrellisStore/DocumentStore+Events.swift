@@ -40,9 +40,9 @@ final class ObserverList: Sendable {
     /// An event's values (up to ``DocumentStore/maxEventValueBytes``) were allocated by the
     /// committing thread. Released here, each of them locked the committing thread's malloc arena
     /// while that thread allocated the next batch's documents: 7 % of a merge's samples waited
-    /// on that lock (docs/BENCHMARKS.md). The committing thread releases them at its next commit,
-    /// so the last event's values stay in memory until then; one not taken by the time the next
-    /// is handed back is released here (no commit is under way then to contend with).
+    /// on that lock (docs/BENCHMARKS.md). The committing thread releases them after its next
+    /// commit, outside the store lock, so the last event's values stay in memory until then; one
+    /// not taken by the time the next is handed back is released here.
     func deliverAndHandBack(_ event: StoreEvent) {
         deliver(event)
         var untaken: StoreEvent? = event
@@ -105,8 +105,6 @@ extension DocumentStore {
 
     /// Queues the event of the transaction that just committed (called under the store lock).
     func queueEvent(_ s: inout State, origin: [UInt8]?) {
-        // Released here, on the committing thread (``ObserverList/deliverAndHandBack(_:)``).
-        _ = observers.takeDelivered()
         defer {
             s.changedKeys = [:]
             s.unlistedCollections = []

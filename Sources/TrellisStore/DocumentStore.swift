@@ -827,6 +827,9 @@ public final class DocumentStore: Sendable {
         durable: Bool = false, origin: [UInt8]? = nil, _ body: (inout State) throws -> R
     ) throws(StoreError) -> R {
         guard !options.readOnly else { throw .invalidValue("the store was opened read-only; it cannot be written") }
+        // The event delivered last is released here, on the committing thread, once the store
+        // lock is let go (``ObserverList/deliverAndHandBack(_:)``).
+        defer { _ = observers.takeDelivered() }
         return try withState(writer: true) { s in
             let saved = s
             let relax = durable && options.durability != .full
