@@ -12,8 +12,9 @@ public import TrellisStore
 /// reading), then `nil`. ``place``, ``bytesRead`` and ``count`` describe the document ``next()``
 /// last returned or refused, as the reader's would. Memory follows the bytes read ahead, not
 /// the file: a chunk ends after ``chunkSize`` documents or once it took ``chunkBytes`` of the
-/// file (a chunk holds at least one document), and at most five are held at once (the one the
-/// caller reads from, two waiting, one being read, and one the caller finished). The reading
+/// file (a chunk holds at least one document), and at most four are held at once (the one the
+/// caller reads from, two waiting, one being read), besides the one or two the caller finished
+/// and the reading thread has not freed yet. The reading
 /// thread also frees the chunks the caller finished, so the caller's thread does not spend its
 /// time releasing parsed documents (a tenth of an import's writing, docs/BENCHMARKS.md).
 ///
