@@ -37,6 +37,9 @@ public final class SimulatedNode: @unchecked Sendable {
     /// Collections committed since the last ``flushCommits()``, each with the served query
     /// subscriptions none of those commits concerned (``ScopeCheck/unconcerned``; empty: unknown).
     let commits = Mutex<[UTF8Key: Set<Int64>]>([:])
+    /// Collections in which a local write created a document since the last flush
+    /// (``StoreEvent/createdCollections``).
+    let created = Mutex<Set<UTF8Key>>([])
     /// Documents written locally (not merged) since the last flush, and the documents evicted,
     /// by collection. Evicted keys are byte-wise: "é" (U+00E9) and "e" + U+0301 are two
     /// collections, and two documents.
@@ -109,6 +112,7 @@ public final class SimulatedNode: @unchecked Sendable {
         let documents = try DocumentStore(path: path, options: options)
         observerToken = documents.addObserver { [weak self] event in
             guard let self else { return }
+            if !event.createdCollections.isEmpty { self.created.withLock { $0.formUnion(event.createdCollections) } }
             self.commits.withLock { commits in
                 for collection in event.collections {
                     let unconcerned = event.scopeChecks[collection]?.unconcerned ?? []
@@ -164,6 +168,7 @@ public final class SimulatedNode: @unchecked Sendable {
         storeIfUp = nil
         links.removeAll()
         commits.withLock { $0.removeAll() }
+        created.withLock { $0.removeAll() }
     }
 
     /// Hands commits made since the last call to the replicator, and records local writes.
@@ -199,8 +204,13 @@ public final class SimulatedNode: @unchecked Sendable {
             defer { c.removeAll() }
             return c
         }
+        let created = created.withLock { c -> Set<UTF8Key> in
+            defer { c.removeAll() }
+            return c
+        }
         if !committed.isEmpty {
-            host.committed(collections: Set(committed.keys), unconcerned: committed.filter { !$0.value.isEmpty })
+            host.committed(
+                collections: Set(committed.keys), unconcerned: committed.filter { !$0.value.isEmpty }, created: created)
         }
     }
 }

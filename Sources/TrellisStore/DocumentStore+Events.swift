@@ -113,13 +113,15 @@ extension DocumentStore {
             s.changedValueBytes = 0
             s.evictedInCommit = false
             s.scopeChecked = [:]
+            s.createdIn = []
         }
         guard !s.changedKeys.isEmpty || !s.unlistedCollections.isEmpty else { return }
         let event = StoreEvent(
             collections: Set(s.changedKeys.keys).union(s.unlistedCollections), origin: origin,
             evicted: s.evictedInCommit, changedKeys: s.changedKeys, unlistedCollections: s.unlistedCollections,
             changedValues: s.changedValues, lastSeq: s.nextSeq - 1,
-            scopeChecks: Self.completeScopeChecks(s), renumberedKeys: s.renumberedKeys.filter { !$0.value.isEmpty })
+            scopeChecks: Self.completeScopeChecks(s), renumberedKeys: s.renumberedKeys.filter { !$0.value.isEmpty },
+            createdCollections: Set(s.createdIn.map { UTF8Key($0) }))
         let observers = self.observers
         events.async { observers.deliverAndHandBack(event) }
     }

@@ -759,18 +759,37 @@ extension DocumentStore {
         ReapedKeys(rawValue: Int(clamping: raw)) ?? .wanted
     }
 
-    /// Another peer than `peer` brought live documents of `collection`: they may be copies of
-    /// documents a peer whose checkpoint in the collection is ``ReapedKeys/notAsked`` removed and
-    /// reaped, so those checkpoints now want the peer's reaped tombstones (``ReapedKeys/wanted``).
+    /// Another peer than `peer` brought live documents of `collection`, or (`peer` `nil`) a local
+    /// write created one: they may be copies of documents, or new documents with the `_id`s of
+    /// documents, that a peer whose checkpoint in the collection is ``ReapedKeys/notAsked``
+    /// removed and reaped, so those checkpoints now want the peer's reaped tombstones
+    /// (``ReapedKeys/wanted``).
     ///
     /// - Complexity: O(c log n) for the c checkpoints of the collection.
-    func wantReapedKeys(_ s: inout State, in collection: String, besides peer: [UInt8]) throws {
-        // 2: ReapedKeys.wanted, 1: ReapedKeys.notAsked (a constant text: the statement is cached).
+    func wantReapedKeys(_ s: inout State, in collection: String, besides peer: [UInt8]?) throws {
+        // 2: ReapedKeys.wanted, 1: ReapedKeys.notAsked (constant texts: the statements are cached).
         let st = try s.db.prepare(
-            "UPDATE checkpoints SET reaped = 2 WHERE collection = ? AND reaped = 1 AND peer != ?")
+            peer == nil
+                ? "UPDATE checkpoints SET reaped = 2 WHERE collection = ? AND reaped = 1"
+                : "UPDATE checkpoints SET reaped = 2 WHERE collection = ? AND reaped = 1 AND peer != ?")
         st.bind(1, collection)
-        st.bind(2, peer)
+        if let peer { st.bind(2, peer) }
         defer { st.reset() }
         try st.run()
+    }
+
+    /// A local write created a document of `collection` (it had no row, nor a reaped tombstone
+    /// kept with its state) with an `_id` the caller gave (a UUID made for the write is new
+    /// everywhere): a peer may have removed and reaped a document with that `_id` before this
+    /// node's requests began, and only its reaped tombstone would tell this node. The
+    /// peers' ``ReapedKeys/notAsked`` checkpoints in the collection now want them
+    /// (``wantReapedKeys(_:in:besides:)``), and the commit's event names the collection
+    /// (``StoreEvent/createdCollections``). Once per collection and transaction.
+    ///
+    /// - Complexity: O(1) after the first in the transaction, else as ``wantReapedKeys(_:in:besides:)``.
+    func noteCreated(_ s: inout State, _ collection: String) throws {
+        if s.createdIn.contains(where: { $0 == collection }) { return }
+        try wantReapedKeys(&s, in: collection, besides: nil)
+        s.createdIn.append(collection)
     }
 }

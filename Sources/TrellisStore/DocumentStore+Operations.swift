@@ -268,7 +268,7 @@ extension DocumentStore {
         let now = options.now()
         var written = [Bool](repeating: false, count: prepared.count)
         try write { s in
-            for (index, (id, key, fields)) in prepared.enumerated() {
+            for (index, (id, key, fields, generated)) in prepared.enumerated() {
                 // An evicted document's stub counts as present (its writes were seen here) but
                 // not live; writes start from it, so counters continue.
                 let existing = try row(&s, collection, key)
@@ -292,6 +292,7 @@ extension DocumentStore {
                     doc.merge(fields: changes, stamp: s.stamp(now: now))
                 }
                 try persist(&s, collection, key, id, doc, previous: existing)
+                if existing == nil, !generated { try noteCreated(&s, collection) }
                 written[index] = true
             }
         }

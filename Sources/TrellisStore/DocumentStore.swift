@@ -286,6 +286,13 @@ public struct StoreEvent: Sendable {
     /// their `seq` moved so that a peer's scan reads them again, and their value did not change
     /// (the commit did not write them). Live queries pass over them.
     public var renumberedKeys: [UTF8Key: Set<UTF8Key>] = [:]
+    /// Collections in which this commit, a local write, created a document with an `_id` the
+    /// caller gave (not a UUID made for the write): one that had no row here, nor a reaped
+    /// tombstone kept with its state. A peer may have removed and reaped a document with that
+    /// `_id` before this node asked it, so the sync engine asks the peers it
+    /// asked without `h` in the collection again with it (docs/DATA-MODEL.md, "A subscriber from
+    /// 0 that holds rows"); the store already marked their checkpoints (``ReapedKeys/wanted``).
+    public var createdCollections: Set<UTF8Key> = []
 }
 
 /// The served query subscriptions one commit was checked against in one collection
@@ -405,6 +412,9 @@ public final class DocumentStore: Sendable {
         var changedValueBytes = 0
         /// Whether the transaction under way evicted documents.
         var evictedInCommit = false
+        /// Collections in which the transaction under way created a document by a local write
+        /// (``StoreEvent/createdCollections``, ``DocumentStore/noteCreated(_:_:)``); few, so a list.
+        var createdIn: [String] = []
         /// Per document, the latest `seq` of this node's log a peer acknowledged, since open
         /// (``DocumentStore/acknowledge(_:)``); at most ``DocumentStore/maxAcknowledgedWrites``.
         var acknowledged: [DocumentKey: Int64] = [:]
@@ -1272,7 +1282,9 @@ public final class DocumentStore: Sendable {
         let prepared = try prepare(documents)
         let now = options.now()
         try write { s in
-            for (id, key, fields) in prepared { try upsertPrepared(&s, collection, id, key, fields, now: now) }
+            for (id, key, fields, generated) in prepared {
+                try upsertPrepared(&s, collection, id, key, fields, generated: generated, now: now)
+            }
         }
         return prepared.map(\.0)
     }
@@ -1334,8 +1346,8 @@ public final class DocumentStore: Sendable {
                     }
                     guard let document else { return count }
                     do {
-                        let (id, key, fields, json) = try identified(document.checked.get())
-                        try upsertPrepared(&s, collection, id, key, fields, json: json, now: now)
+                        let (id, key, fields, json, generated) = try identified(document.checked.get())
+                        try upsertPrepared(&s, collection, id, key, fields, json: json, generated: generated, now: now)
                     } catch let error as StoreError where refused != nil && error.refusesOneDocument {
                         // Each of these is found before the document's row is written.
                         do { try refused?(error) } catch {
@@ -1392,11 +1404,14 @@ public final class DocumentStore: Sendable {
     /// document where no row is (one B-tree descent instead of a look-up and then a write), when no
     /// served scope needs to see the write; once one finds a row, upserts look up first again.
     ///
-    /// - Parameter json: the document's stored JSON when new (`fields` and `_id`), when the caller
-    ///   already encoded it (``prepareUpsert(_:)``).
+    /// - Parameters:
+    ///   - json: the document's stored JSON when new (`fields` and `_id`), when the caller already
+    ///     encoded it (``prepareUpsert(_:)``).
+    ///   - generated: the `_id` is a new random UUID made for this write: no peer can have removed
+    ///     a document with it, so its creation is not noted (``noteCreated(_:_:)``).
     private func upsertPrepared(
         _ s: inout State, _ collection: String, _ id: Value, _ key: String, _ fields: UTF8Map<Value>,
-        json encoded: String? = nil, now: UInt64
+        json encoded: String? = nil, generated: Bool, now: UInt64
     ) throws {
         let stamp = s.stamp(now: now)
         func persistNew(ifAbsent: Bool) throws -> Bool {
@@ -1417,12 +1432,13 @@ public final class DocumentStore: Sendable {
         if s.upsertsFindNoRow, s.servedScopes[UTF8Key(collection)]?.isEmpty ?? true,
             try s.reapedRows == 0 || reapedRemoval(&s, collection, key) == nil
         {
-            if try persistNew(ifAbsent: true) { return }
+            if try persistNew(ifAbsent: true) { return generated ? () : try noteCreated(&s, collection) }
             s.upsertsFindNoRow = false
         }
         guard let previous = try row(&s, collection, key) else {
             s.upsertsFindNoRow = true
             _ = try persistNew(ifAbsent: false)
+            if !generated { try noteCreated(&s, collection) }
             return
         }
         var doc = previous.state
@@ -1430,27 +1446,30 @@ public final class DocumentStore: Sendable {
         try persist(&s, collection, key, id, doc, previous: previous)
     }
 
-    /// Checks documents for upsert and splits each into `_id` (a new UUID string when absent), its
-    /// key and its other fields.
+    /// Checks documents for upsert and splits each into `_id` (a new UUID string when absent,
+    /// then `generated`), its key and its other fields.
     ///
     /// - Throws: ``StoreError`` for a non-map, a bad `_id` or a value that cannot be stored.
-    func prepare(_ documents: [Value]) throws(StoreError) -> [(id: Value, key: String, fields: UTF8Map<Value>)] {
-        var prepared: [(id: Value, key: String, fields: UTF8Map<Value>)] = []
+    func prepare(_ documents: [Value]) throws(StoreError) -> [Prepared] {
+        var prepared: [Prepared] = []
         prepared.reserveCapacity(documents.count)
         for document in documents {
-            let (id, key, fields, _) = try identified(Self.check(document, encoding: false))
-            prepared.append((id, key, fields))
+            let (id, key, fields, _, generated) = try identified(Self.check(document, encoding: false))
+            prepared.append((id, key, fields, generated))
         }
         return prepared
     }
 
-    /// A checked document with its `_id` and key: a new UUID string when it has none.
+    /// A document checked for an upsert (``prepare(_:)``).
+    typealias Prepared = (id: Value, key: String, fields: UTF8Map<Value>, generated: Bool)
+
+    /// A checked document with its `_id` and key: a new UUID string when it has none (`generated`).
     private func identified(
         _ checked: PreparedUpsert.Checked
-    ) throws(StoreError) -> (id: Value, key: String, fields: UTF8Map<Value>, json: String?) {
-        if let id = checked.id, let key = checked.key { return (id, key, checked.fields, checked.json) }
+    ) throws(StoreError) -> (id: Value, key: String, fields: UTF8Map<Value>, json: String?, generated: Bool) {
+        if let id = checked.id, let key = checked.key { return (id, key, checked.fields, checked.json, false) }
         let id = Self.newID(options.random)
-        return (id, try Self.key(for: id), checked.fields, nil)
+        return (id, try Self.key(for: id), checked.fields, nil, true)
     }
 
     /// Removes a document (a tombstone that replicates).

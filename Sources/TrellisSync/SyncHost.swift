@@ -253,17 +253,25 @@ public final class SyncHost {
 
     /// The store committed changes in `collections` (any origin).
     ///
-    /// - Parameter unconcerned: per collection, the served query subscriptions no change concerns
-    ///   (``ScopeCheck/unconcerned``, from ``StoreEvent/scopeChecks``): they do not scan for it.
-    public func committed(collections: Set<UTF8Key>, unconcerned: [UTF8Key: Set<Int64>] = [:]) {
+    /// - Parameters:
+    ///   - unconcerned: per collection, the served query subscriptions no change concerns
+    ///     (``ScopeCheck/unconcerned``, from ``StoreEvent/scopeChecks``): they do not scan for it.
+    ///   - created: collections in which a local write created a document
+    ///     (``StoreEvent/createdCollections``).
+    public func committed(
+        collections: Set<UTF8Key>, unconcerned: [UTF8Key: Set<Int64>] = [:], created: Set<UTF8Key> = []
+    ) {
         run(
             replicator.committed(
-                collections: collections, lastSeq: store.localLog.lastSeq, unconcerned: unconcerned, now: now()))
+                collections: collections, lastSeq: store.localLog.lastSeq, unconcerned: unconcerned, created: created,
+                now: now()))
     }
 
-    /// ``committed(collections:unconcerned:)`` for one store event.
+    /// ``committed(collections:unconcerned:created:)`` for one store event.
     func committed(_ event: StoreEvent) {
-        committed(collections: event.collections, unconcerned: event.scopeChecks.mapValues(\.unconcerned))
+        committed(
+            collections: event.collections, unconcerned: event.scopeChecks.mapValues(\.unconcerned),
+            created: event.createdCollections)
     }
 
     /// Documents of `collection` were evicted: peers are asked for exactly those again while a

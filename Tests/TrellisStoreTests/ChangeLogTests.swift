@@ -91,6 +91,68 @@ import TrellisTestKit
         #expect(try b.checkpoints(peer: [1])[UTF8Key(items)]?.reapedKeys == .wanted)
     }
 
+    /// A local write that creates a document with an `_id` it gives (no row for it here) makes the collection's
+    /// `notAsked` checkpoints `wanted`, whatever their peer, in the write's transaction, and its
+    /// event names the collection (``StoreEvent/createdCollections``): a peer may have removed and
+    /// reaped a document with that `_id`. Updates, removes and re-creations over a tombstone held
+    /// here, and new documents whose `_id` the store makes, change nothing (docs/DATA-MODEL.md "A
+    /// subscriber from 0 that holds rows").
+    @Test func aLocalWriteThatCreatesADocumentMakesCheckpointsWantReapedTombstones() throws {
+        let b = try open("b.sqlite")
+        let items = SubscriptionSpec(collection: "c").key
+        let other = SubscriptionSpec(collection: "d").key
+        func mark(_ peer: UInt8, _ key: String = items) throws {
+            _ = try b.merge([], from: [peer], checkpoint: (key, Checkpoint(epoch: [9], seq: 5, reapedKeys: .notAsked)))
+        }
+        func reapedKeys(_ peer: UInt8, _ key: String = items) throws -> ReapedKeys? {
+            try b.checkpoint(peer: [peer], subscription: key)?.reapedKeys
+        }
+        let created = Mutex<[Set<UTF8Key>]>([])
+        let token = b.addObserver { event in created.withLock { $0.append(event.createdCollections) } }
+        defer { b.removeObserver(token) }
+        func events() -> [Set<UTF8Key>] {
+            b.waitForObservers()
+            return created.withLock { list in
+                defer { list.removeAll() }
+                return list
+            }
+        }
+        try b.upsert(["_id": "held", "v": 1], in: "c")
+        try b.upsert(["_id": "gone", "v": 1], in: "c")
+        _ = try b.remove(id: "gone", in: "c")
+        #expect(events() == [["c"], ["c"], []])
+        for peer: UInt8 in [1, 2] { try mark(peer) }
+        try mark(1, other)
+
+        try b.upsert(["_id": "held", "v": 2], in: "c")
+        _ = try b.update(id: "held", in: "c", operations: [.set(.key("v"), 3, isDefault: false)])
+        _ = try b.remove(id: "held", in: "c")
+        // Over their tombstones: the removes are known here.
+        try b.upsert(["_id": "gone", "v": 2], in: "c")
+        _ = try b.upsert([["_id": "held", "v": 4]], in: "c", writeStrategy: .insertIfAbsent)
+        // With an `_id` the store makes: a new UUID, which no peer can have removed.
+        try b.upsert(["v": 5], in: "c")
+        _ = try b.upsert([["v": 6]], in: "c", writeStrategy: .insertIfAbsent)
+        #expect(events() == [[], [], [], [], [], [], []])
+        #expect(try reapedKeys(1) == .notAsked && reapedKeys(2) == .notAsked)
+
+        // Refused at its second document, after the first was created: rolled back with the
+        // write, and no event.
+        let tooLarge = Value.string(String(repeating: "x", count: 6 * 1024 * 1024))
+        #expect(throws: StoreError.self) { try b.upsert([["_id": "x"], ["_id": "y", "n": tooLarge]], in: "c") }
+        #expect(try b.document(id: "x", in: "c") == nil)
+        #expect(try reapedKeys(1) == .notAsked && reapedKeys(2) == .notAsked)
+
+        try b.upsert(["_id": "new", "v": 1], in: "d")
+        #expect(try reapedKeys(1, other) == .wanted, "its own collection's")
+        #expect(try reapedKeys(1) == .notAsked, "another collection's")
+        _ = try b.upsert([["_id": "n1"], ["_id": "n2"]], in: "c", writeStrategy: .insertIfAbsent)
+        #expect(try reapedKeys(1) == .wanted && reapedKeys(2) == .wanted, "every peer's")
+        #expect(events() == [["d"], ["c"]])
+        try b.upsert(["_id": "n3", "v": 1], in: "c")
+        #expect(events() == [["c"]], "named again: the sync engine checks")
+    }
+
     @Test func rotatingTheLogGivesANewEpochAndSiteAndIsLogged() throws {
         let log = LogLines()
         let (epoch, site): ([UInt8], SiteID)

@@ -697,17 +697,27 @@ public struct Replicator: Sendable {
     /// Only the served subscriptions on those collections scan again, and of those not the query
     /// subscriptions the store checked every changed document against and found unconcerned.
     ///
-    /// - Parameter unconcerned: per collection, the ``SubscriptionSpec/scopeHash`` of query
-    ///   subscriptions no changed document concerns: it does not match the query, did not match
-    ///   it before the commit, and is not recorded in its scope (`StoreEvent.scopeChecks`). A
-    ///   collection absent, or a subscription not listed, scans as before.
-    /// - Complexity: O(served subscriptions of the collections).
+    /// - Parameters:
+    ///   - unconcerned: per collection, the ``SubscriptionSpec/scopeHash`` of query
+    ///     subscriptions no changed document concerns: it does not match the query, did not match
+    ///     it before the commit, and is not recorded in its scope (`StoreEvent.scopeChecks`). A
+    ///     collection absent, or a subscription not listed, scans as before.
+    ///   - created: collections in which a local write created a document (no row, nor a reaped
+    ///     tombstone kept with its state, was there): a peer may have removed and reaped a document
+    ///     with its `_id`, so every peer asked in the collection without `h` is asked again with it
+    ///     (``wantReapedKeys(in:besides:now:)``; the store marked their checkpoints).
+    /// - Complexity: O(served subscriptions of the collections), plus, for each collection
+    ///   `created`, O(checkpoints cached + subscriptions asked).
     public mutating func committed(
-        collections: Set<UTF8Key>, lastSeq: Int64, unconcerned: [UTF8Key: Set<Int64>] = [:], now: Millis
+        collections: Set<UTF8Key>, lastSeq: Int64, unconcerned: [UTF8Key: Set<Int64>] = [:],
+        created: Set<UTF8Key> = [], now: Millis
     ) -> [ReplicatorDirective] {
         local.lastSeq = max(local.lastSeq, lastSeq)
         committedCollections.formUnion(collections)
         var directives: [ReplicatorDirective] = []
+        for collection in created.sorted() {
+            directives += wantReapedKeys(in: collection.string, besides: nil, now: now)
+        }
         for link in sessions.keys.sorted() where sessions[link]?.phase == .established {
             for key in sessions[link]!.served.keys.sorted() {
                 let spec = sessions[link]!.served[key]!.spec
@@ -1245,16 +1255,17 @@ public struct Replicator: Sendable {
         return ack + scans + askElsewhere(withholding, in: collection, answeredBy: link, now: now)
     }
 
-    /// Live documents of `collection` arrived from the peer on `link`: they may be copies of
-    /// documents another peer removed and reaped, whose reaped tombstones reach this node only
-    /// when it asks with `h` (docs/PROTOCOL.md §2 step 5). Every other peer whose checkpoint in
-    /// the collection is ``ReapedKeys/notAsked`` now wants them (the store marked its rows in the
-    /// merge's transaction); and every other connected peer this node asked in the collection
-    /// from 0 without `h`, or whose checkpoint now wants them, is asked again under a new
-    /// generation, from its checkpoint, with `h`.
+    /// Live documents of `collection` arrived from the peer on `link`, or (`link` `nil`) a local
+    /// write created one: they may be copies of documents another peer removed and reaped, or new
+    /// documents with their `_id`s, and those reaped tombstones reach this node only when it asks
+    /// with `h` (docs/PROTOCOL.md §2 step 5). Every other peer whose checkpoint in the collection
+    /// is ``ReapedKeys/notAsked`` now wants them (the store marked its rows in the same
+    /// transaction); and every other connected peer this node asked in the collection from 0
+    /// without `h`, or whose checkpoint now wants them, is asked again under a new generation,
+    /// from its checkpoint, with `h`.
     ///
     /// - Complexity: O(checkpoints cached + subscriptions asked of the other peers).
-    private mutating func wantReapedKeys(in collection: String, besides link: LinkID, now: Millis)
+    private mutating func wantReapedKeys(in collection: String, besides link: LinkID?, now: Millis)
         -> [ReplicatorDirective]
     {
         let name = UTF8Key(collection)
@@ -1262,7 +1273,11 @@ public struct Replicator: Sendable {
         heldCollections.insert(name)
         // A session gone meanwhile names no sender: the store marked the checkpoints, which the
         // next session with each peer reads.
-        guard let sender = sessions[link]?.peerKey else { return [] }
+        var sender: [UInt8]?
+        if let link {
+            guard let key = sessions[link]?.peerKey else { return [] }
+            sender = key
+        }
         for peer in checkpointCache.keys where peer != sender {
             for (key, checkpoint) in checkpointCache[peer]!
             where checkpoint.reapedKeys == .notAsked && askedCollection(key.string) == name {
@@ -2065,9 +2080,9 @@ public struct Replicator: Sendable {
     /// (``WireSubscription/holds``): this node holds rows of the collection that may have come
     /// from other peers, or a peer asked it from 0 with `h` there. A checkpoint on the peer in
     /// the collection that is ``ReapedKeys/notAsked`` says the rows came from that peer (and
-    /// local writes) alone: the node held nothing when that chain began, and no other peer has
-    /// brought a live document since, so the peer's reaped tombstones up to that checkpoint would
-    /// remove nothing here. It says so only when
+    /// local writes to its documents) alone: the node held nothing when that chain began, and no
+    /// other peer has brought a live document since, nor a local write created one, so the peer's
+    /// reaped tombstones up to that checkpoint would remove nothing here. It says so only when
     /// - it is in the peer's current `epoch`: rows from an earlier epoch of its log (its store was
     ///   wiped or its log rotated since) may be documents its new log removed and reaped;
     /// - its subscription is among those `asked` of the peer now: resumed from the checkpoint, it
@@ -2429,11 +2444,11 @@ public struct Replicator: Sendable {
             // now with it: the peer reads `h` only with a new request. It gets a new generation,
             // so the peer serves it again with the reaped tombstones and a batch of the old
             // request stores no checkpoint saying they came, when live documents came from
-            // another peer (``wantReapedKeys(in:besides:now:)``), when the subscription whose
-            // `notAsked` checkpoint kept `h` off is no longer asked (cancelled, or its relay
-            // source gone, before its pages brought them), or when a peer asked this node with
-            // `h`. Rows committed since (``committedCollections``) alone leave the request as it
-            // was.
+            // another peer or a local write created one (``wantReapedKeys(in:besides:now:)``),
+            // when the subscription whose `notAsked` checkpoint kept `h` off is no longer asked
+            // (cancelled, or its relay source gone, before its pages brought them), or when a peer
+            // asked this node with `h`. Other rows committed since (``committedCollections``)
+            // leave the request as it was.
             if holds, let before = s.asked[key], !before.holds, Refetch.ids(of: entry.spec) == nil,
                 before.generation == generation
             {

@@ -51,11 +51,13 @@ public enum ReapedKeys: Int, Sendable, Hashable {
     /// that had them.
     case received = 0
     /// The chain began from 0 without `h` (this node held nothing of the collection) and, since,
-    /// this node got live documents of the collection only from this peer: it needs none.
+    /// this node got live documents of the collection only from this peer, and created none by a
+    /// local write: it needs none.
     case notAsked = 1
-    /// As ``notAsked``, but another peer has since brought live documents of the collection, which
-    /// may be copies of documents this peer removed and reaped: this node asks the peer for them
-    /// (`h` with its `since`) until a batch of that request moves past the checkpoint or ends.
+    /// As ``notAsked``, but another peer has since brought live documents of the collection, or a
+    /// local write created one, which may be copies of documents this peer removed and reaped, or
+    /// new documents with their `_id`s: this node asks the peer for them (`h` with its `since`)
+    /// until a batch of that request moves past the checkpoint or ends.
     case wanted = 2
 }
 
