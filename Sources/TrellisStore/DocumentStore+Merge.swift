@@ -226,10 +226,13 @@ extension DocumentStore {
                     st.bind(3, cp.epoch)
                     st.bind(4, cp.seq)
                     // Kept beside the checkpoint so an evict finds its collection's checkpoints.
-                    st.bind(5, SubscriptionSpec.collection(ofKey: subscription))
-                    st.bind(6, Int64(cp.reapedKeys.rawValue))
+                    let collection = SubscriptionSpec.collection(ofKey: subscription)
+                    st.bind(5, collection)
+                    let reaped = checkpointReapedKeys(s, cp.reapedKeys, collection)
+                    st.bind(6, Int64(reaped.rawValue))
                     defer { st.reset() }
                     try st.run()
+                    outcome.storedReapedKeys = reaped
                 }
                 return index
             }
@@ -778,6 +781,17 @@ extension DocumentStore {
         try st.run()
     }
 
+    /// Marks this node's ``ReapedKeys/notAsked`` checkpoints in `collection` on peers other than
+    /// `peer` ``ReapedKeys/wanted``, in a transaction of its own: `peer` asked this node with `h`
+    /// there, so it may hold documents the other peers removed and reaped, whose tombstones this
+    /// node fetches for it (docs/DATA-MODEL.md, "A subscriber from 0 that holds rows").
+    ///
+    /// - Throws: ``StoreError`` when the store cannot be written.
+    /// - Complexity: O(checkpoints stored).
+    public func wantReapedKeys(in collection: String, besides peer: [UInt8]) throws(StoreError) {
+        try write { s in try wantReapedKeys(&s, in: collection, besides: peer) }
+    }
+
     /// A local write created a document of `collection` (it had no row, nor a reaped tombstone
     /// kept with its state) with an `_id` the caller gave (a UUID made for the write is new
     /// everywhere): a peer may have removed and reaped a document with that `_id` before this
@@ -791,5 +805,19 @@ extension DocumentStore {
         if s.createdIn.contains(where: { $0 == collection }) { return }
         try wantReapedKeys(&s, in: collection, besides: nil)
         s.createdIn.append(collection)
+        s.createdSinceOpen.insert(collection)
+    }
+
+    /// What a checkpoint stored now in `collection` says of its peer's reaped tombstones, asked
+    /// to say `requested`: ``ReapedKeys/wanted`` for ``ReapedKeys/notAsked`` when a local write
+    /// created a document of the collection since the store was opened. The sync engine hears of
+    /// a local write after its commit, so a batch of a request made before the write, without
+    /// `h`, can store its checkpoint in between, and ``noteCreated(_:_:)`` found no row to mark
+    /// then. Only such a request stores `notAsked` after a creation: one made after it says `h`
+    /// (the node holds rows) unless a `notAsked` checkpoint on the peer keeps it off, and the
+    /// creation marked every one of those. A creation before the store was opened is in a row,
+    /// and every request since said `h` or resumed a marked checkpoint.
+    func checkpointReapedKeys(_ s: State, _ requested: ReapedKeys, _ collection: String) -> ReapedKeys {
+        requested == .notAsked && s.createdSinceOpen.contains(collection) ? .wanted : requested
     }
 }

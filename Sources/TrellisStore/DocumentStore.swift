@@ -340,6 +340,11 @@ public struct MergeOutcome: Sendable {
     /// session, ``DocumentStore/merge(_:from:checkpoint:heldBy:heldScans:unserved:)``): the
     /// sync engine makes those scans run, and they send the newer states.
     public var heldBehind = 0
+    /// What the checkpoint stored with the batch says of the peer's reaped tombstones, when one
+    /// was stored: the one asked for, or ``ReapedKeys/wanted`` where that was
+    /// ``ReapedKeys/notAsked`` and a local write created a document of the collection since the
+    /// request was made.
+    public var storedReapedKeys: ReapedKeys?
     /// Documents applied or deferred whose arriving state may hold a live document (not a
     /// tombstone's whole state): each of this node's checkpoints in the collection on another
     /// peer that was ``ReapedKeys/notAsked`` becomes ``ReapedKeys/wanted`` in the same transaction.
@@ -415,6 +420,10 @@ public final class DocumentStore: Sendable {
         /// Collections in which the transaction under way created a document by a local write
         /// (``StoreEvent/createdCollections``, ``DocumentStore/noteCreated(_:_:)``); few, so a list.
         var createdIn: [String] = []
+        /// Collections in which a committed local write created a document since the store was
+        /// opened: a checkpoint stored later in one of them is never ``ReapedKeys/notAsked``
+        /// (``DocumentStore/checkpointReapedKeys(_:_:_:)``).
+        var createdSinceOpen: Set<String> = []
         /// Per document, the latest `seq` of this node's log a peer acknowledged, since open
         /// (``DocumentStore/acknowledge(_:)``); at most ``DocumentStore/maxAcknowledgedWrites``.
         var acknowledged: [DocumentKey: Int64] = [:]

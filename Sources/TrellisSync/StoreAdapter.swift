@@ -40,7 +40,7 @@ extension DocumentStore: SyncStore {
     }
 
     public func apply(_ request: ApplyRequest) throws -> (
-        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int, reapedKeys: ReapedKeys?
     ) {
         let outcome = try merge(
             request.documents, from: request.peerKey,
@@ -53,7 +53,10 @@ extension DocumentStore: SyncStore {
         let refusals =
             outcome.rejected.map { "refused document \($0.id) of \(request.collection): \($0.reason)" }
             + outcome.deferred.map { "deferred document \($0.key) of \(request.collection): \($0.reason)" }
-        return (outcome.deferred.count, refusals, outcome.withholding, outcome.heldBehind, outcome.live)
+        return (
+            outcome.deferred.count, refusals, outcome.withholding, outcome.heldBehind, outcome.live,
+            outcome.storedReapedKeys
+        )
     }
 
     public func retryDeferredDocuments() throws -> (remaining: Int, withholding: [(collection: String, id: Value)]) {

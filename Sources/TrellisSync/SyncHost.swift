@@ -21,10 +21,11 @@ public protocol SyncStore: AnyObject, Sendable {
     /// - Returns: how many documents were kept aside to retry, the refusals to report, the
     ///   `_id`s of documents applied that still withhold a value (``MergeOutcome/withholding``),
     ///   how many documents the sender holds older states of that its subscriptions' scans
-    ///   will send (``MergeOutcome/heldBehind``), and how many applied documents may be live
-    ///   (``MergeOutcome/live``).
+    ///   will send (``MergeOutcome/heldBehind``), how many applied documents may be live
+    ///   (``MergeOutcome/live``), and what the checkpoint stored says of the peer's reaped
+    ///   tombstones (``MergeOutcome/storedReapedKeys``; `nil`: none stored).
     func apply(_ request: ApplyRequest) throws -> (
-        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int, reapedKeys: ReapedKeys?
     )
     /// Records that a peer acknowledged these entries (``ReplicatorDirective/acknowledged(_:)``).
     func acknowledge(_ entries: [AcknowledgedEntry]) throws
@@ -34,6 +35,9 @@ public protocol SyncStore: AnyObject, Sendable {
     /// Records where what a peer holds from a whole-collection service stands
     /// (``ReplicatorDirective/heldAcknowledged(peer:collection:upTo:carriedFrom:)``).
     func heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?) throws
+    /// Records that this node's ``ReapedKeys/notAsked`` checkpoints in `collection` on peers
+    /// other than `peer` want their reaped tombstones (``ReplicatorDirective/wantReapedKeys(collection:besides:)``).
+    func wantReapedKeys(in collection: String, besides peer: [UInt8]) throws
     /// Re-merges deferred documents whose condition cleared.
     ///
     /// - Returns: how many remain deferred, and the documents applied that still withhold a
@@ -385,7 +389,8 @@ public final class SyncHost {
                     for refusal in outcome.refusals { log(refusal) }
                     more = replicator.applied(
                         link, subscription: request.subscription, upTo: request.upTo,
-                        checkpointStored: request.storeCheckpoint, reapedKeys: request.reapedKeys,
+                        checkpointStored: request.storeCheckpoint,
+                        reapedKeys: outcome.reapedKeys ?? request.reapedKeys,
                         endsScan: request.endsScan, deferred: outcome.deferred, withholding: outcome.withholding,
                         heldBehind: outcome.heldBehind > 0, broughtLive: outcome.live > 0, now: now())
                 } catch StoreError.deferredLimit(let reason) {
@@ -439,6 +444,11 @@ public final class SyncHost {
                 log(message)
             case .refetchEvicted(let collection):
                 more = refetchEvicted(in: collection)
+            case .wantReapedKeys(let collection, let peer):
+                // Failing loses the mark at a restart only: the sync engine holds it meanwhile.
+                do { try store.wantReapedKeys(in: collection, besides: peer) } catch {
+                    log("recording that checkpoints in '\(collection)' want reaped tombstones failed: \(error)")
+                }
             case .takeHeld(let link):
                 more = replicator.takeHeld(link, now: now())
             case .servedQueries(let link, let peer, let subscriptions, let askAgain):

@@ -69,8 +69,9 @@ import TrellisStore
     // MARK: 2. The engine hears of the creation after the first batch stored its checkpoint
 
     /// N, wiped, writes d1 before its first request to S is answered; the store event reaches the
-    /// sync engine only after S's batch stored N's checkpoint on S (`notAsked`: the request
-    /// went without `h`, and no checkpoint was there for the write to mark). `heard`: the engine
+    /// sync engine only after S's batch stored N's checkpoint on S (the request went without `h`,
+    /// and no checkpoint was there for the write to mark: it was stored `notAsked` before the
+    /// fix, and is stored `wanted` since, ``DocumentStore.checkpointReapedKeys``). `heard`: the engine
     /// then hears of it and asks again with `h`, and N crashes before S answers; otherwise N
     /// crashes before the engine hears of it. N restarts.
     @Test(arguments: [true, false]) func aCreationHeardOfAfterTheFirstBatchSurvivesARestart(heard: Bool) throws {
@@ -108,8 +109,10 @@ import TrellisStore
             sim.run(for: 1)
             steps += 1
         }
+        // The batch of the request made before the write, without `h`, stores its checkpoint as
+        // wanting the reaped tombstones: the store knows of the creation since it opened.
         let first = try n.documents.checkpoints(peer: s.peerKey)
-        #expect(first.values.allSatisfy { $0.reapedKeys == .notAsked })
+        #expect(!first.isEmpty && first.values.allSatisfy { $0.reapedKeys == .wanted })
         if heard {
             // The engine hears of the write now, asks S again with `h`; N crashes before S answers.
             let before = sim.trace.count
@@ -165,6 +168,50 @@ import TrellisStore
         let ok = try Self.hasRemove(m)
         #expect(ok, "N's d1 holds W's remove (S asked W with h \(relayed) times)")
         if !ok { Self.dump(sim, "new relay", last: 40) }
+        try sim.check()
+        _ = kept
+    }
+
+    /// As ``aNewRelayThatHoldsNothingPassesTheAskOn()``, but S cannot reach W when N asks it
+    /// with `h`, and S restarts before it meets W again: its checkpoints on W keep wanting W's
+    /// reaped tombstones in its store (``ReplicatorDirective/wantReapedKeys(collection:besides:)``).
+    @Test func theRelaysAskSurvivesItsRestart() throws {
+        let sim = try Simulation(seed: 9_100_337)
+        sim.storeOptions.tombstoneTTL = UInt64(Self.ttl)
+        let w = try sim.addNode("w")
+        let (k, kept) = try sim.addKeeper(beside: w)
+        try w.store.collection("items").upsert([["_id": "d1", "v": 1, "m": 1], ["_id": "d2", "v": 2]])
+        try sim.runUntilQuiet()
+        try w.store.collection("items").findByID("d1").remove()
+        try sim.runUntilQuiet()
+        sim.run(for: Self.ttl + 2 * 60_000)
+        #expect(try w.documents.state(id: "d1", in: "items") == nil, "W reaped d1's tombstone")
+        sim.crash(k)
+        let s = try sim.addNode("s")
+        let n = try sim.addNode("n")
+        sim.connect(s, w)
+        sim.connect(n, s)
+        let sQuery = try s.store.collection("items").find("v >= 5").subscribe()
+        let nWhole = try n.store.collection("items").findAll().subscribe()
+        try sim.runUntilQuiet()
+        #expect(try Self.ids(n) == ["\"d2\""])
+        #expect(try s.documents.checkpoints(peer: w.peerKey).values.contains { $0.reapedKeys == .notAsked })
+        sim.setLink(s, w, up: false)
+        try sim.runUntilQuiet()
+        let before = sim.trace.count
+        try n.store.collection("items").upsert(["_id": "d1", "s": "x"])
+        try sim.runUntilQuiet()
+        #expect(Self.asksWithH(sim, after: before) > 0, "N asks S again with h")
+        let stored = try s.documents.checkpoints(peer: w.peerKey)
+        #expect(!stored.isEmpty && !stored.values.contains { $0.reapedKeys == .notAsked }, "\(stored)")
+        sim.crash(s)
+        try sim.restart(s)
+        sim.setLink(s, w, up: true)
+        try sim.runUntilQuiet()
+        let m = WipedWriterReapedRemoveTests.Mesh(sim: sim, w: w, s: s, n: n, subs: [sQuery, nWhole])
+        let ok = try Self.hasRemove(m)
+        #expect(ok, "N's d1 holds W's remove")
+        if !ok { Self.dump(sim, "relay restarted", last: 40) }
         try sim.check()
         _ = kept
     }

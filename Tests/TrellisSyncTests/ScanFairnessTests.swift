@@ -82,11 +82,14 @@ private final class CostlyStore: SyncStore {
         return try store.scan(request)
     }
     func apply(_ request: ApplyRequest) throws -> (
-        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int
+        deferred: Int, refusals: [String], withholding: [Value], heldBehind: Int, live: Int, reapedKeys: ReapedKeys?
     ) {
         try store.apply(request)
     }
     func acknowledge(_ entries: [AcknowledgedEntry]) throws { try store.acknowledge(entries) }
+    func wantReapedKeys(in collection: String, besides peer: [UInt8]) throws {
+        try store.wantReapedKeys(in: collection, besides: peer)
+    }
     func acknowledgeTombstones(in collection: String, through seq: Int64) throws {
         try store.acknowledgeTombstones(in: collection, through: seq)
     }

@@ -1689,6 +1689,15 @@ public struct Replicator: Sendable {
         for sub in subs where sub.holds && sub.since == 0 && Refetch.ids(of: sub.spec) == nil {
             heldByAskers.insert(UTF8Key(sub.spec.collection))
         }
+        // Asked with `h` at all (from 0, or from a checkpoint after live documents came from
+        // another peer or a local write created one): this node's own requests in the collection
+        // that go without it, from 0 or from a `notAsked` checkpoint, ask again with it, so the
+        // tombstones the other peers reaped come here and, as tombstone rows, go on to the peer
+        // (``wantReapedKeys(in:besides:now:)``, once the set is served). Without it a relay that
+        // held nothing passed a request from a checkpoint with `h` on without it, and the peer
+        // that re-created an `_id` removed and reaped beyond the relay never got the remove.
+        let askedWithH = Set(
+            subs.filter { $0.holds && Refetch.ids(of: $0.spec) == nil }.map { UTF8Key($0.spec.collection) })
         var accepted = subs
         if subs.count > configuration.maxServedSubscriptions {
             accepted = subs.sorted { ($0.hops, UTF8Key($0.spec.key)) < ($1.hops, UTF8Key($1.spec.key)) }
@@ -1827,6 +1836,13 @@ public struct Replicator: Sendable {
                 directives += updateAsked(except: link, skipping: Set(neighbors), now: now)
             } else if now - s.opened >= Self.relayGrace {
                 directives += updateAsked(except: link, now: now)
+            }
+        }
+        if !askedWithH.isEmpty {
+            let peer = sessions[link]!.peerKey
+            for collection in askedWithH.sorted() {
+                directives.append(.wantReapedKeys(collection: collection.string, besides: peer))
+                directives += wantReapedKeys(in: collection.string, besides: link, now: now)
             }
         }
         directives += scanAll(link, now: now)

@@ -334,6 +334,12 @@ public enum ReplicatorDirective: Sendable, Equatable {
     /// it only if `carriedFrom` is not after the position recorded). Failing to record it only
     /// sends more later.
     case heldAcknowledged(peer: [UInt8], collection: String, upTo: Int64, carriedFrom: Int64?)
+    /// A peer (key `besides`) asked this node with `h` in `collection`: it may hold documents
+    /// that the other peers removed and reaped. Record in the store that this node's
+    /// ``ReapedKeys/notAsked`` checkpoints in the collection on the other peers now want their
+    /// reaped tombstones (``ReapedKeys/wanted``), so that it asks them with `h` after a restart
+    /// too. Failing to record it loses that at a restart only.
+    case wantReapedKeys(collection: String, besides: [UInt8])
     /// Re-merge the documents the store deferred, then call ``Replicator/deferredRetried(remaining:now:)``.
     case retryDeferred
     /// Report this event in the node's log.
