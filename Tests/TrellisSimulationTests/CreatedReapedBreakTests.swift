@@ -75,22 +75,8 @@ import TrellisStore
     /// then hears of it and asks again with `h`, and N crashes before S answers; otherwise N
     /// crashes before the engine hears of it. N restarts.
     @Test(arguments: [true, false]) func aCreationHeardOfAfterTheFirstBatchSurvivesARestart(heard: Bool) throws {
-        let sim = try Simulation(seed: 9_100_335)
-        sim.storeOptions.tombstoneTTL = UInt64(Self.ttl)
-        let w = try sim.addNode("w")
-        let s = try sim.addNode("s")
-        let n = try sim.addNode("n")
-        sim.connect(s, w)
-        sim.connect(n, s)
-        let sQuery = try s.store.collection("items").find("v >= 5").subscribe()
-        let nWhole = try n.store.collection("items").findAll().subscribe()
-        try w.store.collection("items").upsert([["_id": "d1", "v": 1, "m": 1], ["_id": "d2", "v": 2]])
-        try sim.runUntilQuiet()
-        try w.store.collection("items").findByID("d1").remove()
-        try sim.runUntilQuiet()
-        sim.run(for: Self.ttl + 2 * 60_000)
-        sim.crash(n)
-        try sim.restart(n, wipe: true)
+        let wiped = try WipedWriterReapedRemoveTests.wipedN(settled: false)
+        let (sim, w, s, n) = (wiped.sim, wiped.w, wiped.s, wiped.n)
         // The write commits now; its event is held back from the engine (as the engine's queue
         // would, behind the batch) until S's batch has been applied.
         try n.store.collection("items").upsert(["_id": "d1", "s": "x"])
@@ -125,8 +111,7 @@ import TrellisStore
         sim.crash(n)
         try sim.restart(n)
         try sim.runUntilQuiet()
-        let m = WipedWriterReapedRemoveTests.Mesh(sim: sim, w: w, s: s, n: n, subs: [sQuery, nWhole])
-        let ok = try Self.hasRemove(m)
+        let ok = try Self.hasRemove(wiped)
         #expect(
             ok, "N's d1 holds W's remove (checkpoints stored before the crash: \(stored.values.map(\.reapedKeys)))")
         if !ok { Self.dump(sim, "heard after the first batch", last: 30) }
@@ -135,11 +120,11 @@ import TrellisStore
 
     // MARK: 3. A relay that never held the reaped tombstone
 
-    /// W removed and reaped d1 alone; then S (new, holding nothing) joins as the relay between W
-    /// and a new node N. Both ask from 0 without `h`. N creates d1: it asks S again with `h`,
-    /// but S has no reaped tombstone of d1, and its relayed request to W stays without `h`.
-    @Test func aNewRelayThatHoldsNothingPassesTheAskOn() throws {
-        let sim = try Simulation(seed: 9_100_336)
+    /// W removed and reaped d1 alone (a keeper beside it acknowledged the remove, then is gone
+    /// for good); then S, new and holding nothing, joins as the relay between W and a new node N,
+    /// which holds d2 from W through S. The keeper's subscription is returned to keep it alive.
+    static func newRelay(seed: UInt64) throws -> (WipedWriterReapedRemoveTests.Mesh, Subscription) {
+        let sim = try Simulation(seed: seed)
         sim.storeOptions.tombstoneTTL = UInt64(Self.ttl)
         let w = try sim.addNode("w")
         // A keeper beside W acknowledges the remove, so W reaps it; then it is gone for good.
@@ -159,12 +144,20 @@ import TrellisStore
         let nWhole = try n.store.collection("items").findAll().subscribe()
         try sim.runUntilQuiet()
         #expect(try Self.ids(n) == ["\"d2\""])
+        return (WipedWriterReapedRemoveTests.Mesh(sim: sim, w: w, s: s, n: n, subs: [sQuery, nWhole]), kept)
+    }
+
+    /// ``newRelay(seed:)``: both ask from 0 without `h`. N creates d1 and asks S again with `h`;
+    /// S has no reaped tombstone of d1. Before the fix its relayed request to W stayed without
+    /// `h`; now S asks W with it and passes d1's tombstone on.
+    @Test func aNewRelayThatHoldsNothingPassesTheAskOn() throws {
+        let (m, kept) = try Self.newRelay(seed: 9_100_336)
+        let (sim, s, n) = (m.sim, m.s, m.n)
         let before = sim.trace.count
         try n.store.collection("items").upsert(["_id": "d1", "s": "x"])
         try sim.runUntilQuiet()
         #expect(Self.asksWithH(sim, after: before) > 0, "N asks S again with h")
         let relayed = Self.asksWithH(sim, after: before, from: "s", to: "w")
-        let m = WipedWriterReapedRemoveTests.Mesh(sim: sim, w: w, s: s, n: n, subs: [sQuery, nWhole])
         let ok = try Self.hasRemove(m)
         #expect(ok, "N's d1 holds W's remove (S asked W with h \(relayed) times)")
         if !ok { Self.dump(sim, "new relay", last: 40) }
@@ -176,25 +169,8 @@ import TrellisStore
     /// with `h`, and S restarts before it meets W again: its checkpoints on W keep wanting W's
     /// reaped tombstones in its store (``ReplicatorDirective/wantReapedKeys(collection:besides:)``).
     @Test func theRelaysAskSurvivesItsRestart() throws {
-        let sim = try Simulation(seed: 9_100_337)
-        sim.storeOptions.tombstoneTTL = UInt64(Self.ttl)
-        let w = try sim.addNode("w")
-        let (k, kept) = try sim.addKeeper(beside: w)
-        try w.store.collection("items").upsert([["_id": "d1", "v": 1, "m": 1], ["_id": "d2", "v": 2]])
-        try sim.runUntilQuiet()
-        try w.store.collection("items").findByID("d1").remove()
-        try sim.runUntilQuiet()
-        sim.run(for: Self.ttl + 2 * 60_000)
-        #expect(try w.documents.state(id: "d1", in: "items") == nil, "W reaped d1's tombstone")
-        sim.crash(k)
-        let s = try sim.addNode("s")
-        let n = try sim.addNode("n")
-        sim.connect(s, w)
-        sim.connect(n, s)
-        let sQuery = try s.store.collection("items").find("v >= 5").subscribe()
-        let nWhole = try n.store.collection("items").findAll().subscribe()
-        try sim.runUntilQuiet()
-        #expect(try Self.ids(n) == ["\"d2\""])
+        let (m, kept) = try Self.newRelay(seed: 9_100_337)
+        let (sim, w, s, n) = (m.sim, m.w, m.s, m.n)
         #expect(try s.documents.checkpoints(peer: w.peerKey).values.contains { $0.reapedKeys == .notAsked })
         sim.setLink(s, w, up: false)
         try sim.runUntilQuiet()
@@ -208,7 +184,6 @@ import TrellisStore
         try sim.restart(s)
         sim.setLink(s, w, up: true)
         try sim.runUntilQuiet()
-        let m = WipedWriterReapedRemoveTests.Mesh(sim: sim, w: w, s: s, n: n, subs: [sQuery, nWhole])
         let ok = try Self.hasRemove(m)
         #expect(ok, "N's d1 holds W's remove")
         if !ok { Self.dump(sim, "relay restarted", last: 40) }

@@ -35,8 +35,9 @@ import TrellisSimulation
         var subs: [Subscription]
     }
 
-    /// Everything up to N's wiped restart, synced again with S (holding d2 only).
-    static func wipedN() throws -> Mesh {
+    /// Everything up to N's wiped restart, synced again with S (holding d2 only); without
+    /// `settled`, returned right after the restart, before N asked S anything.
+    static func wipedN(settled: Bool = true) throws -> Mesh {
         let sim = try Simulation(seed: 9_100_335)
         sim.storeOptions.tombstoneTTL = UInt64(ttl)
         let w = try sim.addNode("w")
@@ -57,9 +58,11 @@ import TrellisSimulation
         }
         sim.crash(n)
         try sim.restart(n, wipe: true)
+        let mesh = Mesh(sim: sim, w: w, s: s, n: n, subs: [sQuery, nWhole])
+        guard settled else { return mesh }
         try sim.runUntilQuiet()
         #expect(try ids(n) == ["\"d2\""])
-        return Mesh(sim: sim, w: w, s: s, n: n, subs: [sQuery, nWhole])
+        return mesh
     }
 
     @Test(arguments: Write.allCases) func aWipedNodeThatWritesGetsWhatItNeeds(_ write: Write) throws {
