@@ -343,7 +343,7 @@ public struct MergeOutcome: Sendable {
     /// What the checkpoint stored with the batch says of the peer's reaped tombstones, when one
     /// was stored: the one asked for, or ``ReapedKeys/wanted`` where that was
     /// ``ReapedKeys/notAsked`` and a local write created a document of the collection since the
-    /// request was made.
+    /// store was opened (``DocumentStore/checkpointReapedKeys(_:_:_:)``).
     public var storedReapedKeys: ReapedKeys?
     /// Documents applied or deferred whose arriving state may hold a live document (not a
     /// tombstone's whole state): each of this node's checkpoints in the collection on another
