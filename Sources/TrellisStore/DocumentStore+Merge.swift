@@ -798,14 +798,16 @@ extension DocumentStore {
     /// node's requests began, and only its reaped tombstone would tell this node. The
     /// peers' ``ReapedKeys/notAsked`` checkpoints in the collection now want them
     /// (``wantReapedKeys(_:in:besides:)``), and the commit's event names the collection
-    /// (``StoreEvent/createdCollections``). Once per collection and transaction.
+    /// (``StoreEvent/createdCollections``). Once per collection and transaction; the checkpoints
+    /// are marked by the first creation in the collection since the store opened only: it leaves
+    /// none `notAsked` there, and ``checkpointReapedKeys(_:_:_:)`` stores none since.
     ///
-    /// - Complexity: O(1) after the first in the transaction, else as ``wantReapedKeys(_:in:besides:)``.
+    /// - Complexity: O(1) but for the first creation in the collection since the store opened,
+    ///   which is as ``wantReapedKeys(_:in:besides:)``.
     func noteCreated(_ s: inout State, _ collection: String) throws {
         if s.createdIn.contains(where: { $0 == collection }) { return }
-        try wantReapedKeys(&s, in: collection, besides: nil)
         s.createdIn.append(collection)
-        s.createdSinceOpen.insert(collection)
+        if s.createdSinceOpen.insert(collection).inserted { try wantReapedKeys(&s, in: collection, besides: nil) }
     }
 
     /// What a checkpoint stored now in `collection` says of its peer's reaped tombstones, asked

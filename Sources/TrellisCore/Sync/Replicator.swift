@@ -1686,18 +1686,18 @@ public struct Replicator: Sendable {
         // subscription says `h` as well (``heldByAskers``), so those
         // tombstones come here and, as tombstone rows, go on to the peer. Without it a stale node
         // that met a remover only through a new relay holding nothing kept its copy.
-        for sub in subs where sub.holds && sub.since == 0 && Refetch.ids(of: sub.spec) == nil {
-            heldByAskers.insert(UTF8Key(sub.spec.collection))
-        }
-        // Asked with `h` at all (from 0, or from a checkpoint after live documents came from
+        // And asked with `h` at all (from 0, or from a checkpoint after live documents came from
         // another peer or a local write created one): this node's own requests in the collection
         // that go without it, from 0 or from a `notAsked` checkpoint, ask again with it, so the
         // tombstones the other peers reaped come here and, as tombstone rows, go on to the peer
         // (``wantReapedKeys(in:besides:now:)``, once the set is served). Without it a relay that
         // held nothing passed a request from a checkpoint with `h` on without it, and the peer
         // that re-created an `_id` removed and reaped beyond the relay never got the remove.
-        let askedWithH = Set(
-            subs.filter { $0.holds && Refetch.ids(of: $0.spec) == nil }.map { UTF8Key($0.spec.collection) })
+        var askedWithH: Set<UTF8Key> = []
+        for sub in subs where sub.holds && Refetch.ids(of: sub.spec) == nil {
+            askedWithH.insert(UTF8Key(sub.spec.collection))
+            if sub.since == 0 { heldByAskers.insert(UTF8Key(sub.spec.collection)) }
+        }
         var accepted = subs
         if subs.count > configuration.maxServedSubscriptions {
             accepted = subs.sorted { ($0.hops, UTF8Key($0.spec.key)) < ($1.hops, UTF8Key($1.spec.key)) }
