@@ -115,14 +115,14 @@ package enum ContactStorage: @unchecked Sendable {
     /// The properties, in a box no other contact shares.
     case held(ContactFieldsBox)
     /// The text the properties are still to be read from, and the reader.
-    case unread([UInt8], @Sendable ([UInt8]) -> ContactFields)
+    case unread(ContactText, @Sendable (UnsafeBufferPointer<UInt8>) -> ContactFields)
 
     /// The box of properties, read from the text first if they are still there.
     mutating func box() -> ContactFieldsBox {
         switch self {
         case .held(let box): return box
-        case .unread(let bytes, let read):
-            let box = ContactFieldsBox(read(bytes))
+        case .unread(let text, let read):
+            let box = ContactFieldsBox(text.withBytes(read))
             self = .held(box)
             return box
         }
@@ -135,6 +135,76 @@ package enum ContactStorage: @unchecked Sendable {
         case .held(let box): return .held(ContactFieldsBox(box.fields))
         case .unread: return self
         }
+    }
+}
+
+/// One contact's text in a ``ContactTextBlock``: bytes written once, before any contact reads
+/// them, and never changed (Trellis only).
+package struct ContactText: @unchecked Sendable {
+    /// The block holding the text; kept alive while the text is.
+    let block: ContactTextBlock
+    /// Where the text starts in the block, in bytes.
+    let start: Int
+    /// The text's length, in bytes.
+    let count: Int
+
+    /// `body` of the text's bytes, valid only during the call.
+    func withBytes<T>(_ body: (UnsafeBufferPointer<UInt8>) -> T) -> T {
+        body(UnsafeBufferPointer(start: block.base + start, count: count))
+    }
+}
+
+/// Memory that the texts of several contacts are copied into, one after another (Trellis only):
+/// an enumerator copies the texts of a page's contacts into a few blocks rather than one
+/// allocation each (``ContactTexts``).
+///
+/// Only the part after ``count`` is ever written, and only by the one ``ContactTexts`` filling
+/// the block, before the contacts reading the written part are handed over; so contacts on any
+/// thread may read their texts while later ones are still being copied in.
+package final class ContactTextBlock: @unchecked Sendable {
+    fileprivate let base: UnsafeMutablePointer<UInt8>
+    /// The block's size, in bytes.
+    let capacity: Int
+    /// How many bytes are written.
+    fileprivate var count = 0
+
+    init(capacity: Int) {
+        self.capacity = capacity
+        base = .allocate(capacity: capacity)
+    }
+
+    deinit { base.deallocate() }
+}
+
+/// Copies contacts' texts into shared blocks of memory, for contacts made together (a page of an
+/// enumeration): one allocation for many texts, and one release once the contacts are read or
+/// released (Trellis only; docs/CONTACTS.md, "How the enumerator reads contacts").
+///
+/// A contact keeps its whole block alive until its properties are read or it is released: at
+/// most ``blockSize`` bytes, or its own text's size when that is larger.
+package struct ContactTexts {
+    /// The size of a new block, in bytes: a text larger than this gets a block of its own size.
+    package static let blockSize = 32_768
+
+    private var block: ContactTextBlock?
+
+    package init() {}
+
+    /// A copy of `bytes`, in the current block when it has room, else in a new one.
+    ///
+    /// - Complexity: O(n) in the length of `bytes`; an allocation only when a block is full.
+    package mutating func copy(_ bytes: UnsafeBufferPointer<UInt8>) -> ContactText {
+        let block: ContactTextBlock
+        if let current = self.block, current.capacity - current.count >= bytes.count {
+            block = current
+        } else {
+            block = ContactTextBlock(capacity: max(Self.blockSize, bytes.count))
+            if bytes.count < Self.blockSize { self.block = block }
+        }
+        let start = block.count
+        if let source = bytes.baseAddress { (block.base + start).initialize(from: source, count: bytes.count) }
+        block.count += bytes.count
+        return ContactText(block: block, start: start, count: bytes.count)
     }
 }
 
@@ -163,10 +233,10 @@ open class CNContact: NSObject, NSCopying, NSMutableCopying, @unchecked Sendable
 
     package init(fields: ContactFields) { storage = Mutex(.held(ContactFieldsBox(fields))) }
 
-    /// A contact whose properties `read` reads from `bytes` when one is first asked for (Trellis
+    /// A contact whose properties `read` reads from `text` when one is first asked for (Trellis
     /// only). `read` must give the same fields every time for the same bytes.
-    package init(source bytes: [UInt8], read: @escaping @Sendable ([UInt8]) -> ContactFields) {
-        storage = Mutex(.unread(bytes, read))
+    package init(source text: ContactText, read: @escaping @Sendable (UnsafeBufferPointer<UInt8>) -> ContactFields) {
+        storage = Mutex(.unread(text, read))
     }
 
     /// A contact with the properties of `other`, in storage of its own (Trellis only): a source

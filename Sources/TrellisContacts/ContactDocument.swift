@@ -177,22 +177,34 @@ public enum ContactDocument {
     ///
     /// Text that the one-pass check vouches for as JSON
     /// (``JSONScan/certainlyParses(_:)-(UnsafeBufferPointer<UInt8>)``: compact, no `\u` escapes or
-    /// exponents) is kept as a copy of its bytes, and the contact reads it on first use. Any other
-    /// text is read now, so that text which is not JSON still answers `nil` here.
+    /// exponents) is kept as a copy of its bytes in `texts`' shared blocks, and the contact reads it
+    /// on first use. Any other text is read now, so that text which is not JSON still answers `nil`
+    /// here.
     ///
-    /// - Parameter bytes: the text; read (and copied) only during the call.
+    /// - Parameters:
+    ///   - bytes: the text; read (and copied) only during the call.
+    ///   - texts: the blocks the copy goes to, shared by the contacts made with them (a page's).
     /// - Returns: the contact, or `nil` when the text is not JSON.
-    /// - Complexity: O(n) in the length of the text now, without allocation beyond the copy and
-    ///   the contact; O(n) again on the first read of a property.
-    package static func contact(deferringJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
+    /// - Complexity: O(n) in the length of the text now, without allocation beyond the contact
+    ///   (and a block of ``ContactTexts/blockSize`` bytes when the current one is full); O(n)
+    ///   again on the first read of a property.
+    package static func contact(
+        deferringJSON bytes: UnsafeBufferPointer<UInt8>, into texts: inout ContactTexts
+    ) -> CNMutableContact? {
         guard JSONScan.certainlyParses(bytes) else { return contact(fromJSON: bytes) }
-        return CNMutableContact(source: Array(bytes), read: fieldsOfVouchedText)
+        return CNMutableContact(source: texts.copy(bytes), read: fieldsOfVouchedText)
+    }
+
+    /// ``contact(deferringJSON:into:)`` with blocks of its own: for a contact made alone.
+    package static func contact(deferringJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
+        var texts = ContactTexts()
+        return contact(deferringJSON: bytes, into: &texts)
     }
 
     /// The fields of text the one-pass check vouched for (so it parses; were it ever not to, an
     /// empty contact rather than a trap).
-    @Sendable private static func fieldsOfVouchedText(_ bytes: [UInt8]) -> ContactFields {
-        bytes.withUnsafeBufferPointer { fields(fromJSON: $0) } ?? ContactFields()
+    @Sendable private static func fieldsOfVouchedText(_ bytes: UnsafeBufferPointer<UInt8>) -> ContactFields {
+        fields(fromJSON: bytes) ?? ContactFields()
     }
 
     private static func items(_ value: Value?) -> [Value] {

@@ -116,8 +116,9 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
     /// Up to `limit` entries with `after < seq <= through`
     /// (``DocumentStore/readLogRows(in:after:through:limit:includeDeleted:_:)``), each live one a
     /// contact read from the stored JSON text when a property is first asked for
-    /// (``ContactDocument/contact(deferringJSON:)``) and its identifier, made straight from the
-    /// row: no ``Value`` and no list of entries in between.
+    /// (``ContactDocument/contact(deferringJSON:into:)``, the batch's texts copied into shared
+    /// blocks) and its identifier, made straight from the row: no ``Value`` and no list of
+    /// entries in between.
     ///
     /// One entry more than `limit` is read to tell whether more are coming; a row whose text is
     /// not JSON is skipped (and named by the store) wherever it is, that entry included.
@@ -125,12 +126,13 @@ public final class ContactsEnumerator: ContactItemEnumerator, Sendable {
         var batch = Batch(last: after)
         batch.updates.reserveCapacity(min(limit, 1_024))
         var count = 0
+        var texts = ContactTexts()
         try store.readLogRows(
             in: collection, after: after, through: through, limit: limit + 1, includeDeleted: includeDeleted
         ) { seq, _, id, json in
             var contact: CNMutableContact?
             if let json {
-                guard let read = ContactDocument.contact(deferringJSON: json) else { return false }
+                guard let read = ContactDocument.contact(deferringJSON: json, into: &texts) else { return false }
                 contact = read
             }
             count += 1

@@ -91,4 +91,40 @@ import TrellisTestKit
         let broken = Array(#"{"givenName":"Ada""#.utf8)
         #expect(broken.withUnsafeBufferPointer { ContactDocument.contact(deferringJSON: $0) } == nil)
     }
+
+    /// Contacts made together share blocks of text (`ContactTexts`): each reads its own text,
+    /// whether it fills a block, ends one, is larger than a block or comes after one that was;
+    /// and a contact outlives the others of its block and its block's writer.
+    @Test func contactsSharingBlocksOfTextEachReadTheirOwn() throws {
+        var documents: [Value] = []
+        for n in 0..<600 {
+            // Notes of many lengths, so that texts end blocks at many offsets; two larger than a block.
+            let length = n == 100 || n == 101 ? ContactTexts.blockSize + 17 : (n * 37) % 700
+            documents.append(
+                .map([
+                    "_id": .string("c\(n)"), "givenName": .string("Given \(n)"),
+                    "note": .string(String(repeating: "n", count: length)),
+                ]))
+        }
+        var kept: [CNMutableContact] = []
+        do {
+            var texts = ContactTexts()
+            var contacts: [CNMutableContact] = []
+            for document in documents {
+                let bytes = Array(JSON.string(document).utf8)
+                let contact = bytes.withUnsafeBufferPointer { ContactDocument.contact(deferringJSON: $0, into: &texts) }
+                contacts.append(try #require(contact))
+            }
+            #expect(contacts.allSatisfy { $0.isDeferred })
+            for (n, contact) in contacts.enumerated() where n % 2 == 0 {
+                #expect(contact == ContactDocument.contact(from: documents[n]), "contact \(n)")
+            }
+            kept = [contacts[1], contacts[101], contacts[599]]
+        }
+        // The writer and every other contact of their blocks are released: the kept read theirs.
+        #expect(kept.allSatisfy { $0.isDeferred })
+        #expect(kept[0] == ContactDocument.contact(from: documents[1]))
+        #expect(kept[1].note.utf8.count == ContactTexts.blockSize + 17)
+        #expect(kept[2] == ContactDocument.contact(from: documents[599]))
+    }
 }
