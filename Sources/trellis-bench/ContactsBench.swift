@@ -169,7 +169,7 @@ func contactsFigures(scratch: URL) throws -> [Figure] {
     // Baseline: a raw scan of the same rows, as an application reading the table would: the
     // stored row key (`k`, whose end is the `_id` key) and the JSON, in `seq` order.
     var db: OpaquePointer?
-    sqlite3_open(file, &db)
+    sqlite3_open_v2(file, &db, rawOpenFlags, nil)
     var stmt: OpaquePointer?
     sqlite3_prepare_v2(
         db, "SELECT k, value FROM documents WHERE collection = 'contacts' AND deleted = 0 ORDER BY seq", -1, &stmt, nil

@@ -19,7 +19,7 @@ func rate(rounds: Int, _ body: () throws -> Void) rethrows -> Double {
 func findFigures(store: DocumentStore, raw: String, rounds: Int = 20) throws -> [Figure] {
     _ = try store.createIndex(path: FieldPath(parsing: "Origin"), in: "cars")
     var rawDB: OpaquePointer?
-    sqlite3_open(raw, &rawDB)
+    sqlite3_open_v2(raw, &rawDB, rawOpenFlags, nil)
     sqlite3_exec(rawDB, "CREATE INDEX IF NOT EXISTS docs_origin ON docs(json_extract(body, '$.Origin'))", nil, nil, nil)
     var rawMatched = 0
     var rawStatement: OpaquePointer?

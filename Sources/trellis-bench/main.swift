@@ -161,7 +161,10 @@ let documents: [Value] = (0..<documentCount).map { n in
 }
 let jsonRows = documents.map { JSON.string($0) }
 
+/// The seconds `body` takes. The files written before are flushed to the disk first (`sync`), so
+/// that no figure pays for the writeback of the one before.
 func seconds(_ body: () throws -> Void) rethrows -> Double {
+    sync()
     let start = DispatchTime.now().uptimeNanoseconds
     try body()
     return Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9
@@ -174,13 +177,21 @@ func path(_ name: String) -> String { scratch.appendingPathComponent(name).path 
 
 // MARK: Baseline: raw SQLite batched inserts of the same JSON rows (WAL, one transaction, prepared).
 
+/// How the baselines open SQLite: as the store does, without SQLite's own mutexes (one
+/// connection, one thread), so a raw call costs what the store's costs.
+let rawOpenFlags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
+
 /// Inserts the rows into a fresh table: in one transaction, or (`singly`) one transaction each,
 /// with `synchronous` NORMAL or FULL. Returns the seconds taken.
 func rawInsert(_ file: String, rows: [String], singly: Bool = false, full: Bool = false) -> Double {
     var db: OpaquePointer?
-    sqlite3_open(file, &db)
+    sqlite3_open_v2(file, &db, rawOpenFlags, nil)
     defer { sqlite3_close(db) }
-    sqlite3_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=\(full ? "FULL" : "NORMAL");", nil, nil, nil)
+    // The store's settings: WAL, and no checkpoint in the writer below 10,000 pages (the store
+    // checkpoints from 1,000 pages on a queue of its own, StoreOptions.walCheckpointPages).
+    sqlite3_exec(
+        db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=\(full ? "FULL" : "NORMAL"); PRAGMA wal_autocheckpoint=10000;",
+        nil, nil, nil)
     sqlite3_exec(db, "CREATE TABLE docs(id TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID", nil, nil, nil)
     var stmt: OpaquePointer?
     sqlite3_prepare_v2(db, "INSERT INTO docs(id, body) VALUES (?, ?)", -1, &stmt, nil)
@@ -209,6 +220,8 @@ func mergeSeconds(from source: DocumentStore, into file: String) throws -> Doubl
     let log = try source.changes(in: "cars", after: 0, limit: .max, maxBytes: .max).records
     let remote = log.map { RemoteDocument(collection: $0.collection, id: $0.id, state: $0.state) }
     let store = try DocumentStore(path: file)
+    // The WAL is checkpointed after the clock stops, so that the next figure does not pay for it.
+    defer { try? store.checkpointWAL() }
     let peer: [UInt8] = Array(repeating: 1, count: 32)
     return try seconds {
         var start = 0
@@ -337,7 +350,13 @@ if writesOnly {
         let store = try DocumentStore(path: path("writes-\(run).sqlite"))
         let batched = try Double(documentCount) / seconds { try store.upsert(documents, in: "cars") }
         let merged = try Double(documentCount) / mergeSeconds(from: store, into: path("writes-merge-\(run).sqlite"))
+        try store.checkpointWAL()
+        let floor = try schemaFloorSeconds(from: path("writes-\(run).sqlite"), into: path("writes-floor-\(run).sqlite"))
         figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: raw, unit: "rows/s"))
+        figures.append(
+            Figure(
+                name: "sqlite_trellis_rows_inserts_per_s", value: Double(floor.rows) / floor.seconds, unit: "rows/s",
+                baseline: raw, baselineName: "sqlite_raw_inserts_per_s"))
         figures.append(
             Figure(
                 name: "local_upserts_batched_per_s", value: batched, unit: "docs/s", baseline: raw,
@@ -394,6 +413,15 @@ figures.append(
         name: "local_upserts_batched_per_s", value: Double(documentCount) / batchedTime, unit: "docs/s",
         baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
 
+// MARK: The schema floor: the rows of the batched upserts inserted again by hand (SchemaFloorBench.swift).
+
+try batchedStore.checkpointWAL()
+let schemaFloor = try schemaFloorSeconds(from: path("batched.sqlite"), into: path("floor.sqlite"))
+figures.append(
+    Figure(
+        name: "sqlite_trellis_rows_inserts_per_s", value: Double(schemaFloor.rows) / schemaFloor.seconds,
+        unit: "rows/s", baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
+
 // MARK: Trellis local upserts, one transaction each (as Ditto's upsert).
 
 let singleCount = min(documentCount, 5_000)
@@ -401,6 +429,7 @@ let singleStore = try DocumentStore(path: path("single.sqlite"))
 let singleTime = try seconds {
     for document in documents.prefix(singleCount) { try singleStore.upsert(document, in: "cars") }
 }
+try singleStore.checkpointWAL()
 figures.append(
     Figure(
         name: "local_upserts_single_per_s", value: Double(singleCount) / singleTime, unit: "docs/s",
@@ -443,6 +472,7 @@ figures.append(
         baselineName: "local_upserts_single_normal_per_s"))
 let batchedFullStore = try DocumentStore(path: path("batched-full.sqlite"), options: fullOptions)
 let batchedFullTime = try seconds { try batchedFullStore.upsert(documents, in: "cars") }
+try batchedFullStore.checkpointWAL()
 figures.append(
     Figure(
         name: "local_upserts_batched_full_per_s", value: Double(documentCount) / batchedFullTime, unit: "docs/s",
@@ -465,6 +495,7 @@ let updateCount = min(documentCount, 20_000)
 // the upserts, which updates would change.
 let updateStore = try DocumentStore(path: path("updates.sqlite"))
 try updateStore.upsert(Array(documents.prefix(updateCount)), in: "cars")
+try updateStore.checkpointWAL()
 // The batches of 1,000 updates are made before the clock starts.
 let updateBatches = stride(from: 0, to: updateCount, by: 1_000).map { start in
     (start..<min(updateCount, start + 1_000)).map { n in
@@ -507,11 +538,7 @@ figures.append(
 figures.append(
     Figure(name: "delta_bytes_one_field_of_a_car", value: Double(deltaBytes) / Double(deltaPairs.count), unit: "B"))
 
-// MARK: Query: an equality on an indexed field, Trellis `find` against the same query by hand.
-
-figures += try findFigures(store: batchedStore, raw: path("raw.sqlite"))
-
-// MARK: Storage: bytes per document against raw JSON.
+// MARK: Storage: bytes per document against raw JSON (before `find` adds its index).
 
 let rawJSONBytes = Double(jsonRows.reduce(0) { $0 + $1.utf8.count }) / Double(documentCount)
 try? batchedStore.checkpointWAL()
@@ -520,6 +547,10 @@ figures.append(
     Figure(
         name: "stored_bytes_per_doc", value: fileSize(path("batched.sqlite")) / Double(documentCount), unit: "bytes",
         baseline: rawJSONBytes, baselineName: "raw_json_bytes_per_doc"))
+
+// MARK: Query: an equality on an indexed field, Trellis `find` against the same query by hand.
+
+figures += try findFigures(store: batchedStore, raw: path("raw.sqlite"))
 
 // MARK: Two nodes over encrypted loopback (ReplicationBench.swift)
 
