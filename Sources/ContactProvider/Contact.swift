@@ -181,14 +181,17 @@ package final class ContactTextBlock: @unchecked Sendable {
 /// released (Trellis only; docs/CONTACTS.md, "How the enumerator reads contacts").
 ///
 /// A contact keeps its whole block alive until its properties are read or it is released: at
-/// most ``blockSize`` bytes, or its own text's size when that is larger.
+/// most its block's size (``blockSize`` by default), or its own text's size when that is larger.
 package struct ContactTexts {
-    /// The size of a new block, in bytes: a text larger than this gets a block of its own size.
+    /// The size of a new block by default, in bytes: a text larger than a block gets a block of
+    /// its own size.
     package static let blockSize = 32_768
 
     private var block: ContactTextBlock?
+    private let blockSize: Int
 
-    package init() {}
+    /// Blocks of `blockSize` bytes (for a contact made alone, its text's size).
+    package init(blockSize: Int = ContactTexts.blockSize) { self.blockSize = max(1, blockSize) }
 
     /// A copy of `bytes`, in the current block when it has room, else in a new one.
     ///
@@ -198,8 +201,8 @@ package struct ContactTexts {
         if let current = self.block, current.capacity - current.count >= bytes.count {
             block = current
         } else {
-            block = ContactTextBlock(capacity: max(Self.blockSize, bytes.count))
-            if bytes.count < Self.blockSize { self.block = block }
+            block = ContactTextBlock(capacity: max(blockSize, bytes.count))
+            if bytes.count < blockSize { self.block = block }
         }
         let start = block.count
         if let source = bytes.baseAddress { (block.base + start).initialize(from: source, count: bytes.count) }

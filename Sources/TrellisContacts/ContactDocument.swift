@@ -195,9 +195,10 @@ public enum ContactDocument {
         return CNMutableContact(source: texts.copy(bytes), read: fieldsOfVouchedText)
     }
 
-    /// ``contact(deferringJSON:into:)`` with blocks of its own: for a contact made alone.
+    /// ``contact(deferringJSON:into:)`` with a block of its own, the text's size: for a contact
+    /// made alone.
     package static func contact(deferringJSON bytes: UnsafeBufferPointer<UInt8>) -> CNMutableContact? {
-        var texts = ContactTexts()
+        var texts = ContactTexts(blockSize: bytes.count)
         return contact(deferringJSON: bytes, into: &texts)
     }
 

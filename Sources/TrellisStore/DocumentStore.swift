@@ -1312,6 +1312,12 @@ public final class DocumentStore: Sendable {
 
     /// ``upsert(_:in:)`` of a large batch, its documents checked and encoded by
     /// ``UpsertsPreparedAhead`` on another thread as this one stores them.
+    ///
+    /// It fails as the small path (``prepare(_:)`` first, then the writes) fails: a document
+    /// refused by its check (``StoreError/notAMap(_:)``, ``StoreError/invalidID(_:)``,
+    /// ``StoreError/invalidValue(_:)``) wins over an error met while writing an earlier one (a
+    /// document too large, SQLite's), and an `_id` is drawn for each document without one up to
+    /// the first refused by its check, so a seeded `StoreOptions.random` goes on as before.
     private func upsertPreparedAhead(_ documents: [Value], in collection: String) throws(StoreError) -> [Value] {
         let ahead = UpsertsPreparedAhead(documents)
         defer { ahead.stop() }
@@ -1321,11 +1327,27 @@ public final class DocumentStore: Sendable {
             ids.reserveCapacity(documents.count)
             while let document = ahead.next() {
                 let (id, key, fields, json, generated) = try identified(document.checked.get())
-                try upsertPrepared(&s, collection, id, key, fields, json: json, generated: generated, now: now)
+                do {
+                    try upsertPrepared(&s, collection, id, key, fields, json: json, generated: generated, now: now)
+                } catch {
+                    throw firstRefusal(after: ahead) ?? error
+                }
                 ids.append(id)
             }
             return ids
         }
+    }
+
+    /// The first document `ahead` still holds that its check refused, after drawing an `_id` for
+    /// each document without one before it (what ``prepare(_:)`` did before any write).
+    private func firstRefusal(after ahead: UpsertsPreparedAhead) -> StoreError? {
+        while let document = ahead.next() {
+            switch document.checked {
+            case .failure(let refusal): return refusal
+            case .success(let checked): if checked.id == nil { _ = Self.newID(options.random) }
+            }
+        }
+        return nil
     }
 
     /// Upserts the documents `next` returns, one at a time, in one transaction: all of them or,
