@@ -49,6 +49,7 @@ func importFigures(scratch: URL, rows: [String], baseline: Double) throws -> [Fi
         process.arguments = ["--import-child", file, database]
         let output = Pipe()
         process.standardOutput = output
+        sync()  // as `seconds` does: the input file just written reaches the disk before the clock starts
         let start = DispatchTime.now().uptimeNanoseconds
         try process.run()
         let printed = output.fileHandleForReading.readDataToEndOfFile()
