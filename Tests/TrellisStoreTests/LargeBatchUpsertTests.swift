@@ -45,13 +45,7 @@ import TrellisTestKit
         try small.upsert(.map(["_id": .string("d3"), "before": .int(1)]), in: "c")
 
         let ids = try large.upsert(documents, in: "c")
-        var smallIDs: [Value] = []
-        var start = 0
-        while start < documents.count {
-            let end = min(documents.count, start + UpsertsPreparedAhead.minimumBatch - 1)
-            smallIDs += try small.upsert(Array(documents[start..<end]), in: "c")
-            start = end
-        }
+        let smallIDs = try PreparedAheadBreakTests.upsertInSmallBatches(documents, into: small)
         #expect(ids == smallIDs)
         #expect(ids.count == documents.count)
         #expect(large.lastSeq == small.lastSeq)
