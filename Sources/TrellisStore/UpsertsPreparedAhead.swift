@@ -60,7 +60,8 @@ package final class UpsertsPreparedAhead {
         return { shared.ended.load(ordering: .acquiring) }
     }
 
-    /// The next document prepared, in the order given, or `nil` after the last.
+    /// The next document prepared, in the order given, or `nil` after the last (or once
+    /// ``stop()`` was called and what was ready is taken).
     ///
     /// - Complexity: O(1) amortised; waits while the preparing thread has nothing ready.
     package func next() -> PreparedUpsert? {
@@ -73,7 +74,8 @@ package final class UpsertsPreparedAhead {
         if !current.isEmpty { shared.spent.append(current) }
         current = []
         index = 0
-        while shared.ready.isEmpty && !shared.finished { shared.condition.wait() }
+        // A stopped preparer hands over nothing more (and never sets `finished`).
+        while shared.ready.isEmpty && !shared.finished && !shared.stopped { shared.condition.wait() }
         guard !shared.ready.isEmpty else { return nil }
         current = shared.ready.removeFirst()
         shared.condition.broadcast()

@@ -1,4 +1,4 @@
-// The schema floor (docs/BENCHMARKS.md, "What SQLite alone needs for Trellis's rows"): the rows a
+// The schema floor (docs/BENCHMARKS.md, "Fair baselines", the schema floor): the rows a
 // Trellis store holds after the batched upserts, inserted again by hand into an empty store of the
 // same schema, in one transaction with one prepared statement, as the raw baseline inserts its
 // JSON rows. It is what SQLite alone costs for Trellis's rows (the state next to the JSON, the row
