@@ -31,9 +31,7 @@ func schemaFloorSeconds(from source: String, into file: String) throws -> (secon
     var db: OpaquePointer?
     sqlite3_open_v2(file, &db, rawOpenFlags, nil)
     defer { sqlite3_close(db) }
-    // The raw baseline's settings (`rawInsert`): WAL (kept in the file), synchronous NORMAL, no
-    // checkpoint in the writer below 10,000 pages.
-    sqlite3_exec(db, "PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=10000;", nil, nil, nil)
+    sqlite3_exec(db, rawWriteSettings(), nil, nil, nil)  // the raw baseline's (`rawInsert`)
     var insert: OpaquePointer?
     sqlite3_prepare_v2(
         db, "INSERT INTO documents(\(columns)) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)", -1, &insert, nil)

@@ -181,17 +181,20 @@ func path(_ name: String) -> String { scratch.appendingPathComponent(name).path 
 /// connection, one thread), so a raw call costs what the store's costs.
 let rawOpenFlags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX
 
+/// The settings the raw baselines write with, the store's: WAL, `synchronous` NORMAL (or FULL),
+/// and no checkpoint in the writer below 10,000 pages (the store checkpoints from 1,000 pages on a
+/// queue of its own, StoreOptions.walCheckpointPages).
+func rawWriteSettings(full: Bool = false) -> String {
+    "PRAGMA journal_mode=WAL; PRAGMA synchronous=\(full ? "FULL" : "NORMAL"); PRAGMA wal_autocheckpoint=10000;"
+}
+
 /// Inserts the rows into a fresh table: in one transaction, or (`singly`) one transaction each,
 /// with `synchronous` NORMAL or FULL. Returns the seconds taken.
 func rawInsert(_ file: String, rows: [String], singly: Bool = false, full: Bool = false) -> Double {
     var db: OpaquePointer?
     sqlite3_open_v2(file, &db, rawOpenFlags, nil)
     defer { sqlite3_close(db) }
-    // The store's settings: WAL, and no checkpoint in the writer below 10,000 pages (the store
-    // checkpoints from 1,000 pages on a queue of its own, StoreOptions.walCheckpointPages).
-    sqlite3_exec(
-        db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=\(full ? "FULL" : "NORMAL"); PRAGMA wal_autocheckpoint=10000;",
-        nil, nil, nil)
+    sqlite3_exec(db, rawWriteSettings(full: full), nil, nil, nil)
     sqlite3_exec(db, "CREATE TABLE docs(id TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID", nil, nil, nil)
     var stmt: OpaquePointer?
     sqlite3_prepare_v2(db, "INSERT INTO docs(id, body) VALUES (?, ?)", -1, &stmt, nil)
