@@ -104,7 +104,7 @@ public final class DocumentReadAhead {
         // The reader goes to the reading thread, which alone uses it from now on.
         let handover = Handover(reader: reader)
         let thread = Thread {
-            Thread.current.name = "trellis.import"
+            Thread.nameCurrent("trellis.import")
             Self.read(handover.reader, into: shared, preparing: preparingUpserts)
             shared.ended.store(true, ordering: .releasing)
         }

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 internal import Glibc
 import Synchronization
+import TrellisCore
 public import TrellisCrypto
 
 /// A ``MessageLink`` over TCP, encrypted with `Noise_XXpsk0_25519_ChaChaPoly_SHA256`.
@@ -281,17 +282,17 @@ public final class SecureLink: MessageLink {
                 return h
             }).map({ ($0.sender, $0.receiver) })
         else { return }
-        // Named from inside: a name given before `start()` never reaches Linux, which shows
-        // these (top -H, perf, /proc/PID/task/TID/comm) and keeps 15 bytes of a name.
+        // Named from inside, with `Thread.nameCurrent` (Foundation's names do not reliably reach
+        // Linux, which shows these in top -H, perf and /proc/PID/task/TID/comm).
         let reader = Thread { [self] in
-            Thread.current.name = "trellis.read"
+            Thread.nameCurrent("trellis.read")
             var receiver = receiver
             let (kind, reason) = readLoop(&receiver, onMessage)
             end(kind, reason)
             threadFinished()
         }
         let writer = Thread { [self] in
-            Thread.current.name = "trellis.write"
+            Thread.nameCurrent("trellis.write")
             var sender = sender
             if let (kind, reason) = writeLoop(&sender) { end(kind, reason) }
             threadFinished()

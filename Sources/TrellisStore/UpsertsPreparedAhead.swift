@@ -45,7 +45,7 @@ package final class UpsertsPreparedAhead {
     package init(_ documents: [Value]) {
         let shared = shared
         let thread = Thread {
-            Thread.current.name = "trellis.prepare"
+            Thread.nameCurrent("trellis.prepare")
             Self.prepare(documents, into: shared)
             shared.ended.store(true, ordering: .releasing)
         }

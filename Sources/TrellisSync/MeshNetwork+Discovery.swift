@@ -66,7 +66,7 @@ extension MeshNetwork {
         }
         let engine = self.engine
         let thread = Thread {
-            Thread.current.name = "trellis.beacons"
+            Thread.nameCurrent("trellis.beacons")
             engine.adoptThreadNice()
             while true {
                 let datagram: (bytes: [UInt8], host: String)?

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import TrellisCore
 public import TrellisCrypto
 public import TrellisNet
 
@@ -204,7 +205,7 @@ public final class MeshNetwork: Sendable {
         listenEndpoint.withLock { $0 = Endpoint(host: endpoint.host, port: socketListener.port) }
         engine.setListeningPort(socketListener.port)
         let thread = Thread { [weak self] in
-            Thread.current.name = "trellis.listen"
+            Thread.nameCurrent("trellis.listen")
             self?.engine.adoptThreadNice()
             while let self, self.running.load(ordering: .acquiring) {
                 let socket: TCPSocket
@@ -245,7 +246,7 @@ public final class MeshNetwork: Sendable {
         }
         let thread = Thread { [weak self] in
             guard let self else { return }
-            Thread.current.name = "trellis.accept"
+            Thread.nameCurrent("trellis.accept")
             self.engine.adoptThreadNice()
             let proved = Mutex(false)
             do {
@@ -318,7 +319,7 @@ public final class MeshNetwork: Sendable {
         guard running.load(ordering: .acquiring) else { return }
         let thread = Thread { [weak self] in
             guard let self else { return }
-            Thread.current.name = "trellis.dial"
+            Thread.nameCurrent("trellis.dial")
             self.engine.adoptThreadNice()
             do {
                 let endpoint = try Endpoint(parsing: name)

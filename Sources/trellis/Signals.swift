@@ -1,4 +1,5 @@
 import Foundation
+import TrellisCore
 
 /// SIGINT and SIGTERM for the commands that run until stopped (`node`, `contacts mirror`).
 ///
@@ -35,7 +36,7 @@ enum Signals {
     /// blocked with ``block(_:)``; pending ones included).
     static func onTermination(of signals: [Int32] = [SIGINT, SIGTERM], _ handler: @escaping @Sendable () -> Void) {
         let thread = Thread {
-            Thread.current.name = "trellis.signals"
+            Thread.nameCurrent("trellis.signals")
             var set = termination(signals)
             while true {
                 var received: Int32 = 0
