@@ -30,7 +30,25 @@ public struct Document: Sendable, Hashable, CustomStringConvertible {
     /// A document read from the store: its key (the canonical JSON of its `_id`) and its JSON.
     init(key: String, json: StoredJSON) {
         self.storage = .stored(json)
-        self.id = (try? JSON.parse(key)) ?? json.member("_id") ?? .null
+        self.id = Self.plainStringID(key) ?? (try? JSON.parse(key)) ?? json.member("_id") ?? .null
+    }
+
+    /// The string `_id` whose key is `key` when the key holds no escape (`"…"` without `\`: its
+    /// bytes between the quotes are the string's), without the parser; `nil` for any other key,
+    /// which the parser reads.
+    /// O(n) in the key's length.
+    static func plainStringID(_ key: String) -> Value? {
+        var key = key
+        return key.withUTF8 { bytes -> Value? in
+            let n = bytes.count
+            guard n >= 2, bytes[0] == UInt8(ascii: "\""), bytes[n - 1] == UInt8(ascii: "\"") else { return nil }
+            let content = UnsafeBufferPointer(rebasing: bytes[1..<n - 1])
+            // Escapes, quotes and control characters (which the parser refuses raw) go to the parser.
+            for byte in content where byte < 0x20 || byte == UInt8(ascii: "\\") || byte == UInt8(ascii: "\"") {
+                return nil
+            }
+            return .string(String(decoding: content, as: UTF8.self))
+        }
     }
 
     /// The whole document, `_id` included. For a document a query returned, the first read
@@ -335,9 +353,15 @@ public struct PendingCursorOperation: Sendable {
     ///   index (``TrellisCollection/createIndex(_:)``) serves the query; plus O(k log k) to sort.
     public func exec() throws -> [Document] {
         let (parsed, keys) = try resolved()
-        return try collection.store.documents.storedDocuments(
-            in: collection.name, matching: parsed, args: args, sort: keys, limit: limitCount, offset: offsetCount
-        ).map { Document(key: $0.key, json: $0.json) }
+        var rows = try collection.store.documents.storedDocuments(
+            in: collection.name, matching: parsed, args: args, sort: keys, limit: limitCount, offset: offsetCount)
+        // Each row moved out (last first) rather than copied: no retain and release per row, and
+        // the rows' array frees no elements.
+        var documents: [Document] = []
+        documents.reserveCapacity(rows.count)
+        while let row = rows.popLast() { documents.append(Document(key: row.key, json: row.json)) }
+        documents.reverse()
+        return documents
     }
 
     /// The number of documents ``exec()`` would return, counted inside SQLite when the query

@@ -13,9 +13,25 @@ func rate(rounds: Int, _ body: () throws -> Void) rethrows -> Double {
     return Double(rounds) / t
 }
 
+/// Runs each of `bodies` `rounds` times, taking turns (so that what else the machine does falls
+/// on all of them alike), and returns each one's rate from its median round, in rounds per
+/// second. A round is one call, timed alone (no `sync`: queries write nothing).
+func interleavedRates(rounds: Int, _ bodies: [() throws -> Void]) throws -> [Double] {
+    var times = Array(repeating: [Double](), count: bodies.count)
+    for _ in 0..<rounds {
+        for (i, body) in bodies.enumerated() {
+            let start = DispatchTime.now().uptimeNanoseconds
+            try body()
+            times[i].append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1e9)
+        }
+    }
+    return times.map { 1 / $0.sorted()[$0.count / 2] }
+}
+
 /// `Origin == 'Japan'` on `store`'s `cars` (indexed here) against the raw table `docs` of the
 /// SQLite file `raw` (indexed here too): queries per second, then with one field or every
-/// result's whole value read.
+/// result's whole value read. The four queries take turns, `rounds` each; each rate is from the
+/// median round.
 func findFigures(store: DocumentStore, raw: String, rounds: Int = 20) throws -> [Figure] {
     _ = try store.createIndex(path: FieldPath(parsing: "Origin"), in: "cars")
     var rawDB: OpaquePointer?
@@ -25,7 +41,11 @@ func findFigures(store: DocumentStore, raw: String, rounds: Int = 20) throws -> 
     var rawStatement: OpaquePointer?
     sqlite3_prepare_v2(
         rawDB, "SELECT id, body FROM docs WHERE json_extract(body, '$.Origin') = 'Japan'", -1, &rawStatement, nil)
-    let rawQueryRate = rate(rounds: rounds) {
+    defer {
+        sqlite3_finalize(rawStatement)
+        sqlite3_close(rawDB)
+    }
+    func rawQuery() {
         rawMatched = 0
         while sqlite3_step(rawStatement) == SQLITE_ROW {
             // Read the row as an application would: the JSON text.
@@ -34,25 +54,25 @@ func findFigures(store: DocumentStore, raw: String, rounds: Int = 20) throws -> 
         }
         sqlite3_reset(rawStatement)
     }
-    sqlite3_finalize(rawStatement)
-    sqlite3_close(rawDB)
     // Through the public API, as an application calls it: `find(…).exec()` returns documents that
     // parse their stored JSON when read (docs/BENCHMARKS.md, "Query results parsed when read").
+    // Then the same with one field of every result read, or every result's whole value.
     let japan = Store(documents: store, subscriptions: NoSubscriptions()).collection("cars")
         .find("Origin == 'Japan'")
     var matched = 0
-    let queryRate = try rate(rounds: rounds) { matched = try japan.exec().count }
-    precondition(matched == rawMatched, "query results differ: \(matched) vs \(rawMatched)")
-    // The same, then one field of every result read, or every result's whole value.
     var names = 0
-    let fieldRate = try rate(rounds: rounds) {
-        names = try japan.exec().count { $0["Name"] != nil }
-    }
-    precondition(names == rawMatched, "results without a Name: \(rawMatched - names)")
-    let valueRate = try rate(rounds: rounds) {
-        names = try japan.exec().count { $0.value["Name"] != nil }
-    }
-    precondition(names == rawMatched, "results without a Name: \(rawMatched - names)")
+    var values = 0
+    let rates = try interleavedRates(
+        rounds: rounds,
+        [
+            rawQuery,
+            { matched = try japan.exec().count },
+            { names = try japan.exec().count { $0["Name"] != nil } },
+            { values = try japan.exec().count { $0.value["Name"] != nil } },
+        ])
+    let (rawQueryRate, queryRate, fieldRate, valueRate) = (rates[0], rates[1], rates[2], rates[3])
+    precondition(matched == rawMatched, "query results differ: \(matched) vs \(rawMatched)")
+    precondition(names == rawMatched && values == rawMatched, "results without a Name: \(rawMatched - names)")
     let baselineName = "sql_indexed_equality_query_per_s"
     return [
         Figure(name: baselineName, value: rawQueryRate, unit: "queries/s"),

@@ -35,7 +35,8 @@ import TrellisTestKit
     @Test func findResultsHaveTheIDsTheyWereWrittenWith() throws {
         let ids: [Value] = [
             "plain", "with \"quotes\"", "back\\slash", "tab\tand\nline", "\u{1}", "é€😀", "\u{7F}",
-            "slash/ed", ["vin": "A1", "plant": 3], ["k": "with \"quotes\""],
+            "slash/ed", ["vin": "A1", "plant": 3], ["k": "with \"quotes\""], "\u{301}combining mark first",
+            "a long string id of more than fifteen bytes", ["n": 7],
         ]
         for (n, id) in ids.enumerated() { try cars.upsert(["_id": id, "n": .int(Int64(n))]) }
         let found = try cars.findAll().exec()
