@@ -6,10 +6,11 @@ extension Thread {
     /// what `pthread_setname_np` does; Swift's Glibc module offers neither it nor `prctl`.
     ///
     /// Call it first thing in a thread's body. With an empty name, or without /proc mounted, it
-    /// does nothing. Foundation's `Thread.name` is no substitute on Linux: a name set before `start()` never reaches the system, and one set from inside the
-    /// thread reaches it only when the starting thread has already recorded the new thread's
-    /// handle, which it does after the new thread may have begun to run (about 1 thread in 100
-    /// stayed unnamed under load: `ThreadNameTests`).
+    /// does nothing. Foundation's `Thread.name` is no substitute on Linux: a name set before
+    /// `start()` never reaches the system, and one set from inside the thread reaches it only when
+    /// the starting thread has already recorded the new thread's handle, which it does after the
+    /// new thread may have begun to run (under load about 1 thread in 100 stayed unnamed:
+    /// `ThreadNameTests`).
     ///
     /// - Parameter name: the name; Linux keeps its first 15 bytes, cut here at a Unicode
     ///   scalar's boundary. O(length of `name`).
