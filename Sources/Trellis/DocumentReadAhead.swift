@@ -69,26 +69,9 @@ public final class DocumentReadAhead {
         }
     }
 
-    /// What the two threads share: chunks read and not yet taken, and whether the caller stopped.
-    private final class Shared: @unchecked Sendable {
-        /// Guards `ready`, and the waits for `ready` and `stopped`.
-        let condition = NSCondition()
-        var ready: [[Item]] = []
-        /// Chunks the caller finished, for the reading thread to free.
-        var spent: [[Item]] = []
-        /// Set under `condition` by ``close()``; also read without it, between documents.
-        let stopped = Atomic<Bool>(false)
-        var isStopped: Bool { stopped.load(ordering: .relaxed) }
-        /// Set by the reading thread as it returns.
-        let ended = Atomic<Bool>(false)
-    }
-
-    private let shared = Shared()
-
+    private let pipeline: ChunkPipeline<Item>
     /// A reader handed to the reading thread, which alone uses it afterwards.
     private struct Handover: @unchecked Sendable { let reader: DocumentFileReader }
-    private var current: [Item] = []
-    private var index = 0
     /// The last item, once it ended the reading (`nil` or an error that is not recoverable).
     private var last: Item?
 
@@ -100,25 +83,18 @@ public final class DocumentReadAhead {
     public init(_ reader: DocumentFileReader, preparingUpserts: Bool = false) {
         path = reader.path
         size = reader.size
-        let shared = shared
         // The reader goes to the reading thread, which alone uses it from now on.
         let handover = Handover(reader: reader)
-        let thread = Thread {
-            Thread.nameCurrent("trellis.import")
-            Self.read(handover.reader, into: shared, preparing: preparingUpserts)
-            shared.ended.store(true, ordering: .releasing)
+        pipeline = ChunkPipeline(threadName: "trellis.import", chunksAhead: Self.chunksAhead) { producer in
+            Self.read(handover.reader, into: producer, preparing: preparingUpserts)
         }
-        thread.start()
     }
 
     deinit { close() }
 
     /// Whether this reader's thread has returned, asked of a closure that outlives the reader (so
     /// a test can drop the reader and watch its own thread, not every thread of that name).
-    package var readingThreadEnded: @Sendable () -> Bool {
-        let shared = shared
-        return { shared.ended.load(ordering: .acquiring) }
-    }
+    package var readingThreadEnded: @Sendable () -> Bool { pipeline.producerEnded }
 
     /// The next document, or `nil` after the last.
     ///
@@ -142,35 +118,15 @@ public final class DocumentReadAhead {
 
     private func nextItem() -> Item {
         if let last { return last }
-        if index == current.count {
-            shared.condition.lock()
-            while shared.ready.isEmpty { shared.condition.wait() }
-            // The finished chunk goes to the reading thread, which frees it (unless it has ended:
-            // then at most the chunks read ahead are left, freed with this object).
-            if !current.isEmpty, !shared.ended.load(ordering: .relaxed) {
-                shared.spent.append(current)
-            }
-            current = shared.ready.removeFirst()
-            shared.condition.broadcast()
-            shared.condition.unlock()
-            index = 0
-        }
-        let item = current[index]
-        index += 1
+        // `nil` only once closed: from then on the reading has ended.
+        let item = pipeline.next() ?? Item(result: .success(nil), place: place, bytesRead: bytesRead, count: count)
         if item.endsReading { last = item }
         return item
     }
 
-    /// Stops the reading thread (it finishes the document it is parsing). Later calls of
-    /// ``next()`` may wait for ever: call it when done.
-    public func close() {
-        shared.condition.lock()
-        shared.stopped.store(true, ordering: .relaxed)
-        shared.ready = []
-        shared.spent = []
-        shared.condition.broadcast()
-        shared.condition.unlock()
-    }
+    /// Stops the reading thread (it finishes the document it is parsing) and drops what it read
+    /// ahead; ``next()`` returns `nil` from then on.
+    public func close() { pipeline.stop() }
 
     private func take(_ item: Item) throws(FileError) -> Value? {
         place = item.place
@@ -180,7 +136,9 @@ public final class DocumentReadAhead {
     }
 
     /// The reading thread: chunks of items until the reader ends or the caller stops.
-    private static func read(_ reader: DocumentFileReader, into shared: Shared, preparing: Bool) {
+    private static func read(
+        _ reader: DocumentFileReader, into producer: ChunkPipeline<Item>.Producer, preparing: Bool
+    ) {
         var done = false
         while !done {
             var chunk: [Item] = []
@@ -189,7 +147,7 @@ public final class DocumentReadAhead {
             // Cut by bytes too, so memory follows the bytes read ahead, not a count of documents
             // of any size; and stop between documents once the caller closed.
             while chunk.count < chunkSize, reader.bytesRead - chunkStart < chunkBytes, !done {
-                if shared.isStopped { return }
+                if producer.isStopped { return }
                 let result: Result<Value?, FileError>
                 do { result = .success(try reader.next()) } catch { result = .failure(error) }
                 var item = Item(result: result, place: reader.place, bytesRead: reader.bytesRead, count: reader.count)
@@ -199,18 +157,7 @@ public final class DocumentReadAhead {
                 done = item.endsReading
                 chunk.append(item)
             }
-            var spent: [[Item]] = []
-            shared.condition.lock()
-            while !shared.isStopped, shared.ready.count >= chunksAhead { shared.condition.wait() }
-            if shared.isStopped {
-                shared.condition.unlock()
-                return
-            }
-            shared.ready.append(chunk)
-            swap(&spent, &shared.spent)
-            shared.condition.broadcast()
-            shared.condition.unlock()
-            spent = []  // freed here, outside the lock
+            guard producer.hand(chunk) else { return }
         }
     }
 }
