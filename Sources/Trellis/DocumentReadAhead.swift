@@ -126,7 +126,11 @@ public final class DocumentReadAhead {
 
     /// Stops the reading thread (it finishes the document it is parsing) and drops what it read
     /// ahead; ``next()`` returns `nil` from then on.
-    public func close() { pipeline.stop() }
+    public func close() {
+        pipeline.stop()
+        // Also after an error that ended the reading: closed, it answers the end.
+        last = Item(result: .success(nil), place: place, bytesRead: bytesRead, count: count)
+    }
 
     private func take(_ item: Item) throws(FileError) -> Value? {
         place = item.place

@@ -7,9 +7,11 @@ import TrellisCore
 /// Items made in order on a thread of its own, in chunks, and taken one at a time, in the same
 /// order, by one consumer with ``next()``.
 ///
-/// At most `chunksAhead` chunks wait for the consumer; the producer waits while they do. The
-/// chunks the consumer finished go back to the producer's thread, which frees them, so the
-/// consumer (a store's writer) does not spend its time releasing items. ``stop()`` drops what
+/// At most `chunksAhead` chunks wait for the consumer (and one more may be made, waiting to be
+/// handed over); the producer waits while they do. The chunks the consumer finished go back to
+/// the producer's thread, which frees them at its next hand-over, so the consumer (a store's
+/// writer) does not spend its time releasing items; those it finishes once the producer has
+/// returned, it frees itself. ``stop()`` drops what
 /// waits and ends the producer at its next hand-over.
 ///
 /// Use it from one consumer thread. The producer is the closure given to ``init(threadName:
@@ -112,9 +114,10 @@ package final class ChunkPipeline<Element> {
         }
         shared.condition.lock()
         defer { shared.condition.unlock() }
-        // The finished chunk goes to the producer's thread to be freed, unless that thread has
-        // ended (then it is freed here, at the latest with this object).
-        if !current.isEmpty && !shared.ended.load(ordering: .relaxed) { shared.spent.append(current) }
+        // The finished chunk goes to the producer's thread to be freed, unless the producer has
+        // returned: then it is freed here. So the last chunks (up to `chunksAhead` + 1, all of a
+        // batch that never made the producer wait) are freed on the consumer's thread.
+        if !current.isEmpty && !shared.finished { shared.spent.append(current) }
         current = []
         index = 0
         while shared.ready.isEmpty && !shared.finished && !shared.stopped.load(ordering: .relaxed) {
