@@ -1,22 +1,13 @@
 import Foundation
 import Synchronization
 import Testing
+import TrellisTestKit
 
 @testable import TrellisStore
 
 /// The producer thread a few chunks ahead of one consumer that `UpsertsPreparedAhead` and
 /// `DocumentReadAhead` are built on (`ChunkPipeline`).
 @Suite struct ChunkPipelineTests {
-    /// Waits up to 30 s for `condition`.
-    func eventually(_ condition: () -> Bool) -> Bool {
-        let deadline = Date().addingTimeInterval(30)
-        while !condition() {
-            guard Date() < deadline else { return false }
-            Thread.sleep(forTimeInterval: 0.002)
-        }
-        return true
-    }
-
     /// Every item arrives once, in order, across chunks of any size (empty ones too), then `nil`
     /// for good; the producer's thread ends.
     @Test func itemsArriveInOrderThenNil() {

@@ -16,6 +16,19 @@ import TrellisTestKit
     /// `count` documents over several chunks: `_id`s of their own, some repeated later with other
     /// fields (a merge into a row the batch wrote), some without `_id` (the store draws one),
     /// map `_id`s, nested values and text that needs escapes.
+    /// Upserts `documents`, which hold `refusal`, into `store` (holding `kept`, written here):
+    /// the error is the one `refusal` alone gets, and nothing is written.
+    static func expectRefusedAsAlone(_ refusal: Value, in documents: [Value], by store: DocumentStore) throws {
+        try store.upsert(.map(["_id": .string("kept")]), in: "c")
+        let before = store.lastSeq
+        let expected = #expect(throws: StoreError.self) { try store.upsert([refusal], in: "c") }
+        let error = #expect(throws: StoreError.self) { try store.upsert(documents, in: "c") }
+        #expect(error.map { "\($0)" } == expected.map { "\($0)" })
+        #expect(store.lastSeq == before)
+        #expect(try store.document(id: .string("d3"), in: "c") == nil)
+        #expect(try store.document(id: .string("kept"), in: "c") != nil)
+    }
+
     static func documents(_ count: Int) -> [Value] {
         (0..<count).map { n -> Value in
             var fields: UTF8Map<Value> = [
@@ -65,14 +78,7 @@ import TrellisTestKit
             var documents = Self.documents(2_048)
             documents[position] = refusal
             let store = try openStore(dir, "refused-\(position)-\(k).sqlite", clock: clock)
-            try store.upsert(.map(["_id": .string("kept")]), in: "c")
-            let before = store.lastSeq
-            let expected = #expect(throws: StoreError.self) { try store.upsert([refusal], in: "c") }
-            let error = #expect(throws: StoreError.self) { try store.upsert(documents, in: "c") }
-            #expect(error.map { "\($0)" } == expected.map { "\($0)" })
-            #expect(store.lastSeq == before)
-            #expect(try store.document(id: .string("d7"), in: "c") == nil)
-            #expect(try store.document(id: .string("kept"), in: "c") != nil)
+            try Self.expectRefusedAsAlone(refusal, in: documents, by: store)
             // The store still writes afterwards.
             try store.upsert(Array(documents[0..<position]), in: "c")
             #expect(try store.document(id: .string("d3"), in: "c") != nil)
