@@ -119,7 +119,7 @@ public final class DocumentReadAhead {
     private func nextItem() -> Item {
         if let last { return last }
         // `nil` only once closed: from then on the reading has ended.
-        let item = pipeline.next() ?? Item(result: .success(nil), place: place, bytesRead: bytesRead, count: count)
+        let item = pipeline.next() ?? end
         if item.endsReading { last = item }
         return item
     }
@@ -129,8 +129,11 @@ public final class DocumentReadAhead {
     public func close() {
         pipeline.stop()
         // Also after an error that ended the reading: closed, it answers the end.
-        last = Item(result: .success(nil), place: place, bytesRead: bytesRead, count: count)
+        last = end
     }
+
+    /// The end of the reading, where the caller stands.
+    private var end: Item { Item(result: .success(nil), place: place, bytesRead: bytesRead, count: count) }
 
     private func take(_ item: Item) throws(FileError) -> Value? {
         place = item.place

@@ -35,8 +35,7 @@ public struct Document: Sendable, Hashable, CustomStringConvertible {
 
     /// The string `_id` whose key is `key` when the key holds no escape (`"…"` without `\`: its
     /// bytes between the quotes are the string's), without the parser; `nil` for any other key,
-    /// which the parser reads.
-    /// O(n) in the key's length.
+    /// which the parser reads. O(n) in the key's length.
     static func plainStringID(_ key: String) -> Value? {
         var key = key
         return key.withUTF8 { bytes -> Value? in

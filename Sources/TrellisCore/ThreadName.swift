@@ -17,8 +17,9 @@ extension Thread {
     package static func nameCurrent(_ name: String) {
         var kept = 0
         for scalar in name.unicodeScalars {
-            guard kept + UTF8.width(scalar) <= 15 else { break }
-            kept += UTF8.width(scalar)
+            let width = UTF8.width(scalar)
+            guard kept + width <= 15 else { break }
+            kept += width
         }
         guard kept > 0 else { return }
         let bytes = Array(name.utf8.prefix(kept))

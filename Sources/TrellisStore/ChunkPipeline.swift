@@ -11,8 +11,8 @@ import TrellisCore
 /// handed over); the producer waits while they do. The chunks the consumer finished go back to
 /// the producer's thread, which frees them at its next hand-over, so the consumer (a store's
 /// writer) does not spend its time releasing items; those it finishes once the producer has
-/// returned, it frees itself. ``stop()`` drops what
-/// waits and ends the producer at its next hand-over.
+/// returned, it frees itself. ``stop()`` drops what waits and ends the producer at its next
+/// hand-over.
 ///
 /// Use it from one consumer thread. The producer is the closure given to ``init(threadName:
 /// chunksAhead:produce:)``; it hands chunks over with ``Producer/hand(_:)`` and returns when it
@@ -27,12 +27,10 @@ package final class ChunkPipeline<Element> {
         var ready: [[Element]] = []
         /// Chunks the consumer finished, for the producer's thread to free.
         var spent: [[Element]] = []
-        /// Set when the producer returned (everything it made is in `ready` or taken).
+        /// Set as the producer's thread returns (everything it made is in `ready` or taken).
         var finished = false
         /// Set by ``stop()``; also read without the lock, between the producer's items.
         let stopped = Atomic<Bool>(false)
-        /// Set by the producer's thread as it returns, read without the lock.
-        let ended = Atomic<Bool>(false)
         let chunksAhead: Int
 
         init(chunksAhead: Int) { self.chunksAhead = chunksAhead }
@@ -89,7 +87,6 @@ package final class ChunkPipeline<Element> {
             shared.finished = true
             shared.condition.broadcast()
             shared.condition.unlock()
-            shared.ended.store(true, ordering: .releasing)
         }
         thread.start()
     }
@@ -100,7 +97,11 @@ package final class ChunkPipeline<Element> {
     /// (so a test can drop the pipeline and watch its own thread).
     package var producerEnded: @Sendable () -> Bool {
         let shared = shared
-        return { shared.ended.load(ordering: .acquiring) }
+        return {
+            shared.condition.lock()
+            defer { shared.condition.unlock() }
+            return shared.finished
+        }
     }
 
     /// The next item, in the order made; `nil` once the producer returned and everything it made

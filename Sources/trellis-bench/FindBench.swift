@@ -72,7 +72,8 @@ func findFigures(store: DocumentStore, raw: String, rounds: Int = 20) throws -> 
         ])
     let (rawQueryRate, queryRate, fieldRate, valueRate) = (rates[0], rates[1], rates[2], rates[3])
     precondition(matched == rawMatched, "query results differ: \(matched) vs \(rawMatched)")
-    precondition(names == rawMatched && values == rawMatched, "results without a Name: \(rawMatched - names)")
+    precondition(names == rawMatched, "results without a Name: \(rawMatched - names)")
+    precondition(values == rawMatched, "values without a Name: \(rawMatched - values)")
     let baselineName = "sql_indexed_equality_query_per_s"
     return [
         Figure(name: baselineName, value: rawQueryRate, unit: "queries/s"),
