@@ -1,26 +1,12 @@
 import Foundation
 import Synchronization
 import Testing
+import TrellisTestKit
 
 @testable import TrellisCore
 
 /// Threads name themselves for `top -H`, `perf` and /proc (`Thread.nameCurrent`).
 @Suite struct ThreadNameTests {
-    /// The names the system shows for this process's threads (/proc/self/task/TID/comm).
-    func systemNames() -> [String] {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-        return tasks.compactMap {
-            (try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8))?
-                .trimmingCharacters(in: .newlines)
-        }
-    }
-
-    /// The name the system shows for the calling thread.
-    func currentSystemName() -> String {
-        let name = try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)
-        return name?.trimmingCharacters(in: .newlines) ?? "?"
-    }
-
     /// Every one of 400 threads started at once shows its name: with Foundation's
     /// `Thread.current.name` a few in each run stayed unnamed, the CI failure of
     /// `TwoProcessTests.replicationRunsAtTheChosenPriority`.
@@ -37,7 +23,7 @@ import Testing
             }.start()
         }
         started.wait()
-        let named = systemNames().filter { $0.hasPrefix("trellis.tn") }.count
+        let named = threadNames().filter { $0.hasPrefix("trellis.tn") }.count
         for _ in 0..<count { release.signal() }
         #expect(named == count, "\(count - named) of \(count) threads did not show their name")
     }
@@ -49,7 +35,7 @@ import Testing
         for name in ["trellis.a-long-thread-name", "trellis.aaaaaaé", "trellis.aaaaaéé"] {
             Thread {
                 Thread.nameCurrent(name)
-                let shown = currentSystemName()
+                let shown = currentThreadName()
                 names.withLock { $0.append(shown) }
                 done.signal()
             }.start()

@@ -85,9 +85,7 @@ import TrellisTestKit
             let log: Log
             init(_ log: Log) { self.log = log }
             deinit {
-                let name =
-                    (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8))?
-                    .trimmingCharacters(in: .newlines) ?? "?"
+                let name = currentThreadName()
                 log.freedOn.withLock { $0.append(name) }
             }
         }

@@ -20,13 +20,7 @@ import TrellisTestKit
     static let chunk = UpsertsPreparedAhead.chunkSize
 
     /// The threads of this process named `trellis.prepare` (`/proc/self/task/*/comm`).
-    static func preparingThreads() -> Int {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-        return tasks.count { task in
-            let comm = try? String(contentsOfFile: "/proc/self/task/\(task)/comm", encoding: .utf8)
-            return comm?.trimmingCharacters(in: .whitespacesAndNewlines) == "trellis.prepare"
-        }
-    }
+    static func preparingThreads() -> Int { threadNames().count { $0 == "trellis.prepare" } }
 
     static func seeded(_ seed: UInt64) -> (inout StoreOptions) -> Void {
         { options in

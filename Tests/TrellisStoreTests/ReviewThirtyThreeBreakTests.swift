@@ -13,15 +13,6 @@ import TrellisTestKit
     let dir = TemporaryDirectory("trellis-r33")
     let clock = ManualClock()
 
-    /// The names the system shows for this process's threads.
-    static func systemNames() -> [String] {
-        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
-        return tasks.compactMap {
-            (try? String(contentsOfFile: "/proc/self/task/\($0)/comm", encoding: .utf8))?
-                .trimmingCharacters(in: .newlines)
-        }
-    }
-
     // MARK: ChunkPipeline
 
     /// Dropping the pipeline (deinit's stop) while the producer waits in `hand` ends the producer.
@@ -59,7 +50,7 @@ import TrellisTestKit
             }
         }
         #expect(eventually { ended.allSatisfy { $0() } })
-        #expect(eventually { !Self.systemNames().contains("trellis.r33many") })
+        #expect(eventually { !threadNames().contains("trellis.r33many") })
     }
 
     /// A consumer that stops mid-chunk gets `nil` from then on, and the producer ends.
@@ -322,8 +313,8 @@ import TrellisTestKit
         let done = DispatchSemaphore(value: 0)
         Thread {
             Thread.nameCurrent(name)
-            let text = (try? String(contentsOfFile: "/proc/thread-self/comm", encoding: .utf8)) ?? "?"
-            shown.withLock { $0 = text.trimmingCharacters(in: .newlines) }
+            let text = currentThreadName()
+            shown.withLock { $0 = text }
             done.signal()
         }.start()
         done.wait()
