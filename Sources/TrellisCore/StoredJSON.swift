@@ -37,8 +37,14 @@ public struct StoredJSON: @unchecked Sendable, Equatable, CustomStringConvertibl
     /// ``init(checking:)-(String)`` answers for that string.
     ///
     /// - Complexity: O(n) in the number of bytes; the bytes are copied and read only during the
-    ///   call.
+    ///   call. ASCII text the one-pass check vouches for (what Trellis writes) is read once, and
+    ///   then copied (``JSONScan/certainlyParsesAsWellFormedUTF8(_:)``).
     public init?(checking bytes: UnsafeBufferPointer<UInt8>) {
+        // The common case in one pass: text the scan vouches for, in well-formed UTF-8.
+        if JSONScan.certainlyParsesAsWellFormedUTF8(bytes) {
+            self.init(Storage.make(bytes, parsed: nil))
+            return
+        }
         let storage =
             UTF8Check.firstInvalid(UnsafeRawBufferPointer(bytes)) == nil
             ? Self.checked(bytes) : Self.checked(repairing: bytes)
@@ -171,10 +177,28 @@ public enum JSONScan {
     /// parses alike) and declines outside them.
     ///
     /// - Complexity: O(n) in the number of bytes; no allocation.
-    public static func certainlyParses(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
-        guard let base = bytes.baseAddress else { return false }
+    public static func certainlyParses(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool { scan(bytes) != nil }
+
+    /// Whether `bytes` are well-formed UTF-8 that ``JSON/parse(_:)-(String)`` certainly accepts:
+    /// ``certainlyParses(_:)-(UnsafeBufferPointer<UInt8>)`` and no ill-formed sequence
+    /// (``UTF8Check``), told in the scan's one pass when the text is ASCII (the scan notes every
+    /// byte from 0x80 up that it meets) and with a second pass over the bytes otherwise. `false`
+    /// means "check it another way", as for ``certainlyParses(_:)-(String)``.
+    ///
+    /// - Complexity: O(n) in the number of bytes; no allocation.
+    package static func certainlyParsesAsWellFormedUTF8(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard let high = scan(bytes) else { return false }
+        return high & 0x8080_8080_8080_8080 == 0 || UTF8Check.firstInvalid(UnsafeRawBufferPointer(bytes)) == nil
+    }
+
+    /// The one-pass check of the whole text: the OR of the bytes it read in strings
+    /// (``Scanner/value(_:_:at:depth:sawEscape:high:)``) when it vouches for the text, `nil` when not.
+    private static func scan(_ bytes: UnsafeBufferPointer<UInt8>) -> UInt64? {
+        guard let base = bytes.baseAddress else { return nil }
         var sawEscape = false
-        return Scanner.value(base, bytes.count, at: 0, depth: 0, sawEscape: &sawEscape) == bytes.count
+        var high: UInt64 = 0
+        let end = Scanner.value(base, bytes.count, at: 0, depth: 0, sawEscape: &sawEscape, high: &high)
+        return end == bytes.count ? high : nil
     }
 
     /// The outcome of looking for a top-level member without parsing the document.
@@ -211,12 +235,13 @@ public enum JSONScan {
                 guard i < n, base[i] == UInt8(ascii: "\"") else { return .unsure }
                 let keyStart = i + 1
                 var sawEscape = false
-                i = Scanner.string(base, n, at: i, sawEscape: &sawEscape)
+                var high: UInt64 = 0
+                i = Scanner.string(base, n, at: i, sawEscape: &sawEscape, high: &high)
                 guard i >= 0, !sawEscape, i < n, base[i] == UInt8(ascii: ":") else { return .unsure }
                 let keyBytes = UnsafeBufferPointer(start: base + keyStart, count: i - 1 - keyStart)
                 let valueStart = i + 1
                 // The map itself counts towards the parser's nesting limit.
-                i = Scanner.value(base, n, at: valueStart, depth: 1, sawEscape: &sawEscape)
+                i = Scanner.value(base, n, at: valueStart, depth: 1, sawEscape: &sawEscape, high: &high)
                 guard i >= 0 else { return .unsure }
                 // `{"$bytes": …}` alone is a byte string, not a map: leave that to the parser.
                 if keyBytes.elementsEqual("$bytes".utf8) { return .unsure }
@@ -253,7 +278,8 @@ public enum JSONScan {
     ) -> Bool {
         guard let base = bytes.baseAddress else { return false }
         var sawEscape = false
-        let end = Scanner.value(base, bytes.count, at: position, depth: depth, sawEscape: &sawEscape)
+        var high: UInt64 = 0
+        let end = Scanner.value(base, bytes.count, at: position, depth: depth, sawEscape: &sawEscape, high: &high)
         guard end >= 0 else { return false }
         position = end
         return true
@@ -267,14 +293,16 @@ public enum JSONScan {
         static let quote = UInt8(ascii: "\"")
         static let backslash = UInt8(ascii: "\\")
 
-        /// A value at `i`, inside `depth` open maps and arrays.
+        /// A value at `i`, inside `depth` open maps and arrays. `high` gets the bits of the bytes
+        /// read in its strings, and maybe of a few bytes after them (so a byte from 0x80 up in
+        /// the value sets a high bit of one of its bytes).
         static func value(
-            _ p: UnsafePointer<UInt8>, _ n: Int, at i: Int, depth: Int, sawEscape: inout Bool
+            _ p: UnsafePointer<UInt8>, _ n: Int, at i: Int, depth: Int, sawEscape: inout Bool, high: inout UInt64
         ) -> Int {
             guard i < n else { return -1 }
             switch p[i] {
-            case UInt8(ascii: "{"), UInt8(ascii: "["): return container(p, n, at: i, depth: depth)
-            case quote: return string(p, n, at: i, sawEscape: &sawEscape)
+            case UInt8(ascii: "{"), UInt8(ascii: "["): return container(p, n, at: i, depth: depth, high: &high)
+            case quote: return string(p, n, at: i, sawEscape: &sawEscape, high: &high)
             case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return number(p, n, at: i)
             case UInt8(ascii: "t"): return literal(p, n, at: i, "true")
             case UInt8(ascii: "f"): return literal(p, n, at: i, "false")
@@ -284,8 +312,10 @@ public enum JSONScan {
         }
 
         /// A map or an array at `i`; its members are `depth + 1` deep, at most
-        /// ``JSON/maximumDepth``.
-        private static func container(_ p: UnsafePointer<UInt8>, _ n: Int, at start: Int, depth: Int) -> Int {
+        /// ``JSON/maximumDepth``. `high` as for ``value(_:_:at:depth:sawEscape:high:)``.
+        private static func container(
+            _ p: UnsafePointer<UInt8>, _ n: Int, at start: Int, depth: Int, high: inout UInt64
+        ) -> Int {
             guard depth < JSON.maximumDepth else { return -1 }
             let keyed = p[start] == UInt8(ascii: "{")
             let close = keyed ? UInt8(ascii: "}") : UInt8(ascii: "]")
@@ -293,10 +323,12 @@ public enum JSONScan {
             guard i < n else { return -1 }
             if p[i] == close { return i + 1 }
             var sawEscape = false
+            // Kept here, where it can stay in a register, and added to `high` at the end.
+            var bits: UInt64 = 0
             while true {
                 if keyed {
                     guard i < n, p[i] == quote else { return -1 }
-                    i = string(p, n, at: i, sawEscape: &sawEscape)
+                    i = string(p, n, at: i, sawEscape: &sawEscape, high: &bits)
                     guard i >= 0, i < n, p[i] == UInt8(ascii: ":") else { return -1 }
                     i += 1
                 }
@@ -304,33 +336,39 @@ public enum JSONScan {
                 // Strings and numbers, the common members, without the dispatch of `value`.
                 let first = p[i]
                 if first == quote {
-                    i = string(p, n, at: i, sawEscape: &sawEscape)
+                    i = string(p, n, at: i, sawEscape: &sawEscape, high: &bits)
                 } else if first &- UInt8(ascii: "0") < 10 || first == UInt8(ascii: "-") {
                     i = number(p, n, at: i)
                 } else {
-                    i = value(p, n, at: i, depth: depth + 1, sawEscape: &sawEscape)
+                    i = value(p, n, at: i, depth: depth + 1, sawEscape: &sawEscape, high: &bits)
                 }
                 guard i >= 0, i < n else { return -1 }
                 let next = p[i]
                 if next == UInt8(ascii: ",") {
                     i += 1
                 } else {
-                    return next == close ? i + 1 : -1
+                    guard next == close else { return -1 }
+                    high |= bits
+                    return i + 1
                 }
             }
         }
 
         /// A string whose opening quote is at `i`: plain bytes from U+0020 on (any UTF-8, which
         /// a Swift string holds well-formed) and the escapes other than `\u`. Sets `sawEscape`
-        /// when it holds an escape.
+        /// when it holds an escape; ORs every byte it reads into `high` (eight at a time where it
+        /// reads eight, which may reach past the closing quote).
         @inline(__always)
-        static func string(_ p: UnsafePointer<UInt8>, _ n: Int, at start: Int, sawEscape: inout Bool) -> Int {
+        static func string(
+            _ p: UnsafePointer<UInt8>, _ n: Int, at start: Int, sawEscape: inout Bool, high: inout UInt64
+        ) -> Int {
             var i = start &+ 1
             while i < n {
                 // Eight bytes at a time up to the first quote, backslash or control character.
                 if n &- i >= 8 {
-                    let special = specialBytes(
-                        UInt64(littleEndian: UnsafeRawPointer(p + i).loadUnaligned(as: UInt64.self)))
+                    let word = UInt64(littleEndian: UnsafeRawPointer(p + i).loadUnaligned(as: UInt64.self))
+                    high |= word
+                    let special = specialBytes(word)
                     if special == 0 {
                         i &+= 8
                         continue
@@ -338,6 +376,7 @@ public enum JSONScan {
                     i &+= special.trailingZeroBitCount &>> 3
                 }
                 let b = p[i]
+                high |= UInt64(b)
                 i &+= 1
                 if b >= 0x20 && b != quote && b != backslash { continue }
                 if b == quote { return i }

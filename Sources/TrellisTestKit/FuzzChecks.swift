@@ -88,6 +88,7 @@ public enum FuzzChecks {
     public static func json(_ input: [UInt8]) throws(FuzzCheckFailure) {
         let fail = failing("FuzzJSON", input)
         try storedJSON(String(decoding: input, as: UTF8.self), fail)
+        try storedJSONBytes(input, fail)
         try contactFromJSON(input, fail)
         guard let value = try? JSON.parse(input) else { return }
         let written = JSON.bytes(value)
@@ -131,6 +132,23 @@ public enum FuzzChecks {
                 if fields[key] != nil { throw fail("member '\(key)' scanned as absent but it parses") }
             case .unsure: break
             }
+        }
+    }
+
+    /// The one-pass check of SQLite's bytes (``StoredJSON/init(checking:)-(UnsafeBufferPointer<UInt8>)``)
+    /// vouches only for well-formed UTF-8 that parses, and its bytes then are the stored text.
+    static func storedJSONBytes(_ input: [UInt8], _ fail: (String) -> FuzzCheckFailure) throws(FuzzCheckFailure) {
+        let vouched = input.withUnsafeBufferPointer { JSONScan.certainlyParsesAsWellFormedUTF8($0) }
+        guard vouched else { return }
+        guard input.withUnsafeBytes({ UTF8Check.firstInvalid($0) }) == nil else {
+            throw fail("certainlyParsesAsWellFormedUTF8 accepted ill-formed UTF-8")
+        }
+        guard (try? JSON.parse(input)) != nil else {
+            throw fail("certainlyParsesAsWellFormedUTF8 accepted text that does not parse")
+        }
+        let stored = input.withUnsafeBufferPointer { StoredJSON(checking: $0) }
+        guard let stored, stored.withUTF8({ Array($0) }) == input else {
+            throw fail("a vouched text is not stored as it came")
         }
     }
 

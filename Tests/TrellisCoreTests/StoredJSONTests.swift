@@ -270,6 +270,40 @@ import TrellisTestKit
         for read in values { #expect(read == parsed) }
     }
 
+    /// The one-pass check of SQLite's bytes tells well-formed UTF-8 wherever a sequence sits in
+    /// a string: before, inside and after its eight-byte steps, in keys and in values, alone or
+    /// with a good sequence before it; and a byte from 0x80 up outside a string is declined.
+    @Test func theOnePassCheckTellsWellFormedUTF8AtEveryOffset() {
+        let good: [[UInt8]] = [[0xC3, 0xA9], [0xE2, 0x82, 0xAC], [0xF0, 0x9F, 0x98, 0x80], [0x7F]]
+        let bad: [[UInt8]] = [[0x80], [0xC0, 0xAF], [0xC3], [0xE2, 0x82], [0xED, 0xA0, 0x80], [0xF5], [0xFF]]
+        func vouched(_ bytes: [UInt8]) -> Bool {
+            bytes.withUnsafeBufferPointer { JSONScan.certainlyParsesAsWellFormedUTF8($0) }
+        }
+        for length in 0...20 {
+            for offset in 0...length {
+                for (sequences, wellFormed) in [(good, true), (bad, false)] {
+                    for sequence in sequences {
+                        var content = Array(repeating: UInt8(ascii: "x"), count: length)
+                        content.insert(contentsOf: sequence, at: offset)
+                        let prefix = Array(#"{"k":1,"#.utf8)
+                        let asValue = prefix + Array(#""a":""#.utf8) + content + Array(#"","b":[1]}"#.utf8)
+                        let asKey = prefix + [UInt8(ascii: "\"")] + content + Array(#"":"v"}"#.utf8)
+                        let afterGood = Array(#"["é","#.utf8) + [UInt8(ascii: "\"")] + content + Array(#""]"#.utf8)
+                        for text in [asValue, asKey, afterGood] {
+                            #expect(vouched(text) == wellFormed, "\(text)")
+                            let stored = text.withUnsafeBufferPointer { StoredJSON(checking: $0) }
+                            #expect(stored?.text == String(decoding: text, as: UTF8.self), "\(text)")
+                        }
+                    }
+                }
+            }
+        }
+        #expect(vouched(Array(#"{"a":"plain ascii text, longer than eight bytes"}"#.utf8)))
+        #expect(!vouched(Array(#"{"a":1}"#.utf8) + [0xC3, 0xA9]))
+        #expect(!vouched([0xC3, 0xA9]))
+        #expect(!vouched([]))
+    }
+
     @Test func aMemberIsReadWithoutParsingTheDocument() throws {
         let stored = try #require(
             StoredJSON(checking: #"{"Name":"chevelle","_id":"car-1","n":[1,{"x":true}],"s":"a\"b"}"#))
