@@ -107,31 +107,21 @@ func contactsStore(_ file: String, count: Int) throws -> DocumentStore {
     return store
 }
 
-/// Pages through the whole content; returns (items, seconds, marker).
-func enumerateAllContent(_ store: DocumentStore, pageSize: Int, reading: ContactReading = .nothing) -> (
-    Int, Double, Data
-) {
+/// Pages through the whole content; returns (items, marker).
+func enumerateAllContent(_ store: DocumentStore, pageSize: Int, reading: ContactReading = .nothing) -> (Int, Data) {
     let enumerator = ContactsEnumerator(store: store, collection: "contacts")
     var page = ContactItemPage.initialPage
     var items = 0
-    var marker = Data()
-    let t = seconds {
-        while true {
-            let observer = CountingObserver(size: pageSize, reading: reading)
-            let p = page
-            blocking { await enumerator.enumerateContent(in: p, for: observer) }
-            let s = observer.state.withLock { $0 }
-            precondition(s.error == nil, "content enumeration failed: \(s.error!)")
-            items += s.items
-            if let next = s.nextPage {
-                page = next
-            } else {
-                marker = s.marker ?? Data()
-                break
-            }
-        }
+    while true {
+        let observer = CountingObserver(size: pageSize, reading: reading)
+        let p = page
+        blocking { await enumerator.enumerateContent(in: p, for: observer) }
+        let s = observer.state.withLock { $0 }
+        precondition(s.error == nil, "content enumeration failed: \(s.error!)")
+        items += s.items
+        guard let next = s.nextPage else { return (items, s.marker ?? Data()) }
+        page = next
     }
-    return (items, t, marker)
 }
 
 /// Applies `changes` updates, then times the change enumeration from `marker`; returns seconds.
@@ -176,56 +166,47 @@ func contactsFigures(scratch: URL) throws -> [Figure] {
     )
     var scanned = 0
     var bytes = 0
-    var rawTimes: [Double] = []
-    var enumTimes: [Double] = []
-    var nameTimes: [Double] = []
-    var wholeTimes: [Double] = []
+    var parsed = 0
     var marker = Data()
-    for _ in 0..<3 {
+    func rawScan() {
         scanned = 0
-        rawTimes.append(
-            seconds {
-                while sqlite3_step(stmt) == SQLITE_ROW {
-                    _ = sqlite3_column_text(stmt, 0)
-                    _ = sqlite3_column_text(stmt, 1)
-                    bytes += Int(sqlite3_column_bytes(stmt, 1))
-                    scanned += 1
-                }
-                sqlite3_reset(stmt)
-            })
-        let (items, t, m) = enumerateAllContent(store, pageSize: 500)
-        precondition(items == big && scanned == big, "enumerated \(items), scanned \(scanned)")
-        enumTimes.append(t)
-        marker = m
-        nameTimes.append(enumerateAllContent(store, pageSize: 500, reading: .name).1)
-        wholeTimes.append(enumerateAllContent(store, pageSize: 500, reading: .everything).1)
+        while sqlite3_step(stmt) == SQLITE_ROW {
+            _ = sqlite3_column_text(stmt, 0)
+            _ = sqlite3_column_text(stmt, 1)
+            bytes &+= Int(sqlite3_column_bytes(stmt, 1))
+            scanned += 1
+        }
+        sqlite3_reset(stmt)
     }
     // Where the difference goes: the same scan, parsing each row's JSON into a `Value`.
-    var parseTimes: [Double] = []
-    for _ in 0..<3 {
-        var parsed = 0
-        parseTimes.append(
-            try seconds {
-                while sqlite3_step(stmt) == SQLITE_ROW {
-                    let text = UnsafeRawBufferPointer(
-                        start: sqlite3_column_text(stmt, 1), count: Int(sqlite3_column_bytes(stmt, 1)))
-                    if case .map = try JSON.parse(text) { parsed += 1 }
-                }
-                sqlite3_reset(stmt)
-            })
-        precondition(parsed == big, "parsed \(parsed)")
+    func parsingScan() throws {
+        parsed = 0
+        while sqlite3_step(stmt) == SQLITE_ROW {
+            let text = UnsafeRawBufferPointer(
+                start: sqlite3_column_text(stmt, 1), count: Int(sqlite3_column_bytes(stmt, 1)))
+            if case .map = try JSON.parse(text) { parsed += 1 }
+        }
+        sqlite3_reset(stmt)
     }
+    func enumeration(_ reading: ContactReading) -> () -> Void {
+        {
+            let (items, m) = enumerateAllContent(store, pageSize: 500, reading: reading)
+            precondition(items == big, "enumerated \(items)")
+            marker = m
+        }
+    }
+    // The five take turns, seven rounds each; each rate is from its median round (as `--find`).
+    let rates = try interleavedRates(
+        rounds: 7, [rawScan, enumeration(.nothing), enumeration(.name), enumeration(.everything), parsingScan]
+    ).map { $0 * Double(big) }
+    precondition(scanned == big && parsed == big, "scanned \(scanned), parsed \(parsed)")
     sqlite3_finalize(stmt)
     sqlite3_close(db)
-    let rawRate = Double(big) / rawTimes.min()!
-    let enumRate = Double(big) / enumTimes.min()!
-    let nameRate = Double(big) / nameTimes.min()!
-    let wholeRate = Double(big) / wholeTimes.min()!
-    let parseRate = Double(big) / parseTimes.min()!
+    let (rawRate, enumRate, nameRate, wholeRate, parseRate) = (rates[0], rates[1], rates[2], rates[3], rates[4])
 
     // Change enumeration: 1,000 changes on the big store against 1,000 on a small one.
     let small = try contactsStore(scratch.appendingPathComponent("contacts-small.sqlite").path, count: 1_000)
-    let (_, _, smallMarker) = enumerateAllContent(small, pageSize: 500)
+    let (_, smallMarker) = enumerateAllContent(small, pageSize: 500)
     var smallTimes: [Double] = []
     var bigTimes: [Double] = []
     var smallMark = smallMarker
