@@ -3,7 +3,7 @@
 //   swift run -c release trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones]
 //       [--unset-fields] [--replication] [--import] [--links] [--handshakes] [--hostile [--runs N]]
 //       [--sync-costs] [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]
-//       [--writes [--runs N]] [--refetch]
+//       [--writes [--runs N]] [--updates [--runs N]] [--refetch]
 //
 // Every figure is printed with its baseline and the ratio figure/baseline (higher is better for
 // rates). With --json, each figure is one JSON object per line:
@@ -62,6 +62,7 @@ var contactsOnly = false
 var findOnly = false
 var singleOnly = false
 var writesOnly = false
+var updatesOnly = false
 var refetchOnly = false
 var verbose = false
 var replicationRuns = 1
@@ -83,6 +84,7 @@ while i < args.count {
     case "--find": findOnly = true
     case "--single": singleOnly = true
     case "--writes": writesOnly = true
+    case "--updates": updatesOnly = true
     case "--refetch": refetchOnly = true
     case "--verbose": verbose = true
     case "--import-child":
@@ -107,7 +109,7 @@ while i < args.count {
             "usage: trellis-bench [--json] [--documents N] [--cars FILE] [--simulation] [--tombstones] [--unset-fields]"
                 + " [--replication [--runs N]] [--import] [--links] [--handshakes] [--hostile [--runs N]] [--sync-costs]"
                 + " [--wire [--verbose]] [--contacts] [--find [--runs N]] [--single [--runs N]]"
-                + " [--writes [--runs N]] [--refetch]"
+                + " [--writes [--runs N]] [--updates [--runs N]] [--refetch]"
         )
         exit(0)
     default:
@@ -376,6 +378,22 @@ if writesOnly {
         figures, heading: "trellis-bench --writes: batched upserts and remote merges, \(documentCount) documents")
     exit(0)
 }
+if updatesOnly {
+    // Local one-field updates alone: raw batched inserts and the updates of a fresh store, in
+    // turns; with --runs N, N pairs, each against its own baseline.
+    let count = min(documentCount, 20_000)
+    for run in 0..<replicationRuns {
+        let raw = Double(documentCount) / rawInsert(path("raw-updates-\(run).sqlite"), rows: jsonRows)
+        let rate = try oneFieldUpdateRate(file: path("updates-\(run).sqlite"), documents: documents, count: count)
+        figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: raw, unit: "rows/s"))
+        figures.append(
+            Figure(
+                name: "local_updates_one_field_batched_per_s", value: rate, unit: "docs/s", baseline: raw,
+                baselineName: "sqlite_raw_inserts_per_s"))
+    }
+    printFigures(figures, heading: "trellis-bench --updates: one field of \(count) documents, 1,000 to a transaction")
+    exit(0)
+}
 if findOnly {
     // The query figures alone, on a store of batched upserts; with --runs N, N rounds of them.
     let store = try DocumentStore(path: path("batched.sqlite"))
@@ -494,55 +512,16 @@ figures.append(
 
 // MARK: Local updates of one field, batched: each also keeps the delta of what it changed
 // (docs/DELTAS.md). The delta's own work (compare, encode, digest) is timed apart on the same
-// states, as a share of the update.
+// states, as a share of the update. A store of its own: the figures below measure the stored
+// bytes and the queries of the store of the upserts, which updates would change.
 
 let updateCount = min(documentCount, 20_000)
-// A store of its own: the figures below measure the stored bytes and the queries of the store of
-// the upserts, which updates would change.
-let updateStore = try DocumentStore(path: path("updates.sqlite"))
-try updateStore.upsert(Array(documents.prefix(updateCount)), in: "cars")
-try updateStore.checkpointWAL()
-// The batches of 1,000 updates are made before the clock starts.
-let updateBatches = stride(from: 0, to: updateCount, by: 1_000).map { start in
-    (start..<min(updateCount, start + 1_000)).map { n in
-        (
-            Value.string(carID(n)),
-            [DocumentMutation.set(FieldPath(components: [.key("Horsepower")]), .int(Int64(n)), isDefault: false)]
-        )
-    }
-}
-let updateTime = try seconds {
-    for batch in updateBatches { _ = try updateStore.update(batch, in: "cars") }
-}
-let updateRate = Double(updateCount) / updateTime
+let updateRate = try oneFieldUpdateRate(file: path("updates.sqlite"), documents: documents, count: updateCount)
 figures.append(
     Figure(
         name: "local_updates_one_field_batched_per_s", value: updateRate, unit: "docs/s",
         baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
-var deltaPairs: [(DocumentState, DocumentState, [UInt8])] = []
-for n in 0..<min(updateCount, 5_000) {
-    guard case .map(var fields) = documents[n] else { continue }
-    fields["_id"] = nil
-    let old = DocumentState(fields: fields, stamp: Stamp(time: HLCTimestamp(millis: 1_000, logical: 0), site: 1))
-    var new = old
-    try new.set(
-        FieldPath(components: [.key("Horsepower")]), to: .int(Int64(n)),
-        stamp: Stamp(time: HLCTimestamp(millis: 1_001, logical: 0), site: 1))
-    deltaPairs.append((old, new, new.cbor()))  // the store encodes the state anyway
-}
-var deltaBytes = 0
-let deltaTime = seconds {
-    for (old, new, bytes) in deltaPairs {
-        let digest = StateDigest(bytes)
-        deltaBytes += StateDelta.make(from: old, to: new, previous: nil, digest: digest)?.encoded().count ?? 0
-    }
-}
-figures.append(
-    Figure(
-        name: "delta_made_per_s", value: Double(deltaPairs.count) / deltaTime, unit: "deltas/s",
-        baseline: updateRate, baselineName: "local_updates_one_field_batched_per_s"))
-figures.append(
-    Figure(name: "delta_bytes_one_field_of_a_car", value: Double(deltaBytes) / Double(deltaPairs.count), unit: "B"))
+figures += try deltaFigures(documents: documents, count: min(updateCount, 5_000), updateRate: updateRate)
 
 // MARK: Storage: bytes per document against raw JSON (before `find` adds its index).
 
