@@ -69,19 +69,32 @@ public struct StateDelta: Sendable, Equatable {
     public static func make(from old: DocumentState, to new: DocumentState, previous: StateDelta?, digest: StateDigest)
         -> StateDelta?
     {
-        guard !old.writes.isEmpty, !new.isDeleted, !old.holdsTimeZero, !new.holdsTimeZero,
-            old.withheldEntryCount == 0, new.withheldEntryCount == 0
-        else { return nil }
+        guard !old.writes.isEmpty, !new.isDeleted, old.admitsDelta, new.admitsDelta else { return nil }
         let base = previous?.base ?? old.writes.joined(old.removed)
         guard !base.isEmpty, !base.values.contains(.zero) else { return nil }
         // A field gone from `new` (now or since the previous delta's base) went by a context the
         // delta would carry only in a field it holds: none is made.
         for key in old.root.entries.keys where new.root[key] == nil { return nil }
         if let previous { for key in previous.state.root.entries.keys where new.root[key] == nil { return nil } }
-        // The fields that changed, in the map's own order (each one an append).
+        // The fields that changed, in the map's own order (each one an append). Both maps are
+        // sorted by key: `old`'s is walked beside `new`'s, and the fields compared in place.
         var root = MapNode()
-        for (key, node) in new.root.entries where old.root[key] != node || previous?.state.root[key] != nil {
-            root[key] = node
+        let newFields = new.root.entries
+        let oldFields = old.root.entries
+        var next = 0
+        newFields.storedKeys.withUnsafeBufferPointer { keys in
+            newFields.storedValues.withUnsafeBufferPointer { nodes in
+                oldFields.storedValues.withUnsafeBufferPointer { oldNodes in
+                    for position in keys.indices {
+                        let key = keys[position]
+                        let (found, oldPosition) = oldFields.search(key, from: next)
+                        next = found ? oldPosition + 1 : oldPosition
+                        if !found || oldNodes[oldPosition] != nodes[position] || previous?.state.root[key] != nil {
+                            root.entries.insert(key, nodes[position], at: root.entries.count)
+                        }
+                    }
+                }
+            }
         }
         var state = DocumentState(root: root, writes: new.writes, removed: new.removed, adds: new.adds)
         // A field carried from the previous delta keeps the remove contexts that delta carried:
@@ -293,7 +306,17 @@ extension DocumentState {
     /// counter total or a context or vector entry.
     var holdsTimeZero: Bool {
         writes.values.contains(.zero) || removed.values.contains(.zero) || adds.values.contains(.zero)
-            || root.entries.values.contains { $0.holdsTimeZero }
+            || !root.entries.allMembers { !$0.holdsTimeZero }
+    }
+
+    /// Whether a delta may start or end at this state: it holds nothing stamped at time zero
+    /// (``holdsTimeZero``) and no withheld entry (``withheldEntryCount``). One walk that stops at
+    /// the first such thing and reads the fields in place.
+    ///
+    /// - Complexity: O(size of the state) at most.
+    var admitsDelta: Bool {
+        !writes.values.contains(.zero) && !removed.values.contains(.zero) && !adds.values.contains(.zero)
+            && root.entries.allMembers { $0.admitsDelta }
     }
 }
 
@@ -303,7 +326,15 @@ extension FieldNode {
         entries.contains { $0.stamp.time == .zero } || totals.values.contains { $0.stamp.time == .zero }
             || removedTotals.values.contains { $0.stamp.time == .zero } || removed.values.contains(.zero)
             || !removedDefaults.isEmpty
-            || map.entries.values.contains { $0.holdsTimeZero }
+            || !map.entries.allMembers { !$0.holdsTimeZero }
+    }
+
+    /// ``DocumentState/admitsDelta`` for this field and the fields below it.
+    var admitsDelta: Bool {
+        !entries.contains { $0.stamp.time == .zero || $0.isWithheld }
+            && !totals.values.contains { $0.stamp.time == .zero }
+            && !removedTotals.values.contains { $0.stamp.time == .zero } && !removed.values.contains(.zero)
+            && removedDefaults.isEmpty && map.entries.allMembers { $0.admitsDelta }
     }
 }
 

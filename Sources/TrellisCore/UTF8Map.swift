@@ -405,6 +405,28 @@ extension UTF8Map {
         return search(key, between: start + 1, storedKeys.count - 1)
     }
 
+    /// Runs `body` on every member, each read in place (no copy of a member), in key order.
+    ///
+    /// - Complexity: O(n) calls of `body`.
+    @inlinable
+    func forEachMember(_ body: (borrowing Mapped) -> Void) {
+        storedValues.withUnsafeBufferPointer { members in
+            for position in members.indices { body(members[position]) }
+        }
+    }
+
+    /// Whether `body` holds for every member, each read in place (no copy of a member), in key
+    /// order; stops at the first member it does not hold for.
+    ///
+    /// - Complexity: O(n) calls of `body` at most.
+    @inlinable
+    func allMembers(_ body: (borrowing Mapped) -> Bool) -> Bool {
+        storedValues.withUnsafeBufferPointer { members in
+            for position in members.indices where !body(members[position]) { return false }
+            return true
+        }
+    }
+
     /// Runs `body` on the member at `position`, in place (no copy of the member while the map's
     /// storage is uniquely referenced).
     @inlinable
