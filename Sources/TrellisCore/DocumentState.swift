@@ -939,12 +939,6 @@ public struct MapNode: Hashable, Sendable {
         return changed
     }
 
-    /// The keys in CBOR's deterministic order (shorter UTF-8 first, then byte-wise; RFC 8949
-    /// §4.2.1), which is not the map's own byte order.
-    ///
-    /// - Complexity: O(n log n).
-    func sortedKeys() -> [String] { entries.keys.sorted(by: CBORWriter.keyPrecedes) }
-
     /// Joins `other`'s children into these (see ``FieldNode/join(_:inherited:inheritedGrew:causal:)``);
     /// the children `other` does not have are joined with nothing, so that what the context newly
     /// covers, or what `other` saw and dropped, leaves them.

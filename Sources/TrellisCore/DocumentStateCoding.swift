@@ -386,9 +386,9 @@ private struct LegacyStateDecoder {
 // MARK: - Direct encoding
 
 extension DocumentState {
-    /// Every site named anywhere in the fields.
-    static func collectSites(_ map: MapNode, into sites: inout Set<SiteID>) {
-        for node in map.entries.values {
+    /// Every site named anywhere in the fields, each field read in place.
+    static func collectSites(_ map: MapNode, into sites: inout SiteSet) {
+        map.entries.forEachMember { node in
             for entry in node.entries {
                 sites.insert(entry.stamp.site)
                 if case .restart(let r) = entry.content { for s in r.seen.keys { sites.insert(s) } }
@@ -416,16 +416,12 @@ extension DocumentState {
     ///   time every time is written against (``CompactTime``).
     /// - Complexity: O(size of the state), plus sorting its sites.
     func layout(reference: HLCTimestamp?) -> StateLayout {
-        var sites = Set<SiteID>()
+        var sites = SiteSet()
         for s in writes.keys { sites.insert(s) }
         for s in removed.keys { sites.insert(s) }
         for s in adds.keys { sites.insert(s) }
         Self.collectSites(root, into: &sites)
-        let table = sites.sorted()
-        var index: [SiteID: Int64] = [:]
-        index.reserveCapacity(table.count)
-        for (i, s) in table.enumerated() { index[s] = Int64(i) }
-        return StateLayout(table: table, index: index, reference: reference)
+        return StateLayout(table: sites.sorted(), reference: reference)
     }
 
     /// Writes the state's map with `layout` (from ``layout(reference:)`` of this state): encoding
@@ -468,6 +464,13 @@ extension DocumentState {
     }
 
     private static func write(_ vv: VersionVector, _ index: StateLayout, into w: inout CBORWriter) {
+        if vv.count == 1, let (site, t) = vv.first {
+            w.writeArrayHeader(count: 1)
+            w.writeArrayHeader(count: 2)
+            w.writeInt(index[site]!)
+            writeTime(t, index, into: &w)
+            return
+        }
         let entries = vv.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }
         w.writeArrayHeader(count: entries.count)
         for (i, t) in entries {
@@ -488,12 +491,20 @@ extension DocumentState {
         }
     }
 
+    /// Writes `map`'s fields in CBOR's deterministic key order (shorter UTF-8 first, then
+    /// byte-wise; RFC 8949 §4.2.1), each read in place. The map keeps its keys in byte order, so
+    /// ordering its positions by key length, then by position, gives that order.
     private static func write(_ map: MapNode, _ index: StateLayout, into w: inout CBORWriter) {
-        let keys = map.sortedKeys()
-        w.writeMapHeader(count: keys.count)
-        for key in keys {
-            w.writeText(key)
-            write(map[key]!, index, into: &w)
+        let keys = map.entries.storedKeys
+        let lengths = keys.map(\.utf8.count)
+        var order = Array(keys.indices)
+        order.sort { lengths[$0] != lengths[$1] ? lengths[$0] < lengths[$1] : $0 < $1 }
+        w.writeMapHeader(count: order.count)
+        map.entries.storedValues.withUnsafeBufferPointer { nodes in
+            for position in order {
+                w.writeText(keys[position])
+                write(nodes[position], index, into: &w)
+            }
         }
     }
 
@@ -522,13 +533,15 @@ extension DocumentState {
             }
         }
         // Field keys in deterministic order: "b", "e", "h", "m", "o", "p", "t", "x", "z".
-        var count = 0
-        for present in [restarts, values, withheld, maps] where present > 0 { count += 1 }
-        for present in [
-            node.map.isEmpty, node.removedTotals.isEmpty, node.totals.isEmpty, node.removed.isEmpty,
-            node.removedDefaults.isEmpty,
-        ]
-        where !present { count += 1 }
+        var count = restarts > 0 ? 1 : 0
+        if values > 0 { count += 1 }
+        if withheld > 0 { count += 1 }
+        if maps > 0 { count += 1 }
+        if !node.map.isEmpty { count += 1 }
+        if !node.removedTotals.isEmpty { count += 1 }
+        if !node.totals.isEmpty { count += 1 }
+        if !node.removed.isEmpty { count += 1 }
+        if !node.removedDefaults.isEmpty { count += 1 }
         w.writeMapHeader(count: count)
         if restarts > 0 {
             w.writeText("b")
@@ -609,16 +622,45 @@ extension DocumentState {
     }
 }
 
+/// The sites a state names, gathered for its site table: a short list while they are few (a
+/// state names one or two sites most often, and a list needs no hashing), a set beyond 16.
+struct SiteSet {
+    private var list: [SiteID] = []
+    private var set: Set<SiteID>?
+
+    mutating func insert(_ site: SiteID) {
+        if set != nil {
+            set!.insert(site)
+        } else if !list.contains(site) {
+            list.append(site)
+            if list.count > 16 { set = Set(list) }
+        }
+    }
+
+    /// The sites, ascending.
+    func sorted() -> [SiteID] { set.map { $0.sorted() } ?? list.sorted() }
+}
+
 /// How a state is written: its site table, each site's index in it, and the reference time of a
 /// compact delta's state.
 struct StateLayout {
     /// The sites the state names, ascending.
     let table: [SiteID]
-    let index: [SiteID: Int64]
     /// `nil`: times are written as themselves; otherwise as differences below it (``CompactTime``).
     let reference: HLCTimestamp?
 
-    subscript(_ site: SiteID) -> Int64? { index[site] }
+    /// The index of `site` in ``table``, `nil` when the state does not name it.
+    ///
+    /// - Complexity: O(log n) for `n` sites; a state names few, most often one or two.
+    subscript(_ site: SiteID) -> Int64? {
+        var low = 0
+        var high = table.count
+        while low < high {
+            let middle = (low + high) / 2
+            if table[middle] < site { low = middle + 1 } else { high = middle }
+        }
+        return low < table.count && table[low] == site ? Int64(low) : nil
+    }
 
     /// The integer `t` is written as: the `Int64` bit pattern of `t`, or its difference below the
     /// reference (``CompactTime/written(_:below:)``).

@@ -43,6 +43,30 @@ import TrellisTestKit
         #expect(try CBOR.decode(bytes, options: .init(requireDeterministic: true)) == a.referenceEncoding)
     }
 
+    /// A state naming more sites than the encoder keeps in a short list (40, written in an order
+    /// that is not theirs), with keys of several lengths in and below the root, nested maps, a
+    /// counter and removed fields: the direct encoding is the reference encoding, and decodes back.
+    @Test func manySitesAndKeysOfEveryLengthEncodeAsTheReference() throws {
+        var state = DocumentState(fields: ["zz": 1, "a": ["bbb": 1, "c": 2, "aa": 3], "é": "x"], stamp: at(1000, 7))
+        for n in 0..<40 {
+            let site = SiteID(1_000_003 &* UInt64(40 - n) % 65_537)
+            var other = DocumentState(
+                fields: [String(repeating: "k", count: 1 + n % 5) + "\(n)": .int(Int64(n)), "a": ["n\(n)": true]],
+                stamp: at(2000 + UInt64(n), site))
+            if n % 3 == 0 { try other.increment(.key("count"), by: 1, stamp: at(3000 + UInt64(n), site)) }
+            state.merge(other)
+            if n % 4 == 0 { _ = try state.unset(.key("zz"), stamp: at(4000 + UInt64(n), site)) }
+        }
+        let bytes = state.cbor()
+        #expect(bytes == CBOR.encode(state.referenceEncoding))
+        #expect(try DocumentState(encoded: CBOR.decode(bytes, options: .init(requireDeterministic: true))) == state)
+        guard case .map(let top) = state.referenceEncoding, case .array(let table)? = top["s"] else {
+            Issue.record("no site table")
+            return
+        }
+        #expect(table.count == 41)
+    }
+
     /// Issue 8 item 9: a peer cannot pin a field with a stamp in the year 4200 hidden inside a state.
     @Test func aStateHidingAStampAboveItsVectorsIsRefused() throws {
         let now: UInt64 = 1_764_590_000_000

@@ -10,7 +10,7 @@ extension DocumentState {
         for s in writes.keys { sites.insert(s) }
         for s in removed.keys { sites.insert(s) }
         for s in adds.keys { sites.insert(s) }
-        Self.collectSites(root, into: &sites)
+        Self.referenceSites(root, into: &sites)
         let table = sites.sorted()
         var index: [SiteID: Int64] = [:]
         for (i, s) in table.enumerated() { index[s] = Int64(i) }
@@ -23,6 +23,20 @@ extension DocumentState {
         if !removed.isEmpty { out["r"] = Self.referenceEncode(removed, index) }
         if !root.entries.isEmpty { out["m"] = Self.referenceEncode(root, index) }
         return .map(out)
+    }
+
+    /// Every site named anywhere in the fields (apart from the direct encoder's own gathering).
+    private static func referenceSites(_ map: MapNode, into sites: inout Set<SiteID>) {
+        for node in map.entries.values {
+            for entry in node.entries {
+                sites.insert(entry.stamp.site)
+                if case .restart(let r) = entry.content { for s in r.seen.keys { sites.insert(s) } }
+            }
+            for s in node.totals.keys { sites.insert(s) }
+            for s in node.removedTotals.keys { sites.insert(s) }
+            for s in node.removed.keys { sites.insert(s) }
+            referenceSites(node.map, into: &sites)
+        }
     }
 
     private static func referenceTime(_ t: HLCTimestamp) -> Value { .int(Int64(bitPattern: t.rawValue)) }
