@@ -72,16 +72,18 @@ public struct StateDelta: Sendable, Equatable {
         guard !old.writes.isEmpty, !new.isDeleted, old.admitsDelta, new.admitsDelta else { return nil }
         let base = previous?.base ?? old.writes.joined(old.removed)
         guard !base.isEmpty, !base.values.contains(.zero) else { return nil }
+        let newFields = new.root.entries
+        let oldFields = old.root.entries
+        let carried = previous?.state.root.entries.keys
         // A field gone from `new` (now or since the previous delta's base) went by a context the
-        // delta would carry only in a field it holds: none is made.
-        for key in old.root.entries.keys where new.root[key] == nil { return nil }
-        if let previous { for key in previous.state.root.entries.keys where new.root[key] == nil { return nil } }
+        // delta would carry only in a field it holds: none is made. (The keys are searched, and
+        // `old`'s counted in the walk below, without reading the fields.)
+        if let carried { for key in carried where !newFields.keys.contains(key) { return nil } }
         // The fields that changed, in the map's own order (each one an append). Both maps are
         // sorted by key: `old`'s is walked beside `new`'s, and the fields compared in place.
         var root = MapNode()
-        let newFields = new.root.entries
-        let oldFields = old.root.entries
         var next = 0
+        var kept = 0
         newFields.storedKeys.withUnsafeBufferPointer { keys in
             newFields.storedValues.withUnsafeBufferPointer { nodes in
                 oldFields.storedValues.withUnsafeBufferPointer { oldNodes in
@@ -89,13 +91,15 @@ public struct StateDelta: Sendable, Equatable {
                         let key = keys[position]
                         let (found, oldPosition) = oldFields.search(key, from: next)
                         next = found ? oldPosition + 1 : oldPosition
-                        if !found || oldNodes[oldPosition] != nodes[position] || previous?.state.root[key] != nil {
+                        if found { kept += 1 }
+                        if !found || oldNodes[oldPosition] != nodes[position] || carried?.contains(key) == true {
                             root.entries.insert(key, nodes[position], at: root.entries.count)
                         }
                     }
                 }
             }
         }
+        guard kept == oldFields.count else { return nil }
         var state = DocumentState(root: root, writes: new.writes, removed: new.removed, adds: new.adds)
         // A field carried from the previous delta keeps the remove contexts that delta carried:
         // `old`, as stored, may have reaped them since (their writes older than the TTL), and

@@ -213,6 +213,41 @@ import TrellisTestKit
         #expect(old.covers(base: d.base))
     }
 
+    /// A field gone from the new state (its remove context reaped after an unset), or gone since
+    /// the previous delta's base, went by a context no delta of the other fields carries: none is
+    /// made. Nor is one made from or to a state that withholds a value, wherever it sits.
+    @Test func noDeltaIsMadeWhenAFieldIsGoneOrAValueWithheld() throws {
+        var old = DocumentState()
+        try old.set(.key("a"), to: 1, stamp: stamp(10, 1))
+        try old.set(.key("x"), to: 2, stamp: stamp(10, 1))
+        try old.set(.key("z"), to: 3, stamp: stamp(10, 1))
+        var new = old
+        _ = try new.unset(.key("x"), stamp: stamp(11, 1))
+        try new.set(.key("a"), to: 4, stamp: stamp(12, 1))
+        #expect(delta(old, new) != nil)
+        var reaped = new
+        reaped.reapRemovedFields(before: HLCTimestamp(millis: 100, logical: 0))
+        #expect(reaped.root["x"] == nil)
+        #expect(delta(old, reaped) == nil)
+        // Gone since the previous delta's base: the previous delta carried "x".
+        let previous = try #require(delta(old, new))
+        var later = reaped
+        try later.set(.key("z"), to: 5, stamp: stamp(13, 1))
+        #expect(delta(reaped, later) != nil)
+        #expect(delta(reaped, later, previous: previous) == nil)
+        // A withheld value, in the old state or the new one, at the root or below it.
+        var nested = old
+        try nested.set(FieldPath(components: [.key("m"), .key("k")]), to: 1, stamp: stamp(14, 1))
+        var stub = nested.evictionStub()
+        #expect(stub.withheldEntryCount > 0)
+        var written = stub
+        try written.set(.key("a"), to: 6, stamp: stamp(15, 1))
+        #expect(delta(stub, written) == nil)
+        stub = nested
+        try stub.set(.key("b"), to: 7, stamp: stamp(16, 1))
+        #expect(delta(nested, stub) != nil)
+    }
+
     /// Two writes with one stamp (a restored backup or a cloned data directory; DATA-MODEL.md
     /// rule 3): a receiver holding the other write's value covers the base of the sender's next
     /// delta, which leaves the field out, so the delta does not decide between the two; the
