@@ -380,8 +380,9 @@ if writesOnly {
 }
 if updatesOnly {
     // Local one-field updates alone: raw batched inserts and the updates of a fresh store, in
-    // turns; with --runs N, N pairs, each against its own baseline.
+    // turns; with --runs N, N pairs, each against its own baseline; then the delta's own work.
     let count = min(documentCount, 20_000)
+    var rates: [Double] = []
     for run in 0..<replicationRuns {
         let raw = Double(documentCount) / rawInsert(path("raw-updates-\(run).sqlite"), rows: jsonRows)
         let rate = try oneFieldUpdateRate(file: path("updates-\(run).sqlite"), documents: documents, count: count)
@@ -390,7 +391,11 @@ if updatesOnly {
             Figure(
                 name: "local_updates_one_field_batched_per_s", value: rate, unit: "docs/s", baseline: raw,
                 baselineName: "sqlite_raw_inserts_per_s"))
+        rates.append(rate)
     }
+    // The delta's own work against the median run's updates.
+    figures += try deltaFigures(
+        documents: documents, count: min(count, 5_000), updateRate: rates.sorted()[rates.count / 2])
     printFigures(figures, heading: "trellis-bench --updates: one field of \(count) documents, 1,000 to a transaction")
     exit(0)
 }
