@@ -57,6 +57,18 @@ import TrellisTestKit
         bytes.map { ($0 < 16 ? "0" : "") + String($0, radix: 16) }.joined()
     }
 
+    /// `count` different sites, each an edge value of `UInt64` or a random one.
+    static func distinctSites(_ count: Int, using random: inout SeededRandom) -> [SiteID] {
+        var sites: [SiteID] = []
+        while sites.count < count {
+            let site =
+                Bool.random(using: &random)
+                ? edgeSites.randomElement(using: &random)! : UInt64.random(in: 0...UInt64.max, using: &random)
+            if !sites.contains(site) { sites.append(site) }
+        }
+        return sites
+    }
+
     // MARK: Checks shared by every test
 
     /// What the checks met and found, for the summary and the first failures.
@@ -178,15 +190,7 @@ import TrellisTestKit
         init(_ random: inout SeededRandom, label: String) {
             self.label = label
             let siteCount = [1, 1, 2, 2, 3, 3, 4, 16, 17, 18, 40].randomElement(using: &random)!
-            var sites: [SiteID] = []
-            while sites.count < siteCount {
-                let site =
-                    Bool.random(using: &random)
-                    ? ReviewThirtyFiveEncodingTests.edgeSites.randomElement(using: &random)!
-                    : UInt64.random(in: 0...UInt64.max, using: &random)
-                if !sites.contains(site) { sites.append(site) }
-            }
-            self.sites = sites
+            self.sites = ReviewThirtyFiveEncodingTests.distinctSites(siteCount, using: &random)
             var keys = [ReviewThirtyFiveEncodingTests.nfc, ReviewThirtyFiveEncodingTests.nfd]
             for _ in 0..<Int.random(in: 2...6, using: &random) {
                 keys.append(ReviewThirtyFiveEncodingTests.keyPool.randomElement(using: &random)!)
@@ -359,15 +363,7 @@ import TrellisTestKit
 
         init(_ random: inout SeededRandom) {
             let siteCount = [1, 2, 3, 5, 16, 17, 33, 100].randomElement(using: &random)!
-            var sites: [SiteID] = []
-            while sites.count < siteCount {
-                let site =
-                    Bool.random(using: &random)
-                    ? ReviewThirtyFiveEncodingTests.edgeSites.randomElement(using: &random)!
-                    : UInt64.random(in: 0...UInt64.max, using: &random)
-                if !sites.contains(site) { sites.append(site) }
-            }
-            self.sites = sites
+            self.sites = ReviewThirtyFiveEncodingTests.distinctSites(siteCount, using: &random)
             keys = [ReviewThirtyFiveEncodingTests.nfc, ReviewThirtyFiveEncodingTests.nfd]
             for _ in 0..<Int.random(in: 3...10, using: &random) {
                 keys.append(ReviewThirtyFiveEncodingTests.keyPool.randomElement(using: &random)!)
