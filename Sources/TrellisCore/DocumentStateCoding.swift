@@ -463,21 +463,17 @@ extension DocumentState {
         w.writeInt(layout.written(t))
     }
 
+    /// Writes `vv` as `[[i, time], ...]` in site-index order; a one-entry vector (the usual one)
+    /// without building and sorting a list.
     private static func write(_ vv: VersionVector, _ index: StateLayout, into w: inout CBORWriter) {
-        if vv.count == 1, let (site, t) = vv.first {
-            w.writeArrayHeader(count: 1)
-            w.writeArrayHeader(count: 2)
-            w.writeInt(index[site]!)
-            writeTime(t, index, into: &w)
-            return
-        }
-        let entries = vv.map { (index[$0.key]!, $0.value) }.sorted { $0.0 < $1.0 }
-        w.writeArrayHeader(count: entries.count)
-        for (i, t) in entries {
+        func one(_ i: Int64, _ t: HLCTimestamp) {
             w.writeArrayHeader(count: 2)
             w.writeInt(i)
             writeTime(t, index, into: &w)
         }
+        w.writeArrayHeader(count: vv.count)
+        if vv.count == 1, let (site, t) = vv.first { return one(index[site]!, t) }
+        for (i, t) in vv.map({ (index[$0.key]!, $0.value) }).sorted(by: { $0.0 < $1.0 }) { one(i, t) }
     }
 
     private static func write(_ totals: [SiteID: CounterTotal], _ index: StateLayout, into w: inout CBORWriter) {

@@ -308,37 +308,31 @@ extension DocumentState {
 extension DocumentState {
     /// Whether anything in this state is stamped at time zero: an entry (default data), a
     /// counter total or a context or vector entry.
-    var holdsTimeZero: Bool {
-        writes.values.contains(.zero) || removed.values.contains(.zero) || adds.values.contains(.zero)
-            || !root.entries.allMembers { !$0.holdsTimeZero }
-    }
+    var holdsTimeZero: Bool { holdsTimeZero(orWithheld: false) }
 
     /// Whether a delta may start or end at this state: it holds nothing stamped at time zero
-    /// (``holdsTimeZero``) and no withheld entry (``withheldEntryCount``). One walk that stops at
-    /// the first such thing and reads the fields in place.
+    /// (``holdsTimeZero``) and no withheld entry (``withheldEntryCount``), told in one walk.
     ///
     /// - Complexity: O(size of the state) at most.
-    var admitsDelta: Bool {
-        !writes.values.contains(.zero) && !removed.values.contains(.zero) && !adds.values.contains(.zero)
-            && root.entries.allMembers { $0.admitsDelta }
+    var admitsDelta: Bool { !holdsTimeZero(orWithheld: true) }
+
+    /// Whether anything in this state is stamped at time zero or, with `orWithheld`, is a
+    /// withheld entry. One walk that stops at the first such thing and reads the fields in place.
+    private func holdsTimeZero(orWithheld: Bool) -> Bool {
+        writes.values.contains(.zero) || removed.values.contains(.zero) || adds.values.contains(.zero)
+            || !root.entries.allMembers { !$0.holdsTimeZero(orWithheld: orWithheld) }
     }
 }
 
 extension FieldNode {
-    /// ``DocumentState/holdsTimeZero`` for this field and the fields below it.
-    var holdsTimeZero: Bool {
-        entries.contains { $0.stamp.time == .zero } || totals.values.contains { $0.stamp.time == .zero }
+    /// ``DocumentState/holdsTimeZero`` for this field and the fields below it; with `orWithheld`,
+    /// a withheld entry counts too.
+    func holdsTimeZero(orWithheld: Bool) -> Bool {
+        entries.contains { $0.stamp.time == .zero || (orWithheld && $0.isWithheld) }
+            || totals.values.contains { $0.stamp.time == .zero }
             || removedTotals.values.contains { $0.stamp.time == .zero } || removed.values.contains(.zero)
             || !removedDefaults.isEmpty
-            || !map.entries.allMembers { !$0.holdsTimeZero }
-    }
-
-    /// ``DocumentState/admitsDelta`` for this field and the fields below it.
-    var admitsDelta: Bool {
-        !entries.contains { $0.stamp.time == .zero || $0.isWithheld }
-            && !totals.values.contains { $0.stamp.time == .zero }
-            && !removedTotals.values.contains { $0.stamp.time == .zero } && !removed.values.contains(.zero)
-            && removedDefaults.isEmpty && map.entries.allMembers { $0.admitsDelta }
+            || !map.entries.allMembers { !$0.holdsTimeZero(orWithheld: orWithheld) }
     }
 }
 

@@ -410,8 +410,9 @@ extension UTF8Map {
     /// - Complexity: O(n) calls of `body`.
     @inlinable
     func forEachMember(_ body: (borrowing Mapped) -> Void) {
-        storedValues.withUnsafeBufferPointer { members in
-            for position in members.indices { body(members[position]) }
+        _ = allMembers {
+            body($0)
+            return true
         }
     }
 

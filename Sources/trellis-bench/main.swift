@@ -378,14 +378,16 @@ if writesOnly {
         figures, heading: "trellis-bench --writes: batched upserts and remote merges, \(documentCount) documents")
     exit(0)
 }
+/// How many stored cars the one-field update figures change.
+let updateCount = min(documentCount, 20_000)
 if updatesOnly {
     // Local one-field updates alone: raw batched inserts and the updates of a fresh store, in
     // turns; with --runs N, N pairs, each against its own baseline; then the delta's own work.
-    let count = min(documentCount, 20_000)
     var rates: [Double] = []
     for run in 0..<replicationRuns {
         let raw = Double(documentCount) / rawInsert(path("raw-updates-\(run).sqlite"), rows: jsonRows)
-        let rate = try oneFieldUpdateRate(file: path("updates-\(run).sqlite"), documents: documents, count: count)
+        let rate = try oneFieldUpdateRate(
+            file: path("updates-\(run).sqlite"), documents: documents, count: updateCount)
         figures.append(Figure(name: "sqlite_raw_inserts_per_s", value: raw, unit: "rows/s"))
         figures.append(
             Figure(
@@ -394,9 +396,9 @@ if updatesOnly {
         rates.append(rate)
     }
     // The delta's own work against the median run's updates.
-    figures += try deltaFigures(
-        documents: documents, count: min(count, 5_000), updateRate: rates.sorted()[rates.count / 2])
-    printFigures(figures, heading: "trellis-bench --updates: one field of \(count) documents, 1,000 to a transaction")
+    figures += try deltaFigures(documents: documents, updateRate: rates.sorted()[rates.count / 2])
+    printFigures(
+        figures, heading: "trellis-bench --updates: one field of \(updateCount) documents, 1,000 to a transaction")
     exit(0)
 }
 if findOnly {
@@ -520,13 +522,12 @@ figures.append(
 // states, as a share of the update. A store of its own: the figures below measure the stored
 // bytes and the queries of the store of the upserts, which updates would change.
 
-let updateCount = min(documentCount, 20_000)
 let updateRate = try oneFieldUpdateRate(file: path("updates.sqlite"), documents: documents, count: updateCount)
 figures.append(
     Figure(
         name: "local_updates_one_field_batched_per_s", value: updateRate, unit: "docs/s",
         baseline: baselineRate, baselineName: "sqlite_raw_inserts_per_s"))
-figures += try deltaFigures(documents: documents, count: min(updateCount, 5_000), updateRate: updateRate)
+figures += try deltaFigures(documents: documents, updateRate: updateRate)
 
 // MARK: Storage: bytes per document against raw JSON (before `find` adds its index).
 
